@@ -1,0 +1,1 @@
+//! Override grammar (placeholder until written).

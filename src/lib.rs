@@ -1,0 +1,4 @@
+//! trainyard: declare a training experiment in YAML, compose it the way Hydra does, run it.
+//!
+//! The pipeline is one-way: `cli` → `config` (compose, interpolate, sweep) → `schema` (typed) → run records.
+pub mod config;
