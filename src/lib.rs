@@ -1,4 +1,8 @@
 //! trainyard: declare a training experiment in YAML, compose it the way Hydra does, run it.
 //!
-//! The pipeline is one-way: `cli` → `config` (compose, interpolate, sweep) → `schema` (typed) → run records.
+//! The pipeline is one-way: `cli` → `config` (compose, interpolate, sweep) → `schema` (typed) → `records`.
+pub mod app;
+pub mod cli;
 pub mod config;
+pub mod records;
+pub mod schema;

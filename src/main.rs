@@ -1,1 +1,4 @@
-fn main(){}
+//! `train`: compose an experiment from YAML and overrides, then run it. All logic lives in the library.
+fn main() -> std::process::ExitCode {
+    trainyard::app::main_entry(std::env::args_os())
+}

@@ -1,5 +1,11 @@
 //! The config engine: Hydra 1.3 composition semantics with provenance on every value.
 //! Knows nothing of machine learning; it could be its own crate.
+pub mod compose;
+pub mod defaults;
+pub mod errors;
 pub mod grammar;
+pub mod interpolate;
+pub mod repository;
+pub mod sweep;
 pub mod tree;
 pub mod yaml;

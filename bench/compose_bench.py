@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Whole-process composition benchmark: `train --cfg job ... --resolve` vs a Hydra 1.3 app doing the same.
+
+Both print the composed, resolved job config of `experiment=cifar trainer.num_nodes=2` from the same YAML tree
+(Hydra sees conf/ plus experiments/ copied in as the `experiment` group). Runs alternate (train, hydra, train,
+...) on the same machine so drift hits both alike. Prints medians and the ratio, and with --record appends a
+row to bench/RESULTS.md.
+
+Usage (from the repo root; needs hydra-core 1.3.2 in the Python you name):
+    cargo build --release
+    python3 -m venv .venv-oracle && .venv-oracle/bin/pip install hydra-core==1.3.2
+    .venv-oracle/bin/python bench/compose_bench.py --runs 30 --record
+"""
+import argparse
+import datetime
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OVERRIDES = ["experiment=cifar", "trainer.num_nodes=2"]
+
+HYDRA_APP = """
+import hydra
+from omegaconf import DictConfig
+
+@hydra.main(version_base="1.3", config_path=None, config_name="train")
+def main(cfg: DictConfig) -> None:
+    pass
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def build_hydra_tree(tmp: str) -> str:
+    tree = os.path.join(tmp, "conf")
+    shutil.copytree(os.path.join(ROOT, "conf"), tree)
+    shutil.copytree(os.path.join(ROOT, "experiments"), os.path.join(tree, "experiment"))
+    return tree
+
+
+def timed(cmd, cwd, env):
+    start = time.perf_counter()
+    out = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    elapsed = time.perf_counter() - start
+    if out.returncode != 0:
+        sys.exit(f"command failed: {' '.join(cmd)}\n{out.stderr}")
+    return elapsed, out.stdout
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "train"))
+    ap.add_argument("--record", action="store_true", help="append the result to bench/RESULTS.md")
+    args = ap.parse_args()
+    if not os.path.exists(args.binary):
+        sys.exit(f"{args.binary} not found: run `cargo build --release` first")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = build_hydra_tree(tmp)
+        app = os.path.join(tmp, "hydra_app.py")
+        with open(app, "w") as f:
+            f.write(HYDRA_APP)
+        env = dict(os.environ, PROJECT_ROOT=ROOT, HYDRA_FULL_ERROR="1")
+        ours_cmd = [args.binary, "--cfg", "job", "--resolve", *OVERRIDES]
+        hydra_cmd = [sys.executable, app, "--config-path", tree, "--cfg", "job", "--resolve", *OVERRIDES]
+        # Warm the page cache and check both succeed.
+        timed(ours_cmd, ROOT, env)
+        timed(hydra_cmd, tmp, env)
+        ours, theirs = [], []
+        for _ in range(args.runs):
+            ours.append(timed(ours_cmd, ROOT, env)[0])
+            theirs.append(timed(hydra_cmd, tmp, env)[0])
+    m_ours, m_theirs = statistics.median(ours), statistics.median(theirs)
+    ratio = m_theirs / m_ours
+    print(f"train --cfg job --resolve : median {m_ours * 1000:.2f} ms over {args.runs} runs")
+    print(f"hydra-core app (python)   : median {m_theirs * 1000:.2f} ms over {args.runs} runs")
+    print(f"speed-up                  : {ratio:.1f}x")
+    if args.record:
+        row = (
+            f"| {datetime.date.today()} | compose `{' '.join(OVERRIDES)} --cfg job --resolve`, whole process "
+            f"| {m_ours * 1000:.2f} ms | hydra-core 1.3.2 app: {m_theirs * 1000:.1f} ms | **{ratio:.0f}x** "
+            f"| {platform.machine()}, {os.cpu_count()} cores | `.venv-oracle/bin/python bench/compose_bench.py --runs {args.runs} --record` |\n"
+        )
+        path = os.path.join(ROOT, "bench", "RESULTS.md")
+        with open(path, "a") as f:
+            f.write(row)
+        print(f"recorded in {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,17 @@
+# Recipes for everyday work. `just --list` shows them. (Install just with `cargo install just`.)
+
+# Run the train binary with Hydra-style overrides: `just train experiment=quickstart trainer.max_epochs=1`
+train *ARGS:
+    cargo run --release --quiet -- {{ARGS}}
+
+# Run a named sweep from conf/sweep/NAME.yaml: `just sweep batch_size`
+sweep NAME *ARGS:
+    cargo run --release --quiet -- -m sweep={{NAME}} {{ARGS}}
+
+# The test suite (what CI runs)
+test:
+    cargo test
+
+# Benchmarks against the tools a user would otherwise use; results go to bench/RESULTS.md
+bench:
+    bash bench/run.sh

@@ -1,0 +1,507 @@
+//! From what the user typed to what happens: find the project, build the search path, compose, then print
+//! (`--cfg`, `--info`), complete (`--shell-completion`), or run one job or a sweep and write its records.
+
+use crate::cli::{CfgKind, Cli, InfoKind, Shell};
+use crate::config::compose::{compose, Composed, RunMode};
+use crate::config::errors::ConfigError;
+use crate::config::grammar::{parse_override, Override};
+use crate::config::interpolate::{resolve_all, resolve_path, ResolveContext};
+use crate::config::repository::{Repository, SearchRoot};
+use crate::config::tree::{Node, Value};
+use crate::config::{defaults, sweep, yaml};
+use crate::records::{self, JobInfo};
+use clap::{CommandFactory, FromArgMatches, Parser};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// The file whose presence marks a project root (searched from the current directory upward).
+pub const PROJECT_MARKER: &str = "conf/train.yaml";
+pub const DEFAULT_CONFIG_NAME: &str = "train";
+
+/// Entry point used by `main`: never panics on user input, prints one clear error and exits non-zero.
+pub fn main_entry(args: impl IntoIterator<Item = OsString>) -> ExitCode {
+    let args = crate::cli::normalize_args(args);
+    let wants_help = args.iter().skip(1).any(|a| a == "--help" || a == "-h");
+    let mut command = Cli::command();
+    if wants_help {
+        if let Ok(setup) = Setup::discover(&Cli::parse_from(["train"])) {
+            command = command.after_help(groups_help(&setup.repo));
+        }
+    }
+    let matches = match command.try_get_matches_from(&args) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(2);
+        }
+    };
+    match run(&cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Where configs come from and where outputs go.
+pub struct Setup {
+    pub repo: Repository,
+    pub config_name: String,
+    /// Outputs (`logs/`) are written relative to this directory.
+    pub project_root: PathBuf,
+}
+
+impl Setup {
+    pub fn discover(cli: &Cli) -> Result<Setup, ConfigError> {
+        let cwd = std::env::current_dir().map_err(|e| ConfigError::Io(format!("no current directory: {e}")))?;
+        let config_name = cli.config_name.clone().unwrap_or_else(|| DEFAULT_CONFIG_NAME.to_string());
+        let mut roots = Vec::new();
+        let project_root;
+        if let Some(dir) = &cli.config_path {
+            let dir = cwd.join(dir);
+            if !dir.is_dir() {
+                return Err(ConfigError::MissingConfig(format!(
+                    "Primary config directory not found: {}\n    (from --config-path/-cp)",
+                    dir.display()
+                )));
+            }
+            roots.push(SearchRoot {
+                dir,
+                mount: String::new(),
+                provider: "main".into(),
+            });
+            project_root = cwd.clone();
+        } else {
+            let root = find_project(&cwd)?;
+            roots.push(SearchRoot {
+                dir: root.join("conf"),
+                mount: String::new(),
+                provider: "main".into(),
+            });
+            roots.push(SearchRoot {
+                dir: root.join("experiments"),
+                mount: "experiment".into(),
+                provider: "project".into(),
+            });
+            project_root = root;
+        }
+        for dir in &cli.config_dir {
+            let dir = cwd.join(dir);
+            if !dir.is_dir() {
+                return Err(ConfigError::MissingConfig(format!(
+                    "Additional config directory not found: {}\n    (from --config-dir/-cd)",
+                    dir.display()
+                )));
+            }
+            roots.push(SearchRoot {
+                dir,
+                mount: String::new(),
+                provider: "command-line".into(),
+            });
+        }
+        Ok(Setup {
+            repo: Repository::new(roots),
+            config_name,
+            project_root,
+        })
+    }
+}
+
+/// The project root: `TRAIN_CONFIG_PATH`, else the nearest directory upward holding `conf/train.yaml`.
+pub fn find_project(cwd: &Path) -> Result<PathBuf, ConfigError> {
+    if let Ok(dir) = std::env::var("TRAIN_CONFIG_PATH") {
+        let dir = cwd.join(dir);
+        if dir.join(PROJECT_MARKER).is_file() {
+            return Ok(dir);
+        }
+        return Err(ConfigError::MissingConfig(format!(
+            "TRAIN_CONFIG_PATH={} has no {PROJECT_MARKER}",
+            dir.display()
+        )));
+    }
+    for dir in cwd.ancestors() {
+        if dir.join(PROJECT_MARKER).is_file() {
+            return Ok(dir.to_path_buf());
+        }
+    }
+    Err(ConfigError::MissingConfig(format!(
+        "No project found: looked for {PROJECT_MARKER} in {} and its parents.\n\
+         Run train inside a project, pass --config-path/-cp DIR, or set TRAIN_CONFIG_PATH=<project dir>.",
+        cwd.display()
+    )))
+}
+
+pub fn parse_overrides(texts: &[String]) -> Result<Vec<Override>, ConfigError> {
+    texts
+        .iter()
+        .map(|t| parse_override(t).map_err(|e| ConfigError::Parse(e.to_string())))
+        .collect()
+}
+
+/// The `hydra` node every composition starts from, so `hydra.run.dir=...` and sweeper params can be set.
+fn builtin_hydra() -> Node {
+    let text = "hydra:\n  run:\n    dir: null\n  sweep:\n    dir: null\n    subdir: null\n  sweeper:\n    params: {}\n  job:\n    name: null\n";
+    yaml::parse(text, "<builtin hydra config>")
+        .ok()
+        .flatten()
+        .unwrap_or_else(Node::empty_map)
+}
+
+/// Compose with the built-in `hydra` node underneath (a primary config's `hydra:` block merges over it).
+pub fn compose_with_hydra(
+    repo: &Repository,
+    config_name: &str,
+    overrides: &[Override],
+    mode: RunMode,
+) -> Result<Composed, ConfigError> {
+    let mut composed = compose(repo, config_name, overrides, mode)?;
+    let mut config = builtin_hydra();
+    config.merge(std::mem::replace(&mut composed.config, Node::empty_map()));
+    composed.config = config;
+    Ok(composed)
+}
+
+/// Split a composed tree into the job's config and the `hydra` node.
+pub fn split_hydra(mut config: Node) -> (Node, Node) {
+    let hydra = config
+        .as_map_mut()
+        .and_then(|m| m.shift_remove("hydra"))
+        .unwrap_or_else(Node::empty_map);
+    (config, hydra)
+}
+
+fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
+    if let Some(shell) = cli.shell_completion {
+        print!("{}", completion_script(shell));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let setup = Setup::discover(cli)?;
+    if let Some(word) = &cli.complete {
+        for c in complete(&setup, word) {
+            println!("{c}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let overrides = parse_overrides(&cli.overrides)?;
+    let ctx = ResolveContext::from_process();
+    if let Some(info) = cli.info {
+        print_info(&setup, &overrides, info, cli.multirun)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if cli.multirun {
+        return run_sweep(cli, &setup, &overrides, &ctx);
+    }
+    let composed = compose_with_hydra(&setup.repo, &setup.config_name, &overrides, RunMode::Run)?;
+    if let Some(kind) = cli.cfg {
+        print_cfg(cli, kind, &composed.config, &ctx)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let job = run_job(&setup, composed, &cli.overrides, 0, None, &ctx)?;
+    println!("{}", job.message);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_cfg(cli: &Cli, kind: CfgKind, full: &Node, ctx: &ResolveContext) -> Result<(), ConfigError> {
+    let (job, hydra) = split_hydra(full.clone());
+    let mut node = match kind {
+        CfgKind::Job => job,
+        CfgKind::Hydra => {
+            let mut m = Node::empty_map();
+            if let Some(map) = m.as_map_mut() {
+                map.insert("hydra".into(), hydra);
+            }
+            m
+        }
+        CfgKind::All => full.clone(),
+    };
+    if cli.resolve {
+        node = resolve_all(&node, ctx)?;
+    }
+    if let Some(key) = &cli.package {
+        node = node
+            .get(key)
+            .cloned()
+            .ok_or_else(|| ConfigError::composition(format!("--package: no key '{key}' in the composed config")))?;
+        let mut wrapped = Node::empty_map();
+        if let Some(map) = wrapped.as_map_mut() {
+            map.insert(key.clone(), node);
+        }
+        node = wrapped;
+    }
+    print!("{}", yaml::to_yaml(&node));
+    Ok(())
+}
+
+fn print_info(setup: &Setup, overrides: &[Override], kind: InfoKind, multirun: bool) -> Result<(), ConfigError> {
+    let all = kind == InfoKind::All;
+    if all || kind == InfoKind::Searchpath {
+        println!("Config search path\n------------------\n{}\n", setup.repo.describe());
+    }
+    let mode = if multirun { RunMode::Multirun } else { RunMode::Run };
+    let composed = compose_with_hydra(&setup.repo, &setup.config_name, overrides, mode)?;
+    if all || kind == InfoKind::DefaultsTree {
+        println!("Defaults Tree\n-------------\n{}", defaults::render_tree(&composed.defaults.tree));
+    }
+    if all || kind == InfoKind::Defaults {
+        println!("Defaults List\n-------------");
+        println!("| {:<40} | {:<24} | {:<24} |", "Config path", "Package", "Parent");
+        for d in &composed.defaults.defaults {
+            println!(
+                "| {:<40} | {:<24} | {:<24} |",
+                d.config_path,
+                d.package,
+                d.parent.clone().unwrap_or_default()
+            );
+        }
+        println!();
+    }
+    if all || kind == InfoKind::Config {
+        let (job, _) = split_hydra(composed.config);
+        println!("Config\n------\n{}", yaml::to_yaml(&job));
+    }
+    Ok(())
+}
+
+/// What one job did.
+pub struct JobOutcome {
+    pub output_dir: PathBuf,
+    pub message: String,
+}
+
+/// Run one composed job: resolve, validate against the schema, write its records.
+fn run_job(
+    setup: &Setup,
+    composed: Composed,
+    overrides: &[String],
+    num: usize,
+    sweep_dir: Option<&Path>,
+    ctx: &ResolveContext,
+) -> Result<JobOutcome, ConfigError> {
+    let (job_cfg, hydra) = split_hydra(composed.config);
+    let resolved = resolve_all(&job_cfg, ctx)?;
+    let experiment = crate::schema::extract(&resolved)?;
+    let task_name = experiment.task_name.clone();
+    let mut hydra_root = Node::empty_map();
+    if let Some(m) = hydra_root.as_map_mut() {
+        m.insert("hydra".into(), hydra);
+    }
+    let mut with_task = hydra_root.clone();
+    if let Some(m) = with_task.as_map_mut() {
+        m.insert("task_name".into(), Node::new(Value::Str(task_name.clone()), Default::default()));
+    }
+    let resolved_hydra = resolve_all(&with_task, ctx)?
+        .get("hydra")
+        .cloned()
+        .unwrap_or_else(Node::empty_map);
+    let stamp = ctx.now.format("%Y-%m-%d_%H-%M-%S").to_string();
+    let output_dir = match sweep_dir {
+        Some(dir) => {
+            let sub = resolved_hydra
+                .get("sweep.subdir")
+                .and_then(Node::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| num.to_string());
+            dir.join(sub)
+        }
+        None => match resolved_hydra.get("run.dir").and_then(Node::as_str) {
+            Some(dir) => setup.project_root.join(dir),
+            None => setup.project_root.join("logs").join(&task_name).join("runs").join(&stamp),
+        },
+    };
+    let info = JobInfo {
+        name: task_name,
+        config_name: setup.config_name.clone(),
+        num,
+        mode: if sweep_dir.is_some() { "MULTIRUN" } else { "RUN" },
+        output_dir: output_dir.clone(),
+        overrides: overrides.to_vec(),
+        choices: composed.choices.into_iter().collect(),
+        resolved_hydra,
+    };
+    records::write_job_records(&info, &job_cfg, &resolved)
+        .map_err(|e| ConfigError::Io(format!("could not write run records in {}: {e}", output_dir.display())))?;
+    let _ = resolve_path;
+    Ok(JobOutcome {
+        message: format!(
+            "Composed and validated '{}' ({} {} on {}); records in {}\n\
+             The training loop is not part of this build yet: nothing was trained.",
+            experiment.task_name,
+            experiment.model.name,
+            experiment.data.name,
+            experiment.trainer.strategy,
+            records::display(&output_dir)
+        ),
+        output_dir,
+    })
+}
+
+fn run_sweep(cli: &Cli, setup: &Setup, overrides: &[Override], ctx: &ResolveContext) -> Result<ExitCode, ConfigError> {
+    let master = compose_with_hydra(&setup.repo, &setup.config_name, overrides, RunMode::Multirun)?;
+    let params: Vec<String> = match master.config.get("hydra.sweeper.params").map(|n| &n.value) {
+        Some(Value::Map(m)) => m
+            .iter()
+            .map(|(k, v)| format!("{k}={}", scalar_for_override(v)))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let jobs = sweep::expand(&setup.repo, &params, overrides)?;
+    if cli.cfg.is_some() {
+        for (i, job) in jobs.iter().enumerate() {
+            let parsed = parse_overrides(job)?;
+            let composed = compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)?;
+            if i > 0 {
+                println!("---");
+            }
+            print_cfg(cli, cli.cfg.unwrap_or(CfgKind::Job), &composed.config, ctx)?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (_, hydra) = split_hydra(master.config.clone());
+    let (job_cfg, _) = split_hydra(master.config.clone());
+    let task_name = resolve_all(&job_cfg, ctx)
+        .ok()
+        .and_then(|r| r.get("task_name").and_then(Node::as_str).map(str::to_string))
+        .unwrap_or_else(|| setup.config_name.clone());
+    let stamp = ctx.now.format("%Y-%m-%d_%H-%M-%S").to_string();
+    let sweep_dir = match hydra.get("sweep.dir").and_then(Node::as_str) {
+        Some(d) => setup.project_root.join(d),
+        None => setup.project_root.join("logs").join(&task_name).join("multiruns").join(&stamp),
+    };
+    std::fs::create_dir_all(&sweep_dir)
+        .map_err(|e| ConfigError::Io(format!("could not create {}: {e}", sweep_dir.display())))?;
+    let mut multirun = Node::empty_map();
+    if let Some(m) = multirun.as_map_mut() {
+        m.insert("hydra".into(), hydra);
+    }
+    records::write_atomic(&sweep_dir.join("multirun.yaml"), yaml::to_yaml(&job_cfg).as_bytes())
+        .map_err(|e| ConfigError::Io(e.to_string()))?;
+    eprintln!("Launching {} jobs into {}", jobs.len(), records::display(&sweep_dir));
+    let mut rows = Vec::new();
+    let mut failed = 0;
+    for (num, job) in jobs.iter().enumerate() {
+        eprintln!("#{num} : {}", job.join(" "));
+        let outcome = parse_overrides(job)
+            .and_then(|parsed| compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run))
+            .and_then(|composed| run_job(setup, composed, job, num, Some(&sweep_dir), ctx));
+        match outcome {
+            Ok(_) => rows.push((num, job.join(" "), "ok".to_string())),
+            Err(e) => {
+                failed += 1;
+                eprintln!("Error in job #{num}: {e}");
+                rows.push((num, job.join(" "), "FAILED".to_string()));
+                if cli.fail_fast {
+                    eprintln!("--fail-fast: stopping after the first failed job");
+                    break;
+                }
+            }
+        }
+    }
+    println!("| job | overrides | status | main metric |");
+    println!("|---|---|---|---|");
+    for (num, ov, status) in &rows {
+        println!("| {num} | {ov} | {status} | - |");
+    }
+    println!("{} of {} jobs failed", failed, jobs.len());
+    Ok(if failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}
+
+/// A YAML value of `hydra.sweeper.params` as override text (`32,64,128` stays a sweep).
+fn scalar_for_override(v: &Node) -> String {
+    match &v.value {
+        Value::Str(s) => s.clone(),
+        other => other.display_python().replace("True", "true").replace("False", "false").replace("None", "null"),
+    }
+}
+
+/// The `--help` footer: every config group and its options.
+fn groups_help(repo: &Repository) -> String {
+    let mut out = String::from("Config groups (override with GROUP=OPTION):\n");
+    let mut stack: Vec<String> = repo.list_groups("");
+    stack.sort();
+    let mut groups = Vec::new();
+    while let Some(g) = stack.pop() {
+        for sub in repo.list_groups(&g) {
+            stack.push(format!("{g}/{sub}"));
+        }
+        groups.push(g);
+    }
+    groups.sort();
+    for g in groups {
+        let options = repo.group_options(&g);
+        if !options.is_empty() {
+            out.push_str(&format!("  {g}: {}\n", options.join(", ")));
+        }
+    }
+    out.push_str("\nPrint the composed config with --cfg job; sweep with -m key=a,b.");
+    out
+}
+
+/// Candidates for the word being completed: `group=`, `group=option`, `key.path=`.
+pub fn complete(setup: &Setup, word: &str) -> Vec<String> {
+    let prefix: String = word.chars().take_while(|c| matches!(c, '+' | '~')).collect();
+    let body = &word[prefix.len()..];
+    if let Some((key, partial)) = body.split_once('=') {
+        if setup.repo.group_exists(key) {
+            return setup
+                .repo
+                .group_options(key)
+                .into_iter()
+                .filter(|o| o.starts_with(partial))
+                .map(|o| format!("{prefix}{key}={o}"))
+                .collect();
+        }
+        return Vec::new();
+    }
+    let mut out: Vec<String> = Vec::new();
+    let mut groups = setup.repo.list_groups("");
+    groups.sort();
+    for g in groups {
+        out.push(format!("{prefix}{g}="));
+    }
+    if let Ok(composed) = compose_with_hydra(&setup.repo, &setup.config_name, &[], RunMode::Multirun) {
+        let (job, _) = split_hydra(composed.config);
+        for p in job.all_paths() {
+            out.push(format!("{prefix}{p}="));
+        }
+    }
+    out.retain(|c| c.starts_with(word));
+    out.sort();
+    out.dedup();
+    out
+}
+
+fn completion_script(shell: Shell) -> String {
+    match shell {
+        Shell::Bash => r#"# bash completion for train: eval "$(train --shell-completion bash)"
+_train_complete() {
+    local cur="${COMP_WORDS[COMP_CWORD]}"
+    COMPREPLY=($(train --complete "$cur" 2>/dev/null))
+    compopt -o nospace 2>/dev/null
+}
+complete -F _train_complete train
+"#
+        .into(),
+        Shell::Zsh => r#"# zsh completion for train: eval "$(train --shell-completion zsh)"
+_train() {
+    local -a candidates
+    candidates=(${(f)"$(train --complete "${words[CURRENT]}" 2>/dev/null)"})
+    compadd -S '' -- $candidates
+}
+compdef _train train
+"#
+        .into(),
+        Shell::Fish => r#"# fish completion for train: train --shell-completion fish | source
+complete -c train -f -a '(train --complete (commandline -ct) 2>/dev/null)'
+"#
+        .into(),
+    }
+}

@@ -1,0 +1,136 @@
+//! What the user typed, parsed without side effects (Hydra's flag names). `app` turns it into actions.
+
+use clap::{Parser, ValueEnum};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CfgKind {
+    /// The job's config (without the `hydra` node).
+    Job,
+    /// The `hydra` node only.
+    Hydra,
+    /// Everything.
+    All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum InfoKind {
+    /// Everything below.
+    All,
+    /// The flattened defaults list: config path, package, parent.
+    Defaults,
+    /// The defaults tree as composed.
+    DefaultsTree,
+    /// The config search path.
+    Searchpath,
+    /// The composed config.
+    Config,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// Compose a training experiment from YAML config groups and command-line overrides, then run it.
+#[derive(Debug, Parser)]
+#[command(name = "train", version, about, max_term_width = 110)]
+pub struct Cli {
+    /// Primary config directory; replaces the project's search path (`-cp`).
+    #[arg(long = "config-path", value_name = "DIR")]
+    pub config_path: Option<PathBuf>,
+
+    /// Primary config name, without `.yaml` (`-cn`). Default: `train`.
+    #[arg(long = "config-name", value_name = "NAME")]
+    pub config_name: Option<String>,
+
+    /// Add a config directory to the search path (`-cd`); may repeat.
+    #[arg(long = "config-dir", value_name = "DIR")]
+    pub config_dir: Vec<PathBuf>,
+
+    /// Print the composed config and exit without running.
+    #[arg(short = 'c', long = "cfg", value_enum, value_name = "job|hydra|all")]
+    pub cfg: Option<CfgKind>,
+
+    /// With --cfg: resolve `${...}` interpolations before printing.
+    #[arg(long)]
+    pub resolve: bool,
+
+    /// With --cfg: print only the node at this dotted key.
+    #[arg(short = 'p', long = "package", value_name = "KEY")]
+    pub package: Option<String>,
+
+    /// Print information about composition and exit.
+    #[arg(short = 'i', long, value_enum, num_args = 0..=1, default_missing_value = "all")]
+    pub info: Option<InfoKind>,
+
+    /// Run a sweep: one job per combination of the swept values.
+    #[arg(short = 'm', long)]
+    pub multirun: bool,
+
+    /// With --multirun: stop at the first failing job.
+    #[arg(long = "fail-fast")]
+    pub fail_fast: bool,
+
+    /// Print a completion script for the shell (`-sc`) and exit.
+    #[arg(long = "shell-completion", value_enum, value_name = "SHELL")]
+    pub shell_completion: Option<Shell>,
+
+    /// Used by the completion scripts: print candidates for the word being completed.
+    #[arg(long = "complete", hide = true, value_name = "WORD", allow_hyphen_values = true)]
+    pub complete: Option<String>,
+
+    /// Overrides: `key=value`, `group=option`, `+key=value`, `++key=value`, `~key`; sweeps with `-m`: `a=1,2`.
+    #[arg(value_name = "OVERRIDE", allow_hyphen_values = false)]
+    pub overrides: Vec<String>,
+}
+
+/// Hydra spells some flags with two-letter single dashes (`-cp`, `-cn`, `-cd`, `-sc`); clap cannot, so map them.
+pub fn normalize_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
+    args.into_iter()
+        .map(|a| match a.to_str() {
+            Some("-cp") => "--config-path".into(),
+            Some("-cn") => "--config-name".into(),
+            Some("-cd") => "--config-dir".into(),
+            Some("-sc") => "--shell-completion".into(),
+            Some(s) if s.starts_with("-cp=") => format!("--config-path={}", &s[4..]).into(),
+            Some(s) if s.starts_with("-cn=") => format!("--config-name={}", &s[4..]).into(),
+            Some(s) if s.starts_with("-cd=") => format!("--config-dir={}", &s[4..]).into(),
+            _ => a,
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(normalize_args(args.iter().map(OsString::from))).unwrap()
+    }
+
+    #[test]
+    fn hydra_style_flags() {
+        let cli = parse(&["train", "-cp", "cfgs", "-cn", "main", "--cfg", "job", "a=1", "-m", "b=2,3"]);
+        assert_eq!(cli.config_path, Some(PathBuf::from("cfgs")));
+        assert_eq!(cli.config_name.as_deref(), Some("main"));
+        assert_eq!(cli.cfg, Some(CfgKind::Job));
+        assert!(cli.multirun);
+        assert_eq!(cli.overrides, vec!["a=1", "b=2,3"]);
+    }
+
+    #[test]
+    fn info_without_value_means_all() {
+        assert_eq!(parse(&["train", "--info"]).info, Some(InfoKind::All));
+        assert_eq!(parse(&["train", "--info", "defaults-tree"]).info, Some(InfoKind::DefaultsTree));
+    }
+
+    #[test]
+    fn tilde_and_plus_overrides_are_positional() {
+        let cli = parse(&["train", "~a", "+b=1", "++c=2"]);
+        assert_eq!(cli.overrides, vec!["~a", "+b=1", "++c=2"]);
+    }
+}

@@ -1,0 +1,549 @@
+//! `${...}` interpolation with OmegaConf semantics: absolute (`${a.b}`) and relative (`${.x}`, `${..y}`) keys,
+//! string interpolation (`x_${a}`), resolvers (`oc.env`, `oc.select`, `oc.decode`, `now`), nesting, and cycle
+//! detection. Errors name the key being resolved, the reference, and where the reference was written.
+
+use super::errors::{at, ConfigError};
+use super::tree::{split_key, Map, Node, Source, Value};
+use std::collections::HashMap;
+
+/// What resolvers may read: a launch time fixed once (`${now:}` is the same in every rank and job) and env vars.
+#[derive(Debug, Clone)]
+pub struct ResolveContext {
+    pub now: chrono::DateTime<chrono::Local>,
+    pub env: HashMap<String, String>,
+}
+
+impl ResolveContext {
+    pub fn from_process() -> Self {
+        ResolveContext {
+            now: chrono::Local::now(),
+            env: std::env::vars().collect(),
+        }
+    }
+}
+
+/// Resolve every interpolation in `root`, returning a new tree. `???` values stay `???`.
+pub fn resolve_all(root: &Node, ctx: &ResolveContext) -> Result<Node, ConfigError> {
+    let mut r = Resolver {
+        root,
+        ctx,
+        cache: HashMap::new(),
+        stack: Vec::new(),
+    };
+    r.resolve_node("", root)
+}
+
+/// Resolve the node at `path` only.
+pub fn resolve_path(root: &Node, path: &str, ctx: &ResolveContext) -> Result<Node, ConfigError> {
+    let mut r = Resolver {
+        root,
+        ctx,
+        cache: HashMap::new(),
+        stack: Vec::new(),
+    };
+    r.resolve_at(path, &Source::Internal, path)
+}
+
+struct Resolver<'a> {
+    root: &'a Node,
+    ctx: &'a ResolveContext,
+    cache: HashMap<String, Node>,
+    stack: Vec<String>,
+}
+
+/// A parsed piece of a string: literal text or a `${...}` expression.
+#[derive(Debug, Clone, PartialEq)]
+enum Piece {
+    Text(String),
+    Interp(Expr),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Expr {
+    /// A node reference; the key may itself contain interpolations.
+    Key(Vec<Piece>),
+    Resolver { name: String, args: Vec<Arg> },
+}
+
+/// A resolver argument: its pieces, and whether it was quoted (quoted args are always strings).
+#[derive(Debug, Clone, PartialEq)]
+struct Arg {
+    pieces: Vec<Piece>,
+    quoted: bool,
+}
+
+impl Resolver<'_> {
+    fn resolve_node(&mut self, path: &str, node: &Node) -> Result<Node, ConfigError> {
+        match &node.value {
+            Value::Str(s) if s.contains("${") => self.resolve_at(path, &node.source, path),
+            Value::Map(m) => {
+                let mut out = Map::new();
+                for (k, v) in m {
+                    let child = join(path, k);
+                    out.insert(k.clone(), self.resolve_node(&child, v)?);
+                }
+                Ok(Node::new(Value::Map(out), node.source.clone()))
+            }
+            Value::List(l) => {
+                let mut out = Vec::with_capacity(l.len());
+                for (i, v) in l.iter().enumerate() {
+                    out.push(self.resolve_node(&join(path, &i.to_string()), v)?);
+                }
+                Ok(Node::new(Value::List(out), node.source.clone()))
+            }
+            _ => Ok(node.clone()),
+        }
+    }
+
+    /// Resolve the node at `path` (memoized, cycle-checked). `origin`/`source` say who asked, for errors.
+    fn resolve_at(&mut self, path: &str, source: &Source, origin: &str) -> Result<Node, ConfigError> {
+        if let Some(hit) = self.cache.get(path) {
+            return Ok(hit.clone());
+        }
+        if let Some(pos) = self.stack.iter().position(|p| p == path) {
+            let mut chain: Vec<&str> = self.stack[pos..].iter().map(String::as_str).collect();
+            chain.push(path);
+            return Err(ConfigError::Interpolation(format!(
+                "Recursive interpolation detected: {}\n    full_key: {origin}{}",
+                chain.join(" -> "),
+                at(source)
+            )));
+        }
+        let root = self.root;
+        let Some(node) = root.get(path) else {
+            return Err(ConfigError::Interpolation(format!(
+                "Interpolation key '{path}' not found\n    full_key: {origin}{}",
+                at(source)
+            )));
+        };
+        self.stack.push(path.to_string());
+        let result = match &node.value {
+            Value::Str(s) if s.contains("${") => self.eval_string(s, path, &node.source),
+            _ => self.resolve_node(path, node),
+        };
+        self.stack.pop();
+        let result = result?;
+        self.cache.insert(path.to_string(), result.clone());
+        Ok(result)
+    }
+
+    fn eval_string(&mut self, text: &str, path: &str, source: &Source) -> Result<Node, ConfigError> {
+        let pieces = parse_pieces(text).map_err(|e| {
+            ConfigError::Interpolation(format!(
+                "Error parsing interpolation '{text}': {e}\n    full_key: {path}{}",
+                at(source)
+            ))
+        })?;
+        self.eval_pieces(&pieces, path, source)
+    }
+
+    fn eval_pieces(&mut self, pieces: &[Piece], path: &str, source: &Source) -> Result<Node, ConfigError> {
+        if let [Piece::Interp(expr)] = pieces {
+            return self.eval_expr(expr, path, source);
+        }
+        let mut out = String::new();
+        for piece in pieces {
+            match piece {
+                Piece::Text(t) => out.push_str(t),
+                Piece::Interp(expr) => {
+                    let node = self.eval_expr(expr, path, source)?;
+                    if node.is_missing() {
+                        return Err(missing_error(path, source));
+                    }
+                    out.push_str(&node.value.display_python());
+                }
+            }
+        }
+        Ok(Node::new(Value::Str(out), source.clone()))
+    }
+
+    fn eval_expr(&mut self, expr: &Expr, path: &str, source: &Source) -> Result<Node, ConfigError> {
+        match expr {
+            Expr::Key(pieces) => {
+                let key = self.eval_pieces(pieces, path, source)?.value.display_python();
+                let target = absolute_key(path, &key);
+                let node = self.resolve_at(&target, source, path).map_err(|e| match e {
+                    ConfigError::Interpolation(m) if m.starts_with(&format!("Interpolation key '{target}'")) => {
+                        ConfigError::Interpolation(format!(
+                            "Interpolation key '{key}' not found\n    full_key: {path}{}",
+                            at(source)
+                        ))
+                    }
+                    other => other,
+                })?;
+                if node.is_missing() {
+                    return Err(missing_error(path, source));
+                }
+                Ok(node)
+            }
+            Expr::Resolver { name, args } => {
+                let mut values = Vec::with_capacity(args.len());
+                for arg in args {
+                    let mut v = self.eval_pieces(&arg.pieces, path, source)?;
+                    if arg.quoted && !matches!(v.value, Value::Str(_)) {
+                        // A quoted argument is a string, even when it is one interpolation.
+                        v = Node::new(Value::Str(v.value.display_python()), v.source);
+                    }
+                    let v = match (&v.value, arg.quoted) {
+                        (Value::Str(s), false) if arg.pieces.iter().all(|p| matches!(p, Piece::Text(_))) => {
+                            Node::new(super::yaml::resolve_plain(s.trim()), source.clone())
+                        }
+                        _ => v,
+                    };
+                    values.push(v);
+                }
+                self.call(name, values, path, source)
+            }
+        }
+    }
+
+    fn call(&mut self, name: &str, args: Vec<Node>, path: &str, source: &Source) -> Result<Node, ConfigError> {
+        let err = |msg: String| ConfigError::Interpolation(format!("{msg}\n    full_key: {path}{}", at(source)));
+        let text = |n: &Node| n.value.display_python();
+        match name {
+            "oc.env" => {
+                let var = args.first().map(text).ok_or_else(|| err("oc.env needs a variable name".into()))?;
+                match self.ctx.env.get(&var) {
+                    Some(v) => Ok(Node::new(Value::Str(v.clone()), Source::Env(var.as_str().into()))),
+                    None => match args.get(1) {
+                        Some(d) if d.value == Value::Null => Ok(Node::new(Value::Null, source.clone())),
+                        Some(d) => Ok(Node::new(Value::Str(text(d)), source.clone())),
+                        None => Err(err(format!("Environment variable '{var}' not found"))),
+                    },
+                }
+            }
+            "oc.select" => {
+                let key = args.first().map(text).ok_or_else(|| err("oc.select needs a key".into()))?;
+                let target = absolute_key(path, &key);
+                if self.root.get(&target).is_some_and(|n| !n.is_missing()) {
+                    self.resolve_at(&target, source, path)
+                } else {
+                    Ok(args.get(1).cloned().unwrap_or(Node::new(Value::Null, source.clone())))
+                }
+            }
+            "oc.decode" => {
+                let arg = args.first().cloned().unwrap_or(Node::new(Value::Null, source.clone()));
+                match &arg.value {
+                    Value::Str(s) => {
+                        let parsed = super::grammar::parse_override(&format!("k={s}"))
+                            .map_err(|e| err(format!("oc.decode could not decode '{s}': {e}")))?;
+                        match parsed.value {
+                            Some(super::grammar::ParsedValue::Element(e)) => {
+                                let node = super::compose::element_to_node(&e, source);
+                                if node.is_interpolation() {
+                                    let text = node.as_str().unwrap_or_default().to_string();
+                                    self.eval_string(&text, path, source)
+                                } else {
+                                    Ok(node)
+                                }
+                            }
+                            _ => Err(err(format!("oc.decode could not decode '{s}'"))),
+                        }
+                    }
+                    Value::Null => Ok(arg),
+                    other => Err(err(format!(
+                        "TypeError raised while resolving interpolation: oc.decode expects a string input, got {}",
+                        other.type_name()
+                    ))),
+                }
+            }
+            "now" => {
+                let fmt = args.first().map(text).unwrap_or_default();
+                Ok(Node::new(Value::Str(self.ctx.now.format(&fmt).to_string()), source.clone()))
+            }
+            "oc.dict.keys" | "oc.dict.values" => {
+                let key = args.first().map(text).unwrap_or_default();
+                let target = absolute_key(path, &key);
+                let node = self.resolve_at(&target, source, path)?;
+                let Value::Map(m) = node.value else {
+                    return Err(err(format!("{name} expects a dict at '{key}'")));
+                };
+                let items = if name == "oc.dict.keys" {
+                    m.keys().map(|k| Node::new(Value::Str(k.clone()), source.clone())).collect()
+                } else {
+                    m.into_values().collect()
+                };
+                Ok(Node::new(Value::List(items), source.clone()))
+            }
+            _ => Err(err(format!("Unsupported interpolation type {name}"))),
+        }
+    }
+}
+
+fn missing_error(path: &str, source: &Source) -> ConfigError {
+    ConfigError::Interpolation(format!(
+        "MissingMandatoryValue while resolving interpolation: Missing mandatory value: {path}\n    full_key: {path}{}",
+        at(source)
+    ))
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+/// `.x` is relative to the container holding `path`; each further dot climbs one level.
+fn absolute_key(path: &str, key: &str) -> String {
+    let dots = key.chars().take_while(|c| *c == '.').count();
+    if dots == 0 {
+        return key.to_string();
+    }
+    let rest = &key[dots..];
+    let mut parts = split_key(path);
+    parts.pop(); // the node itself
+    for _ in 1..dots {
+        parts.pop();
+    }
+    let base = parts.join(".");
+    if rest.is_empty() {
+        base
+    } else {
+        join(&base, rest)
+    }
+}
+
+/// Split a string into literal text and `${...}` expressions. `\${` is a literal `${`.
+fn parse_pieces(text: &str) -> Result<Vec<Piece>, String> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut pos = 0;
+    let pieces = parse_until(&chars, &mut pos, &[])?;
+    Ok(pieces)
+}
+
+fn parse_until(chars: &[char], pos: &mut usize, stops: &[char]) -> Result<Vec<Piece>, String> {
+    let mut pieces = Vec::new();
+    let mut text = String::new();
+    while *pos < chars.len() {
+        let c = chars[*pos];
+        if stops.contains(&c) {
+            break;
+        }
+        if c == '\\' && chars.get(*pos + 1) == Some(&'$') && chars.get(*pos + 2) == Some(&'{') {
+            text.push_str("${");
+            *pos += 3;
+            continue;
+        }
+        if c == '\\' && chars.get(*pos + 1) == Some(&'\\') && chars.get(*pos + 2) == Some(&'$') {
+            text.push('\\');
+            *pos += 2;
+            continue;
+        }
+        if c == '$' && chars.get(*pos + 1) == Some(&'{') {
+            if !text.is_empty() {
+                pieces.push(Piece::Text(std::mem::take(&mut text)));
+            }
+            *pos += 2;
+            pieces.push(Piece::Interp(parse_expr(chars, pos)?));
+            continue;
+        }
+        text.push(c);
+        *pos += 1;
+    }
+    if !text.is_empty() {
+        pieces.push(Piece::Text(text));
+    }
+    Ok(pieces)
+}
+
+/// After `${`: a key or `resolver:args`, up to the matching `}`.
+fn parse_expr(chars: &[char], pos: &mut usize) -> Result<Expr, String> {
+    skip_ws(chars, pos);
+    // A resolver name is `[A-Za-z_][\w.]*` followed by `:`.
+    let start = *pos;
+    let mut end = start;
+    while end < chars.len() && (chars[end].is_alphanumeric() || chars[end] == '_' || chars[end] == '.') {
+        end += 1;
+    }
+    let looks_like_resolver = end > start
+        && !chars[start].is_ascii_digit()
+        && chars[start] != '.'
+        && chars.get(end) == Some(&':');
+    if looks_like_resolver {
+        let name: String = chars[start..end].iter().collect();
+        *pos = end + 1;
+        let mut args = Vec::new();
+        skip_ws(chars, pos);
+        if chars.get(*pos) == Some(&'}') {
+            *pos += 1;
+            return Ok(Expr::Resolver { name, args });
+        }
+        loop {
+            skip_ws(chars, pos);
+            let arg = parse_arg(chars, pos)?;
+            args.push(arg);
+            skip_ws(chars, pos);
+            match chars.get(*pos) {
+                Some(',') => *pos += 1,
+                Some('}') => {
+                    *pos += 1;
+                    return Ok(Expr::Resolver { name, args });
+                }
+                _ => return Err(format!("missing '}}' to close the call of '{name}'")),
+            }
+        }
+    }
+    let pieces = parse_until(chars, pos, &['}'])?;
+    if chars.get(*pos) != Some(&'}') {
+        return Err("missing '}' to close '${'".into());
+    }
+    *pos += 1;
+    let pieces = trim_pieces(pieces);
+    if pieces.is_empty() {
+        return Err("empty interpolation '${}'".into());
+    }
+    Ok(Expr::Key(pieces))
+}
+
+fn parse_arg(chars: &[char], pos: &mut usize) -> Result<Arg, String> {
+    if let Some(&q) = chars.get(*pos).filter(|c| **c == '\'' || **c == '"') {
+        *pos += 1;
+        let mut pieces = Vec::new();
+        let mut text = String::new();
+        loop {
+            match chars.get(*pos) {
+                None => return Err("unterminated quoted string".into()),
+                Some(&c) if c == q => {
+                    *pos += 1;
+                    break;
+                }
+                Some('\\') if chars.get(*pos + 1) == Some(&q) => {
+                    text.push(q);
+                    *pos += 2;
+                }
+                Some('$') if chars.get(*pos + 1) == Some(&'{') => {
+                    if !text.is_empty() {
+                        pieces.push(Piece::Text(std::mem::take(&mut text)));
+                    }
+                    *pos += 2;
+                    pieces.push(Piece::Interp(parse_expr(chars, pos)?));
+                }
+                Some(&c) => {
+                    text.push(c);
+                    *pos += 1;
+                }
+            }
+        }
+        if !text.is_empty() || pieces.is_empty() {
+            pieces.push(Piece::Text(text));
+        }
+        return Ok(Arg { pieces, quoted: true });
+    }
+    // Unquoted: up to a top-level ',' or '}' (brackets nest, `\,` escapes).
+    let mut pieces = Vec::new();
+    let mut text = String::new();
+    let mut depth = 0i32;
+    while let Some(&c) = chars.get(*pos) {
+        if depth == 0 && (c == ',' || c == '}') {
+            break;
+        }
+        if c == '\\' && chars.get(*pos + 1).is_some_and(|n| ",}{[]():= \\".contains(*n)) {
+            text.push(chars[*pos + 1]);
+            *pos += 2;
+            continue;
+        }
+        if c == '$' && chars.get(*pos + 1) == Some(&'{') {
+            if !text.is_empty() {
+                pieces.push(Piece::Text(std::mem::take(&mut text)));
+            }
+            *pos += 2;
+            pieces.push(Piece::Interp(parse_expr(chars, pos)?));
+            continue;
+        }
+        match c {
+            '[' | '{' => depth += 1,
+            ']' | '}' => depth -= 1,
+            _ => {}
+        }
+        text.push(c);
+        *pos += 1;
+    }
+    if !text.is_empty() {
+        pieces.push(Piece::Text(text));
+    }
+    Ok(Arg {
+        pieces: trim_pieces(pieces),
+        quoted: false,
+    })
+}
+
+fn trim_pieces(mut pieces: Vec<Piece>) -> Vec<Piece> {
+    if let Some(Piece::Text(t)) = pieces.first_mut() {
+        *t = t.trim_start().to_string();
+    }
+    if let Some(Piece::Text(t)) = pieces.last_mut() {
+        *t = t.trim_end().to_string();
+    }
+    pieces.retain(|p| !matches!(p, Piece::Text(t) if t.is_empty()));
+    pieces
+}
+
+fn skip_ws(chars: &[char], pos: &mut usize) {
+    while chars.get(*pos).is_some_and(|c| c.is_whitespace()) {
+        *pos += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::yaml;
+    use rstest::rstest;
+
+    fn ctx() -> ResolveContext {
+        let mut env = HashMap::new();
+        env.insert("TY_VAR".to_string(), "from_env".to_string());
+        ResolveContext {
+            now: chrono::Local::now(),
+            env,
+        }
+    }
+
+    fn resolve(text: &str, key: &str) -> Result<serde_json::Value, ConfigError> {
+        let root = yaml::parse(text, "t.yaml").unwrap().unwrap();
+        resolve_all(&root, &ctx()).map(|n| n.get(key).unwrap().to_json())
+    }
+
+    #[rstest]
+    #[case("a: 1\nb: ${a}", "b", serde_json::json!(1))]
+    #[case("a: {x: 1}\nb: ${a}", "b", serde_json::json!({"x": 1}))]
+    #[case("a: 1\nb: x_${a}_y", "b", serde_json::json!("x_1_y"))]
+    #[case("a:\n  x: 1\n  y: ${.x}", "a.y", serde_json::json!(1))]
+    #[case("z: 5\na:\n  b:\n    y: ${..c}\n  c: 3", "a.b.y", serde_json::json!(3))]
+    #[case("a: ${oc.env:TY_VAR}", "a", serde_json::json!("from_env"))]
+    #[case("a: ${oc.env:NOPE_NOT_SET,fallback}", "a", serde_json::json!("fallback"))]
+    #[case("a: ${oc.env:NOPE_NOT_SET,null}", "a", serde_json::json!(null))]
+    #[case("a: ${oc.select:missing.key,7}", "a", serde_json::json!(7))]
+    #[case("a: ${oc.decode:'[1, 2]'}", "a", serde_json::json!([1, 2]))]
+    #[case("a: 2\nb: ${oc.decode:'${a}'}", "b", serde_json::json!(2))]
+    #[case("a: \\${not}", "a", serde_json::json!("${not}"))]
+    #[case("k: b\nd: {b: 9}\nv: ${d.${k}}", "v", serde_json::json!(9))]
+    #[case("l: [10, 20]\nv: ${l.1}", "v", serde_json::json!(20))]
+    fn resolves(#[case] text: &str, #[case] key: &str, #[case] expected: serde_json::Value) {
+        assert_eq!(resolve(text, key).unwrap(), expected);
+    }
+
+    #[rstest]
+    #[case("a: ${b}\nb: ${a}", "Recursive interpolation detected")]
+    #[case("a: ${nope}", "Interpolation key 'nope' not found")]
+    #[case("a: ???\nb: ${a}", "Missing mandatory value")]
+    #[case("a: ${oc.env:NOPE_NOT_SET}", "Environment variable 'NOPE_NOT_SET' not found")]
+    #[case("a: ${foo:1}", "Unsupported interpolation type foo")]
+    #[case("a: ${b", "missing '}'")]
+    fn errors_name_the_problem(#[case] text: &str, #[case] expected: &str) {
+        let err = resolve(text, "a").unwrap_err().to_string();
+        assert!(err.contains(expected), "{err}");
+        assert!(err.contains("t.yaml:"), "error names the file: {err}");
+    }
+
+    #[test]
+    fn now_is_fixed_per_context() {
+        let root = yaml::parse("a: ${now:%Y}\nb: ${now:%Y}", "t").unwrap().unwrap();
+        let c = ctx();
+        let out = resolve_all(&root, &c).unwrap();
+        assert_eq!(out.get("a").unwrap().to_json(), serde_json::json!(c.now.format("%Y").to_string()));
+        assert_eq!(out.get("a").unwrap().value, out.get("b").unwrap().value);
+    }
+}

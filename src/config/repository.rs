@@ -1,0 +1,199 @@
+//! Where configs live: an ordered search path of directories, each mounted at a group prefix
+//! (`conf/` at the root, `experiments/` as the `experiment` group). Loads each file once.
+
+use super::defaults::{parse_defaults_list, InputDefault};
+use super::errors::ConfigError;
+use super::tree::{Node, Value};
+use super::yaml;
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+/// One directory of the search path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchRoot {
+    pub dir: PathBuf,
+    /// Group prefix this directory provides (`""` for a config dir, `experiment` for `experiments/`).
+    pub mount: String,
+    /// Who added it (`main`, `command-line`, `project`), shown by `--info searchpath`.
+    pub provider: String,
+}
+
+/// A config file, loaded: its body (without `defaults`), its defaults list and package header.
+#[derive(Debug)]
+pub struct LoadedConfig {
+    pub config_path: String,
+    pub file: PathBuf,
+    pub body: Node,
+    pub defaults: Vec<InputDefault>,
+    pub package_header: Option<String>,
+    /// True when the body holds keys other than `defaults` that are not `???` (Hydra's `_has_config_content`).
+    pub has_content: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Repository {
+    pub roots: Vec<SearchRoot>,
+    cache: RefCell<HashMap<String, Option<Rc<LoadedConfig>>>>,
+}
+
+impl Repository {
+    pub fn new(roots: Vec<SearchRoot>) -> Self {
+        Repository {
+            roots,
+            cache: RefCell::default(),
+        }
+    }
+
+    /// Directories that could hold `group` (a group path like `model` or `experiment`), in search order.
+    fn dirs_for(&self, group: &str) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for root in &self.roots {
+            if root.mount.is_empty() {
+                out.push(root.dir.join(group));
+            } else if group == root.mount {
+                out.push(root.dir.clone());
+            } else if let Some(rest) = group.strip_prefix(&format!("{}/", root.mount)) {
+                out.push(root.dir.join(rest));
+            }
+        }
+        out
+    }
+
+    /// The file holding `config_path` (`db/mysql` → `<root>/db/mysql.yaml`), first match in the search path.
+    pub fn find_file(&self, config_path: &str) -> Option<PathBuf> {
+        let (group, name) = match config_path.rfind('/') {
+            Some(i) => (&config_path[..i], &config_path[i + 1..]),
+            None => ("", config_path),
+        };
+        let file_name = if name.ends_with(".yaml") || name.ends_with(".yml") {
+            name.to_string()
+        } else {
+            format!("{name}.yaml")
+        };
+        self.dirs_for(group)
+            .into_iter()
+            .map(|d| d.join(&file_name))
+            .find(|p| p.is_file())
+    }
+
+    pub fn config_exists(&self, config_path: &str) -> bool {
+        self.find_file(config_path).is_some()
+    }
+
+    pub fn group_exists(&self, group: &str) -> bool {
+        !group.is_empty() && self.dirs_for(group).iter().any(|d| d.is_dir())
+    }
+
+    /// Config names in a group, sorted and unique across the search path.
+    pub fn group_options(&self, group: &str) -> Vec<String> {
+        let mut names = BTreeSet::new();
+        for dir in self.dirs_for(group) {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                if !path.is_file() {
+                    continue;
+                }
+                let file = entry.file_name().to_string_lossy().to_string();
+                if let Some(stem) = file.strip_suffix(".yaml").or_else(|| file.strip_suffix(".yml")) {
+                    names.insert(stem.to_string());
+                }
+            }
+        }
+        names.into_iter().collect()
+    }
+
+    /// Sub-groups of `parent` (`""` for top-level groups), sorted and unique.
+    pub fn list_groups(&self, parent: &str) -> Vec<String> {
+        let mut names = BTreeSet::new();
+        for root in &self.roots {
+            if parent.is_empty() && !root.mount.is_empty() {
+                if root.dir.is_dir() {
+                    names.insert(root.mount.clone());
+                }
+                continue;
+            }
+        }
+        for dir in self.dirs_for(parent) {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for entry in entries.flatten() {
+                if entry.path().is_dir() {
+                    let name = entry.file_name().to_string_lossy().to_string();
+                    if !name.starts_with('.') && !name.starts_with("__") {
+                        names.insert(name);
+                    }
+                }
+            }
+        }
+        names.into_iter().collect()
+    }
+
+    /// Load a config (cached). `Ok(None)` when no file exists for it.
+    pub fn load(&self, config_path: &str) -> Result<Option<Rc<LoadedConfig>>, ConfigError> {
+        if let Some(hit) = self.cache.borrow().get(config_path) {
+            return Ok(hit.clone());
+        }
+        let loaded = match self.find_file(config_path) {
+            None => None,
+            Some(file) => Some(Rc::new(load_file(config_path, &file)?)),
+        };
+        self.cache.borrow_mut().insert(config_path.to_string(), loaded.clone());
+        Ok(loaded)
+    }
+
+    /// The search path, as `--info searchpath` and error messages print it.
+    pub fn describe(&self) -> String {
+        self.roots
+            .iter()
+            .map(|r| {
+                let mount = if r.mount.is_empty() { String::new() } else { format!(" (as group '{}')", r.mount) };
+                format!("\tprovider={}, path=file://{}{}", r.provider, r.dir.display(), mount)
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+fn load_file(config_path: &str, file: &Path) -> Result<LoadedConfig, ConfigError> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| ConfigError::Io(format!("Could not read '{}': {e}", file.display())))?;
+    let shown = display_path(file);
+    let package_header = yaml::package_header(&text)
+        .map_err(|e| ConfigError::composition(format!("In '{config_path}' ({shown}): {e}")))?;
+    let mut body = yaml::parse(&text, &shown)?.unwrap_or_else(Node::empty_map);
+    let defaults = match &mut body.value {
+        Value::Map(map) => match map.shift_remove("defaults") {
+            Some(list) => parse_defaults_list(config_path, &list)?,
+            None => Vec::new(),
+        },
+        _ => {
+            return Err(ConfigError::composition(format!(
+                "In '{config_path}' ({shown}): a config file must hold a mapping at the top, found a {}",
+                body.type_name()
+            )))
+        }
+    };
+    let has_content = body
+        .as_map()
+        .is_some_and(|m| m.values().any(|v| !v.is_missing()));
+    Ok(LoadedConfig {
+        config_path: config_path.to_string(),
+        file: file.to_path_buf(),
+        body,
+        defaults,
+        package_header,
+        has_content,
+    })
+}
+
+/// A path as the user would write it: relative to the current directory when below it.
+pub fn display_path(file: &Path) -> String {
+    if let Ok(cwd) = std::env::current_dir() {
+        if let Ok(rel) = file.strip_prefix(&cwd) {
+            return rel.display().to_string();
+        }
+    }
+    file.display().to_string()
+}

@@ -1,0 +1,118 @@
+//! Run records: the run directory and the files under `.hydra/` that say exactly what ran.
+//! Every file is written to a temporary name and renamed, so a crash never leaves half a record.
+
+use crate::config::tree::{Map, Node, Source, Value};
+use crate::config::yaml;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Write `contents` to `path` atomically: temp file in the same directory, fsync, rename.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("record");
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(contents)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// What `.hydra/hydra.yaml` records about a job.
+#[derive(Debug, Clone)]
+pub struct JobInfo {
+    pub name: String,
+    pub config_name: String,
+    pub num: usize,
+    pub mode: &'static str,
+    pub output_dir: PathBuf,
+    pub overrides: Vec<String>,
+    pub choices: Vec<(String, Option<String>)>,
+    pub resolved_hydra: Node,
+}
+
+fn s(v: &str) -> Node {
+    Node::new(Value::Str(v.to_string()), Source::Internal)
+}
+
+fn map(items: Vec<(&str, Node)>) -> Node {
+    let mut m = Map::new();
+    for (k, v) in items {
+        m.insert(k.to_string(), v);
+    }
+    Node::new(Value::Map(m), Source::Internal)
+}
+
+/// `key=value` pairs joined the way Hydra's `override_dirname` does (sorted, `,`-separated).
+pub fn override_dirname(overrides: &[String]) -> String {
+    let mut sorted = overrides.to_vec();
+    sorted.sort();
+    sorted.join(",")
+}
+
+/// Write `.hydra/config.yaml` (as composed), `.hydra/resolved.yaml`, `.hydra/overrides.yaml`, `.hydra/hydra.yaml`.
+pub fn write_job_records(job: &JobInfo, config: &Node, resolved: &Node) -> std::io::Result<()> {
+    let dir = job.output_dir.join(".hydra");
+    write_atomic(&dir.join("config.yaml"), yaml::to_yaml(config).as_bytes())?;
+    write_atomic(&dir.join("resolved.yaml"), yaml::to_yaml(resolved).as_bytes())?;
+    let overrides = Node::new(Value::List(job.overrides.iter().map(|o| s(o)).collect()), Source::Internal);
+    write_atomic(&dir.join("overrides.yaml"), yaml::to_yaml(&overrides).as_bytes())?;
+
+    let mut choices = Map::new();
+    for (k, v) in &job.choices {
+        let value = match v {
+            Some(v) => s(v),
+            None => Node::new(Value::Null, Source::Internal),
+        };
+        choices.insert(k.clone(), value);
+    }
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let mut hydra = job.resolved_hydra.clone();
+    hydra.merge(map(vec![
+        ("mode", s(job.mode)),
+        (
+            "job",
+            map(vec![
+                ("name", s(&job.name)),
+                ("config_name", s(&job.config_name)),
+                ("num", Node::new(Value::Int(job.num as i64), Source::Internal)),
+                ("override_dirname", s(&override_dirname(&job.overrides))),
+            ]),
+        ),
+        (
+            "runtime",
+            map(vec![
+                ("version", s(env!("CARGO_PKG_VERSION"))),
+                ("cwd", s(&cwd.display().to_string())),
+                ("output_dir", s(&job.output_dir.display().to_string())),
+                ("choices", Node::new(Value::Map(choices), Source::Internal)),
+            ]),
+        ),
+        ("overrides", map(vec![("task", overrides.clone())])),
+    ]));
+    let doc = map(vec![("hydra", hydra)]);
+    write_atomic(&dir.join("hydra.yaml"), yaml::to_yaml(&doc).as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn atomic_write_replaces_whole_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a/b.txt");
+        write_atomic(&p, b"one").unwrap();
+        write_atomic(&p, b"two").unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "two");
+        let leftovers: Vec<_> = std::fs::read_dir(p.parent().unwrap()).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "no temp files left behind");
+    }
+}
+
+/// A path as the user would type it (relative to the current directory when below it).
+pub fn display(path: &Path) -> String {
+    crate::config::repository::display_path(path)
+}

@@ -1,0 +1,211 @@
+//! The `train` binary end to end, in throwaway projects: printing, errors, run records, sweeps, help, completion.
+
+use rstest::rstest;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const TRAIN: &str = env!("CARGO_BIN_EXE_train");
+
+/// A tiny project: conf/train.yaml with groups, and experiments/ as the `experiment` group.
+fn project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let files: &[(&str, &str)] = &[
+        (
+            "conf/train.yaml",
+            "defaults:\n  - _self_\n  - model: small\n  - trainer: single\n  - optional debug: null\n  - experiment: null\n\ntask_name: demo\nseed: 42\nlr: 0.1\nname: run_${seed}\n",
+        ),
+        ("conf/model/small.yaml", "name: small\nwidth: 16\n"),
+        ("conf/model/large.yaml", "name: large\nwidth: 1024\n"),
+        ("conf/trainer/single.yaml", "strategy: single\nmax_epochs: 3\ndevices: 1\n"),
+        ("conf/trainer/ddp.yaml", "strategy: ddp\nmax_epochs: 3\ndevices: 2\nnum_nodes: 1\n"),
+        ("conf/debug/fast.yaml", "# @package _global_\ntrainer:\n  max_epochs: 1\n"),
+        (
+            "conf/sweep/lr.yaml",
+            "# @package _global_\nhydra:\n  sweeper:\n    params:\n      lr: 0.1,0.01\n",
+        ),
+        (
+            "experiments/big.yaml",
+            "# @package _global_\ndefaults:\n  - override /model: large\n  - override /trainer: ddp\n\ntask_name: big\ntrainer:\n  num_nodes: 2\n",
+        ),
+    ];
+    for (path, text) in files {
+        let p = dir.path().join(path);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+    dir
+}
+
+fn train(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(TRAIN)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("TRAIN_CONFIG_PATH")
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+#[test]
+fn cfg_job_prints_composed_config_and_runs_nothing() {
+    let p = project();
+    let out = train(p.path(), &["--cfg", "job", "experiment=big", "lr=0.5"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("task_name: big"), "{text}");
+    assert!(text.contains("name: large"), "{text}");
+    assert!(text.contains("num_nodes: 2"), "{text}");
+    assert!(text.contains("lr: 0.5"), "{text}");
+    assert!(text.contains("name: run_${seed}"), "unresolved without --resolve: {text}");
+    assert!(!text.contains("hydra:"), "job config has no hydra node: {text}");
+    assert!(!p.path().join("logs").exists(), "--cfg must not create run directories");
+}
+
+#[test]
+fn resolve_and_package() {
+    let p = project();
+    let out = train(p.path(), &["--cfg", "job", "--resolve", "-p", "name"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "name: run_42\n");
+}
+
+#[test]
+fn works_from_a_subfolder() {
+    let p = project();
+    let sub = p.path().join("conf/model");
+    let out = train(&sub, &["--cfg", "job", "model=large"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("width: 1024"));
+}
+
+#[rstest]
+#[case(&["trainer.max_epoch=3"], "Could not override 'trainer.max_epoch'", "Did you mean 'trainer.max_epochs'?")]
+#[case(&["+seed=1"], "Could not append to config. An item is already at 'seed'", "++seed=1")]
+#[case(&["model=huge"], "Could not find 'model/huge'", "Available options in 'model'")]
+#[case(&["a=[1"], "Error parsing override 'a=[1'", "")]
+#[case(&["lr=0.1,0.2"], "Ambiguous value for argument 'lr=0.1,0.2'", "--multirun")]
+#[case(&["foo=1"], "Could not override 'foo'", "To append to your config use +foo=1")]
+#[case(&["debug=fast", "debug=nope"], "Could not find 'debug/nope'", "")]
+fn bad_input_gives_one_clear_error(#[case] args: &[&str], #[case] first: &str, #[case] hint: &str) {
+    let p = project();
+    let mut all = vec!["--cfg", "job"];
+    all.extend_from_slice(args);
+    let out = train(p.path(), &all);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains(first), "{err}");
+    assert!(err.contains(hint), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(!err.contains("stack backtrace"), "{err}");
+}
+
+#[test]
+fn error_names_file_and_line_of_bad_yaml() {
+    let p = project();
+    std::fs::write(p.path().join("conf/model/broken.yaml"), "name: x\nname: y\n").unwrap();
+    let out = train(p.path(), &["--cfg", "job", "model=broken"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("broken.yaml:2:1"), "{err}");
+    assert!(err.contains("duplicate key name"), "{err}");
+}
+
+#[test]
+fn info_shows_defaults_tree_and_searchpath() {
+    let p = project();
+    let out = train(p.path(), &["--info", "defaults-tree", "experiment=big"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("model: large"), "{text}");
+    assert!(text.contains("experiment: big"), "{text}");
+    let out = train(p.path(), &["--info", "searchpath"]);
+    assert!(stdout(&out).contains("experiments"), "{}", stdout(&out));
+}
+
+#[test]
+fn help_lists_groups_and_options() {
+    let p = project();
+    let out = train(p.path(), &["--help"]);
+    assert!(out.status.success());
+    let text = stdout(&out);
+    assert!(text.contains("model: large, small"), "{text}");
+    assert!(text.contains("experiment: big"), "{text}");
+    assert!(text.contains("--config-name"), "{text}");
+}
+
+#[test]
+fn completion_offers_groups_options_and_keys() {
+    let p = project();
+    let out = train(p.path(), &["--complete", "model="]);
+    assert_eq!(stdout(&out).lines().collect::<Vec<_>>(), vec!["model=large", "model=small"]);
+    let out = train(p.path(), &["--complete", "trainer.max"]);
+    assert!(stdout(&out).contains("trainer.max_epochs="), "{}", stdout(&out));
+    let out = train(p.path(), &["--shell-completion", "bash"]);
+    assert!(stdout(&out).contains("complete -F _train_complete train"));
+}
+
+fn run_dirs(root: &Path, task: &str, kind: &str) -> Vec<PathBuf> {
+    let base = root.join("logs").join(task).join(kind);
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&base)
+        .map(|r| r.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    dirs
+}
+
+#[test]
+fn a_run_writes_its_records() {
+    let p = project();
+    let out = train(p.path(), &["model=large", "seed=7"]);
+    // The demo project has no typed training sections, so the schema rejects it with a clear message.
+    let err = stderr(&out);
+    assert!(!out.status.success());
+    assert!(err.contains("Error"), "{err}");
+}
+
+#[test]
+fn multirun_cfg_prints_one_document_per_job_in_order() {
+    let p = project();
+    let out = train(p.path(), &["-m", "--cfg", "job", "-p", "lr", "lr=1,2", "model=small,large"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let docs: Vec<String> = stdout(&out).split("---\n").map(str::to_string).collect();
+    assert_eq!(docs, vec!["lr: 1\n", "lr: 1\n", "lr: 2\n", "lr: 2\n"]);
+}
+
+#[test]
+fn sweep_declared_in_yaml_expands() {
+    let p = project();
+    let out = train(p.path(), &["-m", "--cfg", "job", "-p", "lr", "+sweep=lr"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "lr: 0.1\n---\nlr: 0.01\n");
+    // The command line wins over the YAML sweep for the same key.
+    let out = train(p.path(), &["-m", "--cfg", "job", "-p", "lr", "+sweep=lr", "lr=5"]);
+    assert_eq!(stdout(&out), "lr: 5\n");
+}
+
+#[test]
+fn config_path_replaces_the_search_path() {
+    let p = project();
+    let other = tempfile::tempdir().unwrap();
+    std::fs::write(other.path().join("main.yaml"), "x: 1\n").unwrap();
+    let out = train(
+        p.path(),
+        &["-cp", other.path().to_str().unwrap(), "-cn", "main", "--cfg", "job"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "x: 1\n");
+}
+
+#[test]
+fn no_project_is_a_clear_error() {
+    let empty = tempfile::tempdir().unwrap();
+    let out = train(empty.path(), &["--cfg", "job"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("No project found"), "{}", stderr(&out));
+}
