@@ -118,6 +118,11 @@ fn run_case(case: &J) {
                 (Err(e), None) => {
                     let theirs = expect["resolve_error"].as_str().unwrap_or_default();
                     assert!(!theirs.is_empty(), "case {name}: we failed to resolve: {e}");
+                    let first = theirs.lines().next().unwrap_or_default();
+                    assert!(
+                        e.to_string().contains(first),
+                        "case {name}: resolve error differs\n  hydra: {theirs}\n  ours:  {e}"
+                    );
                 }
                 (Ok(r), None) => {
                     if let Some(err) = expect["resolve_error"].as_str() {

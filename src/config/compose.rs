@@ -42,7 +42,13 @@ pub fn compose(
             return Err(ConfigError::MissingConfig(format!("Could not load '{}'", item.config_path)));
         };
         let body = loaded.body.clone().wrap_in_package(&item.package);
-        config.merge(body);
+        config.try_merge(body).map_err(|e| {
+            ConfigError::composition(format!(
+                "In '{}': ConfigTypeError raised while composing config:\n{e}\n    (merging {})",
+                item.config_path,
+                super::repository::display_path(&loaded.file)
+            ))
+        })?;
     }
     for o in config_overrides {
         apply_override(&mut config, o)?;

@@ -147,9 +147,6 @@ impl Resolver<'_> {
                 Piece::Text(t) => out.push_str(t),
                 Piece::Interp(expr) => {
                     let node = self.eval_expr(expr, path, source)?;
-                    if node.is_missing() {
-                        return Err(missing_error(path, source));
-                    }
                     out.push_str(&node.value.display_python());
                 }
             }
@@ -172,7 +169,7 @@ impl Resolver<'_> {
                     other => other,
                 })?;
                 if node.is_missing() {
-                    return Err(missing_error(path, source));
+                    return Err(missing_error(&target, path, source));
                 }
                 Ok(node)
             }
@@ -270,9 +267,10 @@ impl Resolver<'_> {
     }
 }
 
-fn missing_error(path: &str, source: &Source) -> ConfigError {
+fn missing_error(target: &str, path: &str, source: &Source) -> ConfigError {
     ConfigError::Interpolation(format!(
-        "MissingMandatoryValue while resolving interpolation: Missing mandatory value: {path}\n    full_key: {path}{}",
+        "MissingMandatoryValue while resolving interpolation: Missing mandatory value: {target}\n    full_key: {path}{}\n    \
+         Set {target} (in its config file or with {target}=<value>) before it is used.",
         at(source)
     ))
 }

@@ -173,6 +173,22 @@ impl Node {
         }
     }
 
+    /// Like `merge`, but refuses what OmegaConf refuses: a dict onto a list or a list onto a dict.
+    /// The error names the dotted key where the two met.
+    pub fn try_merge(&mut self, src: Node) -> Result<(), String> {
+        if let Some(key) = merge_conflict(self, &src, String::new()) {
+            let (d, s) = (self.get(&key).map(|n| n.type_name()), src.get(&key).map(|n| n.type_name()));
+            let name = |t: Option<&str>| if t == Some("list") { "ListConfig" } else { "DictConfig" };
+            return Err(format!(
+                "Cannot merge {} with {}\n    full_key: {key}",
+                name(s),
+                name(d)
+            ));
+        }
+        self.merge(src);
+        Ok(())
+    }
+
     /// Sort-free walk over every leaf and container, with its dotted path.
     pub fn walk<'a>(&'a self, path: &mut String, visit: &mut dyn FnMut(&str, &'a Node)) {
         visit(path, self);
@@ -290,6 +306,17 @@ impl Value {
             Value::Missing => "'???'".into(),
             other => other.display_python(),
         }
+    }
+}
+
+fn merge_conflict(dst: &Node, src: &Node, path: String) -> Option<String> {
+    match (&dst.value, &src.value) {
+        (Value::Map(_), Value::List(_)) | (Value::List(_), Value::Map(_)) => Some(path),
+        (Value::Map(d), Value::Map(s)) => s.iter().find_map(|(k, v)| {
+            let child = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+            d.get(k).and_then(|existing| merge_conflict(existing, v, child))
+        }),
+        _ => None,
     }
 }
 
