@@ -62,8 +62,12 @@ pub struct Setup {
 
 impl Setup {
     pub fn discover(cli: &Cli) -> Result<Setup, ConfigError> {
-        let cwd = std::env::current_dir().map_err(|e| ConfigError::Io(format!("no current directory: {e}")))?;
-        let config_name = cli.config_name.clone().unwrap_or_else(|| DEFAULT_CONFIG_NAME.to_string());
+        let cwd = std::env::current_dir()
+            .map_err(|e| ConfigError::Io(format!("no current directory: {e}")))?;
+        let config_name = cli
+            .config_name
+            .clone()
+            .unwrap_or_else(|| DEFAULT_CONFIG_NAME.to_string());
         let mut roots = Vec::new();
         let project_root;
         if let Some(dir) = &cli.config_path {
@@ -210,7 +214,12 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_cfg(cli: &Cli, kind: CfgKind, full: &Node, ctx: &ResolveContext) -> Result<(), ConfigError> {
+fn print_cfg(
+    cli: &Cli,
+    kind: CfgKind,
+    full: &Node,
+    ctx: &ResolveContext,
+) -> Result<(), ConfigError> {
     let (job, hydra) = split_hydra(full.clone());
     let mut node = match kind {
         CfgKind::Job => job,
@@ -227,10 +236,9 @@ fn print_cfg(cli: &Cli, kind: CfgKind, full: &Node, ctx: &ResolveContext) -> Res
         node = resolve_all(&node, ctx)?;
     }
     if let Some(key) = &cli.package {
-        node = node
-            .get(key)
-            .cloned()
-            .ok_or_else(|| ConfigError::composition(format!("--package: no key '{key}' in the composed config")))?;
+        node = node.get(key).cloned().ok_or_else(|| {
+            ConfigError::composition(format!("--package: no key '{key}' in the composed config"))
+        })?;
         let mut wrapped = Node::empty_map();
         if let Some(map) = wrapped.as_map_mut() {
             map.insert(key.clone(), node);
@@ -241,19 +249,37 @@ fn print_cfg(cli: &Cli, kind: CfgKind, full: &Node, ctx: &ResolveContext) -> Res
     Ok(())
 }
 
-fn print_info(setup: &Setup, overrides: &[Override], kind: InfoKind, multirun: bool) -> Result<(), ConfigError> {
+fn print_info(
+    setup: &Setup,
+    overrides: &[Override],
+    kind: InfoKind,
+    multirun: bool,
+) -> Result<(), ConfigError> {
     let all = kind == InfoKind::All;
     if all || kind == InfoKind::Searchpath {
-        println!("Config search path\n------------------\n{}\n", setup.repo.describe());
+        println!(
+            "Config search path\n------------------\n{}\n",
+            setup.repo.describe()
+        );
     }
-    let mode = if multirun { RunMode::Multirun } else { RunMode::Run };
+    let mode = if multirun {
+        RunMode::Multirun
+    } else {
+        RunMode::Run
+    };
     let composed = compose_with_hydra(&setup.repo, &setup.config_name, overrides, mode)?;
     if all || kind == InfoKind::DefaultsTree {
-        println!("Defaults Tree\n-------------\n{}", defaults::render_tree(&composed.defaults.tree));
+        println!(
+            "Defaults Tree\n-------------\n{}",
+            defaults::render_tree(&composed.defaults.tree)
+        );
     }
     if all || kind == InfoKind::Defaults {
         println!("Defaults List\n-------------");
-        println!("| {:<40} | {:<24} | {:<24} |", "Config path", "Package", "Parent");
+        println!(
+            "| {:<40} | {:<24} | {:<24} |",
+            "Config path", "Package", "Parent"
+        );
         for d in &composed.defaults.defaults {
             println!(
                 "| {:<40} | {:<24} | {:<24} |",
@@ -296,7 +322,10 @@ fn run_job(
     }
     let mut with_task = hydra_root.clone();
     if let Some(m) = with_task.as_map_mut() {
-        m.insert("task_name".into(), Node::new(Value::Str(task_name.clone()), Default::default()));
+        m.insert(
+            "task_name".into(),
+            Node::new(Value::Str(task_name.clone()), Default::default()),
+        );
     }
     let resolved_hydra = resolve_all(&with_task, ctx)?
         .get("hydra")
@@ -314,21 +343,34 @@ fn run_job(
         }
         None => match resolved_hydra.get("run.dir").and_then(Node::as_str) {
             Some(dir) => setup.project_root.join(dir),
-            None => setup.project_root.join("logs").join(&task_name).join("runs").join(&stamp),
+            None => setup
+                .project_root
+                .join("logs")
+                .join(&task_name)
+                .join("runs")
+                .join(&stamp),
         },
     };
     let info = JobInfo {
         name: task_name,
         config_name: setup.config_name.clone(),
         num,
-        mode: if sweep_dir.is_some() { "MULTIRUN" } else { "RUN" },
+        mode: if sweep_dir.is_some() {
+            "MULTIRUN"
+        } else {
+            "RUN"
+        },
         output_dir: output_dir.clone(),
         overrides: overrides.to_vec(),
         choices: composed.choices.into_iter().collect(),
         resolved_hydra,
     };
-    records::write_job_records(&info, &job_cfg, &resolved)
-        .map_err(|e| ConfigError::Io(format!("could not write run records in {}: {e}", output_dir.display())))?;
+    records::write_job_records(&info, &job_cfg, &resolved).map_err(|e| {
+        ConfigError::Io(format!(
+            "could not write run records in {}: {e}",
+            output_dir.display()
+        ))
+    })?;
     let _ = resolve_path;
     Ok(JobOutcome {
         message: format!(
@@ -344,8 +386,18 @@ fn run_job(
     })
 }
 
-fn run_sweep(cli: &Cli, setup: &Setup, overrides: &[Override], ctx: &ResolveContext) -> Result<ExitCode, ConfigError> {
-    let master = compose_with_hydra(&setup.repo, &setup.config_name, overrides, RunMode::Multirun)?;
+fn run_sweep(
+    cli: &Cli,
+    setup: &Setup,
+    overrides: &[Override],
+    ctx: &ResolveContext,
+) -> Result<ExitCode, ConfigError> {
+    let master = compose_with_hydra(
+        &setup.repo,
+        &setup.config_name,
+        overrides,
+        RunMode::Multirun,
+    )?;
     let params: Vec<String> = match master.config.get("hydra.sweeper.params").map(|n| &n.value) {
         Some(Value::Map(m)) => m
             .iter()
@@ -357,7 +409,8 @@ fn run_sweep(cli: &Cli, setup: &Setup, overrides: &[Override], ctx: &ResolveCont
     if cli.cfg.is_some() {
         for (i, job) in jobs.iter().enumerate() {
             let parsed = parse_overrides(job)?;
-            let composed = compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)?;
+            let composed =
+                compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)?;
             if i > 0 {
                 println!("---");
             }
@@ -369,12 +422,21 @@ fn run_sweep(cli: &Cli, setup: &Setup, overrides: &[Override], ctx: &ResolveCont
     let (job_cfg, _) = split_hydra(master.config.clone());
     let task_name = resolve_all(&job_cfg, ctx)
         .ok()
-        .and_then(|r| r.get("task_name").and_then(Node::as_str).map(str::to_string))
+        .and_then(|r| {
+            r.get("task_name")
+                .and_then(Node::as_str)
+                .map(str::to_string)
+        })
         .unwrap_or_else(|| setup.config_name.clone());
     let stamp = ctx.now.format("%Y-%m-%d_%H-%M-%S").to_string();
     let sweep_dir = match hydra.get("sweep.dir").and_then(Node::as_str) {
         Some(d) => setup.project_root.join(d),
-        None => setup.project_root.join("logs").join(&task_name).join("multiruns").join(&stamp),
+        None => setup
+            .project_root
+            .join("logs")
+            .join(&task_name)
+            .join("multiruns")
+            .join(&stamp),
     };
     std::fs::create_dir_all(&sweep_dir)
         .map_err(|e| ConfigError::Io(format!("could not create {}: {e}", sweep_dir.display())))?;
@@ -382,15 +444,24 @@ fn run_sweep(cli: &Cli, setup: &Setup, overrides: &[Override], ctx: &ResolveCont
     if let Some(m) = multirun.as_map_mut() {
         m.insert("hydra".into(), hydra);
     }
-    records::write_atomic(&sweep_dir.join("multirun.yaml"), yaml::to_yaml(&job_cfg).as_bytes())
-        .map_err(|e| ConfigError::Io(e.to_string()))?;
-    eprintln!("Launching {} jobs into {}", jobs.len(), records::display(&sweep_dir));
+    records::write_atomic(
+        &sweep_dir.join("multirun.yaml"),
+        yaml::to_yaml(&job_cfg).as_bytes(),
+    )
+    .map_err(|e| ConfigError::Io(e.to_string()))?;
+    eprintln!(
+        "Launching {} jobs into {}",
+        jobs.len(),
+        records::display(&sweep_dir)
+    );
     let mut rows = Vec::new();
     let mut failed = 0;
     for (num, job) in jobs.iter().enumerate() {
         eprintln!("#{num} : {}", job.join(" "));
         let outcome = parse_overrides(job)
-            .and_then(|parsed| compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run))
+            .and_then(|parsed| {
+                compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)
+            })
             .and_then(|composed| run_job(setup, composed, job, num, Some(&sweep_dir), ctx));
         match outcome {
             Ok(_) => rows.push((num, job.join(" "), "ok".to_string())),
@@ -411,14 +482,22 @@ fn run_sweep(cli: &Cli, setup: &Setup, overrides: &[Override], ctx: &ResolveCont
         println!("| {num} | {ov} | {status} | - |");
     }
     println!("{} of {} jobs failed", failed, jobs.len());
-    Ok(if failed > 0 { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// A YAML value of `hydra.sweeper.params` as override text (`32,64,128` stays a sweep).
 fn scalar_for_override(v: &Node) -> String {
     match &v.value {
         Value::Str(s) => s.clone(),
-        other => other.display_python().replace("True", "true").replace("False", "false").replace("None", "null"),
+        other => other
+            .display_python()
+            .replace("True", "true")
+            .replace("False", "false")
+            .replace("None", "null"),
     }
 }
 
@@ -447,7 +526,10 @@ fn groups_help(repo: &Repository) -> String {
 
 /// Candidates for the word being completed: `group=`, `group=option`, `key.path=`.
 pub fn complete(setup: &Setup, word: &str) -> Vec<String> {
-    let prefix: String = word.chars().take_while(|c| matches!(c, '+' | '~')).collect();
+    let prefix: String = word
+        .chars()
+        .take_while(|c| matches!(c, '+' | '~'))
+        .collect();
     let body = &word[prefix.len()..];
     if let Some((key, partial)) = body.split_once('=') {
         if setup.repo.group_exists(key) {
@@ -467,7 +549,9 @@ pub fn complete(setup: &Setup, word: &str) -> Vec<String> {
     for g in groups {
         out.push(format!("{prefix}{g}="));
     }
-    if let Ok(composed) = compose_with_hydra(&setup.repo, &setup.config_name, &[], RunMode::Multirun) {
+    if let Ok(composed) =
+        compose_with_hydra(&setup.repo, &setup.config_name, &[], RunMode::Multirun)
+    {
         let (job, _) = split_hydra(composed.config);
         for p in job.all_paths() {
             out.push(format!("{prefix}{p}="));

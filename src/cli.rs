@@ -80,7 +80,12 @@ pub struct Cli {
     pub shell_completion: Option<Shell>,
 
     /// Used by the completion scripts: print candidates for the word being completed.
-    #[arg(long = "complete", hide = true, value_name = "WORD", allow_hyphen_values = true)]
+    #[arg(
+        long = "complete",
+        hide = true,
+        value_name = "WORD",
+        allow_hyphen_values = true
+    )]
     pub complete: Option<String>,
 
     /// Overrides: `key=value`, `group=option`, `+key=value`, `++key=value`, `~key`; sweeps with `-m`: `a=1,2`.
@@ -114,7 +119,9 @@ mod tests {
 
     #[test]
     fn hydra_style_flags() {
-        let cli = parse(&["train", "-cp", "cfgs", "-cn", "main", "--cfg", "job", "a=1", "-m", "b=2,3"]);
+        let cli = parse(&[
+            "train", "-cp", "cfgs", "-cn", "main", "--cfg", "job", "a=1", "-m", "b=2,3",
+        ]);
         assert_eq!(cli.config_path, Some(PathBuf::from("cfgs")));
         assert_eq!(cli.config_name.as_deref(), Some("main"));
         assert_eq!(cli.cfg, Some(CfgKind::Job));
@@ -125,7 +132,10 @@ mod tests {
     #[test]
     fn info_without_value_means_all() {
         assert_eq!(parse(&["train", "--info"]).info, Some(InfoKind::All));
-        assert_eq!(parse(&["train", "--info", "defaults-tree"]).info, Some(InfoKind::DefaultsTree));
+        assert_eq!(
+            parse(&["train", "--info", "defaults-tree"]).info,
+            Some(InfoKind::DefaultsTree)
+        );
     }
 
     #[test]

@@ -10,7 +10,10 @@ use std::path::{Path, PathBuf};
 pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("record");
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("record");
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     {
         let mut f = std::fs::File::create(&tmp)?;
@@ -56,9 +59,18 @@ pub fn override_dirname(overrides: &[String]) -> String {
 pub fn write_job_records(job: &JobInfo, config: &Node, resolved: &Node) -> std::io::Result<()> {
     let dir = job.output_dir.join(".hydra");
     write_atomic(&dir.join("config.yaml"), yaml::to_yaml(config).as_bytes())?;
-    write_atomic(&dir.join("resolved.yaml"), yaml::to_yaml(resolved).as_bytes())?;
-    let overrides = Node::new(Value::List(job.overrides.iter().map(|o| s(o)).collect()), Source::Internal);
-    write_atomic(&dir.join("overrides.yaml"), yaml::to_yaml(&overrides).as_bytes())?;
+    write_atomic(
+        &dir.join("resolved.yaml"),
+        yaml::to_yaml(resolved).as_bytes(),
+    )?;
+    let overrides = Node::new(
+        Value::List(job.overrides.iter().map(|o| s(o)).collect()),
+        Source::Internal,
+    );
+    write_atomic(
+        &dir.join("overrides.yaml"),
+        yaml::to_yaml(&overrides).as_bytes(),
+    )?;
 
     let mut choices = Map::new();
     for (k, v) in &job.choices {
@@ -77,7 +89,10 @@ pub fn write_job_records(job: &JobInfo, config: &Node, resolved: &Node) -> std::
             map(vec![
                 ("name", s(&job.name)),
                 ("config_name", s(&job.config_name)),
-                ("num", Node::new(Value::Int(job.num as i64), Source::Internal)),
+                (
+                    "num",
+                    Node::new(Value::Int(job.num as i64), Source::Internal),
+                ),
                 ("override_dirname", s(&override_dirname(&job.overrides))),
             ]),
         ),
@@ -96,6 +111,11 @@ pub fn write_job_records(job: &JobInfo, config: &Node, resolved: &Node) -> std::
     write_atomic(&dir.join("hydra.yaml"), yaml::to_yaml(&doc).as_bytes())
 }
 
+/// A path as the user would type it (relative to the current directory when below it).
+pub fn display(path: &Path) -> String {
+    crate::config::repository::display_path(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,9 +130,4 @@ mod tests {
         let leftovers: Vec<_> = std::fs::read_dir(p.parent().unwrap()).unwrap().collect();
         assert_eq!(leftovers.len(), 1, "no temp files left behind");
     }
-}
-
-/// A path as the user would type it (relative to the current directory when below it).
-pub fn display(path: &Path) -> String {
-    crate::config::repository::display_path(path)
 }

@@ -1,7 +1,7 @@
 //! The `train` binary end to end, in throwaway projects: printing, errors, run records, sweeps, help, completion.
 
 use rstest::rstest;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
 const TRAIN: &str = env!("CARGO_BIN_EXE_train");
@@ -62,9 +62,18 @@ fn cfg_job_prints_composed_config_and_runs_nothing() {
     assert!(text.contains("name: large"), "{text}");
     assert!(text.contains("num_nodes: 2"), "{text}");
     assert!(text.contains("lr: 0.5"), "{text}");
-    assert!(text.contains("name: run_${seed}"), "unresolved without --resolve: {text}");
-    assert!(!text.contains("hydra:"), "job config has no hydra node: {text}");
-    assert!(!p.path().join("logs").exists(), "--cfg must not create run directories");
+    assert!(
+        text.contains("name: run_${seed}"),
+        "unresolved without --resolve: {text}"
+    );
+    assert!(
+        !text.contains("hydra:"),
+        "job config has no hydra node: {text}"
+    );
+    assert!(
+        !p.path().join("logs").exists(),
+        "--cfg must not create run directories"
+    );
 }
 
 #[test]
@@ -92,6 +101,8 @@ fn works_from_a_subfolder() {
 #[case(&["lr=0.1,0.2"], "Ambiguous value for argument 'lr=0.1,0.2'", "--multirun")]
 #[case(&["foo=1"], "Could not override 'foo'", "To append to your config use +foo=1")]
 #[case(&["debug=fast", "debug=nope"], "Could not find 'debug/nope'", "")]
+#[case(&["model=../train"], "invalid option '../train'", "(set at override 'model=../train')")]
+#[case(&["model=/etc/passwd"], "an absolute file path is not a config name", "")]
 fn bad_input_gives_one_clear_error(#[case] args: &[&str], #[case] first: &str, #[case] hint: &str) {
     let p = project();
     let mut all = vec!["--cfg", "job"];
@@ -108,7 +119,11 @@ fn bad_input_gives_one_clear_error(#[case] args: &[&str], #[case] first: &str, #
 #[test]
 fn error_names_file_and_line_of_bad_yaml() {
     let p = project();
-    std::fs::write(p.path().join("conf/model/broken.yaml"), "name: x\nname: y\n").unwrap();
+    std::fs::write(
+        p.path().join("conf/model/broken.yaml"),
+        "name: x\nname: y\n",
+    )
+    .unwrap();
     let out = train(p.path(), &["--cfg", "job", "model=broken"]);
     assert!(!out.status.success());
     let err = stderr(&out);
@@ -143,20 +158,18 @@ fn help_lists_groups_and_options() {
 fn completion_offers_groups_options_and_keys() {
     let p = project();
     let out = train(p.path(), &["--complete", "model="]);
-    assert_eq!(stdout(&out).lines().collect::<Vec<_>>(), vec!["model=large", "model=small"]);
+    assert_eq!(
+        stdout(&out).lines().collect::<Vec<_>>(),
+        vec!["model=large", "model=small"]
+    );
     let out = train(p.path(), &["--complete", "trainer.max"]);
-    assert!(stdout(&out).contains("trainer.max_epochs="), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("trainer.max_epochs="),
+        "{}",
+        stdout(&out)
+    );
     let out = train(p.path(), &["--shell-completion", "bash"]);
     assert!(stdout(&out).contains("complete -F _train_complete train"));
-}
-
-fn run_dirs(root: &Path, task: &str, kind: &str) -> Vec<PathBuf> {
-    let base = root.join("logs").join(task).join(kind);
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&base)
-        .map(|r| r.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default();
-    dirs.sort();
-    dirs
 }
 
 #[test]
@@ -172,7 +185,18 @@ fn a_run_writes_its_records() {
 #[test]
 fn multirun_cfg_prints_one_document_per_job_in_order() {
     let p = project();
-    let out = train(p.path(), &["-m", "--cfg", "job", "-p", "lr", "lr=1,2", "model=small,large"]);
+    let out = train(
+        p.path(),
+        &[
+            "-m",
+            "--cfg",
+            "job",
+            "-p",
+            "lr",
+            "lr=1,2",
+            "model=small,large",
+        ],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let docs: Vec<String> = stdout(&out).split("---\n").map(str::to_string).collect();
     assert_eq!(docs, vec!["lr: 1\n", "lr: 1\n", "lr: 2\n", "lr: 2\n"]);
@@ -185,7 +209,10 @@ fn sweep_declared_in_yaml_expands() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "lr: 0.1\n---\nlr: 0.01\n");
     // The command line wins over the YAML sweep for the same key.
-    let out = train(p.path(), &["-m", "--cfg", "job", "-p", "lr", "+sweep=lr", "lr=5"]);
+    let out = train(
+        p.path(),
+        &["-m", "--cfg", "job", "-p", "lr", "+sweep=lr", "lr=5"],
+    );
     assert_eq!(stdout(&out), "lr: 5\n");
 }
 
@@ -196,7 +223,14 @@ fn config_path_replaces_the_search_path() {
     std::fs::write(other.path().join("main.yaml"), "x: 1\n").unwrap();
     let out = train(
         p.path(),
-        &["-cp", other.path().to_str().unwrap(), "-cn", "main", "--cfg", "job"],
+        &[
+            "-cp",
+            other.path().to_str().unwrap(),
+            "-cn",
+            "main",
+            "--cfg",
+            "job",
+        ],
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "x: 1\n");
@@ -207,5 +241,9 @@ fn no_project_is_a_clear_error() {
     let empty = tempfile::tempdir().unwrap();
     let out = train(empty.path(), &["--cfg", "job"]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("No project found"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("No project found"),
+        "{}",
+        stderr(&out)
+    );
 }

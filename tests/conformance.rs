@@ -15,7 +15,9 @@ use trainyard::config::repository::{Repository, SearchRoot};
 use trainyard::config::sweep;
 
 fn repo_for(tree: &str) -> Repository {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance/trees").join(tree);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/conformance/trees")
+        .join(tree);
     Repository::new(vec![SearchRoot {
         dir,
         mount: String::new(),
@@ -27,7 +29,8 @@ fn context(case: &J) -> ResolveContext {
     let mut ctx = ResolveContext::from_process();
     if let Some(env) = case.get("env").and_then(J::as_object) {
         for (k, v) in env {
-            ctx.env.insert(k.clone(), v.as_str().unwrap_or_default().to_string());
+            ctx.env
+                .insert(k.clone(), v.as_str().unwrap_or_default().to_string());
         }
     }
     ctx
@@ -35,7 +38,9 @@ fn context(case: &J) -> ResolveContext {
 
 /// Hydra appends its search path to missing-config errors; the part before it is what must match.
 fn essential(message: &str) -> String {
-    let cut = message.find("\nConfig search path").unwrap_or(message.len());
+    let cut = message
+        .find("\nConfig search path")
+        .unwrap_or(message.len());
     message[..cut].trim().to_string()
 }
 
@@ -68,22 +73,37 @@ fn run_case(case: &J) {
     let overrides = match parse_overrides(&texts) {
         Ok(o) => o,
         Err(e) => {
-            assert!(expect.get("error").is_some(), "case {name}: we failed to parse: {e}");
+            assert!(
+                expect.get("error").is_some(),
+                "case {name}: we failed to parse: {e}"
+            );
             return;
         }
     };
-    let run_mode = if mode == "multirun" { RunMode::Multirun } else { RunMode::Run };
+    let run_mode = if mode == "multirun" {
+        RunMode::Multirun
+    } else {
+        RunMode::Run
+    };
     let composed = compose_with_hydra(&repo, config_name, &overrides, run_mode);
 
     if mode == "multirun" {
         let result = composed.and_then(|master| {
-            let params: Vec<String> = match master.config.get("hydra.sweeper.params").map(|n| &n.value) {
-                Some(trainyard::config::tree::Value::Map(m)) => m
-                    .iter()
-                    .map(|(k, v)| format!("{k}={}", v.as_str().map(str::to_string).unwrap_or_else(|| v.value.display_python())))
-                    .collect(),
-                _ => vec![],
-            };
+            let params: Vec<String> =
+                match master.config.get("hydra.sweeper.params").map(|n| &n.value) {
+                    Some(trainyard::config::tree::Value::Map(m)) => m
+                        .iter()
+                        .map(|(k, v)| {
+                            format!(
+                                "{k}={}",
+                                v.as_str()
+                                    .map(str::to_string)
+                                    .unwrap_or_else(|| v.value.display_python())
+                            )
+                        })
+                        .collect(),
+                    _ => vec![],
+                };
             sweep::expand(&repo, &params, &overrides)
         });
         match (result, expect.get("jobs")) {
@@ -92,7 +112,10 @@ fn run_case(case: &J) {
                 assert_eq!(jobs, expected, "case {name}: sweep jobs differ");
             }
             (Err(e), None) => check_error(name, &e, expect),
-            (Ok(jobs), None) => panic!("case {name}: hydra failed ({}) but we launched {jobs:?}", expect["error"]),
+            (Ok(jobs), None) => panic!(
+                "case {name}: hydra failed ({}) but we launched {jobs:?}",
+                expect["error"]
+            ),
             (Err(e), Some(_)) => panic!("case {name}: hydra swept but we failed: {e}"),
         }
         return;
@@ -101,7 +124,11 @@ fn run_case(case: &J) {
     match (composed, expect.get("config")) {
         (Ok(composed), Some(expected)) => {
             let (job, _) = split_hydra(composed.config);
-            assert_eq!(&job.to_json(), expected, "case {name}: composed config differs");
+            assert_eq!(
+                &job.to_json(),
+                expected,
+                "case {name}: composed config differs"
+            );
             if let Some(choices) = expect.get("choices").and_then(J::as_object) {
                 let ours: HashMap<String, J> = composed
                     .choices
@@ -109,12 +136,19 @@ fn run_case(case: &J) {
                     .filter(|(k, _)| !k.starts_with("hydra/"))
                     .map(|(k, v)| (k.clone(), v.clone().map(J::String).unwrap_or(J::Null)))
                     .collect();
-                let theirs: HashMap<String, J> = choices.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                let theirs: HashMap<String, J> = choices
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
                 assert_eq!(ours, theirs, "case {name}: group choices differ");
             }
             let resolved = resolve_all(&job, &ctx);
             match (resolved, expect.get("resolved").filter(|v| !v.is_null())) {
-                (Ok(r), Some(expected)) => assert_eq!(&r.to_json(), expected, "case {name}: resolved config differs"),
+                (Ok(r), Some(expected)) => assert_eq!(
+                    &r.to_json(),
+                    expected,
+                    "case {name}: resolved config differs"
+                ),
                 (Err(e), None) => {
                     let theirs = expect["resolve_error"].as_str().unwrap_or_default();
                     assert!(!theirs.is_empty(), "case {name}: we failed to resolve: {e}");
@@ -126,7 +160,10 @@ fn run_case(case: &J) {
                 }
                 (Ok(r), None) => {
                     if let Some(err) = expect["resolve_error"].as_str() {
-                        panic!("case {name}: hydra failed to resolve ({err}) but we got {}", r.to_json());
+                        panic!(
+                            "case {name}: hydra failed to resolve ({err}) but we got {}",
+                            r.to_json()
+                        );
                     }
                 }
                 (Err(e), Some(_)) => panic!("case {name}: hydra resolved but we failed: {e}"),

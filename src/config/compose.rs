@@ -35,11 +35,19 @@ pub fn compose(
 ) -> Result<Composed, ConfigError> {
     validate_sweeps(overrides, mode)?;
     let (group_overrides, config_overrides) = split_overrides(repo, overrides)?;
-    let defaults = create_defaults_list(repo, config_name, group_overrides, mode == RunMode::Multirun)?;
+    let defaults = create_defaults_list(
+        repo,
+        config_name,
+        group_overrides,
+        mode == RunMode::Multirun,
+    )?;
     let mut config = Node::empty_map();
     for item in &defaults.defaults {
         let Some(loaded) = repo.load(&item.config_path)? else {
-            return Err(ConfigError::MissingConfig(format!("Could not load '{}'", item.config_path)));
+            return Err(ConfigError::MissingConfig(format!(
+                "Could not load '{}'",
+                item.config_path
+            )));
         };
         let body = loaded.body.clone().wrap_in_package(&item.package);
         config.try_merge(body).map_err(|e| {
@@ -65,10 +73,13 @@ fn validate_sweeps(overrides: &[Override], mode: RunMode) -> Result<(), ConfigEr
     if mode == RunMode::Multirun {
         return Ok(());
     }
-    for o in overrides.iter().filter(|o| o.is_sweep()) {
+    if let Some(o) = overrides.iter().find(|o| o.is_sweep()) {
         let simple = matches!(
             o.value,
-            Some(ParsedValue::Sweep(Sweep::Choice { simple_form: true, .. }))
+            Some(ParsedValue::Sweep(Sweep::Choice {
+                simple_form: true,
+                ..
+            }))
         );
         let msg = if simple {
             format!(
@@ -130,6 +141,11 @@ fn split_overrides<'a>(
             }
             OverrideKind::Add | OverrideKind::Change => {
                 let value = group_value(o)?;
+                super::defaults::check_option_names(
+                    "command line",
+                    &value,
+                    &Source::Override(Arc::from(o.input.as_str())),
+                )?;
                 if o.kind == OverrideKind::Add {
                     let mut d = super::defaults::InputDefault::group(
                         key,
@@ -137,12 +153,19 @@ fn split_overrides<'a>(
                         o.key.package.clone(),
                         Source::Override(Arc::from(o.input.as_str())),
                     );
-                    if let super::defaults::Entry::Group { external_append, .. } = &mut d.entry {
+                    if let super::defaults::Entry::Group {
+                        external_append, ..
+                    } = &mut d.entry
+                    {
                         *external_append = true;
                     }
                     groups.appends.push(d);
                 } else {
-                    groups.choose(&override_key, value, Source::Override(Arc::from(o.input.as_str())));
+                    groups.choose(
+                        &override_key,
+                        value,
+                        Source::Override(Arc::from(o.input.as_str())),
+                    );
                 }
             }
         }
@@ -158,7 +181,9 @@ fn group_value(o: &Override) -> Result<GroupValue, ConfigError> {
         ))
     };
     match &o.value {
-        Some(ParsedValue::Element(Element::Str { value, .. })) => Ok(GroupValue::Name(Some(value.clone()))),
+        Some(ParsedValue::Element(Element::Str { value, .. })) => {
+            Ok(GroupValue::Name(Some(value.clone())))
+        }
         Some(ParsedValue::Element(Element::List(items))) => items
             .iter()
             .map(|e| match e {
@@ -193,7 +218,9 @@ pub fn element_to_node(e: &Element, source: &Source) -> Node {
         Element::Float(x) => Value::Float(*x),
         Element::Str { value, .. } if value == "???" => Value::Missing,
         Element::Str { value, .. } => Value::Str(value.clone()),
-        Element::List(items) => Value::List(items.iter().map(|i| element_to_node(i, source)).collect()),
+        Element::List(items) => {
+            Value::List(items.iter().map(|i| element_to_node(i, source)).collect())
+        }
         Element::Dict(items) => {
             let mut map = Map::new();
             for (k, v) in items {
@@ -223,10 +250,20 @@ pub fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ConfigError> {
     match o.kind {
         OverrideKind::Delete => delete(cfg, key, value.as_ref()),
         OverrideKind::Add => {
-            let existing_is_none = matches!(cfg.get(key).map(|n| &n.value), None | Some(Value::Null));
-            let is_container = matches!(value.as_ref().map(|v| &v.value), Some(Value::Map(_) | Value::List(_)));
+            let existing_is_none =
+                matches!(cfg.get(key).map(|n| &n.value), None | Some(Value::Null));
+            let is_container = matches!(
+                value.as_ref().map(|v| &v.value),
+                Some(Value::Map(_) | Value::List(_))
+            );
             if existing_is_none || is_container {
-                update(cfg, key, value.unwrap_or(Node::new(Value::Null, source)), true, o)
+                update(
+                    cfg,
+                    key,
+                    value.unwrap_or(Node::new(Value::Null, source)),
+                    true,
+                    o,
+                )
             } else {
                 let line = &o.input;
                 Err(ConfigError::composition(format!(
@@ -238,8 +275,20 @@ pub fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ConfigError> {
                 )))
             }
         }
-        OverrideKind::ForceAdd => update(cfg, key, value.unwrap_or(Node::new(Value::Null, source)), true, o),
-        OverrideKind::Change => update(cfg, key, value.unwrap_or(Node::new(Value::Null, source)), false, o),
+        OverrideKind::ForceAdd => update(
+            cfg,
+            key,
+            value.unwrap_or(Node::new(Value::Null, source)),
+            true,
+            o,
+        ),
+        OverrideKind::Change => update(
+            cfg,
+            key,
+            value.unwrap_or(Node::new(Value::Null, source)),
+            false,
+            o,
+        ),
     }
 }
 
@@ -262,7 +311,9 @@ fn delete(cfg: &mut Node, key: &str, expected: Option<&Node>) -> Result<(), Conf
     }
     let parts = split_key(key);
     let (last, parents) = parts.split_last().expect("key is non-empty");
-    let parent = cfg.get_mut(&parents.join(".")).expect("parent exists when child exists");
+    let parent = cfg
+        .get_mut(&parents.join("."))
+        .expect("parent exists when child exists");
     match &mut parent.value {
         Value::Map(m) => {
             m.shift_remove(*last);
@@ -285,18 +336,28 @@ fn values_equal(a: &Value, b: &Value) -> bool {
         (Value::Int(x), Value::Float(y)) | (Value::Float(y), Value::Int(x)) => (*x as f64) == *y,
         (Value::Bool(x), Value::Int(y)) | (Value::Int(y), Value::Bool(x)) => (*x as i64) == *y,
         (Value::List(x), Value::List(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| values_equal(&a.value, &b.value))
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|(a, b)| values_equal(&a.value, &b.value))
         }
         (Value::Map(x), Value::Map(y)) => {
             x.len() == y.len()
-                && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| values_equal(&v.value, &w.value)))
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| values_equal(&v.value, &w.value)))
         }
         _ => a == b,
     }
 }
 
 /// `OmegaConf.update(cfg, key, value, merge=True, force_add=...)` on a struct-mode config.
-fn update(cfg: &mut Node, key: &str, value: Node, force_add: bool, o: &Override) -> Result<(), ConfigError> {
+fn update(
+    cfg: &mut Node,
+    key: &str,
+    value: Node,
+    force_add: bool,
+    o: &Override,
+) -> Result<(), ConfigError> {
     let parts = split_key(key);
     let not_found = |cfg: &Node| {
         let mut msg = format!(
@@ -325,7 +386,10 @@ fn update(cfg: &mut Node, key: &str, value: Node, force_add: bool, o: &Override)
                 let exists = node.child(part).is_some();
                 match &mut node.value {
                     Value::Map(m) if force_add || exists => {
-                        m.insert(part.to_string(), Node::new(Value::Map(Map::new()), value.source.clone()));
+                        m.insert(
+                            part.to_string(),
+                            Node::new(Value::Map(Map::new()), value.source.clone()),
+                        );
                     }
                     _ => {
                         missing_parent = true;
@@ -385,7 +449,9 @@ fn update(cfg: &mut Node, key: &str, value: Node, force_add: bool, o: &Override)
 
 /// The first key of `src` (recursively) that `dst` lacks: a struct-mode merge may not add it.
 fn first_new_key(dst: &Node, src: &Node) -> Option<String> {
-    let (Value::Map(d), Value::Map(s)) = (&dst.value, &src.value) else { return None };
+    let (Value::Map(d), Value::Map(s)) = (&dst.value, &src.value) else {
+        return None;
+    };
     for (k, v) in s {
         match d.get(k) {
             None => return Some(k.clone()),

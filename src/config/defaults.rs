@@ -48,7 +48,9 @@ impl InputDefault {
     pub fn config(path: &str, package: Option<String>, source: Source) -> Self {
         let package = package.map(|p| if p == "_here_" { String::new() } else { p });
         InputDefault {
-            entry: Entry::Config { path: path.to_string() },
+            entry: Entry::Config {
+                path: path.to_string(),
+            },
             package,
             parent_base_dir: None,
             parent_package: None,
@@ -79,10 +81,22 @@ impl InputDefault {
         }
     }
     pub fn is_override(&self) -> bool {
-        matches!(self.entry, Entry::Group { is_override: true, .. })
+        matches!(
+            self.entry,
+            Entry::Group {
+                is_override: true,
+                ..
+            }
+        )
     }
     pub fn is_external_append(&self) -> bool {
-        matches!(self.entry, Entry::Group { external_append: true, .. })
+        matches!(
+            self.entry,
+            Entry::Group {
+                external_append: true,
+                ..
+            }
+        )
     }
     pub fn is_group(&self) -> bool {
         matches!(self.entry, Entry::Group { .. })
@@ -91,14 +105,20 @@ impl InputDefault {
     pub fn get_name(&self) -> Option<String> {
         match &self.entry {
             Entry::Config { path } => Some(path.rsplit('/').next().unwrap_or(path).to_string()),
-            Entry::Group { value: GroupValue::Name(n), .. } => n.clone(),
+            Entry::Group {
+                value: GroupValue::Name(n),
+                ..
+            } => n.clone(),
             Entry::Group { .. } => None,
         }
     }
 
     fn options(&self) -> Option<&Vec<String>> {
         match &self.entry {
-            Entry::Group { value: GroupValue::Options(o), .. } => Some(o),
+            Entry::Group {
+                value: GroupValue::Options(o),
+                ..
+            } => Some(o),
             _ => None,
         }
     }
@@ -110,7 +130,10 @@ impl InputDefault {
     pub fn is_interpolation(&self) -> bool {
         match &self.entry {
             Entry::Config { .. } => self.get_config_path().contains("${"),
-            Entry::Group { value: GroupValue::Name(Some(n)), .. } => n.contains("${"),
+            Entry::Group {
+                value: GroupValue::Name(Some(n)),
+                ..
+            } => n.contains("${"),
             Entry::Group { .. } => false,
         }
     }
@@ -151,7 +174,11 @@ impl InputDefault {
                 }
             }
             Entry::Group { .. } => {
-                format!("{}/{}", self.get_group_path(), self.get_name().unwrap_or_else(|| "None".into()))
+                format!(
+                    "{}/{}",
+                    self.get_group_path(),
+                    self.get_name().unwrap_or_else(|| "None".into())
+                )
             }
         }
     }
@@ -160,7 +187,9 @@ impl InputDefault {
         match &self.entry {
             Entry::Config { path } => {
                 let path = path.strip_prefix('/').unwrap_or(path);
-                path.rfind('/').map(|i| path[..i].to_string()).unwrap_or_default()
+                path.rfind('/')
+                    .map(|i| path[..i].to_string())
+                    .unwrap_or_default()
             }
             Entry::Group { group, .. } => group.strip_prefix('/').unwrap_or(group).to_string(),
         }
@@ -192,7 +221,10 @@ impl InputDefault {
         };
         match joined.rfind("_global_") {
             None => joined,
-            Some(i) => joined.get(i + "_global_".len() + 1..).unwrap_or("").to_string(),
+            Some(i) => joined
+                .get(i + "_global_".len() + 1..)
+                .unwrap_or("")
+                .to_string(),
         }
     }
 
@@ -236,7 +268,9 @@ impl InputDefault {
     }
 
     fn get_relative_override_key(&self) -> String {
-        let Entry::Group { group, .. } = &self.entry else { return String::new() };
+        let Entry::Group { group, .. } = &self.entry else {
+            return String::new();
+        };
         let default_pkg = self.get_default_package();
         match &self.package {
             Some(p) if Some(default_pkg) != self.get_package(true) => format!("{group}@{p}"),
@@ -254,7 +288,10 @@ impl InputDefault {
     pub fn describe(&self) -> String {
         match &self.entry {
             Entry::Config { .. } => self.get_config_path(),
-            Entry::Group { value: GroupValue::Options(o), .. } => {
+            Entry::Group {
+                value: GroupValue::Options(o),
+                ..
+            } => {
                 format!("{}: [{}]", self.get_override_key(), o.join(", "))
             }
             Entry::Group { .. } => format!(
@@ -267,7 +304,10 @@ impl InputDefault {
 }
 
 /// Read a `defaults:` node into entries, with Hydra's validation.
-pub fn parse_defaults_list(config_path: &str, node: &Node) -> Result<Vec<InputDefault>, ConfigError> {
+pub fn parse_defaults_list(
+    config_path: &str,
+    node: &Node,
+) -> Result<Vec<InputDefault>, ConfigError> {
     let items = match &node.value {
         Value::List(items) => items,
         other => {
@@ -348,7 +388,13 @@ pub fn parse_defaults_list(config_path: &str, node: &Node) -> Result<Vec<InputDe
             }
             Value::Str(s) => {
                 let (path, package) = split_group(s);
-                check_option_names(config_path, &GroupValue::Name(Some(path.to_string())), &item.source)?;
+                if path.split('/').any(|part| part == "..") {
+                    check_option_names(
+                        config_path,
+                        &GroupValue::Name(Some(path.to_string())),
+                        &item.source,
+                    )?;
+                }
                 InputDefault::config(path, package, item.source.clone())
             }
             other => {
@@ -364,18 +410,29 @@ pub fn parse_defaults_list(config_path: &str, node: &Node) -> Result<Vec<InputDe
     Ok(out)
 }
 
-/// `..` would let an option name climb out of its group directory; refuse it.
-fn check_option_names(config_path: &str, value: &GroupValue, source: &Source) -> Result<(), ConfigError> {
+/// `..` or a leading `/` would let an option name reach outside its group folder; refuse both.
+pub fn check_option_names(
+    config_path: &str,
+    value: &GroupValue,
+    source: &Source,
+) -> Result<(), ConfigError> {
     let names: Vec<&String> = match value {
         GroupValue::Name(Some(n)) => vec![n],
         GroupValue::Name(None) => vec![],
         GroupValue::Options(o) => o.iter().collect(),
     };
     for name in names {
-        if name.split('/').any(|part| part == "..") {
+        let problem = if name.split('/').any(|part| part == "..") {
+            Some("'..' is not allowed in config names")
+        } else if name.starts_with('/') || name.contains(":\\") {
+            Some("an absolute file path is not a config name")
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
             return Err(ConfigError::composition(format!(
-                "In '{config_path}': invalid option '{name}': '..' is not allowed in config names; \
-                 name the config by its group path instead{}",
+                "In '{config_path}': invalid option '{name}': {problem}; name an option of the group \
+                 (a file in its folder, without .yaml){}",
                 at(source)
             )));
         }
@@ -450,7 +507,8 @@ impl GroupOverrides {
     }
 
     pub fn delete(&mut self, key: &str, name: Option<String>) {
-        self.deletions.insert(key.to_string(), Deletion { name, used: false });
+        self.deletions
+            .insert(key.to_string(), Deletion { name, used: false });
     }
 
     fn add_override(&mut self, parent_config_path: &str, d: &InputDefault) {
@@ -501,10 +559,17 @@ impl GroupOverrides {
                 .unwrap_or_default();
             let mut msg = match choices.len() {
                 0 => format!("Could not override '{key}'. No match in the defaults list."),
-                1 => format!("Could not override '{key}'.\nDid you mean to override {}?", choices[0]),
+                1 => format!(
+                    "Could not override '{key}'.\nDid you mean to override {}?",
+                    choices[0]
+                ),
                 _ => format!(
                     "Could not override '{key}'.\nDid you mean to override one of {}?",
-                    choices.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                    choices
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
             };
             if let Some(path) = &meta.containing_config_path {
@@ -516,7 +581,9 @@ impl GroupOverrides {
                     GroupValue::Name(None) => "None".into(),
                     GroupValue::Options(o) => format!("[{}]", o.join(", ")),
                 };
-                msg.push_str(&format!("\nTo append to your default list use +{key}={value}"));
+                msg.push_str(&format!(
+                    "\nTo append to your default list use +{key}={value}"
+                ));
             }
             return Err(ConfigError::composition(msg));
         }
@@ -670,7 +737,8 @@ impl Walker<'_> {
         if !root.node.is_missing() && root.node.get_name().is_some() {
             if let Some(loaded) = self.repo.load(&root.node.get_config_path())? {
                 if root.node.package_header.is_none() {
-                    root.node.set_package_header(loaded.package_header.as_deref());
+                    root.node
+                        .set_package_header(loaded.package_header.as_deref());
                 }
             }
         }
@@ -726,7 +794,8 @@ impl Walker<'_> {
             }
             defaults_list[i].update_parent(&parent_group, &parent_package);
             if self.overrides.is_overridden(&defaults_list[i]) {
-                self.overrides.override_default_option(&mut defaults_list[i]);
+                self.overrides
+                    .override_default_option(&mut defaults_list[i]);
             }
             let d = defaults_list[i].clone();
             if let Some(options) = d.options() {
@@ -736,8 +805,14 @@ impl Walker<'_> {
                             "In '{path}': Defaults List interpolation is not supported in options list items"
                         )));
                     }
-                    let Entry::Group { group, .. } = &d.entry else { unreachable!() };
-                    let mut node = InputDefault::config(&format!("{group}/{item}"), d.package.clone(), d.source.clone());
+                    let Entry::Group { group, .. } = &d.entry else {
+                        unreachable!()
+                    };
+                    let mut node = InputDefault::config(
+                        &format!("{group}/{item}"),
+                        d.package.clone(),
+                        d.source.clone(),
+                    );
                     node.optional = d.optional;
                     node.update_parent(&parent_group, &parent_package);
                     self.add_child(&mut children, node, interpolated_subtree, &path)?;
@@ -789,7 +864,10 @@ impl Walker<'_> {
         parent_path: &str,
     ) -> Result<(), ConfigError> {
         let subtree = self.create_tree(
-            TreeNode { node, children: None },
+            TreeNode {
+                node,
+                children: None,
+            },
             false,
             interpolated_subtree,
             Some(parent_path),
@@ -864,7 +942,11 @@ impl Walker<'_> {
         )))
     }
 
-    fn interpolation_map(&self, defaults_list: &[InputDefault], self_added: bool) -> HashMap<String, String> {
+    fn interpolation_map(
+        &self,
+        defaults_list: &[InputDefault],
+        self_added: bool,
+    ) -> HashMap<String, String> {
         let mut map: HashMap<String, String> = self
             .overrides
             .known_choices
@@ -875,7 +957,11 @@ impl Walker<'_> {
             if self_added && d.is_self() {
                 continue;
             }
-            if let Entry::Group { value: GroupValue::Name(Some(n)), .. } = &d.entry {
+            if let Entry::Group {
+                value: GroupValue::Name(Some(n)),
+                ..
+            } = &d.entry
+            {
                 map.entry(d.get_override_key()).or_insert_with(|| n.clone());
             }
         }
@@ -894,9 +980,14 @@ impl Walker<'_> {
             let mut m = format!("Could not find '{}'\n", d.get_config_path());
             if !options.is_empty() {
                 let list: Vec<String> = options.iter().map(|o| format!("\t{o}")).collect();
-                m.push_str(&format!("\nAvailable options in '{group}':\n{}", list.join("\n")));
+                m.push_str(&format!(
+                    "\nAvailable options in '{group}':\n{}",
+                    list.join("\n")
+                ));
                 if let Some(name) = d.get_name() {
-                    if let Some(s) = super::errors::did_you_mean(&name, options.iter().map(String::as_str)) {
+                    if let Some(s) =
+                        super::errors::did_you_mean(&name, options.iter().map(String::as_str))
+                    {
                         m.push_str(&format!("\nDid you mean '{s}'?"));
                     }
                 }
@@ -916,7 +1007,10 @@ impl Walker<'_> {
     }
 }
 
-fn validate_self(containing: &InputDefault, defaults: &mut Vec<InputDefault>) -> Result<bool, ConfigError> {
+fn validate_self(
+    containing: &InputDefault,
+    defaults: &mut Vec<InputDefault>,
+) -> Result<bool, ConfigError> {
     let mut has_self = false;
     let mut has_non_override = false;
     for d in defaults.iter() {
@@ -941,7 +1035,10 @@ fn validate_self(containing: &InputDefault, defaults: &mut Vec<InputDefault>) ->
 }
 
 /// `${group}` in an option name, looked up among the choices already made.
-fn resolve_default_interpolation(d: &mut InputDefault, known: &HashMap<String, String>) -> Result<(), ConfigError> {
+fn resolve_default_interpolation(
+    d: &mut InputDefault,
+    known: &HashMap<String, String>,
+) -> Result<(), ConfigError> {
     let text = match &d.entry {
         Entry::Config { .. } => d.get_config_path(),
         _ => d.get_name().unwrap_or_default(),
@@ -950,21 +1047,24 @@ fn resolve_default_interpolation(d: &mut InputDefault, known: &HashMap<String, S
     let mut rest = text.as_str();
     while let Some(start) = rest.find("${") {
         out.push_str(&rest[..start]);
-        let Some(end) = rest[start..].find('}') else { break };
+        let Some(end) = rest[start..].find('}') else {
+            break;
+        };
         let key = rest[start + 2..start + end].trim();
         match known.get(key) {
             Some(v) => out.push_str(v),
             None => {
                 let mut options: Vec<&String> = known.keys().collect();
                 options.sort();
-                let msg = if options.is_empty() {
-                    format!("Error resolving interpolation '{text}'")
-                } else {
-                    format!(
+                let msg =
+                    if options.is_empty() {
+                        format!("Error resolving interpolation '{text}'")
+                    } else {
+                        format!(
                         "Error resolving interpolation '{text}', possible interpolation keys: {}",
                         options.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
                     )
-                };
+                    };
                 return Err(ConfigError::composition(format!("{msg}{}", at(&d.source))));
             }
         }
@@ -1044,13 +1144,19 @@ pub fn render_tree(tree: &TreeNode) -> String {
         out.push_str(&format!("{}{}\n", "  ".repeat(depth), label(&node.node)));
         for child in node.children.iter().flatten() {
             match child {
-                Child::Leaf(d) => out.push_str(&format!("{}{}\n", "  ".repeat(depth + 1), label(d))),
+                Child::Leaf(d) => {
+                    out.push_str(&format!("{}{}\n", "  ".repeat(depth + 1), label(d)))
+                }
                 Child::Tree(t) => go(t, depth + 1, out),
             }
         }
     }
     fn label(d: &InputDefault) -> String {
-        let mut s = if d.is_self() { "_self_".to_string() } else { d.describe() };
+        let mut s = if d.is_self() {
+            "_self_".to_string()
+        } else {
+            d.describe()
+        };
         if d.deleted {
             s.push_str(" (deleted)");
         }

@@ -56,7 +56,10 @@ pub fn at(source: &Source) -> String {
 }
 
 /// The closest candidates to `wanted`, for "did you mean" hints.
-pub fn did_you_mean<'a>(wanted: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
+pub fn did_you_mean<'a>(
+    wanted: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<String> {
     let mut best: Option<(f64, &str)> = None;
     for candidate in candidates {
         let score = strsim::jaro_winkler(wanted, candidate);
@@ -73,7 +76,10 @@ mod tests {
 
     #[test]
     fn suggests_close_names() {
-        assert_eq!(did_you_mean("optimiser", ["optimizer", "model"]).as_deref(), Some("optimizer"));
+        assert_eq!(
+            did_you_mean("optimiser", ["optimizer", "model"]).as_deref(),
+            Some("optimizer")
+        );
         assert_eq!(did_you_mean("zzz", ["optimizer", "model"]), None);
     }
 }

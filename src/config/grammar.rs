@@ -115,9 +115,15 @@ pub struct ParseError {
 }
 
 fn fail<T>(input: &str, column: usize, reason: impl fmt::Display) -> Result<T, ParseError> {
-    let caret_pad: String = input.chars().take(column).map(|c| if c == '\t' { '\t' } else { ' ' }).collect();
+    let caret_pad: String = input
+        .chars()
+        .take(column)
+        .map(|c| if c == '\t' { '\t' } else { ' ' })
+        .collect();
     Err(ParseError {
-        message: format!("Error parsing override '{input}'\n{reason}\n    {input}\n    {caret_pad}^"),
+        message: format!(
+            "Error parsing override '{input}'\n{reason}\n    {input}\n    {caret_pad}^"
+        ),
         column,
     })
 }
@@ -161,7 +167,10 @@ fn is_ws(c: char) -> bool {
 }
 
 fn ws_len(s: &[char], i: usize) -> usize {
-    s[i.min(s.len())..].iter().take_while(|c| is_ws(**c)).count()
+    s[i.min(s.len())..]
+        .iter()
+        .take_while(|c| is_ws(**c))
+        .count()
 }
 
 fn digits_len(s: &[char], i: usize) -> usize {
@@ -226,7 +235,10 @@ fn float_len(s: &[char], i: usize) -> usize {
             }
         }
     }
-    let word: String = s[j.min(s.len())..(j + 3).min(s.len())].iter().collect::<String>().to_ascii_lowercase();
+    let word: String = s[j.min(s.len())..(j + 3).min(s.len())]
+        .iter()
+        .collect::<String>()
+        .to_ascii_lowercase();
     if word == "inf" || word == "nan" {
         best = best.max(3);
     }
@@ -282,7 +294,9 @@ fn esc_len(s: &[char], i: usize) -> usize {
 
 fn quoted_len(s: &[char], i: usize) -> usize {
     // A quote, then the shortest run up to the same quote not preceded by an odd number of backslashes.
-    let Some(&q) = s.get(i).filter(|c| **c == '\'' || **c == '"') else { return 0 };
+    let Some(&q) = s.get(i).filter(|c| **c == '\'' || **c == '"') else {
+        return 0;
+    };
     let mut j = i + 1;
     let mut backslashes = 0;
     while j < s.len() {
@@ -344,7 +358,10 @@ fn lex_value(s: &[char], offset: usize, input: &str) -> Result<Vec<Token>, Parse
             (Tok::Equal, punct('=', true, true)),
             (Tok::Float, float_len(s, i)),
             (Tok::Int, int_len(s, i)),
-            (Tok::Bool, keyword_len(s, i, "true").max(keyword_len(s, i, "false"))),
+            (
+                Tok::Bool,
+                keyword_len(s, i, "true").max(keyword_len(s, i, "false")),
+            ),
             (Tok::Null, keyword_len(s, i, "null")),
             (
                 Tok::UnquotedChar,
@@ -439,7 +456,11 @@ pub fn parse_override(input: &str) -> Result<Override, ParseError> {
         let v = p.value()?;
         if p.pos < tokens.len() {
             let t = &tokens[p.pos];
-            return fail(input, t.col, format!("extraneous input '{}' expecting <EOF>", t.text));
+            return fail(
+                input,
+                t.col,
+                format!("extraneous input '{}' expecting <EOF>", t.text),
+            );
         }
         Some(v)
     };
@@ -458,7 +479,11 @@ fn is_key_id(s: &str) -> bool {
 }
 
 fn is_int_unsigned(s: &str) -> bool {
-    s == "0" || (s.starts_with(|c: char| ('1'..='9').contains(&c)) && s.chars().all(|c| c.is_ascii_digit() || c == '_') && !s.contains("__") && !s.ends_with('_'))
+    s == "0"
+        || (s.starts_with(|c: char| ('1'..='9').contains(&c))
+            && s.chars().all(|c| c.is_ascii_digit() || c == '_')
+            && !s.contains("__")
+            && !s.ends_with('_'))
 }
 
 fn parse_key(text: &str, offset: usize, input: &str) -> Result<Key, ParseError> {
@@ -469,9 +494,12 @@ fn parse_key(text: &str, offset: usize, input: &str) -> Result<Key, ParseError> 
     let valid_path = |s: &str| -> bool {
         if s.contains('/') {
             // ID (SLASH ID)+
-            s.split('/').all(|p| !p.is_empty() && !p.contains('$') && is_key_id(p))
+            s.split('/')
+                .all(|p| !p.is_empty() && !p.contains('$') && is_key_id(p))
         } else {
-            !s.is_empty() && s.split('.').all(|p| is_key_id(p) || (is_int_unsigned(p) && s.contains('.')))
+            !s.is_empty()
+                && s.split('.')
+                    .all(|p| is_key_id(p) || (is_int_unsigned(p) && s.contains('.')))
         }
     };
     if !valid_path(group) {
@@ -489,7 +517,11 @@ fn parse_key(text: &str, offset: usize, input: &str) -> Result<Key, ParseError> 
     }
     if let Some(pkg) = package {
         if !(pkg.is_empty() || pkg.split('.').all(|p| is_key_id(p) || is_int_unsigned(p))) {
-            return fail(input, offset + group.len() + 1, format!("invalid package '{pkg}'"));
+            return fail(
+                input,
+                offset + group.len() + 1,
+                format!("invalid package '{pkg}'"),
+            );
         }
     }
     Ok(Key {
@@ -517,7 +549,10 @@ impl Parser<'_> {
         self.tokens.get(self.pos).map(|t| t.kind)
     }
     fn col(&self) -> usize {
-        self.tokens.get(self.pos).map(|t| t.col).unwrap_or(self.end_col)
+        self.tokens
+            .get(self.pos)
+            .map(|t| t.col)
+            .unwrap_or(self.end_col)
     }
     fn found(&self) -> String {
         self.tokens
@@ -530,7 +565,11 @@ impl Parser<'_> {
             self.pos += 1;
             Ok(())
         } else {
-            fail(self.input, self.col(), format!("missing {what} at {}", self.found()))
+            fail(
+                self.input,
+                self.col(),
+                format!("missing {what} at {}", self.found()),
+            )
         }
     }
 
@@ -559,7 +598,11 @@ impl Parser<'_> {
     fn plain(&self, v: Val) -> Result<Element, ParseError> {
         match v {
             Val::Elem(e) => Ok(e),
-            Val::Sweep(_) => fail(self.input, self.col(), "a sweep cannot be nested inside a list of values"),
+            Val::Sweep(_) => fail(
+                self.input,
+                self.col(),
+                "a sweep cannot be nested inside a list of values",
+            ),
         }
     }
 
@@ -567,12 +610,17 @@ impl Parser<'_> {
         match self.peek() {
             Some(Tok::BracketOpen) => self.list().map(Val::Elem),
             Some(Tok::BraceOpen) => self.dict().map(Val::Elem),
-            Some(Tok::Id) if self.tokens.get(self.pos + 1).map(|t| t.kind) == Some(Tok::POpen) => self.function(),
+            Some(Tok::Id) if self.tokens.get(self.pos + 1).map(|t| t.kind) == Some(Tok::POpen) => {
+                self.function()
+            }
             Some(Tok::Quoted) => {
                 let t = &self.tokens[self.pos];
                 self.pos += 1;
                 let value = unescape_quoted(&t.text);
-                Ok(Val::Elem(Element::Str { value, quoted: true }))
+                Ok(Val::Elem(Element::Str {
+                    value,
+                    quoted: true,
+                }))
             }
             Some(
                 Tok::Id
@@ -586,7 +634,11 @@ impl Parser<'_> {
                 | Tok::Esc
                 | Tok::Ws,
             ) => self.primitive(true).map(Val::Elem),
-            _ => fail(self.input, self.col(), format!("mismatched input {} expecting a value", self.found())),
+            _ => fail(
+                self.input,
+                self.col(),
+                format!("mismatched input {} expecting a value", self.found()),
+            ),
         }
     }
 
@@ -596,10 +648,21 @@ impl Parser<'_> {
         while let Some(k) = self.peek() {
             let ok = matches!(
                 k,
-                Tok::Id | Tok::Null | Tok::Int | Tok::Float | Tok::Bool | Tok::UnquotedChar | Tok::Esc | Tok::Ws
+                Tok::Id
+                    | Tok::Null
+                    | Tok::Int
+                    | Tok::Float
+                    | Tok::Bool
+                    | Tok::UnquotedChar
+                    | Tok::Esc
+                    | Tok::Ws
             ) || (allow_colon && matches!(k, Tok::Colon | Tok::Interpolation));
             // A function call inside a primitive run is not a primitive.
-            if !ok || (k == Tok::Id && self.pos > start && self.tokens.get(self.pos + 1).map(|t| t.kind) == Some(Tok::POpen)) {
+            if !ok
+                || (k == Tok::Id
+                    && self.pos > start
+                    && self.tokens.get(self.pos + 1).map(|t| t.kind) == Some(Tok::POpen))
+            {
                 break;
             }
             self.pos += 1;
@@ -609,7 +672,11 @@ impl Parser<'_> {
         let mut last = toks.len();
         if toks.first().is_some_and(|t| t.kind == Tok::Ws) {
             if toks.len() == 1 {
-                return fail(self.input, toks[0].col, "Trying to parse a primitive that is all whitespaces");
+                return fail(
+                    self.input,
+                    toks[0].col,
+                    "Trying to parse a primitive that is all whitespaces",
+                );
             }
             first = 1;
         }
@@ -622,7 +689,13 @@ impl Parser<'_> {
             return Ok(match t.kind {
                 Tok::Int => Element::Int(match t.text.replace('_', "").parse::<i64>() {
                     Ok(v) => v,
-                    Err(_) => return fail(self.input, t.col, format!("integer out of range: {}", t.text)),
+                    Err(_) => {
+                        return fail(
+                            self.input,
+                            t.col,
+                            format!("integer out of range: {}", t.text),
+                        )
+                    }
                 }),
                 Tok::Float => Element::Float(parse_float_token(&t.text)),
                 Tok::Null => Element::Null,
@@ -639,9 +712,18 @@ impl Parser<'_> {
         }
         let value: String = inner
             .iter()
-            .map(|t| if t.kind == Tok::Esc { unescape_esc(&t.text) } else { t.text.clone() })
+            .map(|t| {
+                if t.kind == Tok::Esc {
+                    unescape_esc(&t.text)
+                } else {
+                    t.text.clone()
+                }
+            })
             .collect();
-        Ok(Element::Str { value, quoted: false })
+        Ok(Element::Str {
+            value,
+            quoted: false,
+        })
     }
 
     fn list(&mut self) -> Result<Element, ParseError> {
@@ -659,7 +741,11 @@ impl Parser<'_> {
             }
         }
         if self.peek() != Some(Tok::BracketClose) {
-            return fail(self.input, self.col(), format!("missing ']' at {}", self.found()));
+            return fail(
+                self.input,
+                self.col(),
+                format!("missing ']' at {}", self.found()),
+            );
         }
         self.pos += 1;
         Ok(Element::List(items))
@@ -695,7 +781,11 @@ impl Parser<'_> {
             }
         }
         if self.peek() != Some(Tok::BraceClose) {
-            return fail(self.input, self.col(), format!("missing '}}' at {}", self.found()));
+            return fail(
+                self.input,
+                self.col(),
+                format!("missing '}}' at {}", self.found()),
+            );
         }
         self.pos += 1;
         Ok(Element::Dict(items))
@@ -709,7 +799,8 @@ impl Parser<'_> {
         let mut kwargs: Vec<(String, Val)> = Vec::new();
         if self.peek() != Some(Tok::PClose) {
             loop {
-                let named = self.peek() == Some(Tok::Id) && self.tokens.get(self.pos + 1).map(|t| t.kind) == Some(Tok::Equal);
+                let named = self.peek() == Some(Tok::Id)
+                    && self.tokens.get(self.pos + 1).map(|t| t.kind) == Some(Tok::Equal);
                 if named {
                     let name = self.tokens[self.pos].text.clone();
                     self.pos += 2;
@@ -717,7 +808,11 @@ impl Parser<'_> {
                     kwargs.push((name, v));
                 } else {
                     if !kwargs.is_empty() {
-                        return fail(self.input, self.col(), "positional argument follows keyword argument");
+                        return fail(
+                            self.input,
+                            self.col(),
+                            "positional argument follows keyword argument",
+                        );
                     }
                     args.push(self.element()?);
                 }
@@ -729,7 +824,11 @@ impl Parser<'_> {
             }
         }
         if self.peek() != Some(Tok::PClose) {
-            return fail(self.input, self.col(), format!("missing ')' at {}", self.found()));
+            return fail(
+                self.input,
+                self.col(),
+                format!("missing ')' at {}", self.found()),
+            );
         }
         self.pos += 1;
         call_function(&name_tok.text, args, kwargs)
@@ -798,10 +897,17 @@ fn unescape_quoted(text: &str) -> String {
 // ---------------------------------------------------------------------------------------------------------
 // Grammar functions
 
-const FUNCTIONS: &[&str] = &["bool", "choice", "float", "glob", "int", "interval", "range", "shuffle", "sort", "str", "tag"];
+const FUNCTIONS: &[&str] = &[
+    "bool", "choice", "float", "glob", "int", "interval", "range", "shuffle", "sort", "str", "tag",
+];
 
 fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Result<Val, String> {
-    let kw = |key: &str| kwargs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+    let kw = |key: &str| {
+        kwargs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
     for (k, _) in &kwargs {
         let allowed: &[&str] = match name {
             "int" | "float" | "str" | "bool" => &["value"],
@@ -827,7 +933,12 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                 return Err("empty choice is not legal".into());
             }
             if args.len() == 1 {
-                if let Val::Sweep(Sweep::Choice { list, simple_form, shuffle }) = &args[0] {
+                if let Val::Sweep(Sweep::Choice {
+                    list,
+                    simple_form,
+                    shuffle,
+                }) = &args[0]
+                {
                     if *simple_form {
                         return Ok(Val::Sweep(Sweep::Choice {
                             list: list.clone(),
@@ -862,7 +973,10 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                     None => Ok(None),
                     Some(Val::Elem(Element::Int(i))) => Ok(Some(Num::Int(i))),
                     Some(Val::Elem(Element::Float(x))) => Ok(Some(Num::Float(x))),
-                    Some(other) => Err(format!("range() {what} must be a number, got {}", describe(&other))),
+                    Some(other) => Err(format!(
+                        "range() {what} must be a number, got {}",
+                        describe(&other)
+                    )),
                 }
             };
             let (start, stop) = match (num(a, "start")?, num(b, "stop")?) {
@@ -888,7 +1002,10 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                 match v {
                     Some(Val::Elem(Element::Int(i))) => Ok(i as f64),
                     Some(Val::Elem(Element::Float(x))) => Ok(x),
-                    Some(other) => Err(format!("interval() needs numbers, got {}", describe(&other))),
+                    Some(other) => Err(format!(
+                        "interval() needs numbers, got {}",
+                        describe(&other)
+                    )),
                     None => Err("interval() needs a start and an end".into()),
                 }
             };
@@ -905,7 +1022,10 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                 Some(Val::Sweep(s)) => {
                     for t in &all {
                         if !matches!(t, Val::Elem(Element::Str { .. })) {
-                            return Err(format!("tag arguments type must be string, got {}", describe(t)));
+                            return Err(format!(
+                                "tag arguments type must be string, got {}",
+                                describe(t)
+                            ));
                         }
                     }
                     Ok(Val::Sweep(s))
@@ -932,12 +1052,16 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                 }
             };
             Ok(match arg {
-                Val::Sweep(Sweep::Choice { list, simple_form, .. }) => Val::Sweep(Sweep::Choice {
+                Val::Sweep(Sweep::Choice {
+                    list, simple_form, ..
+                }) => Val::Sweep(Sweep::Choice {
                     list,
                     simple_form,
                     shuffle: true,
                 }),
-                Val::Sweep(Sweep::Range { start, stop, step, .. }) => Val::Sweep(Sweep::Range {
+                Val::Sweep(Sweep::Range {
+                    start, stop, step, ..
+                }) => Val::Sweep(Sweep::Range {
                     start,
                     stop,
                     step,
@@ -955,7 +1079,12 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
             let reverse = match kw("reverse") {
                 None => false,
                 Some(Val::Elem(Element::Bool(b))) => b,
-                Some(other) => return Err(format!("sort() reverse must be a bool, got {}", describe(&other))),
+                Some(other) => {
+                    return Err(format!(
+                        "sort() reverse must be a bool, got {}",
+                        describe(&other)
+                    ))
+                }
             };
             let target = kw("sweep").or_else(|| kw("list"));
             let arg = match (target, args.len()) {
@@ -964,8 +1093,19 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                 (None, 1) => args.into_iter().next().unwrap_or(Val::Elem(Element::Null)),
                 (None, _) => {
                     for a in &args {
-                        if !matches!(a, Val::Elem(Element::Int(_) | Element::Float(_) | Element::Bool(_) | Element::Str { .. })) {
-                            return Err("Invalid arguments: sort() takes primitives, a list or a sweep".into());
+                        if !matches!(
+                            a,
+                            Val::Elem(
+                                Element::Int(_)
+                                    | Element::Float(_)
+                                    | Element::Bool(_)
+                                    | Element::Str { .. }
+                            )
+                        ) {
+                            return Err(
+                                "Invalid arguments: sort() takes primitives, a list or a sweep"
+                                    .into(),
+                            );
                         }
                     }
                     Val::Sweep(Sweep::Choice {
@@ -976,14 +1116,32 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                 }
             };
             match arg {
-                Val::Sweep(Sweep::Choice { mut list, simple_form, shuffle }) => {
+                Val::Sweep(Sweep::Choice {
+                    mut list,
+                    simple_form,
+                    shuffle,
+                }) => {
                     sort_elements(&mut list, reverse)?;
-                    Ok(Val::Sweep(Sweep::Choice { list, simple_form, shuffle }))
+                    Ok(Val::Sweep(Sweep::Choice {
+                        list,
+                        simple_form,
+                        shuffle,
+                    }))
                 }
-                Val::Sweep(Sweep::Range { start, stop, step, shuffle }) => {
+                Val::Sweep(Sweep::Range {
+                    start,
+                    stop,
+                    step,
+                    shuffle,
+                }) => {
                     let ascending = start.as_f64() <= stop.as_f64();
-                    if ascending == !reverse {
-                        return Ok(Val::Sweep(Sweep::Range { start, stop, step, shuffle }));
+                    if ascending != reverse {
+                        return Ok(Val::Sweep(Sweep::Range {
+                            start,
+                            stop,
+                            step,
+                            shuffle,
+                        }));
                     }
                     // Flip the direction the way Hydra does (start/stop shifted by one step).
                     let abs = |n: Num| match n {
@@ -1026,10 +1184,16 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                         .into_iter()
                         .map(|e| match e {
                             Element::Str { value, .. } => Ok(value),
-                            other => Err(format!("glob() patterns must be strings, got {}", other.to_override_string())),
+                            other => Err(format!(
+                                "glob() patterns must be strings, got {}",
+                                other.to_override_string()
+                            )),
                         })
                         .collect(),
-                    Some(other) => Err(format!("glob() patterns must be strings, got {}", describe(&other))),
+                    Some(other) => Err(format!(
+                        "glob() patterns must be strings, got {}",
+                        describe(&other)
+                    )),
                 }
             };
             let include = strings(include)?;
@@ -1081,12 +1245,24 @@ fn normalize_cast(args: Vec<Val>, value: Option<Val>) -> Result<Val, String> {
 fn cast(name: &str, value: Val) -> Result<Val, String> {
     match value {
         Val::Elem(e) => cast_element(name, e).map(Val::Elem),
-        Val::Sweep(Sweep::Choice { list, simple_form, shuffle }) => Ok(Val::Sweep(Sweep::Choice {
-            list: list.into_iter().map(|e| cast_element(name, e)).collect::<Result<_, _>>()?,
+        Val::Sweep(Sweep::Choice {
+            list,
+            simple_form,
+            shuffle,
+        }) => Ok(Val::Sweep(Sweep::Choice {
+            list: list
+                .into_iter()
+                .map(|e| cast_element(name, e))
+                .collect::<Result<_, _>>()?,
             simple_form,
             shuffle,
         })),
-        Val::Sweep(Sweep::Range { start, stop, step, shuffle }) => {
+        Val::Sweep(Sweep::Range {
+            start,
+            stop,
+            step,
+            shuffle,
+        }) => {
             let f = |n: Num| -> Result<Num, String> {
                 match name {
                     "int" => Ok(Num::Int(n.as_f64().trunc() as i64)),
@@ -1116,7 +1292,12 @@ fn cast(name: &str, value: Val) -> Result<Val, String> {
 /// Python's `int()`/`float()`/`str()`/`bool()` as Hydra applies them (recursing into lists and dict values).
 fn cast_element(name: &str, e: Element) -> Result<Element, String> {
     match e {
-        Element::List(items) => Ok(Element::List(items.into_iter().map(|i| cast_element(name, i)).collect::<Result<_, _>>()?)),
+        Element::List(items) => Ok(Element::List(
+            items
+                .into_iter()
+                .map(|i| cast_element(name, i))
+                .collect::<Result<_, _>>()?,
+        )),
         Element::Dict(items) => Ok(Element::Dict(
             items
                 .into_iter()
@@ -1128,7 +1309,10 @@ fn cast_element(name: &str, e: Element) -> Result<Element, String> {
             "int" => match e {
                 Element::Int(i) => Ok(Element::Int(i)),
                 Element::Float(x) if x.is_finite() => Ok(Element::Int(x.trunc() as i64)),
-                Element::Float(x) => Err(format!("cannot convert float {} to integer", crate::config::tree::python_float_repr(x))),
+                Element::Float(x) => Err(format!(
+                    "cannot convert float {} to integer",
+                    crate::config::tree::python_float_repr(x)
+                )),
                 Element::Bool(b) => Ok(Element::Int(i64::from(b))),
                 Element::Str { value, .. } => value
                     .trim()
@@ -1182,7 +1366,9 @@ fn cast_element(name: &str, e: Element) -> Result<Element, String> {
 }
 
 fn sort_elements(list: &mut [Element], reverse: bool) -> Result<(), String> {
-    let all_numbers = list.iter().all(|e| matches!(e, Element::Int(_) | Element::Float(_) | Element::Bool(_)));
+    let all_numbers = list
+        .iter()
+        .all(|e| matches!(e, Element::Int(_) | Element::Float(_) | Element::Bool(_)));
     let all_strings = list.iter().all(|e| matches!(e, Element::Str { .. }));
     if all_numbers {
         let key = |e: &Element| match e {
@@ -1191,7 +1377,11 @@ fn sort_elements(list: &mut [Element], reverse: bool) -> Result<(), String> {
             Element::Bool(b) => f64::from(u8::from(*b)),
             _ => 0.0,
         };
-        list.sort_by(|a, b| key(a).partial_cmp(&key(b)).unwrap_or(std::cmp::Ordering::Equal));
+        list.sort_by(|a, b| {
+            key(a)
+                .partial_cmp(&key(b))
+                .unwrap_or(std::cmp::Ordering::Equal)
+        });
     } else if all_strings {
         let key = |e: &Element| match e {
             Element::Str { value, .. } => value.clone(),
@@ -1247,10 +1437,23 @@ impl Element {
             Element::Bool(false) => "False".into(),
             Element::Int(i) => i.to_string(),
             Element::Float(x) => crate::config::tree::python_float_repr(*x),
-            Element::Str { value, quoted: true } => with_quotes(value),
-            Element::Str { value, quoted: false } => escape_special(value),
+            Element::Str {
+                value,
+                quoted: true,
+            } => with_quotes(value),
+            Element::Str {
+                value,
+                quoted: false,
+            } => escape_special(value),
             Element::List(items) => {
-                format!("[{}]", items.iter().map(Element::to_override_string).collect::<Vec<_>>().join(","))
+                format!(
+                    "[{}]",
+                    items
+                        .iter()
+                        .map(Element::to_override_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                )
             }
             Element::Dict(items) => format!(
                 "{{{}}}",
@@ -1276,7 +1479,10 @@ fn with_quotes(text: &str) -> String {
             let next = chars.get(i + run);
             // Backslashes before a quote (or the end) must be doubled to stay literal.
             let double = next.is_none() || next == Some(&q);
-            out.extend(std::iter::repeat_n('\\', if double { run * 2 } else { run }));
+            out.extend(std::iter::repeat_n(
+                '\\',
+                if double { run * 2 } else { run },
+            ));
             i += run;
             continue;
         }
@@ -1305,7 +1511,12 @@ impl Sweep {
                 }
                 Ok(l)
             }
-            Sweep::Range { start, stop, step, shuffle } => {
+            Sweep::Range {
+                start,
+                stop,
+                step,
+                shuffle,
+            } => {
                 let mut out = Vec::new();
                 match (start, stop, step) {
                     (Num::Int(a), Num::Int(b), Num::Int(s)) => {
@@ -1335,8 +1546,12 @@ impl Sweep {
                 }
                 Ok(out)
             }
-            Sweep::Interval { .. } => Err(err("BasicSweeper does not support sweep type : INTERVAL_SWEEP")),
-            Sweep::Glob { .. } => Err(err("glob() can only sweep over the options of a config group")),
+            Sweep::Interval { .. } => Err(err(
+                "BasicSweeper does not support sweep type : INTERVAL_SWEEP",
+            )),
+            Sweep::Glob { .. } => Err(err(
+                "glob() can only sweep over the options of a config group",
+            )),
         }
     }
 
@@ -1344,7 +1559,9 @@ impl Sweep {
     pub fn glob_filter(include: &[String], exclude: &[String], names: &[String]) -> Vec<String> {
         names
             .iter()
-            .filter(|n| include.iter().any(|p| fnmatch(p, n)) && !exclude.iter().any(|p| fnmatch(p, n)))
+            .filter(|n| {
+                include.iter().any(|p| fnmatch(p, n)) && !exclude.iter().any(|p| fnmatch(p, n))
+            })
             .cloned()
             .collect()
     }
@@ -1534,7 +1751,13 @@ mod tests {
     #[case("~a=1", OverrideKind::Delete, "a", None, true)]
     #[case("~a=", OverrideKind::Delete, "a", None, true)]
     #[case("db@backup=mysql", OverrideKind::Change, "db", Some("backup"), true)]
-    #[case("hydra/launcher=basic", OverrideKind::Change, "hydra/launcher", None, true)]
+    #[case(
+        "hydra/launcher=basic",
+        OverrideKind::Change,
+        "hydra/launcher",
+        None,
+        true
+    )]
     #[case("db@=mysql", OverrideKind::Change, "db", Some(""), true)]
     #[case("list.0=x", OverrideKind::Change, "list.0", None, true)]
     #[case("$foo=1", OverrideKind::Change, "$foo", None, true)]
@@ -1575,7 +1798,12 @@ mod tests {
     fn errors(#[case] text: &str, #[case] reason: &str) {
         match parse_override(text) {
             Err(e) => {
-                assert!(e.message.starts_with(&format!("Error parsing override '{text}'")), "{}", e.message);
+                assert!(
+                    e.message
+                        .starts_with(&format!("Error parsing override '{text}'")),
+                    "{}",
+                    e.message
+                );
                 assert!(e.message.contains(reason), "{text}: {}", e.message);
             }
             Ok(o) if reason.is_empty() => assert_eq!(o.value, Some(ParsedValue::Element(s("")))),
@@ -1603,10 +1831,18 @@ mod tests {
     #[case("*", &["mlp", "resnet18", "resnet50"], &["*50"], &["mlp", "resnet18"])]
     #[case("r?s*", &["res", "rxs", "ab"], &[], &["res", "rxs"])]
     #[case("[ab]*", &["apple", "banana", "cherry"], &[], &["apple", "banana"])]
-    fn globs(#[case] pattern: &str, #[case] names: &[&str], #[case] exclude: &[&str], #[case] expected: &[&str]) {
+    fn globs(
+        #[case] pattern: &str,
+        #[case] names: &[&str],
+        #[case] exclude: &[&str],
+        #[case] expected: &[&str],
+    ) {
         let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
         let exclude: Vec<String> = exclude.iter().map(|s| s.to_string()).collect();
-        assert_eq!(Sweep::glob_filter(&[pattern.to_string()], &exclude, &names), expected);
+        assert_eq!(
+            Sweep::glob_filter(&[pattern.to_string()], &exclude, &names),
+            expected
+        );
     }
 
     #[test]

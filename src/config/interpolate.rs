@@ -62,7 +62,10 @@ enum Piece {
 enum Expr {
     /// A node reference; the key may itself contain interpolations.
     Key(Vec<Piece>),
-    Resolver { name: String, args: Vec<Arg> },
+    Resolver {
+        name: String,
+        args: Vec<Arg>,
+    },
 }
 
 /// A resolver argument: its pieces, and whether it was quoted (quoted args are always strings).
@@ -96,7 +99,12 @@ impl Resolver<'_> {
     }
 
     /// Resolve the node at `path` (memoized, cycle-checked). `origin`/`source` say who asked, for errors.
-    fn resolve_at(&mut self, path: &str, source: &Source, origin: &str) -> Result<Node, ConfigError> {
+    fn resolve_at(
+        &mut self,
+        path: &str,
+        source: &Source,
+        origin: &str,
+    ) -> Result<Node, ConfigError> {
         if let Some(hit) = self.cache.get(path) {
             return Ok(hit.clone());
         }
@@ -127,7 +135,12 @@ impl Resolver<'_> {
         Ok(result)
     }
 
-    fn eval_string(&mut self, text: &str, path: &str, source: &Source) -> Result<Node, ConfigError> {
+    fn eval_string(
+        &mut self,
+        text: &str,
+        path: &str,
+        source: &Source,
+    ) -> Result<Node, ConfigError> {
         let pieces = parse_pieces(text).map_err(|e| {
             ConfigError::Interpolation(format!(
                 "Error parsing interpolation '{text}': {e}\n    full_key: {path}{}",
@@ -137,7 +150,12 @@ impl Resolver<'_> {
         self.eval_pieces(&pieces, path, source)
     }
 
-    fn eval_pieces(&mut self, pieces: &[Piece], path: &str, source: &Source) -> Result<Node, ConfigError> {
+    fn eval_pieces(
+        &mut self,
+        pieces: &[Piece],
+        path: &str,
+        source: &Source,
+    ) -> Result<Node, ConfigError> {
         if let [Piece::Interp(expr)] = pieces {
             return self.eval_expr(expr, path, source);
         }
@@ -157,17 +175,24 @@ impl Resolver<'_> {
     fn eval_expr(&mut self, expr: &Expr, path: &str, source: &Source) -> Result<Node, ConfigError> {
         match expr {
             Expr::Key(pieces) => {
-                let key = self.eval_pieces(pieces, path, source)?.value.display_python();
+                let key = self
+                    .eval_pieces(pieces, path, source)?
+                    .value
+                    .display_python();
                 let target = absolute_key(path, &key);
-                let node = self.resolve_at(&target, source, path).map_err(|e| match e {
-                    ConfigError::Interpolation(m) if m.starts_with(&format!("Interpolation key '{target}'")) => {
-                        ConfigError::Interpolation(format!(
-                            "Interpolation key '{key}' not found\n    full_key: {path}{}",
-                            at(source)
-                        ))
-                    }
-                    other => other,
-                })?;
+                let node = self
+                    .resolve_at(&target, source, path)
+                    .map_err(|e| match e {
+                        ConfigError::Interpolation(m)
+                            if m.starts_with(&format!("Interpolation key '{target}'")) =>
+                        {
+                            ConfigError::Interpolation(format!(
+                                "Interpolation key '{key}' not found\n    full_key: {path}{}",
+                                at(source)
+                            ))
+                        }
+                        other => other,
+                    })?;
                 if node.is_missing() {
                     return Err(missing_error(&target, path, source));
                 }
@@ -182,7 +207,9 @@ impl Resolver<'_> {
                         v = Node::new(Value::Str(v.value.display_python()), v.source);
                     }
                     let v = match (&v.value, arg.quoted) {
-                        (Value::Str(s), false) if arg.pieces.iter().all(|p| matches!(p, Piece::Text(_))) => {
+                        (Value::Str(s), false)
+                            if arg.pieces.iter().all(|p| matches!(p, Piece::Text(_))) =>
+                        {
                             Node::new(super::yaml::resolve_plain(s.trim()), source.clone())
                         }
                         _ => v,
@@ -194,32 +221,57 @@ impl Resolver<'_> {
         }
     }
 
-    fn call(&mut self, name: &str, args: Vec<Node>, path: &str, source: &Source) -> Result<Node, ConfigError> {
-        let err = |msg: String| ConfigError::Interpolation(format!("{msg}\n    full_key: {path}{}", at(source)));
+    fn call(
+        &mut self,
+        name: &str,
+        args: Vec<Node>,
+        path: &str,
+        source: &Source,
+    ) -> Result<Node, ConfigError> {
+        let err = |msg: String| {
+            ConfigError::Interpolation(format!("{msg}\n    full_key: {path}{}", at(source)))
+        };
         let text = |n: &Node| n.value.display_python();
         match name {
             "oc.env" => {
-                let var = args.first().map(text).ok_or_else(|| err("oc.env needs a variable name".into()))?;
+                let var = args
+                    .first()
+                    .map(text)
+                    .ok_or_else(|| err("oc.env needs a variable name".into()))?;
                 match self.ctx.env.get(&var) {
-                    Some(v) => Ok(Node::new(Value::Str(v.clone()), Source::Env(var.as_str().into()))),
+                    Some(v) => Ok(Node::new(
+                        Value::Str(v.clone()),
+                        Source::Env(var.as_str().into()),
+                    )),
                     None => match args.get(1) {
-                        Some(d) if d.value == Value::Null => Ok(Node::new(Value::Null, source.clone())),
+                        Some(d) if d.value == Value::Null => {
+                            Ok(Node::new(Value::Null, source.clone()))
+                        }
                         Some(d) => Ok(Node::new(Value::Str(text(d)), source.clone())),
                         None => Err(err(format!("Environment variable '{var}' not found"))),
                     },
                 }
             }
             "oc.select" => {
-                let key = args.first().map(text).ok_or_else(|| err("oc.select needs a key".into()))?;
+                let key = args
+                    .first()
+                    .map(text)
+                    .ok_or_else(|| err("oc.select needs a key".into()))?;
                 let target = absolute_key(path, &key);
                 if self.root.get(&target).is_some_and(|n| !n.is_missing()) {
                     self.resolve_at(&target, source, path)
                 } else {
-                    Ok(args.get(1).cloned().unwrap_or(Node::new(Value::Null, source.clone())))
+                    Ok(args
+                        .get(1)
+                        .cloned()
+                        .unwrap_or(Node::new(Value::Null, source.clone())))
                 }
             }
             "oc.decode" => {
-                let arg = args.first().cloned().unwrap_or(Node::new(Value::Null, source.clone()));
+                let arg = args
+                    .first()
+                    .cloned()
+                    .unwrap_or(Node::new(Value::Null, source.clone()));
                 match &arg.value {
                     Value::Str(s) => {
                         let parsed = super::grammar::parse_override(&format!("k={s}"))
@@ -246,7 +298,10 @@ impl Resolver<'_> {
             }
             "now" => {
                 let fmt = args.first().map(text).unwrap_or_default();
-                Ok(Node::new(Value::Str(self.ctx.now.format(&fmt).to_string()), source.clone()))
+                Ok(Node::new(
+                    Value::Str(self.ctx.now.format(&fmt).to_string()),
+                    source.clone(),
+                ))
             }
             "oc.dict.keys" | "oc.dict.values" => {
                 let key = args.first().map(text).unwrap_or_default();
@@ -256,7 +311,9 @@ impl Resolver<'_> {
                     return Err(err(format!("{name} expects a dict at '{key}'")));
                 };
                 let items = if name == "oc.dict.keys" {
-                    m.keys().map(|k| Node::new(Value::Str(k.clone()), source.clone())).collect()
+                    m.keys()
+                        .map(|k| Node::new(Value::Str(k.clone()), source.clone()))
+                        .collect()
                 } else {
                     m.into_values().collect()
                 };
@@ -352,7 +409,9 @@ fn parse_expr(chars: &[char], pos: &mut usize) -> Result<Expr, String> {
     // A resolver name is `[A-Za-z_][\w.]*` followed by `:`.
     let start = *pos;
     let mut end = start;
-    while end < chars.len() && (chars[end].is_alphanumeric() || chars[end] == '_' || chars[end] == '.') {
+    while end < chars.len()
+        && (chars[end].is_alphanumeric() || chars[end] == '_' || chars[end] == '.')
+    {
         end += 1;
     }
     let looks_like_resolver = end > start
@@ -427,7 +486,10 @@ fn parse_arg(chars: &[char], pos: &mut usize) -> Result<Arg, String> {
         if !text.is_empty() || pieces.is_empty() {
             pieces.push(Piece::Text(text));
         }
-        return Ok(Arg { pieces, quoted: true });
+        return Ok(Arg {
+            pieces,
+            quoted: true,
+        });
     }
     // Unquoted: up to a top-level ',' or '}' (brackets nest, `\,` escapes).
     let mut pieces = Vec::new();
@@ -437,7 +499,11 @@ fn parse_arg(chars: &[char], pos: &mut usize) -> Result<Arg, String> {
         if depth == 0 && (c == ',' || c == '}') {
             break;
         }
-        if c == '\\' && chars.get(*pos + 1).is_some_and(|n| ",}{[]():= \\".contains(*n)) {
+        if c == '\\'
+            && chars
+                .get(*pos + 1)
+                .is_some_and(|n| ",}{[]():= \\".contains(*n))
+        {
             text.push(chars[*pos + 1]);
             *pos += 2;
             continue;
@@ -527,7 +593,10 @@ mod tests {
     #[case("a: ${b}\nb: ${a}", "Recursive interpolation detected")]
     #[case("a: ${nope}", "Interpolation key 'nope' not found")]
     #[case("a: ???\nb: ${a}", "Missing mandatory value")]
-    #[case("a: ${oc.env:NOPE_NOT_SET}", "Environment variable 'NOPE_NOT_SET' not found")]
+    #[case(
+        "a: ${oc.env:NOPE_NOT_SET}",
+        "Environment variable 'NOPE_NOT_SET' not found"
+    )]
     #[case("a: ${foo:1}", "Unsupported interpolation type foo")]
     #[case("a: ${b", "missing '}'")]
     fn errors_name_the_problem(#[case] text: &str, #[case] expected: &str) {
@@ -538,10 +607,15 @@ mod tests {
 
     #[test]
     fn now_is_fixed_per_context() {
-        let root = yaml::parse("a: ${now:%Y}\nb: ${now:%Y}", "t").unwrap().unwrap();
+        let root = yaml::parse("a: ${now:%Y}\nb: ${now:%Y}", "t")
+            .unwrap()
+            .unwrap();
         let c = ctx();
         let out = resolve_all(&root, &c).unwrap();
-        assert_eq!(out.get("a").unwrap().to_json(), serde_json::json!(c.now.format("%Y").to_string()));
+        assert_eq!(
+            out.get("a").unwrap().to_json(),
+            serde_json::json!(c.now.format("%Y").to_string())
+        );
         assert_eq!(out.get("a").unwrap().value, out.get("b").unwrap().value);
     }
 }

@@ -90,14 +90,19 @@ impl Repository {
     pub fn group_options(&self, group: &str) -> Vec<String> {
         let mut names = BTreeSet::new();
         for dir in self.dirs_for(group) {
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
             for entry in entries.flatten() {
                 let path = entry.path();
                 if !path.is_file() {
                     continue;
                 }
                 let file = entry.file_name().to_string_lossy().to_string();
-                if let Some(stem) = file.strip_suffix(".yaml").or_else(|| file.strip_suffix(".yml")) {
+                if let Some(stem) = file
+                    .strip_suffix(".yaml")
+                    .or_else(|| file.strip_suffix(".yml"))
+                {
                     names.insert(stem.to_string());
                 }
             }
@@ -117,7 +122,9 @@ impl Repository {
             }
         }
         for dir in self.dirs_for(parent) {
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
             for entry in entries.flatten() {
                 if entry.path().is_dir() {
                     let name = entry.file_name().to_string_lossy().to_string();
@@ -139,7 +146,9 @@ impl Repository {
             None => None,
             Some(file) => Some(Rc::new(load_file(config_path, &file)?)),
         };
-        self.cache.borrow_mut().insert(config_path.to_string(), loaded.clone());
+        self.cache
+            .borrow_mut()
+            .insert(config_path.to_string(), loaded.clone());
         Ok(loaded)
     }
 
@@ -148,8 +157,17 @@ impl Repository {
         self.roots
             .iter()
             .map(|r| {
-                let mount = if r.mount.is_empty() { String::new() } else { format!(" (as group '{}')", r.mount) };
-                format!("\tprovider={}, path=file://{}{}", r.provider, r.dir.display(), mount)
+                let mount = if r.mount.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (as group '{}')", r.mount)
+                };
+                format!(
+                    "\tprovider={}, path=file://{}{}",
+                    r.provider,
+                    r.dir.display(),
+                    mount
+                )
             })
             .collect::<Vec<_>>()
             .join("\n")

@@ -29,7 +29,10 @@ pub fn expand(
 ) -> Result<Vec<Vec<String>>, ConfigError> {
     let mut parsed = Vec::new();
     for text in yaml_params {
-        parsed.push(parse_override(text).map_err(|e| ConfigError::Parse(format!("{e}\n    (in hydra.sweeper.params)")))?);
+        parsed.push(
+            parse_override(text)
+                .map_err(|e| ConfigError::Parse(format!("{e}\n    (in hydra.sweeper.params)")))?,
+        );
     }
     parsed.extend(cli.iter().cloned());
     let mut lists: IndexMap<String, Vec<String>> = IndexMap::new();
@@ -60,7 +63,11 @@ pub fn expand(
     Ok(jobs)
 }
 
-fn sweep_values(repo: &Repository, o: &Override, sweep: &Sweep) -> Result<Vec<Element>, ConfigError> {
+fn sweep_values(
+    repo: &Repository,
+    o: &Override,
+    sweep: &Sweep,
+) -> Result<Vec<Element>, ConfigError> {
     match sweep {
         Sweep::Glob { include, exclude } => {
             let group = &o.key.key_or_group;
@@ -73,13 +80,18 @@ fn sweep_values(repo: &Repository, o: &Override, sweep: &Sweep) -> Result<Vec<El
             let names = repo.group_options(group);
             Ok(Sweep::glob_filter(include, exclude, &names)
                 .into_iter()
-                .map(|n| Element::Str { value: n, quoted: false })
+                .map(|n| Element::Str {
+                    value: n,
+                    quoted: false,
+                })
                 .collect())
         }
         Sweep::Interval { .. } => Err(ConfigError::composition(format!(
             "BasicSweeper does not support sweep type : INTERVAL_SWEEP\n    (in override '{}')",
             o.input
         ))),
-        other => other.discrete_values().map_err(|e| ConfigError::Parse(e.to_string())),
+        other => other
+            .discrete_values()
+            .map_err(|e| ConfigError::Parse(e.to_string())),
     }
 }

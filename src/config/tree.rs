@@ -177,8 +177,17 @@ impl Node {
     /// The error names the dotted key where the two met.
     pub fn try_merge(&mut self, src: Node) -> Result<(), String> {
         if let Some(key) = merge_conflict(self, &src, String::new()) {
-            let (d, s) = (self.get(&key).map(|n| n.type_name()), src.get(&key).map(|n| n.type_name()));
-            let name = |t: Option<&str>| if t == Some("list") { "ListConfig" } else { "DictConfig" };
+            let (d, s) = (
+                self.get(&key).map(|n| n.type_name()),
+                src.get(&key).map(|n| n.type_name()),
+            );
+            let name = |t: Option<&str>| {
+                if t == Some("list") {
+                    "ListConfig"
+                } else {
+                    "DictConfig"
+                }
+            };
             return Err(format!(
                 "Cannot merge {} with {}\n    full_key: {key}",
                 name(s),
@@ -313,8 +322,13 @@ fn merge_conflict(dst: &Node, src: &Node, path: String) -> Option<String> {
     match (&dst.value, &src.value) {
         (Value::Map(_), Value::List(_)) | (Value::List(_), Value::Map(_)) => Some(path),
         (Value::Map(d), Value::Map(s)) => s.iter().find_map(|(k, v)| {
-            let child = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
-            d.get(k).and_then(|existing| merge_conflict(existing, v, child))
+            let child = if path.is_empty() {
+                k.clone()
+            } else {
+                format!("{path}.{k}")
+            };
+            d.get(k)
+                .and_then(|existing| merge_conflict(existing, v, child))
         }),
         _ => None,
     }
@@ -329,7 +343,11 @@ pub fn python_float_repr(x: f64) -> String {
         return if x > 0.0 { "inf".into() } else { "-inf".into() };
     }
     if x == 0.0 {
-        return if x.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+        return if x.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
     }
     let exp = x.abs().log10().floor() as i32;
     if (-4..16).contains(&exp) {
@@ -353,7 +371,9 @@ pub fn python_float_repr(x: f64) -> String {
 
 /// Split a dotted key into parts. `a.b` → [a, b]. Brackets (`a[0]`) are accepted as OmegaConf does.
 pub fn split_key(key: &str) -> Vec<&str> {
-    key.split(['.', '[', ']']).filter(|s| !s.is_empty()).collect()
+    key.split(['.', '[', ']'])
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 #[cfg(test)]
@@ -374,8 +394,14 @@ mod tests {
     #[test]
     fn merge_dicts_recursively_and_replaces_lists() {
         let mut dst = map(vec![
-            ("a", map(vec![("x", leaf(Value::Int(1))), ("y", leaf(Value::Int(2)))])),
-            ("l", leaf(Value::List(vec![leaf(Value::Int(1)), leaf(Value::Int(2))]))),
+            (
+                "a",
+                map(vec![("x", leaf(Value::Int(1))), ("y", leaf(Value::Int(2)))]),
+            ),
+            (
+                "l",
+                leaf(Value::List(vec![leaf(Value::Int(1)), leaf(Value::Int(2))])),
+            ),
         ]);
         let src = map(vec![
             ("a", map(vec![("y", leaf(Value::Int(3)))])),
@@ -384,7 +410,10 @@ mod tests {
         dst.merge(src);
         assert_eq!(dst.get("a.x").unwrap().value, Value::Int(1));
         assert_eq!(dst.get("a.y").unwrap().value, Value::Int(3));
-        assert_eq!(dst.get("l").unwrap().value, Value::List(vec![leaf(Value::Int(9))]));
+        assert_eq!(
+            dst.get("l").unwrap().value,
+            Value::List(vec![leaf(Value::Int(9))])
+        );
         assert_eq!(dst.get("l.0").unwrap().value, Value::Int(9));
     }
 

@@ -190,7 +190,9 @@ impl<'a> Builder<'a> {
             }
         };
         if let Some(tag) = tag {
-            let suffix = tag.trim_start_matches("tag:yaml.org,2002:").trim_start_matches("!!");
+            let suffix = tag
+                .trim_start_matches("tag:yaml.org,2002:")
+                .trim_start_matches("!!");
             return match suffix {
                 "str" => Ok(missing_or_str(text)),
                 "int" => parse_int(text)
@@ -318,7 +320,12 @@ fn is_pyyaml_float(text: &str) -> bool {
     if let Some(rest) = text.strip_prefix('.') {
         // `.5`, `.5e+3` (no sign allowed before the dot in this form)
         let (digits, exp) = split_exponent(rest);
-        return all_digits_nonempty_start(digits) && exp.is_none_or(|e| e.starts_with(['+', '-']) && e.len() > 1 && e[1..].chars().all(|c| c.is_ascii_digit()));
+        return all_digits_nonempty_start(digits)
+            && exp.is_none_or(|e| {
+                e.starts_with(['+', '-'])
+                    && e.len() > 1
+                    && e[1..].chars().all(|c| c.is_ascii_digit())
+            });
     }
     let Some((int_part, frac)) = body.split_once('.') else {
         return false;
@@ -342,7 +349,9 @@ fn is_omegaconf_exp_float(text: &str) -> bool {
     match exp {
         Some(e) => {
             let e = e.strip_prefix(['+', '-']).unwrap_or(e);
-            all_digits_nonempty_start(mantissa) && !e.is_empty() && e.chars().all(|c| c.is_ascii_digit())
+            all_digits_nonempty_start(mantissa)
+                && !e.is_empty()
+                && e.chars().all(|c| c.is_ascii_digit())
         }
         None => false,
     }
@@ -386,7 +395,9 @@ pub fn package_header(text: &str) -> Result<Option<String>, String> {
         }
         let parts: Vec<&str> = comment.split(' ').filter(|s| !s.is_empty()).collect();
         if parts.len() < 2 {
-            return Err(format!("Expected header format: KEY VALUE, got '{comment}'"));
+            return Err(format!(
+                "Expected header format: KEY VALUE, got '{comment}'"
+            ));
         }
         if parts.len() > 2 {
             return Err(format!("Too many components in '{comment}'"));
@@ -514,8 +525,25 @@ pub fn quote_if_needed(s: &str) -> String {
     let bad_start = matches!(
         first,
         None | Some(
-            '-' | '?' | ':' | ',' | '[' | ']' | '{' | '}' | '#' | '&' | '*' | '!' | '|' | '>' | '\'' | '"'
-                | '%' | '@' | '`' | ' '
+            '-' | '?'
+                | ':'
+                | ','
+                | '['
+                | ']'
+                | '{'
+                | '}'
+                | '#'
+                | '&'
+                | '*'
+                | '!'
+                | '|'
+                | '>'
+                | '\''
+                | '"'
+                | '%'
+                | '@'
+                | '`'
+                | ' '
         )
     ) && !(first == Some('-') && s.len() > 1 && !s[1..].starts_with(' '));
     let bad_inside = s.contains(": ") || s.contains(" #") || s.ends_with(' ') || s.ends_with(':');
@@ -582,7 +610,9 @@ mod tests {
 
     #[test]
     fn anchors_and_merge_keys() {
-        let node = parse("base: &b {x: 1, y: 2}\nderived:\n  <<: *b\n  y: 3\n", "f").unwrap().unwrap();
+        let node = parse("base: &b {x: 1, y: 2}\nderived:\n  <<: *b\n  y: 3\n", "f")
+            .unwrap()
+            .unwrap();
         assert_eq!(node.get("derived.x").unwrap().value, Value::Int(1));
         assert_eq!(node.get("derived.y").unwrap().value, Value::Int(3));
     }

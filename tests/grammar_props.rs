@@ -1,0 +1,136 @@
+//! Property tests of the override grammar: it never panics, whatever the input, and what the sweeper prints
+//! for a value parses back to the same value. Case counts are bounded so this runs in seconds in CI.
+
+use proptest::prelude::*;
+use trainyard::config::grammar::{parse_override, Element, ParsedValue};
+
+/// Strings made mostly of the characters the grammar gives meaning to.
+fn grammar_soup() -> impl Strategy<Value = String> {
+    proptest::collection::vec(
+        prop_oneof![
+            Just("=".to_string()),
+            Just("+".to_string()),
+            Just("~".to_string()),
+            Just("@".to_string()),
+            Just("[".to_string()),
+            Just("]".to_string()),
+            Just("{".to_string()),
+            Just("}".to_string()),
+            Just(",".to_string()),
+            Just("(".to_string()),
+            Just(")".to_string()),
+            Just("'".to_string()),
+            Just("\"".to_string()),
+            Just("\\".to_string()),
+            Just("${".to_string()),
+            Just(":".to_string()),
+            Just(" ".to_string()),
+            Just(".".to_string()),
+            Just("/".to_string()),
+            Just("a".to_string()),
+            Just("1".to_string()),
+            Just("1e".to_string()),
+            Just("-".to_string()),
+            Just("_".to_string()),
+            Just("choice(".to_string()),
+            Just("range(".to_string()),
+            Just("int(".to_string()),
+            Just("sort(".to_string()),
+            Just("glob(".to_string()),
+            Just("null".to_string()),
+            Just("true".to_string()),
+            Just("inf".to_string()),
+            Just("é".to_string()),
+            "[a-z0-9]{1,3}",
+        ],
+        0..24,
+    )
+    .prop_map(|parts| parts.concat())
+}
+
+fn leaf() -> impl Strategy<Value = Element> {
+    prop_oneof![
+        Just(Element::Null),
+        any::<bool>().prop_map(Element::Bool),
+        any::<i64>().prop_map(Element::Int),
+        (-1e12f64..1e12).prop_map(Element::Float),
+        "[a-zA-Z_][a-zA-Z0-9_ ,:=()\\[\\]{}-]{0,8}[a-zA-Z0-9_]".prop_map(|value| Element::Str {
+            value,
+            quoted: false
+        }),
+        "[a-zA-Z0-9 ,'\"\\\\]{0,10}".prop_map(|value| Element::Str {
+            value,
+            quoted: true
+        }),
+    ]
+}
+
+fn element() -> impl Strategy<Value = Element> {
+    leaf().prop_recursive(3, 16, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Element::List),
+            proptest::collection::vec(("[a-z][a-z0-9_]{0,5}", inner), 0..4).prop_map(|items| {
+                // Dict keys are unique (a later duplicate replaces an earlier one when parsed).
+                let mut seen = std::collections::HashSet::new();
+                Element::Dict(
+                    items
+                        .into_iter()
+                        .filter(|(k, _)| seen.insert(k.clone()))
+                        .collect(),
+                )
+            }),
+        ]
+    })
+}
+
+/// Python prints `True`; Hydra parses it back case-insensitively. Unquoted strings that look like other
+/// types come back typed, as in Hydra, so compare modulo that.
+fn same(a: &Element, b: &Element) -> bool {
+    match (a, b) {
+        (Element::Float(x), Element::Float(y)) => x == y || (x.is_nan() && y.is_nan()),
+        (Element::List(x), Element::List(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
+        }
+        (Element::Dict(x), Element::Dict(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|((ka, va), (kb, vb))| ka == kb && same(va, vb))
+        }
+        _ => a == b,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn never_panics_on_arbitrary_text(s in "\\PC{0,40}") {
+        let _ = parse_override(&s);
+        let _ = parse_override(&format!("k={s}"));
+    }
+
+    #[test]
+    fn never_panics_on_grammar_soup(s in grammar_soup()) {
+        let _ = parse_override(&s);
+        if let Ok(o) = parse_override(&format!("key={s}")) {
+            if let Some(ParsedValue::Sweep(sw)) = &o.value {
+                let _ = sw.discrete_values();
+            }
+        }
+    }
+
+    #[test]
+    fn printed_values_parse_back(e in element()) {
+        let text = format!("k={}", e.to_override_string());
+        let parsed = parse_override(&text).map_err(|err| TestCaseError::fail(format!("{text}: {err}")))?;
+        match parsed.value {
+            Some(ParsedValue::Element(back)) => {
+                // Unquoted strings may read back as numbers/bools (Hydra does the same); skip those.
+                let ambiguous = matches!(&e, Element::Str { quoted: false, .. }) && !matches!(back, Element::Str { .. });
+                prop_assert!(ambiguous || same(&e, &back), "{text}: {e:?} != {back:?}");
+            }
+            other => prop_assert!(false, "{text} parsed as {other:?}"),
+        }
+    }
+}
