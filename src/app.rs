@@ -206,7 +206,7 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
     }
     let composed = compose_with_hydra(&setup.repo, &setup.config_name, &overrides, RunMode::Run)?;
     if let Some(kind) = cli.cfg {
-        print_cfg(cli, kind, &composed.config, &ctx)?;
+        print_cfg(cli, &setup, kind, &composed.config, 0, &ctx)?;
         return Ok(ExitCode::SUCCESS);
     }
     let job = run_job(&setup, composed, &cli.overrides, 0, None, &ctx)?;
@@ -216,11 +216,21 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
 
 fn print_cfg(
     cli: &Cli,
+    setup: &Setup,
     kind: CfgKind,
     full: &Node,
+    num: usize,
     ctx: &ResolveContext,
 ) -> Result<(), ConfigError> {
     let (job, hydra) = split_hydra(full.clone());
+    let ctx = &if cli.resolve {
+        let sweep_dir = cli
+            .multirun
+            .then(|| setup.project_root.join("logs").join("<sweep>"));
+        place_job(setup, &job, hydra.clone(), num, sweep_dir.as_deref(), ctx)?.ctx
+    } else {
+        ctx.clone()
+    };
     let mut node = match kind {
         CfgKind::Job => job,
         CfgKind::Hydra => {
@@ -303,31 +313,39 @@ pub struct JobOutcome {
     pub message: String,
 }
 
-/// Run one composed job: resolve, validate against the schema, write its records.
-fn run_job(
+/// A job's place: its output directory, its resolved `hydra` node, and the resolve context that serves
+/// `${hydra:runtime.output_dir}` and friends to the job's config.
+pub struct JobPlace {
+    pub output_dir: PathBuf,
+    pub task_name: String,
+    pub hydra: Node,
+    pub ctx: ResolveContext,
+}
+
+/// Work out where a job writes, before anything is written (also used by `--cfg --resolve` to preview it).
+pub fn place_job(
     setup: &Setup,
-    composed: Composed,
-    overrides: &[String],
+    job_cfg: &Node,
+    hydra: Node,
     num: usize,
     sweep_dir: Option<&Path>,
     ctx: &ResolveContext,
-) -> Result<JobOutcome, ConfigError> {
-    let (job_cfg, hydra) = split_hydra(composed.config);
-    let resolved = resolve_all(&job_cfg, ctx)?;
-    let experiment = crate::schema::extract(&resolved)?;
-    let task_name = experiment.task_name.clone();
-    let mut hydra_root = Node::empty_map();
-    if let Some(m) = hydra_root.as_map_mut() {
-        m.insert("hydra".into(), hydra);
-    }
-    let mut with_task = hydra_root.clone();
+) -> Result<JobPlace, ConfigError> {
+    let task_name = match job_cfg.get("task_name") {
+        Some(_) => resolve_path(job_cfg, "task_name", ctx)?
+            .value
+            .display_python(),
+        None => setup.config_name.clone(),
+    };
+    let mut with_task = Node::empty_map();
     if let Some(m) = with_task.as_map_mut() {
+        m.insert("hydra".into(), hydra);
         m.insert(
             "task_name".into(),
             Node::new(Value::Str(task_name.clone()), Default::default()),
         );
     }
-    let resolved_hydra = resolve_all(&with_task, ctx)?
+    let mut resolved_hydra = resolve_all(&with_task, ctx)?
         .get("hydra")
         .cloned()
         .unwrap_or_else(Node::empty_map);
@@ -336,8 +354,8 @@ fn run_job(
         Some(dir) => {
             let sub = resolved_hydra
                 .get("sweep.subdir")
-                .and_then(Node::as_str)
-                .map(str::to_string)
+                .filter(|n| n.value != Value::Null)
+                .map(|n| n.value.display_python())
                 .unwrap_or_else(|| num.to_string());
             dir.join(sub)
         }
@@ -351,8 +369,44 @@ fn run_job(
                 .join(&stamp),
         },
     };
+    let runtime = yaml::parse(
+        &format!(
+            "runtime:\n  output_dir: {}\njob:\n  name: {}\n  num: {num}\n  config_name: {}\n",
+            yaml::quote_if_needed(&output_dir.display().to_string()),
+            yaml::quote_if_needed(&task_name),
+            yaml::quote_if_needed(&setup.config_name)
+        ),
+        "<job runtime>",
+    )
+    .map_err(ConfigError::from)?
+    .unwrap_or_else(Node::empty_map);
+    resolved_hydra.merge(runtime);
+    let mut job_ctx = ctx.clone();
+    job_ctx.hydra = Some(resolved_hydra.clone());
+    Ok(JobPlace {
+        output_dir,
+        task_name,
+        hydra: resolved_hydra,
+        ctx: job_ctx,
+    })
+}
+
+/// Run one composed job: resolve, validate against the schema, write its records.
+fn run_job(
+    setup: &Setup,
+    composed: Composed,
+    overrides: &[String],
+    num: usize,
+    sweep_dir: Option<&Path>,
+    ctx: &ResolveContext,
+) -> Result<JobOutcome, ConfigError> {
+    let (job_cfg, hydra) = split_hydra(composed.config);
+    let place = place_job(setup, &job_cfg, hydra, num, sweep_dir, ctx)?;
+    let resolved = resolve_all(&job_cfg, &place.ctx)?;
+    let experiment = crate::schema::extract(&resolved)?;
+    let output_dir = place.output_dir.clone();
     let info = JobInfo {
-        name: task_name,
+        name: place.task_name,
         config_name: setup.config_name.clone(),
         num,
         mode: if sweep_dir.is_some() {
@@ -363,7 +417,7 @@ fn run_job(
         output_dir: output_dir.clone(),
         overrides: overrides.to_vec(),
         choices: composed.choices.into_iter().collect(),
-        resolved_hydra,
+        resolved_hydra: place.hydra,
     };
     records::write_job_records(&info, &job_cfg, &resolved).map_err(|e| {
         ConfigError::Io(format!(
@@ -371,14 +425,13 @@ fn run_job(
             output_dir.display()
         ))
     })?;
-    let _ = resolve_path;
     Ok(JobOutcome {
         message: format!(
-            "Composed and validated '{}' ({} {} on {}); records in {}\n\
+            "Composed and validated '{}' ({} on {}, {} strategy); records in {}\n\
              The training loop is not part of this build yet: nothing was trained.",
             experiment.task_name,
-            experiment.model.name,
-            experiment.data.name,
+            format!("{:?}", experiment.model.name).to_lowercase(),
+            format!("{:?}", experiment.data.name).to_lowercase(),
             experiment.trainer.strategy,
             records::display(&output_dir)
         ),
@@ -414,20 +467,25 @@ fn run_sweep(
             if i > 0 {
                 println!("---");
             }
-            print_cfg(cli, cli.cfg.unwrap_or(CfgKind::Job), &composed.config, ctx)?;
+            print_cfg(
+                cli,
+                setup,
+                cli.cfg.unwrap_or(CfgKind::Job),
+                &composed.config,
+                i,
+                ctx,
+            )?;
         }
         return Ok(ExitCode::SUCCESS);
     }
     let (_, hydra) = split_hydra(master.config.clone());
     let (job_cfg, _) = split_hydra(master.config.clone());
-    let task_name = resolve_all(&job_cfg, ctx)
-        .ok()
-        .and_then(|r| {
-            r.get("task_name")
-                .and_then(Node::as_str)
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| setup.config_name.clone());
+    let task_name = match job_cfg.get("task_name") {
+        Some(_) => resolve_path(&job_cfg, "task_name", ctx)?
+            .value
+            .display_python(),
+        None => setup.config_name.clone(),
+    };
     let stamp = ctx.now.format("%Y-%m-%d_%H-%M-%S").to_string();
     let sweep_dir = match hydra.get("sweep.dir").and_then(Node::as_str) {
         Some(d) => setup.project_root.join(d),

@@ -1,36 +1,1060 @@
-//! TEMPORARY placeholder until the typed schema lands.
-use crate::config::errors::ConfigError;
+//! The typed experiment: what training reads, extracted from the resolved config tree by figment and checked
+//! strictly (unknown keys, wrong types, bad choices). Every error names the dotted key, the value, where it
+//! was set (file:line or the override) and a fix.
+
+use crate::config::errors::{at, did_you_mean, ConfigError};
 use crate::config::tree::Node;
-pub struct Named {
-    pub name: String,
-}
-pub struct Trainer {
-    pub strategy: String,
-}
+use figment::error::Kind;
+use figment::providers::Serialized;
+use figment::Figment;
+use serde::de::{self, Deserializer};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct Experiment {
     pub task_name: String,
-    pub model: Named,
-    pub data: Named,
-    pub trainer: Trainer,
+    pub seed: u64,
+    #[serde(default)]
+    pub backend: Backend,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// `last`, `best` or a checkpoint file to resume from.
+    #[serde(default)]
+    pub ckpt_path: Option<String>,
+    pub model: ModelConfig,
+    pub data: DataConfig,
+    pub optimizer: OptimizerConfig,
+    pub scheduler: SchedulerConfig,
+    pub trainer: TrainerConfig,
+    #[serde(default)]
+    pub callbacks: CallbacksConfig,
+    #[serde(default)]
+    pub logger: LoggerConfig,
+    pub paths: PathsConfig,
 }
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Pure Rust (Candle); the default build.
+    #[default]
+    Candle,
+    /// libtorch through tch (cargo feature `torch`).
+    Tch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelName {
+    Mlp,
+    Cnn,
+    Resnet18,
+    Resnet34,
+    Resnet50,
+    Resnet101,
+    Resnet152,
+    Vit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VitVariant {
+    Tiny,
+    Small,
+    Base,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: ModelName,
+    pub num_classes: usize,
+    /// mlp: hidden layer widths.
+    #[serde(default)]
+    pub hidden: Option<Vec<usize>>,
+    /// cnn: channels of each conv block.
+    #[serde(default)]
+    pub channels: Option<Vec<usize>>,
+    #[serde(default)]
+    pub dropout: f64,
+    /// resnet: 3x3 stride-1 stem without max-pool, for 32x32 images.
+    #[serde(default)]
+    pub cifar_stem: bool,
+    #[serde(default)]
+    pub zero_init_residual: bool,
+    /// vit: tiny | small | base.
+    #[serde(default)]
+    pub variant: Option<VitVariant>,
+    /// vit: 16 or 32.
+    #[serde(default)]
+    pub patch_size: Option<usize>,
+    /// vit: input resolution (position embeddings are interpolated when loading other sizes).
+    #[serde(default)]
+    pub image_size: Option<usize>,
+    /// A safetensors file with torchvision/timm parameter names.
+    #[serde(default)]
+    pub pretrained: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataName {
+    Cifar10,
+    Cifar100,
+    Cinic10,
+    Imagenet,
+    Mnist,
+    FashionMnist,
+    Synthetic,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    pub name: DataName,
+    #[serde(default)]
+    pub root: Option<String>,
+    #[serde(default)]
+    pub download: bool,
+    pub num_classes: usize,
+    pub image_size: usize,
+    #[serde(default = "three")]
+    pub channels: usize,
+    pub batch_size: usize,
+    #[serde(default)]
+    pub num_workers: usize,
+    #[serde(default)]
+    pub drop_last: bool,
+    /// synthetic: number of generated training / validation images.
+    #[serde(default)]
+    pub train_size: Option<usize>,
+    #[serde(default)]
+    pub val_size: Option<usize>,
+    #[serde(default)]
+    pub train_transforms: Vec<Transform>,
+    #[serde(default)]
+    pub val_transforms: Vec<Transform>,
+}
+
+fn three() -> usize {
+    3
+}
+
+/// One augmentation step, written as a one-key mapping: `- random_crop: {size: 32, padding: 4}`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum Transform {
+    RandomCrop {
+        size: usize,
+        #[serde(default)]
+        padding: usize,
+    },
+    RandomResizedCrop {
+        size: usize,
+        #[serde(default = "default_scale")]
+        scale: [f64; 2],
+        #[serde(default = "default_ratio")]
+        ratio: [f64; 2],
+    },
+    HorizontalFlip {
+        #[serde(default = "half")]
+        p: f64,
+    },
+    Resize {
+        size: usize,
+    },
+    CenterCrop {
+        size: usize,
+    },
+    Normalize {
+        mean: Vec<f64>,
+        std: Vec<f64>,
+    },
+}
+
+fn default_scale() -> [f64; 2] {
+    [0.08, 1.0]
+}
+fn default_ratio() -> [f64; 2] {
+    [3.0 / 4.0, 4.0 / 3.0]
+}
+fn half() -> f64 {
+    0.5
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerName {
+    Sgd,
+    Adam,
+    Adamw,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerConfig {
+    pub name: OptimizerName,
+    pub lr: f64,
+    #[serde(default)]
+    pub momentum: f64,
+    #[serde(default)]
+    pub nesterov: bool,
+    #[serde(default)]
+    pub weight_decay: f64,
+    #[serde(default = "default_betas")]
+    pub betas: [f64; 2],
+    #[serde(default = "default_eps")]
+    pub eps: f64,
+}
+
+fn default_betas() -> [f64; 2] {
+    [0.9, 0.999]
+}
+fn default_eps() -> f64 {
+    1e-8
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulerName {
+    Onecycle,
+    Cosine,
+    Step,
+    Constant,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Interval {
+    #[default]
+    Step,
+    Epoch,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchedulerConfig {
+    pub name: SchedulerName,
+    /// Step the schedule every optimizer step or every epoch.
+    #[serde(default)]
+    pub interval: Interval,
+    /// onecycle: peak learning rate (PyTorch's OneCycleLR `max_lr`).
+    #[serde(default)]
+    pub max_lr: Option<f64>,
+    #[serde(default)]
+    pub pct_start: Option<f64>,
+    #[serde(default)]
+    pub div_factor: Option<f64>,
+    #[serde(default)]
+    pub final_div_factor: Option<f64>,
+    /// cosine: linear warm-up length and the floor.
+    #[serde(default)]
+    pub warmup_epochs: Option<f64>,
+    #[serde(default)]
+    pub min_lr: Option<f64>,
+    /// step: decay every `step_size` intervals by `gamma`.
+    #[serde(default)]
+    pub step_size: Option<usize>,
+    #[serde(default)]
+    pub gamma: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    Single,
+    Dp,
+    Ddp,
+    Fsdp,
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Strategy::Single => "single",
+            Strategy::Dp => "dp",
+            Strategy::Ddp => "ddp",
+            Strategy::Fsdp => "fsdp",
+        };
+        f.write_str(s)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accelerator {
+    Cpu,
+    Gpu,
+    Cuda,
+    Auto,
+}
+
+/// `devices: 2` or `devices: auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Devices {
+    Count(usize),
+    Auto,
+}
+
+impl<'de> Deserialize<'de> for Devices {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(usize),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(0) => Err(de::Error::custom("devices must be at least 1 (or 'auto')")),
+            Raw::N(n) => Ok(Devices::Count(n)),
+            Raw::S(s) if s == "auto" => Ok(Devices::Auto),
+            Raw::S(s) => Err(de::Error::custom(format!(
+                "devices must be a number or 'auto', got '{s}'"
+            ))),
+        }
+    }
+}
+
+/// Lightning's precision names; `32`, `16` and `bf16` are accepted as aliases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Precision {
+    #[serde(rename = "32-true")]
+    Full,
+    #[serde(rename = "16-mixed")]
+    Mixed16,
+    #[serde(rename = "bf16-mixed")]
+    MixedBf16,
+    #[serde(rename = "bf16-true")]
+    TrueBf16,
+    #[serde(rename = "16-true")]
+    True16,
+}
+
+impl<'de> Deserialize<'de> for Precision {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(i64),
+            S(String),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::N(n) => n.to_string(),
+            Raw::S(s) => s,
+        };
+        match text.as_str() {
+            "32" | "32-true" => Ok(Precision::Full),
+            "16" | "16-mixed" => Ok(Precision::Mixed16),
+            "bf16" | "bf16-mixed" => Ok(Precision::MixedBf16),
+            "bf16-true" => Ok(Precision::TrueBf16),
+            "16-true" => Ok(Precision::True16),
+            other => Err(de::Error::custom(format!(
+                "unknown precision '{other}'; expected one of 32-true, 16-mixed, bf16-mixed, bf16-true, 16-true"
+            ))),
+        }
+    }
+}
+
+/// `limit_train_batches: 10` (batches) or `0.25` (fraction of the epoch).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Limit {
+    Batches(u64),
+    Fraction(f64),
+}
+
+impl Default for Limit {
+    fn default() -> Self {
+        Limit::Fraction(1.0)
+    }
+}
+
+/// `fast_dev_run: true` (one batch) or a number of batches.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FastDevRun {
+    Flag(bool),
+    Batches(u64),
+}
+
+impl Default for FastDevRun {
+    fn default() -> Self {
+        FastDevRun::Flag(false)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchScaleMode {
+    Power,
+    Binsearch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessGroupBackend {
+    Gloo,
+    Nccl,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DdpConfig {
+    #[serde(default = "default_bucket_mb")]
+    pub bucket_cap_mb: f64,
+    #[serde(default)]
+    pub find_unused_parameters: bool,
+    #[serde(default)]
+    pub gradient_as_bucket_view: bool,
+}
+
+fn default_bucket_mb() -> f64 {
+    25.0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum ShardingStrategy {
+    #[serde(rename = "FULL_SHARD")]
+    FullShard,
+    #[serde(rename = "SHARD_GRAD_OP")]
+    ShardGradOp,
+    #[serde(rename = "NO_SHARD")]
+    NoShard,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateDictType {
+    Full,
+    Sharded,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsdpConfig {
+    pub sharding_strategy: ShardingStrategy,
+    pub state_dict_type: StateDictType,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainerConfig {
+    pub strategy: Strategy,
+    pub accelerator: Accelerator,
+    pub devices: Devices,
+    #[serde(default = "one")]
+    pub num_nodes: usize,
+    pub precision: Precision,
+    pub max_epochs: u64,
+    #[serde(default = "minus_one")]
+    pub max_steps: i64,
+    #[serde(default)]
+    pub limit_train_batches: Limit,
+    #[serde(default)]
+    pub limit_val_batches: Limit,
+    #[serde(default)]
+    pub val_check_interval: Limit,
+    #[serde(default = "one_u64")]
+    pub check_val_every_n_epoch: u64,
+    #[serde(default)]
+    pub fast_dev_run: FastDevRun,
+    #[serde(default)]
+    pub overfit_batches: Limit0,
+    #[serde(default)]
+    pub gradient_clip_val: Option<f64>,
+    #[serde(default = "one_u64")]
+    pub accumulate_grad_batches: u64,
+    #[serde(default)]
+    pub deterministic: bool,
+    #[serde(default)]
+    pub sync_batchnorm: bool,
+    #[serde(default)]
+    pub cudnn_benchmark: bool,
+    #[serde(default)]
+    pub auto_scale_batch_size: Option<BatchScaleMode>,
+    #[serde(default = "fifty")]
+    pub log_every_n_steps: u64,
+    #[serde(default)]
+    pub process_group_backend: Option<ProcessGroupBackend>,
+    #[serde(default = "rendezvous_timeout")]
+    pub rendezvous_timeout_s: u64,
+    #[serde(default = "collective_timeout")]
+    pub collective_timeout_s: u64,
+    #[serde(default)]
+    pub ddp: Option<DdpConfig>,
+    #[serde(default)]
+    pub fsdp: Option<FsdpConfig>,
+}
+
+/// `overfit_batches: 0` (off), a batch count, or a fraction.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Limit0 {
+    Batches(u64),
+    Fraction(f64),
+}
+
+impl Default for Limit0 {
+    fn default() -> Self {
+        Limit0::Batches(0)
+    }
+}
+
+fn one() -> usize {
+    1
+}
+fn one_u64() -> u64 {
+    1
+}
+fn minus_one() -> i64 {
+    -1
+}
+fn fifty() -> u64 {
+    50
+}
+fn rendezvous_timeout() -> u64 {
+    300
+}
+fn collective_timeout() -> u64 {
+    1800
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    Min,
+    Max,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelCheckpoint {
+    /// A directory or `s3://bucket/prefix`.
+    pub dirpath: String,
+    #[serde(default = "default_ckpt_name")]
+    pub filename: String,
+    #[serde(default)]
+    pub monitor: Option<String>,
+    #[serde(default = "min_mode")]
+    pub mode: Mode,
+    #[serde(default = "one_i64")]
+    pub save_top_k: i64,
+    #[serde(default)]
+    pub save_last: bool,
+    #[serde(default = "one_u64")]
+    pub every_n_epochs: u64,
+}
+
+fn default_ckpt_name() -> String {
+    "epoch_{epoch:03d}".into()
+}
+fn min_mode() -> Mode {
+    Mode::Min
+}
+fn one_i64() -> i64 {
+    1
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct EarlyStopping {
+    pub monitor: String,
+    #[serde(default = "min_mode")]
+    pub mode: Mode,
+    #[serde(default = "three_u64")]
+    pub patience: u64,
+    #[serde(default)]
+    pub min_delta: f64,
+}
+
+fn three_u64() -> u64 {
+    3
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LrMonitor {
+    #[serde(default)]
+    pub logging_interval: Interval,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceStats {
+    /// Sampling period of the stats thread.
+    #[serde(default = "default_sample_ms")]
+    pub sample_every_ms: u64,
+}
+
+fn default_sample_ms() -> u64 {
+    500
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timer {
+    /// `DD:HH:MM:SS`.
+    pub max_time: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchSizeFinder {
+    #[serde(default = "power_mode")]
+    pub mode: BatchScaleMode,
+    #[serde(default = "two")]
+    pub init_val: usize,
+    #[serde(default = "three_u64")]
+    pub steps_per_trial: u64,
+    #[serde(default = "twenty_five")]
+    pub max_trials: u64,
+    #[serde(default)]
+    pub max_val: Option<usize>,
+    #[serde(default = "default_margin")]
+    pub margin: f64,
+    /// CPU only: a memory budget in bytes standing in for device memory.
+    #[serde(default)]
+    pub max_memory: Option<u64>,
+}
+
+fn power_mode() -> BatchScaleMode {
+    BatchScaleMode::Power
+}
+fn two() -> usize {
+    2
+}
+fn twenty_five() -> u64 {
+    25
+}
+fn default_margin() -> f64 {
+    0.05
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSummary {
+    #[serde(default = "one_u64")]
+    pub max_depth: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallbacksConfig {
+    #[serde(default)]
+    pub model_checkpoint: Option<ModelCheckpoint>,
+    #[serde(default)]
+    pub early_stopping: Option<EarlyStopping>,
+    #[serde(default)]
+    pub lr_monitor: Option<LrMonitor>,
+    #[serde(default)]
+    pub device_stats: Option<DeviceStats>,
+    #[serde(default)]
+    pub timer: Option<Timer>,
+    #[serde(default)]
+    pub batch_size_finder: Option<BatchSizeFinder>,
+    #[serde(default)]
+    pub model_summary: Option<ModelSummary>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CsvLogger {
+    #[serde(default = "hundred")]
+    pub flush_every_n_steps: u64,
+}
+
+fn hundred() -> u64 {
+    100
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TensorBoardLogger {
+    /// Sub-directory of the run directory.
+    #[serde(default = "tb_dir")]
+    pub dir: String,
+}
+
+fn tb_dir() -> String {
+    "tensorboard".into()
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleLogger {
+    #[serde(default)]
+    pub plain: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggerConfig {
+    #[serde(default)]
+    pub csv: Option<CsvLogger>,
+    #[serde(default)]
+    pub tensorboard: Option<TensorBoardLogger>,
+    #[serde(default)]
+    pub console: Option<ConsoleLogger>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathsConfig {
+    pub root_dir: String,
+    pub data_dir: String,
+    pub log_dir: String,
+    pub output_dir: String,
+}
+
+/// Extract the typed experiment from a resolved config, or say exactly what is wrong and where.
 pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
-    let get = |k: &str| {
-        config
-            .get(k)
-            .and_then(Node::as_str)
-            .map(str::to_string)
-            .ok_or_else(|| ConfigError::Schema(format!("Missing key {k}")))
+    check_no_missing(config)?;
+    let figment = Figment::from(Serialized::defaults(config.to_json()));
+    let experiment: Experiment = figment.extract().map_err(|e| describe(config, e))?;
+    validate(config, &experiment)?;
+    Ok(experiment)
+}
+
+fn check_no_missing(config: &Node) -> Result<(), ConfigError> {
+    let mut missing = None;
+    let mut path = String::new();
+    config.walk(&mut path, &mut |p, n| {
+        if missing.is_none() && n.is_missing() {
+            missing = Some((p.to_string(), n.source.clone()));
+        }
+    });
+    match missing {
+        Some((key, source)) => Err(ConfigError::Schema(format!(
+            "Missing mandatory value: {key}{}\n    Set it with {key}=<value>",
+            at(&source)
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Turn a figment error into ours: key path, value, source, fix.
+fn describe(config: &Node, error: figment::Error) -> ConfigError {
+    let key = error.path.join(".");
+    let node = config.get(&key);
+    let place = node.map(|n| at(&n.source)).unwrap_or_default();
+    let shown = node
+        .map(|n| format!(" = {}", crate::config::yaml::to_yaml(n).trim_end()))
+        .unwrap_or_default();
+    let msg = match &error.kind {
+        Kind::UnknownField(field, expected) => {
+            let parent = error.path[..error.path.len().saturating_sub(1)].join(".");
+            let full = if parent.is_empty() {
+                field.clone()
+            } else {
+                format!("{parent}.{field}")
+            };
+            let node = config.get(&full);
+            let place = node.map(|n| at(&n.source)).unwrap_or_default();
+            let mut m = format!("Error in config key '{full}': unknown key{place}");
+            match did_you_mean(field, expected.iter().copied()) {
+                Some(s) => {
+                    let fix = if parent.is_empty() {
+                        s
+                    } else {
+                        format!("{parent}.{s}")
+                    };
+                    m.push_str(&format!("\n    Did you mean '{fix}'?"));
+                }
+                None => m.push_str(&format!("\n    Known keys here: {}", expected.join(", "))),
+            }
+            m
+        }
+        Kind::UnknownVariant(variant, expected) => {
+            let mut m =
+                format!("Error in config key '{key}': '{variant}' is not a valid choice{place}");
+            if let Some(s) = did_you_mean(variant, expected.iter().copied()) {
+                m.push_str(&format!("\n    Did you mean '{s}'?"));
+            }
+            m.push_str(&format!("\n    Valid choices: {}", expected.join(", ")));
+            m
+        }
+        Kind::MissingField(field) => {
+            let full = if key.is_empty() {
+                field.to_string()
+            } else {
+                format!("{key}.{field}")
+            };
+            format!(
+                "Error in config key '{full}': missing{}\n    Set it in the config group or with +{full}=<value>",
+                if key.is_empty() { String::new() } else { node.map(|n| at(&n.source)).unwrap_or_default() }
+            )
+        }
+        Kind::InvalidType(actual, expected) => format!(
+            "Error in config key '{key}'{shown}: expected {expected}, found {actual}{place}"
+        ),
+        Kind::InvalidValue(actual, expected) => format!(
+            "Error in config key '{key}'{shown}: expected {expected}, found {actual}{place}"
+        ),
+        Kind::InvalidLength(len, expected) => format!(
+            "Error in config key '{key}'{shown}: expected {expected}, found {len} items{place}"
+        ),
+        Kind::Message(text) => format!("Error in config key '{key}'{shown}: {text}{place}"),
+        other => format!("Error in config key '{key}'{shown}: {other}{place}"),
     };
-    Ok(Experiment {
-        task_name: get("task_name")?,
-        model: Named {
-            name: get("model.name")?,
-        },
-        data: Named {
-            name: get("data.name")?,
-        },
-        trainer: Trainer {
-            strategy: get("trainer.strategy")?,
-        },
-    })
+    ConfigError::Schema(msg)
+}
+
+/// Checks serde cannot express: fields that only make sense for some models or strategies.
+fn validate(config: &Node, e: &Experiment) -> Result<(), ConfigError> {
+    let fail = |key: &str, msg: String| {
+        let place = config.get(key).map(|n| at(&n.source)).unwrap_or_default();
+        Err(ConfigError::Schema(format!(
+            "Error in config key '{key}': {msg}{place}"
+        )))
+    };
+    let m = &e.model;
+    let is_resnet = matches!(
+        m.name,
+        ModelName::Resnet18
+            | ModelName::Resnet34
+            | ModelName::Resnet50
+            | ModelName::Resnet101
+            | ModelName::Resnet152
+    );
+    if m.name == ModelName::Vit {
+        if m.variant.is_none() {
+            return fail(
+                "model.variant",
+                "a vit needs a variant: tiny, small or base".into(),
+            );
+        }
+        match m.patch_size {
+            Some(p) if p > 0 && m.image_size.unwrap_or(e.data.image_size) % p == 0 => {}
+            Some(p) => {
+                return fail(
+                    "model.patch_size",
+                    format!(
+                        "patch size {p} must divide the image size {}",
+                        m.image_size.unwrap_or(e.data.image_size)
+                    ),
+                )
+            }
+            None => {
+                return fail(
+                    "model.patch_size",
+                    "a vit needs patch_size (16 or 32)".into(),
+                )
+            }
+        }
+    } else {
+        for (key, set) in [
+            ("model.variant", m.variant.is_some()),
+            ("model.patch_size", m.patch_size.is_some()),
+        ] {
+            if set {
+                return fail(
+                    key,
+                    format!("only a vit has this key, the model is {:?}", m.name).to_lowercase(),
+                );
+            }
+        }
+    }
+    if !is_resnet && m.cifar_stem {
+        return fail("model.cifar_stem", "only resnets have a CIFAR stem".into());
+    }
+    if m.num_classes != e.data.num_classes {
+        return fail(
+            "model.num_classes",
+            format!(
+                "the model predicts {} classes but the data set has {}; set model.num_classes=${{data.num_classes}}",
+                m.num_classes, e.data.num_classes
+            ),
+        );
+    }
+    if !(0.0..1.0).contains(&m.dropout) {
+        return fail(
+            "model.dropout",
+            format!("dropout must be in [0, 1), got {}", m.dropout),
+        );
+    }
+    if e.data.batch_size == 0 {
+        return fail("data.batch_size", "batch size must be at least 1".into());
+    }
+    if e.optimizer.lr <= 0.0 {
+        return fail(
+            "optimizer.lr",
+            format!("learning rate must be positive, got {}", e.optimizer.lr),
+        );
+    }
+    let t = &e.trainer;
+    if t.strategy == Strategy::Fsdp && t.fsdp.is_none() {
+        return fail(
+            "trainer.fsdp",
+            "strategy fsdp needs trainer.fsdp.{sharding_strategy,state_dict_type}".into(),
+        );
+    }
+    if t.strategy == Strategy::Single
+        && (t.num_nodes > 1 || matches!(t.devices, Devices::Count(n) if n > 1))
+    {
+        return fail(
+            "trainer.strategy",
+            "strategy single runs one process on one device; use trainer=ddp (or dp) for more devices or nodes".into(),
+        );
+    }
+    if t.num_nodes == 0 {
+        return fail("trainer.num_nodes", "num_nodes must be at least 1".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::yaml;
+    use rstest::rstest;
+
+    const GOOD: &str = "task_name: t
+seed: 1
+model:
+  name: cnn
+  num_classes: 10
+  channels: [8, 16]
+data:
+  name: synthetic
+  num_classes: 10
+  image_size: 32
+  batch_size: 64
+  train_transforms:
+    - random_crop: {size: 32, padding: 4}
+    - horizontal_flip: {}
+optimizer:
+  name: sgd
+  lr: 0.1
+scheduler:
+  name: onecycle
+  max_lr: 0.1
+trainer:
+  strategy: single
+  accelerator: cpu
+  devices: 1
+  precision: 32
+  max_epochs: 2
+  limit_train_batches: 10
+  limit_val_batches: 0.5
+callbacks:
+  model_checkpoint:
+    dirpath: out/ckpt
+    monitor: val/acc1
+    mode: max
+logger:
+  csv: {}
+paths:
+  root_dir: .
+  data_dir: ./data
+  log_dir: ./logs
+  output_dir: ./out
+";
+
+    fn parse(text: &str) -> Node {
+        yaml::parse(text, "exp.yaml").unwrap().unwrap()
+    }
+
+    #[test]
+    fn a_good_experiment_extracts() {
+        let e = extract(&parse(GOOD)).unwrap();
+        assert_eq!(e.model.name, ModelName::Cnn);
+        assert_eq!(e.trainer.precision, Precision::Full);
+        assert_eq!(e.trainer.limit_train_batches, Limit::Batches(10));
+        assert_eq!(e.trainer.limit_val_batches, Limit::Fraction(0.5));
+        assert_eq!(
+            e.data.train_transforms[1],
+            Transform::HorizontalFlip { p: 0.5 }
+        );
+        assert_eq!(
+            e.callbacks.model_checkpoint.unwrap().filename,
+            "epoch_{epoch:03d}"
+        );
+        assert_eq!(e.trainer.devices, Devices::Count(1));
+    }
+
+    fn with(replace: &str, by: &str) -> String {
+        assert!(GOOD.contains(replace), "{replace}");
+        GOOD.replacen(replace, by, 1)
+    }
+
+    #[rstest]
+    #[case(
+        with("  max_epochs: 2", "  max_epoch: 2"),
+        "Error in config key 'trainer.max_epoch': unknown key",
+        "exp.yaml:26:14",
+        "Did you mean 'trainer.max_epochs'?"
+    )]
+    #[case(
+        with("  precision: 32", "  precision: 64"),
+        "unknown precision '64'",
+        "exp.yaml:25:14",
+        "16-mixed"
+    )]
+    #[case(
+        with("  name: sgd", "  name: sgdd"),
+        "'sgdd' is not a valid choice",
+        "exp.yaml:16:9",
+        "Did you mean 'sgd'?"
+    )]
+    #[case(
+        with("  batch_size: 64", "  batch_size: many"),
+        "Error in config key 'data.batch_size' = many: expected",
+        "exp.yaml:11:15",
+        "string \"many\""
+    )]
+    #[case(
+        with("  lr: 0.1\n", "  lr: ???\n"),
+        "Missing mandatory value: optimizer.lr",
+        "exp.yaml:17:7",
+        "Set it with optimizer.lr=<value>"
+    )]
+    #[case(
+        with("seed: 1\n", ""),
+        "Error in config key 'seed': missing",
+        "",
+        "+seed=<value>"
+    )]
+    #[case(
+        with("  channels: [8, 16]", "  channels: [8, 16]\n  patch_size: 16"),
+        "Error in config key 'model.patch_size': only a vit",
+        "exp.yaml:7:15",
+        ""
+    )]
+    #[case(
+        with("  num_classes: 10\n  channels", "  num_classes: 100\n  channels"),
+        "the model predicts 100 classes but the data set has 10",
+        "exp.yaml:5:16",
+        "${data.num_classes}"
+    )]
+    #[case(
+        with("  devices: 1", "  devices: 4"),
+        "strategy single runs one process",
+        "",
+        "trainer=ddp"
+    )]
+    #[case(
+        with("    - horizontal_flip: {}", "    - horizontal_flop: {}"),
+        "'horizontal_flop' is not a valid choice",
+        "",
+        "Did you mean 'horizontal_flip'?"
+    )]
+    #[case(
+        with("  devices: 1", "  devices: lots"),
+        "devices must be a number or 'auto'",
+        "",
+        ""
+    )]
+    fn errors_name_key_place_and_fix(
+        #[case] text: String,
+        #[case] first: &str,
+        #[case] place: &str,
+        #[case] fix: &str,
+    ) {
+        let err = extract(&parse(&text)).unwrap_err().to_string();
+        assert!(err.contains(first), "{err}");
+        assert!(err.contains(place), "{err}");
+        assert!(err.contains(fix), "{err}");
+    }
 }

@@ -1,7 +1,7 @@
 //! The `train` binary end to end, in throwaway projects: printing, errors, run records, sweeps, help, completion.
 
 use rstest::rstest;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const TRAIN: &str = env!("CARGO_BIN_EXE_train");
@@ -173,13 +173,194 @@ fn completion_offers_groups_options_and_keys() {
 }
 
 #[test]
-fn a_run_writes_its_records() {
+fn a_run_is_checked_against_the_schema() {
     let p = project();
     let out = train(p.path(), &["model=large", "seed=7"]);
     // The demo project has no typed training sections, so the schema rejects it with a clear message.
     let err = stderr(&out);
     assert!(!out.status.success());
-    assert!(err.contains("Error"), "{err}");
+    assert!(err.contains("Error in config key"), "{err}");
+}
+
+/// A copy of this repository's own conf/ and experiments/ in a temp dir, so runs write their logs there.
+fn real_project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for sub in ["conf", "experiments"] {
+        copy_dir(&root.join(sub), &dir.path().join(sub));
+    }
+    dir
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+#[test]
+fn quickstart_run_writes_hydra_records() {
+    let p = real_project();
+    let out = train(p.path(), &["experiment=quickstart", "seed=7"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let runs = subdirs(&p.path().join("logs/quickstart/runs"));
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let hydra_dir = runs[0].join(".hydra");
+    let config = std::fs::read_to_string(hydra_dir.join("config.yaml")).unwrap();
+    assert!(config.contains("seed: 7"), "{config}");
+    assert!(
+        config.contains("output_dir: ${hydra:runtime.output_dir}"),
+        "config.yaml is as composed: {config}"
+    );
+    let resolved = std::fs::read_to_string(hydra_dir.join("resolved.yaml")).unwrap();
+    assert!(
+        resolved.contains(&format!("output_dir: {}", runs[0].display())),
+        "{resolved}"
+    );
+    let overrides = std::fs::read_to_string(hydra_dir.join("overrides.yaml")).unwrap();
+    assert_eq!(overrides, "- experiment=quickstart\n- seed=7\n");
+    let hydra = std::fs::read_to_string(hydra_dir.join("hydra.yaml")).unwrap();
+    for needle in [
+        "experiment: quickstart",
+        "model: cnn",
+        "num: 0",
+        "mode: RUN",
+        "output_dir:",
+    ] {
+        assert!(
+            hydra.contains(needle),
+            "{needle} missing from hydra.yaml:\n{hydra}"
+        );
+    }
+}
+
+#[test]
+fn every_shipped_experiment_composes_and_validates() {
+    let p = real_project();
+    for entry in std::fs::read_dir(p.path().join("experiments"))
+        .unwrap()
+        .flatten()
+    {
+        let name = entry
+            .path()
+            .file_stem()
+            .unwrap()
+            .to_string_lossy()
+            .to_string();
+        let out = train(
+            p.path(),
+            &["--cfg", "job", "--resolve", &format!("experiment={name}")],
+        );
+        assert!(out.status.success(), "experiment {name}: {}", stderr(&out));
+        let out = train(p.path(), &[&format!("experiment={name}")]);
+        assert!(out.status.success(), "experiment {name}: {}", stderr(&out));
+    }
+}
+
+#[test]
+fn sweep_from_yaml_runs_every_job_into_the_multirun_dir() {
+    let p = real_project();
+    let out = train(
+        p.path(),
+        &["-m", "sweep=batch_size", "experiment=quickstart"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let sweeps = subdirs(&p.path().join("logs/sweep_batch_size/multiruns"));
+    assert_eq!(sweeps.len(), 1);
+    assert!(sweeps[0].join("multirun.yaml").is_file());
+    let jobs = subdirs(&sweeps[0]);
+    assert_eq!(
+        jobs.iter()
+            .map(|j| j.file_name().unwrap().to_string_lossy().to_string())
+            .collect::<Vec<_>>(),
+        ["0", "1", "2"]
+    );
+    for (job, batch) in jobs.iter().zip([32, 64, 128]) {
+        let resolved = std::fs::read_to_string(job.join(".hydra/resolved.yaml")).unwrap();
+        assert!(
+            resolved.contains(&format!("batch_size: {batch}")),
+            "{resolved}"
+        );
+    }
+    let table = stdout(&out);
+    assert!(
+        table.contains("| 2 | data.batch_size=128 sweep=batch_size experiment=quickstart | ok |"),
+        "{table}"
+    );
+}
+
+#[test]
+fn a_failing_job_does_not_stop_the_sweep_but_fails_the_exit_code() {
+    let p = real_project();
+    let out = train(
+        p.path(),
+        &["-m", "experiment=quickstart", "data.batch_size=0,32"],
+    );
+    assert!(!out.status.success());
+    let table = stdout(&out);
+    assert!(
+        table.contains("| 0 | experiment=quickstart data.batch_size=0 | FAILED |"),
+        "{table}"
+    );
+    assert!(
+        table.contains("| 1 | experiment=quickstart data.batch_size=32 | ok |"),
+        "{table}"
+    );
+    assert!(
+        stderr(&out).contains("batch size must be at least 1"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = train(
+        p.path(),
+        &[
+            "-m",
+            "--fail-fast",
+            "experiment=quickstart",
+            "data.batch_size=0,32",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(!stdout(&out).contains("| 1 |"), "{}", stdout(&out));
+}
+
+#[test]
+fn schema_errors_point_at_the_override() {
+    let p = real_project();
+    let out = train(p.path(), &["experiment=quickstart", "trainer.precision=64"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("unknown precision '64'"), "{err}");
+    assert!(
+        err.contains("(set at override 'trainer.precision=64')"),
+        "{err}"
+    );
+    let out = train(p.path(), &["experiment=quickstart", "optimizer.name=sgdd"]);
+    assert!(
+        stderr(&out).contains("Did you mean 'sgd'?"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]

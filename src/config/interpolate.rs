@@ -11,6 +11,8 @@ use std::collections::HashMap;
 pub struct ResolveContext {
     pub now: chrono::DateTime<chrono::Local>,
     pub env: HashMap<String, String>,
+    /// The job's resolved `hydra` node, served by `${hydra:runtime.output_dir}`; known once a job is placed.
+    pub hydra: Option<Node>,
 }
 
 impl ResolveContext {
@@ -18,6 +20,7 @@ impl ResolveContext {
         ResolveContext {
             now: chrono::Local::now(),
             env: std::env::vars().collect(),
+            hydra: None,
         }
     }
 }
@@ -296,6 +299,15 @@ impl Resolver<'_> {
                     ))),
                 }
             }
+            "hydra" => {
+                let key = args.first().map(text).unwrap_or_default();
+                match self.ctx.hydra.as_ref().and_then(|h| h.get(&key)) {
+                    Some(node) => Ok(node.clone()),
+                    None => Err(err(format!(
+                        "${{hydra:{key}}} is not known here: hydra's runtime values exist once a job is placed"
+                    ))),
+                }
+            }
             "now" => {
                 let fmt = args.first().map(text).unwrap_or_default();
                 Ok(Node::new(
@@ -562,6 +574,7 @@ mod tests {
         ResolveContext {
             now: chrono::Local::now(),
             env,
+            hydra: None,
         }
     }
 
