@@ -826,7 +826,7 @@ fn validate(config: &Node, e: &Experiment) -> Result<(), ConfigError> {
             );
         }
         match m.patch_size {
-            Some(p) if p > 0 && m.image_size.unwrap_or(e.data.image_size) % p == 0 => {}
+            Some(p) if p > 0 && m.image_size.unwrap_or(e.data.image_size).is_multiple_of(p) => {}
             Some(p) => {
                 return fail(
                     "model.patch_size",
