@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+import yaml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = ["experiment=cifar", "trainer.num_nodes=2"]
 
@@ -71,9 +73,19 @@ def main() -> None:
         env = dict(os.environ, PROJECT_ROOT=ROOT, HYDRA_FULL_ERROR="1")
         ours_cmd = [args.binary, "--cfg", "job", "--resolve", *OVERRIDES]
         hydra_cmd = [sys.executable, app, "--config-path", tree, "--cfg", "job", "--resolve", *OVERRIDES]
-        # Warm the page cache and check both succeed.
-        timed(ours_cmd, ROOT, env)
-        timed(hydra_cmd, tmp, env)
+        # Warm the page cache, check both succeed and print the same config (run-time paths aside).
+        ours_cfg = yaml.safe_load(timed(ours_cmd, ROOT, env)[1])
+        hydra_cfg = yaml.safe_load(timed(hydra_cmd, tmp, env)[1])
+        for cfg in (ours_cfg, hydra_cfg):
+            cfg["paths"].pop("output_dir", None)
+            cfg["paths"].pop("root_dir", None)
+            cfg["paths"].pop("data_dir", None)
+            cfg["paths"].pop("log_dir", None)
+            cfg["callbacks"]["model_checkpoint"].pop("dirpath", None)
+            cfg["data"].pop("root", None)
+            cfg["model"].pop("pretrained", None)
+        if ours_cfg != hydra_cfg:
+            sys.exit(f"the two tools composed different configs:\nours:  {ours_cfg}\nhydra: {hydra_cfg}")
         ours, theirs = [], []
         for _ in range(args.runs):
             ours.append(timed(ours_cmd, ROOT, env)[0])
