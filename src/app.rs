@@ -210,6 +210,7 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         return Ok(ExitCode::SUCCESS);
     }
     let job = run_job(&setup, composed, &cli.overrides, 0, None, &ctx)?;
+    print!("{}", job.config_yaml);
     println!("{}", job.message);
     Ok(ExitCode::SUCCESS)
 }
@@ -310,6 +311,8 @@ fn print_info(
 /// What one job did.
 pub struct JobOutcome {
     pub output_dir: PathBuf,
+    /// The resolved config the job ran with, as YAML.
+    pub config_yaml: String,
     pub message: String,
 }
 
@@ -435,6 +438,7 @@ fn run_job(
             experiment.trainer.strategy,
             records::display(&output_dir)
         ),
+        config_yaml: yaml::to_yaml(&resolved),
         output_dir,
     })
 }

@@ -222,6 +222,11 @@ fn quickstart_run_writes_hydra_records() {
     let p = real_project();
     let out = train(p.path(), &["experiment=quickstart", "seed=7"]);
     assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("task_name: quickstart"),
+        "the run prints its config: {}",
+        stdout(&out)
+    );
     let runs = subdirs(&p.path().join("logs/quickstart/runs"));
     assert_eq!(runs.len(), 1, "{runs:?}");
     let hydra_dir = runs[0].join(".hydra");
@@ -415,6 +420,20 @@ fn config_path_replaces_the_search_path() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout(&out), "x: 1\n");
+}
+
+#[test]
+fn train_config_path_names_the_project() {
+    let p = project();
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new(TRAIN)
+        .args(["--cfg", "job", "-p", "lr"])
+        .current_dir(elsewhere.path())
+        .env("TRAIN_CONFIG_PATH", p.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "lr: 0.1\n");
 }
 
 #[test]

@@ -303,9 +303,11 @@ impl Resolver<'_> {
                 let key = args.first().map(text).unwrap_or_default();
                 match self.ctx.hydra.as_ref().and_then(|h| h.get(&key)) {
                     Some(node) => Ok(node.clone()),
-                    None => Err(err(format!(
-                        "${{hydra:{key}}} is not known here: hydra's runtime values exist once a job is placed"
+                    None if self.ctx.hydra.is_none() => Err(err(format!(
+                        "ValueError raised while resolving interpolation: HydraConfig was not set\n    \
+                         ${{hydra:{key}}} is known once a job is placed (a run, or --cfg with --resolve)"
                     ))),
+                    None => Err(err(format!("Interpolation key 'hydra.{key}' not found"))),
                 }
             }
             "now" => {
