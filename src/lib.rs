@@ -4,5 +4,7 @@
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod data;
 pub mod records;
+pub mod rng;
 pub mod schema;

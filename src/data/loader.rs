@@ -1,0 +1,246 @@
+//! The loader: worker threads decode and augment whole batches ahead of the trainer, a bounded queue holds
+//! them, and the trainer receives them in sampler order whatever order the workers finish in.
+
+use super::{transforms, DataError, Dataset};
+use crate::rng::Rng;
+use crate::schema::Transform;
+use std::collections::BTreeMap;
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread;
+
+/// A batch ready for a backend: `f32` NCHW pixels and `u32` labels.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub images: Vec<f32>,
+    pub labels: Vec<u32>,
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+}
+
+impl Batch {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+}
+
+/// What an epoch of loading needs.
+#[derive(Clone)]
+pub struct LoaderSpec {
+    pub dataset: Arc<dyn Dataset>,
+    pub transforms: Arc<Vec<Transform>>,
+    pub batch_size: usize,
+    pub drop_last: bool,
+    pub num_workers: usize,
+    /// Batches kept ready per worker.
+    pub prefetch: usize,
+    pub seed: u64,
+}
+
+/// Build one batch from sample indices (augmentation keyed by seed, epoch and sample index).
+pub fn make_batch(spec: &LoaderSpec, epoch: u64, indices: &[usize]) -> Result<Batch, DataError> {
+    let mut images = Vec::new();
+    let mut labels = Vec::with_capacity(indices.len());
+    let mut shape = None;
+    for &i in indices {
+        let img = spec.dataset.get(i)?;
+        labels.push(img.label);
+        let dims = transforms::apply(
+            &spec.transforms,
+            img,
+            &mut Rng::keyed(&[spec.seed, epoch, i as u64]),
+            &mut images,
+        );
+        match shape {
+            None => shape = Some(dims),
+            Some(first) if first != dims => {
+                return Err(DataError::Unsupported(format!(
+                    "images in a batch differ in size ({first:?} vs {dims:?} as C,H,W); add a resize or crop transform"
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    let (channels, height, width) = shape.unwrap_or((0, 0, 0));
+    Ok(Batch {
+        images,
+        labels,
+        channels,
+        height,
+        width,
+    })
+}
+
+/// Split this epoch's indices into batches.
+pub fn batches_of(indices: &[usize], batch_size: usize, drop_last: bool) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = indices
+        .chunks(batch_size.max(1))
+        .map(<[usize]>::to_vec)
+        .collect();
+    if drop_last && out.last().is_some_and(|b| b.len() < batch_size) {
+        out.pop();
+    }
+    out
+}
+
+/// Iterate over an epoch's batches, built by `num_workers` threads (or inline when 0).
+pub struct EpochLoader {
+    receiver: Option<mpsc::Receiver<(usize, Result<Batch, DataError>)>>,
+    inline: Option<(LoaderSpec, u64, Vec<Vec<usize>>)>,
+    pending: BTreeMap<usize, Result<Batch, DataError>>,
+    next: usize,
+    total: usize,
+    workers: Vec<thread::JoinHandle<()>>,
+}
+
+impl EpochLoader {
+    pub fn new(spec: &LoaderSpec, epoch: u64, indices: &[usize]) -> Self {
+        let batches = batches_of(indices, spec.batch_size, spec.drop_last);
+        let total = batches.len();
+        if spec.num_workers == 0 {
+            return EpochLoader {
+                receiver: None,
+                inline: Some((spec.clone(), epoch, batches)),
+                pending: BTreeMap::new(),
+                next: 0,
+                total,
+                workers: Vec::new(),
+            };
+        }
+        let (tx, rx) = mpsc::sync_channel(spec.num_workers * spec.prefetch.max(1));
+        let batches = Arc::new(batches);
+        let workers = (0..spec.num_workers)
+            .map(|worker| {
+                let (tx, spec, batches) = (tx.clone(), spec.clone(), batches.clone());
+                thread::spawn(move || {
+                    for b in (worker..batches.len()).step_by(spec.num_workers) {
+                        if tx.send((b, make_batch(&spec, epoch, &batches[b]))).is_err() {
+                            return; // the consumer went away
+                        }
+                    }
+                })
+            })
+            .collect();
+        EpochLoader {
+            receiver: Some(rx),
+            inline: None,
+            pending: BTreeMap::new(),
+            next: 0,
+            total,
+            workers,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.total
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.total == 0
+    }
+}
+
+impl Iterator for EpochLoader {
+    type Item = Result<Batch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.next >= self.total {
+            return None;
+        }
+        if let Some((spec, epoch, batches)) = &self.inline {
+            let b = make_batch(spec, *epoch, &batches[self.next]);
+            self.next += 1;
+            return Some(b);
+        }
+        let rx = self.receiver.as_ref()?;
+        while !self.pending.contains_key(&self.next) {
+            match rx.recv() {
+                Ok((i, b)) => {
+                    self.pending.insert(i, b);
+                }
+                Err(_) => {
+                    return Some(Err(DataError::Unsupported(
+                        "a loader worker stopped unexpectedly".into(),
+                    )))
+                }
+            }
+        }
+        let b = self.pending.remove(&self.next);
+        self.next += 1;
+        b
+    }
+}
+
+impl Drop for EpochLoader {
+    fn drop(&mut self) {
+        // Dropping the receiver makes blocked workers' sends fail, so they exit.
+        self.receiver.take();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{synthetic::Synthetic, Split};
+
+    fn spec(workers: usize) -> LoaderSpec {
+        LoaderSpec {
+            dataset: Arc::new(Synthetic::with_shape(37, 8, 3, 4, 1, Split::Train)),
+            transforms: Arc::new(vec![
+                Transform::RandomCrop {
+                    size: 8,
+                    padding: 2,
+                },
+                Transform::HorizontalFlip { p: 0.5 },
+            ]),
+            batch_size: 5,
+            drop_last: false,
+            num_workers: workers,
+            prefetch: 2,
+            seed: 3,
+        }
+    }
+
+    #[test]
+    fn workers_give_the_same_batches_in_the_same_order_as_inline() {
+        let indices: Vec<usize> = (0..37).rev().collect();
+        let inline: Vec<Batch> = EpochLoader::new(&spec(0), 1, &indices)
+            .map(Result::unwrap)
+            .collect();
+        let threaded: Vec<Batch> = EpochLoader::new(&spec(3), 1, &indices)
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(inline.len(), 8);
+        assert_eq!(inline, threaded);
+        assert_eq!(inline[0].images.len(), 5 * 3 * 8 * 8);
+        assert_eq!(
+            (inline[0].channels, inline[0].height, inline[0].width),
+            (3, 8, 8)
+        );
+        assert_eq!(inline[7].len(), 2);
+        // Another epoch augments differently.
+        let other: Vec<Batch> = EpochLoader::new(&spec(2), 2, &indices)
+            .map(Result::unwrap)
+            .collect();
+        assert_ne!(inline[0].images, other[0].images);
+    }
+
+    #[test]
+    fn drop_last_and_early_drop() {
+        let mut s = spec(2);
+        s.drop_last = true;
+        let indices: Vec<usize> = (0..37).collect();
+        assert_eq!(EpochLoader::new(&s, 0, &indices).count(), 7);
+        // Dropping a loader mid-epoch must not hang.
+        let mut l = EpochLoader::new(&s, 0, &indices);
+        l.next();
+        drop(l);
+    }
+}

@@ -1,0 +1,87 @@
+//! Data: data sets in their real on-disk formats, augmentation, the distributed sampler and the loader.
+//! Everything here is backend-neutral: batches are plain `f32` NCHW buffers and `u32` labels.
+
+pub mod cifar;
+pub mod loader;
+pub mod mnist;
+pub mod sampler;
+pub mod synthetic;
+pub mod transforms;
+
+use crate::schema::{DataConfig, DataName};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// One decoded image, 8-bit, channels last (HWC), with its class.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    pub height: usize,
+    pub width: usize,
+    pub channels: usize,
+    pub pixels: Vec<u8>,
+    pub label: u32,
+}
+
+/// A random-access data set. `get` must be callable from several worker threads at once.
+pub trait Dataset: Send + Sync {
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn get(&self, index: usize) -> Result<Image, DataError>;
+    fn num_classes(&self) -> usize;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    Train,
+    Val,
+}
+
+/// A data set that cannot be read: says where it looked and how to get it.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{name} not found: looked for {looked_for}\n    {hint}")]
+    Missing {
+        name: String,
+        looked_for: String,
+        hint: String,
+    },
+    #[error("{path}: {message}")]
+    Corrupt { path: String, message: String },
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+impl DataError {
+    pub fn corrupt(path: &std::path::Path, message: impl Into<String>) -> Self {
+        DataError::Corrupt {
+            path: path.display().to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Open the train or validation split named by the config.
+pub fn open(cfg: &DataConfig, split: Split, seed: u64) -> Result<Arc<dyn Dataset>, DataError> {
+    let root = || PathBuf::from(cfg.root.clone().unwrap_or_else(|| "data".into()));
+    Ok(match cfg.name {
+        DataName::Synthetic => Arc::new(synthetic::Synthetic::new(cfg, split, seed)),
+        DataName::Cifar10 => Arc::new(cifar::Cifar::open(&root(), cifar::Variant::Cifar10, split)?),
+        DataName::Cifar100 => Arc::new(cifar::Cifar::open(
+            &root(),
+            cifar::Variant::Cifar100,
+            split,
+        )?),
+        DataName::Mnist | DataName::FashionMnist => Arc::new(mnist::Mnist::open(&root(), split)?),
+        DataName::Cinic10 | DataName::Imagenet => {
+            return Err(DataError::Unsupported(
+                format!(
+                    "data.name={:?}: image-folder data sets are not readable in this build yet",
+                    cfg.name
+                )
+                .to_lowercase(),
+            ))
+        }
+    })
+}
