@@ -210,7 +210,6 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         return Ok(ExitCode::SUCCESS);
     }
     let job = run_job(&setup, composed, &cli.overrides, 0, None, &ctx)?;
-    print!("{}", job.config_yaml);
     println!("{}", job.message);
     Ok(ExitCode::SUCCESS)
 }
@@ -311,9 +310,9 @@ fn print_info(
 /// What one job did.
 pub struct JobOutcome {
     pub output_dir: PathBuf,
-    /// The resolved config the job ran with, as YAML.
-    pub config_yaml: String,
     pub message: String,
+    /// Final `val/acc1`, shown in the sweep table.
+    pub main_metric: Option<f64>,
 }
 
 /// A job's place: its output directory, its resolved `hydra` node, and the resolve context that serves
@@ -428,17 +427,31 @@ fn run_job(
             output_dir.display()
         ))
     })?;
+    let config_yaml = yaml::to_yaml(&resolved);
+    if sweep_dir.is_none() {
+        print!("{config_yaml}");
+    }
+    let summary = crate::trainer::fit(&experiment, &output_dir, &config_yaml).map_err(|e| {
+        ConfigError::Run(format!(
+            "{e:#}\n    (run directory: {})",
+            records::display(&output_dir)
+        ))
+    })?;
     Ok(JobOutcome {
         message: format!(
-            "Composed and validated '{}' ({} on {}, {} strategy); records in {}\n\
-             The training loop is not part of this build yet: nothing was trained.",
-            experiment.task_name,
-            format!("{:?}", experiment.model.name).to_lowercase(),
-            format!("{:?}", experiment.data.name).to_lowercase(),
-            experiment.trainer.strategy,
+            "{}: {} after {} epochs ({} steps) in {:.1}s; {}\nRun directory: {}",
+            summary.task_name,
+            summary.status,
+            summary.epochs_completed,
+            summary.global_step,
+            summary.wall_time_s,
+            match summary.final_metrics.get("val/acc1") {
+                Some(a) => format!("val/acc1 {a:.4}"),
+                None => "no validation".to_string(),
+            },
             records::display(&output_dir)
         ),
-        config_yaml: yaml::to_yaml(&resolved),
+        main_metric: summary.final_metrics.get("val/acc1").copied(),
         output_dir,
     })
 }
@@ -526,11 +539,19 @@ fn run_sweep(
             })
             .and_then(|composed| run_job(setup, composed, job, num, Some(&sweep_dir), ctx));
         match outcome {
-            Ok(_) => rows.push((num, job.join(" "), "ok".to_string())),
+            Ok(outcome) => rows.push((
+                num,
+                job.join(" "),
+                "ok".to_string(),
+                outcome
+                    .main_metric
+                    .map(|m| format!("val/acc1 {m:.4}"))
+                    .unwrap_or_else(|| "-".into()),
+            )),
             Err(e) => {
                 failed += 1;
                 eprintln!("Error in job #{num}: {e}");
-                rows.push((num, job.join(" "), "FAILED".to_string()));
+                rows.push((num, job.join(" "), "FAILED".to_string(), "-".to_string()));
                 if cli.fail_fast {
                     eprintln!("--fail-fast: stopping after the first failed job");
                     break;
@@ -540,8 +561,8 @@ fn run_sweep(
     }
     println!("| job | overrides | status | main metric |");
     println!("|---|---|---|---|");
-    for (num, ov, status) in &rows {
-        println!("| {num} | {ov} | {status} | - |");
+    for (num, ov, status, metric) in &rows {
+        println!("| {num} | {ov} | {status} | {metric} |");
     }
     println!("{} of {} jobs failed", failed, jobs.len());
     Ok(if failed > 0 {

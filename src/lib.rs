@@ -2,9 +2,14 @@
 //!
 //! The pipeline is one-way: `cli` → `config` (compose, interpolate, sweep) → `schema` (typed) → `records`.
 pub mod app;
+pub mod backend;
+pub mod callbacks;
+pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod loggers;
 pub mod records;
 pub mod rng;
 pub mod schema;
+pub mod trainer;

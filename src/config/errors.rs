@@ -26,6 +26,9 @@ pub enum ConfigError {
     /// A file could not be read.
     #[error("{0}")]
     Io(String),
+    /// The job itself failed (data, model, training).
+    #[error("{0}")]
+    Run(String),
 }
 
 impl ConfigError {
@@ -42,6 +45,7 @@ impl ConfigError {
             ConfigError::Interpolation(_) => "InterpolationResolutionError",
             ConfigError::Schema(_) => "ValidationError",
             ConfigError::Io(_) => "IoError",
+            ConfigError::Run(_) => "RunError",
         }
     }
 }

@@ -52,12 +52,6 @@ impl Num {
             Num::Float(x) => x,
         }
     }
-    fn to_element(self) -> Element {
-        match self {
-            Num::Int(i) => Element::Int(i),
-            Num::Float(x) => Element::Float(x),
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -831,8 +825,24 @@ impl Parser<'_> {
             );
         }
         self.pos += 1;
-        call_function(&name_tok.text, args, kwargs)
-            .or_else(|reason| fail(self.input, name_tok.col, reason))
+        let end_col = self
+            .pos
+            .checked_sub(1)
+            .and_then(|i| self.tokens.get(i))
+            .map_or(self.end_col, |t| t.col + t.text.chars().count());
+        call_function(&name_tok.text, args, kwargs).or_else(|FnError(kind, reason)| {
+            let text: String = self
+                .input
+                .chars()
+                .skip(name_tok.col)
+                .take(end_col.saturating_sub(name_tok.col))
+                .collect();
+            fail(
+                self.input,
+                name_tok.col,
+                format!("{kind} while evaluating '{text}': {reason}"),
+            )
+        })
     }
 }
 
@@ -901,93 +911,317 @@ const FUNCTIONS: &[&str] = &[
     "bool", "choice", "float", "glob", "int", "interval", "range", "shuffle", "sort", "str", "tag",
 ];
 
-fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Result<Val, String> {
-    let kw = |key: &str| {
-        kwargs
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.clone())
-    };
-    for (k, _) in &kwargs {
-        let allowed: &[&str] = match name {
-            "int" | "float" | "str" | "bool" => &["value"],
-            "range" => &["start", "stop", "step"],
-            "interval" => &["start", "end"],
-            "sort" => &["sweep", "list", "reverse"],
-            "shuffle" => &["sweep", "list"],
-            "glob" => &["include", "exclude"],
-            "tag" => &["sweep"],
-            _ => &[],
-        };
-        if !allowed.contains(&k.as_str()) {
-            return Err(format!("{name}() got an unexpected keyword argument '{k}'"));
+/// Why a grammar function refused its arguments; the first field is the Python exception name Hydra
+/// reports (`ValueError`, `TypeError`, ...).
+struct FnError(&'static str, String);
+
+fn value_error<T>(msg: impl Into<String>) -> Result<T, FnError> {
+    Err(FnError("ValueError", msg.into()))
+}
+
+fn type_error<T>(msg: impl Into<String>) -> Result<T, FnError> {
+    Err(FnError("TypeError", msg.into()))
+}
+
+/// The Python type name Hydra's messages use for a value.
+fn type_name(v: &Val) -> &'static str {
+    match v {
+        Val::Elem(Element::Null) => "NoneType",
+        Val::Elem(Element::Bool(_)) => "bool",
+        Val::Elem(Element::Int(_)) => "int",
+        Val::Elem(Element::Float(_)) => "float",
+        Val::Elem(Element::Str { quoted: false, .. }) => "str",
+        Val::Elem(Element::Str { quoted: true, .. }) => "QuotedString",
+        Val::Elem(Element::List(_)) => "list",
+        Val::Elem(Element::Dict(_)) => "dict",
+        Val::Sweep(Sweep::Choice { .. }) => "ChoiceSweep",
+        Val::Sweep(Sweep::Range { .. }) => "RangeSweep",
+        Val::Sweep(Sweep::Interval { .. }) => "IntervalSweep",
+        Val::Sweep(Sweep::Glob { .. }) => "Glob",
+    }
+}
+
+/// The argument types of the grammar functions' signatures (Hydra checks them before calling).
+#[derive(Clone, Copy)]
+enum ArgType {
+    /// `CastType`: anything.
+    Any,
+    /// `Union[int, float]` (a bool is an int).
+    Number,
+    /// `Union[str, int, float, bool, dict, list]` plus the sweeps listed.
+    Element {
+        choice: bool,
+        range: bool,
+    },
+    /// `Union[ChoiceSweep, RangeSweep]`
+    SortableSweep,
+    /// `Union[str, Sweep]`
+    StrOrSweep,
+    /// `Sweep`
+    AnySweep,
+    /// `List[Any]`
+    List,
+    Bool,
+    /// `Union[List[str], str]`
+    Patterns,
+}
+
+impl ArgType {
+    fn accepts(self, v: &Val) -> bool {
+        let is_element = matches!(v, Val::Elem(e) if !matches!(e, Element::Null));
+        match self {
+            ArgType::Any => true,
+            ArgType::Number => matches!(
+                v,
+                Val::Elem(Element::Int(_) | Element::Float(_) | Element::Bool(_))
+            ),
+            ArgType::Element { choice, range } => {
+                is_element
+                    || (choice && matches!(v, Val::Sweep(Sweep::Choice { .. })))
+                    || (range && matches!(v, Val::Sweep(Sweep::Range { .. })))
+            }
+            ArgType::SortableSweep => {
+                matches!(v, Val::Sweep(Sweep::Choice { .. } | Sweep::Range { .. }))
+            }
+            ArgType::StrOrSweep => matches!(v, Val::Elem(Element::Str { .. }) | Val::Sweep(_)),
+            ArgType::AnySweep => matches!(v, Val::Sweep(_)),
+            ArgType::List => matches!(v, Val::Elem(Element::List(_))),
+            ArgType::Bool => matches!(v, Val::Elem(Element::Bool(_))),
+            ArgType::Patterns => {
+                matches!(v, Val::Elem(Element::Str { .. } | Element::List(_)))
+            }
         }
     }
+
+    fn python(self) -> &'static str {
+        match self {
+            ArgType::Any => "Any",
+            ArgType::Number => "Union[int, float]",
+            ArgType::Element { .. } => "Union[str, int, float, bool, Dict, List, Sweep]",
+            ArgType::SortableSweep => "Union[ChoiceSweep, RangeSweep]",
+            ArgType::StrOrSweep => "Union[str, Sweep]",
+            ArgType::AnySweep => "Sweep",
+            ArgType::List => "List[Any]",
+            ArgType::Bool => "bool",
+            ArgType::Patterns => "Union[List[str], str]",
+        }
+    }
+}
+
+/// A function's signature: `*args` (if any) and its named parameters, in order.
+struct Signature {
+    var_args: Option<ArgType>,
+    /// name, type, required (no default); parameters with a default accept `null` (Hydra's `Optional`).
+    params: &'static [(&'static str, ArgType, bool)],
+}
+
+fn signature(name: &str) -> Option<Signature> {
+    const ELEM_OR_SWEEP: ArgType = ArgType::Element {
+        choice: true,
+        range: true,
+    };
+    let (var_args, params): (Option<ArgType>, &'static [(&'static str, ArgType, bool)]) = match name
+    {
+        "int" | "float" | "str" | "bool" => (Some(ArgType::Any), &[("value", ArgType::Any, false)]),
+        "choice" => (
+            Some(ArgType::Element {
+                choice: true,
+                range: false,
+            }),
+            &[],
+        ),
+        "range" => (
+            None,
+            &[
+                ("start", ArgType::Number, true),
+                ("stop", ArgType::Number, false),
+                ("step", ArgType::Number, false),
+            ],
+        ),
+        "interval" => (
+            None,
+            &[
+                ("start", ArgType::Number, true),
+                ("end", ArgType::Number, true),
+            ],
+        ),
+        "tag" => (
+            Some(ArgType::StrOrSweep),
+            &[("sweep", ArgType::AnySweep, false)],
+        ),
+        "shuffle" => (
+            Some(ELEM_OR_SWEEP),
+            &[
+                ("sweep", ArgType::SortableSweep, false),
+                ("list", ArgType::List, false),
+            ],
+        ),
+        "sort" => (
+            Some(ELEM_OR_SWEEP),
+            &[
+                ("sweep", ArgType::SortableSweep, false),
+                ("list", ArgType::List, false),
+                ("reverse", ArgType::Bool, false),
+            ],
+        ),
+        "glob" => (
+            None,
+            &[
+                ("include", ArgType::Patterns, true),
+                ("exclude", ArgType::Patterns, false),
+            ],
+        ),
+        _ => return None,
+    };
+    Some(Signature { var_args, params })
+}
+
+/// Arguments bound to a signature, as Python's `inspect.Signature.bind` does.
+struct Bound {
+    var_args: Vec<Val>,
+    /// One slot per named parameter; `None` when not given or given as `null` to an optional parameter.
+    named: Vec<Option<Val>>,
+}
+
+impl Bound {
+    fn take(&mut self, i: usize) -> Option<Val> {
+        self.named.get_mut(i).and_then(Option::take)
+    }
+}
+
+fn bind(sig: &Signature, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Result<Bound, FnError> {
+    let mut bound = Bound {
+        var_args: Vec::new(),
+        named: vec![None; sig.params.len()],
+    };
+    let mut by_position = vec![false; sig.params.len()];
+    let mut positional = args.into_iter();
+    if let Some(ty) = sig.var_args {
+        for (i, v) in positional.by_ref().enumerate() {
+            if !ty.accepts(&v) {
+                return type_error(format!(
+                    "mismatch type argument args[{i}]: {} is incompatible with {}",
+                    type_name(&v),
+                    ty.python()
+                ));
+            }
+            bound.var_args.push(v);
+        }
+    }
+    for (slot, v) in positional.enumerate() {
+        if slot >= sig.params.len() {
+            return type_error("too many positional arguments");
+        }
+        bound.named[slot] = Some(v);
+        by_position[slot] = true;
+    }
+    // Python keeps the last of repeated keyword arguments.
+    for (key, v) in kwargs {
+        let Some(slot) = sig.params.iter().position(|(p, _, _)| *p == key) else {
+            return type_error(format!("got an unexpected keyword argument '{key}'"));
+        };
+        if by_position[slot] {
+            return type_error(format!("multiple values for argument '{key}'"));
+        }
+        bound.named[slot] = Some(v);
+    }
+    for (slot, (param, ty, required)) in sig.params.iter().enumerate() {
+        match bound.named[slot].take() {
+            None if *required => {
+                return type_error(format!("missing a required argument: '{param}'"));
+            }
+            None => {}
+            Some(Val::Elem(Element::Null)) if !*required && !matches!(ty, ArgType::Any) => {}
+            Some(v) if ty.accepts(&v) => bound.named[slot] = Some(v),
+            Some(v) => {
+                return type_error(format!(
+                    "mismatch type argument {param}: {} is incompatible with {}",
+                    type_name(&v),
+                    ty.python()
+                ));
+            }
+        }
+    }
+    Ok(bound)
+}
+
+fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Result<Val, FnError> {
+    let Some(sig) = signature(name) else {
+        return Err(FnError(
+            "HydraException",
+            format!(
+                "Unknown function '{name}'\nAvailable: {}",
+                FUNCTIONS.join(",")
+            ),
+        ));
+    };
+    // Hydra unquotes top-level string arguments (not those nested in lists or dicts).
+    let unquote = |v: Val| match v {
+        Val::Elem(Element::Str { value, .. }) => Val::Elem(Element::Str {
+            value,
+            quoted: false,
+        }),
+        other => other,
+    };
+    let args: Vec<Val> = args.into_iter().map(unquote).collect();
+    let kwargs: Vec<(String, Val)> = kwargs.into_iter().map(|(k, v)| (k, unquote(v))).collect();
+    let mut b = bind(&sig, args, kwargs)?;
     match name {
         "int" | "float" | "str" | "bool" => {
-            let value = normalize_cast(args, kw("value"))?;
+            let value = match (b.var_args.len(), b.take(0)) {
+                (n, Some(_)) if n > 0 => {
+                    return type_error("cannot use both position and named arguments")
+                }
+                (_, Some(v)) => v,
+                (0, None) => return type_error("No positional args or value specified"),
+                (1, None) => b.var_args.pop().unwrap_or(Val::Elem(Element::Null)),
+                (_, None) => Val::Sweep(Sweep::Choice {
+                    list: simple_choice(b.var_args)?,
+                    simple_form: true,
+                    shuffle: false,
+                }),
+            };
             cast(name, value)
         }
         "choice" => {
+            let args = b.var_args;
             if args.is_empty() {
-                return Err("empty choice is not legal".into());
+                return value_error("empty choice is not legal");
             }
-            if args.len() == 1 {
-                if let Val::Sweep(Sweep::Choice {
-                    list,
-                    simple_form,
-                    shuffle,
-                }) = &args[0]
-                {
-                    if *simple_form {
-                        return Ok(Val::Sweep(Sweep::Choice {
-                            list: list.clone(),
-                            simple_form: false,
-                            shuffle: *shuffle,
-                        }));
-                    }
-                    return Err("nesting choices is not supported".into());
-                }
-            }
-            let list = args
-                .into_iter()
-                .map(|a| match a {
-                    Val::Elem(e) => Ok(e),
-                    Val::Sweep(_) => Err("nesting choices is not supported".to_string()),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok(Val::Sweep(Sweep::Choice {
+            if let [Val::Sweep(Sweep::Choice {
                 list,
+                simple_form,
+                shuffle,
+            })] = args.as_slice()
+            {
+                if !*simple_form {
+                    return value_error("nesting choices is not supported");
+                }
+                return Ok(Val::Sweep(Sweep::Choice {
+                    list: list.clone(),
+                    simple_form: false,
+                    shuffle: *shuffle,
+                }));
+            }
+            Ok(Val::Sweep(Sweep::Choice {
+                list: simple_choice(args)?,
                 simple_form: false,
                 shuffle: false,
             }))
         }
         "range" => {
-            let mut positional = args.into_iter();
-            let mut get = |key: &str| kw(key).or_else(|| positional.next());
-            let a = get("start");
-            let b = get("stop");
-            let c = get("step");
-            let num = |v: Option<Val>, what: &str| -> Result<Option<Num>, String> {
-                match v {
-                    None => Ok(None),
-                    Some(Val::Elem(Element::Int(i))) => Ok(Some(Num::Int(i))),
-                    Some(Val::Elem(Element::Float(x))) => Ok(Some(Num::Float(x))),
-                    Some(other) => Err(format!(
-                        "range() {what} must be a number, got {}",
-                        describe(&other)
-                    )),
-                }
+            let num = |v: Val| match v {
+                Val::Elem(Element::Int(i)) => Num::Int(i),
+                Val::Elem(Element::Bool(x)) => Num::Int(i64::from(x)),
+                Val::Elem(Element::Float(x)) => Num::Float(x),
+                _ => Num::Int(0), // excluded by the signature
             };
-            let (start, stop) = match (num(a, "start")?, num(b, "stop")?) {
-                (Some(s), Some(e)) => (s, e),
-                (Some(s), None) => (Num::Int(0), s),
-                _ => return Err("range() missing required argument 'start'".into()),
+            let first = b.take(0).map(num).unwrap_or(Num::Int(0));
+            let (start, stop) = match b.take(1).map(num) {
+                Some(stop) => (first, stop),
+                None => (Num::Int(0), first),
             };
-            let step = num(c, "step")?.unwrap_or(Num::Int(1));
-            if step.as_f64() == 0.0 {
-                return Err("range() arg 3 must not be zero".into());
-            }
+            let step = b.take(2).map(num).unwrap_or(Num::Int(1));
             Ok(Val::Sweep(Sweep::Range {
                 start,
                 stop,
@@ -996,62 +1230,55 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
             }))
         }
         "interval" => {
-            let mut positional = args.into_iter();
-            let mut get = |key: &str| kw(key).or_else(|| positional.next());
-            let f = |v: Option<Val>| -> Result<f64, String> {
-                match v {
-                    Some(Val::Elem(Element::Int(i))) => Ok(i as f64),
-                    Some(Val::Elem(Element::Float(x))) => Ok(x),
-                    Some(other) => Err(format!(
-                        "interval() needs numbers, got {}",
-                        describe(&other)
-                    )),
-                    None => Err("interval() needs a start and an end".into()),
-                }
+            let f = |v: Option<Val>| match v {
+                Some(Val::Elem(Element::Int(i))) => i as f64,
+                Some(Val::Elem(Element::Bool(x))) => f64::from(u8::from(x)),
+                Some(Val::Elem(Element::Float(x))) => x,
+                _ => 0.0, // excluded by the signature
             };
-            let start = f(get("start"))?;
-            let end = f(get("end"))?;
+            let start = f(b.take(0));
+            let end = f(b.take(1));
             Ok(Val::Sweep(Sweep::Interval { start, end }))
         }
         "tag" => {
-            let mut all = args;
-            if let Some(s) = kw("sweep") {
+            let mut all = std::mem::take(&mut b.var_args);
+            if let Some(s) = b.take(0) {
+                if all.is_empty() {
+                    return value_error("Not enough arguments to tag, must take at least a sweep");
+                }
                 all.push(s);
             }
             match all.pop() {
                 Some(Val::Sweep(s)) => {
-                    for t in &all {
-                        if !matches!(t, Val::Elem(Element::Str { .. })) {
-                            return Err(format!(
-                                "tag arguments type must be string, got {}",
-                                describe(t)
-                            ));
-                        }
+                    if let Some(t) = all.iter().find(|t| !matches!(t, Val::Elem(Element::Str { .. }))) {
+                        return value_error(format!(
+                            "tag arguments type must be string, got {}",
+                            type_name(t)
+                        ));
                     }
                     Ok(Val::Sweep(s))
                 }
-                Some(other) => Err(format!(
-                    "Last argument to tag() must be a choice(), range() or interval(), got {}",
-                    describe(&other)
-                )),
-                None => Err("Not enough arguments to tag, must take at least a sweep".into()),
+                Some(_) => value_error(
+                    "Last argument to tag() must be a choice(), range() or interval(), got NoneType",
+                ),
+                None => value_error("Not enough arguments to tag, must take at least a sweep"),
             }
         }
         "shuffle" => {
-            let target = kw("sweep").or_else(|| kw("list"));
-            let arg = match (target, args.len()) {
-                (Some(t), _) => t,
-                (None, 1) => args.into_iter().next().unwrap_or(Val::Elem(Element::Null)),
-                (None, _) => {
-                    let list = simple_choice(args)?;
+            let mut args = std::mem::take(&mut b.var_args);
+            let single = match (b.take(1), b.take(0)) {
+                (Some(list), _) => list,
+                (None, Some(sweep)) => sweep,
+                (None, None) if args.len() == 1 => args.pop().unwrap_or(Val::Elem(Element::Null)),
+                (None, None) => {
                     return Ok(Val::Sweep(Sweep::Choice {
-                        list,
+                        list: simple_choice(args)?,
                         simple_form: true,
                         shuffle: true,
-                    }));
+                    }))
                 }
             };
-            Ok(match arg {
+            Ok(match single {
                 Val::Sweep(Sweep::Choice {
                     list, simple_form, ..
                 }) => Val::Sweep(Sweep::Choice {
@@ -1072,28 +1299,19 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                     Val::Elem(Element::List(l))
                 }
                 Val::Elem(e) => Val::Elem(Element::List(vec![e])),
-                Val::Sweep(_) => return Err("shuffle() does not support interval or glob".into()),
+                Val::Sweep(_) => return type_error("shuffle() does not support interval or glob"),
             })
         }
         "sort" => {
-            let reverse = match kw("reverse") {
-                None => false,
-                Some(Val::Elem(Element::Bool(b))) => b,
-                Some(other) => {
-                    return Err(format!(
-                        "sort() reverse must be a bool, got {}",
-                        describe(&other)
-                    ))
-                }
-            };
-            let target = kw("sweep").or_else(|| kw("list"));
-            let arg = match (target, args.len()) {
-                (Some(t), _) => t,
-                (None, 0) => return Err("empty sort input".into()),
-                (None, 1) => args.into_iter().next().unwrap_or(Val::Elem(Element::Null)),
-                (None, _) => {
-                    for a in &args {
-                        if !matches!(
+            let reverse = matches!(b.take(2), Some(Val::Elem(Element::Bool(true))));
+            let mut args = std::mem::take(&mut b.var_args);
+            let single = match (b.take(1), b.take(0)) {
+                (Some(list), _) => list,
+                (None, Some(sweep)) => sweep,
+                (None, None) if args.len() == 1 => args.pop().unwrap_or(Val::Elem(Element::Null)),
+                (None, None) => {
+                    if args.iter().any(|a| {
+                        !matches!(
                             a,
                             Val::Elem(
                                 Element::Int(_)
@@ -1101,12 +1319,14 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                                     | Element::Bool(_)
                                     | Element::Str { .. }
                             )
-                        ) {
-                            return Err(
-                                "Invalid arguments: sort() takes primitives, a list or a sweep"
-                                    .into(),
-                            );
-                        }
+                        )
+                    }) {
+                        return type_error(
+                            "Invalid arguments: sort() takes primitives, a list or a sweep",
+                        );
+                    }
+                    if args.is_empty() {
+                        return value_error("empty sort input");
                     }
                     Val::Sweep(Sweep::Choice {
                         list: simple_choice(args)?,
@@ -1115,27 +1335,28 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                     })
                 }
             };
-            match arg {
+            match single {
                 Val::Sweep(Sweep::Choice {
-                    mut list,
+                    list,
                     simple_form,
                     shuffle,
-                }) => {
-                    sort_elements(&mut list, reverse)?;
-                    Ok(Val::Sweep(Sweep::Choice {
-                        list,
-                        simple_form,
-                        shuffle,
-                    }))
-                }
+                }) => Ok(Val::Sweep(Sweep::Choice {
+                    list: py_sorted(list, reverse)?,
+                    simple_form,
+                    shuffle,
+                })),
                 Val::Sweep(Sweep::Range {
                     start,
                     stop,
                     step,
                     shuffle,
                 }) => {
-                    let ascending = start.as_f64() <= stop.as_f64();
-                    if ascending != reverse {
+                    let flip = if reverse {
+                        start.as_f64() < stop.as_f64()
+                    } else {
+                        start.as_f64() > stop.as_f64()
+                    };
+                    if !flip {
                         return Ok(Val::Sweep(Sweep::Range {
                             start,
                             stop,
@@ -1143,154 +1364,191 @@ fn call_function(name: &str, args: Vec<Val>, kwargs: Vec<(String, Val)>) -> Resu
                             shuffle,
                         }));
                     }
-                    // Flip the direction the way Hydra does (start/stop shifted by one step).
-                    let abs = |n: Num| match n {
-                        Num::Int(i) => Num::Int(i.abs()),
+                    // Hydra flips the direction, shifting start/stop by one step.
+                    let abs_step = match step {
+                        Num::Int(i) => Num::Int(i.saturating_abs()),
                         Num::Float(x) => Num::Float(x.abs()),
                     };
-                    let add = |a: Num, b: Num, sign: f64| match (a, b) {
-                        (Num::Int(x), Num::Int(y)) => Num::Int(x + (sign as i64) * y),
-                        _ => Num::Float(a.as_f64() + sign * b.as_f64()),
+                    let shift = |a: Num| match (a, abs_step) {
+                        (Num::Int(x), Num::Int(y)) => Num::Int(if reverse {
+                            x.saturating_sub(y)
+                        } else {
+                            x.saturating_add(y)
+                        }),
+                        _ if reverse => Num::Float(a.as_f64() - abs_step.as_f64()),
+                        _ => Num::Float(a.as_f64() + abs_step.as_f64()),
                     };
-                    let neg = |n: Num| match n {
-                        Num::Int(i) => Num::Int(-i),
+                    let neg_step = match step {
+                        Num::Int(i) => Num::Int(i.saturating_neg()),
                         Num::Float(x) => Num::Float(-x),
                     };
-                    let sign = if reverse { -1.0 } else { 1.0 };
                     Ok(Val::Sweep(Sweep::Range {
-                        start: add(stop, abs(step), sign),
-                        stop: add(start, abs(step), sign),
-                        step: neg(step),
+                        start: shift(stop),
+                        stop: shift(start),
+                        step: neg_step,
                         shuffle,
                     }))
                 }
-                Val::Elem(Element::List(mut l)) => {
-                    sort_elements(&mut l, reverse)?;
-                    Ok(Val::Elem(Element::List(l)))
-                }
+                Val::Elem(Element::List(l)) => Ok(Val::Elem(Element::List(py_sorted(l, reverse)?))),
                 Val::Elem(e) => Ok(Val::Elem(e)),
-                Val::Sweep(_) => Err("sort() does not support interval or glob".into()),
+                Val::Sweep(_) => type_error("sort() does not support interval or glob"),
             }
         }
         "glob" => {
-            let mut positional = args.into_iter();
-            let include = kw("include").or_else(|| positional.next());
-            let exclude = kw("exclude").or_else(|| positional.next());
-            let strings = |v: Option<Val>| -> Result<Vec<String>, String> {
+            let strings = |v: Option<Val>| -> Result<Vec<String>, FnError> {
                 match v {
-                    None | Some(Val::Elem(Element::Null)) => Ok(vec![]),
+                    None => Ok(vec![]),
                     Some(Val::Elem(Element::Str { value, .. })) => Ok(vec![value]),
                     Some(Val::Elem(Element::List(l))) => l
                         .into_iter()
                         .map(|e| match e {
                             Element::Str { value, .. } => Ok(value),
-                            other => Err(format!(
+                            other => type_error(format!(
                                 "glob() patterns must be strings, got {}",
                                 other.to_override_string()
                             )),
                         })
                         .collect(),
-                    Some(other) => Err(format!(
+                    Some(other) => type_error(format!(
                         "glob() patterns must be strings, got {}",
-                        describe(&other)
+                        type_name(&other)
                     )),
                 }
             };
-            let include = strings(include)?;
-            if include.is_empty() {
-                return Err("glob() missing required argument 'include'".into());
-            }
-            Ok(Val::Sweep(Sweep::Glob {
-                include,
-                exclude: strings(exclude)?,
-            }))
+            let include = strings(b.take(0))?;
+            let exclude = strings(b.take(1))?;
+            Ok(Val::Sweep(Sweep::Glob { include, exclude }))
         }
-        other => Err(format!(
-            "Unknown function '{other}'\nAvailable: {}",
-            FUNCTIONS.join(", ")
+        _ => Err(FnError(
+            "HydraException",
+            format!("Unknown function '{name}'"),
         )),
     }
 }
 
-fn describe(v: &Val) -> String {
-    match v {
-        Val::Elem(e) => e.to_override_string(),
-        Val::Sweep(_) => "a sweep".into(),
-    }
-}
-
-fn simple_choice(args: Vec<Val>) -> Result<Vec<Element>, String> {
+fn simple_choice(args: Vec<Val>) -> Result<Vec<Element>, FnError> {
     args.into_iter()
         .map(|a| match a {
             Val::Elem(e) => Ok(e),
-            Val::Sweep(_) => Err("a sweep cannot be an element of another sweep".to_string()),
+            Val::Sweep(_) => type_error("a sweep cannot be an element of another sweep"),
         })
         .collect()
 }
 
-fn normalize_cast(args: Vec<Val>, value: Option<Val>) -> Result<Val, String> {
-    match (args.len(), value) {
-        (n, Some(_)) if n > 0 => Err("cannot use both position and named arguments".into()),
-        (_, Some(v)) => Ok(v),
-        (0, None) => Err("No positional args or value specified".into()),
-        (1, None) => Ok(args.into_iter().next().unwrap_or(Val::Elem(Element::Null))),
-        (_, None) => Ok(Val::Sweep(Sweep::Choice {
-            list: simple_choice(args)?,
-            simple_form: true,
-            shuffle: false,
-        })),
-    }
-}
-
-fn cast(name: &str, value: Val) -> Result<Val, String> {
+fn cast(name: &str, value: Val) -> Result<Val, FnError> {
+    // Like Hydra, a cast sweep loses its shuffle flag.
     match value {
         Val::Elem(e) => cast_element(name, e).map(Val::Elem),
         Val::Sweep(Sweep::Choice {
-            list,
-            simple_form,
-            shuffle,
+            list, simple_form, ..
         }) => Ok(Val::Sweep(Sweep::Choice {
             list: list
                 .into_iter()
                 .map(|e| cast_element(name, e))
                 .collect::<Result<_, _>>()?,
             simple_form,
-            shuffle,
+            shuffle: false,
         })),
         Val::Sweep(Sweep::Range {
-            start,
-            stop,
-            step,
-            shuffle,
+            start, stop, step, ..
         }) => {
-            let f = |n: Num| -> Result<Num, String> {
-                match name {
-                    "int" => Ok(Num::Int(n.as_f64().trunc() as i64)),
-                    "float" => Ok(Num::Float(n.as_f64())),
-                    _ => Err("Range can only be cast to int or float".into()),
+            let f = |n: Num| -> Result<Num, FnError> {
+                match (name, n) {
+                    ("int", Num::Int(i)) => Ok(Num::Int(i)),
+                    ("int", Num::Float(x)) => float_to_int(x).map(Num::Int),
+                    ("float", n) => Ok(Num::Float(n.as_f64())),
+                    _ => value_error("Range can only be cast to int or float"),
                 }
             };
             Ok(Val::Sweep(Sweep::Range {
                 start: f(start)?,
                 stop: f(stop)?,
                 step: f(step)?,
-                shuffle,
+                shuffle: false,
             }))
         }
         Val::Sweep(Sweep::Interval { start, end }) => match name {
+            // `+ 0.0` turns int(-0.5) into 0, not -0.
             "int" => Ok(Val::Sweep(Sweep::Interval {
-                start: start.trunc(),
-                end: end.trunc(),
+                start: float_to_int(start)? as f64 + 0.0,
+                end: float_to_int(end)? as f64 + 0.0,
             })),
             "float" => Ok(Val::Sweep(Sweep::Interval { start, end })),
-            _ => Err(format!("Intervals cannot be cast to {name}")),
+            _ => value_error(format!("Intervals cannot be cast to {name}")),
         },
-        Val::Sweep(Sweep::Glob { .. }) => Err(format!("glob() cannot be cast to {name}")),
+        Val::Sweep(Sweep::Glob { .. }) => type_error(format!("glob() cannot be cast to {name}")),
     }
 }
 
+/// Python's `int(float)`.
+fn float_to_int(x: f64) -> Result<i64, FnError> {
+    if x.is_nan() {
+        return value_error("cannot convert float NaN to integer");
+    }
+    if x.is_infinite() {
+        return Err(FnError(
+            "OverflowError",
+            "cannot convert float infinity to integer".into(),
+        ));
+    }
+    let t = x.trunc();
+    if !(-(i64::MAX as f64)..(i64::MAX as f64)).contains(&t) {
+        return Err(FnError(
+            "OverflowError",
+            format!("integer out of range: {t}"),
+        ));
+    }
+    Ok(t as i64)
+}
+
+/// Strip Python's digit-group underscores (`1_000`), which are legal only between two digits.
+fn python_underscores(text: &str) -> Option<String> {
+    let chars: Vec<char> = text.chars().collect();
+    for (i, c) in chars.iter().enumerate() {
+        if *c == '_' {
+            let before = i.checked_sub(1).and_then(|j| chars.get(j));
+            let after = chars.get(i + 1);
+            if !(before.is_some_and(char::is_ascii_digit)
+                && after.is_some_and(char::is_ascii_digit))
+            {
+                return None;
+            }
+        }
+    }
+    Some(text.replace('_', ""))
+}
+
+/// Python's `int(str)` (base 10).
+fn python_int(text: &str) -> Option<i64> {
+    let t = python_underscores(text.trim())?;
+    let digits = t.strip_prefix(['+', '-']).unwrap_or(&t);
+    if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) {
+        return None;
+    }
+    t.parse::<i64>().ok()
+}
+
+/// Python's `float(str)`.
+fn python_float(text: &str) -> Option<f64> {
+    let t = python_underscores(text.trim())?;
+    let body = t
+        .strip_prefix(['+', '-'])
+        .unwrap_or(&t)
+        .to_ascii_lowercase();
+    let special = matches!(body.as_str(), "inf" | "infinity" | "nan");
+    let numeric = !body.is_empty()
+        && body
+            .chars()
+            .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | '+' | '-'))
+        && body.chars().any(|c| c.is_ascii_digit());
+    if !(special || numeric) {
+        return None;
+    }
+    t.parse::<f64>().ok()
+}
+
 /// Python's `int()`/`float()`/`str()`/`bool()` as Hydra applies them (recursing into lists and dict values).
-fn cast_element(name: &str, e: Element) -> Result<Element, String> {
+fn cast_element(name: &str, e: Element) -> Result<Element, FnError> {
     match e {
         Element::List(items) => Ok(Element::List(
             items
@@ -1304,97 +1562,123 @@ fn cast_element(name: &str, e: Element) -> Result<Element, String> {
                 .map(|(k, v)| cast_element(name, v).map(|v| (k, v)))
                 .collect::<Result<_, _>>()?,
         )),
-        Element::Null => Err(format!("{name}() cannot cast null")),
-        e => match name {
-            "int" => match e {
-                Element::Int(i) => Ok(Element::Int(i)),
-                Element::Float(x) if x.is_finite() => Ok(Element::Int(x.trunc() as i64)),
-                Element::Float(x) => Err(format!(
-                    "cannot convert float {} to integer",
-                    crate::config::tree::python_float_repr(x)
-                )),
-                Element::Bool(b) => Ok(Element::Int(i64::from(b))),
-                Element::Str { value, .. } => value
-                    .trim()
-                    .replace('_', "")
-                    .parse::<i64>()
-                    .map(Element::Int)
-                    .map_err(|_| format!("invalid literal for int() with base 10: '{value}'")),
-                _ => unreachable!("containers handled above"),
+        Element::Null if name == "bool" => Ok(Element::Bool(false)),
+        Element::Null => Err(FnError(
+            "AssertionError",
+            format!("{name}() cannot cast null"),
+        )),
+        Element::Int(i) => Ok(match name {
+            "int" => Element::Int(i),
+            "float" => Element::Float(i as f64),
+            "str" => Element::Str {
+                value: i.to_string(),
+                quoted: false,
             },
-            "float" => match e {
-                Element::Int(i) => Ok(Element::Float(i as f64)),
-                Element::Float(x) => Ok(Element::Float(x)),
-                Element::Bool(b) => Ok(Element::Float(if b { 1.0 } else { 0.0 })),
-                Element::Str { value, .. } => {
-                    let t = value.trim().to_ascii_lowercase();
-                    let parsed = match t.as_str() {
-                        "inf" | "+inf" | "infinity" => Some(f64::INFINITY),
-                        "-inf" | "-infinity" => Some(f64::NEG_INFINITY),
-                        "nan" | "+nan" | "-nan" => Some(f64::NAN),
-                        _ => t.replace('_', "").parse::<f64>().ok(),
-                    };
-                    parsed
-                        .map(Element::Float)
-                        .ok_or_else(|| format!("could not convert string to float: '{value}'"))
-                }
-                _ => unreachable!("containers handled above"),
+            _ => Element::Bool(i != 0),
+        }),
+        Element::Float(x) => Ok(match name {
+            "int" => Element::Int(float_to_int(x)?),
+            "float" => Element::Float(x),
+            "str" => Element::Str {
+                value: crate::config::tree::python_float_repr(x),
+                quoted: false,
+            },
+            _ => Element::Bool(x != 0.0),
+        }),
+        Element::Bool(b) => Ok(match name {
+            "int" => Element::Int(i64::from(b)),
+            "float" => Element::Float(f64::from(u8::from(b))),
+            "str" => Element::Str {
+                value: b.to_string(),
+                quoted: false,
+            },
+            _ => Element::Bool(b),
+        }),
+        Element::Str { value, .. } => match name {
+            "int" => match python_int(&value) {
+                Some(i) => Ok(Element::Int(i)),
+                None => value_error(format!("invalid literal for int() with base 10: '{value}'")),
+            },
+            "float" => match python_float(&value) {
+                Some(x) => Ok(Element::Float(x)),
+                None => value_error(format!("could not convert string to float: '{value}'")),
             },
             "str" => Ok(Element::Str {
-                value: match e {
-                    Element::Int(i) => i.to_string(),
-                    Element::Float(x) => crate::config::tree::python_float_repr(x),
-                    Element::Bool(b) => b.to_string(),
-                    Element::Str { value, .. } => value,
-                    _ => unreachable!("containers handled above"),
-                },
+                value,
                 quoted: false,
             }),
-            _ => match e {
-                Element::Bool(b) => Ok(Element::Bool(b)),
-                Element::Int(i) => Ok(Element::Bool(i != 0)),
-                Element::Float(x) => Ok(Element::Bool(x != 0.0)),
-                Element::Str { value, .. } => match value.to_ascii_lowercase().as_str() {
-                    "true" => Ok(Element::Bool(true)),
-                    "false" => Ok(Element::Bool(false)),
-                    _ => Err(format!("Cannot cast '{value}' to bool")),
-                },
-                _ => unreachable!("containers handled above"),
+            _ => match value.to_ascii_lowercase().as_str() {
+                "true" => Ok(Element::Bool(true)),
+                "false" => Ok(Element::Bool(false)),
+                _ => value_error(format!("Cannot cast '{value}' to bool")),
             },
         },
     }
 }
 
-fn sort_elements(list: &mut [Element], reverse: bool) -> Result<(), String> {
-    let all_numbers = list
-        .iter()
-        .all(|e| matches!(e, Element::Int(_) | Element::Float(_) | Element::Bool(_)));
-    let all_strings = list.iter().all(|e| matches!(e, Element::Str { .. }));
-    if all_numbers {
-        let key = |e: &Element| match e {
-            Element::Int(i) => *i as f64,
-            Element::Float(x) => *x,
-            Element::Bool(b) => f64::from(u8::from(*b)),
-            _ => 0.0,
-        };
-        list.sort_by(|a, b| {
-            key(a)
-                .partial_cmp(&key(b))
-                .unwrap_or(std::cmp::Ordering::Equal)
-        });
-    } else if all_strings {
-        let key = |e: &Element| match e {
-            Element::Str { value, .. } => value.clone(),
-            _ => String::new(),
-        };
-        list.sort_by_key(key);
-    } else {
-        return Err("'<' not supported between the values given to sort()".into());
+/// Python's `<` between two parsed values, where it is defined.
+fn py_cmp(a: &Element, b: &Element) -> Result<std::cmp::Ordering, FnError> {
+    use std::cmp::Ordering;
+    let num = |e: &Element| match e {
+        Element::Int(i) => Some(*i as f64),
+        Element::Float(x) => Some(*x),
+        Element::Bool(b) => Some(f64::from(u8::from(*b))),
+        _ => None,
+    };
+    match (a, b) {
+        (Element::Int(x), Element::Int(y)) => Ok(x.cmp(y)),
+        (
+            Element::Str {
+                value: x,
+                quoted: false,
+            },
+            Element::Str {
+                value: y,
+                quoted: false,
+            },
+        ) => Ok(x.cmp(y)),
+        (Element::List(x), Element::List(y)) => {
+            for (p, q) in x.iter().zip(y) {
+                match py_cmp(p, q)? {
+                    Ordering::Equal => {}
+                    other => return Ok(other),
+                }
+            }
+            Ok(x.len().cmp(&y.len()))
+        }
+        _ => match (num(a), num(b)) {
+            // NaN compares false both ways in Python; treat it as equal (stable).
+            (Some(x), Some(y)) => Ok(x.partial_cmp(&y).unwrap_or(Ordering::Equal)),
+            _ => type_error(format!(
+                "'<' not supported between instances of '{}' and '{}'",
+                type_name(&Val::Elem(a.clone())),
+                type_name(&Val::Elem(b.clone()))
+            )),
+        },
     }
-    if reverse {
-        list.reverse();
+}
+
+/// Python's `sorted(list, reverse=...)`: stable in both directions; incomparable values are an error.
+fn py_sorted(list: Vec<Element>, reverse: bool) -> Result<Vec<Element>, FnError> {
+    // Stable insertion sort with a fallible comparison (the lists are command-line sized).
+    let mut out: Vec<Element> = Vec::with_capacity(list.len());
+    for item in list {
+        let mut at = out.len();
+        while at > 0 {
+            let ord = py_cmp(&out[at - 1], &item)?;
+            let after = if reverse {
+                ord != std::cmp::Ordering::Less
+            } else {
+                ord != std::cmp::Ordering::Greater
+            };
+            if after {
+                break;
+            }
+            at -= 1;
+        }
+        out.insert(at, item);
     }
-    Ok(())
+    Ok(out)
 }
 
 /// Shuffle in place (xorshift seeded from the clock: Hydra's shuffle is unseeded too).
@@ -1519,6 +1803,9 @@ impl Sweep {
             } => {
                 let mut out = Vec::new();
                 match (start, stop, step) {
+                    (Num::Int(_), Num::Int(_), Num::Int(0)) => {
+                        return Err(err("range() arg 3 must not be zero"));
+                    }
                     (Num::Int(a), Num::Int(b), Num::Int(s)) => {
                         let mut v = *a;
                         while (*s > 0 && v < *b) || (*s < 0 && v > *b) {
@@ -1526,18 +1813,38 @@ impl Sweep {
                             if out.len() > 1_000_000 {
                                 return Err(err("range() yields more than a million values"));
                             }
-                            v += s;
+                            match v.checked_add(*s) {
+                                Some(next) => v = next,
+                                None => break,
+                            }
                         }
                     }
                     _ => {
-                        // Hydra's FloatRange accumulates (start += step), so do we.
-                        let (mut v, b, s) = (start.as_f64(), stop.as_f64(), step.as_f64());
-                        while (s > 0.0 && v < b) || (s < 0.0 && v > b) {
-                            out.push(Num::Float(v).to_element());
+                        // Hydra's FloatRange accumulates in `decimal.Decimal` (exact start, 28 digits).
+                        let (a, b, s) = (start.as_f64(), stop.as_f64(), step.as_f64());
+                        if !(a.is_finite() && b.is_finite() && s.is_finite()) || s == 0.0 {
+                            return Err(err(&format!(
+                                "Invalid range values (start:{a}, stop:{b}, step:{s})"
+                            )));
+                        }
+                        let (stop, step) = (Dec::from_f64(b), Dec::from_f64(s));
+                        let mut v = Dec::from_f64(a);
+                        let up = s > 0.0;
+                        loop {
+                            let ord = v.cmp_exact(&stop);
+                            let more = if up {
+                                ord == std::cmp::Ordering::Less
+                            } else {
+                                ord == std::cmp::Ordering::Greater
+                            };
+                            if !more {
+                                break;
+                            }
+                            out.push(Element::Float(v.to_f64()));
                             if out.len() > 1_000_000 {
                                 return Err(err("range() yields more than a million values"));
                             }
-                            v += s;
+                            v = v.add(&step).rounded(28);
                         }
                     }
                 }
@@ -1564,6 +1871,168 @@ impl Sweep {
             })
             .cloned()
             .collect()
+    }
+}
+
+/// Just enough of Python's `decimal.Decimal` for Hydra's float ranges: exact conversion from `f64`,
+/// exact addition and comparison, and rounding to a precision (half-even, as the default context).
+#[derive(Debug, Clone)]
+struct Dec {
+    neg: bool,
+    /// Most significant first; empty is zero.
+    digits: Vec<u8>,
+    /// value = digits * 10^exp
+    exp: i64,
+}
+
+impl Dec {
+    fn from_f64(x: f64) -> Dec {
+        let bits = x.to_bits();
+        let neg = bits >> 63 == 1;
+        let exp_bits = ((bits >> 52) & 0x7ff) as i64;
+        let frac = bits & ((1u64 << 52) - 1);
+        let (mant, e2) = if exp_bits == 0 {
+            (frac, -1074)
+        } else {
+            (frac | (1u64 << 52), exp_bits - 1075)
+        };
+        let mut digits: Vec<u8> = mant.to_string().bytes().map(|b| b - b'0').collect();
+        let (factor, times) = if e2 >= 0 { (2, e2) } else { (5, -e2) };
+        for _ in 0..times {
+            let mut carry = 0u8;
+            for d in digits.iter_mut().rev() {
+                let v = *d * factor + carry;
+                *d = v % 10;
+                carry = v / 10;
+            }
+            if carry > 0 {
+                digits.insert(0, carry);
+            }
+        }
+        Dec {
+            neg,
+            digits,
+            exp: e2.min(0),
+        }
+        .normalized()
+    }
+
+    fn normalized(mut self) -> Dec {
+        let lead = self.digits.iter().take_while(|d| **d == 0).count();
+        self.digits.drain(..lead);
+        while self.digits.last() == Some(&0) {
+            self.digits.pop();
+            self.exp += 1;
+        }
+        if self.digits.is_empty() {
+            self.neg = false;
+            self.exp = 0;
+        }
+        self
+    }
+
+    /// The magnitude's digits scaled to exponent `exp` (which must not exceed `self.exp`), `len` long.
+    fn aligned(&self, exp: i64, len: usize) -> Vec<u8> {
+        let shift = usize::try_from(self.exp - exp).unwrap_or(0);
+        let mut v = vec![0u8; len.saturating_sub(self.digits.len() + shift)];
+        v.extend_from_slice(&self.digits);
+        v.extend(std::iter::repeat_n(0, shift));
+        v
+    }
+
+    fn add(&self, other: &Dec) -> Dec {
+        if self.digits.is_empty() {
+            return other.clone();
+        }
+        if other.digits.is_empty() {
+            return self.clone();
+        }
+        let exp = self.exp.min(other.exp);
+        let width = |d: &Dec| d.digits.len() + usize::try_from(d.exp - exp).unwrap_or(0);
+        let len = width(self).max(width(other)) + 1;
+        let (a, b) = (self.aligned(exp, len), other.aligned(exp, len));
+        let (neg, digits) = if self.neg == other.neg {
+            let mut out = vec![0u8; len];
+            let mut carry = 0;
+            for i in (0..len).rev() {
+                let v = a[i] + b[i] + carry;
+                out[i] = v % 10;
+                carry = v / 10;
+            }
+            (self.neg, out)
+        } else {
+            // Subtract the smaller magnitude from the larger.
+            let (big, small, neg) = if a >= b {
+                (a, b, self.neg)
+            } else {
+                (b, a, other.neg)
+            };
+            let mut out = vec![0u8; len];
+            let mut borrow = 0i8;
+            for i in (0..len).rev() {
+                let mut v = big[i] as i8 - small[i] as i8 - borrow;
+                borrow = i8::from(v < 0);
+                if v < 0 {
+                    v += 10;
+                }
+                out[i] = v as u8;
+            }
+            (neg, out)
+        };
+        Dec { neg, digits, exp }.normalized()
+    }
+
+    fn rounded(mut self, precision: usize) -> Dec {
+        if self.digits.len() <= precision {
+            return self;
+        }
+        let drop = self.digits.len() - precision;
+        let tail = self.digits.split_off(precision);
+        let first = tail.first().copied().unwrap_or(0);
+        let rest_nonzero = tail.iter().skip(1).any(|d| *d != 0);
+        let last_odd = self.digits.last().is_some_and(|d| d % 2 == 1);
+        self.exp += drop as i64;
+        if first > 5 || (first == 5 && (rest_nonzero || last_odd)) {
+            let mut i = self.digits.len();
+            loop {
+                if i == 0 {
+                    self.digits.insert(0, 1);
+                    break;
+                }
+                i -= 1;
+                if self.digits[i] == 9 {
+                    self.digits[i] = 0;
+                } else {
+                    self.digits[i] += 1;
+                    break;
+                }
+            }
+        }
+        self.normalized()
+    }
+
+    fn cmp_exact(&self, other: &Dec) -> std::cmp::Ordering {
+        let diff = self.add(&Dec {
+            neg: !other.neg,
+            digits: other.digits.clone(),
+            exp: other.exp,
+        });
+        match (diff.digits.is_empty(), diff.neg) {
+            (true, _) => std::cmp::Ordering::Equal,
+            (false, true) => std::cmp::Ordering::Less,
+            (false, false) => std::cmp::Ordering::Greater,
+        }
+    }
+
+    fn to_f64(&self) -> f64 {
+        if self.digits.is_empty() {
+            return if self.neg { -0.0 } else { 0.0 };
+        }
+        let digits: String = self.digits.iter().map(|d| char::from(b'0' + d)).collect();
+        let sign = if self.neg { "-" } else { "" };
+        format!("{sign}{digits}e{}", self.exp)
+            .parse()
+            .unwrap_or(f64::NAN)
     }
 }
 
@@ -1791,7 +2260,7 @@ mod tests {
     #[case("a='abc", "unterminated quoted string")]
     #[case("a=choice()", "empty choice is not legal")]
     #[case("a=[1,2", "missing ']'")]
-    #[case("a=range(a,b)", "must be a number")]
+    #[case("a=range(a,b)", "str is incompatible with Union[int, float]")]
     #[case("a/b.c=1", "invalid key")]
     #[case("a=1,", "expecting a value")]
     #[case("a= ", "")]

@@ -1,0 +1,177 @@
+//! The Candle model zoo (so far: mlp, cnn). Each model declares its parameters (name, shape, fan-in) and a
+//! forward pass over named variables; names follow PyTorch's `state_dict()` of the equivalent module.
+
+use crate::rng::Rng;
+use crate::schema::{ModelConfig, ModelName};
+use candle_core::{DType, Result, Tensor, Var, D};
+use std::collections::BTreeMap;
+
+/// A parameter to create: its name, shape and fan-in (for PyTorch's default init).
+#[derive(Debug, Clone)]
+pub struct ParamSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub fan_in: usize,
+}
+
+pub type Params = BTreeMap<String, Var>;
+
+pub trait CandleModel: Send {
+    fn specs(&self) -> Vec<ParamSpec>;
+    /// `rng` drives dropout masks in train mode (deterministic, seeded per step).
+    fn forward(&self, p: &Params, x: &Tensor, train: bool, rng: &mut Rng) -> Result<Tensor>;
+}
+
+fn get<'a>(p: &'a Params, name: &str) -> Result<&'a Var> {
+    p.get(name)
+        .ok_or_else(|| candle_core::Error::Msg(format!("missing parameter {name}")))
+}
+
+fn linear(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
+    let w = get(p, &format!("{prefix}.weight"))?;
+    let b = get(p, &format!("{prefix}.bias"))?;
+    x.matmul(&w.t()?)?.broadcast_add(b)
+}
+
+fn conv3x3(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
+    let w = get(p, &format!("{prefix}.weight"))?;
+    let b = get(p, &format!("{prefix}.bias"))?;
+    let y = x.conv2d(w, 1, 1, 1, 1)?;
+    y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)
+}
+
+/// Inverted dropout with a host-generated mask, so runs are reproducible.
+fn dropout(x: &Tensor, prob: f64, train: bool, rng: &mut Rng) -> Result<Tensor> {
+    if !train || prob <= 0.0 {
+        return Ok(x.clone());
+    }
+    let keep = 1.0 - prob;
+    let mask: Vec<f32> = (0..x.elem_count())
+        .map(|_| {
+            if rng.next_f64() < keep {
+                (1.0 / keep) as f32
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    x.mul(&Tensor::from_vec(mask, x.shape(), x.device())?)
+}
+
+fn linear_spec(name: &str, inp: usize, out: usize) -> Vec<ParamSpec> {
+    vec![
+        ParamSpec {
+            name: format!("{name}.weight"),
+            shape: vec![out, inp],
+            fan_in: inp,
+        },
+        ParamSpec {
+            name: format!("{name}.bias"),
+            shape: vec![out],
+            fan_in: inp,
+        },
+    ]
+}
+
+/// `nn.Sequential(Flatten, Linear, ReLU, Dropout, ..., Linear)` as `layers.{i}`, head `head`.
+pub struct Mlp {
+    dims: Vec<usize>,
+    classes: usize,
+    dropout: f64,
+}
+
+impl CandleModel for Mlp {
+    fn specs(&self) -> Vec<ParamSpec> {
+        let mut out = Vec::new();
+        for (i, w) in self.dims.windows(2).enumerate() {
+            out.extend(linear_spec(&format!("layers.{i}"), w[0], w[1]));
+        }
+        out.extend(linear_spec(
+            "head",
+            *self.dims.last().unwrap_or(&1),
+            self.classes,
+        ));
+        out
+    }
+
+    fn forward(&self, p: &Params, x: &Tensor, train: bool, rng: &mut Rng) -> Result<Tensor> {
+        let mut h = x.flatten_from(1)?;
+        for i in 0..self.dims.len() - 1 {
+            h = linear(p, &format!("layers.{i}"), &h)?.relu()?;
+            h = dropout(&h, self.dropout, train, rng)?;
+        }
+        linear(p, "head", &h)
+    }
+}
+
+/// Conv blocks `blocks.{i}.conv` (3x3, ReLU, 2x2 max-pool), global average pooling, linear `head`.
+pub struct Cnn {
+    in_channels: usize,
+    channels: Vec<usize>,
+    classes: usize,
+    dropout: f64,
+}
+
+impl CandleModel for Cnn {
+    fn specs(&self) -> Vec<ParamSpec> {
+        let mut out = Vec::new();
+        let mut c_in = self.in_channels;
+        for (i, &c) in self.channels.iter().enumerate() {
+            let fan_in = c_in * 9;
+            out.push(ParamSpec {
+                name: format!("blocks.{i}.conv.weight"),
+                shape: vec![c, c_in, 3, 3],
+                fan_in,
+            });
+            out.push(ParamSpec {
+                name: format!("blocks.{i}.conv.bias"),
+                shape: vec![c],
+                fan_in,
+            });
+            c_in = c;
+        }
+        out.extend(linear_spec("head", c_in, self.classes));
+        out
+    }
+
+    fn forward(&self, p: &Params, x: &Tensor, train: bool, rng: &mut Rng) -> Result<Tensor> {
+        let mut h = x.clone();
+        for i in 0..self.channels.len() {
+            h = conv3x3(p, &format!("blocks.{i}.conv"), &h)?.relu()?;
+            if h.dim(2)? >= 2 && h.dim(3)? >= 2 {
+                h = h.max_pool2d(2)?;
+            }
+        }
+        let pooled = h.mean(D::Minus1)?.mean(D::Minus1)?;
+        let pooled = dropout(&pooled, self.dropout, train, rng)?;
+        linear(p, "head", &pooled)
+    }
+}
+
+/// Build a zoo model for `channels`-channel `image_size` inputs.
+pub fn build(
+    cfg: &ModelConfig,
+    channels: usize,
+    image_size: usize,
+) -> anyhow::Result<Box<dyn CandleModel>> {
+    Ok(match cfg.name {
+        ModelName::Mlp => {
+            let mut dims = vec![channels * image_size * image_size];
+            dims.extend(cfg.hidden.clone().unwrap_or_else(|| vec![512, 256]));
+            Box::new(Mlp { dims, classes: cfg.num_classes, dropout: cfg.dropout })
+        }
+        ModelName::Cnn => Box::new(Cnn {
+            in_channels: channels,
+            channels: cfg.channels.clone().unwrap_or_else(|| vec![32, 64, 128]),
+            classes: cfg.num_classes,
+            dropout: cfg.dropout,
+        }),
+        other => anyhow::bail!(
+            "model.name={}: not available in the Candle backend of this build yet (available: mlp, cnn)",
+            format!("{other:?}").to_lowercase()
+        ),
+    })
+}
+
+/// The float type parameters are kept in.
+pub const PARAM_DTYPE: DType = DType::F32;

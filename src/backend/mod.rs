@@ -1,0 +1,114 @@
+//! The backend boundary. The trainer loop speaks only `Engine`: feed a batch forward and backward, take an
+//! optimizer step at a learning rate, evaluate, and move state in and out as named host tensors (the
+//! checkpoint format). Candle is the default engine; tch plugs in behind the same trait (feature `torch`).
+
+pub mod candle;
+pub mod init;
+pub mod schedule;
+
+use crate::data::loader::Batch;
+use crate::schema::Experiment;
+use std::collections::BTreeMap;
+
+/// A tensor on the host, in row-major `f32`: the currency of checkpoints and cross-backend tests.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl HostTensor {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+/// Named tensors in a stable order: model weights under their torchvision/timm names, optimizer state
+/// under `optimizer.<param>.<slot>`.
+pub type StateDict = BTreeMap<String, HostTensor>;
+
+/// What one forward pass measured (sums, so batches of different sizes combine exactly).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct StepStats {
+    pub loss_sum: f64,
+    pub correct1: u64,
+    pub correct5: u64,
+    pub count: u64,
+}
+
+impl StepStats {
+    pub fn add(&mut self, other: &StepStats) {
+        self.loss_sum += other.loss_sum;
+        self.correct1 += other.correct1;
+        self.correct5 += other.correct5;
+        self.count += other.count;
+    }
+    pub fn loss(&self) -> f64 {
+        self.loss_sum / self.count.max(1) as f64
+    }
+    pub fn acc1(&self) -> f64 {
+        self.correct1 as f64 / self.count.max(1) as f64
+    }
+    pub fn acc5(&self) -> f64 {
+        self.correct5 as f64 / self.count.max(1) as f64
+    }
+}
+
+/// Top-1 and top-5 hits for row-major logits `[n, classes]`.
+pub fn topk_hits(logits: &[f32], classes: usize, labels: &[u32]) -> (u64, u64) {
+    let mut top1 = 0;
+    let mut top5 = 0;
+    for (row, &label) in logits.chunks(classes).zip(labels) {
+        let target = row[label as usize];
+        // Rank = how many classes score strictly higher (ties go to the true class, as torch.topk mostly does).
+        let rank = row.iter().filter(|&&v| v > target).count();
+        top1 += u64::from(rank == 0);
+        top5 += u64::from(rank < 5);
+    }
+    (top1, top5)
+}
+
+/// A model with its optimizer, on some device.
+pub trait Engine {
+    /// Forward and backward on a batch; gradients accumulate (scaled by `grad_scale`) until `optimizer_step`.
+    fn forward_backward(&mut self, batch: &Batch, grad_scale: f64) -> anyhow::Result<StepStats>;
+    /// Clip (if asked), apply the optimizer at this learning rate/momentum, then clear the gradients.
+    /// Returns the gradient norm before clipping.
+    fn optimizer_step(
+        &mut self,
+        lr: f64,
+        momentum: Option<f64>,
+        clip_norm: Option<f64>,
+    ) -> anyhow::Result<f64>;
+    /// Forward only, in eval mode.
+    fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats>;
+    /// Weights, buffers and optimizer state.
+    fn state_dict(&self) -> anyhow::Result<StateDict>;
+    /// Restore what `state_dict` returned (optimizer entries optional: weights alone load too).
+    fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()>;
+    /// Trainable parameter count.
+    fn num_parameters(&self) -> usize;
+}
+
+/// Build the engine the experiment asks for.
+pub fn build(exp: &Experiment) -> anyhow::Result<Box<dyn Engine>> {
+    match exp.backend {
+        crate::schema::Backend::Candle => Ok(Box::new(candle::CandleEngine::new(exp)?)),
+        crate::schema::Backend::Tch => anyhow::bail!(
+            "backend=tch needs a build with the `torch` feature (libtorch); this build has only candle.\n    \
+             Use backend=candle, or rebuild with --features torch"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topk_counts() {
+        let logits = [0.1, 0.9, 0.0, 0.5, 0.2, 0.3];
+        assert_eq!(topk_hits(&logits, 3, &[1, 0]), (2, 2));
+        assert_eq!(topk_hits(&logits, 3, &[0, 1]), (0, 2));
+    }
+}

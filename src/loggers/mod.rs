@@ -1,0 +1,3 @@
+//! Where metrics go: `metrics.csv` now; TensorBoard and the console bar plug in beside it.
+
+pub mod csv;

@@ -1,0 +1,463 @@
+//! The one training loop (fit + validate), shared by every backend: it speaks only `backend::Engine`.
+//! It owns the epoch/step bookkeeping (limits, accumulation, fast_dev_run, max_steps), the schedule,
+//! checkpointing with resume, early stopping, `metrics.csv` and `summary.json`.
+
+use crate::backend::schedule::Schedule;
+use crate::backend::{self, StepStats};
+use crate::checkpoint::{self, TrainingState};
+use crate::data::loader::{EpochLoader, LoaderSpec};
+use crate::data::sampler::DistributedSampler;
+use crate::data::{self, Split};
+use crate::loggers::csv::CsvLogger;
+use crate::schema::{Experiment, FastDevRun, Limit, Limit0, Mode};
+use anyhow::Context;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What `summary.json` records about a finished (or stopped) run.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub task_name: String,
+    pub status: String,
+    pub backend: String,
+    pub model: String,
+    pub data: String,
+    pub strategy: String,
+    pub precision: String,
+    pub num_nodes: usize,
+    pub devices: usize,
+    pub batch_size: usize,
+    pub global_batch_size: usize,
+    pub num_parameters: usize,
+    pub epochs_completed: u64,
+    pub global_step: u64,
+    pub best: Option<BestMetric>,
+    pub final_metrics: BTreeMap<String, f64>,
+    pub wall_time_s: f64,
+    pub train_time_s: f64,
+    pub train_samples_per_s: f64,
+    pub peak_rss_bytes: Option<u64>,
+    pub best_checkpoint: Option<String>,
+    pub last_checkpoint: Option<String>,
+    pub resumed_from: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct BestMetric {
+    pub monitor: String,
+    pub value: f64,
+    pub epoch: u64,
+}
+
+/// How many of `available` batches a limit allows (Lightning's rules: an int counts, a float is a fraction).
+fn limited(available: usize, limit: Limit) -> usize {
+    match limit {
+        Limit::Batches(n) => available.min(n as usize),
+        Limit::Fraction(f) => {
+            let n = (available as f64 * f).floor() as usize;
+            if f > 0.0 {
+                n.max(1).min(available)
+            } else {
+                0
+            }
+        }
+    }
+}
+
+/// The process's peak resident memory (Linux `VmHWM`).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+fn better(mode: Mode, new: f64, old: f64, min_delta: f64) -> bool {
+    match mode {
+        Mode::Max => new > old + min_delta,
+        Mode::Min => new < old - min_delta,
+    }
+}
+
+/// Where `ckpt_path` points: a file, or `last`: the newest `last.safetensors` among this task's runs.
+pub fn resolve_ckpt_path(
+    ckpt: &str,
+    exp: &Experiment,
+    output_dir: &Path,
+) -> anyhow::Result<PathBuf> {
+    if ckpt != "last" {
+        let p = PathBuf::from(ckpt);
+        anyhow::ensure!(p.is_file(), "ckpt_path={ckpt}: no such checkpoint file");
+        return Ok(p);
+    }
+    let runs = output_dir
+        .parent()
+        .context("the run directory has no parent")?;
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(runs)
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.path().join("checkpoints").join("last.safetensors"))
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    candidates.sort();
+    candidates.pop().with_context(|| {
+        format!(
+            "ckpt_path=last: no checkpoints/last.safetensors in any earlier run of '{}' under {}",
+            exp.task_name,
+            runs.display()
+        )
+    })
+}
+
+/// Train and validate as the experiment says, writing everything under `output_dir`.
+pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Result<Summary> {
+    let started = Instant::now();
+    let t = &exp.trainer;
+    let fast_dev = match t.fast_dev_run {
+        FastDevRun::Flag(true) => Some(1usize),
+        FastDevRun::Batches(n) if n > 0 => Some(n as usize),
+        _ => None,
+    };
+    let overfit = match t.overfit_batches {
+        Limit0::Batches(n) if n > 0 => Some(Limit::Batches(n)),
+        Limit0::Fraction(f) if f > 0.0 => Some(Limit::Fraction(f)),
+        _ => None,
+    };
+
+    let train_set = data::open(&exp.data, Split::Train, exp.seed)?;
+    let val_set = if overfit.is_some() {
+        train_set.clone()
+    } else {
+        data::open(&exp.data, Split::Val, exp.seed)?
+    };
+    anyhow::ensure!(!train_set.is_empty(), "the training set is empty");
+    let loader = |set: Arc<dyn data::Dataset>,
+                  transforms: &Vec<crate::schema::Transform>,
+                  drop_last: bool| LoaderSpec {
+        dataset: set,
+        transforms: Arc::new(transforms.clone()),
+        batch_size: exp.data.batch_size,
+        drop_last,
+        num_workers: exp.data.num_workers,
+        prefetch: 2,
+        seed: exp.seed,
+    };
+    let train_spec = loader(
+        train_set.clone(),
+        &exp.data.train_transforms,
+        exp.data.drop_last,
+    );
+    let val_spec = loader(val_set.clone(), &exp.data.val_transforms, false);
+    let train_sampler = DistributedSampler::single(train_set.len(), overfit.is_none(), exp.seed);
+    let val_sampler = DistributedSampler::single(val_set.len(), false, exp.seed);
+
+    let available = crate::data::loader::batches_of(
+        &train_sampler.indices(0),
+        exp.data.batch_size,
+        exp.data.drop_last,
+    )
+    .len();
+    let train_batches = match (fast_dev, overfit) {
+        (Some(n), _) => n.min(available),
+        (None, Some(limit)) => limited(available, limit),
+        (None, None) => limited(available, t.limit_train_batches),
+    };
+    let val_available = val_sampler.num_samples().div_ceil(exp.data.batch_size);
+    let val_batches = match (fast_dev, overfit) {
+        (Some(n), _) => n.min(val_available),
+        (None, Some(_)) => train_batches,
+        (None, None) => limited(val_available, t.limit_val_batches),
+    };
+    anyhow::ensure!(
+        train_batches > 0,
+        "no training batches: check data.batch_size and trainer.limit_train_batches"
+    );
+    let accumulate = t.accumulate_grad_batches.max(1) as usize;
+    let steps_per_epoch = train_batches.div_ceil(accumulate) as u64;
+    let max_epochs = if fast_dev.is_some() { 1 } else { t.max_epochs };
+    let total_steps = if t.max_steps > 0 {
+        t.max_steps as u64
+    } else {
+        max_epochs * steps_per_epoch
+    };
+    let schedule = Schedule::new(
+        &exp.scheduler,
+        exp.optimizer.lr,
+        total_steps,
+        steps_per_epoch,
+    );
+
+    let mut engine = backend::build(exp)?;
+    let callbacks_on = fast_dev.is_none();
+    let ckpt_cfg = exp
+        .callbacks
+        .model_checkpoint
+        .as_ref()
+        .filter(|_| callbacks_on);
+    let stop_cfg = exp
+        .callbacks
+        .early_stopping
+        .as_ref()
+        .filter(|_| callbacks_on);
+
+    let mut state = TrainingState {
+        epoch: 0,
+        global_step: 0,
+        metrics: HashMap::new(),
+        best: None,
+        epochs_without_improvement: 0,
+    };
+    let mut resumed_from = None;
+    if let Some(ckpt) = &exp.ckpt_path {
+        let path = resolve_ckpt_path(ckpt, exp, output_dir)?;
+        let loaded = checkpoint::load(&path)?;
+        engine
+            .load_state_dict(&loaded.state)
+            .with_context(|| format!("loading {}", path.display()))?;
+        if let Some(training) = loaded.training {
+            state = training;
+        }
+        println!(
+            "Resumed from {} (epoch {}, step {})",
+            path.display(),
+            state.epoch,
+            state.global_step
+        );
+        resumed_from = Some(path.display().to_string());
+    }
+
+    let mut csv = if exp.logger.csv.is_some() && callbacks_on {
+        Some(CsvLogger::open(output_dir, resumed_from.is_some())?)
+    } else {
+        None
+    };
+    let log_every = t.log_every_n_steps.max(1);
+    let mut train_time = 0.0f64;
+    let mut train_samples = 0u64;
+    let mut best_path: Option<PathBuf> = None;
+    let mut last_path: Option<PathBuf> = None;
+    let mut status = "completed".to_string();
+    let ckpt_dir = ckpt_cfg.map(|c| PathBuf::from(&c.dirpath));
+    let mut last_train = StepStats::default();
+    let mut last_val: Option<StepStats> = None;
+
+    'epochs: while state.epoch < max_epochs {
+        let epoch = state.epoch;
+        let epoch_start = Instant::now();
+        let indices = train_sampler.indices(epoch);
+        let mut epoch_stats = StepStats::default();
+        let mut window = StepStats::default();
+        let mut lr_now = schedule.at(state.global_step).lr;
+        for (i, batch) in EpochLoader::new(&train_spec, epoch, &indices)
+            .take(train_batches)
+            .enumerate()
+        {
+            let batch = batch?;
+            let stats = engine.forward_backward(&batch, 1.0 / accumulate as f64)?;
+            anyhow::ensure!(
+                stats.loss().is_finite(),
+                "the training loss became {} at epoch {epoch}, step {}; lower optimizer.lr or set trainer.gradient_clip_val",
+                stats.loss(),
+                state.global_step
+            );
+            epoch_stats.add(&stats);
+            window.add(&stats);
+            train_samples += batch.len() as u64;
+            if (i + 1) % accumulate == 0 || i + 1 == train_batches {
+                let point = schedule.at(state.global_step);
+                lr_now = point.lr;
+                engine.optimizer_step(point.lr, point.momentum, t.gradient_clip_val)?;
+                state.global_step += 1;
+                if state.global_step.is_multiple_of(log_every) {
+                    if let Some(csv) = csv.as_mut() {
+                        let row = BTreeMap::from([
+                            ("epoch", epoch as f64),
+                            ("step", state.global_step as f64),
+                            ("lr", point.lr),
+                            ("train/loss", window.loss()),
+                            ("train/acc1", window.acc1()),
+                        ]);
+                        csv.log(&row)?;
+                    }
+                    window = StepStats::default();
+                }
+                if t.max_steps > 0 && state.global_step >= t.max_steps as u64 {
+                    status = "max_steps reached".into();
+                    train_time += epoch_start.elapsed().as_secs_f64();
+                    state.epoch += 1;
+                    last_train = epoch_stats;
+                    break 'epochs;
+                }
+            }
+        }
+        let epoch_train_time = epoch_start.elapsed().as_secs_f64();
+        train_time += epoch_train_time;
+        last_train = epoch_stats;
+        state.epoch += 1;
+
+        let validate = val_batches > 0
+            && (state.epoch.is_multiple_of(t.check_val_every_n_epoch.max(1))
+                || state.epoch == max_epochs);
+        let mut val = None;
+        if validate {
+            let mut v = StepStats::default();
+            let val_indices = val_sampler.indices(0);
+            for batch in EpochLoader::new(&val_spec, 0, &val_indices).take(val_batches) {
+                v.add(&engine.evaluate(&batch?)?);
+            }
+            val = Some(v);
+            last_val = Some(v);
+        }
+        let throughput = epoch_stats.count as f64 / epoch_train_time.max(1e-9);
+        let mut row = BTreeMap::from([
+            ("epoch", epoch as f64),
+            ("step", state.global_step as f64),
+            ("lr", lr_now),
+            ("train/loss", epoch_stats.loss()),
+            ("train/acc1", epoch_stats.acc1()),
+            ("epoch_time_s", epoch_train_time),
+            ("samples_per_s", throughput),
+        ]);
+        state
+            .metrics
+            .insert("train/loss".into(), epoch_stats.loss());
+        state
+            .metrics
+            .insert("train/acc1".into(), epoch_stats.acc1());
+        if let Some(v) = val {
+            row.insert("val/loss", v.loss());
+            row.insert("val/acc1", v.acc1());
+            row.insert("val/acc5", v.acc5());
+            state.metrics.insert("val/loss".into(), v.loss());
+            state.metrics.insert("val/acc1".into(), v.acc1());
+            state.metrics.insert("val/acc5".into(), v.acc5());
+        }
+        if let Some(csv) = csv.as_mut() {
+            csv.log(&row)?;
+        }
+        println!(
+            "epoch {}/{max_epochs}  step {}  train/loss {:.4}  train/acc1 {:.3}{}  {:.1}s  {:.0} img/s",
+            epoch + 1,
+            state.global_step,
+            epoch_stats.loss(),
+            epoch_stats.acc1(),
+            val.map(|v| format!("  val/loss {:.4}  val/acc1 {:.3}  val/acc5 {:.3}", v.loss(), v.acc1(), v.acc5()))
+                .unwrap_or_default(),
+            epoch_train_time,
+            throughput
+        );
+
+        // ModelCheckpoint + EarlyStopping share the "did the monitored metric improve" question.
+        let monitor = ckpt_cfg
+            .and_then(|c| c.monitor.clone().map(|m| (m, c.mode)))
+            .or_else(|| stop_cfg.map(|s| (s.monitor.clone(), s.mode)));
+        let mut improved = false;
+        if let Some((name, mode)) = &monitor {
+            if let Some(&value) = state.metrics.get(name.as_str()) {
+                let min_delta = stop_cfg.map(|s| s.min_delta).unwrap_or(0.0);
+                improved = state
+                    .best
+                    .is_none_or(|(b, _)| better(*mode, value, b, min_delta));
+                if improved {
+                    state.best = Some((value, epoch));
+                    state.epochs_without_improvement = 0;
+                } else {
+                    state.epochs_without_improvement += 1;
+                }
+            }
+        }
+        if let (Some(cfg), Some(dir)) = (ckpt_cfg, &ckpt_dir) {
+            let weights = engine.state_dict()?;
+            let due = state.epoch.is_multiple_of(cfg.every_n_epochs.max(1));
+            if due && cfg.save_top_k != 0 && (improved || cfg.monitor.is_none()) {
+                let name = crate::callbacks::checkpoint_name(
+                    &cfg.filename,
+                    epoch,
+                    state.global_step,
+                    &state.metrics,
+                );
+                let path = dir.join(format!("{name}.safetensors"));
+                checkpoint::save(&path, &weights, &state, config_yaml)?;
+                if cfg.save_top_k == 1 {
+                    if let Some(old) = best_path.replace(path.clone()) {
+                        if old != path {
+                            let _ = std::fs::remove_file(old);
+                        }
+                    }
+                } else {
+                    best_path = Some(path);
+                }
+            }
+            if cfg.save_last {
+                let path = dir.join("last.safetensors");
+                checkpoint::save(&path, &weights, &state, config_yaml)?;
+                last_path = Some(path);
+            }
+        }
+        if let Some(stop) = stop_cfg {
+            if state.metrics.contains_key(stop.monitor.as_str())
+                && state.epochs_without_improvement >= stop.patience
+            {
+                status = format!(
+                    "early stopped: {} did not improve for {} epochs",
+                    stop.monitor, stop.patience
+                );
+                break;
+            }
+        }
+    }
+
+    let mut final_metrics: BTreeMap<String, f64> =
+        state.metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
+    if last_val.is_none() {
+        final_metrics.insert("train/loss".into(), last_train.loss());
+    }
+    let monitor = ckpt_cfg
+        .and_then(|c| c.monitor.clone())
+        .or_else(|| stop_cfg.map(|s| s.monitor.clone()));
+    let summary = Summary {
+        task_name: exp.task_name.clone(),
+        status,
+        backend: format!("{:?}", exp.backend).to_lowercase(),
+        model: format!("{:?}", exp.model.name).to_lowercase(),
+        data: format!("{:?}", exp.data.name).to_lowercase(),
+        strategy: exp.trainer.strategy.to_string(),
+        precision: serde_json::to_value(exp.trainer.precision)?
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        num_nodes: exp.trainer.num_nodes,
+        devices: 1,
+        batch_size: exp.data.batch_size,
+        global_batch_size: exp.data.batch_size * accumulate,
+        num_parameters: engine.num_parameters(),
+        epochs_completed: state.epoch,
+        global_step: state.global_step,
+        best: match (monitor, state.best) {
+            (Some(monitor), Some((value, epoch))) => Some(BestMetric {
+                monitor,
+                value,
+                epoch,
+            }),
+            _ => None,
+        },
+        final_metrics,
+        wall_time_s: started.elapsed().as_secs_f64(),
+        train_time_s: train_time,
+        train_samples_per_s: train_samples as f64 / train_time.max(1e-9),
+        peak_rss_bytes: peak_rss_bytes(),
+        best_checkpoint: best_path.map(|p| p.display().to_string()),
+        last_checkpoint: last_path.map(|p| p.display().to_string()),
+        resumed_from,
+    };
+    crate::records::write_atomic(
+        &output_dir.join("summary.json"),
+        serde_json::to_string_pretty(&summary)?.as_bytes(),
+    )?;
+    Ok(summary)
+}
