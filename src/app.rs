@@ -406,6 +406,7 @@ fn run_job(
     let place = place_job(setup, &job_cfg, hydra, num, sweep_dir, ctx)?;
     let resolved = resolve_all(&job_cfg, &place.ctx)?;
     let experiment = crate::schema::extract(&resolved)?;
+    crate::trainer::check_supported(&experiment).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
     let output_dir = place.output_dir.clone();
     let info = JobInfo {
         name: place.task_name,

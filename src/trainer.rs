@@ -9,7 +9,9 @@ use crate::data::loader::{EpochLoader, LoaderSpec};
 use crate::data::sampler::DistributedSampler;
 use crate::data::{self, Split};
 use crate::loggers::csv::CsvLogger;
-use crate::schema::{Experiment, FastDevRun, Limit, Limit0, Mode};
+use crate::schema::{
+    Accelerator, Devices, Experiment, FastDevRun, Limit, Limit0, Mode, Precision, Strategy,
+};
 use anyhow::Context;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -114,9 +116,94 @@ pub fn resolve_ckpt_path(
     })
 }
 
+/// Refuse, by name, what the experiment asks for that this build cannot do yet, rather than ignore it.
+pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
+    let t = &exp.trainer;
+    let mut missing: Vec<String> = Vec::new();
+    if t.strategy != Strategy::Single
+        || t.num_nodes > 1
+        || matches!(t.devices, Devices::Count(n) if n > 1)
+    {
+        missing.push(format!(
+            "trainer.strategy={} with {} node(s): distributed training (dp/ddp/fsdp); use trainer=single",
+            t.strategy, t.num_nodes
+        ));
+    }
+    if matches!(t.accelerator, Accelerator::Gpu | Accelerator::Cuda) {
+        missing.push("trainer.accelerator=gpu: CUDA; use trainer.accelerator=cpu (or auto)".into());
+    }
+    if t.precision != Precision::Full {
+        missing.push("trainer.precision other than 32-true: mixed and bf16 precision".into());
+    }
+    if t.val_check_interval != Limit::Fraction(1.0) {
+        missing
+            .push("trainer.val_check_interval other than 1.0: validation within an epoch".into());
+    }
+    if t.auto_scale_batch_size.is_some() || exp.callbacks.batch_size_finder.is_some() {
+        missing.push(
+            "the batch-size finder (trainer.auto_scale_batch_size / callbacks.batch_size_finder)"
+                .into(),
+        );
+    }
+    if exp.callbacks.device_stats.is_some() {
+        missing.push("callbacks.device_stats".into());
+    }
+    if exp.logger.tensorboard.is_some() {
+        missing.push("logger.tensorboard (use logger=csv)".into());
+    }
+    if missing.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "this build cannot run the experiment as configured yet; not implemented:\n    - {}",
+        missing.join("\n    - ")
+    )
+}
+
+/// `DD:HH:MM:SS` (Lightning's Timer format) in seconds.
+pub fn parse_max_time(text: &str) -> anyhow::Result<f64> {
+    let parts: Vec<&str> = text.split(':').collect();
+    anyhow::ensure!(
+        parts.len() == 4,
+        "callbacks.timer.max_time='{text}': expected DD:HH:MM:SS"
+    );
+    let mut secs = 0.0;
+    for (part, unit) in parts.iter().zip([86400.0, 3600.0, 60.0, 1.0]) {
+        let v: f64 = part.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "callbacks.timer.max_time='{text}': '{part}' is not a number (DD:HH:MM:SS)"
+            )
+        })?;
+        secs += v * unit;
+    }
+    Ok(secs)
+}
+
+/// Print parameters per tensor and the total (the ModelSummary callback).
+fn print_model_summary(state: &crate::backend::StateDict, max_depth: u64) {
+    let mut groups: BTreeMap<String, usize> = BTreeMap::new();
+    for (name, t) in state.iter().filter(|(k, _)| !k.starts_with("optimizer.")) {
+        let key: Vec<&str> = name.split('.').take(max_depth.max(1) as usize).collect();
+        *groups.entry(key.join(".")).or_default() += t.numel();
+    }
+    let total: usize = groups.values().sum();
+    println!("{:<32} {:>12}", "module", "params");
+    for (name, n) in &groups {
+        println!("{name:<32} {n:>12}");
+    }
+    println!("{:<32} {total:>12}", "total trainable");
+}
+
 /// Train and validate as the experiment says, writing everything under `output_dir`.
 pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Result<Summary> {
     let started = Instant::now();
+    check_supported(exp)?; // also checked before the run directory is made; kept for library callers
+    let max_time = exp
+        .callbacks
+        .timer
+        .as_ref()
+        .map(|t| parse_max_time(&t.max_time))
+        .transpose()?;
     let t = &exp.trainer;
     let fast_dev = match t.fast_dev_run {
         FastDevRun::Flag(true) => Some(1usize),
@@ -193,6 +280,9 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
     );
 
     let mut engine = backend::build(exp)?;
+    if let Some(ms) = &exp.callbacks.model_summary {
+        print_model_summary(&engine.state_dict()?, ms.max_depth);
+    }
     let callbacks_on = fast_dev.is_none();
     let ckpt_cfg = exp
         .callbacks
@@ -397,6 +487,15 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
                 let path = dir.join("last.safetensors");
                 checkpoint::save(&path, &weights, &state, config_yaml)?;
                 last_path = Some(path);
+            }
+        }
+        if let Some(limit) = max_time {
+            if started.elapsed().as_secs_f64() >= limit {
+                status = format!(
+                    "stopped by the timer after {:.0}s",
+                    started.elapsed().as_secs_f64()
+                );
+                break;
             }
         }
         if let Some(stop) = stop_cfg {
