@@ -148,9 +148,6 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
     if exp.callbacks.device_stats.is_some() {
         missing.push("callbacks.device_stats".into());
     }
-    if exp.logger.tensorboard.is_some() {
-        missing.push("logger.tensorboard (use logger=csv)".into());
-    }
     if missing.is_empty() {
         return Ok(());
     }
@@ -326,6 +323,12 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
     } else {
         None
     };
+    let mut tensorboard = match (&exp.logger.tensorboard, callbacks_on) {
+        (Some(tb), true) => Some(crate::loggers::tensorboard::TensorBoardWriter::create(
+            &output_dir.join(&tb.dir),
+        )?),
+        _ => None,
+    };
     let log_every = t.log_every_n_steps.max(1);
     let mut train_time = 0.0f64;
     let mut train_samples = 0u64;
@@ -373,6 +376,16 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
                             ("train/acc1", window.acc1()),
                         ]);
                         csv.log(&row)?;
+                    }
+                    if let Some(tb) = tensorboard.as_mut() {
+                        tb.scalars(
+                            state.global_step,
+                            &[
+                                ("train/loss", window.loss()),
+                                ("train/acc1", window.acc1()),
+                                ("lr", point.lr),
+                            ],
+                        )?;
                     }
                     window = StepStats::default();
                 }
@@ -429,6 +442,14 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
         }
         if let Some(csv) = csv.as_mut() {
             csv.log(&row)?;
+        }
+        if let Some(tb) = tensorboard.as_mut() {
+            let scalars: Vec<(&str, f64)> = row
+                .iter()
+                .filter(|(k, _)| !matches!(**k, "epoch" | "step" | "lr"))
+                .map(|(k, v)| (*k, *v))
+                .collect();
+            tb.scalars(state.global_step, &scalars)?;
         }
         println!(
             "epoch {}/{max_epochs}  step {}  train/loss {:.4}  train/acc1 {:.3}{}  {:.1}s  {:.0} img/s",
