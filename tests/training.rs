@@ -159,7 +159,7 @@ fn unsupported_model_is_a_clear_error() {
     let p = real_project();
     let args = [
         "experiment=quickstart",
-        "model=resnet18",
+        "model=vit_b32",
         "model.channels=null",
         "data.train_size=64",
     ];
@@ -167,7 +167,7 @@ fn unsupported_model_is_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("model.name=resnet18: not available in the Candle backend"),
+        err.contains("model.name=vit: not available in the Candle backend"),
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");

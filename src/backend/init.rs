@@ -20,6 +20,16 @@ pub fn uniform(shape: &[usize], bound: f64, seed: u64, name: &str) -> HostTensor
     }
 }
 
+/// N(0, std²), keyed like `uniform`.
+pub fn normal(shape: &[usize], std: f64, seed: u64, name: &str) -> HostTensor {
+    let mut rng = Rng::keyed(&[seed, name_key(name)]);
+    let n: usize = shape.iter().product();
+    HostTensor {
+        shape: shape.to_vec(),
+        data: (0..n).map(|_| (rng.normal() * std) as f32).collect(),
+    }
+}
+
 pub fn constant(shape: &[usize], value: f32) -> HostTensor {
     HostTensor {
         shape: shape.to_vec(),

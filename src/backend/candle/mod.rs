@@ -2,6 +2,7 @@
 //! gradients accumulated across micro-batches, and PyTorch-equivalent SGD / Adam / AdamW updates.
 
 pub mod models;
+pub mod resnet;
 
 use super::{init, topk_hits, Engine, HostTensor, StateDict, StepStats};
 use crate::data::loader::Batch;
@@ -9,13 +10,14 @@ use crate::rng::Rng;
 use crate::schema::{Experiment, OptimizerConfig, OptimizerName};
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor, Var};
-use models::{CandleModel, Params};
+use models::{Buffers, CandleModel, Init, Params};
 use std::collections::BTreeMap;
 
 pub struct CandleEngine {
     device: Device,
     model: Box<dyn CandleModel>,
     params: Params,
+    buffers: Buffers,
     grads: BTreeMap<String, Tensor>,
     optimizer: OptimizerConfig,
     /// `<param>.momentum_buffer`, `<param>.exp_avg`, `<param>.exp_avg_sq`
@@ -43,16 +45,32 @@ impl CandleEngine {
         let model = models::build(&exp.model, exp.data.channels, exp.data.image_size)?;
         let mut params = Params::new();
         for spec in model.specs() {
-            let host = init::pytorch_default(&spec.shape, spec.fan_in, exp.seed, &spec.name);
+            let host = match spec.init {
+                Init::Default => {
+                    init::pytorch_default(&spec.shape, spec.fan_in, exp.seed, &spec.name)
+                }
+                Init::KaimingNormalFanOut(fan_out) => init::normal(
+                    &spec.shape,
+                    (2.0 / fan_out.max(1) as f64).sqrt(),
+                    exp.seed,
+                    &spec.name,
+                ),
+                Init::Constant(v) => init::constant(&spec.shape, v),
+            };
             params.insert(
                 spec.name.clone(),
                 Var::from_tensor(&to_candle(&host, &device)?)?,
             );
         }
+        let mut buffers = Buffers::new();
+        for (name, shape, value) in model.buffers() {
+            buffers.insert(name, to_candle(&init::constant(&shape, value), &device)?);
+        }
         Ok(CandleEngine {
             device,
             model,
             params,
+            buffers,
             grads: BTreeMap::new(),
             optimizer: exp.optimizer.clone(),
             opt_state: BTreeMap::new(),
@@ -162,7 +180,9 @@ impl Engine for CandleEngine {
         let (x, y) = self.inputs(batch)?;
         let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
         self.forward_calls += 1;
-        let logits = self.model.forward(&self.params, &x, true, &mut rng)?;
+        let logits = self
+            .model
+            .forward(&self.params, &mut self.buffers, &x, true, &mut rng)?;
         let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         let grads = loss.affine(grad_scale, 0.0)?.backward()?;
         for (name, var) in &self.params {
@@ -211,7 +231,7 @@ impl Engine for CandleEngine {
         let mut rng = Rng::new(0);
         let logits = self
             .model
-            .forward(&self.params, &x, false, &mut rng)?
+            .forward(&self.params, &mut self.buffers, &x, false, &mut rng)?
             .detach();
         let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         self.stats(&logits, &loss, batch)
@@ -221,6 +241,9 @@ impl Engine for CandleEngine {
         let mut out = StateDict::new();
         for (name, var) in &self.params {
             out.insert(name.clone(), to_host(var.as_tensor())?);
+        }
+        for (name, t) in &self.buffers {
+            out.insert(name.clone(), to_host(t)?);
         }
         for (key, t) in &self.opt_state {
             out.insert(format!("optimizer.{key}"), to_host(t)?);
@@ -255,6 +278,12 @@ impl Engine for CandleEngine {
                 );
             }
             var.set(&to_candle(t, &self.device)?)?;
+        }
+        for (name, buf) in self.buffers.iter_mut() {
+            let t = state.get(name).with_context(|| {
+                format!("the checkpoint has no buffer '{name}' (the model expects it)")
+            })?;
+            *buf = to_candle(t, &self.device)?;
         }
         self.opt_state.clear();
         for (key, t) in state {

@@ -12,14 +12,38 @@ pub struct ParamSpec {
     pub name: String,
     pub shape: Vec<usize>,
     pub fan_in: usize,
+    pub init: Init,
 }
 
 pub type Params = BTreeMap<String, Var>;
+/// Non-trainable state (BatchNorm running statistics), saved in checkpoints but never optimised.
+pub type Buffers = BTreeMap<String, Tensor>;
+
+/// How a parameter starts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// PyTorch's `nn.Linear`/`nn.Conv2d` default: U(±1/sqrt(fan_in)).
+    Default,
+    /// torchvision ResNet convs: kaiming_normal_(mode="fan_out", nonlinearity="relu"): N(0, 2/fan_out).
+    KaimingNormalFanOut(usize),
+    Constant(f32),
+}
 
 pub trait CandleModel: Send {
     fn specs(&self) -> Vec<ParamSpec>;
-    /// `rng` drives dropout masks in train mode (deterministic, seeded per step).
-    fn forward(&self, p: &Params, x: &Tensor, train: bool, rng: &mut Rng) -> Result<Tensor>;
+    /// Buffers with their initial values (name, shape, value).
+    fn buffers(&self) -> Vec<(String, Vec<usize>, f32)> {
+        Vec::new()
+    }
+    /// `rng` drives dropout masks in train mode (deterministic, seeded per step); train mode updates `buffers`.
+    fn forward(
+        &self,
+        p: &Params,
+        buffers: &mut Buffers,
+        x: &Tensor,
+        train: bool,
+        rng: &mut Rng,
+    ) -> Result<Tensor>;
 }
 
 fn get<'a>(p: &'a Params, name: &str) -> Result<&'a Var> {
@@ -64,11 +88,13 @@ fn linear_spec(name: &str, inp: usize, out: usize) -> Vec<ParamSpec> {
             name: format!("{name}.weight"),
             shape: vec![out, inp],
             fan_in: inp,
+            init: Init::Default,
         },
         ParamSpec {
             name: format!("{name}.bias"),
             shape: vec![out],
             fan_in: inp,
+            init: Init::Default,
         },
     ]
 }
@@ -94,7 +120,14 @@ impl CandleModel for Mlp {
         out
     }
 
-    fn forward(&self, p: &Params, x: &Tensor, train: bool, rng: &mut Rng) -> Result<Tensor> {
+    fn forward(
+        &self,
+        p: &Params,
+        _buffers: &mut Buffers,
+        x: &Tensor,
+        train: bool,
+        rng: &mut Rng,
+    ) -> Result<Tensor> {
         let mut h = x.flatten_from(1)?;
         for i in 0..self.dims.len() - 1 {
             h = linear(p, &format!("layers.{i}"), &h)?.relu()?;
@@ -122,11 +155,13 @@ impl CandleModel for Cnn {
                 name: format!("blocks.{i}.conv.weight"),
                 shape: vec![c, c_in, 3, 3],
                 fan_in,
+                init: Init::Default,
             });
             out.push(ParamSpec {
                 name: format!("blocks.{i}.conv.bias"),
                 shape: vec![c],
                 fan_in,
+                init: Init::Default,
             });
             c_in = c;
         }
@@ -134,7 +169,14 @@ impl CandleModel for Cnn {
         out
     }
 
-    fn forward(&self, p: &Params, x: &Tensor, train: bool, rng: &mut Rng) -> Result<Tensor> {
+    fn forward(
+        &self,
+        p: &Params,
+        _buffers: &mut Buffers,
+        x: &Tensor,
+        train: bool,
+        rng: &mut Rng,
+    ) -> Result<Tensor> {
         let mut h = x.clone();
         for i in 0..self.channels.len() {
             h = conv3x3(p, &format!("blocks.{i}.conv"), &h)?.relu()?;
@@ -166,8 +208,11 @@ pub fn build(
             classes: cfg.num_classes,
             dropout: cfg.dropout,
         }),
+        ModelName::Resnet18 | ModelName::Resnet34 | ModelName::Resnet50 | ModelName::Resnet101 | ModelName::Resnet152 => {
+            Box::new(super::resnet::ResNet::new(cfg, channels))
+        }
         other => anyhow::bail!(
-            "model.name={}: not available in the Candle backend of this build yet (available: mlp, cnn)",
+            "model.name={}: not available in the Candle backend of this build yet (available: mlp, cnn, resnet18-152)",
             format!("{other:?}").to_lowercase()
         ),
     })

@@ -1,0 +1,319 @@
+//! ResNet-18/34/50/101/152 with torchvision's parameter names (`conv1`, `bn1`, `layer{1..4}.{i}.*`,
+//! `downsample.{0,1}`, `fc`) so torchvision weights load and our checkpoints load in PyTorch. BatchNorm is
+//! written from basic ops so it has a backward pass and real train-mode running statistics; the ImageNet
+//! stem's 3x3/2 max-pool is the maximum of nine strided views (Candle's pool backward needs kernel == stride).
+//! `cifar_stem`: a 3x3 stride-1 first conv and no max-pool, for 32x32 images.
+
+use super::models::{Buffers, CandleModel, Init, ParamSpec, Params};
+use crate::rng::Rng;
+use crate::schema::{ModelConfig, ModelName};
+use candle_core::{Result, Tensor, D};
+
+const BN_EPS: f64 = 1e-5;
+const BN_MOMENTUM: f64 = 0.1;
+
+pub struct ResNet {
+    bottleneck: bool,
+    blocks: [usize; 4],
+    in_channels: usize,
+    classes: usize,
+    cifar_stem: bool,
+    zero_init_residual: bool,
+}
+
+impl ResNet {
+    pub fn new(cfg: &ModelConfig, in_channels: usize) -> Self {
+        let (bottleneck, blocks) = match cfg.name {
+            ModelName::Resnet18 => (false, [2, 2, 2, 2]),
+            ModelName::Resnet34 => (false, [3, 4, 6, 3]),
+            ModelName::Resnet50 => (true, [3, 4, 6, 3]),
+            ModelName::Resnet101 => (true, [3, 4, 23, 3]),
+            _ => (true, [3, 8, 36, 3]),
+        };
+        ResNet {
+            bottleneck,
+            blocks,
+            in_channels,
+            classes: cfg.num_classes,
+            cifar_stem: cfg.cifar_stem,
+            zero_init_residual: cfg.zero_init_residual,
+        }
+    }
+
+    fn expansion(&self) -> usize {
+        if self.bottleneck {
+            4
+        } else {
+            1
+        }
+    }
+
+    /// Every block: (name prefix, in channels, width, stride).
+    fn layout(&self) -> Vec<(String, usize, usize, usize)> {
+        let mut out = Vec::new();
+        let mut c_in = 64;
+        for (layer, &n) in self.blocks.iter().enumerate() {
+            let width = 64 << layer;
+            for i in 0..n {
+                let stride = if i == 0 && layer > 0 { 2 } else { 1 };
+                out.push((format!("layer{}.{i}", layer + 1), c_in, width, stride));
+                c_in = width * self.expansion();
+            }
+        }
+        out
+    }
+}
+
+fn conv_spec(out: &mut Vec<ParamSpec>, name: &str, c_out: usize, c_in: usize, k: usize) {
+    out.push(ParamSpec {
+        name: format!("{name}.weight"),
+        shape: vec![c_out, c_in, k, k],
+        fan_in: c_in * k * k,
+        init: Init::KaimingNormalFanOut(c_out * k * k),
+    });
+}
+
+fn bn_spec(out: &mut Vec<ParamSpec>, name: &str, c: usize, gamma: f32) {
+    out.push(ParamSpec {
+        name: format!("{name}.weight"),
+        shape: vec![c],
+        fan_in: c,
+        init: Init::Constant(gamma),
+    });
+    out.push(ParamSpec {
+        name: format!("{name}.bias"),
+        shape: vec![c],
+        fan_in: c,
+        init: Init::Constant(0.0),
+    });
+}
+
+fn bn_buffers(out: &mut Vec<(String, Vec<usize>, f32)>, name: &str, c: usize) {
+    out.push((format!("{name}.running_mean"), vec![c], 0.0));
+    out.push((format!("{name}.running_var"), vec![c], 1.0));
+    out.push((format!("{name}.num_batches_tracked"), vec![], 0.0));
+}
+
+fn param<'a>(p: &'a Params, name: &str) -> Result<&'a Tensor> {
+    p.get(name)
+        .map(|v| v.as_tensor())
+        .ok_or_else(|| candle_core::Error::Msg(format!("missing parameter {name}")))
+}
+
+fn conv(p: &Params, name: &str, x: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+    x.conv2d(param(p, &format!("{name}.weight"))?, padding, stride, 1, 1)
+}
+
+/// BatchNorm2d: batch statistics in train mode (running stats updated with the unbiased variance, as
+/// PyTorch does), running statistics in eval mode.
+fn batch_norm(p: &Params, b: &mut Buffers, name: &str, x: &Tensor, train: bool) -> Result<Tensor> {
+    let c = x.dim(1)?;
+    let shape = (1, c, 1, 1);
+    let (mean, var) = if train {
+        let mean = x.mean_keepdim(0)?.mean_keepdim(2)?.mean_keepdim(3)?;
+        let centered = x.broadcast_sub(&mean)?;
+        let var = centered
+            .sqr()?
+            .mean_keepdim(0)?
+            .mean_keepdim(2)?
+            .mean_keepdim(3)?;
+        let n = (x.elem_count() / c) as f64;
+        let (rm, rv) = (
+            format!("{name}.running_mean"),
+            format!("{name}.running_var"),
+        );
+        let new_mean = (b[&rm].affine(1.0 - BN_MOMENTUM, 0.0)?
+            + mean.flatten_all()?.detach().affine(BN_MOMENTUM, 0.0)?)?;
+        let unbiased = var
+            .flatten_all()?
+            .detach()
+            .affine(n / (n - 1.0).max(1.0), 0.0)?;
+        let new_var =
+            (b[&rv].affine(1.0 - BN_MOMENTUM, 0.0)? + unbiased.affine(BN_MOMENTUM, 0.0)?)?;
+        let tracked = format!("{name}.num_batches_tracked");
+        let count = b[&tracked].affine(1.0, 1.0)?;
+        b.insert(rm, new_mean);
+        b.insert(rv, new_var);
+        b.insert(tracked, count);
+        (mean, var)
+    } else {
+        (
+            b[&format!("{name}.running_mean")].reshape(shape)?,
+            b[&format!("{name}.running_var")].reshape(shape)?,
+        )
+    };
+    let normed = x
+        .broadcast_sub(&mean)?
+        .broadcast_div(&var.affine(1.0, BN_EPS)?.sqrt()?)?;
+    let gamma = param(p, &format!("{name}.weight"))?.reshape(shape)?;
+    let beta = param(p, &format!("{name}.bias"))?.reshape(shape)?;
+    normed.broadcast_mul(&gamma)?.broadcast_add(&beta)
+}
+
+/// Every second row/column starting at `offset` (a strided view built from reshape + narrow).
+fn every_second(x: &Tensor, dim: usize, offset: usize, count: usize) -> Result<Tensor> {
+    let view = x.narrow(dim, offset, 2 * count)?;
+    let mut shape = view.dims().to_vec();
+    shape[dim] = count;
+    shape.insert(dim + 1, 2);
+    view.reshape(shape)?.narrow(dim + 1, 0, 1)?.squeeze(dim + 1)
+}
+
+/// 3x3 stride-2 padding-1 max-pool on non-negative input (it follows a ReLU, so zero padding is exact).
+fn max_pool_3x3_s2(x: &Tensor) -> Result<Tensor> {
+    let (h, w) = (x.dim(2)?, x.dim(3)?);
+    let (ho, wo) = ((h - 1) / 2 + 1, (w - 1) / 2 + 1);
+    // Pad so every window fits: 1 before, enough after.
+    let padded = x
+        .pad_with_zeros(2, 1, 2 * ho + 1 - h)?
+        .pad_with_zeros(3, 1, 2 * wo + 1 - w)?;
+    let mut out: Option<Tensor> = None;
+    for dy in 0..3 {
+        let rows = every_second(&padded, 2, dy, ho)?;
+        for dx in 0..3 {
+            let view = every_second(&rows, 3, dx, wo)?;
+            out = Some(match out {
+                None => view,
+                Some(m) => m.maximum(&view)?,
+            });
+        }
+    }
+    out.ok_or_else(|| candle_core::Error::Msg("empty pool".into()))
+}
+
+impl CandleModel for ResNet {
+    fn specs(&self) -> Vec<ParamSpec> {
+        let mut out = Vec::new();
+        let k = if self.cifar_stem { 3 } else { 7 };
+        conv_spec(&mut out, "conv1", 64, self.in_channels, k);
+        bn_spec(&mut out, "bn1", 64, 1.0);
+        let last_gamma = if self.zero_init_residual { 0.0 } else { 1.0 };
+        for (name, c_in, width, stride) in self.layout() {
+            let c_out = width * self.expansion();
+            if self.bottleneck {
+                conv_spec(&mut out, &format!("{name}.conv1"), width, c_in, 1);
+                bn_spec(&mut out, &format!("{name}.bn1"), width, 1.0);
+                conv_spec(&mut out, &format!("{name}.conv2"), width, width, 3);
+                bn_spec(&mut out, &format!("{name}.bn2"), width, 1.0);
+                conv_spec(&mut out, &format!("{name}.conv3"), c_out, width, 1);
+                bn_spec(&mut out, &format!("{name}.bn3"), c_out, last_gamma);
+            } else {
+                conv_spec(&mut out, &format!("{name}.conv1"), width, c_in, 3);
+                bn_spec(&mut out, &format!("{name}.bn1"), width, 1.0);
+                conv_spec(&mut out, &format!("{name}.conv2"), width, width, 3);
+                bn_spec(&mut out, &format!("{name}.bn2"), width, last_gamma);
+            }
+            if stride != 1 || c_in != c_out {
+                conv_spec(&mut out, &format!("{name}.downsample.0"), c_out, c_in, 1);
+                bn_spec(&mut out, &format!("{name}.downsample.1"), c_out, 1.0);
+            }
+        }
+        let features = 512 * self.expansion();
+        out.push(ParamSpec {
+            name: "fc.weight".into(),
+            shape: vec![self.classes, features],
+            fan_in: features,
+            init: Init::Default,
+        });
+        out.push(ParamSpec {
+            name: "fc.bias".into(),
+            shape: vec![self.classes],
+            fan_in: features,
+            init: Init::Default,
+        });
+        out
+    }
+
+    fn buffers(&self) -> Vec<(String, Vec<usize>, f32)> {
+        let mut out = Vec::new();
+        for spec in self.specs() {
+            if let Some(bn) = spec.name.strip_suffix(".bias") {
+                let is_bn = bn.ends_with("bn1")
+                    || bn.ends_with("bn2")
+                    || bn.ends_with("bn3")
+                    || bn.ends_with("downsample.1");
+                if is_bn {
+                    bn_buffers(&mut out, bn, spec.shape[0]);
+                }
+            }
+        }
+        out
+    }
+
+    fn forward(
+        &self,
+        p: &Params,
+        b: &mut Buffers,
+        x: &Tensor,
+        train: bool,
+        _rng: &mut Rng,
+    ) -> Result<Tensor> {
+        let mut h = if self.cifar_stem {
+            conv(p, "conv1", x, 1, 1)?
+        } else {
+            conv(p, "conv1", x, 2, 3)?
+        };
+        h = batch_norm(p, b, "bn1", &h, train)?.relu()?;
+        if !self.cifar_stem {
+            h = max_pool_3x3_s2(&h)?;
+        }
+        for (name, c_in, width, stride) in self.layout() {
+            let c_out = width * self.expansion();
+            let identity = if stride != 1 || c_in != c_out {
+                let d = conv(p, &format!("{name}.downsample.0"), &h, stride, 0)?;
+                batch_norm(p, b, &format!("{name}.downsample.1"), &d, train)?
+            } else {
+                h.clone()
+            };
+            let out = if self.bottleneck {
+                let o = conv(p, &format!("{name}.conv1"), &h, 1, 0)?;
+                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)?.relu()?;
+                let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
+                let o = batch_norm(p, b, &format!("{name}.bn2"), &o, train)?.relu()?;
+                let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
+                batch_norm(p, b, &format!("{name}.bn3"), &o, train)?
+            } else {
+                let o = conv(p, &format!("{name}.conv1"), &h, stride, 1)?;
+                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)?.relu()?;
+                let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
+                batch_norm(p, b, &format!("{name}.bn2"), &o, train)?
+            };
+            h = (out + identity)?.relu()?;
+        }
+        let pooled = h.mean(D::Minus1)?.mean(D::Minus1)?;
+        let w = param(p, "fc.weight")?;
+        pooled.matmul(&w.t()?)?.broadcast_add(param(p, "fc.bias")?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn max_pool_matches_a_direct_loop() {
+        let mut rng = Rng::new(1);
+        let (h, w) = (7, 6);
+        let data: Vec<f32> = (0..h * w).map(|_| rng.next_f32()).collect();
+        let x = Tensor::from_slice(&data, (1, 1, h, w), &Device::Cpu).unwrap();
+        let y = max_pool_3x3_s2(&x).unwrap();
+        let (ho, wo) = (4, 3);
+        assert_eq!(y.dims(), &[1, 1, ho, wo]);
+        let got = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for oy in 0..ho {
+            for ox in 0..wo {
+                let mut m = 0.0f32;
+                for ky in 0..3 {
+                    for kx in 0..3 {
+                        let (iy, ix) = ((oy * 2 + ky) as isize - 1, (ox * 2 + kx) as isize - 1);
+                        if iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w {
+                            m = m.max(data[iy as usize * w + ix as usize]);
+                        }
+                    }
+                }
+                assert_eq!(got[oy * wo + ox], m, "({oy},{ox})");
+            }
+        }
+    }
+}
