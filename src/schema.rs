@@ -861,6 +861,8 @@ const MODEL_ONLY: &[(&str, &[&str])] = &[
     ("patch_size", &["vit"]),
     ("image_size", &["vit"]),
 ];
+const DATA_ONLY: &[(&str, &[&str])] =
+    &[("train_size", &["synthetic"]), ("val_size", &["synthetic"])];
 const OPTIMIZER_ONLY: &[(&str, &[&str])] = &[
     ("momentum", &["sgd"]),
     ("nesterov", &["sgd"]),
@@ -923,6 +925,7 @@ fn validate(config: &Node, e: &Experiment) -> Result<(), ConfigError> {
         ("model", MODEL_ONLY),
         ("optimizer", OPTIMIZER_ONLY),
         ("scheduler", SCHEDULER_ONLY),
+        ("data", DATA_ONLY),
     ] {
         check_applies(config, section, table)?;
     }

@@ -81,13 +81,58 @@ const SMALL: &[&str] = &[
     "data.num_workers=0",
 ];
 
+/// Tiny CIFAR-10 binary files (the real format) under `<project>/data/cifar`, with learnable images.
+fn write_tiny_cifar(project: &Path) -> String {
+    use trainyard::data::{cifar, synthetic::Synthetic, Dataset, Split};
+    let dir = project.join("data/cifar");
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = Synthetic::with_shape(96, 32, 3, 10, 11, Split::Train);
+    let items = |range: std::ops::Range<usize>| -> Vec<(u32, Vec<u8>)> {
+        range
+            .map(|i| source.get(i).map(|img| (img.label, img.pixels)).unwrap())
+            .collect()
+    };
+    for (k, name) in cifar::Cifar::files(cifar::Variant::Cifar10, Split::Train)
+        .iter()
+        .enumerate()
+    {
+        cifar::write_records(
+            &dir.join(name),
+            cifar::Variant::Cifar10,
+            &items(k * 16..k * 16 + 16),
+        )
+        .unwrap();
+    }
+    cifar::write_records(
+        &dir.join("test_batch.bin"),
+        cifar::Variant::Cifar10,
+        &items(80..96),
+    )
+    .unwrap();
+    format!("data.root={}", dir.display())
+}
+
 /// Same config and seed → bit-identical results; an interrupted run resumed from its last checkpoint
-/// ends with the same weights as an uninterrupted one.
-#[test]
-fn deterministic_and_resume_is_exact() {
+/// ends with the same weights as an uninterrupted one. On generated data and on real CIFAR-10 files.
+#[rstest::rstest]
+#[case::synthetic(false)]
+#[case::cifar10_binary(true)]
+fn deterministic_and_resume_is_exact(#[case] cifar: bool) {
     let p = real_project();
+    let cifar_args: Vec<String> = if cifar {
+        vec![
+            "data=cifar10".into(),
+            write_tiny_cifar(p.path()),
+            "data.num_workers=2".into(),
+            "data.train_size=null".into(),
+            "data.val_size=null".into(),
+        ]
+    } else {
+        vec![]
+    };
     let run_with = |extra: &[&str]| {
         let mut args: Vec<&str> = SMALL.to_vec();
+        args.extend(cifar_args.iter().map(String::as_str));
         args.extend_from_slice(extra);
         let out = train(p.path(), &args);
         assert!(

@@ -2,6 +2,7 @@
 //! Everything here is backend-neutral: batches are plain `f32` NCHW buffers and `u32` labels.
 
 pub mod cifar;
+pub mod folder;
 pub mod loader;
 pub mod mnist;
 pub mod sampler;
@@ -74,14 +75,7 @@ pub fn open(cfg: &DataConfig, split: Split, seed: u64) -> Result<Arc<dyn Dataset
             split,
         )?),
         DataName::Mnist | DataName::FashionMnist => Arc::new(mnist::Mnist::open(&root(), split)?),
-        DataName::Cinic10 | DataName::Imagenet => {
-            return Err(DataError::Unsupported(
-                format!(
-                    "data.name={:?}: image-folder data sets are not readable in this build yet",
-                    cfg.name
-                )
-                .to_lowercase(),
-            ))
-        }
+        DataName::Cinic10 => Arc::new(folder::ImageFolder::open(&root(), split, "cinic10")?),
+        DataName::Imagenet => Arc::new(folder::ImageFolder::open(&root(), split, "imagenet")?),
     })
 }
