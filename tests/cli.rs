@@ -1,6 +1,8 @@
 //! The `train` binary end to end, in throwaway projects: printing, errors, run records, sweeps, help, completion.
 
 use rstest::rstest;
+mod common;
+use common::real_project;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -180,28 +182,6 @@ fn a_run_is_checked_against_the_schema() {
     let err = stderr(&out);
     assert!(!out.status.success());
     assert!(err.contains("Error in config key"), "{err}");
-}
-
-/// A copy of this repository's own conf/ and experiments/ in a temp dir, so runs write their logs there.
-fn real_project() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for sub in ["conf", "experiments"] {
-        copy_dir(&root.join(sub), &dir.path().join(sub));
-    }
-    dir
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
 }
 
 fn subdirs(dir: &Path) -> Vec<PathBuf> {

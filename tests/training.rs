@@ -1,30 +1,11 @@
 //! Training end to end on the default (Candle, CPU) build, in throwaway projects with generated data.
 
+mod common;
+use common::real_project;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const TRAIN: &str = env!("CARGO_BIN_EXE_train");
-
-fn real_project() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for sub in ["conf", "experiments"] {
-        copy_dir(&root.join(sub), &dir.path().join(sub));
-    }
-    dir
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
-    }
-}
 
 fn train(cwd: &Path, args: &[&str]) -> Output {
     Command::new(TRAIN)
