@@ -145,6 +145,17 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
                 .into(),
         );
     }
+    if exp.model.pretrained.is_some() {
+        missing
+            .push("model.pretrained: loading published weights (set model.pretrained=null)".into());
+    }
+    if exp.data.download {
+        missing
+            .push("data.download=true: fetching data sets (put the files under data.root)".into());
+    }
+    if exp.logger.console.as_ref().is_some_and(|c| !c.plain) {
+        missing.push("logger.console with a progress bar (set logger.console.plain=true for per-epoch lines)".into());
+    }
     if exp.callbacks.device_stats.is_some() {
         missing.push("callbacks.device_stats".into());
     }

@@ -198,3 +198,25 @@ fn unsupported_model_is_a_clear_error() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// What the build cannot do yet is refused by name before a run directory is made, never ignored.
+#[rstest::rstest]
+#[case("+model.pretrained=w.safetensors", "model.pretrained")]
+#[case("+data.download=true", "data.download=true")]
+#[case("trainer=ddp_sim", "distributed training")]
+#[case("trainer.precision=bf16-mixed", "mixed and bf16 precision")]
+#[case("+callbacks.device_stats={}", "callbacks.device_stats")]
+fn unimplemented_options_are_refused(#[case] option: &str, #[case] named: &str) {
+    let p = real_project();
+    let out = train(p.path(), &["experiment=quickstart", option]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not implemented") && err.contains(named),
+        "{err}"
+    );
+    assert!(
+        !p.path().join("logs").exists(),
+        "no run directory for a refused run"
+    );
+}
