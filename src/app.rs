@@ -393,6 +393,19 @@ pub fn place_job(
     })
 }
 
+/// Run `f` with its `tracing` output going to the console and to the run's `train.log` (scoped, so each job
+/// of a sweep logs into its own directory).
+fn with_run_log<T>(file: std::fs::File, f: impl FnOnce() -> T) -> T {
+    use tracing_subscriber::fmt::writer::MakeWriterExt;
+    let file = std::sync::Arc::new(file);
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_target(false)
+        .with_writer(std::io::stdout.and(file))
+        .finish();
+    tracing::subscriber::with_default(subscriber, f)
+}
+
 /// Run one composed job: resolve, validate against the schema, write its records.
 fn run_job(
     setup: &Setup,
@@ -432,7 +445,16 @@ fn run_job(
     if sweep_dir.is_none() {
         print!("{config_yaml}");
     }
-    let summary = crate::trainer::fit(&experiment, &output_dir, &config_yaml).map_err(|e| {
+    let log_file = std::fs::File::create(output_dir.join("train.log")).map_err(|e| {
+        ConfigError::Io(format!(
+            "could not create {}: {e}",
+            output_dir.join("train.log").display()
+        ))
+    })?;
+    let summary = with_run_log(log_file, || {
+        crate::trainer::fit(&experiment, &output_dir, &config_yaml)
+    })
+    .map_err(|e| {
         ConfigError::Run(format!(
             "{e:#}\n    (run directory: {})",
             records::display(&output_dir)

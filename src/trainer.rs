@@ -195,11 +195,11 @@ fn print_model_summary(state: &crate::backend::StateDict, max_depth: u64) {
         *groups.entry(key.join(".")).or_default() += t.numel();
     }
     let total: usize = groups.values().sum();
-    println!("{:<32} {:>12}", "module", "params");
+    tracing::info!("{:<32} {:>12}", "module", "params");
     for (name, n) in &groups {
-        println!("{name:<32} {n:>12}");
+        tracing::info!("{name:<32} {n:>12}");
     }
-    println!("{:<32} {total:>12}", "total trainable");
+    tracing::info!("{:<32} {total:>12}", "total trainable");
 }
 
 /// Train and validate as the experiment says, writing everything under `output_dir`.
@@ -320,7 +320,7 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
         if let Some(training) = loaded.training {
             state = training;
         }
-        println!(
+        tracing::info!(
             "Resumed from {} (epoch {}, step {})",
             path.display(),
             state.epoch,
@@ -462,7 +462,7 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
                 .collect();
             tb.scalars(state.global_step, &scalars)?;
         }
-        println!(
+        tracing::info!(
             "epoch {}/{max_epochs}  step {}  train/loss {:.4}  train/acc1 {:.3}{}  {:.1}s  {:.0} img/s",
             epoch + 1,
             state.global_step,

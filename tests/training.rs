@@ -48,6 +48,11 @@ fn quickstart_learns() {
     assert!(acc > 0.5, "val/acc1 {acc} is not far above chance:\n{text}");
     assert_eq!(s["epochs_completed"], 2);
     assert!(run.join("metrics.csv").is_file());
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.contains("epoch 2/2") && log.contains("val/acc1"),
+        "{log}"
+    );
     assert!(run.join("checkpoints/last.safetensors").is_file());
     let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     assert!(csv.starts_with("epoch,step,lr,train/loss"), "{csv}");
