@@ -153,9 +153,6 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
         missing
             .push("data.download=true: fetching data sets (put the files under data.root)".into());
     }
-    if exp.logger.console.as_ref().is_some_and(|c| !c.plain) {
-        missing.push("logger.console with a progress bar (set logger.console.plain=true for per-epoch lines)".into());
-    }
     if exp.callbacks.device_stats.is_some() {
         missing.push("callbacks.device_stats".into());
     }
@@ -185,6 +182,30 @@ pub fn parse_max_time(text: &str) -> anyhow::Result<f64> {
         secs += v * unit;
     }
     Ok(secs)
+}
+
+/// The console logger's bar (batches, ETA, loss, throughput) when stdout is a terminal and the logger is
+/// not in plain mode; otherwise none, and the per-epoch lines are the console output.
+fn progress_bar(
+    exp: &Experiment,
+    batches: usize,
+    epoch: u64,
+    max_epochs: u64,
+) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    let console = exp.logger.console.as_ref()?;
+    if console.plain || !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(batches as u64);
+    let style = indicatif::ProgressStyle::with_template(
+        "epoch {prefix} [{bar:30}] {pos}/{len} ETA {eta} {msg}",
+    )
+    .ok()?
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(format!("{}/{max_epochs}", epoch + 1));
+    Some(bar)
 }
 
 /// Print parameters per tensor and the total (the ModelSummary callback).
@@ -357,6 +378,7 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
         let mut epoch_stats = StepStats::default();
         let mut window = StepStats::default();
         let mut lr_now = schedule.at(state.global_step).lr;
+        let bar = progress_bar(exp, train_batches, epoch, max_epochs);
         for (i, batch) in EpochLoader::new(&train_spec, epoch, &indices)
             .take(train_batches)
             .enumerate()
@@ -372,6 +394,14 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
             epoch_stats.add(&stats);
             window.add(&stats);
             train_samples += batch.len() as u64;
+            if let Some(bar) = &bar {
+                bar.inc(1);
+                bar.set_message(format!(
+                    "loss {:.4}  {:.0} img/s",
+                    stats.loss(),
+                    epoch_stats.count as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9)
+                ));
+            }
             if (i + 1) % accumulate == 0 || i + 1 == train_batches {
                 let point = schedule.at(state.global_step);
                 lr_now = point.lr;
@@ -408,6 +438,9 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
                     break 'epochs;
                 }
             }
+        }
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
         }
         let epoch_train_time = epoch_start.elapsed().as_secs_f64();
         train_time += epoch_train_time;
