@@ -65,14 +65,20 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
     let tensors = safetensors::SafeTensors::deserialize(&data)?;
     let mut state = StateDict::new();
     for (name, view) in tensors.tensors() {
+        let bytes = view.data();
         let values: Vec<f32> = match view.dtype() {
-            Dtype::F32 => view
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            Dtype::F64 => bytes
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
+                .collect(),
+            // torchvision's BatchNorm `num_batches_tracked` is int64.
+            Dtype::I64 => bytes
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
                 .collect(),
             other => anyhow::bail!(
-                "{}: tensor '{name}' is {other:?}; only F32 is read so far",
+                "{}: tensor '{name}' is {other:?}; convert the file to float32 (F32, F64 and I64 are read)",
                 path.display()
             ),
         };

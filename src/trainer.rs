@@ -145,10 +145,6 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
                 .into(),
         );
     }
-    if exp.model.pretrained.is_some() {
-        missing
-            .push("model.pretrained: loading published weights (set model.pretrained=null)".into());
-    }
     if exp.data.download {
         missing
             .push("data.download=true: fetching data sets (put the files under data.root)".into());
@@ -331,6 +327,21 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
         best: None,
         epochs_without_improvement: 0,
     };
+    if let Some(file) = &exp.model.pretrained {
+        let path = Path::new(file);
+        let loaded = checkpoint::load(path).with_context(|| format!("model.pretrained={file}"))?;
+        let kept = engine
+            .load_pretrained(&loaded.state)
+            .with_context(|| format!("model.pretrained={file}"))?;
+        tracing::info!(
+            "loaded pretrained weights from {file}; newly initialised: {}",
+            if kept.is_empty() {
+                "none".into()
+            } else {
+                kept.join(", ")
+            }
+        );
+    }
     let mut resumed_from = None;
     if let Some(ckpt) = &exp.ckpt_path {
         let path = resolve_ckpt_path(ckpt, exp, output_dir)?;

@@ -206,7 +206,7 @@ fn unsupported_model_is_a_clear_error() {
 
 /// What the build cannot do yet is refused by name before a run directory is made, never ignored.
 #[rstest::rstest]
-#[case("+model.pretrained=w.safetensors", "model.pretrained")]
+#[case("trainer.val_check_interval=0.5", "validation within an epoch")]
 #[case("+data.download=true", "data.download=true")]
 #[case("trainer=ddp_sim", "distributed training")]
 #[case("trainer.precision=bf16-mixed", "mixed and bf16 precision")]

@@ -86,6 +86,10 @@ pub trait Engine {
     fn state_dict(&self) -> anyhow::Result<StateDict>;
     /// Restore what `state_dict` returned (optimizer entries optional: weights alone load too).
     fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()>;
+    /// Start from published weights (torchvision/timm names): every parameter and buffer must be present
+    /// with its shape, except the classifier head, which is kept freshly initialised when its shape differs
+    /// (a different `num_classes`). Returns the names that were not loaded.
+    fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>>;
     /// Trainable parameter count.
     fn num_parameters(&self) -> usize;
 }

@@ -303,6 +303,62 @@ impl Engine for CandleEngine {
         Ok(())
     }
 
+    fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>> {
+        let is_head = |name: &str| name.starts_with("fc.") || name.starts_with("head.");
+        let mut kept = Vec::new();
+        let mut problems = Vec::new();
+        for (name, var) in &self.params {
+            match state.get(name) {
+                Some(t) if t.shape == var.dims() => var.set(&to_candle(t, &self.device)?)?,
+                _ if is_head(name) => kept.push(name.clone()),
+                Some(t) => problems.push(format!(
+                    "{name}: file has shape {:?}, model has {:?}",
+                    t.shape,
+                    var.dims()
+                )),
+                None => problems.push(format!("{name}: missing from the file")),
+            }
+        }
+        for (name, buf) in self.buffers.iter_mut() {
+            match state.get(name) {
+                Some(t) if t.shape == buf.dims() => *buf = to_candle(t, &self.device)?,
+                Some(t) => problems.push(format!(
+                    "{name}: file has shape {:?}, model has {:?}",
+                    t.shape,
+                    buf.dims()
+                )),
+                None => problems.push(format!("{name}: missing from the file")),
+            }
+        }
+        let unexpected: Vec<&String> = state
+            .keys()
+            .filter(|k| {
+                !k.starts_with("optimizer.")
+                    && !self.params.contains_key(*k)
+                    && !self.buffers.contains_key(*k)
+            })
+            .collect();
+        if !unexpected.is_empty() {
+            problems.push(format!(
+                "{} tensors the model does not have, e.g. {}",
+                unexpected.len(),
+                unexpected
+                    .iter()
+                    .take(3)
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if !problems.is_empty() {
+            anyhow::bail!(
+                "the pretrained weights do not fit this model:\n    - {}",
+                problems.join("\n    - ")
+            );
+        }
+        Ok(kept)
+    }
+
     fn num_parameters(&self) -> usize {
         self.params.values().map(|v| v.elem_count()).sum()
     }
@@ -314,8 +370,12 @@ mod tests {
     use crate::data::loader::Batch;
 
     fn experiment(model: &str, optimizer: &str) -> Experiment {
+        experiment_with(model, optimizer, 4)
+    }
+
+    fn experiment_with(model: &str, optimizer: &str, classes: usize) -> Experiment {
         let text = format!(
-            "task_name: t\nseed: 3\nmodel: {model}\ndata: {{name: synthetic, num_classes: 4, image_size: 8, batch_size: 4}}\n\
+            "task_name: t\nseed: 3\nmodel: {model}\ndata: {{name: synthetic, num_classes: {classes}, image_size: 8, batch_size: 4}}\n\
              optimizer: {optimizer}\nscheduler: {{name: constant}}\n\
              trainer: {{strategy: single, accelerator: cpu, devices: 1, precision: 32, max_epochs: 1}}\n\
              paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
@@ -396,6 +456,55 @@ mod tests {
             }
         }
         assert!(after.contains_key("optimizer.layers.0.weight.momentum_buffer"));
+    }
+
+    /// Fine-tuning: weights from a 10-class model load into a 4-class one; only the head stays fresh.
+    #[test]
+    fn pretrained_weights_load_and_the_head_is_replaced() {
+        let source_exp = experiment_with(
+            "{name: resnet18, num_classes: 10, cifar_stem: true}",
+            "{name: sgd, lr: 0.1}",
+            10,
+        );
+        let mut source = CandleEngine::new(&source_exp).unwrap();
+        source.forward_backward(&batch(), 1.0).unwrap();
+        let published: StateDict = source
+            .state_dict()
+            .unwrap()
+            .into_iter()
+            .filter(|(k, _)| !k.starts_with("optimizer."))
+            .collect();
+        let mut target_exp = experiment(
+            "{name: resnet18, num_classes: 4, cifar_stem: true}",
+            "{name: sgd, lr: 0.1}",
+        );
+        target_exp.seed = 99;
+        let mut target = CandleEngine::new(&target_exp).unwrap();
+        let fresh_head = target.state_dict().unwrap()["fc.weight"].clone();
+        let kept = target.load_pretrained(&published).unwrap();
+        assert_eq!(kept, vec!["fc.bias".to_string(), "fc.weight".to_string()]);
+        let loaded = target.state_dict().unwrap();
+        assert_eq!(
+            loaded["layer1.0.conv1.weight"],
+            published["layer1.0.conv1.weight"]
+        );
+        assert_eq!(loaded["bn1.running_mean"], published["bn1.running_mean"]);
+        assert_eq!(loaded["fc.weight"], fresh_head);
+        // A file for another architecture is refused with what does not fit.
+        let mlp = CandleEngine::new(&experiment(
+            "{name: mlp, num_classes: 4, hidden: [8]}",
+            "{name: sgd, lr: 0.1}",
+        ));
+        let err = mlp
+            .unwrap()
+            .load_pretrained(&published)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("layers.0.weight: missing from the file"),
+            "{err}"
+        );
+        assert!(err.contains("tensors the model does not have"), "{err}");
     }
 
     #[test]
