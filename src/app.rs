@@ -2,7 +2,7 @@
 //! (`--cfg`, `--info`), complete (`--shell-completion`), or run one job or a sweep and write its records.
 
 use crate::cli::{CfgKind, Cli, InfoKind, Shell};
-use crate::config::compose::{compose, Composed, RunMode};
+use crate::config::compose::{Composed, RunMode};
 use crate::config::errors::ConfigError;
 use crate::config::grammar::{parse_override, Override};
 use crate::config::interpolate::{resolve_all, resolve_path, ResolveContext};
@@ -167,11 +167,7 @@ pub fn compose_with_hydra(
     overrides: &[Override],
     mode: RunMode,
 ) -> Result<Composed, ConfigError> {
-    let mut composed = compose(repo, config_name, overrides, mode)?;
-    let mut config = builtin_hydra();
-    config.merge(std::mem::replace(&mut composed.config, Node::empty_map()));
-    composed.config = config;
-    Ok(composed)
+    crate::config::compose::compose_over(builtin_hydra(), repo, config_name, overrides, mode)
 }
 
 /// Split a composed tree into the job's config and the `hydra` node.

@@ -94,7 +94,7 @@ pub struct ModelConfig {
     /// vit: tiny | small | base.
     #[serde(default)]
     pub variant: Option<VitVariant>,
-    /// vit: 16 or 32.
+    /// vit: side of a square patch (16 or 32 for the published weights); must divide the image size.
     #[serde(default)]
     pub patch_size: Option<usize>,
     /// vit: input resolution (position embeddings are interpolated when loading other sizes).
@@ -938,23 +938,20 @@ fn validate(config: &Node, e: &Experiment) -> Result<(), ConfigError> {
         }
         let image = m.image_size.unwrap_or(e.data.image_size);
         match m.patch_size {
-            Some(p @ (16 | 32)) if image.is_multiple_of(p) => {}
-            Some(p @ (16 | 32)) => {
-                return fail(
-                    "model.patch_size",
-                    format!("patch size {p} must divide the image size {image}"),
-                )
-            }
+            Some(p) if p > 0 && image.is_multiple_of(p) => {}
             Some(p) => {
                 return fail(
                     "model.patch_size",
-                    format!("patch size {p} is not supported; use 16 or 32"),
+                    format!(
+                        "patch size {p} must divide the image size {image} (e.g. 4 or 8 for 32px CIFAR images, \
+                         16 or 32 for 224px)"
+                    ),
                 )
             }
             None => {
                 return fail(
                     "model.patch_size",
-                    "a vit needs patch_size (16 or 32)".into(),
+                    "a vit needs patch_size (16 or 32 for the published weights)".into(),
                 )
             }
         }

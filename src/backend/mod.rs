@@ -4,6 +4,7 @@
 
 pub mod candle;
 pub mod init;
+pub mod pos_embed;
 pub mod schedule;
 
 use crate::data::loader::Batch;

@@ -33,6 +33,17 @@ pub fn compose(
     overrides: &[Override],
     mode: RunMode,
 ) -> Result<Composed, ConfigError> {
+    compose_over(Node::empty_map(), repo, config_name, overrides, mode)
+}
+
+/// `compose` on top of `base` (the built-in `hydra` node), so command-line overrides can set keys of `base`.
+pub fn compose_over(
+    base: Node,
+    repo: &Repository,
+    config_name: &str,
+    overrides: &[Override],
+    mode: RunMode,
+) -> Result<Composed, ConfigError> {
     validate_sweeps(overrides, mode)?;
     let (group_overrides, config_overrides) = split_overrides(repo, overrides)?;
     let defaults = create_defaults_list(
@@ -41,7 +52,7 @@ pub fn compose(
         group_overrides,
         mode == RunMode::Multirun,
     )?;
-    let mut config = Node::empty_map();
+    let mut config = base;
     for item in &defaults.defaults {
         let Some(loaded) = repo.load(&item.config_path)? else {
             return Err(ConfigError::MissingConfig(format!(

@@ -1,8 +1,11 @@
 //! The Candle engine (CPU by default; CUDA behind the `cuda` feature): parameters as Candle variables,
 //! gradients accumulated across micro-batches, and PyTorch-equivalent SGD / Adam / AdamW updates.
 
+pub mod batchnorm;
+pub mod conv;
 pub mod models;
 pub mod resnet;
+pub mod vit;
 
 use super::{init, topk_hits, Engine, HostTensor, StateDict, StepStats};
 use crate::data::loader::Batch;
@@ -56,6 +59,7 @@ impl CandleEngine {
                     &spec.name,
                 ),
                 Init::Constant(v) => init::constant(&spec.shape, v),
+                Init::Normal(std) => init::normal(&spec.shape, std, exp.seed, &spec.name),
             };
             params.insert(
                 spec.name.clone(),
@@ -308,7 +312,17 @@ impl Engine for CandleEngine {
         let mut kept = Vec::new();
         let mut problems = Vec::new();
         for (name, var) in &self.params {
-            match state.get(name) {
+            let resampled;
+            let mut found = state.get(name);
+            if let (Some(t), "pos_embed") = (found, name.as_str()) {
+                let dims = var.dims();
+                if t.shape.len() == 3 && t.shape[2] == dims[2] && t.shape[1] != dims[1] {
+                    let grid = ((dims[1] - 1) as f64).sqrt().round() as usize;
+                    resampled = crate::backend::pos_embed::resample(t, 1, grid)?;
+                    found = Some(&resampled);
+                }
+            }
+            match found {
                 Some(t) if t.shape == var.dims() => var.set(&to_candle(t, &self.device)?)?,
                 _ if is_head(name) => kept.push(name.clone()),
                 Some(t) => problems.push(format!(
@@ -403,6 +417,9 @@ mod tests {
         for model in [
             "{name: mlp, num_classes: 4, hidden: [16]}",
             "{name: cnn, num_classes: 4, channels: [4, 8]}",
+            "{name: resnet18, num_classes: 4, cifar_stem: true}",
+            "{name: resnet50, num_classes: 4}",
+            "{name: vit, num_classes: 4, variant: tiny, patch_size: 4, image_size: 8, dropout: 0.1}",
         ] {
             let mut e = CandleEngine::new(&experiment(model, "{name: sgd, lr: 0.1}")).unwrap();
             e.forward_backward(&batch(), 1.0).unwrap();

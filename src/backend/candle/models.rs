@@ -27,6 +27,8 @@ pub enum Init {
     /// torchvision ResNet convs: kaiming_normal_(mode="fan_out", nonlinearity="relu"): N(0, 2/fan_out).
     KaimingNormalFanOut(usize),
     Constant(f32),
+    /// N(0, std²) (timm's trunc_normal_ at ±2 absolute, which for small std never truncates).
+    Normal(f64),
 }
 
 pub trait CandleModel: Send {
@@ -60,12 +62,12 @@ fn linear(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
 fn conv3x3(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
     let w = get(p, &format!("{prefix}.weight"))?;
     let b = get(p, &format!("{prefix}.bias"))?;
-    let y = x.conv2d(w, 1, 1, 1, 1)?;
+    let y = super::conv::conv2d(x, w, 1, 1)?;
     y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)
 }
 
 /// Inverted dropout with a host-generated mask, so runs are reproducible.
-fn dropout(x: &Tensor, prob: f64, train: bool, rng: &mut Rng) -> Result<Tensor> {
+pub fn dropout(x: &Tensor, prob: f64, train: bool, rng: &mut Rng) -> Result<Tensor> {
     if !train || prob <= 0.0 {
         return Ok(x.clone());
     }
@@ -200,7 +202,11 @@ pub fn build(
         ModelName::Mlp => {
             let mut dims = vec![channels * image_size * image_size];
             dims.extend(cfg.hidden.clone().unwrap_or_else(|| vec![512, 256]));
-            Box::new(Mlp { dims, classes: cfg.num_classes, dropout: cfg.dropout })
+            Box::new(Mlp {
+                dims,
+                classes: cfg.num_classes,
+                dropout: cfg.dropout,
+            })
         }
         ModelName::Cnn => Box::new(Cnn {
             in_channels: channels,
@@ -208,13 +214,12 @@ pub fn build(
             classes: cfg.num_classes,
             dropout: cfg.dropout,
         }),
-        ModelName::Resnet18 | ModelName::Resnet34 | ModelName::Resnet50 | ModelName::Resnet101 | ModelName::Resnet152 => {
-            Box::new(super::resnet::ResNet::new(cfg, channels))
-        }
-        other => anyhow::bail!(
-            "model.name={}: not available in the Candle backend of this build yet (available: mlp, cnn, resnet18-152)",
-            format!("{other:?}").to_lowercase()
-        ),
+        ModelName::Resnet18
+        | ModelName::Resnet34
+        | ModelName::Resnet50
+        | ModelName::Resnet101
+        | ModelName::Resnet152 => Box::new(super::resnet::ResNet::new(cfg, channels)),
+        ModelName::Vit => Box::new(super::vit::Vit::new(cfg, channels, image_size)?),
     })
 }
 

@@ -101,12 +101,60 @@ fn param<'a>(p: &'a Params, name: &str) -> Result<&'a Tensor> {
 }
 
 fn conv(p: &Params, name: &str, x: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
-    x.conv2d(param(p, &format!("{name}.weight"))?, padding, stride, 1, 1)
+    super::conv::conv2d(x, param(p, &format!("{name}.weight"))?, stride, padding)
 }
 
 /// BatchNorm2d: batch statistics in train mode (running stats updated with the unbiased variance, as
 /// PyTorch does), running statistics in eval mode.
 fn batch_norm(p: &Params, b: &mut Buffers, name: &str, x: &Tensor, train: bool) -> Result<Tensor> {
+    let c = x.dim(1)?;
+    let gamma = param(p, &format!("{name}.weight"))?;
+    let beta = param(p, &format!("{name}.bias"))?;
+    let (rm, rv) = (
+        format!("{name}.running_mean"),
+        format!("{name}.running_var"),
+    );
+    if !train {
+        if let Some(y) = super::batchnorm::eval(x, gamma, beta, &b[&rm], &b[&rv], BN_EPS)? {
+            return Ok(y);
+        }
+    } else if let Some((y, stats)) = super::batchnorm::train(x, gamma, beta, BN_EPS)? {
+        let n = stats.count as f64;
+        let dev = x.device();
+        let mean = Tensor::from_vec(stats.mean, c, dev)?;
+        let unbiased = Tensor::from_vec(stats.var, c, dev)?.affine(n / (n - 1.0).max(1.0), 0.0)?;
+        update_running(b, name, &mean, &unbiased)?;
+        return Ok(y);
+    }
+    batch_norm_basic_ops(gamma, beta, b, name, x, train)
+}
+
+/// Running averages as PyTorch keeps them (momentum 0.1, unbiased variance, a batch counter).
+fn update_running(b: &mut Buffers, name: &str, mean: &Tensor, unbiased_var: &Tensor) -> Result<()> {
+    let (rm, rv) = (
+        format!("{name}.running_mean"),
+        format!("{name}.running_var"),
+    );
+    let new_mean = (b[&rm].affine(1.0 - BN_MOMENTUM, 0.0)? + mean.affine(BN_MOMENTUM, 0.0)?)?;
+    let new_var =
+        (b[&rv].affine(1.0 - BN_MOMENTUM, 0.0)? + unbiased_var.affine(BN_MOMENTUM, 0.0)?)?;
+    let tracked = format!("{name}.num_batches_tracked");
+    let count = b[&tracked].affine(1.0, 1.0)?;
+    b.insert(rm, new_mean);
+    b.insert(rv, new_var);
+    b.insert(tracked, count);
+    Ok(())
+}
+
+/// BatchNorm from Candle's basic ops: used off the CPU, where the fused kernel does not run.
+fn batch_norm_basic_ops(
+    gamma: &Tensor,
+    beta: &Tensor,
+    b: &mut Buffers,
+    name: &str,
+    x: &Tensor,
+    train: bool,
+) -> Result<Tensor> {
     let c = x.dim(1)?;
     let shape = (1, c, 1, 1);
     let (mean, var) = if train {
@@ -118,23 +166,11 @@ fn batch_norm(p: &Params, b: &mut Buffers, name: &str, x: &Tensor, train: bool) 
             .mean_keepdim(2)?
             .mean_keepdim(3)?;
         let n = (x.elem_count() / c) as f64;
-        let (rm, rv) = (
-            format!("{name}.running_mean"),
-            format!("{name}.running_var"),
-        );
-        let new_mean = (b[&rm].affine(1.0 - BN_MOMENTUM, 0.0)?
-            + mean.flatten_all()?.detach().affine(BN_MOMENTUM, 0.0)?)?;
         let unbiased = var
             .flatten_all()?
             .detach()
             .affine(n / (n - 1.0).max(1.0), 0.0)?;
-        let new_var =
-            (b[&rv].affine(1.0 - BN_MOMENTUM, 0.0)? + unbiased.affine(BN_MOMENTUM, 0.0)?)?;
-        let tracked = format!("{name}.num_batches_tracked");
-        let count = b[&tracked].affine(1.0, 1.0)?;
-        b.insert(rm, new_mean);
-        b.insert(rv, new_var);
-        b.insert(tracked, count);
+        update_running(b, name, &mean.flatten_all()?.detach(), &unbiased)?;
         (mean, var)
     } else {
         (
@@ -145,9 +181,9 @@ fn batch_norm(p: &Params, b: &mut Buffers, name: &str, x: &Tensor, train: bool) 
     let normed = x
         .broadcast_sub(&mean)?
         .broadcast_div(&var.affine(1.0, BN_EPS)?.sqrt()?)?;
-    let gamma = param(p, &format!("{name}.weight"))?.reshape(shape)?;
-    let beta = param(p, &format!("{name}.bias"))?.reshape(shape)?;
-    normed.broadcast_mul(&gamma)?.broadcast_add(&beta)
+    normed
+        .broadcast_mul(&gamma.reshape(shape)?)?
+        .broadcast_add(&beta.reshape(shape)?)
 }
 
 /// Every second row/column starting at `offset` (a strided view built from reshape + narrow).

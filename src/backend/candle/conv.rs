@@ -1,0 +1,600 @@
+//! 2-D convolution for training on the CPU: im2col + the `gemm` crate, as a Candle custom op with its own
+//! backward. Candle 0.11's conv backward computes the input gradient with a direct loop (3-10x slower than
+//! PyTorch) and always computes it, even for the input images; here the input gradient is an im2col-shaped
+//! GEMM followed by col2im, and is skipped when the input does not need one.
+//!
+//! Work is split over images (one rayon task per image, single-threaded GEMM inside), so results do not
+//! depend on scheduling; the weight gradient sums fixed per-task partials in a fixed order, which keeps
+//! runs bit-identical for a given thread count.
+
+use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// Square kernel, no dilation, one group: what the zoo uses.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    batch: usize,
+    c_in: usize,
+    h: usize,
+    w: usize,
+    c_out: usize,
+    k: usize,
+    stride: usize,
+    padding: usize,
+}
+
+impl Geometry {
+    fn out_h(&self) -> usize {
+        (self.h + 2 * self.padding - self.k) / self.stride + 1
+    }
+    fn out_w(&self) -> usize {
+        (self.w + 2 * self.padding - self.k) / self.stride + 1
+    }
+    fn out_hw(&self) -> usize {
+        self.out_h() * self.out_w()
+    }
+    /// Rows of the im2col matrix: one per (input channel, kernel row, kernel column).
+    fn ckk(&self) -> usize {
+        self.c_in * self.k * self.k
+    }
+    /// A 1x1, stride-1, unpadded conv reads the image itself as its im2col matrix.
+    fn is_pointwise(&self) -> bool {
+        self.k == 1 && self.stride == 1 && self.padding == 0
+    }
+}
+
+/// `x` (N, C, H, W) convolved with `w` (O, C, K, K); falls back to Candle's own kernels off the CPU or
+/// for other dtypes.
+pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+    let fast =
+        matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32 && w.dtype() == DType::F32;
+    let (_, _, kh, kw) = w.dims4()?;
+    if !fast || kh != kw {
+        return x.conv2d(w, padding, stride, 1, 1);
+    }
+    x.contiguous()?
+        .apply_op2(&w.contiguous()?, Conv2d { stride, padding })
+}
+
+fn geometry(x: &Layout, w: &Layout, stride: usize, padding: usize) -> Result<Geometry> {
+    let (batch, c_in, h, wd) = x.shape().dims4()?;
+    let (c_out, wc, k, _) = w.shape().dims4()?;
+    if wc != c_in {
+        candle_core::bail!("conv2d: input has {c_in} channels, the kernel expects {wc}");
+    }
+    if h + 2 * padding < k || wd + 2 * padding < k {
+        candle_core::bail!(
+            "conv2d: a {h}x{wd} input (padding {padding}) is smaller than the {k}x{k} kernel"
+        );
+    }
+    Ok(Geometry {
+        batch,
+        c_in,
+        h,
+        w: wd,
+        c_out,
+        k,
+        stride,
+        padding,
+    })
+}
+
+fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    let data = s.as_slice::<f32>()?;
+    match l.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => candle_core::bail!("conv2d: expected a contiguous tensor"),
+    }
+}
+
+fn threads() -> usize {
+    rayon::current_num_threads().max(1)
+}
+
+/// Fill `col` (ckk x out_hw, row-major) from one image (c_in x h x w).
+fn im2col(g: &Geometry, img: &[f32], col: &mut [f32]) {
+    let (oh, ow) = (g.out_h(), g.out_w());
+    let (s, p) = (g.stride as isize, g.padding as isize);
+    for c in 0..g.c_in {
+        let plane = &img[c * g.h * g.w..(c + 1) * g.h * g.w];
+        for ki in 0..g.k {
+            for kj in 0..g.k {
+                let row = (c * g.k + ki) * g.k + kj;
+                let out = &mut col[row * oh * ow..(row + 1) * oh * ow];
+                for y in 0..oh {
+                    let iy = y as isize * s - p + ki as isize;
+                    let dst = &mut out[y * ow..(y + 1) * ow];
+                    if iy < 0 || iy >= g.h as isize {
+                        dst.fill(0.0);
+                        continue;
+                    }
+                    let src = &plane[iy as usize * g.w..(iy as usize + 1) * g.w];
+                    let (lo, hi) = valid_range(ow, g.w, s, p, kj as isize);
+                    dst[..lo].fill(0.0);
+                    dst[hi.max(lo)..].fill(0.0);
+                    if hi > lo {
+                        let x0 = (lo as isize * s - p + kj as isize) as usize;
+                        if s == 1 {
+                            dst[lo..hi].copy_from_slice(&src[x0..x0 + (hi - lo)]);
+                        } else {
+                            for (i, d) in dst[lo..hi].iter_mut().enumerate() {
+                                *d = src[x0 + i * g.stride];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Add `col` (ckk x out_hw) back onto one image's gradient (c_in x h x w): the adjoint of `im2col`.
+fn col2im(g: &Geometry, col: &[f32], img: &mut [f32]) {
+    let (oh, ow) = (g.out_h(), g.out_w());
+    let (s, p) = (g.stride as isize, g.padding as isize);
+    img.fill(0.0);
+    for c in 0..g.c_in {
+        let plane = &mut img[c * g.h * g.w..(c + 1) * g.h * g.w];
+        for ki in 0..g.k {
+            for kj in 0..g.k {
+                let row = (c * g.k + ki) * g.k + kj;
+                let src_rows = &col[row * oh * ow..(row + 1) * oh * ow];
+                let (lo, hi) = valid_range(ow, g.w, s, p, kj as isize);
+                if hi <= lo {
+                    continue;
+                }
+                let x0 = (lo as isize * s - p + kj as isize) as usize;
+                for y in 0..oh {
+                    let iy = y as isize * s - p + ki as isize;
+                    if iy < 0 || iy >= g.h as isize {
+                        continue;
+                    }
+                    let dst = &mut plane[iy as usize * g.w..(iy as usize + 1) * g.w];
+                    let src = &src_rows[y * ow + lo..y * ow + hi];
+                    if s == 1 {
+                        for (d, v) in dst[x0..x0 + (hi - lo)].iter_mut().zip(src) {
+                            *d += v;
+                        }
+                    } else {
+                        for (i, v) in src.iter().enumerate() {
+                            dst[x0 + i * g.stride] += v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Output columns `[lo, hi)` whose input column `x * s - p + kj` falls inside `0..w`.
+fn valid_range(ow: usize, w: usize, s: isize, p: isize, kj: isize) -> (usize, usize) {
+    // x * s - p + kj >= 0  <=>  x >= ceil((p - kj) / s)
+    let lo = if p - kj > 0 {
+        ((p - kj) + s - 1) / s
+    } else {
+        0
+    };
+    // x * s - p + kj <= w - 1  <=>  x <= floor((w - 1 + p - kj) / s)
+    let top = w as isize - 1 + p - kj;
+    let hi = if top < 0 { 0 } else { top / s + 1 };
+    (
+        lo.clamp(0, ow as isize) as usize,
+        hi.clamp(0, ow as isize) as usize,
+    )
+}
+
+/// dst (m x n, row stride `dst_rs`) = [dst +] lhs (m x k) * rhs (k x n), with explicit strides.
+#[allow(clippy::too_many_arguments)]
+fn matmul(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    accumulate: bool,
+    lhs: &[f32],
+    (lhs_rs, lhs_cs): (usize, usize),
+    rhs: &[f32],
+    (rhs_rs, rhs_cs): (usize, usize),
+    par: Parallelism,
+) {
+    debug_assert!(dst.len() >= m * n);
+    // SAFETY: every index the kernel touches, (i * rs + j * cs) for i < rows and j < cols, lies inside the
+    // slices: callers pass strides of the row-major (or transposed row-major) buffers they own.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            lhs.as_ptr(),
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs.as_ptr(),
+            rhs_cs as isize,
+            rhs_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        )
+    }
+}
+
+/// Images per task and the parallelism inside each GEMM: many images → one thread each; fewer images than
+/// threads → images in turn, each GEMM multi-threaded.
+fn plan(batch: usize) -> Parallelism {
+    if batch >= threads() {
+        Parallelism::None
+    } else {
+        Parallelism::Rayon(threads())
+    }
+}
+
+fn for_each_image<F>(batch: usize, out: &mut [f32], per_image: usize, scratch: usize, f: F)
+where
+    F: Fn(usize, &mut [f32], &mut Vec<f32>, Parallelism) + Sync + Send,
+{
+    let par = plan(batch);
+    if matches!(par, Parallelism::None) {
+        out.par_chunks_mut(per_image)
+            .enumerate()
+            .for_each_init(|| vec![0f32; scratch], |buf, (n, o)| f(n, o, buf, par));
+    } else {
+        let mut buf = vec![0f32; scratch];
+        for (n, o) in out.chunks_mut(per_image).enumerate() {
+            f(n, o, &mut buf, par);
+        }
+    }
+}
+
+struct Conv2d {
+    stride: usize,
+    padding: usize,
+}
+
+impl CustomOp2 for Conv2d {
+    fn name(&self) -> &'static str {
+        "trainyard-conv2d"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = geometry(l1, l2, self.stride, self.padding)?;
+        let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
+        let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), g.c_in * g.h * g.w);
+        let mut y = vec![0f32; g.batch * g.c_out * ohw];
+        let scratch = if g.is_pointwise() { 0 } else { ckk * ohw };
+        for_each_image(
+            g.batch,
+            &mut y,
+            g.c_out * ohw,
+            scratch,
+            |n, y_img, col, par| {
+                let img = &x[n * img_len..(n + 1) * img_len];
+                let col: &[f32] = if g.is_pointwise() {
+                    img
+                } else {
+                    im2col(&g, img, col);
+                    col
+                };
+                matmul(
+                    g.c_out,
+                    ohw,
+                    ckk,
+                    y_img,
+                    false,
+                    w,
+                    (ckk, 1),
+                    col,
+                    (ohw, 1),
+                    par,
+                );
+            },
+        );
+        Ok((
+            CpuStorage::F32(y),
+            Shape::from((g.batch, g.c_out, g.out_h(), g.out_w())),
+        ))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let grad = grad.contiguous()?;
+        let (stride, padding) = (self.stride, self.padding);
+        let gx = if x.track_op() {
+            let (_, _, h, wd) = x.dims4()?;
+            Some(grad.apply_op2_no_bwd(
+                w,
+                &InputGrad {
+                    stride,
+                    padding,
+                    h,
+                    w: wd,
+                },
+            )?)
+        } else {
+            None
+        };
+        let gw = if w.track_op() {
+            let (_, _, k, _) = w.dims4()?;
+            Some(x.apply_op2_no_bwd(&grad, &WeightGrad { stride, padding, k })?)
+        } else {
+            None
+        };
+        Ok((gx, gw))
+    }
+}
+
+/// d(loss)/d(input) from (grad_out, weight).
+struct InputGrad {
+    stride: usize,
+    padding: usize,
+    h: usize,
+    w: usize,
+}
+
+impl CustomOp2 for InputGrad {
+    fn name(&self) -> &'static str {
+        "trainyard-conv2d-input-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (batch, c_out, _, _) = l1.shape().dims4()?;
+        let (wc_out, c_in, k, _) = l2.shape().dims4()?;
+        if wc_out != c_out {
+            candle_core::bail!(
+                "conv2d backward: gradient has {c_out} channels, the kernel {wc_out}"
+            );
+        }
+        let g = Geometry {
+            batch,
+            c_in,
+            h: self.h,
+            w: self.w,
+            c_out,
+            k,
+            stride: self.stride,
+            padding: self.padding,
+        };
+        let (gy, w) = (slice(s1, l1)?, slice(s2, l2)?);
+        let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), g.c_in * g.h * g.w);
+        let mut gx = vec![0f32; batch * img_len];
+        let scratch = if g.is_pointwise() { 0 } else { ckk * ohw };
+        for_each_image(batch, &mut gx, img_len, scratch, |n, gx_img, col, par| {
+            let gy_img = &gy[n * c_out * ohw..(n + 1) * c_out * ohw];
+            // col = W^T (ckk x c_out) * gy (c_out x ohw)
+            if g.is_pointwise() {
+                matmul(
+                    ckk,
+                    ohw,
+                    c_out,
+                    gx_img,
+                    false,
+                    w,
+                    (1, ckk),
+                    gy_img,
+                    (ohw, 1),
+                    par,
+                );
+            } else {
+                matmul(
+                    ckk,
+                    ohw,
+                    c_out,
+                    col,
+                    false,
+                    w,
+                    (1, ckk),
+                    gy_img,
+                    (ohw, 1),
+                    par,
+                );
+                col2im(&g, col, gx_img);
+            }
+        });
+        Ok((
+            CpuStorage::F32(gx),
+            Shape::from((batch, c_in, self.h, self.w)),
+        ))
+    }
+}
+
+/// d(loss)/d(weight) from (input, grad_out).
+struct WeightGrad {
+    stride: usize,
+    padding: usize,
+    k: usize,
+}
+
+impl CustomOp2 for WeightGrad {
+    fn name(&self) -> &'static str {
+        "trainyard-conv2d-weight-grad"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (batch, c_in, h, w) = l1.shape().dims4()?;
+        let (_, c_out, _, _) = l2.shape().dims4()?;
+        let g = Geometry {
+            batch,
+            c_in,
+            h,
+            w,
+            c_out,
+            k: self.k,
+            stride: self.stride,
+            padding: self.padding,
+        };
+        let (x, gy) = (slice(s1, l1)?, slice(s2, l2)?);
+        let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), c_in * h * w);
+        let parts = threads().min(batch).max(1);
+        let per_part = batch.div_ceil(parts);
+        let par = plan(batch);
+        let partials: Vec<Vec<f32>> = (0..parts)
+            .into_par_iter()
+            .map(|part| {
+                let mut acc = vec![0f32; c_out * ckk];
+                let mut col = vec![0f32; if g.is_pointwise() { 0 } else { ckk * ohw }];
+                for n in part * per_part..((part + 1) * per_part).min(batch) {
+                    let img = &x[n * img_len..(n + 1) * img_len];
+                    let col: &[f32] = if g.is_pointwise() {
+                        img
+                    } else {
+                        im2col(&g, img, &mut col);
+                        &col
+                    };
+                    let gy_img = &gy[n * c_out * ohw..(n + 1) * c_out * ohw];
+                    // acc (c_out x ckk) += gy (c_out x ohw) * col^T (ohw x ckk)
+                    matmul(
+                        c_out,
+                        ckk,
+                        ohw,
+                        &mut acc,
+                        true,
+                        gy_img,
+                        (ohw, 1),
+                        col,
+                        (1, ohw),
+                        par,
+                    );
+                }
+                acc
+            })
+            .collect();
+        let mut gw = partials[0].clone();
+        for p in &partials[1..] {
+            for (a, b) in gw.iter_mut().zip(p) {
+                *a += b;
+            }
+        }
+        Ok((
+            CpuStorage::F32(gw),
+            Shape::from((c_out, c_in, self.k, self.k)),
+        ))
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)] // rstest cases: one argument per geometry field
+mod tests {
+    use super::*;
+    use candle_core::Var;
+
+    fn seeded(shape: &[usize], seed: u64) -> Tensor {
+        let mut rng = crate::rng::Rng::new(seed);
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+        let d = (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let s = b
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        d / s.max(1e-6)
+    }
+
+    /// Forward and both gradients agree with Candle's reference kernels for every geometry the zoo uses.
+    #[rstest::rstest]
+    #[case(2, 3, 8, 8, 4, 3, 1, 1)]
+    #[case(3, 4, 9, 9, 5, 3, 2, 1)]
+    #[case(2, 3, 16, 16, 8, 7, 2, 3)]
+    #[case(2, 6, 5, 5, 4, 1, 1, 0)]
+    #[case(2, 6, 6, 6, 4, 1, 2, 0)]
+    #[case(1, 2, 4, 4, 3, 3, 1, 0)]
+    #[case(5, 2, 3, 3, 2, 3, 1, 1)]
+    fn matches_candle(
+        #[case] n: usize,
+        #[case] c: usize,
+        #[case] h: usize,
+        #[case] w: usize,
+        #[case] o: usize,
+        #[case] k: usize,
+        #[case] stride: usize,
+        #[case] pad: usize,
+    ) {
+        let x = Var::from_tensor(&seeded(&[n, c, h, w], 1)).unwrap();
+        let wt = Var::from_tensor(&seeded(&[o, c, k, k], 2)).unwrap();
+        let probe = seeded(
+            &[
+                n,
+                o,
+                (h + 2 * pad - k) / stride + 1,
+                (w + 2 * pad - k) / stride + 1,
+            ],
+            3,
+        );
+        let ours = conv2d(&x, &wt, stride, pad).unwrap();
+        let reference = x.conv2d(&wt, pad, stride, 1, 1).unwrap();
+        assert!(max_rel(&ours, &reference) < 1e-5);
+        let g_ours = (ours * &probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g_ref = (reference * &probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        for v in [&x, &wt] {
+            let (a, b) = (g_ours.get(v).unwrap(), g_ref.get(v).unwrap());
+            assert!(max_rel(a, b) < 1e-5, "gradient differs: {}", max_rel(a, b));
+        }
+    }
+
+    #[test]
+    fn skips_the_input_gradient_of_plain_tensors() {
+        let x = seeded(&[2, 3, 6, 6], 1);
+        let wt = Var::from_tensor(&seeded(&[4, 3, 3, 3], 2)).unwrap();
+        let grads = conv2d(&x, &wt, 1, 1)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert!(grads.get(&x).is_none());
+        assert!(grads.get(&wt).is_some());
+    }
+}
