@@ -103,6 +103,9 @@ pub struct ModelConfig {
     /// A safetensors file with torchvision/timm parameter names.
     #[serde(default)]
     pub pretrained: Option<String>,
+    /// Cross-entropy label smoothing in [0, 1), as `nn.CrossEntropyLoss(label_smoothing=...)`.
+    #[serde(default)]
+    pub label_smoothing: f64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -955,6 +958,12 @@ fn validate(config: &Node, e: &Experiment) -> Result<(), ConfigError> {
                 )
             }
         }
+    }
+    if !(0.0..1.0).contains(&m.label_smoothing) {
+        return fail(
+            "model.label_smoothing",
+            format!("{} is outside [0, 1): use e.g. 0.1", m.label_smoothing),
+        );
     }
     if m.name == ModelName::Mlp && m.hidden.as_ref().is_none_or(|h| h.contains(&0)) {
         return fail(

@@ -41,6 +41,8 @@ pub struct Summary {
     pub wall_time_s: f64,
     pub train_time_s: f64,
     pub train_samples_per_s: f64,
+    /// Median time of one optimizer step's compute (forward, backward, update), excluding data loading.
+    pub median_step_time_s: Option<f64>,
     pub peak_rss_bytes: Option<u64>,
     pub best_checkpoint: Option<String>,
     pub last_checkpoint: Option<String>,
@@ -75,6 +77,27 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// One pass over the validation set (the same batches every time).
+fn run_validation(
+    engine: &mut dyn backend::Engine,
+    spec: &LoaderSpec,
+    indices: &[usize],
+    batches: usize,
+) -> anyhow::Result<StepStats> {
+    let mut v = StepStats::default();
+    for batch in EpochLoader::new(spec, 0, indices).take(batches) {
+        v.add(&engine.evaluate(&batch?)?);
+    }
+    Ok(v)
+}
+
+/// The median of measured step times (forward, backward and optimizer step; no data loading).
+fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    (!v.is_empty()).then(|| v[v.len() / 2])
 }
 
 fn better(mode: Mode, new: f64, old: f64, min_delta: f64) -> bool {
@@ -134,10 +157,6 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
     }
     if t.precision != Precision::Full {
         missing.push("trainer.precision other than 32-true: mixed and bf16 precision".into());
-    }
-    if t.val_check_interval != Limit::Fraction(1.0) {
-        missing
-            .push("trainer.val_check_interval other than 1.0: validation within an epoch".into());
     }
     if t.auto_scale_batch_size.is_some() || exp.callbacks.batch_size_finder.is_some() {
         missing.push(
@@ -382,6 +401,23 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
     let mut last_train = StepStats::default();
     let mut last_val: Option<StepStats> = None;
 
+    // Lightning's val_check_interval: a fraction of the epoch's batches, or every N batches.
+    let val_every = match t.val_check_interval {
+        Limit::Fraction(f) if f < 1.0 => Some(((train_batches as f64 * f).floor() as usize).max(1)),
+        Limit::Fraction(_) => None,
+        Limit::Batches(n) => Some((n as usize).max(1)),
+    };
+    if let Some(n) = val_every {
+        anyhow::ensure!(
+            matches!(t.val_check_interval, Limit::Fraction(_)) || n <= train_batches,
+            "trainer.val_check_interval={n} is more than the {train_batches} training batches of an epoch: \
+             use at most {train_batches}, or a fraction such as 0.25"
+        );
+    }
+    let val_indices = val_sampler.indices(0);
+    let mut step_times: Vec<f64> = Vec::new();
+    let mut step_compute = 0.0;
+
     'epochs: while state.epoch < max_epochs {
         let epoch = state.epoch;
         let epoch_start = Instant::now();
@@ -395,7 +431,9 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
             .enumerate()
         {
             let batch = batch?;
+            let step_start = Instant::now();
             let stats = engine.forward_backward(&batch, 1.0 / accumulate as f64)?;
+            step_compute += step_start.elapsed().as_secs_f64();
             anyhow::ensure!(
                 stats.loss().is_finite(),
                 "the training loss became {} at epoch {epoch}, step {}; lower optimizer.lr or set trainer.gradient_clip_val",
@@ -416,7 +454,10 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
             if (i + 1) % accumulate == 0 || i + 1 == train_batches {
                 let point = schedule.at(state.global_step);
                 lr_now = point.lr;
+                let update_start = Instant::now();
                 engine.optimizer_step(point.lr, point.momentum, t.gradient_clip_val)?;
+                step_times.push(step_compute + update_start.elapsed().as_secs_f64());
+                step_compute = 0.0;
                 state.global_step += 1;
                 if state.global_step.is_multiple_of(log_every) {
                     if let Some(csv) = csv.as_mut() {
@@ -441,6 +482,32 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
                     }
                     window = StepStats::default();
                 }
+                let mid_epoch_check = val_every.is_some_and(|n| (i + 1) % n == 0)
+                    && i + 1 < train_batches
+                    && val_batches > 0
+                    && (epoch + 1).is_multiple_of(t.check_val_every_n_epoch.max(1));
+                if mid_epoch_check {
+                    let v = run_validation(engine.as_mut(), &val_spec, &val_indices, val_batches)?;
+                    let scalars = [("val/loss", v.loss()), ("val/acc1", v.acc1()), ("val/acc5", v.acc5())];
+                    if let Some(csv) = csv.as_mut() {
+                        let mut row = BTreeMap::from(scalars);
+                        row.insert("epoch", epoch as f64);
+                        row.insert("step", state.global_step as f64);
+                        csv.log(&row)?;
+                    }
+                    if let Some(tb) = tensorboard.as_mut() {
+                        tb.scalars(state.global_step, &scalars)?;
+                    }
+                    tracing::info!(
+                        "epoch {}/{max_epochs}  step {}  (batch {}/{train_batches})  val/loss {:.4}  val/acc1 {:.3}  val/acc5 {:.3}",
+                        epoch + 1,
+                        state.global_step,
+                        i + 1,
+                        v.loss(),
+                        v.acc1(),
+                        v.acc5()
+                    );
+                }
                 if t.max_steps > 0 && state.global_step >= t.max_steps as u64 {
                     status = "max_steps reached".into();
                     train_time += epoch_start.elapsed().as_secs_f64();
@@ -463,11 +530,7 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
                 || state.epoch == max_epochs);
         let mut val = None;
         if validate {
-            let mut v = StepStats::default();
-            let val_indices = val_sampler.indices(0);
-            for batch in EpochLoader::new(&val_spec, 0, &val_indices).take(val_batches) {
-                v.add(&engine.evaluate(&batch?)?);
-            }
+            let v = run_validation(engine.as_mut(), &val_spec, &val_indices, val_batches)?;
             val = Some(v);
             last_val = Some(v);
         }
@@ -625,6 +688,7 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
         wall_time_s: started.elapsed().as_secs_f64(),
         train_time_s: train_time,
         train_samples_per_s: train_samples as f64 / train_time.max(1e-9),
+        median_step_time_s: median(&step_times),
         peak_rss_bytes: peak_rss_bytes(),
         best_checkpoint: best_path.map(|p| p.display().to_string()),
         last_checkpoint: last_path.map(|p| p.display().to_string()),

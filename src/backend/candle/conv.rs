@@ -92,8 +92,8 @@ fn threads() -> usize {
     rayon::current_num_threads().max(1)
 }
 
-/// Fill `col` (ckk x out_hw, row-major) from one image (c_in x h x w).
-fn im2col(g: &Geometry, img: &[f32], col: &mut [f32]) {
+/// Fill the columns `offset..offset + out_hw` of `col` (ckk rows of `row_len`) from one image (c_in x h x w).
+fn im2col(g: &Geometry, img: &[f32], col: &mut [f32], row_len: usize, offset: usize) {
     let (oh, ow) = (g.out_h(), g.out_w());
     let (s, p) = (g.stride as isize, g.padding as isize);
     for c in 0..g.c_in {
@@ -101,7 +101,7 @@ fn im2col(g: &Geometry, img: &[f32], col: &mut [f32]) {
         for ki in 0..g.k {
             for kj in 0..g.k {
                 let row = (c * g.k + ki) * g.k + kj;
-                let out = &mut col[row * oh * ow..(row + 1) * oh * ow];
+                let out = &mut col[row * row_len + offset..][..oh * ow];
                 for y in 0..oh {
                     let iy = y as isize * s - p + ki as isize;
                     let dst = &mut out[y * ow..(y + 1) * ow];
@@ -129,8 +129,9 @@ fn im2col(g: &Geometry, img: &[f32], col: &mut [f32]) {
     }
 }
 
-/// Add `col` (ckk x out_hw) back onto one image's gradient (c_in x h x w): the adjoint of `im2col`.
-fn col2im(g: &Geometry, col: &[f32], img: &mut [f32]) {
+/// Write columns `offset..offset + out_hw` of `col` (ckk rows of `row_len`) back onto one image's gradient
+/// (c_in x h x w), summing overlaps: the adjoint of `im2col`.
+fn col2im(g: &Geometry, col: &[f32], row_len: usize, offset: usize, img: &mut [f32]) {
     let (oh, ow) = (g.out_h(), g.out_w());
     let (s, p) = (g.stride as isize, g.padding as isize);
     img.fill(0.0);
@@ -139,7 +140,7 @@ fn col2im(g: &Geometry, col: &[f32], img: &mut [f32]) {
         for ki in 0..g.k {
             for kj in 0..g.k {
                 let row = (c * g.k + ki) * g.k + kj;
-                let src_rows = &col[row * oh * ow..(row + 1) * oh * ow];
+                let src_rows = &col[row * row_len + offset..][..oh * ow];
                 let (lo, hi) = valid_range(ow, g.w, s, p, kj as isize);
                 if hi <= lo {
                     continue;
@@ -226,29 +227,62 @@ fn matmul(
     }
 }
 
-/// Images per task and the parallelism inside each GEMM: many images → one thread each; fewer images than
-/// threads → images in turn, each GEMM multi-threaded.
-fn plan(batch: usize) -> Parallelism {
-    if batch >= threads() {
-        Parallelism::None
+/// How a batch is cut into tasks: consecutive images whose columns make one GEMM wide enough to run
+/// near the kernel's peak (deep layers have few output pixels per image), while leaving a task per thread.
+#[derive(Debug, Clone, Copy)]
+struct Tasks {
+    images: usize,
+    par: Parallelism,
+}
+
+fn tasks(g: &Geometry) -> Tasks {
+    let t = threads();
+    if g.batch < t {
+        // Too few images to keep every thread busy: images in turn, each GEMM multi-threaded.
+        return Tasks { images: 1, par: Parallelism::Rayon(t) };
+    }
+    let wide = 512usize.div_ceil(g.out_hw()).max(1);
+    Tasks { images: wide.min(g.batch.div_ceil(t)).max(1), par: Parallelism::None }
+}
+
+/// Run `f(first_image, images, out_chunk, scratch)` over tasks, in parallel when `par` is single-threaded.
+fn run_tasks<F>(tk: Tasks, batch: usize, out: &mut [f32], per_image: usize, scratch: usize, f: F)
+where
+    F: Fn(usize, usize, &mut [f32], &mut Vec<f32>) + Sync + Send,
+{
+    let chunk = tk.images * per_image;
+    if matches!(tk.par, Parallelism::None) {
+        out.par_chunks_mut(chunk)
+            .enumerate()
+            .for_each_init(|| vec![0f32; scratch], |buf, (i, o)| {
+                let first = i * tk.images;
+                f(first, tk.images.min(batch - first), o, buf)
+            });
     } else {
-        Parallelism::Rayon(threads())
+        let mut buf = vec![0f32; scratch];
+        for (i, o) in out.chunks_mut(chunk).enumerate() {
+            let first = i * tk.images;
+            f(first, tk.images.min(batch - first), o, &mut buf);
+        }
     }
 }
 
-fn for_each_image<F>(batch: usize, out: &mut [f32], per_image: usize, scratch: usize, f: F)
-where
-    F: Fn(usize, &mut [f32], &mut Vec<f32>, Parallelism) + Sync + Send,
-{
-    let par = plan(batch);
-    if matches!(par, Parallelism::None) {
-        out.par_chunks_mut(per_image)
-            .enumerate()
-            .for_each_init(|| vec![0f32; scratch], |buf, (n, o)| f(n, o, buf, par));
-    } else {
-        let mut buf = vec![0f32; scratch];
-        for (n, o) in out.chunks_mut(per_image).enumerate() {
-            f(n, o, &mut buf, par);
+/// Copy `images` consecutive (c x hw) planes side by side into a (c x images*hw) matrix.
+fn gather_channels(src: &[f32], c: usize, hw: usize, images: usize, dst: &mut [f32]) {
+    let cols = images * hw;
+    for i in 0..images {
+        for ch in 0..c {
+            dst[ch * cols + i * hw..][..hw].copy_from_slice(&src[(i * c + ch) * hw..][..hw]);
+        }
+    }
+}
+
+/// The inverse of `gather_channels`.
+fn scatter_channels(src: &[f32], c: usize, hw: usize, images: usize, dst: &mut [f32]) {
+    let cols = images * hw;
+    for i in 0..images {
+        for ch in 0..c {
+            dst[(i * c + ch) * hw..][..hw].copy_from_slice(&src[ch * cols + i * hw..][..hw]);
         }
     }
 }
@@ -263,71 +297,42 @@ impl CustomOp2 for Conv2d {
         "trainyard-conv2d"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
         let g = geometry(l1, l2, self.stride, self.padding)?;
         let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
         let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), g.c_in * g.h * g.w);
+        let tk = tasks(&g);
         let mut y = vec![0f32; g.batch * g.c_out * ohw];
-        let scratch = if g.is_pointwise() { 0 } else { ckk * ohw };
-        for_each_image(
-            g.batch,
-            &mut y,
-            g.c_out * ohw,
-            scratch,
-            |n, y_img, col, par| {
-                let img = &x[n * img_len..(n + 1) * img_len];
-                let col: &[f32] = if g.is_pointwise() {
-                    img
-                } else {
-                    im2col(&g, img, col);
-                    col
-                };
-                matmul(
-                    g.c_out,
-                    ohw,
-                    ckk,
-                    y_img,
-                    false,
-                    w,
-                    (ckk, 1),
-                    col,
-                    (ohw, 1),
-                    par,
-                );
-            },
-        );
-        Ok((
-            CpuStorage::F32(y),
-            Shape::from((g.batch, g.c_out, g.out_h(), g.out_w())),
-        ))
+        let cols_max = tk.images * ohw;
+        let direct = tk.images == 1;
+        let scratch = ckk * cols_max + if direct { 0 } else { g.c_out * cols_max };
+        run_tasks(tk, g.batch, &mut y, g.c_out * ohw, scratch, |first, images, y_out, buf| {
+            let cols = images * ohw;
+            let (col, tmp) = buf.split_at_mut(ckk * cols_max);
+            let col: &[f32] = if direct && g.is_pointwise() {
+                &x[first * img_len..(first + 1) * img_len]
+            } else {
+                for i in 0..images {
+                    im2col(&g, &x[(first + i) * img_len..][..img_len], col, cols, i * ohw);
+                }
+                &col[..ckk * cols]
+            };
+            if direct {
+                matmul(g.c_out, cols, ckk, y_out, false, w, (ckk, 1), col, (cols, 1), tk.par);
+            } else {
+                matmul(g.c_out, cols, ckk, tmp, false, w, (ckk, 1), col, (cols, 1), tk.par);
+                scatter_channels(&tmp[..g.c_out * cols], g.c_out, ohw, images, y_out);
+            }
+        });
+        Ok((CpuStorage::F32(y), Shape::from((g.batch, g.c_out, g.out_h(), g.out_w()))))
     }
 
-    fn bwd(
-        &self,
-        x: &Tensor,
-        w: &Tensor,
-        _res: &Tensor,
-        grad: &Tensor,
-    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
         let (stride, padding) = (self.stride, self.padding);
         let gx = if x.track_op() {
             let (_, _, h, wd) = x.dims4()?;
-            Some(grad.apply_op2_no_bwd(
-                w,
-                &InputGrad {
-                    stride,
-                    padding,
-                    h,
-                    w: wd,
-                },
-            )?)
+            Some(grad.apply_op2_no_bwd(w, &InputGrad { stride, padding, h, w: wd })?)
         } else {
             None
         };
@@ -354,70 +359,41 @@ impl CustomOp2 for InputGrad {
         "trainyard-conv2d-input-grad"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
         let (batch, c_out, _, _) = l1.shape().dims4()?;
         let (wc_out, c_in, k, _) = l2.shape().dims4()?;
         if wc_out != c_out {
-            candle_core::bail!(
-                "conv2d backward: gradient has {c_out} channels, the kernel {wc_out}"
-            );
+            candle_core::bail!("conv2d backward: gradient has {c_out} channels, the kernel {wc_out}");
         }
-        let g = Geometry {
-            batch,
-            c_in,
-            h: self.h,
-            w: self.w,
-            c_out,
-            k,
-            stride: self.stride,
-            padding: self.padding,
-        };
+        let g = Geometry { batch, c_in, h: self.h, w: self.w, c_out, k, stride: self.stride, padding: self.padding };
         let (gy, w) = (slice(s1, l1)?, slice(s2, l2)?);
         let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), g.c_in * g.h * g.w);
+        let tk = tasks(&g);
+        let cols_max = tk.images * ohw;
+        let direct = tk.images == 1;
         let mut gx = vec![0f32; batch * img_len];
-        let scratch = if g.is_pointwise() { 0 } else { ckk * ohw };
-        for_each_image(batch, &mut gx, img_len, scratch, |n, gx_img, col, par| {
-            let gy_img = &gy[n * c_out * ohw..(n + 1) * c_out * ohw];
-            // col = W^T (ckk x c_out) * gy (c_out x ohw)
-            if g.is_pointwise() {
-                matmul(
-                    ckk,
-                    ohw,
-                    c_out,
-                    gx_img,
-                    false,
-                    w,
-                    (1, ckk),
-                    gy_img,
-                    (ohw, 1),
-                    par,
-                );
+        let scratch = ckk * cols_max + if direct { 0 } else { c_out * cols_max };
+        run_tasks(tk, batch, &mut gx, img_len, scratch, |first, images, gx_out, buf| {
+            let cols = images * ohw;
+            let (col, gathered) = buf.split_at_mut(ckk * cols_max);
+            let gy_task = &gy[first * c_out * ohw..(first + images) * c_out * ohw];
+            let rhs: &[f32] = if direct {
+                gy_task
             } else {
-                matmul(
-                    ckk,
-                    ohw,
-                    c_out,
-                    col,
-                    false,
-                    w,
-                    (1, ckk),
-                    gy_img,
-                    (ohw, 1),
-                    par,
-                );
-                col2im(&g, col, gx_img);
+                gather_channels(gy_task, c_out, ohw, images, gathered);
+                &gathered[..c_out * cols]
+            };
+            // col = W^T (ckk x c_out) * gy (c_out x cols)
+            if direct && g.is_pointwise() {
+                matmul(ckk, cols, c_out, gx_out, false, w, (1, ckk), rhs, (cols, 1), tk.par);
+                return;
+            }
+            matmul(ckk, cols, c_out, col, false, w, (1, ckk), rhs, (cols, 1), tk.par);
+            for i in 0..images {
+                col2im(&g, col, cols, i * ohw, &mut gx_out[i * img_len..(i + 1) * img_len]);
             }
         });
-        Ok((
-            CpuStorage::F32(gx),
-            Shape::from((batch, c_in, self.h, self.w)),
-        ))
+        Ok((CpuStorage::F32(gx), Shape::from((batch, c_in, self.h, self.w))))
     }
 }
 
@@ -433,57 +409,35 @@ impl CustomOp2 for WeightGrad {
         "trainyard-conv2d-weight-grad"
     }
 
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
         let (batch, c_in, h, w) = l1.shape().dims4()?;
         let (_, c_out, _, _) = l2.shape().dims4()?;
-        let g = Geometry {
-            batch,
-            c_in,
-            h,
-            w,
-            c_out,
-            k: self.k,
-            stride: self.stride,
-            padding: self.padding,
-        };
+        let g = Geometry { batch, c_in, h, w, c_out, k: self.k, stride: self.stride, padding: self.padding };
         let (x, gy) = (slice(s1, l1)?, slice(s2, l2)?);
         let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), c_in * h * w);
-        let parts = threads().min(batch).max(1);
+        let tk = tasks(&g);
+        let cols_max = tk.images * ohw;
+        // Fixed, contiguous image ranges per partial sum; partials added in order → deterministic.
+        let parts = threads().min(batch.div_ceil(tk.images)).max(1);
         let per_part = batch.div_ceil(parts);
-        let par = plan(batch);
         let partials: Vec<Vec<f32>> = (0..parts)
             .into_par_iter()
             .map(|part| {
                 let mut acc = vec![0f32; c_out * ckk];
-                let mut col = vec![0f32; if g.is_pointwise() { 0 } else { ckk * ohw }];
-                for n in part * per_part..((part + 1) * per_part).min(batch) {
-                    let img = &x[n * img_len..(n + 1) * img_len];
-                    let col: &[f32] = if g.is_pointwise() {
-                        img
-                    } else {
-                        im2col(&g, img, &mut col);
-                        &col
-                    };
-                    let gy_img = &gy[n * c_out * ohw..(n + 1) * c_out * ohw];
-                    // acc (c_out x ckk) += gy (c_out x ohw) * col^T (ohw x ckk)
-                    matmul(
-                        c_out,
-                        ckk,
-                        ohw,
-                        &mut acc,
-                        true,
-                        gy_img,
-                        (ohw, 1),
-                        col,
-                        (1, ohw),
-                        par,
-                    );
+                let mut col = vec![0f32; ckk * cols_max];
+                let mut gathered = vec![0f32; c_out * cols_max];
+                let end = ((part + 1) * per_part).min(batch);
+                let mut first = part * per_part;
+                while first < end {
+                    let images = tk.images.min(end - first);
+                    let cols = images * ohw;
+                    for i in 0..images {
+                        im2col(&g, &x[(first + i) * img_len..][..img_len], &mut col, cols, i * ohw);
+                    }
+                    gather_channels(&gy[first * c_out * ohw..(first + images) * c_out * ohw], c_out, ohw, images, &mut gathered);
+                    // acc (c_out x ckk) += gy (c_out x cols) * col^T (cols x ckk)
+                    matmul(c_out, ckk, cols, &mut acc, true, &gathered, (cols, 1), &col, (1, cols), tk.par);
+                    first += images;
                 }
                 acc
             })
@@ -494,10 +448,7 @@ impl CustomOp2 for WeightGrad {
                 *a += b;
             }
         }
-        Ok((
-            CpuStorage::F32(gw),
-            Shape::from((c_out, c_in, self.k, self.k)),
-        ))
+        Ok((CpuStorage::F32(gw), Shape::from((c_out, c_in, self.k, self.k))))
     }
 }
 
@@ -542,6 +493,8 @@ mod tests {
     #[case(2, 6, 6, 6, 4, 1, 2, 0)]
     #[case(1, 2, 4, 4, 3, 3, 1, 0)]
     #[case(5, 2, 3, 3, 2, 3, 1, 1)]
+    #[case(9, 3, 4, 4, 6, 3, 2, 1)]
+    #[case(7, 8, 2, 2, 5, 1, 1, 0)]
     fn matches_candle(
         #[case] n: usize,
         #[case] c: usize,
@@ -596,5 +549,44 @@ mod tests {
             .unwrap();
         assert!(grads.get(&x).is_none());
         assert!(grads.get(&wt).is_some());
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::*;
+
+    /// `cargo test --release --lib conv::timing -- --ignored --nocapture`: GFLOP/s of each kernel on
+    /// ResNet-18-CIFAR's conv shapes at batch 64.
+    #[test]
+    #[ignore]
+    fn resnet18_cifar_shapes() {
+        for (c, hw, o, stride) in [(3, 32, 64, 1), (64, 32, 64, 1), (64, 32, 128, 2), (128, 16, 128, 1), (256, 8, 256, 1), (512, 4, 512, 1)] {
+            let x = Tensor::ones((64, c, hw, hw), DType::F32, &Device::Cpu).unwrap();
+            let w = Tensor::ones((o, c, 3, 3), DType::F32, &Device::Cpu).unwrap();
+            let y = conv2d(&x, &w, stride, 1).unwrap();
+            let (_, _, oh, ow) = y.dims4().unwrap();
+            let flops = 2.0 * 64.0 * (o * oh * ow * c * 9) as f64;
+            let time = |f: &dyn Fn()| {
+                let t = std::time::Instant::now();
+                for _ in 0..3 {
+                    f();
+                }
+                t.elapsed().as_secs_f64() / 3.0
+            };
+            let tf = time(&|| {
+                conv2d(&x, &w, stride, 1).unwrap();
+            });
+            let ti = time(&|| {
+                y.apply_op2_no_bwd(&w, &InputGrad { stride, padding: 1, h: hw, w: hw }).unwrap();
+            });
+            let tw = time(&|| {
+                x.apply_op2_no_bwd(&y, &WeightGrad { stride, padding: 1, k: 3 }).unwrap();
+            });
+            println!(
+                "c{c} {hw}px -> {o} s{stride}: fwd {:.1} ms ({:.0} GF/s)  dx {:.1} ms ({:.0})  dw {:.1} ms ({:.0})",
+                tf * 1e3, flops / tf / 1e9, ti * 1e3, flops / ti / 1e9, tw * 1e3, flops / tw / 1e9
+            );
+        }
     }
 }

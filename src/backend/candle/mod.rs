@@ -3,6 +3,7 @@
 
 pub mod batchnorm;
 pub mod conv;
+pub mod fused;
 pub mod models;
 pub mod resnet;
 pub mod vit;
@@ -27,6 +28,7 @@ pub struct CandleEngine {
     opt_state: BTreeMap<String, Tensor>,
     opt_steps: u64,
     classes: usize,
+    label_smoothing: f64,
     seed: u64,
     forward_calls: u64,
 }
@@ -80,6 +82,7 @@ impl CandleEngine {
             opt_state: BTreeMap::new(),
             opt_steps: 0,
             classes: exp.model.num_classes,
+            label_smoothing: exp.model.label_smoothing,
             seed: exp.seed,
             forward_calls: 0,
         })
@@ -104,6 +107,19 @@ impl CandleEngine {
             correct5: c5,
             count: batch.len() as u64,
         })
+    }
+
+    /// Cross-entropy with PyTorch's label smoothing: (1 - e) * nll + e * mean over classes of -log p.
+    /// Validation reports the plain cross-entropy, so runs with different smoothing compare.
+    fn training_loss(&self, logits: &Tensor, y: &Tensor) -> candle_core::Result<Tensor> {
+        let eps = self.label_smoothing;
+        if eps <= 0.0 {
+            return candle_nn::loss::cross_entropy(logits, y);
+        }
+        let logp = candle_nn::ops::log_softmax(logits, candle_core::D::Minus1)?;
+        let nll = candle_nn::loss::nll(&logp, y)?;
+        let uniform = logp.mean(candle_core::D::Minus1)?.mean_all()?.neg()?;
+        nll.affine(1.0 - eps, 0.0)? + uniform.affine(eps, 0.0)?
     }
 
     /// Accumulated gradients by parameter name (for tests and distributed reduction).
@@ -187,7 +203,7 @@ impl Engine for CandleEngine {
         let logits = self
             .model
             .forward(&self.params, &mut self.buffers, &x, true, &mut rng)?;
-        let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+        let loss = self.training_loss(&logits, &y)?;
         let grads = loss.affine(grad_scale, 0.0)?.backward()?;
         for (name, var) in &self.params {
             let Some(g) = grads.get(var.as_tensor()) else {

@@ -62,8 +62,7 @@ fn linear(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
 fn conv3x3(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
     let w = get(p, &format!("{prefix}.weight"))?;
     let b = get(p, &format!("{prefix}.bias"))?;
-    let y = super::conv::conv2d(x, w, 1, 1)?;
-    y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)
+    super::fused::add_channel_bias(&super::conv::conv2d(x, w, 1, 1)?, b)
 }
 
 /// Inverted dropout with a host-generated mask, so runs are reproducible.
@@ -132,7 +131,7 @@ impl CandleModel for Mlp {
     ) -> Result<Tensor> {
         let mut h = x.flatten_from(1)?;
         for i in 0..self.dims.len() - 1 {
-            h = linear(p, &format!("layers.{i}"), &h)?.relu()?;
+            h = super::fused::relu(&linear(p, &format!("layers.{i}"), &h)?)?;
             h = dropout(&h, self.dropout, train, rng)?;
         }
         linear(p, "head", &h)
@@ -181,9 +180,13 @@ impl CandleModel for Cnn {
     ) -> Result<Tensor> {
         let mut h = x.clone();
         for i in 0..self.channels.len() {
-            h = conv3x3(p, &format!("blocks.{i}.conv"), &h)?.relu()?;
+            h = super::fused::relu(&conv3x3(p, &format!("blocks.{i}.conv"), &h)?)?;
             if h.dim(2)? >= 2 && h.dim(3)? >= 2 {
-                h = h.max_pool2d(2)?;
+                h = if matches!(h.device(), candle_core::Device::Cpu) {
+                    super::fused::max_pool2d(&h, 2, 2, 0)?
+                } else {
+                    h.max_pool2d(2)?
+                };
             }
         }
         let pooled = h.mean(D::Minus1)?.mean(D::Minus1)?;

@@ -197,6 +197,14 @@ fn every_second(x: &Tensor, dim: usize, offset: usize, count: usize) -> Result<T
 
 /// 3x3 stride-2 padding-1 max-pool on non-negative input (it follows a ReLU, so zero padding is exact).
 fn max_pool_3x3_s2(x: &Tensor) -> Result<Tensor> {
+    if matches!(x.device(), candle_core::Device::Cpu) && x.dtype() == candle_core::DType::F32 {
+        return super::fused::max_pool2d(x, 3, 2, 1);
+    }
+    max_pool_3x3_s2_views(x)
+}
+
+/// The same pool from strided views, for devices without the fused kernel.
+fn max_pool_3x3_s2_views(x: &Tensor) -> Result<Tensor> {
     let (h, w) = (x.dim(2)?, x.dim(3)?);
     let (ho, wo) = ((h - 1) / 2 + 1, (w - 1) / 2 + 1);
     // Pad so every window fits: 1 before, enough after.
@@ -289,7 +297,7 @@ impl CandleModel for ResNet {
         } else {
             conv(p, "conv1", x, 2, 3)?
         };
-        h = batch_norm(p, b, "bn1", &h, train)?.relu()?;
+        h = batch_norm(p, b, "bn1", &h, train).and_then(|t| super::fused::relu(&t))?;
         if !self.cifar_stem {
             h = max_pool_3x3_s2(&h)?;
         }
@@ -303,18 +311,18 @@ impl CandleModel for ResNet {
             };
             let out = if self.bottleneck {
                 let o = conv(p, &format!("{name}.conv1"), &h, 1, 0)?;
-                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)?.relu()?;
+                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train).and_then(|t| super::fused::relu(&t))?;
                 let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
-                let o = batch_norm(p, b, &format!("{name}.bn2"), &o, train)?.relu()?;
+                let o = batch_norm(p, b, &format!("{name}.bn2"), &o, train).and_then(|t| super::fused::relu(&t))?;
                 let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
                 batch_norm(p, b, &format!("{name}.bn3"), &o, train)?
             } else {
                 let o = conv(p, &format!("{name}.conv1"), &h, stride, 1)?;
-                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)?.relu()?;
+                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train).and_then(|t| super::fused::relu(&t))?;
                 let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
                 batch_norm(p, b, &format!("{name}.bn2"), &o, train)?
             };
-            h = (out + identity)?.relu()?;
+            h = super::fused::relu(&(out + identity)?)?;
         }
         let pooled = h.mean(D::Minus1)?.mean(D::Minus1)?;
         let w = param(p, "fc.weight")?;
@@ -334,6 +342,8 @@ mod tests {
         let data: Vec<f32> = (0..h * w).map(|_| rng.next_f32()).collect();
         let x = Tensor::from_slice(&data, (1, 1, h, w), &Device::Cpu).unwrap();
         let y = max_pool_3x3_s2(&x).unwrap();
+        let views = max_pool_3x3_s2_views(&x).unwrap();
+        assert_eq!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), views.flatten_all().unwrap().to_vec1::<f32>().unwrap());
         let (ho, wo) = (4, 3);
         assert_eq!(y.dims(), &[1, 1, ho, wo]);
         let got = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();

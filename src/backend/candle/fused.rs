@@ -1,0 +1,295 @@
+//! Small fused CPU ops with their own backward, where Candle's composition costs several full passes and
+//! allocations per step: ReLU (Candle's backward builds a zeros tensor, a comparison and a product),
+//! per-channel bias add (its backward is a slow strided reduction over N, H, W) and max-pooling (Candle's
+//! backward only works when kernel == stride). Off the CPU or for other dtypes the Candle ops are used.
+
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+fn fast(x: &Tensor) -> bool {
+    matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32
+}
+
+fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
+    let data = s.as_slice::<f32>()?;
+    match l.contiguous_offsets() {
+        Some((start, end)) => Ok(&data[start..end]),
+        None => candle_core::bail!("expected a contiguous tensor"),
+    }
+}
+
+/// Read a tensor's CPU data (contiguous) and run `f` on it.
+fn with_data<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<T>) -> Result<T> {
+    let t = t.contiguous()?;
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(s) => f(slice(s, layout)?),
+        _ => candle_core::bail!("expected a CPU tensor"),
+    }
+}
+
+const CHUNK: usize = 1 << 14;
+
+pub fn relu(x: &Tensor) -> Result<Tensor> {
+    if !fast(x) {
+        return x.relu();
+    }
+    x.contiguous()?.apply_op1(Relu)
+}
+
+struct Relu;
+
+impl CustomOp1 for Relu {
+    fn name(&self) -> &'static str {
+        "trainyard-relu"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = slice(s, l)?;
+        let mut y = vec![0f32; x.len()];
+        y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(o, i)| {
+            for (o, v) in o.iter_mut().zip(i) {
+                *o = v.max(0.0);
+            }
+        });
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let out = with_data(res, |y| {
+            with_data(grad, |g| {
+                let mut dx = vec![0f32; y.len()];
+                dx.par_chunks_mut(CHUNK)
+                    .zip(y.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
+                    .for_each(|(o, (y, g))| {
+                        for ((o, y), g) in o.iter_mut().zip(y).zip(g) {
+                            *o = if *y > 0.0 { *g } else { 0.0 };
+                        }
+                    });
+                Ok(dx)
+            })
+        })?;
+        Ok(Some(Tensor::from_vec(out, res.shape(), res.device())?))
+    }
+}
+
+/// `x` (N, C, H, W) plus `bias` (C) broadcast over N, H, W.
+pub fn add_channel_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    if !fast(x) || x.rank() != 4 {
+        let c = bias.dim(0)?;
+        return x.broadcast_add(&bias.reshape((1, c, 1, 1))?);
+    }
+    x.contiguous()?.apply_op2(&bias.contiguous()?, ChannelBias)
+}
+
+struct ChannelBias;
+
+impl CustomOp2 for ChannelBias {
+    fn name(&self) -> &'static str {
+        "trainyard-channel-bias"
+    }
+
+    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (_, c, h, w) = l1.shape().dims4()?;
+        let (x, b) = (slice(s1, l1)?, slice(s2, l2)?);
+        if b.len() != c {
+            candle_core::bail!("bias has {} values for {c} channels", b.len());
+        }
+        let hw = h * w;
+        let mut y = vec![0f32; x.len()];
+        y.par_chunks_mut(hw).enumerate().for_each(|(plane, o)| {
+            let v = b[plane % c];
+            for (o, x) in o.iter_mut().zip(&x[plane * hw..(plane + 1) * hw]) {
+                *o = x + v;
+            }
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, _b: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (n, c, h, w) = x.dims4()?;
+        let hw = h * w;
+        let sums = with_data(grad, |g| {
+            Ok((0..c)
+                .into_par_iter()
+                .map(|ch| {
+                    (0..n)
+                        .map(|i| g[(i * c + ch) * hw..][..hw].iter().map(|v| *v as f64).sum::<f64>())
+                        .sum::<f64>() as f32
+                })
+                .collect::<Vec<f32>>())
+        })?;
+        let gx = if x.track_op() { Some(grad.clone()) } else { None };
+        Ok((gx, Some(Tensor::from_vec(sums, c, x.device())?)))
+    }
+}
+
+/// `nn.MaxPool2d(kernel, stride, padding)` (padding counts as -inf), with a backward that routes each
+/// gradient to the first maximum of its window, as PyTorch does.
+pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
+    x.contiguous()?.apply_op1(MaxPool { kernel, stride, padding })
+}
+
+#[derive(Clone, Copy)]
+struct MaxPool {
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+}
+
+impl MaxPool {
+    fn out(&self, size: usize) -> usize {
+        (size + 2 * self.padding - self.kernel) / self.stride + 1
+    }
+
+    /// Index (within the plane) of the first maximum of output cell (oy, ox).
+    fn argmax(&self, plane: &[f32], w: usize, h: usize, oy: usize, ox: usize) -> usize {
+        let (mut best, mut at) = (f32::NEG_INFINITY, usize::MAX);
+        for ky in 0..self.kernel {
+            let iy = (oy * self.stride + ky) as isize - self.padding as isize;
+            if iy < 0 || iy >= h as isize {
+                continue;
+            }
+            for kx in 0..self.kernel {
+                let ix = (ox * self.stride + kx) as isize - self.padding as isize;
+                if ix < 0 || ix >= w as isize {
+                    continue;
+                }
+                let i = iy as usize * w + ix as usize;
+                let v = plane[i];
+                if v > best || at == usize::MAX || v.is_nan() {
+                    best = v;
+                    at = i;
+                    if v.is_nan() {
+                        return at;
+                    }
+                }
+            }
+        }
+        at
+    }
+}
+
+impl CustomOp1 for MaxPool {
+    fn name(&self) -> &'static str {
+        "trainyard-max-pool2d"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let (n, c, h, w) = l.shape().dims4()?;
+        if h + 2 * self.padding < self.kernel || w + 2 * self.padding < self.kernel || self.padding * 2 > self.kernel {
+            candle_core::bail!("max_pool2d: kernel {} / padding {} do not fit a {h}x{w} input", self.kernel, self.padding);
+        }
+        let x = slice(s, l)?;
+        let (oh, ow) = (self.out(h), self.out(w));
+        let mut y = vec![0f32; n * c * oh * ow];
+        y.par_chunks_mut(oh * ow).enumerate().for_each(|(p, o)| {
+            let plane = &x[p * h * w..(p + 1) * h * w];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    o[oy * ow + ox] = plane[self.argmax(plane, w, h, oy, ox)];
+                }
+            }
+        });
+        Ok((CpuStorage::F32(y), Shape::from((n, c, oh, ow))))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let (n, c, h, w) = arg.dims4()?;
+        let (oh, ow) = (self.out(h), self.out(w));
+        let dx = with_data(arg, |x| {
+            with_data(grad, |g| {
+                let mut dx = vec![0f32; n * c * h * w];
+                dx.par_chunks_mut(h * w).enumerate().for_each(|(p, o)| {
+                    let plane = &x[p * h * w..(p + 1) * h * w];
+                    let gp = &g[p * oh * ow..(p + 1) * oh * ow];
+                    for oy in 0..oh {
+                        for ox in 0..ow {
+                            o[self.argmax(plane, w, h, oy, ox)] += gp[oy * ow + ox];
+                        }
+                    }
+                });
+                Ok(dx)
+            })
+        })?;
+        Ok(Some(Tensor::from_vec(dx, (n, c, h, w), arg.device())?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Var;
+
+    fn seeded(shape: &[usize], seed: u64) -> Tensor {
+        let mut rng = crate::rng::Rng::new(seed);
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect();
+        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+    }
+
+    fn diff(a: &Tensor, b: &Tensor) -> f32 {
+        (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+    }
+
+    fn grads_agree(ours: Tensor, theirs: Tensor, vars: &[&Var], probe: &Tensor) {
+        assert!(diff(&ours, &theirs) < 1e-6, "forward differs");
+        let g1 = (ours * probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let g2 = (theirs * probe).unwrap().sum_all().unwrap().backward().unwrap();
+        for v in vars {
+            assert!(diff(g1.get(v).unwrap(), g2.get(v).unwrap()) < 1e-5, "gradient differs");
+        }
+    }
+
+    #[test]
+    fn relu_and_bias_match_candle() {
+        let x = Var::from_tensor(&seeded(&[2, 3, 4, 5], 1)).unwrap();
+        let b = Var::from_tensor(&seeded(&[3], 2)).unwrap();
+        let probe = seeded(&[2, 3, 4, 5], 3);
+        grads_agree(relu(&x).unwrap(), x.relu().unwrap(), &[&x], &probe);
+        grads_agree(
+            add_channel_bias(&x, &b).unwrap(),
+            x.broadcast_add(&b.reshape((1, 3, 1, 1)).unwrap()).unwrap(),
+            &[&x, &b],
+            &probe,
+        );
+    }
+
+    /// Forward as Candle's pool; gradient: each window's gradient lands on its maximum. (Candle 0.11's own
+    /// max-pool backward scales it by 1/kernel², which is wrong, so it cannot be the reference.)
+    #[test]
+    fn max_pool_matches_candle_forward_and_routes_gradients() {
+        let x = Var::from_tensor(&seeded(&[2, 3, 6, 6], 1)).unwrap();
+        let probe = seeded(&[2, 3, 3, 3], 3);
+        let y = max_pool2d(&x, 2, 2, 0).unwrap();
+        assert!(diff(&y, &x.max_pool2d(2).unwrap()) < 1e-7);
+        let g = (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let gx = g.get(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let xv = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let pv = probe.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let mut want = vec![0f32; xv.len()];
+        for p in 0..6 {
+            for oy in 0..3 {
+                for ox in 0..3 {
+                    let cells = [(0, 0), (0, 1), (1, 0), (1, 1)].map(|(dy, dx)| p * 36 + (2 * oy + dy) * 6 + 2 * ox + dx);
+                    let at = *cells.iter().max_by(|a, b| xv[**a].total_cmp(&xv[**b])).unwrap();
+                    want[at] += pv[p * 9 + oy * 3 + ox];
+                }
+            }
+        }
+        assert_eq!(gx, want);
+    }
+
+    /// 3x3 stride 2 padding 1 (ResNet's stem): each input gets the sum of the gradients of the windows
+    /// where it is the first maximum.
+    #[test]
+    fn overlapping_windows_route_gradients_to_the_first_maximum() {
+        let x = Var::from_tensor(&Tensor::new(&[[[[1f32, 5.0, 2.0], [0.0, 3.0, 4.0], [7.0, 6.0, 5.0]]]], &Device::Cpu).unwrap())
+            .unwrap();
+        let y = max_pool2d(&x, 3, 2, 1).unwrap();
+        assert_eq!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), vec![5.0, 5.0, 7.0, 6.0]);
+        let g = y.sum_all().unwrap().backward().unwrap();
+        let gx = g.get(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(gx, vec![0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]);
+    }
+}
