@@ -77,6 +77,7 @@ def ours_steps(model_name: str, batch: int, steps: int, threads: int) -> float:
             TRAIN, "experiment=quickstart", *MODELS[model_name][0], f"data.batch_size={batch}",
             "optimizer=sgd", "optimizer.lr=0.01", "scheduler=constant", "trainer.max_epochs=1",
             f"trainer.limit_train_batches={steps + 1}", "trainer.limit_val_batches=0", "callbacks=none",
+            "data.num_workers=0",  # batches made between steps, so loader threads do not share the cores
             f"hydra.run.dir={out}",
         ]
         env = dict(os.environ, RAYON_NUM_THREADS=str(threads))

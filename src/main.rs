@@ -5,6 +5,12 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// mimalloc v2's `mi_option_purge_delay`: -1 keeps freed pages mapped, so the next step's buffers of the
+/// same size do not fault in and zero fresh pages (10% of a ResNet step otherwise).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
 fn main() -> std::process::ExitCode {
+    // SAFETY: sets a process-wide allocator option before any worker thread exists.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
     trainyard::app::main_entry(std::env::args_os())
 }

@@ -488,7 +488,11 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
                     && (epoch + 1).is_multiple_of(t.check_val_every_n_epoch.max(1));
                 if mid_epoch_check {
                     let v = run_validation(engine.as_mut(), &val_spec, &val_indices, val_batches)?;
-                    let scalars = [("val/loss", v.loss()), ("val/acc1", v.acc1()), ("val/acc5", v.acc5())];
+                    let scalars = [
+                        ("val/loss", v.loss()),
+                        ("val/acc1", v.acc1()),
+                        ("val/acc5", v.acc5()),
+                    ];
                     if let Some(csv) = csv.as_mut() {
                         let mut row = BTreeMap::from(scalars);
                         row.insert("epoch", epoch as f64);

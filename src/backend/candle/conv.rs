@@ -239,10 +239,16 @@ fn tasks(g: &Geometry) -> Tasks {
     let t = threads();
     if g.batch < t {
         // Too few images to keep every thread busy: images in turn, each GEMM multi-threaded.
-        return Tasks { images: 1, par: Parallelism::Rayon(t) };
+        return Tasks {
+            images: 1,
+            par: Parallelism::Rayon(t),
+        };
     }
     let wide = 512usize.div_ceil(g.out_hw()).max(1);
-    Tasks { images: wide.min(g.batch.div_ceil(t)).max(1), par: Parallelism::None }
+    Tasks {
+        images: wide.min(g.batch.div_ceil(t)).max(1),
+        par: Parallelism::None,
+    }
 }
 
 /// Run `f(first_image, images, out_chunk, scratch)` over tasks, in parallel when `par` is single-threaded.
@@ -252,12 +258,13 @@ where
 {
     let chunk = tk.images * per_image;
     if matches!(tk.par, Parallelism::None) {
-        out.par_chunks_mut(chunk)
-            .enumerate()
-            .for_each_init(|| vec![0f32; scratch], |buf, (i, o)| {
+        out.par_chunks_mut(chunk).enumerate().for_each_init(
+            || vec![0f32; scratch],
+            |buf, (i, o)| {
                 let first = i * tk.images;
                 f(first, tk.images.min(batch - first), o, buf)
-            });
+            },
+        );
     } else {
         let mut buf = vec![0f32; scratch];
         for (i, o) in out.chunks_mut(chunk).enumerate() {
@@ -297,7 +304,13 @@ impl CustomOp2 for Conv2d {
         "trainyard-conv2d"
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         let g = geometry(l1, l2, self.stride, self.padding)?;
         let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
         let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), g.c_in * g.h * g.w);
@@ -306,33 +319,85 @@ impl CustomOp2 for Conv2d {
         let cols_max = tk.images * ohw;
         let direct = tk.images == 1;
         let scratch = ckk * cols_max + if direct { 0 } else { g.c_out * cols_max };
-        run_tasks(tk, g.batch, &mut y, g.c_out * ohw, scratch, |first, images, y_out, buf| {
-            let cols = images * ohw;
-            let (col, tmp) = buf.split_at_mut(ckk * cols_max);
-            let col: &[f32] = if direct && g.is_pointwise() {
-                &x[first * img_len..(first + 1) * img_len]
-            } else {
-                for i in 0..images {
-                    im2col(&g, &x[(first + i) * img_len..][..img_len], col, cols, i * ohw);
+        run_tasks(
+            tk,
+            g.batch,
+            &mut y,
+            g.c_out * ohw,
+            scratch,
+            |first, images, y_out, buf| {
+                let cols = images * ohw;
+                let (col, tmp) = buf.split_at_mut(ckk * cols_max);
+                let col: &[f32] = if direct && g.is_pointwise() {
+                    &x[first * img_len..(first + 1) * img_len]
+                } else {
+                    for i in 0..images {
+                        im2col(
+                            &g,
+                            &x[(first + i) * img_len..][..img_len],
+                            col,
+                            cols,
+                            i * ohw,
+                        );
+                    }
+                    &col[..ckk * cols]
+                };
+                if direct {
+                    matmul(
+                        g.c_out,
+                        cols,
+                        ckk,
+                        y_out,
+                        false,
+                        w,
+                        (ckk, 1),
+                        col,
+                        (cols, 1),
+                        tk.par,
+                    );
+                } else {
+                    matmul(
+                        g.c_out,
+                        cols,
+                        ckk,
+                        tmp,
+                        false,
+                        w,
+                        (ckk, 1),
+                        col,
+                        (cols, 1),
+                        tk.par,
+                    );
+                    scatter_channels(&tmp[..g.c_out * cols], g.c_out, ohw, images, y_out);
                 }
-                &col[..ckk * cols]
-            };
-            if direct {
-                matmul(g.c_out, cols, ckk, y_out, false, w, (ckk, 1), col, (cols, 1), tk.par);
-            } else {
-                matmul(g.c_out, cols, ckk, tmp, false, w, (ckk, 1), col, (cols, 1), tk.par);
-                scatter_channels(&tmp[..g.c_out * cols], g.c_out, ohw, images, y_out);
-            }
-        });
-        Ok((CpuStorage::F32(y), Shape::from((g.batch, g.c_out, g.out_h(), g.out_w()))))
+            },
+        );
+        Ok((
+            CpuStorage::F32(y),
+            Shape::from((g.batch, g.c_out, g.out_h(), g.out_w())),
+        ))
     }
 
-    fn bwd(&self, x: &Tensor, w: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let grad = grad.contiguous()?;
         let (stride, padding) = (self.stride, self.padding);
         let gx = if x.track_op() {
             let (_, _, h, wd) = x.dims4()?;
-            Some(grad.apply_op2_no_bwd(w, &InputGrad { stride, padding, h, w: wd })?)
+            Some(grad.apply_op2_no_bwd(
+                w,
+                &InputGrad {
+                    stride,
+                    padding,
+                    h,
+                    w: wd,
+                },
+            )?)
         } else {
             None
         };
@@ -359,13 +424,30 @@ impl CustomOp2 for InputGrad {
         "trainyard-conv2d-input-grad"
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         let (batch, c_out, _, _) = l1.shape().dims4()?;
         let (wc_out, c_in, k, _) = l2.shape().dims4()?;
         if wc_out != c_out {
-            candle_core::bail!("conv2d backward: gradient has {c_out} channels, the kernel {wc_out}");
+            candle_core::bail!(
+                "conv2d backward: gradient has {c_out} channels, the kernel {wc_out}"
+            );
         }
-        let g = Geometry { batch, c_in, h: self.h, w: self.w, c_out, k, stride: self.stride, padding: self.padding };
+        let g = Geometry {
+            batch,
+            c_in,
+            h: self.h,
+            w: self.w,
+            c_out,
+            k,
+            stride: self.stride,
+            padding: self.padding,
+        };
         let (gy, w) = (slice(s1, l1)?, slice(s2, l2)?);
         let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), g.c_in * g.h * g.w);
         let tk = tasks(&g);
@@ -373,27 +455,65 @@ impl CustomOp2 for InputGrad {
         let direct = tk.images == 1;
         let mut gx = vec![0f32; batch * img_len];
         let scratch = ckk * cols_max + if direct { 0 } else { c_out * cols_max };
-        run_tasks(tk, batch, &mut gx, img_len, scratch, |first, images, gx_out, buf| {
-            let cols = images * ohw;
-            let (col, gathered) = buf.split_at_mut(ckk * cols_max);
-            let gy_task = &gy[first * c_out * ohw..(first + images) * c_out * ohw];
-            let rhs: &[f32] = if direct {
-                gy_task
-            } else {
-                gather_channels(gy_task, c_out, ohw, images, gathered);
-                &gathered[..c_out * cols]
-            };
-            // col = W^T (ckk x c_out) * gy (c_out x cols)
-            if direct && g.is_pointwise() {
-                matmul(ckk, cols, c_out, gx_out, false, w, (1, ckk), rhs, (cols, 1), tk.par);
-                return;
-            }
-            matmul(ckk, cols, c_out, col, false, w, (1, ckk), rhs, (cols, 1), tk.par);
-            for i in 0..images {
-                col2im(&g, col, cols, i * ohw, &mut gx_out[i * img_len..(i + 1) * img_len]);
-            }
-        });
-        Ok((CpuStorage::F32(gx), Shape::from((batch, c_in, self.h, self.w))))
+        run_tasks(
+            tk,
+            batch,
+            &mut gx,
+            img_len,
+            scratch,
+            |first, images, gx_out, buf| {
+                let cols = images * ohw;
+                let (col, gathered) = buf.split_at_mut(ckk * cols_max);
+                let gy_task = &gy[first * c_out * ohw..(first + images) * c_out * ohw];
+                let rhs: &[f32] = if direct {
+                    gy_task
+                } else {
+                    gather_channels(gy_task, c_out, ohw, images, gathered);
+                    &gathered[..c_out * cols]
+                };
+                // col = W^T (ckk x c_out) * gy (c_out x cols)
+                if direct && g.is_pointwise() {
+                    matmul(
+                        ckk,
+                        cols,
+                        c_out,
+                        gx_out,
+                        false,
+                        w,
+                        (1, ckk),
+                        rhs,
+                        (cols, 1),
+                        tk.par,
+                    );
+                    return;
+                }
+                matmul(
+                    ckk,
+                    cols,
+                    c_out,
+                    col,
+                    false,
+                    w,
+                    (1, ckk),
+                    rhs,
+                    (cols, 1),
+                    tk.par,
+                );
+                for i in 0..images {
+                    col2im(
+                        &g,
+                        col,
+                        cols,
+                        i * ohw,
+                        &mut gx_out[i * img_len..(i + 1) * img_len],
+                    );
+                }
+            },
+        );
+        Ok((
+            CpuStorage::F32(gx),
+            Shape::from((batch, c_in, self.h, self.w)),
+        ))
     }
 }
 
@@ -409,10 +529,25 @@ impl CustomOp2 for WeightGrad {
         "trainyard-conv2d-weight-grad"
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         let (batch, c_in, h, w) = l1.shape().dims4()?;
         let (_, c_out, _, _) = l2.shape().dims4()?;
-        let g = Geometry { batch, c_in, h, w, c_out, k: self.k, stride: self.stride, padding: self.padding };
+        let g = Geometry {
+            batch,
+            c_in,
+            h,
+            w,
+            c_out,
+            k: self.k,
+            stride: self.stride,
+            padding: self.padding,
+        };
         let (x, gy) = (slice(s1, l1)?, slice(s2, l2)?);
         let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), c_in * h * w);
         let tk = tasks(&g);
@@ -432,11 +567,34 @@ impl CustomOp2 for WeightGrad {
                     let images = tk.images.min(end - first);
                     let cols = images * ohw;
                     for i in 0..images {
-                        im2col(&g, &x[(first + i) * img_len..][..img_len], &mut col, cols, i * ohw);
+                        im2col(
+                            &g,
+                            &x[(first + i) * img_len..][..img_len],
+                            &mut col,
+                            cols,
+                            i * ohw,
+                        );
                     }
-                    gather_channels(&gy[first * c_out * ohw..(first + images) * c_out * ohw], c_out, ohw, images, &mut gathered);
+                    gather_channels(
+                        &gy[first * c_out * ohw..(first + images) * c_out * ohw],
+                        c_out,
+                        ohw,
+                        images,
+                        &mut gathered,
+                    );
                     // acc (c_out x ckk) += gy (c_out x cols) * col^T (cols x ckk)
-                    matmul(c_out, ckk, cols, &mut acc, true, &gathered, (cols, 1), &col, (1, cols), tk.par);
+                    matmul(
+                        c_out,
+                        ckk,
+                        cols,
+                        &mut acc,
+                        true,
+                        &gathered,
+                        (cols, 1),
+                        &col,
+                        (1, cols),
+                        tk.par,
+                    );
                     first += images;
                 }
                 acc
@@ -448,7 +606,10 @@ impl CustomOp2 for WeightGrad {
                 *a += b;
             }
         }
-        Ok((CpuStorage::F32(gw), Shape::from((c_out, c_in, self.k, self.k))))
+        Ok((
+            CpuStorage::F32(gw),
+            Shape::from((c_out, c_in, self.k, self.k)),
+        ))
     }
 }
 
@@ -495,6 +656,15 @@ mod tests {
     #[case(5, 2, 3, 3, 2, 3, 1, 1)]
     #[case(9, 3, 4, 4, 6, 3, 2, 1)]
     #[case(7, 8, 2, 2, 5, 1, 1, 0)]
+    #[case(4, 16, 8, 8, 32, 3, 2, 1)]
+    #[case(4, 16, 8, 8, 32, 1, 2, 0)]
+    #[case(4, 8, 32, 32, 8, 3, 1, 1)]
+    #[case(4, 3, 32, 32, 8, 3, 1, 1)]
+    #[case(4, 256, 8, 8, 512, 3, 2, 1)]
+    #[case(4, 256, 8, 8, 512, 1, 2, 0)]
+    #[case(4, 128, 16, 16, 256, 3, 2, 1)]
+    #[case(4, 256, 8, 8, 256, 3, 1, 1)]
+    #[case(4, 128, 16, 16, 256, 1, 2, 0)]
     fn matches_candle(
         #[case] n: usize,
         #[case] c: usize,
@@ -561,7 +731,14 @@ mod timing {
     #[test]
     #[ignore]
     fn resnet18_cifar_shapes() {
-        for (c, hw, o, stride) in [(3, 32, 64, 1), (64, 32, 64, 1), (64, 32, 128, 2), (128, 16, 128, 1), (256, 8, 256, 1), (512, 4, 512, 1)] {
+        for (c, hw, o, stride) in [
+            (3, 32, 64, 1),
+            (64, 32, 64, 1),
+            (64, 32, 128, 2),
+            (128, 16, 128, 1),
+            (256, 8, 256, 1),
+            (512, 4, 512, 1),
+        ] {
             let x = Tensor::ones((64, c, hw, hw), DType::F32, &Device::Cpu).unwrap();
             let w = Tensor::ones((o, c, 3, 3), DType::F32, &Device::Cpu).unwrap();
             let y = conv2d(&x, &w, stride, 1).unwrap();
@@ -578,10 +755,27 @@ mod timing {
                 conv2d(&x, &w, stride, 1).unwrap();
             });
             let ti = time(&|| {
-                y.apply_op2_no_bwd(&w, &InputGrad { stride, padding: 1, h: hw, w: hw }).unwrap();
+                y.apply_op2_no_bwd(
+                    &w,
+                    &InputGrad {
+                        stride,
+                        padding: 1,
+                        h: hw,
+                        w: hw,
+                    },
+                )
+                .unwrap();
             });
             let tw = time(&|| {
-                x.apply_op2_no_bwd(&y, &WeightGrad { stride, padding: 1, k: 3 }).unwrap();
+                x.apply_op2_no_bwd(
+                    &y,
+                    &WeightGrad {
+                        stride,
+                        padding: 1,
+                        k: 3,
+                    },
+                )
+                .unwrap();
             });
             println!(
                 "c{c} {hw}px -> {o} s{stride}: fwd {:.1} ms ({:.0} GF/s)  dx {:.1} ms ({:.0})  dw {:.1} ms ({:.0})",

@@ -47,11 +47,13 @@ impl CustomOp1 for Relu {
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = slice(s, l)?;
         let mut y = vec![0f32; x.len()];
-        y.par_chunks_mut(CHUNK).zip(x.par_chunks(CHUNK)).for_each(|(o, i)| {
-            for (o, v) in o.iter_mut().zip(i) {
-                *o = v.max(0.0);
-            }
-        });
+        y.par_chunks_mut(CHUNK)
+            .zip(x.par_chunks(CHUNK))
+            .for_each(|(o, i)| {
+                for (o, v) in o.iter_mut().zip(i) {
+                    *o = v.max(0.0);
+                }
+            });
         Ok((CpuStorage::F32(y), l.shape().clone()))
     }
 
@@ -89,7 +91,13 @@ impl CustomOp2 for ChannelBias {
         "trainyard-channel-bias"
     }
 
-    fn cpu_fwd(&self, s1: &CpuStorage, l1: &Layout, s2: &CpuStorage, l2: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         let (_, c, h, w) = l1.shape().dims4()?;
         let (x, b) = (slice(s1, l1)?, slice(s2, l2)?);
         if b.len() != c {
@@ -106,7 +114,13 @@ impl CustomOp2 for ChannelBias {
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
-    fn bwd(&self, x: &Tensor, _b: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    fn bwd(
+        &self,
+        x: &Tensor,
+        _b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (n, c, h, w) = x.dims4()?;
         let hw = h * w;
         let sums = with_data(grad, |g| {
@@ -114,12 +128,21 @@ impl CustomOp2 for ChannelBias {
                 .into_par_iter()
                 .map(|ch| {
                     (0..n)
-                        .map(|i| g[(i * c + ch) * hw..][..hw].iter().map(|v| *v as f64).sum::<f64>())
+                        .map(|i| {
+                            g[(i * c + ch) * hw..][..hw]
+                                .iter()
+                                .map(|v| *v as f64)
+                                .sum::<f64>()
+                        })
                         .sum::<f64>() as f32
                 })
                 .collect::<Vec<f32>>())
         })?;
-        let gx = if x.track_op() { Some(grad.clone()) } else { None };
+        let gx = if x.track_op() {
+            Some(grad.clone())
+        } else {
+            None
+        };
         Ok((gx, Some(Tensor::from_vec(sums, c, x.device())?)))
     }
 }
@@ -127,7 +150,11 @@ impl CustomOp2 for ChannelBias {
 /// `nn.MaxPool2d(kernel, stride, padding)` (padding counts as -inf), with a backward that routes each
 /// gradient to the first maximum of its window, as PyTorch does.
 pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(MaxPool { kernel, stride, padding })
+    x.contiguous()?.apply_op1(MaxPool {
+        kernel,
+        stride,
+        padding,
+    })
 }
 
 #[derive(Clone, Copy)]
@@ -177,8 +204,15 @@ impl CustomOp1 for MaxPool {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let (n, c, h, w) = l.shape().dims4()?;
-        if h + 2 * self.padding < self.kernel || w + 2 * self.padding < self.kernel || self.padding * 2 > self.kernel {
-            candle_core::bail!("max_pool2d: kernel {} / padding {} do not fit a {h}x{w} input", self.kernel, self.padding);
+        if h + 2 * self.padding < self.kernel
+            || w + 2 * self.padding < self.kernel
+            || self.padding * 2 > self.kernel
+        {
+            candle_core::bail!(
+                "max_pool2d: kernel {} / padding {} do not fit a {h}x{w} input",
+                self.kernel,
+                self.padding
+            );
         }
         let x = slice(s, l)?;
         let (oh, ow) = (self.out(h), self.out(w));
@@ -229,15 +263,35 @@ mod tests {
     }
 
     fn diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap()
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
     }
 
     fn grads_agree(ours: Tensor, theirs: Tensor, vars: &[&Var], probe: &Tensor) {
         assert!(diff(&ours, &theirs) < 1e-6, "forward differs");
-        let g1 = (ours * probe).unwrap().sum_all().unwrap().backward().unwrap();
-        let g2 = (theirs * probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let g1 = (ours * probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g2 = (theirs * probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
         for v in vars {
-            assert!(diff(g1.get(v).unwrap(), g2.get(v).unwrap()) < 1e-5, "gradient differs");
+            assert!(
+                diff(g1.get(v).unwrap(), g2.get(v).unwrap()) < 1e-5,
+                "gradient differs"
+            );
         }
     }
 
@@ -264,15 +318,25 @@ mod tests {
         let y = max_pool2d(&x, 2, 2, 0).unwrap();
         assert!(diff(&y, &x.max_pool2d(2).unwrap()) < 1e-7);
         let g = (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
-        let gx = g.get(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let gx = g
+            .get(&x)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
         let xv = x.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let pv = probe.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let mut want = vec![0f32; xv.len()];
         for p in 0..6 {
             for oy in 0..3 {
                 for ox in 0..3 {
-                    let cells = [(0, 0), (0, 1), (1, 0), (1, 1)].map(|(dy, dx)| p * 36 + (2 * oy + dy) * 6 + 2 * ox + dx);
-                    let at = *cells.iter().max_by(|a, b| xv[**a].total_cmp(&xv[**b])).unwrap();
+                    let cells = [(0, 0), (0, 1), (1, 0), (1, 1)]
+                        .map(|(dy, dx)| p * 36 + (2 * oy + dy) * 6 + 2 * ox + dx);
+                    let at = *cells
+                        .iter()
+                        .max_by(|a, b| xv[**a].total_cmp(&xv[**b]))
+                        .unwrap();
                     want[at] += pv[p * 9 + oy * 3 + ox];
                 }
             }
@@ -284,12 +348,27 @@ mod tests {
     /// where it is the first maximum.
     #[test]
     fn overlapping_windows_route_gradients_to_the_first_maximum() {
-        let x = Var::from_tensor(&Tensor::new(&[[[[1f32, 5.0, 2.0], [0.0, 3.0, 4.0], [7.0, 6.0, 5.0]]]], &Device::Cpu).unwrap())
-            .unwrap();
+        let x = Var::from_tensor(
+            &Tensor::new(
+                &[[[[1f32, 5.0, 2.0], [0.0, 3.0, 4.0], [7.0, 6.0, 5.0]]]],
+                &Device::Cpu,
+            )
+            .unwrap(),
+        )
+        .unwrap();
         let y = max_pool2d(&x, 3, 2, 1).unwrap();
-        assert_eq!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), vec![5.0, 5.0, 7.0, 6.0]);
+        assert_eq!(
+            y.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            vec![5.0, 5.0, 7.0, 6.0]
+        );
         let g = y.sum_all().unwrap().backward().unwrap();
-        let gx = g.get(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let gx = g
+            .get(&x)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
         assert_eq!(gx, vec![0.0, 2.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0]);
     }
 }

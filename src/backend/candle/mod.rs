@@ -29,6 +29,8 @@ pub struct CandleEngine {
     opt_steps: u64,
     classes: usize,
     label_smoothing: f64,
+    /// The logits of the last training forward pass (for the PyTorch oracle).
+    last_logits: Option<Tensor>,
     seed: u64,
     forward_calls: u64,
 }
@@ -83,6 +85,7 @@ impl CandleEngine {
             opt_steps: 0,
             classes: exp.model.num_classes,
             label_smoothing: exp.model.label_smoothing,
+            last_logits: None,
             seed: exp.seed,
             forward_calls: 0,
         })
@@ -120,6 +123,11 @@ impl CandleEngine {
         let nll = candle_nn::loss::nll(&logp, y)?;
         let uniform = logp.mean(candle_core::D::Minus1)?.mean_all()?.neg()?;
         nll.affine(1.0 - eps, 0.0)? + uniform.affine(eps, 0.0)?
+    }
+
+    /// The logits of the last `forward_backward`, on the host (row-major, batch x classes).
+    pub fn last_logits(&self) -> anyhow::Result<Option<HostTensor>> {
+        self.last_logits.as_ref().map(to_host).transpose()
     }
 
     /// Accumulated gradients by parameter name (for tests and distributed reduction).
@@ -205,6 +213,7 @@ impl Engine for CandleEngine {
             .forward(&self.params, &mut self.buffers, &x, true, &mut rng)?;
         let loss = self.training_loss(&logits, &y)?;
         let grads = loss.affine(grad_scale, 0.0)?.backward()?;
+        self.last_logits = Some(logits.detach());
         for (name, var) in &self.params {
             let Some(g) = grads.get(var.as_tensor()) else {
                 continue;
@@ -538,6 +547,38 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("tensors the model does not have"), "{err}");
+    }
+
+    /// PyTorch's CrossEntropyLoss(label_smoothing=e): mean over rows of (1-e)(lse - z_y) + e(lse - mean z).
+    #[test]
+    fn label_smoothing_follows_pytorch() {
+        let mut exp = experiment_with(
+            "{name: mlp, num_classes: 3, hidden: [4]}",
+            "{name: sgd, lr: 0.1}",
+            3,
+        );
+        exp.model.label_smoothing = 0.2;
+        let e = CandleEngine::new(&exp).unwrap();
+        let z = [[1.0f32, 2.0, 0.5], [-1.0, 0.0, 3.0]];
+        let y = [1u32, 0];
+        let logits = Tensor::new(&z, &Device::Cpu).unwrap();
+        let labels = Tensor::new(&y, &Device::Cpu).unwrap();
+        let got = e
+            .training_loss(&logits, &labels)
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap() as f64;
+        let want: f64 = z
+            .iter()
+            .zip(y)
+            .map(|(row, label)| {
+                let lse = row.iter().map(|v| (*v as f64).exp()).sum::<f64>().ln();
+                let mean = row.iter().map(|v| *v as f64).sum::<f64>() / 3.0;
+                0.8 * (lse - row[label as usize] as f64) + 0.2 * (lse - mean)
+            })
+            .sum::<f64>()
+            / 2.0;
+        assert!((got - want).abs() < 1e-6, "{got} vs {want}");
     }
 
     #[test]

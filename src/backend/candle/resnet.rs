@@ -311,14 +311,17 @@ impl CandleModel for ResNet {
             };
             let out = if self.bottleneck {
                 let o = conv(p, &format!("{name}.conv1"), &h, 1, 0)?;
-                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train).and_then(|t| super::fused::relu(&t))?;
+                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)
+                    .and_then(|t| super::fused::relu(&t))?;
                 let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
-                let o = batch_norm(p, b, &format!("{name}.bn2"), &o, train).and_then(|t| super::fused::relu(&t))?;
+                let o = batch_norm(p, b, &format!("{name}.bn2"), &o, train)
+                    .and_then(|t| super::fused::relu(&t))?;
                 let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
                 batch_norm(p, b, &format!("{name}.bn3"), &o, train)?
             } else {
                 let o = conv(p, &format!("{name}.conv1"), &h, stride, 1)?;
-                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train).and_then(|t| super::fused::relu(&t))?;
+                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)
+                    .and_then(|t| super::fused::relu(&t))?;
                 let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
                 batch_norm(p, b, &format!("{name}.bn2"), &o, train)?
             };
@@ -343,7 +346,10 @@ mod tests {
         let x = Tensor::from_slice(&data, (1, 1, h, w), &Device::Cpu).unwrap();
         let y = max_pool_3x3_s2(&x).unwrap();
         let views = max_pool_3x3_s2_views(&x).unwrap();
-        assert_eq!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), views.flatten_all().unwrap().to_vec1::<f32>().unwrap());
+        assert_eq!(
+            y.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            views.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
         let (ho, wo) = (4, 3);
         assert_eq!(y.dims(), &[1, 1, ho, wo]);
         let got = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();

@@ -1,0 +1,57 @@
+//! The Rust half of the PyTorch oracle (`bench/oracle.py` runs it): load weights and a batch written by
+//! PyTorch, run one training forward pass and one optimizer step with the Candle engine, and write the
+//! logits and the updated state back as safetensors for comparison.
+//!
+//! usage: oracle_step '<model and optimizer YAML>' weights.safetensors batch.safetensors out.safetensors
+
+use std::collections::HashMap;
+use std::path::Path;
+use trainyard::backend::candle::CandleEngine;
+use trainyard::backend::Engine;
+use trainyard::checkpoint::{self, TrainingState};
+use trainyard::data::loader::Batch;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let [spec, weights, batch, out] = &args[..] else {
+        anyhow::bail!(
+            "usage: oracle_step '<yaml>' weights.safetensors batch.safetensors out.safetensors"
+        );
+    };
+    let node = trainyard::config::yaml::parse(spec, "<oracle spec>")?
+        .ok_or_else(|| anyhow::anyhow!("empty spec"))?;
+    let exp = trainyard::schema::extract(&node)?;
+    let mut engine = CandleEngine::new(&exp)?;
+    let kept = engine.load_pretrained(&checkpoint::load(Path::new(weights))?.state)?;
+    anyhow::ensure!(
+        kept.is_empty(),
+        "the oracle's weights must cover the head too (missing {kept:?})"
+    );
+
+    let inputs = checkpoint::load(Path::new(batch))?.state;
+    let x = &inputs["x"];
+    let batch = Batch {
+        images: x.data.clone(),
+        labels: inputs["y"].data.iter().map(|v| *v as u32).collect(),
+        channels: x.shape[1],
+        height: x.shape[2],
+        width: x.shape[3],
+    };
+    engine.forward_backward(&batch, 1.0)?;
+    engine.optimizer_step(exp.optimizer.lr, None, None)?;
+
+    let mut state = engine.state_dict()?;
+    state.retain(|k, _| !k.starts_with("optimizer."));
+    let logits = engine
+        .last_logits()?
+        .ok_or_else(|| anyhow::anyhow!("no logits recorded"))?;
+    state.insert("logits".into(), logits);
+    let training = TrainingState {
+        epoch: 0,
+        global_step: 1,
+        metrics: HashMap::new(),
+        best: None,
+        epochs_without_improvement: 0,
+    };
+    checkpoint::save(Path::new(out), &state, &training, spec)
+}
