@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Run every benchmark and append results to bench/RESULTS.md. Needs hydra-core 1.3.2 in .venv-oracle.
+# Run every benchmark and append results to bench/RESULTS.md. Makes .venv-oracle (hydra-core 1.3.2) and
+# .venv-torch (torch 2.11 + torchvision + timm, the reference for training speed and model correctness).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv-oracle/bin/python ] || { python3 -m venv .venv-oracle && .venv-oracle/bin/pip install -q hydra-core==1.3.2; }
 cargo build --release
 .venv-oracle/bin/python bench/compose_bench.py --runs 30 --record
+[ -x .venv-torch/bin/python ] || { python3 -m venv .venv-torch && .venv-torch/bin/pip install -q torch==2.11.0 torchvision==0.26.0 timm safetensors; }
+.venv-torch/bin/python bench/train_step_bench.py --rounds 3 --record
+.venv-torch/bin/python bench/oracle.py --record
