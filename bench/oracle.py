@@ -61,8 +61,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_case(name, model, model_yaml, size, weights_for_rust=None, tmp="."):
-    torch.manual_seed(int(os.environ.get('ORACLE_SEED', '1')))
-    x = torch.randn(4, 3, size, size)
+    x, seed = clear_batch(model, size)
     y = torch.tensor([0, 3, 7, 9])
     state = {k: v.contiguous() for k, v in (weights_for_rust or model.state_dict()).items()}
     wpath, bpath, opath = (os.path.join(tmp, f"{name}-{s}.safetensors") for s in ("w", "b", "out"))
@@ -103,11 +102,41 @@ def run_case(name, model, model_yaml, size, weights_for_rust=None, tmp="."):
             worst_tensor = (k, rel(ours[k], v))
     err = max(logits_err, worst)
     print(
-        f"{name:16s} vs float64: logits {logits_err:.1e}, weights after step {worst:.1e} "
+        f"{name:16s} (batch seed {seed}) vs float64: logits {logits_err:.1e}, weights after step {worst:.1e} "
         f"{'ok' if err <= TOL else 'FAIL'}   (worst tensor {worst_tensor[0]} {worst_tensor[1]:.1e}; "
         f"PyTorch float32's own worst tensor {torch_f32_error:.1e})"
     )
     return err
+
+
+def smallest_relu_input(model, x) -> float:
+    """The smallest |input| of any ReLU in a float64 train-mode forward pass (on a copy of the model)."""
+    probe = copy.deepcopy(model).double().train()
+    smallest = [float("inf")]
+
+    def hook(_mod, inp, _out):
+        smallest[0] = min(smallest[0], float(inp[0].detach().abs().min()))
+
+    for mod in probe.modules():
+        if isinstance(mod, nn.ReLU):
+            mod.inplace = False
+            mod.register_forward_hook(hook)
+    with torch.no_grad():
+        probe(x.double())
+    return smallest[0]
+
+
+def clear_batch(model, size):
+    """A test batch with no ReLU input within 1e-6 of zero in float64. Closer than that, float32 rounding
+    decides the sign, and any two float32 implementations may route that element's gradient differently
+    (a tie, not an error: PyTorch float32 itself differs from float64 by ~1e-2 on such batches)."""
+    seed = int(os.environ.get("ORACLE_SEED", "1"))
+    for s in range(seed, seed + 200):
+        torch.manual_seed(s)
+        x = torch.randn(4, 3, size, size)
+        if smallest_relu_input(model, x) >= 1e-6:
+            return x, s
+    raise SystemExit("no test batch without ReLU ties found")
 
 
 def step_error(model, x, y, reference) -> float:
