@@ -416,6 +416,13 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
     }
     let val_indices = val_sampler.indices(0);
     let mut step_times: Vec<f64> = Vec::new();
+    // LearningRateMonitor: `lr` is logged only when the callback is configured: on epoch rows always, on
+    // step rows with `logging_interval: step`.
+    let lr_each_step = matches!(
+        &exp.callbacks.lr_monitor,
+        Some(m) if m.logging_interval == crate::schema::Interval::Step
+    );
+    let lr_each_epoch = exp.callbacks.lr_monitor.is_some();
     let mut step_compute = 0.0;
 
     'epochs: while state.epoch < max_epochs {
@@ -460,25 +467,19 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
                 step_compute = 0.0;
                 state.global_step += 1;
                 if state.global_step.is_multiple_of(log_every) {
+                    let mut scalars =
+                        vec![("train/loss", window.loss()), ("train/acc1", window.acc1())];
+                    if lr_each_step {
+                        scalars.push(("lr", point.lr));
+                    }
                     if let Some(csv) = csv.as_mut() {
-                        let row = BTreeMap::from([
-                            ("epoch", epoch as f64),
-                            ("step", state.global_step as f64),
-                            ("lr", point.lr),
-                            ("train/loss", window.loss()),
-                            ("train/acc1", window.acc1()),
-                        ]);
+                        let mut row = BTreeMap::from_iter(scalars.iter().copied());
+                        row.insert("epoch", epoch as f64);
+                        row.insert("step", state.global_step as f64);
                         csv.log(&row)?;
                     }
                     if let Some(tb) = tensorboard.as_mut() {
-                        tb.scalars(
-                            state.global_step,
-                            &[
-                                ("train/loss", window.loss()),
-                                ("train/acc1", window.acc1()),
-                                ("lr", point.lr),
-                            ],
-                        )?;
+                        tb.scalars(state.global_step, &scalars)?;
                     }
                     window = StepStats::default();
                 }
@@ -542,7 +543,6 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
         let mut row = BTreeMap::from([
             ("epoch", epoch as f64),
             ("step", state.global_step as f64),
-            ("lr", lr_now),
             ("train/loss", epoch_stats.loss()),
             ("train/acc1", epoch_stats.acc1()),
             ("epoch_time_s", epoch_train_time),
@@ -554,6 +554,9 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
         state
             .metrics
             .insert("train/acc1".into(), epoch_stats.acc1());
+        if lr_each_epoch {
+            row.insert("lr", lr_now);
+        }
         if let Some(v) = val {
             row.insert("val/loss", v.loss());
             row.insert("val/acc1", v.acc1());
@@ -568,7 +571,11 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
         if let Some(tb) = tensorboard.as_mut() {
             let scalars: Vec<(&str, f64)> = row
                 .iter()
-                .filter(|(k, _)| !matches!(**k, "epoch" | "step" | "lr"))
+                // With per-step lr the epoch's lr would repeat the last step's value.
+                .filter(|(k, _)| {
+                    let repeated_lr = lr_each_step && **k == "lr";
+                    !matches!(**k, "epoch" | "step") && !repeated_lr
+                })
                 .map(|(k, v)| (*k, *v))
                 .collect();
             tb.scalars(state.global_step, &scalars)?;

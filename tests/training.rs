@@ -317,3 +317,34 @@ fn unimplemented_options_are_refused(#[case] option: &str, #[case] named: &str) 
         "no run directory for a refused run"
     );
 }
+
+/// LearningRateMonitor: metrics.csv rows carry `lr` values only while the callback is configured.
+#[rstest::rstest]
+#[case("callbacks.lr_monitor.logging_interval=epoch", true)]
+#[case("callbacks.lr_monitor=null", false)]
+fn lr_is_logged_only_with_the_monitor(#[case] option: &str, #[case] logged: bool) {
+    let p = real_project();
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend([
+        "trainer.max_epochs=1",
+        "trainer.log_every_n_steps=2",
+        option,
+    ]);
+    let out = train(p.path(), &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv =
+        std::fs::read_to_string(only_run(p.path(), "quickstart").join("metrics.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    // Step rows (every 2 steps) carry lr only with logging_interval: step, which neither case sets.
+    let lr_col = header.iter().position(|h| *h == "lr");
+    let rows_with_lr = csv
+        .lines()
+        .skip(1)
+        .filter(|l| lr_col.is_some_and(|c| !l.split(',').nth(c).unwrap_or("").is_empty()))
+        .count();
+    assert_eq!(rows_with_lr, usize::from(logged), "{csv}");
+}

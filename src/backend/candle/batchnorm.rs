@@ -5,7 +5,7 @@
 //! Per-channel sums run in a fixed order (one task per channel, f64 accumulators), so results are
 //! bit-identical across runs and thread counts.
 
-use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -30,12 +30,8 @@ pub fn train(
         return Ok(None);
     }
     let x = x.contiguous()?;
-    let stats = {
-        let (storage, layout) = x.storage_and_layout();
-        let data = cpu_slice(&storage, layout)?;
-        let (n, c, h, w) = x.dims4()?;
-        channel_stats(data, n, c, h * w)
-    };
+    let (n, c, h, w) = x.dims4()?;
+    let stats = with_f32(&x, |data| Ok(channel_stats(data, n, c, h * w)))?;
     let invstd = stats
         .var
         .iter()
@@ -77,23 +73,10 @@ pub fn eval(
 }
 
 fn fast(x: &Tensor) -> bool {
-    matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32 && x.rank() == 4
+    super::cpu::is_cpu_f32(x) && x.rank() == 4
 }
 
-fn cpu_slice<'a>(storage: &'a Storage, layout: &Layout) -> Result<&'a [f32]> {
-    match storage {
-        Storage::Cpu(s) => slice(s, layout),
-        _ => candle_core::bail!("batch_norm: expected a CPU tensor"),
-    }
-}
-
-fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
-    let data = s.as_slice::<f32>()?;
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&data[start..end]),
-        None => candle_core::bail!("batch_norm: expected a contiguous tensor"),
-    }
-}
+use super::cpu::{f32_slice as slice, with_f32};
 
 /// Sum of `f(value, channel)` over every element of channel `ch`, in a fixed order.
 fn channel_sum(n: usize, c: usize, hw: usize, ch: usize, f: impl Fn(usize) -> f64) -> f64 {
@@ -170,51 +153,53 @@ impl CustomOp3 for BatchNorm {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (n, c, h, w) = x.dims4()?;
         let hw = h * w;
-        let grad = grad.contiguous()?;
         let gamma_host = gamma.flatten_all()?.to_vec1::<f32>()?;
-        let (x_store, x_layout) = x.storage_and_layout();
-        let (g_store, g_layout) = grad.storage_and_layout();
-        let (xs, dy) = (
-            cpu_slice(&x_store, x_layout)?,
-            cpu_slice(&g_store, g_layout)?,
-        );
         let (mean, invstd) = (&self.mean, &self.invstd);
-        // dbeta = sum(dy), dgamma = sum(dy * xhat), per channel.
-        let (dbeta, dgamma): (Vec<f32>, Vec<f32>) = (0..c)
-            .into_par_iter()
-            .map(|ch| {
-                let sum_dy = channel_sum(n, c, hw, ch, |i| dy[i] as f64);
-                let sum_dy_xhat = channel_sum(n, c, hw, ch, |i| {
-                    dy[i] as f64 * ((xs[i] - mean[ch]) * invstd[ch]) as f64
+        let (dgamma, dbeta, dx) = with_f32(x, |xs| {
+            with_f32(grad, |dy| {
+                // dbeta = sum(dy), dgamma = sum(dy * xhat), per channel.
+                let (dbeta, dgamma): (Vec<f32>, Vec<f32>) = (0..c)
+                    .into_par_iter()
+                    .map(|ch| {
+                        let sum_dy = channel_sum(n, c, hw, ch, |i| dy[i] as f64);
+                        let sum_dy_xhat = channel_sum(n, c, hw, ch, |i| {
+                            dy[i] as f64 * ((xs[i] - mean[ch]) * invstd[ch]) as f64
+                        });
+                        (sum_dy as f32, sum_dy_xhat as f32)
+                    })
+                    .unzip();
+                // The input gradient only when something upstream needs it.
+                let dx = x.track_op().then(|| {
+                    let m = (n * hw) as f32;
+                    let mut dx = vec![0f32; xs.len()];
+                    dx.par_chunks_mut(hw).enumerate().for_each(|(plane, out)| {
+                        let ch = plane % c;
+                        let k = gamma_host[ch] * invstd[ch];
+                        let range = plane * hw..(plane + 1) * hw;
+                        if self.batch_stats {
+                            // dx = gamma * invstd / M * (M * dy - sum(dy) - xhat * sum(dy * xhat))
+                            let (a, b) = (dbeta[ch] / m, dgamma[ch] / m);
+                            for ((o, g), v) in
+                                out.iter_mut().zip(&dy[range.clone()]).zip(&xs[range])
+                            {
+                                let xhat = (v - mean[ch]) * invstd[ch];
+                                *o = k * (g - a - xhat * b);
+                            }
+                        } else {
+                            for (o, g) in out.iter_mut().zip(&dy[range]) {
+                                *o = k * g;
+                            }
+                        }
+                    });
+                    dx
                 });
-                (sum_dy as f32, sum_dy_xhat as f32)
+                Ok((dgamma, dbeta, dx))
             })
-            .unzip();
-        let m = (n * hw) as f32;
-        let mut dx = vec![0f32; xs.len()];
-        dx.par_chunks_mut(hw).enumerate().for_each(|(plane, out)| {
-            let ch = plane % c;
-            let k = gamma_host[ch] * invstd[ch];
-            let range = plane * hw..(plane + 1) * hw;
-            if self.batch_stats {
-                // dx = gamma * invstd / M * (M * dy - sum(dy) - xhat * sum(dy * xhat))
-                let (a, b) = (dbeta[ch] / m, dgamma[ch] / m);
-                for ((o, g), v) in out.iter_mut().zip(&dy[range.clone()]).zip(&xs[range]) {
-                    let xhat = (v - mean[ch]) * invstd[ch];
-                    *o = k * (g - a - xhat * b);
-                }
-            } else {
-                for (o, g) in out.iter_mut().zip(&dy[range]) {
-                    *o = k * g;
-                }
-            }
-        });
+        })?;
         let dev = x.device();
-        let dx = if x.track_op() {
-            Some(Tensor::from_vec(dx, (n, c, h, w), dev)?)
-        } else {
-            None
-        };
+        let dx = dx
+            .map(|dx| Tensor::from_vec(dx, (n, c, h, w), dev))
+            .transpose()?;
         Ok((
             dx,
             Some(Tensor::from_vec(dgamma, c, dev)?),
@@ -226,13 +211,10 @@ impl CustomOp3 for BatchNorm {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{Var, D};
+    use candle_core::{Device, Var, D};
 
     fn seeded(shape: &[usize], seed: u64) -> Tensor {
-        let mut rng = crate::rng::Rng::new(seed);
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 0.5).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+        crate::backend::candle::cpu::seeded(shape, seed, -0.5, 1.5)
     }
 
     fn reference(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Tensor {

@@ -80,13 +80,7 @@ fn geometry(x: &Layout, w: &Layout, stride: usize, padding: usize) -> Result<Geo
     })
 }
 
-fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
-    let data = s.as_slice::<f32>()?;
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&data[start..end]),
-        None => candle_core::bail!("conv2d: expected a contiguous tensor"),
-    }
-}
+use super::cpu::f32_slice as slice;
 
 fn threads() -> usize {
     rayon::current_num_threads().max(1)
@@ -620,10 +614,7 @@ mod tests {
     use candle_core::Var;
 
     fn seeded(shape: &[usize], seed: u64) -> Tensor {
-        let mut rng = crate::rng::Rng::new(seed);
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+        crate::backend::candle::cpu::seeded(shape, seed, -1.0, 1.0)
     }
 
     fn max_rel(a: &Tensor, b: &Tensor) -> f32 {

@@ -3,30 +3,10 @@
 //! per-channel bias add (its backward is a slow strided reduction over N, H, W) and max-pooling (Candle's
 //! backward only works when kernel == stride). Off the CPU or for other dtypes the Candle ops are used.
 
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-fn fast(x: &Tensor) -> bool {
-    matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32
-}
-
-fn slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
-    let data = s.as_slice::<f32>()?;
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&data[start..end]),
-        None => candle_core::bail!("expected a contiguous tensor"),
-    }
-}
-
-/// Read a tensor's CPU data (contiguous) and run `f` on it.
-fn with_data<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<T>) -> Result<T> {
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    match &*storage {
-        candle_core::Storage::Cpu(s) => f(slice(s, layout)?),
-        _ => candle_core::bail!("expected a CPU tensor"),
-    }
-}
+use super::cpu::{f32_slice as slice, is_cpu_f32 as fast, with_f32 as with_data};
 
 const CHUNK: usize = 1 << 14;
 
@@ -253,13 +233,10 @@ impl CustomOp1 for MaxPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Var;
+    use candle_core::{Device, Var};
 
     fn seeded(shape: &[usize], seed: u64) -> Tensor {
-        let mut rng = crate::rng::Rng::new(seed);
-        let n: usize = shape.iter().product();
-        let v: Vec<f32> = (0..n).map(|_| rng.next_f64() as f32 * 2.0 - 1.0).collect();
-        Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+        crate::backend::candle::cpu::seeded(shape, seed, -1.0, 1.0)
     }
 
     fn diff(a: &Tensor, b: &Tensor) -> f32 {

@@ -3,6 +3,7 @@
 
 pub mod batchnorm;
 pub mod conv;
+pub mod cpu;
 pub mod fused;
 pub mod models;
 pub mod resnet;

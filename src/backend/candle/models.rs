@@ -53,6 +53,11 @@ fn get<'a>(p: &'a Params, name: &str) -> Result<&'a Var> {
         .ok_or_else(|| candle_core::Error::Msg(format!("missing parameter {name}")))
 }
 
+/// A parameter's tensor by name, or an error naming it.
+pub fn param<'a>(p: &'a Params, name: &str) -> Result<&'a Tensor> {
+    get(p, name).map(|v| v.as_tensor())
+}
+
 fn linear(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
     let w = get(p, &format!("{prefix}.weight"))?;
     let b = get(p, &format!("{prefix}.bias"))?;

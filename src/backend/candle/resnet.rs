@@ -4,7 +4,7 @@
 //! stem's 3x3/2 max-pool is the maximum of nine strided views (Candle's pool backward needs kernel == stride).
 //! `cifar_stem`: a 3x3 stride-1 first conv and no max-pool, for 32x32 images.
 
-use super::models::{Buffers, CandleModel, Init, ParamSpec, Params};
+use super::models::{param, Buffers, CandleModel, Init, ParamSpec, Params};
 use crate::rng::Rng;
 use crate::schema::{ModelConfig, ModelName};
 use candle_core::{Result, Tensor, D};
@@ -92,12 +92,6 @@ fn bn_buffers(out: &mut Vec<(String, Vec<usize>, f32)>, name: &str, c: usize) {
     out.push((format!("{name}.running_mean"), vec![c], 0.0));
     out.push((format!("{name}.running_var"), vec![c], 1.0));
     out.push((format!("{name}.num_batches_tracked"), vec![], 0.0));
-}
-
-fn param<'a>(p: &'a Params, name: &str) -> Result<&'a Tensor> {
-    p.get(name)
-        .map(|v| v.as_tensor())
-        .ok_or_else(|| candle_core::Error::Msg(format!("missing parameter {name}")))
 }
 
 fn conv(p: &Params, name: &str, x: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {

@@ -5,7 +5,7 @@
 //! Softmax and LayerNorm are written from basic ops on purpose: candle-nn's fused `softmax_last_dim` and
 //! `layer_norm` have no backward pass, so gradients would silently stop before them.
 
-use super::models::{Buffers, CandleModel, Init, ParamSpec, Params};
+use super::models::{param, Buffers, CandleModel, Init, ParamSpec, Params};
 use crate::rng::Rng;
 use crate::schema::{ModelConfig, VitVariant};
 use candle_core::{Result, Tensor, D};
@@ -92,12 +92,6 @@ fn norm_spec(out: &mut Vec<ParamSpec>, name: &str, dim: usize) {
         Init::Constant(1.0),
     );
     spec(out, format!("{name}.bias"), vec![dim], Init::Constant(0.0));
-}
-
-fn param<'a>(p: &'a Params, name: &str) -> Result<&'a Tensor> {
-    p.get(name)
-        .map(|v| v.as_tensor())
-        .ok_or_else(|| candle_core::Error::Msg(format!("missing parameter {name}")))
 }
 
 fn linear(p: &Params, name: &str, x: &Tensor) -> Result<Tensor> {
