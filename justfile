@@ -8,6 +8,10 @@ train *ARGS:
 sweep NAME *ARGS:
     cargo run --release --quiet -- -m sweep={{NAME}} {{ARGS}}
 
+# Write logs/logbook.md (tables, plots, sweep sections) from the runs under logs/: `just logbook`
+logbook *ARGS:
+    cargo run --release --quiet -- logbook {{ARGS}}
+
 # The test suite (what CI runs)
 test:
     cargo test

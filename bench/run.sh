@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv-oracle/bin/python ] || { python3 -m venv .venv-oracle && .venv-oracle/bin/pip install -q hydra-core==1.3.2; }
-cargo build --release
+cargo build --release --examples
 .venv-oracle/bin/python bench/compose_bench.py --runs 30 --record
 [ -x .venv-torch/bin/python ] || { python3 -m venv .venv-torch && .venv-torch/bin/pip install -q torch==2.11.0 torchvision==0.26.0 timm safetensors; }
 .venv-torch/bin/python bench/train_step_bench.py --rounds 3 --record
 .venv-torch/bin/python bench/oracle.py --record
+.venv-torch/bin/python bench/loader_bench.py --workers 1 2 --rounds 3 --record

@@ -71,16 +71,17 @@ def torch_steps(model_name: str, batch: int, steps: int, threads: int) -> float:
     return statistics.median(times[1:])
 
 
-def ours_steps(model_name: str, batch: int, steps: int, threads: int) -> float:
+def ours_steps(model_name: str, batch: int, steps: int, threads: int, backend: str = "candle") -> float:
     with tempfile.TemporaryDirectory() as out:
         cmd = [
             TRAIN, "experiment=quickstart", *MODELS[model_name][0], f"data.batch_size={batch}",
             "optimizer=sgd", "optimizer.lr=0.01", "scheduler=constant", "trainer.max_epochs=1",
             f"trainer.limit_train_batches={steps + 1}", "trainer.limit_val_batches=0", "callbacks=none",
             "data.num_workers=0",  # batches made between steps, so loader threads do not share the cores
-            f"hydra.run.dir={out}",
+            f"hydra.run.dir={out}", f"backend={backend}",
         ]
-        env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+        # Candle's kernels use rayon; libtorch's use OpenMP.
+        env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
         subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return json.load(open(os.path.join(out, "summary.json")))["median_step_time_s"]
 
@@ -92,24 +93,28 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--backend", default="candle", choices=["candle", "tch"],
+                    help="tch needs `cargo build --release --features torch`")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     for name in args.models.split(","):
         ours, theirs = [], []
         for _ in range(args.rounds):
-            ours.append(ours_steps(name, args.batch, args.steps, args.threads))
+            ours.append(ours_steps(name, args.batch, args.steps, args.threads, args.backend))
             theirs.append(torch_steps(name, args.batch, args.steps, args.threads))
         o, t = statistics.median(ours), statistics.median(theirs)
         ratio = t / o
         print(f"{name}: trainyard {args.batch / o:.1f} img/s, PyTorch {args.batch / t:.1f} img/s, ratio {ratio:.2f}x")
         if args.record:
+            section = ("Train step throughput, CPU (issue: training core)" if args.backend == "candle"
+                       else "Train step throughput, CPU, backend=tch (issue: tch backend)")
             record(
-                "Train step throughput, CPU (issue: training core)",
-                f"| {datetime.date.today()} | {name} train step (fwd+bwd+SGD), batch {args.batch}, {args.threads} threads "
+                section,
+                f"| {datetime.date.today()} | {name} train step (fwd+bwd+SGD), backend={args.backend}, batch {args.batch}, {args.threads} threads "
                 f"| {args.batch / o:.1f} img/s | PyTorch {torch.__version__} eager: {args.batch / t:.1f} img/s "
                 f"| **{ratio:.2f}x** | {platform.machine()}, {os.cpu_count()} cores "
                 f"| `.venv-torch/bin/python bench/train_step_bench.py --models {name} --threads {args.threads} "
-                f"--rounds {args.rounds} --record` |",
+                f"--rounds {args.rounds} --backend {args.backend} --record` |",
             )
 
 

@@ -22,6 +22,9 @@ pub const DEFAULT_CONFIG_NAME: &str = "train";
 /// Entry point used by `main`: never panics on user input, prints one clear error and exits non-zero.
 pub fn main_entry(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     let args = crate::cli::normalize_args(args);
+    if args.get(1).is_some_and(|a| a == "logbook") {
+        return logbook_entry(&args[2..]);
+    }
     let wants_help = args.iter().skip(1).any(|a| a == "--help" || a == "-h");
     let mut command = Cli::command();
     if wants_help {
@@ -47,6 +50,50 @@ pub fn main_entry(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             eprintln!("Error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `train logbook ...`: read run directories, write the logbook.
+fn logbook_entry(args: &[OsString]) -> ExitCode {
+    let cli = match crate::cli::LogbookCli::try_parse_from(
+        std::iter::once(OsString::from("train logbook")).chain(args.iter().cloned()),
+    ) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let logs = || -> PathBuf {
+        std::env::current_dir()
+            .ok()
+            .and_then(|cwd| find_project(&cwd).ok())
+            .map(|root| root.join("logs"))
+            .unwrap_or_else(|| PathBuf::from("logs"))
+    };
+    let paths = if cli.paths.is_empty() {
+        vec![logs()]
+    } else {
+        cli.paths.clone()
+    };
+    let output = cli
+        .output
+        .clone()
+        .unwrap_or_else(|| logs().join("logbook.md"));
+    match crate::logbook::write_logbook(&paths, &output) {
+        Ok(w) => {
+            println!(
+                "Logbook: {} ({} run(s), {} plot(s))",
+                records::display(&w.markdown),
+                w.runs,
+                w.svgs.len()
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("Error: {e:#}");
             ExitCode::from(1)
         }
     }
@@ -447,10 +494,21 @@ fn run_job(
             output_dir.join("train.log").display()
         ))
     })?;
+    let run_state = records::RunState::started();
+    let record_state = |state: &records::RunState| {
+        state.write(&output_dir).map_err(|e| {
+            ConfigError::Io(format!(
+                "could not write {}: {e}",
+                output_dir.join("run.json").display()
+            ))
+        })
+    };
+    record_state(&run_state)?;
     let summary = with_run_log(log_file, || {
         crate::trainer::fit(&experiment, &output_dir, &config_yaml)
-    })
-    .map_err(|e| {
+    });
+    record_state(&run_state.ended(summary.as_ref().err().map(|e| format!("{e:#}"))))?;
+    let summary = summary.map_err(|e| {
         ConfigError::Run(format!(
             "{e:#}\n    (run directory: {})",
             records::display(&output_dir)
@@ -584,6 +642,10 @@ fn run_sweep(
         println!("| {num} | {ov} | {status} | {metric} |");
     }
     println!("{} of {} jobs failed", failed, jobs.len());
+    match crate::logbook::write_sweep_section(&sweep_dir) {
+        Ok(w) => println!("Logbook section: {}", records::display(&w.markdown)),
+        Err(e) => eprintln!("warning: could not write the sweep's logbook section: {e:#}"),
+    }
     Ok(if failed > 0 {
         ExitCode::from(1)
     } else {

@@ -144,3 +144,21 @@ mod tests {
         assert_eq!(cli.overrides, vec!["~a", "+b=1", "++c=2"]);
     }
 }
+
+/// `train logbook [PATHS...] [-o FILE]`: write the experiment logbook from run directories.
+#[derive(Debug, Parser)]
+#[command(
+    name = "train logbook",
+    about = "Write a markdown logbook (tables, reproduce commands, SVG plots, sweep sections) from run directories",
+    max_term_width = 110
+)]
+pub struct LogbookCli {
+    /// Run directories, sweep directories or logs directories to read (searched recursively).
+    /// Default: the project's `logs/`.
+    #[arg(value_name = "PATHS")]
+    pub paths: Vec<PathBuf>,
+
+    /// Where to write the markdown; the SVG plots go beside it. Default: `logs/logbook.md` in the project.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}

@@ -131,3 +131,63 @@ mod tests {
         assert_eq!(leftovers.len(), 1, "no temp files left behind");
     }
 }
+
+/// `run.json`: whether a job is running, finished or failed. Written when the job starts and again when it
+/// ends, so a reader (the logbook) can tell a crashed run (state `running`, process gone) from a live one.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunState {
+    /// `running`, `completed` or `failed`.
+    pub state: String,
+    pub pid: u32,
+    pub host: String,
+    pub started_at: String,
+    #[serde(default)]
+    pub ended_at: Option<String>,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl RunState {
+    pub fn started() -> Self {
+        RunState {
+            state: "running".into(),
+            pid: std::process::id(),
+            host: hostname(),
+            started_at: chrono::Local::now().to_rfc3339(),
+            ended_at: None,
+            error: None,
+        }
+    }
+
+    /// The same record, ended: `completed`, or `failed` with the error.
+    pub fn ended(&self, error: Option<String>) -> Self {
+        RunState {
+            state: if error.is_some() {
+                "failed"
+            } else {
+                "completed"
+            }
+            .into(),
+            ended_at: Some(chrono::Local::now().to_rfc3339()),
+            error,
+            ..self.clone()
+        }
+    }
+
+    pub fn write(&self, run_dir: &Path) -> std::io::Result<()> {
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        write_atomic(&run_dir.join("run.json"), text.as_bytes())
+    }
+
+    pub fn read(run_dir: &Path) -> Option<RunState> {
+        serde_json::from_str(&std::fs::read_to_string(run_dir.join("run.json")).ok()?).ok()
+    }
+}
+
+/// This machine's name (Linux `kernel.hostname`), for telling whose process a `running` record belongs to.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_else(|_| "unknown".into())
+}

@@ -128,6 +128,12 @@ pub struct DataConfig {
     pub root: Option<String>,
     #[serde(default)]
     pub download: bool,
+    /// With `download`: a base URL that replaces the official one (same file names).
+    #[serde(default)]
+    pub mirror: Option<String>,
+    /// With `download`: MD5 per file name, replacing the published checksum (for re-packed mirrors).
+    #[serde(default)]
+    pub checksums: std::collections::BTreeMap<String, String>,
     pub num_classes: usize,
     pub image_size: usize,
     #[serde(default = "three")]
@@ -634,6 +640,13 @@ pub struct BatchSizeFinder {
     /// CPU only: a memory budget in bytes standing in for device memory.
     #[serde(default)]
     pub max_memory: Option<u64>,
+    /// Train with the batch size found (Lightning's behaviour); `false` only measures and records it.
+    #[serde(default = "yes")]
+    pub fit_after: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn power_mode() -> BatchScaleMode {

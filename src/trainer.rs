@@ -47,6 +47,10 @@ pub struct Summary {
     pub best_checkpoint: Option<String>,
     pub last_checkpoint: Option<String>,
     pub resumed_from: Option<String>,
+    /// What the batch-size finder tried and chose, when it ran.
+    pub batch_size_finder: Option<crate::callbacks::batch_size_finder::Finding>,
+    /// DeviceStatsMonitor's figures for the whole run, when it ran.
+    pub device_stats: Option<crate::callbacks::device_stats::DeviceStatsSummary>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -113,6 +117,17 @@ pub fn resolve_ckpt_path(
     exp: &Experiment,
     output_dir: &Path,
 ) -> anyhow::Result<PathBuf> {
+    if crate::s3::is_s3(ckpt) {
+        return fetch_remote_checkpoint(&crate::s3::S3Url::parse(ckpt)?, output_dir);
+    }
+    if ckpt == "last" {
+        if let Some(prefix) = remote_checkpoint_prefix(exp)? {
+            let last = prefix.join("last.safetensors");
+            if crate::s3::exists(&last)? {
+                return fetch_remote_checkpoint(&last, output_dir);
+            }
+        }
+    }
     if ckpt != "last" {
         let p = PathBuf::from(ckpt);
         anyhow::ensure!(p.is_file(), "ckpt_path={ckpt}: no such checkpoint file");
@@ -139,6 +154,40 @@ pub fn resolve_ckpt_path(
     })
 }
 
+/// `callbacks.model_checkpoint.dirpath` when it is an `s3://` prefix.
+fn remote_checkpoint_prefix(exp: &Experiment) -> anyhow::Result<Option<crate::s3::S3Url>> {
+    match &exp.callbacks.model_checkpoint {
+        Some(c) if crate::s3::is_s3(&c.dirpath) => Ok(Some(crate::s3::S3Url::parse(&c.dirpath)?)),
+        _ => Ok(None),
+    }
+}
+
+/// Where a resumed run came from: the remote URL for checkpoints fetched from S3, else the file.
+fn checkpoint_origin(path: &Path, output_dir: &Path, exp: &Experiment) -> String {
+    if path.starts_with(output_dir.join(".resume")) {
+        if let Some(ckpt) = exp.ckpt_path.as_deref().filter(|c| crate::s3::is_s3(c)) {
+            return ckpt.to_string();
+        }
+        if let Ok(Some(prefix)) = remote_checkpoint_prefix(exp) {
+            return prefix.join("last.safetensors").to_string();
+        }
+    }
+    path.display().to_string()
+}
+
+/// Download a checkpoint from S3 into the run directory (`.resume/`) for loading.
+fn fetch_remote_checkpoint(url: &crate::s3::S3Url, output_dir: &Path) -> anyhow::Result<PathBuf> {
+    let name = url
+        .key
+        .rsplit('/')
+        .next()
+        .unwrap_or("checkpoint.safetensors");
+    let local = output_dir.join(".resume").join(name);
+    tracing::info!("downloading {url}");
+    crate::s3::download(url, &local).with_context(|| format!("ckpt_path={url}"))?;
+    Ok(local)
+}
+
 /// Refuse, by name, what the experiment asks for that this build cannot do yet, rather than ignore it.
 pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
     let t = &exp.trainer;
@@ -155,21 +204,38 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
     if matches!(t.accelerator, Accelerator::Gpu | Accelerator::Cuda) {
         missing.push("trainer.accelerator=gpu: CUDA; use trainer.accelerator=cpu (or auto)".into());
     }
-    if t.precision != Precision::Full {
-        missing.push("trainer.precision other than 32-true: mixed and bf16 precision".into());
-    }
-    if t.auto_scale_batch_size.is_some() || exp.callbacks.batch_size_finder.is_some() {
+    if exp.backend == crate::schema::Backend::Tch && !cfg!(feature = "torch") {
         missing.push(
-            "the batch-size finder (trainer.auto_scale_batch_size / callbacks.batch_size_finder)"
+            "backend=tch: this build has no libtorch; eval \"$(scripts/install-libtorch.sh)\" and \
+             rebuild with --features torch"
                 .into(),
         );
     }
-    if exp.data.download {
-        missing
-            .push("data.download=true: fetching data sets (put the files under data.root)".into());
+    if exp.backend == crate::schema::Backend::Tch && t.precision != Precision::Full {
+        missing.push(format!(
+            "trainer.precision={} on backend=tch: autocast and loss scaling are not wired into the tch \
+             engine yet; use 32-true (or backend=candle for bf16-mixed)",
+            serde_json::to_value(t.precision).unwrap_or_default().as_str().unwrap_or("?")
+        ));
+    } else if !matches!(t.precision, Precision::Full | Precision::MixedBf16) {
+        missing.push(format!(
+            "trainer.precision={}: the Candle CPU backend runs 32-true and bf16-mixed only (fp16 with loss \
+             scaling and pure-bf16 weights need backend=tch)",
+            serde_json::to_value(t.precision).unwrap_or_default().as_str().unwrap_or("?")
+        ));
     }
-    if exp.callbacks.device_stats.is_some() {
-        missing.push("callbacks.device_stats".into());
+    let remote_dir = exp
+        .callbacks
+        .model_checkpoint
+        .as_ref()
+        .is_some_and(|c| crate::s3::is_s3(&c.dirpath));
+    let remote_ckpt = exp.ckpt_path.as_deref().is_some_and(crate::s3::is_s3);
+    if (remote_dir || remote_ckpt) && !crate::s3::AVAILABLE {
+        missing.push(
+            "s3:// checkpoints (callbacks.model_checkpoint.dirpath / ckpt_path): this build has no S3 \
+             support; rebuild with `cargo build --release --features s3`"
+                .into(),
+        );
     }
     if missing.is_empty() {
         return Ok(());
@@ -238,10 +304,105 @@ fn print_model_summary(state: &crate::backend::StateDict, max_depth: u64) {
     tracing::info!("{:<32} {total:>12}", "total trainable");
 }
 
-/// Train and validate as the experiment says, writing everything under `output_dir`.
+/// The batch-size finder's settings when the run asks for one: `callbacks.batch_size_finder`, with its mode
+/// taken from `trainer.auto_scale_batch_size` when that is set (Lightning 1.x's flag).
+fn finder_config(exp: &Experiment) -> anyhow::Result<Option<crate::schema::BatchSizeFinder>> {
+    let mut cfg = match (
+        &exp.callbacks.batch_size_finder,
+        exp.trainer.auto_scale_batch_size,
+    ) {
+        (None, None) => return Ok(None),
+        (Some(c), _) => c.clone(),
+        (None, Some(_)) => serde_json::from_value(serde_json::json!({}))?,
+    };
+    if let Some(mode) = exp.trainer.auto_scale_batch_size {
+        cfg.mode = mode;
+    }
+    Ok(Some(cfg))
+}
+
+/// Run the batch-size finder: real trials of `steps_per_trial` training steps on the training set, each
+/// with a fresh engine, measuring the heap's peak above what was in use before the trial.
+fn find_batch_size(
+    exp: &Experiment,
+    cfg: &crate::schema::BatchSizeFinder,
+) -> anyhow::Result<crate::callbacks::batch_size_finder::Finding> {
+    let on_gpu = matches!(
+        exp.trainer.accelerator,
+        Accelerator::Gpu | Accelerator::Cuda
+    );
+    anyhow::ensure!(
+        on_gpu || cfg.max_memory.is_some() || cfg.max_val.is_some(),
+        "the batch size finder on the CPU needs a memory budget: set callbacks.batch_size_finder.max_memory \
+         (bytes; e.g. +callbacks.batch_size_finder.max_memory=4000000000) or max_val — nothing runs out of \
+         device memory here"
+    );
+    anyhow::ensure!(
+        cfg.max_memory.is_none() || crate::memory::is_counting(),
+        "callbacks.batch_size_finder.max_memory needs heap accounting, which only the `train` binary installs"
+    );
+    data::download::ensure(&exp.data)?;
+    let train_set = data::open(&exp.data, Split::Train, exp.seed)?;
+    let sampler = DistributedSampler::single(train_set.len(), true, exp.seed);
+    let indices = sampler.indices(0);
+    let steps = cfg.steps_per_trial.max(1) as usize;
+    let finding = crate::callbacks::batch_size_finder::search(cfg, train_set.len(), |b| {
+        let mut trial_exp = exp.clone();
+        trial_exp.data.batch_size = b;
+        let before = crate::memory::reset_peak();
+        {
+            let mut engine = backend::build(&trial_exp)?;
+            let spec = LoaderSpec {
+                dataset: train_set.clone(),
+                transforms: Arc::new(exp.data.train_transforms.clone()),
+                batch_size: b,
+                drop_last: false,
+                num_workers: exp.data.num_workers,
+                prefetch: 2,
+                seed: exp.seed,
+            };
+            for batch in EpochLoader::new(&spec, 0, &indices).take(steps) {
+                engine.forward_backward(&batch?, 1.0)?;
+                engine.optimizer_step(exp.optimizer.lr, None, None)?;
+            }
+        }
+        Ok(crate::memory::peak().saturating_sub(before) as u64)
+    })?;
+    tracing::info!(
+        "batch size finder ({}): batch size {} ({}; {} trials)",
+        serde_json::to_value(finding.mode)?
+            .as_str()
+            .unwrap_or_default(),
+        finding.found,
+        finding.stopped_because,
+        finding.trials.len()
+    );
+    Ok(finding)
+}
+
+/// Train and validate as the experiment says, writing everything under `output_dir`. With a batch-size
+/// finder configured, the batch size is found first and the run trains with it.
 pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Result<Summary> {
-    let started = Instant::now();
     check_supported(exp)?; // also checked before the run directory is made; kept for library callers
+    let Some(cfg) = finder_config(exp)? else {
+        return fit_with(exp, output_dir, config_yaml, None);
+    };
+    let finding = find_batch_size(exp, &cfg)?;
+    let mut tuned = exp.clone();
+    tuned.data.batch_size = finding.found;
+    if !cfg.fit_after {
+        tuned.trainer.max_epochs = 0;
+    }
+    fit_with(&tuned, output_dir, config_yaml, Some(finding))
+}
+
+fn fit_with(
+    exp: &Experiment,
+    output_dir: &Path,
+    config_yaml: &str,
+    finding: Option<crate::callbacks::batch_size_finder::Finding>,
+) -> anyhow::Result<Summary> {
+    let started = Instant::now();
     let max_time = exp
         .callbacks
         .timer
@@ -260,6 +421,7 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
         _ => None,
     };
 
+    data::download::ensure(&exp.data)?;
     let train_set = data::open(&exp.data, Split::Train, exp.seed)?;
     let val_set = if overfit.is_some() {
         train_set.clone()
@@ -377,11 +539,26 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
             state.epoch,
             state.global_step
         );
-        resumed_from = Some(path.display().to_string());
+        resumed_from = Some(checkpoint_origin(&path, output_dir, exp));
     }
 
+    // DeviceStatsMonitor: the GPU is sampled only when the run is on one (NVML index 0 of the visible set).
+    let mut device_stats = exp.callbacks.device_stats.as_ref().map(|d| {
+        crate::callbacks::device_stats::DeviceStatsMonitor::start(
+            std::time::Duration::from_millis(d.sample_every_ms.max(1)),
+            matches!(t.accelerator, Accelerator::Gpu | Accelerator::Cuda).then_some(0),
+        )
+    });
     let mut csv = if exp.logger.csv.is_some() && callbacks_on {
-        Some(CsvLogger::open(output_dir, resumed_from.is_some())?)
+        Some(CsvLogger::open(
+            output_dir,
+            resumed_from.is_some(),
+            if exp.callbacks.device_stats.is_some() {
+                crate::callbacks::device_stats::COLUMNS
+            } else {
+                &[]
+            },
+        )?)
     } else {
         None
     };
@@ -397,7 +574,45 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
     let mut best_path: Option<PathBuf> = None;
     let mut last_path: Option<PathBuf> = None;
     let mut status = "completed".to_string();
-    let ckpt_dir = ckpt_cfg.map(|c| PathBuf::from(&c.dirpath));
+    // An s3:// dirpath: checkpoints are written (atomically) to the run's checkpoints/ and then uploaded.
+    let remote_prefix = remote_checkpoint_prefix(exp)?;
+    if let Some(prefix) = remote_prefix.as_ref().filter(|_| ckpt_cfg.is_some()) {
+        // Fail before training, not at the first checkpoint, when the bucket cannot be reached.
+        crate::s3::exists(&prefix.join("last.safetensors"))
+            .with_context(|| format!("callbacks.model_checkpoint.dirpath={prefix}"))?;
+    }
+    let ckpt_dir = ckpt_cfg.map(|c| match &remote_prefix {
+        Some(_) => output_dir.join("checkpoints"),
+        None => PathBuf::from(&c.dirpath),
+    });
+    let publish = |path: &Path| -> anyhow::Result<String> {
+        let Some(prefix) = &remote_prefix else {
+            return Ok(path.display().to_string());
+        };
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let url = prefix.join(&name);
+        let started = Instant::now();
+        crate::s3::upload(path, &url)?;
+        tracing::info!(
+            "uploaded {url} ({} bytes) in {:.1}s",
+            std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(url.to_string())
+    };
+    let unpublish = |path: &Path| {
+        let _ = std::fs::remove_file(path);
+        if let (Some(prefix), Some(name)) = (&remote_prefix, path.file_name()) {
+            if let Err(e) = crate::s3::delete(&prefix.join(&name.to_string_lossy())) {
+                tracing::warn!("could not delete the replaced checkpoint: {e:#}");
+            }
+        }
+    };
+    let mut best_location: Option<String> = None;
+    let mut last_location: Option<String> = None;
     let mut last_train = StepStats::default();
     let mut last_val: Option<StepStats> = None;
 
@@ -565,6 +780,9 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
             state.metrics.insert("val/acc1".into(), v.acc1());
             state.metrics.insert("val/acc5".into(), v.acc5());
         }
+        if let Some(monitor) = device_stats.as_mut() {
+            row.extend(monitor.epoch_metrics());
+        }
         if let Some(csv) = csv.as_mut() {
             csv.log(&row)?;
         }
@@ -623,10 +841,11 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
                 );
                 let path = dir.join(format!("{name}.safetensors"));
                 checkpoint::save(&path, &weights, &state, config_yaml)?;
+                best_location = Some(publish(&path)?);
                 if cfg.save_top_k == 1 {
                     if let Some(old) = best_path.replace(path.clone()) {
                         if old != path {
-                            let _ = std::fs::remove_file(old);
+                            unpublish(&old);
                         }
                     }
                 } else {
@@ -636,6 +855,7 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
             if cfg.save_last {
                 let path = dir.join("last.safetensors");
                 checkpoint::save(&path, &weights, &state, config_yaml)?;
+                last_location = Some(publish(&path)?);
                 last_path = Some(path);
             }
         }
@@ -663,12 +883,15 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
 
     let mut final_metrics: BTreeMap<String, f64> =
         state.metrics.iter().map(|(k, v)| (k.clone(), *v)).collect();
-    if last_val.is_none() {
+    if last_val.is_none() && last_train.count > 0 {
         final_metrics.insert("train/loss".into(), last_train.loss());
     }
     let monitor = ckpt_cfg
         .and_then(|c| c.monitor.clone())
         .or_else(|| stop_cfg.map(|s| s.monitor.clone()));
+    if exp.trainer.max_epochs == 0 && finding.is_some() {
+        status = "batch size found; not trained (fit_after=false)".into();
+    }
     let summary = Summary {
         task_name: exp.task_name.clone(),
         status,
@@ -701,9 +924,11 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
         train_samples_per_s: train_samples as f64 / train_time.max(1e-9),
         median_step_time_s: median(&step_times),
         peak_rss_bytes: peak_rss_bytes(),
-        best_checkpoint: best_path.map(|p| p.display().to_string()),
-        last_checkpoint: last_path.map(|p| p.display().to_string()),
+        best_checkpoint: best_location.or(best_path.map(|p| p.display().to_string())),
+        last_checkpoint: last_location.or(last_path.map(|p| p.display().to_string())),
         resumed_from,
+        batch_size_finder: finding,
+        device_stats: device_stats.and_then(|m| m.finish(output_dir)),
     };
     crate::records::write_atomic(
         &output_dir.join("summary.json"),

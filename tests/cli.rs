@@ -2,11 +2,9 @@
 
 use rstest::rstest;
 mod common;
-use common::real_project;
+use common::{real_project, train, TRAIN};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-const TRAIN: &str = env!("CARGO_BIN_EXE_train");
 
 /// A tiny project: conf/train.yaml with groups, and experiments/ as the `experiment` group.
 fn project() -> tempfile::TempDir {
@@ -36,15 +34,6 @@ fn project() -> tempfile::TempDir {
         std::fs::write(p, text).unwrap();
     }
     dir
-}
-
-fn train(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(TRAIN)
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("TRAIN_CONFIG_PATH")
-        .output()
-        .unwrap()
 }
 
 fn stdout(o: &Output) -> String {

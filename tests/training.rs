@@ -1,20 +1,8 @@
 //! Training end to end on the default (Candle, CPU) build, in throwaway projects with generated data.
 
 mod common;
-use common::real_project;
+use common::{real_project, summary, train};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-const TRAIN: &str = env!("CARGO_BIN_EXE_train");
-
-fn train(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(TRAIN)
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("TRAIN_CONFIG_PATH")
-        .output()
-        .unwrap()
-}
 
 fn only_run(root: &Path, task: &str) -> PathBuf {
     let mut runs: Vec<PathBuf> = std::fs::read_dir(root.join("logs").join(task).join("runs"))
@@ -24,10 +12,6 @@ fn only_run(root: &Path, task: &str) -> PathBuf {
         .collect();
     runs.sort();
     runs.pop().unwrap()
-}
-
-fn summary(run: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
 }
 
 /// The README's quick start: a small CNN on generated images learns far above chance (10 classes: 10%).
@@ -67,11 +51,30 @@ const SMALL: &[&str] = &[
     "data.num_workers=0",
 ];
 
+/// Train a quickstart run that must succeed; returns its summary and removes `logs/` for the next run.
+fn run_once(project: &Path, args: &[&str]) -> serde_json::Value {
+    let out = train(project, args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = summary(&only_run(project, "quickstart"));
+    std::fs::remove_dir_all(project.join("logs")).unwrap();
+    s
+}
+
 /// Tiny CIFAR-10 binary files (the real format) under `<project>/data/cifar`, with learnable images.
 fn write_tiny_cifar(project: &Path) -> String {
-    use trainyard::data::{cifar, synthetic::Synthetic, Dataset, Split};
     let dir = project.join("data/cifar");
-    std::fs::create_dir_all(&dir).unwrap();
+    write_cifar_files(&dir);
+    format!("data.root={}", dir.display())
+}
+
+/// The six CIFAR-10 binary files, 16 generated images each, in `dir`.
+fn write_cifar_files(dir: &Path) {
+    use trainyard::data::{cifar, synthetic::Synthetic, Dataset, Split};
+    std::fs::create_dir_all(dir).unwrap();
     let source = Synthetic::with_shape(96, 32, 3, 10, 11, Split::Train);
     let items = |range: std::ops::Range<usize>| -> Vec<(u32, Vec<u8>)> {
         range
@@ -95,7 +98,6 @@ fn write_tiny_cifar(project: &Path) -> String {
         &items(80..96),
     )
     .unwrap();
-    format!("data.root={}", dir.display())
 }
 
 /// Same config and seed → bit-identical results; an interrupted run resumed from its last checkpoint
@@ -274,15 +276,9 @@ fn label_smoothing_raises_the_training_loss_floor() {
     let losses: Vec<f64> = [plain, smoothed]
         .iter()
         .map(|args| {
-            let out = train(p.path(), args);
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let s = summary(&only_run(p.path(), "quickstart"));
-            std::fs::remove_dir_all(p.path().join("logs")).unwrap();
-            s["final_metrics"]["train/loss"].as_f64().unwrap()
+            run_once(p.path(), args)["final_metrics"]["train/loss"]
+                .as_f64()
+                .unwrap()
         })
         .collect();
     // Same seed, weights and batch: only the loss differs (its formula is unit-tested in the engine).
@@ -297,12 +293,39 @@ fn label_smoothing_raises_the_training_loss_floor() {
     );
 }
 
+/// `bf16-mixed` on the Candle CPU path: autocast's bf16 rounding really happens (the numbers differ from
+/// 32-true from the first step), the precision is recorded, and the model still learns far above chance.
+#[test]
+fn bf16_mixed_trains_with_bf16_rounding() {
+    let p = real_project();
+    let run = |precision: &str| {
+        let mut args: Vec<&str> = SMALL.to_vec();
+        let precision = format!("trainer.precision={precision}");
+        args.extend([
+            "data.train_size=512",
+            "trainer.max_epochs=5",
+            "optimizer.lr=0.01",
+            precision.as_str(),
+        ]);
+        run_once(p.path(), &args)
+    };
+    let full = run("32-true");
+    let mixed = run("bf16-mixed");
+    assert_eq!(mixed["precision"], "bf16-mixed");
+    let metric = |s: &serde_json::Value, k: &str| s["final_metrics"][k].as_f64().unwrap();
+    assert_ne!(metric(&full, "train/loss"), metric(&mixed, "train/loss"));
+    let (acc_full, acc_mixed) = (metric(&full, "val/acc1"), metric(&mixed, "val/acc1"));
+    assert!(acc_mixed > 0.8, "bf16-mixed val/acc1 {acc_mixed}");
+    assert!(
+        (acc_full - acc_mixed).abs() < 0.1,
+        "bf16-mixed {acc_mixed} vs 32-true {acc_full}"
+    );
+}
+
 /// What the build cannot do yet is refused by name before a run directory is made, never ignored.
 #[rstest::rstest]
-#[case("+data.download=true", "data.download=true")]
 #[case("trainer=ddp_sim", "distributed training")]
-#[case("trainer.precision=bf16-mixed", "mixed and bf16 precision")]
-#[case("+callbacks.device_stats={}", "callbacks.device_stats")]
+#[case("trainer.precision=16-mixed", "trainer.precision=16-mixed")]
 fn unimplemented_options_are_refused(#[case] option: &str, #[case] named: &str) {
     let p = real_project();
     let out = train(p.path(), &["experiment=quickstart", option]);
@@ -347,4 +370,275 @@ fn lr_is_logged_only_with_the_monitor(#[case] option: &str, #[case] logged: bool
         .filter(|l| lr_col.is_some_and(|c| !l.split(',').nth(c).unwrap_or("").is_empty()))
         .count();
     assert_eq!(rows_with_lr, usize::from(logged), "{csv}");
+}
+
+/// `cifar-10-binary.tar.gz` as published (one top directory `cifar-10-batches-bin/`), with tiny contents.
+fn cifar_archive(scratch: &Path) -> Vec<u8> {
+    let dir = scratch.join("cifar-10-batches-bin");
+    write_cifar_files(&dir);
+    let gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut tar = tar::Builder::new(gz);
+    tar.append_dir_all("cifar-10-batches-bin", &dir).unwrap();
+    tar.into_inner().unwrap().finish().unwrap()
+}
+
+/// A real HTTP server on loopback serving `files` by name; counts the requests it answered.
+fn serve(
+    files: Vec<(&'static str, Vec<u8>)>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", server.server_addr().to_ip().unwrap());
+    let hits = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    std::thread::spawn(move || {
+        for request in server.incoming_requests() {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let name = request.url().trim_start_matches('/').to_string();
+            let response = match files.iter().find(|(n, _)| *n == name) {
+                Some((_, body)) => tiny_http::Response::from_data(body.clone()),
+                None => tiny_http::Response::from_data(b"not found".to_vec()).with_status_code(404),
+            };
+            let _ = request.respond(response);
+        }
+    });
+    (base, hits)
+}
+
+fn md5_hex(bytes: &[u8]) -> String {
+    use md5::Digest;
+    md5::Md5::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `data.download=true` fetches the archive from a (local) server, checks its MD5, installs it atomically and
+/// trains on it; a second run finds the data and downloads nothing. A wrong checksum installs nothing.
+#[test]
+fn download_fetches_verifies_and_installs_cifar() {
+    use std::sync::atomic::Ordering;
+    let p = real_project();
+    let scratch = tempfile::tempdir().unwrap();
+    let archive = cifar_archive(scratch.path());
+    let checksum = md5_hex(&archive);
+    let (base, hits) = serve(vec![("cifar-10-binary.tar.gz", archive)]);
+    let root = p.path().join("data/cifar-10-batches-bin");
+    let root_arg = format!("data.root={}", root.display());
+    let mirror = format!("data.mirror={base}");
+    let run = |extra: &[&str]| {
+        let mut args: Vec<&str> = SMALL.to_vec();
+        args.extend([
+            "data=cifar10",
+            "data.num_workers=0",
+            "data.train_size=null",
+            "data.val_size=null",
+            "trainer.max_epochs=1",
+            "data.download=true",
+            root_arg.as_str(),
+            mirror.as_str(),
+        ]);
+        args.extend_from_slice(extra);
+        train(p.path(), &args)
+    };
+
+    // The served archive is not the published one: its MD5 differs and nothing is installed.
+    let out = run(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("c32a1d4ab5d03f1284b67883e8d87530")
+            && err.contains(&checksum)
+            && err.contains("data.checksums"),
+        "{err}"
+    );
+    assert!(!root.exists(), "a failed download installs nothing");
+    let leftovers: Vec<_> = std::fs::read_dir(root.parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+
+    // With the mirror's checksum declared it downloads, installs and trains.
+    let declared = format!("+data.checksums={{cifar-10-binary.tar.gz: {checksum}}}");
+    let out = run(&[&declared]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
+    for f in ["data_batch_1.bin", "data_batch_5.bin", "test_batch.bin"] {
+        assert!(root.join(f).is_file(), "{f} not installed");
+    }
+    assert!(p.path().join("data/cifar-10-binary.tar.gz").is_file());
+    let s = summary(&only_run(p.path(), "quickstart"));
+    assert_eq!(s["epochs_completed"], 1);
+
+    // Present data is not fetched again.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let out = run(&[&declared]);
+    assert!(out.status.success());
+    assert_eq!(hits.load(Ordering::SeqCst), 2, "downloaded again");
+}
+
+/// Without network access (nothing listens at the mirror) the error names the URL and how to proceed.
+#[test]
+fn download_failure_says_what_to_fetch() {
+    let p = real_project();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    drop(listener);
+    let root = p.path().join("data/mnist");
+    let mut args: Vec<String> = SMALL.iter().map(|s| s.to_string()).collect();
+    args.extend([
+        "data=mnist".into(),
+        "data.train_size=null".into(),
+        "data.val_size=null".into(),
+        "data.download=true".into(),
+        format!("data.root={}", root.display()),
+        format!("data.mirror=http://127.0.0.1:{port}/mnist"),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = train(p.path(), &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!(
+            "http://127.0.0.1:{port}/mnist/train-images-idx3-ubyte.gz"
+        )) && err.contains("by hand"),
+        "{err}"
+    );
+}
+
+fn finder_run(project: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend([
+        "data.train_size=512",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+    ]);
+    args.extend_from_slice(extra);
+    run_once(project, &args)
+}
+
+/// The batch-size finder on the CPU with a memory budget: measure what each batch size needs, put the budget
+/// between two of them, and check the finder stops exactly there — in power and binsearch modes — and that
+/// the run trains with what it found.
+#[test]
+fn batch_size_finder_respects_the_memory_budget() {
+    let p = real_project();
+    // Probe: a budget nothing reaches, so every size up to max_val=256 is tried and measured.
+    let probe = finder_run(
+        p.path(),
+        &[
+            "+callbacks.batch_size_finder.max_memory=100000000000",
+            "+callbacks.batch_size_finder.max_val=256",
+            "+callbacks.batch_size_finder.init_val=16",
+            "+callbacks.batch_size_finder.steps_per_trial=1",
+        ],
+    );
+    let peak_of = |s: &serde_json::Value, b: u64| -> Option<u64> {
+        s["batch_size_finder"]["trials"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["batch_size"] == b)
+            .map(|t| t["peak_bytes"].as_u64().unwrap())
+    };
+    let (p64, p128) = (peak_of(&probe, 64).unwrap(), peak_of(&probe, 128).unwrap());
+    assert!(
+        p128 > p64 + p64 / 2,
+        "memory should grow with the batch: {p64} vs {p128}"
+    );
+    let budget = (p64 + p128) / 2;
+    let budget_arg = format!("+callbacks.batch_size_finder.max_memory={budget}");
+
+    let power = finder_run(
+        p.path(),
+        &[
+            &budget_arg,
+            "+callbacks.batch_size_finder.init_val=16",
+            "+callbacks.batch_size_finder.steps_per_trial=1",
+        ],
+    );
+    let f = &power["batch_size_finder"];
+    assert_eq!(f["found"], 64, "{f}");
+    assert!(peak_of(&power, 64).unwrap() <= budget);
+    assert!(peak_of(&power, 128).unwrap() > budget);
+    assert_eq!(
+        power["batch_size"], 64,
+        "the run trains with the batch size found"
+    );
+
+    // Lightning 1.x's flag picks the mode; binsearch lands between 64 and 128 and keeps a 5% margin.
+    let bin = finder_run(
+        p.path(),
+        &[
+            "trainer.auto_scale_batch_size=binsearch",
+            &budget_arg,
+            "+callbacks.batch_size_finder.init_val=16",
+            "+callbacks.batch_size_finder.steps_per_trial=1",
+        ],
+    );
+    let f = &bin["batch_size_finder"];
+    let largest = f["largest_fitting"].as_u64().unwrap();
+    assert!((64..128).contains(&largest), "{f}");
+    assert!(peak_of(&bin, largest).unwrap() <= budget);
+    assert!(peak_of(&bin, largest + 1).unwrap() > budget, "{f}");
+    assert_eq!(f["found"], (largest as f64 * 0.95).floor() as u64);
+
+    // Without a budget on the CPU the finder says what to set.
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.push("trainer.auto_scale_batch_size=power");
+    let out = train(p.path(), &args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("callbacks.batch_size_finder.max_memory"),
+        "{err}"
+    );
+}
+
+/// DeviceStatsMonitor on the CPU: per-epoch CPU and memory columns in metrics.csv, the run's figures in
+/// summary.json, and no GPU fields at all (absent, not zero).
+#[test]
+fn device_stats_on_the_cpu() {
+    let p = real_project();
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend([
+        "trainer.max_epochs=2",
+        "data.train_size=512",
+        "+callbacks.device_stats.sample_every_ms=10",
+    ]);
+    let out = train(p.path(), &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = only_run(p.path(), "quickstart");
+    let s = summary(&run);
+    let d = &s["device_stats"];
+    assert!(d["samples"].as_u64().unwrap() >= 2, "{d}");
+    assert!(d["rss_bytes_max"].as_u64().unwrap() > 1 << 20, "{d}");
+    assert!(d["cpu_percent_mean"].as_f64().unwrap() > 0.0, "{d}");
+    assert!(d.get("gpu").is_none(), "{d}");
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    let epoch_rows: Vec<Vec<&str>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect::<Vec<_>>())
+        .filter(|r| !r[col("epoch_time_s")].is_empty())
+        .collect();
+    assert_eq!(epoch_rows.len(), 2);
+    for r in &epoch_rows {
+        let rss: f64 = r[col("device/rss_bytes_max")].parse().unwrap();
+        assert!(rss > 1e6, "{r:?}");
+        assert!(r[col("device/gpu_util_percent_mean")].is_empty(), "{r:?}");
+    }
 }

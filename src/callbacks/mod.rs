@@ -1,5 +1,8 @@
 //! Callback helpers the trainer uses: checkpoint file naming (ModelCheckpoint's `filename` template).
 
+pub mod batch_size_finder;
+pub mod device_stats;
+
 use std::collections::HashMap;
 
 /// Expand Lightning's filename template: `{epoch}`, `{epoch:03d}`, `{step}`, `{val/acc1:.3f}` and the like.

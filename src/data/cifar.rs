@@ -48,7 +48,7 @@ impl Cifar {
                 name: format!("{variant:?}").to_lowercase(),
                 looked_for: path.display().to_string(),
                 hint: format!(
-                    "Put the binary version of the data set there (files {}), or point data.root at it.",
+                    "Put the binary version of the data set there (files {}), or point data.root at it, or set data.download=true to fetch it.",
                     Cifar::files(variant, split).join(", ")
                 ),
             })?;

@@ -31,7 +31,7 @@ fn read_maybe_gz(root: &Path, stem: &str) -> Result<(PathBuf, Vec<u8>), DataErro
     Err(DataError::Missing {
         name: "mnist".into(),
         looked_for: format!("{} (or .gz)", root.join(stem).display()),
-        hint: "Put the IDX files there (train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-...), or point data.root at them.".into(),
+        hint: "Put the IDX files there (train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-...), or point data.root at them, or set data.download=true to fetch them.".into(),
     })
 }
 

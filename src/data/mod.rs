@@ -2,6 +2,7 @@
 //! Everything here is backend-neutral: batches are plain `f32` NCHW buffers and `u32` labels.
 
 pub mod cifar;
+pub mod download;
 pub mod folder;
 pub mod loader;
 pub mod mnist;

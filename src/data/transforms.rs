@@ -24,7 +24,7 @@ pub fn apply(
             }
             Transform::RandomResizedCrop { size, scale, ratio } => {
                 let (y, x, h, w) = resized_crop_box(&img, *scale, *ratio, rng);
-                resize_exact(&crop(&img, y, x, h, w), *size, *size)
+                resize_region(&img, (y, x, h, w), *size, *size)
             }
             Transform::HorizontalFlip { p } => {
                 if rng.next_f64() < *p {
@@ -145,30 +145,61 @@ fn flip(img: &Image) -> Image {
     }
 }
 
-/// Bilinear resize (half-pixel centres, as PIL/torchvision without antialias).
+/// `img` resized to `h`×`w` (see `resize_region`).
 pub fn resize_exact(img: &Image, h: usize, w: usize) -> Image {
-    if h == img.height && w == img.width {
+    resize_region(img, (0, 0, img.height, img.width), h, w)
+}
+
+thread_local! {
+    static RESIZER: std::cell::RefCell<fast_image_resize::Resizer> =
+        std::cell::RefCell::new(fast_image_resize::Resizer::new());
+}
+
+/// The region `(top, left, height, width)` of `img` resized to `h`×`w` with Pillow's bilinear filter, which
+/// widens its support when shrinking (antialiasing) — what torchvision's PIL path and `antialias=True` do.
+/// The region is cut out first, as torchvision's `resized_crop` does, so the filter never reads pixels
+/// outside it.
+pub fn resize_region(
+    img: &Image,
+    (top, left, rh, rw): (usize, usize, usize, usize),
+    h: usize,
+    w: usize,
+) -> Image {
+    use fast_image_resize::{images, FilterType, PixelType, ResizeAlg, ResizeOptions};
+    if (top, left, rh, rw) != (0, 0, img.height, img.width) {
+        return resize_region(&crop(img, top, left, rh, rw), (0, 0, rh, rw), h, w);
+    }
+    if (h, w) == (rh, rw) {
         return img.clone();
     }
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
+    let resize_plane = |pixels: &[u8], pixel: PixelType| -> Vec<u8> {
+        let src = images::ImageRef::new(img.width as u32, img.height as u32, pixels, pixel)
+            .expect("u8 buffers are always aligned and Image keeps pixels.len() == h * w * c");
+        let mut dst = images::Image::new(w as u32, h as u32, pixel);
+        RESIZER
+            .with(|r| r.borrow_mut().resize(&src, &mut dst, &options))
+            .expect("same pixel type on both sides and a crop box inside the image");
+        dst.into_vec()
+    };
     let c = img.channels;
-    let (sy, sx) = (img.height as f32 / h as f32, img.width as f32 / w as f32);
-    let mut pixels = vec![0u8; h * w * c];
-    for y in 0..h {
-        let fy = ((y as f32 + 0.5) * sy - 0.5).clamp(0.0, (img.height - 1) as f32);
-        let (y0, ty) = (fy.floor() as usize, fy.fract());
-        let y1 = (y0 + 1).min(img.height - 1);
-        for x in 0..w {
-            let fx = ((x as f32 + 0.5) * sx - 0.5).clamp(0.0, (img.width - 1) as f32);
-            let (x0, tx) = (fx.floor() as usize, fx.fract());
-            let x1 = (x0 + 1).min(img.width - 1);
+    let pixels = match c {
+        1 => resize_plane(&img.pixels, PixelType::U8),
+        2 => resize_plane(&img.pixels, PixelType::U8x2),
+        3 => resize_plane(&img.pixels, PixelType::U8x3),
+        4 => resize_plane(&img.pixels, PixelType::U8x4),
+        _ => {
+            // More channels than any pixel type: resample each channel as its own plane.
+            let mut out = vec![0u8; h * w * c];
             for ch in 0..c {
-                let p = |yy: usize, xx: usize| img.pixels[(yy * img.width + xx) * c + ch] as f32;
-                let top = p(y0, x0) * (1.0 - tx) + p(y0, x1) * tx;
-                let bottom = p(y1, x0) * (1.0 - tx) + p(y1, x1) * tx;
-                pixels[(y * w + x) * c + ch] = (top * (1.0 - ty) + bottom * ty).round() as u8;
+                let plane: Vec<u8> = img.pixels.iter().skip(ch).step_by(c).copied().collect();
+                for (i, v) in resize_plane(&plane, PixelType::U8).into_iter().enumerate() {
+                    out[i * c + ch] = v;
+                }
             }
+            out
         }
-    }
+    };
     Image {
         height: h,
         width: w,
@@ -270,6 +301,40 @@ mod tests {
         apply(&steps, ramp(2, 3), &mut Rng::new(0), &mut out);
         let px: Vec<u8> = out.iter().map(|v| (v * 255.0).round() as u8).collect();
         assert_eq!(px, vec![2, 1, 0, 5, 4, 3]);
+    }
+
+    #[test]
+    fn shrinking_is_antialiased_like_pillow() {
+        // A one-pixel checkerboard halved: Pillow's bilinear filter averages neighbours (mid grey), where
+        // point-sampled bilinear would pick one phase of the pattern (black or white stripes).
+        let (h, w) = (16, 16);
+        let pixels: Vec<u8> = (0..h * w)
+            .map(|i| if (i / w + i % w) % 2 == 0 { 0 } else { 255 })
+            .collect();
+        let img = Image {
+            height: h,
+            width: w,
+            channels: 1,
+            pixels,
+            label: 0,
+        };
+        let small = resize_exact(&img, 8, 8);
+        assert!(
+            small.pixels[9..55]
+                .iter()
+                .all(|&v| (100..=155).contains(&v)),
+            "{:?}",
+            small.pixels
+        );
+        // Channels beyond four resample plane by plane.
+        let rgbish = ramp(9, 7);
+        let five = Image {
+            channels: 5,
+            pixels: (0..9 * 7 * 5).map(|i| (i * 7 % 256) as u8).collect(),
+            ..rgbish.clone()
+        };
+        let out = resize_exact(&five, 4, 3);
+        assert_eq!((out.channels, out.pixels.len()), (5, 4 * 3 * 5));
     }
 
     #[test]

@@ -20,11 +20,13 @@ pub const COLUMNS: &[&str] = &[
 
 pub struct CsvLogger {
     file: std::io::BufWriter<std::fs::File>,
+    columns: Vec<&'static str>,
 }
 
 impl CsvLogger {
-    /// Create (or, when resuming, append to) `metrics.csv` in `dir`.
-    pub fn open(dir: &Path, append: bool) -> std::io::Result<Self> {
+    /// Create (or, when resuming, append to) `metrics.csv` in `dir`, with `extra` columns after the
+    /// standard ones (callbacks' metrics, e.g. device stats).
+    pub fn open(dir: &Path, append: bool, extra: &[&'static str]) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join("metrics.csv");
         let exists = append && path.is_file();
@@ -34,17 +36,20 @@ impl CsvLogger {
             .write(true)
             .truncate(!exists)
             .open(&path)?;
+        let columns: Vec<&'static str> = COLUMNS.iter().chain(extra).copied().collect();
         let mut logger = CsvLogger {
             file: std::io::BufWriter::new(file),
+            columns,
         };
         if !exists {
-            writeln!(logger.file, "{}", COLUMNS.join(","))?;
+            writeln!(logger.file, "{}", logger.columns.join(","))?;
         }
         Ok(logger)
     }
 
     pub fn log(&mut self, values: &BTreeMap<&str, f64>) -> std::io::Result<()> {
-        let row: Vec<String> = COLUMNS
+        let row: Vec<String> = self
+            .columns
             .iter()
             .map(|c| {
                 values

@@ -2,6 +2,25 @@
 #![allow(dead_code)]
 
 use std::path::Path;
+use std::process::{Command, Output};
+
+/// The `train` binary under test.
+pub const TRAIN: &str = env!("CARGO_BIN_EXE_train");
+
+/// Run `train` in `cwd` (a test project), ignoring any project named in the environment.
+pub fn train(cwd: &Path, args: &[&str]) -> Output {
+    Command::new(TRAIN)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("TRAIN_CONFIG_PATH")
+        .output()
+        .unwrap()
+}
+
+/// A run's `summary.json`.
+pub fn summary(run: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
+}
 
 /// A copy of this repository's own conf/ and experiments/ in a temp dir, so runs write their logs there.
 pub fn real_project() -> tempfile::TempDir {

@@ -46,7 +46,16 @@ impl Geometry {
 
 /// `x` (N, C, H, W) convolved with `w` (O, C, K, K); falls back to Candle's own kernels off the CPU or
 /// for other dtypes.
+/// Under bf16 autocast the operands and the result are rounded to bf16 (see `autocast`).
 pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+    if super::autocast::enabled() {
+        let (x, w) = (super::autocast::round(x)?, super::autocast::round(w)?);
+        let y = {
+            let _off = super::autocast::bf16(false);
+            conv2d(&x, &w, stride, padding)?
+        };
+        return super::autocast::round(&y);
+    }
     let fast =
         matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32 && w.dtype() == DType::F32;
     let (_, _, kh, kw) = w.dims4()?;
@@ -656,6 +665,10 @@ mod tests {
     #[case(4, 128, 16, 16, 256, 3, 2, 1)]
     #[case(4, 256, 8, 8, 256, 3, 1, 1)]
     #[case(4, 128, 16, 16, 256, 1, 2, 0)]
+    #[case(8, 512, 4, 4, 2048, 1, 1, 0)]
+    #[case(8, 2048, 4, 4, 512, 1, 1, 0)]
+    #[case(8, 64, 32, 32, 256, 1, 1, 0)]
+    #[case(8, 256, 32, 32, 64, 1, 1, 0)]
     fn matches_candle(
         #[case] n: usize,
         #[case] c: usize,

@@ -1,6 +1,7 @@
 //! The Candle engine (CPU by default; CUDA behind the `cuda` feature): parameters as Candle variables,
 //! gradients accumulated across micro-batches, and PyTorch-equivalent SGD / Adam / AdamW updates.
 
+pub mod autocast;
 pub mod batchnorm;
 pub mod conv;
 pub mod cpu;
@@ -9,10 +10,11 @@ pub mod models;
 pub mod resnet;
 pub mod vit;
 
+use super::optim::{clip_factor, OptTensor, Optimizer};
 use super::{init, topk_hits, Engine, HostTensor, StateDict, StepStats};
 use crate::data::loader::Batch;
 use crate::rng::Rng;
-use crate::schema::{Experiment, OptimizerConfig, OptimizerName};
+use crate::schema::Experiment;
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor, Var};
 use models::{Buffers, CandleModel, Init, Params};
@@ -24,16 +26,15 @@ pub struct CandleEngine {
     params: Params,
     buffers: Buffers,
     grads: BTreeMap<String, Tensor>,
-    optimizer: OptimizerConfig,
-    /// `<param>.momentum_buffer`, `<param>.exp_avg`, `<param>.exp_avg_sq`
-    opt_state: BTreeMap<String, Tensor>,
-    opt_steps: u64,
+    optimizer: Optimizer<Tensor>,
     classes: usize,
     label_smoothing: f64,
     /// The logits of the last training forward pass (for the PyTorch oracle).
     last_logits: Option<Tensor>,
     seed: u64,
     forward_calls: u64,
+    /// `bf16-mixed`: forward passes run inside a bf16 autocast scope.
+    autocast_bf16: bool,
 }
 
 fn to_candle(t: &HostTensor, device: &Device) -> candle_core::Result<Tensor> {
@@ -76,14 +77,13 @@ impl CandleEngine {
             buffers.insert(name, to_candle(&init::constant(&shape, value), &device)?);
         }
         Ok(CandleEngine {
+            autocast_bf16: exp.trainer.precision == crate::schema::Precision::MixedBf16,
             device,
             model,
             params,
             buffers,
             grads: BTreeMap::new(),
-            optimizer: exp.optimizer.clone(),
-            opt_state: BTreeMap::new(),
-            opt_steps: 0,
+            optimizer: Optimizer::new(exp.optimizer.clone()),
             classes: exp.model.num_classes,
             label_smoothing: exp.model.label_smoothing,
             last_logits: None,
@@ -144,63 +144,39 @@ impl CandleEngine {
         momentum: Option<f64>,
     ) -> anyhow::Result<()> {
         let var = self.params.get(name).context("unknown parameter")?.clone();
-        let p = var.as_tensor();
-        let o = &self.optimizer;
-        let new = match o.name {
-            OptimizerName::Sgd => {
-                let mut g = grad.clone();
-                if o.weight_decay != 0.0 {
-                    g = (g + p.affine(o.weight_decay, 0.0)?)?;
-                }
-                let m = momentum.filter(|_| o.momentum != 0.0).unwrap_or(o.momentum);
-                if m != 0.0 {
-                    let key = format!("{name}.momentum_buffer");
-                    let buf = match self.opt_state.get(&key) {
-                        Some(b) => (b.affine(m, 0.0)? + &g)?,
-                        None => g.clone(),
-                    };
-                    g = if o.nesterov {
-                        (g + buf.affine(m, 0.0)?)?
-                    } else {
-                        buf.clone()
-                    };
-                    self.opt_state.insert(key, buf);
-                }
-                (p - g.affine(lr, 0.0)?)?
-            }
-            OptimizerName::Adam | OptimizerName::Adamw => {
-                let (b1, b2) = (o.betas[0], o.betas[1]);
-                let t = self.opt_steps as i32 + 1;
-                let mut g = grad.clone();
-                let mut p = p.clone();
-                if o.weight_decay != 0.0 {
-                    if o.name == OptimizerName::Adamw {
-                        p = p.affine(1.0 - lr * o.weight_decay, 0.0)?;
-                    } else {
-                        g = (g + p.affine(o.weight_decay, 0.0)?)?;
-                    }
-                }
-                let (km, kv) = (format!("{name}.exp_avg"), format!("{name}.exp_avg_sq"));
-                let m = match self.opt_state.get(&km) {
-                    Some(m) => (m.affine(b1, 0.0)? + g.affine(1.0 - b1, 0.0)?)?,
-                    None => g.affine(1.0 - b1, 0.0)?,
-                };
-                let v = match self.opt_state.get(&kv) {
-                    Some(v) => (v.affine(b2, 0.0)? + g.sqr()?.affine(1.0 - b2, 0.0)?)?,
-                    None => g.sqr()?.affine(1.0 - b2, 0.0)?,
-                };
-                let bc1 = 1.0 - b1.powi(t);
-                let bc2 = 1.0 - b2.powi(t);
-                // PyTorch: p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
-                let denom = v.affine(1.0 / bc2, 0.0)?.sqrt()?.affine(1.0, o.eps)?;
-                let step = m.div(&denom)?.affine(lr / bc1, 0.0)?;
-                self.opt_state.insert(km, m);
-                self.opt_state.insert(kv, v);
-                (p - step)?
-            }
-        };
+        let new = self
+            .optimizer
+            .update(name, var.as_tensor(), grad, lr, momentum)?;
         var.set(&new)?;
         Ok(())
+    }
+}
+
+/// Candle tensors under the shared optimizer rules.
+impl OptTensor for Tensor {
+    fn duplicate(&self) -> Self {
+        self.clone()
+    }
+    fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
+        Ok(Tensor::affine(self, mul, add)?)
+    }
+    fn plus(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok((self + other)?)
+    }
+    fn minus(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok((self - other)?)
+    }
+    fn divide(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok(self.div(other)?)
+    }
+    fn square(&self) -> anyhow::Result<Self> {
+        Ok(self.sqr()?)
+    }
+    fn root(&self) -> anyhow::Result<Self> {
+        Ok(self.sqrt()?)
+    }
+    fn sum_of_squares(&self) -> anyhow::Result<f64> {
+        Ok(self.sqr()?.sum_all()?.to_scalar::<f32>()? as f64)
     }
 }
 
@@ -209,9 +185,11 @@ impl Engine for CandleEngine {
         let (x, y) = self.inputs(batch)?;
         let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
         self.forward_calls += 1;
-        let logits = self
-            .model
-            .forward(&self.params, &mut self.buffers, &x, true, &mut rng)?;
+        let logits = {
+            let _autocast = autocast::bf16(self.autocast_bf16);
+            self.model
+                .forward(&self.params, &mut self.buffers, &x, true, &mut rng)?
+        };
         let loss = self.training_loss(&logits, &y)?;
         let grads = loss.affine(grad_scale, 0.0)?.backward()?;
         self.last_logits = Some(logits.detach());
@@ -234,15 +212,7 @@ impl Engine for CandleEngine {
         momentum: Option<f64>,
         clip_norm: Option<f64>,
     ) -> anyhow::Result<f64> {
-        let mut sq = 0.0f64;
-        for g in self.grads.values() {
-            sq += g.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        }
-        let norm = sq.sqrt();
-        let scale = match clip_norm {
-            Some(max) if norm > max => max / (norm + 1e-6),
-            _ => 1.0,
-        };
+        let (norm, scale) = clip_factor(self.grads.values(), clip_norm)?;
         let grads = std::mem::take(&mut self.grads);
         for (name, g) in grads {
             let g = if scale != 1.0 {
@@ -252,17 +222,19 @@ impl Engine for CandleEngine {
             };
             self.update(&name, &g, lr, momentum)?;
         }
-        self.opt_steps += 1;
+        self.optimizer.steps += 1;
         Ok(norm)
     }
 
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
         let mut rng = Rng::new(0);
-        let logits = self
-            .model
-            .forward(&self.params, &mut self.buffers, &x, false, &mut rng)?
-            .detach();
+        let logits = {
+            let _autocast = autocast::bf16(self.autocast_bf16);
+            self.model
+                .forward(&self.params, &mut self.buffers, &x, false, &mut rng)?
+                .detach()
+        };
         let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         self.stats(&logits, &loss, batch)
     }
@@ -275,14 +247,14 @@ impl Engine for CandleEngine {
         for (name, t) in &self.buffers {
             out.insert(name.clone(), to_host(t)?);
         }
-        for (key, t) in &self.opt_state {
+        for (key, t) in &self.optimizer.state {
             out.insert(format!("optimizer.{key}"), to_host(t)?);
         }
         out.insert(
             "optimizer.step".into(),
             HostTensor {
                 shape: vec![1],
-                data: vec![self.opt_steps as f32],
+                data: vec![self.optimizer.steps as f32],
             },
         );
         out.insert(
@@ -315,16 +287,17 @@ impl Engine for CandleEngine {
             })?;
             *buf = to_candle(t, &self.device)?;
         }
-        self.opt_state.clear();
+        self.optimizer.state.clear();
         for (key, t) in state {
             if let Some(rest) = key.strip_prefix("optimizer.") {
                 match rest {
-                    "step" => self.opt_steps = t.data.first().copied().unwrap_or(0.0) as u64,
+                    "step" => self.optimizer.steps = t.data.first().copied().unwrap_or(0.0) as u64,
                     "forward_calls" => {
                         self.forward_calls = t.data.first().copied().unwrap_or(0.0) as u64
                     }
                     _ => {
-                        self.opt_state
+                        self.optimizer
+                            .state
                             .insert(rest.to_string(), to_candle(t, &self.device)?);
                     }
                 }
@@ -334,67 +307,29 @@ impl Engine for CandleEngine {
     }
 
     fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>> {
-        let is_head = |name: &str| name.starts_with("fc.") || name.starts_with("head.");
-        let mut kept = Vec::new();
-        let mut problems = Vec::new();
-        for (name, var) in &self.params {
-            let resampled;
-            let mut found = state.get(name);
-            if let (Some(t), "pos_embed") = (found, name.as_str()) {
-                let dims = var.dims();
-                if t.shape.len() == 3 && t.shape[2] == dims[2] && t.shape[1] != dims[1] {
-                    let grid = ((dims[1] - 1) as f64).sqrt().round() as usize;
-                    resampled = crate::backend::pos_embed::resample(t, 1, grid)?;
-                    found = Some(&resampled);
+        let slots: Vec<super::Slot> = self
+            .params
+            .iter()
+            .map(|(name, var)| super::Slot {
+                name,
+                shape: var.dims().to_vec(),
+                trainable: true,
+            })
+            .chain(self.buffers.iter().map(|(name, t)| super::Slot {
+                name,
+                shape: t.dims().to_vec(),
+                trainable: false,
+            }))
+            .collect();
+        let super::PretrainedPlan { set, kept } = super::plan_pretrained(&slots, state)?;
+        for (name, t) in set {
+            let value = to_candle(&t, &self.device)?;
+            match self.params.get(&name) {
+                Some(var) => var.set(&value)?,
+                None => {
+                    self.buffers.insert(name, value);
                 }
             }
-            match found {
-                Some(t) if t.shape == var.dims() => var.set(&to_candle(t, &self.device)?)?,
-                _ if is_head(name) => kept.push(name.clone()),
-                Some(t) => problems.push(format!(
-                    "{name}: file has shape {:?}, model has {:?}",
-                    t.shape,
-                    var.dims()
-                )),
-                None => problems.push(format!("{name}: missing from the file")),
-            }
-        }
-        for (name, buf) in self.buffers.iter_mut() {
-            match state.get(name) {
-                Some(t) if t.shape == buf.dims() => *buf = to_candle(t, &self.device)?,
-                Some(t) => problems.push(format!(
-                    "{name}: file has shape {:?}, model has {:?}",
-                    t.shape,
-                    buf.dims()
-                )),
-                None => problems.push(format!("{name}: missing from the file")),
-            }
-        }
-        let unexpected: Vec<&String> = state
-            .keys()
-            .filter(|k| {
-                !k.starts_with("optimizer.")
-                    && !self.params.contains_key(*k)
-                    && !self.buffers.contains_key(*k)
-            })
-            .collect();
-        if !unexpected.is_empty() {
-            problems.push(format!(
-                "{} tensors the model does not have, e.g. {}",
-                unexpected.len(),
-                unexpected
-                    .iter()
-                    .take(3)
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        if !problems.is_empty() {
-            anyhow::bail!(
-                "the pretrained weights do not fit this model:\n    - {}",
-                problems.join("\n    - ")
-            );
         }
         Ok(kept)
     }

@@ -61,7 +61,7 @@ pub fn param<'a>(p: &'a Params, name: &str) -> Result<&'a Tensor> {
 fn linear(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
     let w = get(p, &format!("{prefix}.weight"))?;
     let b = get(p, &format!("{prefix}.bias"))?;
-    x.matmul(&w.t()?)?.broadcast_add(b)
+    super::autocast::linear(x, w, b)
 }
 
 fn conv3x3(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
@@ -75,8 +75,15 @@ pub fn dropout(x: &Tensor, prob: f64, train: bool, rng: &mut Rng) -> Result<Tens
     if !train || prob <= 0.0 {
         return Ok(x.clone());
     }
+    let mask = dropout_mask(x.elem_count(), prob, rng);
+    x.mul(&Tensor::from_vec(mask, x.shape(), x.device())?)
+}
+
+/// Inverted-dropout multipliers (0 or 1/keep) drawn on the host from the step's seeded generator: every
+/// backend draws the same mask, so runs agree across backends.
+pub fn dropout_mask(n: usize, prob: f64, rng: &mut Rng) -> Vec<f32> {
     let keep = 1.0 - prob;
-    let mask: Vec<f32> = (0..x.elem_count())
+    (0..n)
         .map(|_| {
             if rng.next_f64() < keep {
                 (1.0 / keep) as f32
@@ -84,8 +91,7 @@ pub fn dropout(x: &Tensor, prob: f64, train: bool, rng: &mut Rng) -> Result<Tens
                 0.0
             }
         })
-        .collect();
-    x.mul(&Tensor::from_vec(mask, x.shape(), x.device())?)
+        .collect()
 }
 
 fn linear_spec(name: &str, inp: usize, out: usize) -> Vec<ParamSpec> {

@@ -40,7 +40,17 @@ impl ResNet {
         }
     }
 
-    fn expansion(&self) -> usize {
+    /// Bottleneck blocks (ResNet-50 and deeper) or basic blocks.
+    pub fn bottleneck(&self) -> bool {
+        self.bottleneck
+    }
+
+    /// The CIFAR stem: 3x3 stride-1 first conv and no max-pool.
+    pub fn cifar_stem(&self) -> bool {
+        self.cifar_stem
+    }
+
+    pub fn expansion(&self) -> usize {
         if self.bottleneck {
             4
         } else {
@@ -49,7 +59,8 @@ impl ResNet {
     }
 
     /// Every block: (name prefix, in channels, width, stride).
-    fn layout(&self) -> Vec<(String, usize, usize, usize)> {
+    /// Every residual block: (name, input channels, width, stride).
+    pub fn layout(&self) -> Vec<(String, usize, usize, usize)> {
         let mut out = Vec::new();
         let mut c_in = 64;
         for (layer, &n) in self.blocks.iter().enumerate() {
@@ -323,7 +334,7 @@ impl CandleModel for ResNet {
         }
         let pooled = h.mean(D::Minus1)?.mean(D::Minus1)?;
         let w = param(p, "fc.weight")?;
-        pooled.matmul(&w.t()?)?.broadcast_add(param(p, "fc.bias")?)
+        super::autocast::linear(&pooled, w, param(p, "fc.bias")?)
     }
 }
 

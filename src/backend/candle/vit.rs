@@ -58,6 +58,11 @@ impl Vit {
         })
     }
 
+    /// (width, depth, heads, patch size, dropout): what another backend's forward pass needs.
+    pub fn shape(&self) -> (usize, usize, usize, usize, f64) {
+        (self.dim, self.depth, self.heads, self.patch, self.dropout)
+    }
+
     pub fn tokens(&self) -> usize {
         self.grid * self.grid + 1
     }
@@ -97,7 +102,7 @@ fn norm_spec(out: &mut Vec<ParamSpec>, name: &str, dim: usize) {
 fn linear(p: &Params, name: &str, x: &Tensor) -> Result<Tensor> {
     let w = param(p, &format!("{name}.weight"))?;
     let b = param(p, &format!("{name}.bias"))?;
-    x.broadcast_matmul(&w.t()?)?.broadcast_add(b)
+    super::autocast::linear(x, w, b)
 }
 
 /// LayerNorm over the last dimension from basic ops (differentiable).
@@ -129,9 +134,12 @@ impl Vit {
         let q = qkv.get(0)?.contiguous()?;
         let k = qkv.get(1)?.contiguous()?;
         let v = qkv.get(2)?.contiguous()?;
-        let scores = (q.matmul(&k.t()?.contiguous()?)? * (1.0 / (hd as f64).sqrt()))?;
+        let scores =
+            (super::autocast::matmul(&q, &k.t()?.contiguous()?)? * (1.0 / (hd as f64).sqrt()))?;
         let attn = softmax_last_dim(&scores)?;
-        let out = attn.matmul(&v)?.transpose(1, 2)?.reshape((b, n, d))?;
+        let out = super::autocast::matmul(&attn, &v)?
+            .transpose(1, 2)?
+            .reshape((b, n, d))?;
         linear(p, &format!("{name}.proj"), &out)
     }
 }

@@ -1,0 +1,100 @@
+"""Data-loader throughput: trainyard's loader (worker threads, JPEG decode + ImageNet training augmentation)
+vs torchvision's ImageFolder + DataLoader (worker processes, PIL decode) on the same generated JPEG image
+folder, same transforms, batch size and number of workers, alternating runs. Whole epochs are timed for both,
+worker start-up included (what a user pays per epoch without persistent workers).
+
+    .venv-torch/bin/python bench/loader_bench.py --workers 1 2 --rounds 3 --record
+
+Needs torch 2.11 + torchvision in the interpreter and `cargo build --release --example loader_bench` first.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+import torchvision
+import torchvision.transforms as T
+from PIL import Image
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import ROOT, record  # noqa: E402
+
+OURS = os.path.join(ROOT, "target", "release", "examples", "loader_bench")
+
+
+def make_folder(root: str, classes: int, per_class: int, seed: int = 0) -> None:
+    """ImageNet-like JPEGs (500x375, quality 90, textured so they compress like photos)."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:375, 0:500].astype(np.float32)
+    for c in range(classes):
+        d = os.path.join(root, "train", f"n{c:08d}")
+        os.makedirs(d, exist_ok=True)
+        for i in range(per_class):
+            fx, fy, phase = rng.uniform(0.005, 0.05, 2).tolist() + [rng.uniform(0, 6.28)]
+            base = 127 + 80 * np.sin(xx * fx + yy * fy + phase)
+            img = np.stack([base, np.roll(base, 40, 1), np.roll(base, 80, 0)], -1)
+            img += rng.normal(0, 18, img.shape)
+            Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(
+                os.path.join(d, f"img_{i:04d}.JPEG"), quality=90
+            )
+
+
+def torchvision_epoch(root: str, workers: int, batch: int) -> float:
+    tf = T.Compose([
+        T.RandomResizedCrop(224),
+        T.RandomHorizontalFlip(),
+        T.ToTensor(),
+        T.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])
+    ds = torchvision.datasets.ImageFolder(os.path.join(root, "train"), tf)
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers)
+    start = time.perf_counter()
+    n = sum(len(labels) for _, labels in loader)
+    return n / (time.perf_counter() - start)
+
+
+def ours_epoch(root: str, workers: int, batch: int) -> float:
+    out = subprocess.run([OURS, root, str(workers), str(batch), "1"], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])["images_per_s"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--images", type=int, default=640)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--record", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as root:
+        make_folder(root, 10, args.images // 10)
+        for w in args.workers:
+            ours, theirs = [], []
+            for _ in range(args.rounds):
+                ours.append(ours_epoch(root, w, args.batch))
+                theirs.append(torchvision_epoch(root, w, args.batch))
+            o, t = statistics.median(ours), statistics.median(theirs)
+            print(f"workers={w}: trainyard {o:.1f} img/s, torchvision {t:.1f} img/s, ratio {o / t:.2f}")
+            if args.record:
+                cmd = f"`.venv-torch/bin/python bench/loader_bench.py --workers {w} --rounds {args.rounds} --record`"
+                record(
+                    "Data loading, JPEG image folder (issue: training core)",
+                    f"| {datetime.date.today()} | {args.images} JPEGs 500x375, RandomResizedCrop 224 + flip + "
+                    f"normalize, batch {args.batch}, {w} worker(s), median of {args.rounds} epochs | "
+                    f"{o:.1f} img/s | torchvision {torchvision.__version__} DataLoader {t:.1f} img/s | "
+                    f"{o / t:.2f}x | {platform.machine()}, {os.cpu_count()} cores | {cmd} |",
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,206 @@
+//! The optimizer rules — PyTorch's SGD (momentum, dampening 0, nesterov, weight decay), Adam and AdamW —
+//! written once over a small tensor interface, so every backend updates its parameters with the same
+//! arithmetic in the same order (what makes cross-backend runs and checkpoints agree). State slots use
+//! PyTorch's names: `<param>.momentum_buffer`, `<param>.exp_avg`, `<param>.exp_avg_sq`.
+
+use crate::schema::{OptimizerConfig, OptimizerName};
+use std::collections::BTreeMap;
+
+/// The element-wise operations the rules need, on a backend's tensor type.
+pub trait OptTensor: Sized {
+    /// Another handle on the same values (tensors are immutable here, so sharing is fine).
+    fn duplicate(&self) -> Self;
+    /// `self * mul + add`.
+    fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self>;
+    fn plus(&self, other: &Self) -> anyhow::Result<Self>;
+    fn minus(&self, other: &Self) -> anyhow::Result<Self>;
+    fn divide(&self, other: &Self) -> anyhow::Result<Self>;
+    fn square(&self) -> anyhow::Result<Self>;
+    fn root(&self) -> anyhow::Result<Self>;
+    /// Σ x² as f64 (for gradient norms).
+    fn sum_of_squares(&self) -> anyhow::Result<f64>;
+}
+
+/// An optimizer's configuration and state.
+#[derive(Debug, Clone)]
+pub struct Optimizer<T> {
+    pub config: OptimizerConfig,
+    /// Slots by `<param>.<slot>`.
+    pub state: BTreeMap<String, T>,
+    /// Completed optimizer steps (Adam's bias correction uses `steps + 1`).
+    pub steps: u64,
+}
+
+/// The global gradient norm and the factor that clips it to `clip_norm` (PyTorch's
+/// `clip_grad_norm_`: max / (norm + 1e-6) when over the limit).
+pub fn clip_factor<'a, T: OptTensor + 'a>(
+    grads: impl IntoIterator<Item = &'a T>,
+    clip_norm: Option<f64>,
+) -> anyhow::Result<(f64, f64)> {
+    let mut sq = 0.0f64;
+    for g in grads {
+        sq += g.sum_of_squares()?;
+    }
+    let norm = sq.sqrt();
+    let scale = match clip_norm {
+        Some(max) if norm > max => max / (norm + 1e-6),
+        _ => 1.0,
+    };
+    Ok((norm, scale))
+}
+
+impl<T: OptTensor> Optimizer<T> {
+    pub fn new(config: OptimizerConfig) -> Self {
+        Optimizer {
+            config,
+            state: BTreeMap::new(),
+            steps: 0,
+        }
+    }
+
+    /// The new value of parameter `name` (`p`) given its gradient, at this learning rate; `momentum`
+    /// overrides SGD's momentum (OneCycle's momentum cycling) when the optimizer uses momentum.
+    pub fn update(
+        &mut self,
+        name: &str,
+        p: &T,
+        grad: &T,
+        lr: f64,
+        momentum: Option<f64>,
+    ) -> anyhow::Result<T> {
+        let o = &self.config;
+        match o.name {
+            OptimizerName::Sgd => {
+                let mut g = grad.duplicate();
+                if o.weight_decay != 0.0 {
+                    g = g.plus(&p.affine(o.weight_decay, 0.0)?)?;
+                }
+                let m = momentum.filter(|_| o.momentum != 0.0).unwrap_or(o.momentum);
+                if m != 0.0 {
+                    let key = format!("{name}.momentum_buffer");
+                    let buf = match self.state.get(&key) {
+                        Some(b) => b.affine(m, 0.0)?.plus(&g)?,
+                        None => g.duplicate(),
+                    };
+                    g = if o.nesterov {
+                        g.plus(&buf.affine(m, 0.0)?)?
+                    } else {
+                        buf.duplicate()
+                    };
+                    self.state.insert(key, buf);
+                }
+                p.minus(&g.affine(lr, 0.0)?)
+            }
+            OptimizerName::Adam | OptimizerName::Adamw => {
+                let (b1, b2) = (o.betas[0], o.betas[1]);
+                let t = self.steps as i32 + 1;
+                let mut g = grad.duplicate();
+                let mut p = p.duplicate();
+                if o.weight_decay != 0.0 {
+                    if o.name == OptimizerName::Adamw {
+                        p = p.affine(1.0 - lr * o.weight_decay, 0.0)?;
+                    } else {
+                        g = g.plus(&p.affine(o.weight_decay, 0.0)?)?;
+                    }
+                }
+                let (km, kv) = (format!("{name}.exp_avg"), format!("{name}.exp_avg_sq"));
+                let m = match self.state.get(&km) {
+                    Some(m) => m.affine(b1, 0.0)?.plus(&g.affine(1.0 - b1, 0.0)?)?,
+                    None => g.affine(1.0 - b1, 0.0)?,
+                };
+                let v = match self.state.get(&kv) {
+                    Some(v) => v
+                        .affine(b2, 0.0)?
+                        .plus(&g.square()?.affine(1.0 - b2, 0.0)?)?,
+                    None => g.square()?.affine(1.0 - b2, 0.0)?,
+                };
+                let bc1 = 1.0 - b1.powi(t);
+                let bc2 = 1.0 - b2.powi(t);
+                // PyTorch: p -= lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps)
+                let denom = v.affine(1.0 / bc2, 0.0)?.root()?.affine(1.0, o.eps)?;
+                let step = m.divide(&denom)?.affine(lr / bc1, 0.0)?;
+                self.state.insert(km, m);
+                self.state.insert(kv, v);
+                p.minus(&step)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scalar "tensor" for checking the rules against hand-computed PyTorch values.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct S(f64);
+
+    impl OptTensor for S {
+        fn duplicate(&self) -> Self {
+            *self
+        }
+        fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
+            Ok(S(self.0 * mul + add))
+        }
+        fn plus(&self, o: &Self) -> anyhow::Result<Self> {
+            Ok(S(self.0 + o.0))
+        }
+        fn minus(&self, o: &Self) -> anyhow::Result<Self> {
+            Ok(S(self.0 - o.0))
+        }
+        fn divide(&self, o: &Self) -> anyhow::Result<Self> {
+            Ok(S(self.0 / o.0))
+        }
+        fn square(&self) -> anyhow::Result<Self> {
+            Ok(S(self.0 * self.0))
+        }
+        fn root(&self) -> anyhow::Result<Self> {
+            Ok(S(self.0.sqrt()))
+        }
+        fn sum_of_squares(&self) -> anyhow::Result<f64> {
+            Ok(self.0 * self.0)
+        }
+    }
+
+    fn config(yaml: &str) -> OptimizerConfig {
+        let node = crate::config::yaml::parse(yaml, "<test>").unwrap().unwrap();
+        serde_json::from_value(node.to_json()).unwrap()
+    }
+
+    #[test]
+    fn sgd_momentum_nesterov_and_decay() {
+        let mut o = Optimizer::new(config(
+            "{name: sgd, lr: 0.1, momentum: 0.9, nesterov: true, weight_decay: 0.01}",
+        ));
+        // step 1: g = 1 + 0.01*2 = 1.02; buf = 1.02; nesterov g = 1.02 + 0.9*1.02 = 1.938
+        let p = o.update("w", &S(2.0), &S(1.0), 0.1, None).unwrap();
+        assert!((p.0 - (2.0 - 0.1 * 1.938)).abs() < 1e-12);
+        o.steps += 1;
+        // step 2: g = 1 + 0.01*p; buf = 0.9*1.02 + g; update g + 0.9*buf
+        let g = 1.0 + 0.01 * p.0;
+        let buf = 0.9 * 1.02 + g;
+        let p2 = o.update("w", &p, &S(1.0), 0.1, None).unwrap();
+        assert!((p2.0 - (p.0 - 0.1 * (g + 0.9 * buf))).abs() < 1e-12);
+    }
+
+    #[test]
+    fn adamw_first_step_moves_by_lr() {
+        let mut o = Optimizer::new(config(
+            "{name: adamw, lr: 0.001, weight_decay: 0.1, betas: [0.9, 0.999], eps: 1e-8}",
+        ));
+        // First Adam step: m̂ = g, v̂ = g², so the step is lr * g/(|g| + eps) ≈ lr; AdamW decays p first.
+        let p = o.update("w", &S(1.0), &S(0.5), 0.001, None).unwrap();
+        let expected = 1.0 * (1.0 - 0.001 * 0.1) - 0.001 * 0.5 / (0.5 + 1e-8);
+        assert!((p.0 - expected).abs() < 1e-12, "{}", p.0);
+        assert_eq!(o.state.len(), 2);
+    }
+
+    #[test]
+    fn clipping_factor() {
+        let g = [S(3.0), S(4.0)];
+        assert_eq!(clip_factor(&g, None).unwrap(), (5.0, 1.0));
+        let (norm, scale) = clip_factor(&g, Some(1.0)).unwrap();
+        assert_eq!(norm, 5.0);
+        assert!((scale - 1.0 / (5.0 + 1e-6)).abs() < 1e-15);
+    }
+}

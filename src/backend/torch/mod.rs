@@ -1,0 +1,332 @@
+//! The tch (libtorch) engine, `backend=tch` (cargo feature `torch`): PyTorch's own kernels behind the same
+//! `Engine` trait as Candle. Everything that is not a kernel is shared with the Candle engine: parameter
+//! names, shapes and host-side seeded initialisation come from the model zoo's specs, the optimizer rules
+//! from `backend::optim`, pretrained-weight matching from `backend::plan_pretrained`, dropout masks from
+//! the same seeded host generator — so the two backends start from the same weights and take the same steps.
+
+mod models;
+
+use super::optim::{clip_factor, OptTensor, Optimizer};
+use super::{init, topk_hits, Engine, HostTensor, StateDict, StepStats};
+use crate::backend::candle::models::Init;
+use crate::data::loader::Batch;
+use crate::rng::Rng;
+use crate::schema::{Accelerator, Experiment};
+use anyhow::Context;
+use std::collections::BTreeMap;
+use tch::{Device, Kind, Tensor};
+
+pub struct TchEngine {
+    device: Device,
+    arch: models::Arch,
+    params: BTreeMap<String, Tensor>,
+    buffers: BTreeMap<String, Tensor>,
+    optimizer: Optimizer<Tensor>,
+    classes: usize,
+    label_smoothing: f64,
+    seed: u64,
+    forward_calls: u64,
+    last_logits: Option<Tensor>,
+}
+
+fn to_tch(t: &HostTensor, device: Device) -> anyhow::Result<Tensor> {
+    let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
+    Ok(Tensor::f_from_slice(&t.data)?
+        .f_reshape(&shape)?
+        .f_to(device)?)
+}
+
+fn to_host(t: &Tensor) -> anyhow::Result<HostTensor> {
+    let shape: Vec<usize> = t.size().iter().map(|&d| d as usize).collect();
+    let flat = t
+        .f_detach()?
+        .f_to_kind(Kind::Float)?
+        .f_to(Device::Cpu)?
+        .f_contiguous()?
+        .f_flatten(0, -1)?;
+    let data = Vec::<f32>::try_from(&flat).context("copying a tensor to the host")?;
+    Ok(HostTensor { shape, data })
+}
+
+fn dims(t: &Tensor) -> Vec<usize> {
+    t.size().iter().map(|&d| d as usize).collect()
+}
+
+impl TchEngine {
+    pub fn new(exp: &Experiment) -> anyhow::Result<Self> {
+        let device = match exp.trainer.accelerator {
+            Accelerator::Cpu => Device::Cpu,
+            Accelerator::Gpu | Accelerator::Cuda => {
+                anyhow::ensure!(
+                    tch::Cuda::is_available(),
+                    "trainer.accelerator={:?}: libtorch sees no CUDA device",
+                    exp.trainer.accelerator
+                );
+                Device::Cuda(0)
+            }
+            Accelerator::Auto => Device::cuda_if_available(),
+        };
+        let zoo = crate::backend::candle::models::build(
+            &exp.model,
+            exp.data.channels,
+            exp.data.image_size,
+        )?;
+        let arch = models::Arch::new(&exp.model, exp.data.channels, exp.data.image_size)?;
+        let mut params = BTreeMap::new();
+        for spec in zoo.specs() {
+            let host = match spec.init {
+                Init::Default => {
+                    init::pytorch_default(&spec.shape, spec.fan_in, exp.seed, &spec.name)
+                }
+                Init::KaimingNormalFanOut(fan_out) => init::normal(
+                    &spec.shape,
+                    (2.0 / fan_out.max(1) as f64).sqrt(),
+                    exp.seed,
+                    &spec.name,
+                ),
+                Init::Constant(v) => init::constant(&spec.shape, v),
+                Init::Normal(std) => init::normal(&spec.shape, std, exp.seed, &spec.name),
+            };
+            params.insert(
+                spec.name.clone(),
+                to_tch(&host, device)?.set_requires_grad(true),
+            );
+        }
+        let mut buffers = BTreeMap::new();
+        for (name, shape, value) in zoo.buffers() {
+            buffers.insert(name, to_tch(&init::constant(&shape, value), device)?);
+        }
+        Ok(TchEngine {
+            device,
+            arch,
+            params,
+            buffers,
+            optimizer: Optimizer::new(exp.optimizer.clone()),
+            classes: exp.model.num_classes,
+            label_smoothing: exp.model.label_smoothing,
+            seed: exp.seed,
+            forward_calls: 0,
+            last_logits: None,
+        })
+    }
+
+    fn inputs(&self, batch: &Batch) -> anyhow::Result<(Tensor, Tensor)> {
+        let x = Tensor::f_from_slice(&batch.images)?
+            .f_reshape([
+                batch.len() as i64,
+                batch.channels as i64,
+                batch.height as i64,
+                batch.width as i64,
+            ])?
+            .f_to(self.device)?;
+        let labels: Vec<i64> = batch.labels.iter().map(|&l| l as i64).collect();
+        let y = Tensor::f_from_slice(&labels)?.f_to(self.device)?;
+        Ok((x, y))
+    }
+
+    fn stats(&self, logits: &Tensor, loss: &Tensor, batch: &Batch) -> anyhow::Result<StepStats> {
+        let host = to_host(logits)?;
+        let (c1, c5) = topk_hits(&host.data, self.classes, &batch.labels);
+        Ok(StepStats {
+            loss_sum: loss.f_double_value(&[])? * batch.len() as f64,
+            correct1: c1,
+            correct5: c5,
+            count: batch.len() as u64,
+        })
+    }
+
+    /// The logits of the last `forward_backward`, on the host.
+    pub fn last_logits(&self) -> anyhow::Result<Option<HostTensor>> {
+        self.last_logits.as_ref().map(to_host).transpose()
+    }
+}
+
+/// libtorch tensors under the shared optimizer rules.
+impl OptTensor for Tensor {
+    fn duplicate(&self) -> Self {
+        self.shallow_clone()
+    }
+    fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
+        Ok(self.f_mul_scalar(mul)?.f_add_scalar(add)?)
+    }
+    fn plus(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok(self.f_add(other)?)
+    }
+    fn minus(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok(self.f_sub(other)?)
+    }
+    fn divide(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok(self.f_div(other)?)
+    }
+    fn square(&self) -> anyhow::Result<Self> {
+        Ok(self.f_square()?)
+    }
+    fn root(&self) -> anyhow::Result<Self> {
+        Ok(self.f_sqrt()?)
+    }
+    fn sum_of_squares(&self) -> anyhow::Result<f64> {
+        Ok(self
+            .f_to_kind(Kind::Double)?
+            .f_square()?
+            .f_sum(Kind::Double)?
+            .f_double_value(&[])?)
+    }
+}
+
+impl Engine for TchEngine {
+    fn forward_backward(&mut self, batch: &Batch, grad_scale: f64) -> anyhow::Result<StepStats> {
+        let (x, y) = self.inputs(batch)?;
+        let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
+        self.forward_calls += 1;
+        let logits = self
+            .arch
+            .forward(&self.params, &mut self.buffers, &x, true, &mut rng)?;
+        let loss = logits.f_cross_entropy_loss::<Tensor>(
+            &y,
+            None,
+            tch::Reduction::Mean,
+            -100,
+            self.label_smoothing,
+        )?;
+        // Gradients accumulate in each parameter's `.grad` until the optimizer step, as in PyTorch.
+        loss.f_mul_scalar(grad_scale)?.f_backward()?;
+        let stats = self.stats(&logits, &loss, batch)?;
+        self.last_logits = Some(logits.detach());
+        Ok(stats)
+    }
+
+    fn optimizer_step(
+        &mut self,
+        lr: f64,
+        momentum: Option<f64>,
+        clip_norm: Option<f64>,
+    ) -> anyhow::Result<f64> {
+        let grads: Vec<(String, Tensor)> = self
+            .params
+            .iter()
+            .filter_map(|(name, p)| {
+                let g = p.grad();
+                // A copy: `.grad` is zeroed in place after the step, and optimizer state may keep `g`.
+                g.defined().then(|| (name.clone(), g.detach().copy()))
+            })
+            .collect();
+        let (norm, scale) = clip_factor(grads.iter().map(|(_, g)| g), clip_norm)?;
+        tch::no_grad(|| -> anyhow::Result<()> {
+            for (name, g) in &grads {
+                let g = if scale != 1.0 {
+                    g.f_mul_scalar(scale)?
+                } else {
+                    g.shallow_clone()
+                };
+                let p = &self.params[name];
+                let new = self.optimizer.update(name, &p.detach(), &g, lr, momentum)?;
+                p.detach().f_copy_(&new)?;
+            }
+            Ok(())
+        })?;
+        for p in self.params.values_mut() {
+            p.zero_grad();
+        }
+        self.optimizer.steps += 1;
+        Ok(norm)
+    }
+
+    fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
+        let (x, y) = self.inputs(batch)?;
+        let mut rng = Rng::new(0);
+        let logits = tch::no_grad(|| {
+            self.arch
+                .forward(&self.params, &mut self.buffers, &x, false, &mut rng)
+        })?;
+        let loss =
+            logits.f_cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::Mean, -100, 0.0)?;
+        self.stats(&logits, &loss, batch)
+    }
+
+    fn state_dict(&self) -> anyhow::Result<StateDict> {
+        let mut out = StateDict::new();
+        for (name, t) in self.params.iter().chain(&self.buffers) {
+            out.insert(name.clone(), to_host(t)?);
+        }
+        for (key, t) in &self.optimizer.state {
+            out.insert(format!("optimizer.{key}"), to_host(t)?);
+        }
+        for (key, value) in [
+            ("optimizer.step", self.optimizer.steps),
+            ("optimizer.forward_calls", self.forward_calls),
+        ] {
+            out.insert(
+                key.into(),
+                HostTensor {
+                    shape: vec![1],
+                    data: vec![value as f32],
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()> {
+        for (name, t) in self.params.iter().chain(&self.buffers) {
+            let value = state.get(name).with_context(|| {
+                format!("the checkpoint has no tensor '{name}' (the model expects it)")
+            })?;
+            anyhow::ensure!(
+                value.shape == dims(t),
+                "tensor '{name}': checkpoint shape {:?}, model shape {:?}",
+                value.shape,
+                dims(t)
+            );
+            let value = to_tch(value, self.device)?;
+            tch::no_grad(|| t.detach().f_copy_(&value))?;
+        }
+        self.optimizer.state.clear();
+        for (key, t) in state {
+            if let Some(rest) = key.strip_prefix("optimizer.") {
+                let first = t.data.first().copied().unwrap_or(0.0) as u64;
+                match rest {
+                    "step" => self.optimizer.steps = first,
+                    "forward_calls" => self.forward_calls = first,
+                    _ => {
+                        self.optimizer
+                            .state
+                            .insert(rest.to_string(), to_tch(t, self.device)?);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>> {
+        let slots: Vec<super::Slot> = self
+            .params
+            .iter()
+            .map(|(name, t)| super::Slot {
+                name,
+                shape: dims(t),
+                trainable: true,
+            })
+            .chain(self.buffers.iter().map(|(name, t)| super::Slot {
+                name,
+                shape: dims(t),
+                trainable: false,
+            }))
+            .collect();
+        let super::PretrainedPlan { set, kept } = super::plan_pretrained(&slots, state)?;
+        for (name, value) in set {
+            let target = self
+                .params
+                .get(&name)
+                .or_else(|| self.buffers.get(&name))
+                .context("planned a tensor the model lacks")?;
+            let value = to_tch(&value, self.device)?;
+            tch::no_grad(|| target.detach().f_copy_(&value))?;
+        }
+        Ok(kept)
+    }
+
+    fn num_parameters(&self) -> usize {
+        self.params.values().map(|t| t.numel()).sum()
+    }
+}

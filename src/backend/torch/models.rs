@@ -1,0 +1,285 @@
+//! Forward passes of the model zoo on libtorch ops, over the same named parameters as the Candle models
+//! (torchvision/timm names); the architectures' shapes come from the shared zoo descriptions.
+
+use crate::backend::candle::models::dropout_mask;
+use crate::backend::candle::resnet::ResNet;
+use crate::backend::candle::vit::Vit;
+use crate::rng::Rng;
+use crate::schema::{ModelConfig, ModelName};
+use std::collections::BTreeMap;
+use tch::{Kind, Tensor};
+
+type Named = BTreeMap<String, Tensor>;
+
+const BN_EPS: f64 = 1e-5;
+const BN_MOMENTUM: f64 = 0.1;
+
+/// What the forward pass needs to know about the architecture.
+pub enum Arch {
+    Mlp { depth: usize, dropout: f64 },
+    Cnn { blocks: usize, dropout: f64 },
+    ResNet(ResNet),
+    Vit(Vit),
+}
+
+impl Arch {
+    pub fn new(cfg: &ModelConfig, channels: usize, image_size: usize) -> anyhow::Result<Arch> {
+        Ok(match cfg.name {
+            ModelName::Mlp => Arch::Mlp {
+                depth: cfg.hidden.as_ref().map(Vec::len).unwrap_or(2),
+                dropout: cfg.dropout,
+            },
+            ModelName::Cnn => Arch::Cnn {
+                blocks: cfg.channels.as_ref().map(Vec::len).unwrap_or(3),
+                dropout: cfg.dropout,
+            },
+            ModelName::Resnet18
+            | ModelName::Resnet34
+            | ModelName::Resnet50
+            | ModelName::Resnet101
+            | ModelName::Resnet152 => Arch::ResNet(ResNet::new(cfg, channels)),
+            ModelName::Vit => Arch::Vit(Vit::new(cfg, channels, image_size)?),
+        })
+    }
+
+    pub fn forward(
+        &self,
+        p: &Named,
+        b: &mut Named,
+        x: &Tensor,
+        train: bool,
+        rng: &mut Rng,
+    ) -> anyhow::Result<Tensor> {
+        Ok(match self {
+            Arch::Mlp { depth, dropout } => {
+                let mut h = x.f_flatten(1, -1)?;
+                for i in 0..*depth {
+                    h = linear(p, &format!("layers.{i}"), &h)?.f_relu()?;
+                    h = drop(&h, *dropout, train, rng)?;
+                }
+                linear(p, "head", &h)?
+            }
+            Arch::Cnn { blocks, dropout } => {
+                let mut h = x.shallow_clone();
+                for i in 0..*blocks {
+                    let name = format!("blocks.{i}.conv");
+                    h = h
+                        .f_conv2d(
+                            get(p, &format!("{name}.weight"))?,
+                            Some(get(p, &format!("{name}.bias"))?),
+                            [1, 1],
+                            [1, 1],
+                            [1, 1],
+                            1,
+                        )?
+                        .f_relu()?;
+                    let s = h.size();
+                    if s[2] >= 2 && s[3] >= 2 {
+                        h = h.f_max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false)?;
+                    }
+                }
+                let pooled = global_avg_pool(&h)?;
+                linear(p, "head", &drop(&pooled, *dropout, train, rng)?)?
+            }
+            Arch::ResNet(net) => resnet(net, p, b, x, train)?,
+            Arch::Vit(vit) => vision_transformer(vit, p, x, train, rng)?,
+        })
+    }
+}
+
+fn get<'a>(p: &'a Named, name: &str) -> anyhow::Result<&'a Tensor> {
+    p.get(name)
+        .ok_or_else(|| anyhow::anyhow!("missing parameter {name}"))
+}
+
+fn linear(p: &Named, prefix: &str, x: &Tensor) -> anyhow::Result<Tensor> {
+    Ok(x.f_linear(
+        get(p, &format!("{prefix}.weight"))?,
+        Some(get(p, &format!("{prefix}.bias"))?),
+    )?)
+}
+
+fn drop(x: &Tensor, prob: f64, train: bool, rng: &mut Rng) -> anyhow::Result<Tensor> {
+    if !train || prob <= 0.0 {
+        return Ok(x.shallow_clone());
+    }
+    let mask = dropout_mask(x.numel(), prob, rng);
+    let mask = Tensor::f_from_slice(&mask)?
+        .f_reshape(x.size())?
+        .f_to(x.device())?;
+    Ok(x.f_mul(&mask)?)
+}
+
+/// Mean over H then W, in the order the Candle models take it.
+fn global_avg_pool(h: &Tensor) -> anyhow::Result<Tensor> {
+    Ok(h.f_mean_dim(Some([-1i64].as_slice()), false, Kind::Float)?
+        .f_mean_dim(Some([-1i64].as_slice()), false, Kind::Float)?)
+}
+
+fn conv(p: &Named, name: &str, x: &Tensor, stride: i64, padding: i64) -> anyhow::Result<Tensor> {
+    Ok(x.f_conv2d::<Tensor>(
+        get(p, &format!("{name}.weight"))?,
+        None,
+        [stride, stride],
+        [padding, padding],
+        [1, 1],
+        1,
+    )?)
+}
+
+/// BatchNorm2d through libtorch (running statistics updated in place in train mode, with PyTorch's
+/// momentum and unbiased variance), counting batches as `nn.BatchNorm2d` does.
+fn batch_norm(
+    p: &Named,
+    b: &mut Named,
+    name: &str,
+    x: &Tensor,
+    train: bool,
+) -> anyhow::Result<Tensor> {
+    let key = |s: &str| format!("{name}.{s}");
+    let y = x.f_batch_norm(
+        Some(get(p, &key("weight"))?),
+        Some(get(p, &key("bias"))?),
+        Some(get(b, &key("running_mean"))?),
+        Some(get(b, &key("running_var"))?),
+        train,
+        BN_MOMENTUM,
+        BN_EPS,
+        false,
+    )?;
+    if train {
+        let tracked = key("num_batches_tracked");
+        let count = get(b, &tracked)?.f_add_scalar(1.0)?;
+        b.insert(tracked, count);
+    }
+    Ok(y)
+}
+
+fn resnet(
+    net: &ResNet,
+    p: &Named,
+    b: &mut Named,
+    x: &Tensor,
+    train: bool,
+) -> anyhow::Result<Tensor> {
+    let mut h = if net.cifar_stem() {
+        conv(p, "conv1", x, 1, 1)?
+    } else {
+        conv(p, "conv1", x, 2, 3)?
+    };
+    h = batch_norm(p, b, "bn1", &h, train)?.f_relu()?;
+    if !net.cifar_stem() {
+        h = h.f_max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false)?;
+    }
+    for (name, c_in, width, stride) in net.layout() {
+        let stride = stride as i64;
+        let c_out = width * net.expansion();
+        let identity = if stride != 1 || c_in != c_out {
+            let d = conv(p, &format!("{name}.downsample.0"), &h, stride, 0)?;
+            batch_norm(p, b, &format!("{name}.downsample.1"), &d, train)?
+        } else {
+            h.shallow_clone()
+        };
+        let out = if net.bottleneck() {
+            let o = conv(p, &format!("{name}.conv1"), &h, 1, 0)?;
+            let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)?.f_relu()?;
+            let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
+            let o = batch_norm(p, b, &format!("{name}.bn2"), &o, train)?.f_relu()?;
+            let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
+            batch_norm(p, b, &format!("{name}.bn3"), &o, train)?
+        } else {
+            let o = conv(p, &format!("{name}.conv1"), &h, stride, 1)?;
+            let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)?.f_relu()?;
+            let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
+            batch_norm(p, b, &format!("{name}.bn2"), &o, train)?
+        };
+        h = out.f_add(&identity)?.f_relu()?;
+    }
+    linear(p, "fc", &global_avg_pool(&h)?)
+}
+
+const LN_EPS: f64 = 1e-6;
+
+fn layer_norm(p: &Named, name: &str, x: &Tensor, dim: i64) -> anyhow::Result<Tensor> {
+    Ok(x.f_layer_norm(
+        [dim],
+        Some(get(p, &format!("{name}.weight"))?),
+        Some(get(p, &format!("{name}.bias"))?),
+        LN_EPS,
+        false,
+    )?)
+}
+
+/// timm's `Attention`: fused qkv projection, scaled dot-product softmax per head, output projection.
+fn attention(p: &Named, name: &str, x: &Tensor, heads: i64) -> anyhow::Result<Tensor> {
+    let s = x.size();
+    let (b, n, d) = (s[0], s[1], s[2]);
+    let hd = d / heads;
+    let qkv = linear(p, &format!("{name}.qkv"), x)?
+        .f_reshape([b, n, 3, heads, hd])?
+        .f_permute([2, 0, 3, 1, 4])?;
+    let (q, k, v) = (
+        qkv.f_select(0, 0)?,
+        qkv.f_select(0, 1)?,
+        qkv.f_select(0, 2)?,
+    );
+    let scores = q
+        .f_matmul(&k.f_transpose(-2, -1)?)?
+        .f_mul_scalar(1.0 / (hd as f64).sqrt())?;
+    let out = scores
+        .f_softmax(-1, Kind::Float)?
+        .f_matmul(&v)?
+        .f_transpose(1, 2)?
+        .f_reshape([b, n, d])?;
+    linear(p, &format!("{name}.proj"), &out)
+}
+
+/// timm's VisionTransformer (class token, learned position embedding, pre-norm blocks, token pooling),
+/// with dropout drawn in the same order as the Candle model.
+fn vision_transformer(
+    vit: &Vit,
+    p: &Named,
+    x: &Tensor,
+    train: bool,
+    rng: &mut Rng,
+) -> anyhow::Result<Tensor> {
+    let (dim, depth, heads, patch, dropout) = vit.shape();
+    let (dim, patch) = (dim as i64, patch as i64);
+    let batch = x.size()[0];
+    let patches = x.f_conv2d(
+        get(p, "patch_embed.proj.weight")?,
+        Some(get(p, "patch_embed.proj.bias")?),
+        [patch, patch],
+        [0, 0],
+        [1, 1],
+        1,
+    )?;
+    let tokens = patches.f_flatten(2, -1)?.f_transpose(1, 2)?;
+    let cls = get(p, "cls_token")?.f_expand([batch, 1, dim], false)?;
+    let mut h = Tensor::f_cat(&[cls, tokens], 1)?.f_add(get(p, "pos_embed")?)?;
+    h = drop(&h, dropout, train, rng)?;
+    for i in 0..depth {
+        let blk = format!("blocks.{i}");
+        let a = attention(
+            p,
+            &format!("{blk}.attn"),
+            &layer_norm(p, &format!("{blk}.norm1"), &h, dim)?,
+            heads as i64,
+        )?;
+        h = h.f_add(&drop(&a, dropout, train, rng)?)?;
+        let m = linear(
+            p,
+            &format!("{blk}.mlp.fc1"),
+            &layer_norm(p, &format!("{blk}.norm2"), &h, dim)?,
+        )?
+        .f_gelu("none")?;
+        let m = linear(
+            p,
+            &format!("{blk}.mlp.fc2"),
+            &drop(&m, dropout, train, rng)?,
+        )?;
+        h = h.f_add(&drop(&m, dropout, train, rng)?)?;
+    }
+    let h = layer_norm(p, "norm", &h, dim)?;
+    linear(p, "head", &h.f_select(1, 0)?)
+}

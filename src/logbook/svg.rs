@@ -1,0 +1,282 @@
+//! Small self-contained SVG charts for the logbook: line charts (curves of several runs) and bar charts
+//! (throughput by strategy or swept value). Plain SVG 1.1, no scripts or external fonts, so any browser,
+//! GitHub's markdown view or an image viewer shows them.
+
+const WIDTH: f64 = 720.0;
+const HEIGHT: f64 = 400.0;
+const LEFT: f64 = 70.0;
+const RIGHT: f64 = 200.0;
+const TOP: f64 = 40.0;
+const BOTTOM: f64 = 55.0;
+const COLORS: &[&str] = &[
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
+
+/// One named curve.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A "nice" tick step (1, 2 or 5 times a power of ten) giving about `count` ticks over `span`.
+fn tick_step(span: f64, count: f64) -> f64 {
+    let raw = (span / count).max(f64::MIN_POSITIVE);
+    let magnitude = 10f64.powf(raw.log10().floor());
+    let r = raw / magnitude;
+    magnitude
+        * if r <= 1.0 {
+            1.0
+        } else if r <= 2.0 {
+            2.0
+        } else if r <= 5.0 {
+            5.0
+        } else {
+            10.0
+        }
+}
+
+fn ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let step = tick_step(hi - lo, 5.0);
+    let mut t = (lo / step).ceil() * step;
+    let mut out = Vec::new();
+    while t <= hi + step * 1e-9 && out.len() < 20 {
+        out.push(if t.abs() < step * 1e-9 { 0.0 } else { t });
+        t += step;
+    }
+    out
+}
+
+fn fmt_tick(v: f64) -> String {
+    if v == 0.0 {
+        return "0".into();
+    }
+    let a = v.abs();
+    if !(1e-3..1e6).contains(&a) {
+        return format!("{v:.1e}");
+    }
+    let s = format!("{v:.4}");
+    s.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+/// Range padded so a flat series still has height.
+fn padded(lo: f64, hi: f64) -> (f64, f64) {
+    if (hi - lo).abs() < 1e-12 {
+        let d = if lo.abs() > 0.0 { lo.abs() * 0.1 } else { 1.0 };
+        (lo - d, hi + d)
+    } else {
+        (lo, hi)
+    }
+}
+
+fn frame(title: &str, x_label: &str, y_label: &str) -> String {
+    format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{HEIGHT}\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"15\">{}</text>\n\
+         <text x=\"{}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n\
+         <text transform=\"translate(16,{}) rotate(-90)\" text-anchor=\"middle\">{}</text>\n",
+        (LEFT + WIDTH - RIGHT) / 2.0,
+        escape(title),
+        (LEFT + WIDTH - RIGHT) / 2.0,
+        HEIGHT - 12.0,
+        escape(x_label),
+        (TOP + HEIGHT - BOTTOM) / 2.0,
+        escape(y_label)
+    )
+}
+
+/// Axes with ticks; returns the SVG and the data→pixel maps.
+fn axes(
+    (x0, x1): (f64, f64),
+    (y0, y1): (f64, f64),
+    x_ticks: bool,
+) -> (String, impl Fn(f64) -> f64, impl Fn(f64) -> f64) {
+    let (pw, ph) = (WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM);
+    let sx = move |x: f64| LEFT + (x - x0) / (x1 - x0) * pw;
+    let sy = move |y: f64| TOP + ph - (y - y0) / (y1 - y0) * ph;
+    let mut s = format!(
+        "<rect x=\"{LEFT}\" y=\"{TOP}\" width=\"{pw}\" height=\"{ph}\" fill=\"none\" stroke=\"#333\"/>\n"
+    );
+    for t in ticks(y0, y1) {
+        let y = sy(t);
+        s += &format!(
+            "<line x1=\"{LEFT}\" x2=\"{}\" y1=\"{y:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            LEFT + pw,
+            LEFT - 6.0,
+            y + 4.0,
+            fmt_tick(t)
+        );
+    }
+    if x_ticks {
+        for t in ticks(x0, x1) {
+            let x = sx(t);
+            s += &format!(
+                "<line x1=\"{x:.1}\" x2=\"{x:.1}\" y1=\"{TOP}\" y2=\"{}\" stroke=\"#eee\"/>\
+                 <text x=\"{x:.1}\" y=\"{}\" text-anchor=\"middle\">{}</text>\n",
+                TOP + ph,
+                TOP + ph + 16.0,
+                fmt_tick(t)
+            );
+        }
+    }
+    (s, sx, sy)
+}
+
+/// Several curves on shared axes, with a legend on the right.
+pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) -> String {
+    let mut svg = frame(title, x_label, y_label);
+    let all: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|s| s.points.iter().copied())
+        .filter(|(x, y)| x.is_finite() && y.is_finite())
+        .collect();
+    if all.is_empty() {
+        svg += &format!(
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">no data</text>\n</svg>\n",
+            (LEFT + WIDTH - RIGHT) / 2.0,
+            HEIGHT / 2.0
+        );
+        return svg;
+    }
+    let fold = |f: fn(&(f64, f64)) -> f64| {
+        all.iter()
+            .map(f)
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            })
+    };
+    let (xr, yr) = (fold(|p| p.0), fold(|p| p.1));
+    let (ax, sx, sy) = axes(padded(xr.0, xr.1), padded(yr.0, yr.1), true);
+    svg += &ax;
+    for (i, s) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        let pts: Vec<String> = s
+            .points
+            .iter()
+            .filter(|(x, y)| x.is_finite() && y.is_finite())
+            .map(|&(x, y)| format!("{:.1},{:.1}", sx(x), sy(y)))
+            .collect();
+        if pts.len() == 1 {
+            let (x, y) = pts[0].split_once(',').unwrap_or(("0", "0"));
+            svg += &format!("<circle cx=\"{x}\" cy=\"{y}\" r=\"3\" fill=\"{color}\"/>\n");
+        } else if !pts.is_empty() {
+            svg += &format!(
+                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.8\" points=\"{}\"/>\n",
+                pts.join(" ")
+            );
+        }
+        let ly = TOP + 14.0 + 18.0 * i as f64;
+        svg += &format!(
+            "<line x1=\"{}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"3\"/>\
+             <text x=\"{}\" y=\"{}\">{}</text>\n",
+            WIDTH - RIGHT + 12.0,
+            WIDTH - RIGHT + 32.0,
+            WIDTH - RIGHT + 38.0,
+            ly + 4.0,
+            escape(&s.name)
+        );
+    }
+    svg + "</svg>\n"
+}
+
+/// One bar per label, value printed above each bar. Labels go under the bars when they fit, else the bars
+/// are numbered and the labels listed in a legend.
+pub fn bar_chart(title: &str, y_label: &str, bars: &[(String, f64)]) -> String {
+    let mut svg = frame(title, "", y_label);
+    let top = bars
+        .iter()
+        .map(|b| b.1)
+        .filter(|v| v.is_finite())
+        .fold(0.0f64, f64::max);
+    let (ax, _, sy) = axes(
+        (0.0, 1.0),
+        (0.0, if top > 0.0 { top * 1.1 } else { 1.0 }),
+        false,
+    );
+    svg += &ax;
+    let pw = WIDTH - LEFT - RIGHT;
+    let slot = pw / bars.len().max(1) as f64;
+    let fits = bars
+        .iter()
+        .all(|(label, _)| label.chars().count() as f64 * 6.5 < slot * 0.95);
+    for (i, (label, value)) in bars.iter().enumerate() {
+        let v = if value.is_finite() { *value } else { 0.0 };
+        let x = LEFT + slot * i as f64 + slot * 0.15;
+        let (y, base) = (sy(v), sy(0.0));
+        let color = COLORS[i % COLORS.len()];
+        let under = if fits {
+            escape(label)
+        } else {
+            (i + 1).to_string()
+        };
+        svg += &format!(
+            "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{color}\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"11\">{under}</text>\n",
+            slot * 0.7,
+            base - y,
+            x + slot * 0.35,
+            y - 4.0,
+            fmt_tick((v * 10.0).round() / 10.0),
+            x + slot * 0.35,
+            base + 16.0,
+        );
+        if !fits {
+            let ly = TOP + 14.0 + 18.0 * i as f64;
+            svg += &format!(
+                "<rect x=\"{}\" y=\"{}\" width=\"10\" height=\"10\" fill=\"{color}\"/>\
+                 <text x=\"{}\" y=\"{}\" font-size=\"11\">{}: {}</text>\n",
+                WIDTH - RIGHT + 12.0,
+                ly - 6.0,
+                WIDTH - RIGHT + 28.0,
+                ly + 4.0,
+                i + 1,
+                escape(label)
+            );
+        }
+    }
+    svg + "</svg>\n"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[rstest::rstest]
+    #[case(0.0, 1.0, vec![0.0, 0.2, 0.4, 0.6, 0.8, 1.0])]
+    #[case(0.0, 2.3, vec![0.0, 0.5, 1.0, 1.5, 2.0])]
+    #[case(120.0, 980.0, vec![200.0, 400.0, 600.0, 800.0])]
+    fn ticks_are_round_numbers(#[case] lo: f64, #[case] hi: f64, #[case] want: Vec<f64>) {
+        let got = ticks(lo, hi);
+        assert_eq!(got.len(), want.len(), "{got:?}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!((g - w).abs() < 1e-9, "{got:?}");
+        }
+    }
+
+    #[test]
+    fn text_is_escaped_and_empty_charts_say_so() {
+        let svg = line_chart("a<b & c", "x", "y", &[]);
+        assert!(svg.contains("a&lt;b &amp; c") && svg.contains("no data"));
+        let svg = line_chart(
+            "t",
+            "x",
+            "y",
+            &[Series {
+                name: "r".into(),
+                points: vec![(0.0, 1.0), (1.0, 0.5)],
+            }],
+        );
+        assert!(svg.contains("<polyline") && svg.ends_with("</svg>\n"));
+    }
+}

