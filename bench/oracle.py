@@ -1,4 +1,4 @@
-"""PyTorch oracle for the Candle model zoo: builds ResNet-18 (ImageNet and CIFAR stems, torchvision) and ViT
+"""PyTorch oracle for the model zoo of both backends: builds ResNet-18 (ImageNet and CIFAR stems, torchvision) and ViT
 (timm) in PyTorch 2.11, exports their weights and a batch to safetensors, runs `examples/oracle_step.rs`
 on them, and compares the train-mode logits and the weights/buffers after one SGD step (momentum 0.9,
 weight decay 5e-4) within 1e-4 relative, against a float64 PyTorch reference: logits per tensor, weights as
@@ -6,6 +6,10 @@ max |ours - torch| over the state relative to its largest |value| (see run_case)
 timm's position-embedding resampling (224-style grid loaded at another image size) matches ours.
 
     .venv-torch/bin/python bench/oracle.py [--record]
+    eval "$(scripts/install-libtorch.sh)"; .venv-torch/bin/python bench/oracle.py --backend tch [--record]
+
+With `--backend tch` the reference is PyTorch's own float32 eager step (the same libtorch kernels), and the
+tolerance is 1e-5: any difference is ours, not float32 rounding.
 
 Needs torch 2.11, torchvision, timm and safetensors in the interpreter; builds the example itself.
 """
@@ -27,12 +31,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results import ROOT, record  # noqa: E402
 
 TOL = 1e-4
+TOL_TCH = 1e-5
+BACKEND = "candle"
 LR, MOMENTUM, WD = 0.1, 0.9, 5e-4
 
 
 def spec(model: str, classes: int, size: int) -> str:
     return (
-        f"task_name: oracle\nseed: 0\nmodel: {model}\n"
+        f"task_name: oracle\nseed: 0\nbackend: {BACKEND}\nmodel: {model}\n"
         f"data: {{name: synthetic, num_classes: {classes}, image_size: {size}, batch_size: 4}}\n"
         f"optimizer: {{name: sgd, lr: {LR}, momentum: {MOMENTUM}, weight_decay: {WD}}}\n"
         "scheduler: {name: constant}\n"
@@ -71,10 +77,13 @@ def run_case(name, model, model_yaml, size, weights_for_rust=None, tmp="."):
     # The reference step runs in float64, so it measures our float32 error, not the sum of two errors
     # (PyTorch's own float32 CPU convolutions differ from float64 by up to ~1e-3 on some shapes).
     f32_model = copy.deepcopy(model)
-    model = model.double()
+    if BACKEND == "tch":
+        model = copy.deepcopy(model)  # tch: PyTorch's own float32 step is the reference
+    else:
+        model = model.double()
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
-    logits = model(x.double())
+    logits = model(x.to(next(model.parameters()).dtype))
     nn.functional.cross_entropy(logits, y).backward()
     opt.step()
     torch_f32_error = step_error(f32_model, x, y, model)
@@ -101,9 +110,11 @@ def run_case(name, model, model_yaml, size, weights_for_rust=None, tmp="."):
         if rel(ours[k], v) > worst_tensor[1]:
             worst_tensor = (k, rel(ours[k], v))
     err = max(logits_err, worst)
+    tol = TOL_TCH if BACKEND == "tch" else TOL
+    reference = "PyTorch float32" if BACKEND == "tch" else "float64"
     print(
-        f"{name:16s} (batch seed {seed}) vs float64: logits {logits_err:.1e}, weights after step {worst:.1e} "
-        f"{'ok' if err <= TOL else 'FAIL'}   (worst tensor {worst_tensor[0]} {worst_tensor[1]:.1e}; "
+        f"{name:16s} [{BACKEND}] (batch seed {seed}) vs {reference}: logits {logits_err:.1e}, weights after step {worst:.1e} "
+        f"{'ok' if err <= tol else 'FAIL'}   (worst tensor {worst_tensor[0]} {worst_tensor[1]:.1e}; "
         f"PyTorch float32's own worst tensor {torch_f32_error:.1e})"
     )
     return err
@@ -152,8 +163,12 @@ def step_error(model, x, y, reference) -> float:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--record", action="store_true")
+    ap.add_argument("--backend", choices=["candle", "tch"], default="candle")
     args = ap.parse_args()
-    subprocess.run(["cargo", "build", "--release", "--example", "oracle_step"], cwd=ROOT, check=True)
+    global BACKEND
+    BACKEND = args.backend
+    features = ["--features", "torch"] if BACKEND == "tch" else []
+    subprocess.run(["cargo", "build", "--release", *features, "--example", "oracle_step"], cwd=ROOT, check=True)
     torch.set_num_threads(os.cpu_count())
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -176,17 +191,26 @@ def main():
         resampled["pos_embed"] = resample_abs_pos_embed(big["pos_embed"], new_size=[4, 4], num_prefix_tokens=1)
         small.load_state_dict(resampled)
         results["vit pos-embed 7x7 -> 4x4"] = run_case("vit-resample", small, vit_yaml, 32, weights_for_rust=big, tmp=tmp)
-    failed = [k for k, v in results.items() if v > TOL]
+    tol = TOL_TCH if BACKEND == "tch" else TOL
+    failed = [k for k, v in results.items() if v > tol]
     if args.record:
         worst = max(results.values())
+        if BACKEND == "tch":
+            section = "Model correctness vs PyTorch, backend=tch (issue: tch backend)"
+            what = f"backend=tch vs PyTorch float32 eager: logits + one SGD step, {', '.join(results)}"
+            command = '`eval "$(scripts/install-libtorch.sh)"; .venv-torch/bin/python bench/oracle.py --backend tch --record`'
+        else:
+            section = "Model correctness vs PyTorch (issue: training core)"
+            what = f"logits + one SGD step, {', '.join(results)}"
+            command = "`.venv-torch/bin/python bench/oracle.py --record`"
         record(
-            "Model correctness vs PyTorch (issue: training core)",
-            f"| {datetime.date.today()} | logits + one SGD step, {', '.join(results)} | max rel. error {worst:.1e} "
-            f"| PyTorch {torch.__version__}, torchvision, timm | tolerance {TOL:g}: **{'pass' if not failed else 'FAIL'}** "
-            f"| {os.uname().machine}, {os.cpu_count()} cores | `.venv-torch/bin/python bench/oracle.py --record` |",
+            section,
+            f"| {datetime.date.today()} | {what} | max rel. error {worst:.1e} "
+            f"| PyTorch {torch.__version__}, torchvision, timm | tolerance {tol:g}: **{'pass' if not failed else 'FAIL'}** "
+            f"| {os.uname().machine}, {os.cpu_count()} cores | {command} |",
         )
     if failed:
-        raise SystemExit(f"outside {TOL}: {failed}")
+        raise SystemExit(f"outside {tol}: {failed}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 //! The Rust half of the PyTorch oracle (`bench/oracle.py` runs it): load weights and a batch written by
-//! PyTorch, run one training forward pass and one optimizer step with the Candle engine, and write the
-//! logits and the updated state back as safetensors for comparison.
+//! PyTorch, run one training forward pass and one optimizer step with the engine the spec's `backend`
+//! names (Candle, or tch when built with `--features torch`), and write the logits and the updated state
+//! back as safetensors for comparison.
 //!
 //! usage: oracle_step '<model and optimizer YAML>' weights.safetensors batch.safetensors out.safetensors
 
 use std::collections::HashMap;
 use std::path::Path;
 use trainyard::backend::candle::CandleEngine;
-use trainyard::backend::Engine;
+#[cfg(feature = "torch")]
+use trainyard::backend::torch::TchEngine;
+use trainyard::backend::{Engine, HostTensor};
 use trainyard::checkpoint::{self, TrainingState};
 use trainyard::data::loader::Batch;
 
@@ -21,7 +24,7 @@ fn main() -> anyhow::Result<()> {
     let node = trainyard::config::yaml::parse(spec, "<oracle spec>")?
         .ok_or_else(|| anyhow::anyhow!("empty spec"))?;
     let exp = trainyard::schema::extract(&node)?;
-    let mut engine = CandleEngine::new(&exp)?;
+    let mut engine = OracleEngine::new(&exp)?;
     let kept = engine.load_pretrained(&checkpoint::load(Path::new(weights))?.state)?;
     anyhow::ensure!(
         kept.is_empty(),
@@ -54,4 +57,54 @@ fn main() -> anyhow::Result<()> {
         epochs_without_improvement: 0,
     };
     checkpoint::save(Path::new(out), &state, &training, spec)
+}
+
+/// The engine under test, keeping access to its last training logits.
+enum OracleEngine {
+    Candle(CandleEngine),
+    #[cfg(feature = "torch")]
+    Tch(TchEngine),
+}
+
+impl OracleEngine {
+    fn new(exp: &trainyard::schema::Experiment) -> anyhow::Result<Self> {
+        match exp.backend {
+            trainyard::schema::Backend::Candle => Ok(Self::Candle(CandleEngine::new(exp)?)),
+            #[cfg(feature = "torch")]
+            trainyard::schema::Backend::Tch => Ok(Self::Tch(TchEngine::new(exp)?)),
+            #[cfg(not(feature = "torch"))]
+            trainyard::schema::Backend::Tch => {
+                anyhow::bail!("backend: tch needs this example built with --features torch")
+            }
+        }
+    }
+
+    fn last_logits(&self) -> anyhow::Result<Option<HostTensor>> {
+        match self {
+            Self::Candle(e) => e.last_logits(),
+            #[cfg(feature = "torch")]
+            Self::Tch(e) => e.last_logits(),
+        }
+    }
+}
+
+impl std::ops::Deref for OracleEngine {
+    type Target = dyn Engine;
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Self::Candle(e) => e,
+            #[cfg(feature = "torch")]
+            Self::Tch(e) => e,
+        }
+    }
+}
+
+impl std::ops::DerefMut for OracleEngine {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self {
+            Self::Candle(e) => e,
+            #[cfg(feature = "torch")]
+            Self::Tch(e) => e,
+        }
+    }
 }

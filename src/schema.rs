@@ -509,6 +509,32 @@ pub struct TrainerConfig {
     pub ddp: Option<DdpConfig>,
     #[serde(default)]
     pub fsdp: Option<FsdpConfig>,
+    /// Dynamic loss scaling for `precision: 16-mixed` (torch.amp.GradScaler's settings and defaults).
+    #[serde(default)]
+    pub grad_scaler: GradScalerConfig,
+}
+
+/// `trainer.grad_scaler`: the loss is multiplied by `init_scale` before backward; a step whose gradients
+/// hold inf/NaN is skipped and the scale multiplied by `backoff_factor`; after `growth_interval` clean
+/// steps in a row it is multiplied by `growth_factor`. Used by `16-mixed` only.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GradScalerConfig {
+    pub init_scale: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    pub growth_interval: u64,
+}
+
+impl Default for GradScalerConfig {
+    fn default() -> Self {
+        GradScalerConfig {
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+        }
+    }
 }
 
 /// `overfit_batches: 0` (off), a batch count, or a fraction.
@@ -970,6 +996,33 @@ fn validate(config: &Node, e: &Experiment) -> Result<(), ConfigError> {
                     "a vit needs patch_size (16 or 32 for the published weights)".into(),
                 )
             }
+        }
+    }
+    let gs = &e.trainer.grad_scaler;
+    for (key, ok, rule) in [
+        (
+            "init_scale",
+            gs.init_scale > 0.0,
+            "must be > 0 (default 65536.0)",
+        ),
+        (
+            "growth_factor",
+            gs.growth_factor > 1.0,
+            "must be > 1 (default 2.0)",
+        ),
+        (
+            "backoff_factor",
+            gs.backoff_factor > 0.0 && gs.backoff_factor < 1.0,
+            "must be in (0, 1) (default 0.5)",
+        ),
+        (
+            "growth_interval",
+            gs.growth_interval >= 1,
+            "must be at least 1 (default 2000)",
+        ),
+    ] {
+        if !ok {
+            return fail(&format!("trainer.grad_scaler.{key}"), rule.into());
         }
     }
     if !(0.0..1.0).contains(&m.label_smoothing) {

@@ -201,8 +201,14 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
             t.strategy, t.num_nodes
         ));
     }
-    if matches!(t.accelerator, Accelerator::Gpu | Accelerator::Cuda) {
-        missing.push("trainer.accelerator=gpu: CUDA; use trainer.accelerator=cpu (or auto)".into());
+    if matches!(t.accelerator, Accelerator::Gpu | Accelerator::Cuda)
+        && exp.backend == crate::schema::Backend::Candle
+    {
+        missing.push(
+            "trainer.accelerator=gpu on backend=candle: Candle's CUDA path; use backend=tch for GPUs, \
+             or trainer.accelerator=cpu (or auto)"
+                .into(),
+        );
     }
     if exp.backend == crate::schema::Backend::Tch && !cfg!(feature = "torch") {
         missing.push(
@@ -211,13 +217,9 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
                 .into(),
         );
     }
-    if exp.backend == crate::schema::Backend::Tch && t.precision != Precision::Full {
-        missing.push(format!(
-            "trainer.precision={} on backend=tch: autocast and loss scaling are not wired into the tch \
-             engine yet; use 32-true (or backend=candle for bf16-mixed)",
-            serde_json::to_value(t.precision).unwrap_or_default().as_str().unwrap_or("?")
-        ));
-    } else if !matches!(t.precision, Precision::Full | Precision::MixedBf16) {
+    if exp.backend == crate::schema::Backend::Candle
+        && !matches!(t.precision, Precision::Full | Precision::MixedBf16)
+    {
         missing.push(format!(
             "trainer.precision={}: the Candle CPU backend runs 32-true and bf16-mixed only (fp16 with loss \
              scaling and pure-bf16 weights need backend=tch)",
@@ -550,15 +552,14 @@ fn fit_with(
         )
     });
     let mut csv = if exp.logger.csv.is_some() && callbacks_on {
-        Some(CsvLogger::open(
-            output_dir,
-            resumed_from.is_some(),
-            if exp.callbacks.device_stats.is_some() {
-                crate::callbacks::device_stats::COLUMNS
-            } else {
-                &[]
-            },
-        )?)
+        let mut extra: Vec<&'static str> = Vec::new();
+        if t.precision == Precision::Mixed16 {
+            extra.push("loss_scale");
+        }
+        if exp.callbacks.device_stats.is_some() {
+            extra.extend(crate::callbacks::device_stats::COLUMNS);
+        }
+        Some(CsvLogger::open(output_dir, resumed_from.is_some(), &extra)?)
     } else {
         None
     };
@@ -687,6 +688,9 @@ fn fit_with(
                     if lr_each_step {
                         scalars.push(("lr", point.lr));
                     }
+                    if let Some(scale) = engine.loss_scale() {
+                        scalars.push(("loss_scale", scale));
+                    }
                     if let Some(csv) = csv.as_mut() {
                         let mut row = BTreeMap::from_iter(scalars.iter().copied());
                         row.insert("epoch", epoch as f64);
@@ -779,6 +783,9 @@ fn fit_with(
             state.metrics.insert("val/loss".into(), v.loss());
             state.metrics.insert("val/acc1".into(), v.acc1());
             state.metrics.insert("val/acc5".into(), v.acc5());
+        }
+        if let Some(scale) = engine.loss_scale() {
+            row.insert("loss_scale", scale);
         }
         if let Some(monitor) = device_stats.as_mut() {
             row.extend(monitor.epoch_metrics());

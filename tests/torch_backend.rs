@@ -16,11 +16,27 @@ use trainyard::rng::Rng;
 use trainyard::schema::Experiment;
 
 fn experiment(model: &str, optimizer: &str, image: usize) -> Experiment {
+    experiment_in(model, optimizer, image, "32-true", "{}")
+}
+
+/// An experiment at a given `trainer.precision`, with `trainer.grad_scaler` settings (YAML flow map).
+fn experiment_in(
+    model: &str,
+    optimizer: &str,
+    image: usize,
+    precision: &str,
+    scaler: &str,
+) -> Experiment {
+    let scaler = if scaler == "{}" {
+        String::new()
+    } else {
+        format!(", grad_scaler: {scaler}")
+    };
     let text = format!(
         "task_name: t\nseed: 5\nmodel: {model}\n\
          data: {{name: synthetic, num_classes: 10, image_size: {image}, batch_size: 8}}\n\
          optimizer: {optimizer}\nscheduler: {{name: constant}}\n\
-         trainer: {{strategy: single, accelerator: cpu, devices: 1, precision: 32, max_epochs: 1}}\n\
+         trainer: {{strategy: single, accelerator: cpu, devices: 1, precision: {precision}, max_epochs: 1{scaler}}}\n\
          paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
     );
     let node = trainyard::config::yaml::parse(&text, "t.yaml")
@@ -174,4 +190,196 @@ fn quickstart_trains_on_tch() {
     assert_eq!(s["backend"], "tch");
     let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
     assert!(acc > 0.9, "val/acc1 {acc}");
+}
+
+const MLP: &str = "{num_classes: 10, name: mlp, hidden: [64, 32], dropout: 0.0}";
+const CNN: &str = "{num_classes: 10, name: cnn, channels: [8, 16], dropout: 0.0}";
+const SGD: &str = "{name: sgd, lr: 0.05, momentum: 0.9}";
+const SCALER: &str =
+    "{init_scale: 65536.0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2000}";
+
+/// Losses of `steps` SGD steps from the same initial weights (taken from `init`).
+fn losses(engine: &mut dyn Engine, init: &StateDict, data: &[Batch]) -> Vec<f64> {
+    engine.load_state_dict(init).unwrap();
+    data.iter()
+        .map(|b| {
+            let loss = engine.forward_backward(b, 1.0).unwrap().loss();
+            engine.optimizer_step(0.05, None, None).unwrap();
+            loss
+        })
+        .collect()
+}
+
+fn max_rel(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / x.abs().max(1e-12))
+        .fold(0.0, f64::max)
+}
+
+/// Mixed and reduced precision really run in the lower precision (the losses move away from fp32's by
+/// about the rounding of 8-bit or 11-bit mantissas) and still train; bf16-mixed on libtorch's autocast
+/// agrees with the Candle backend's emulation of it.
+#[rstest::rstest]
+#[case::mlp_bf16_mixed(MLP, 8, "bf16-mixed")]
+#[case::cnn_bf16_mixed(CNN, 16, "bf16-mixed")]
+#[case::mlp_16_mixed(MLP, 8, "16-mixed")]
+#[case::cnn_16_mixed(CNN, 16, "16-mixed")]
+#[case::mlp_bf16_true(MLP, 8, "bf16-true")]
+#[case::mlp_16_true(MLP, 8, "16-true")]
+fn reduced_precision_rounds_and_trains(
+    #[case] model: &str,
+    #[case] image: usize,
+    #[case] precision: &str,
+) {
+    // One batch, six times: a model that trains memorises it, so the loss must fall.
+    let data = vec![batches(1, image).remove(0); 6];
+    let full = experiment(model, SGD, image);
+    let init = through_file(&CandleEngine::new(&full).unwrap().state_dict().unwrap());
+    let reference = losses(&mut TchEngine::new(&full).unwrap(), &init, &data);
+    let low = experiment_in(model, SGD, image, precision, SCALER);
+    let mut engine = TchEngine::new(&low).unwrap();
+    let reduced = losses(&mut engine, &init, &data);
+    let rel = max_rel(&reference, &reduced);
+    let (lo, hi) = if precision.starts_with("bf16") {
+        (1e-5, 5e-2)
+    } else {
+        (1e-7, 5e-3)
+    };
+    assert!(
+        rel > lo && rel < hi,
+        "{precision}: losses {reduced:?} vs fp32 {reference:?}: {rel:e} is not a {precision} rounding"
+    );
+    assert!(
+        reduced.last() < reduced.first(),
+        "{precision} did not learn: {reduced:?}"
+    );
+    if precision == "bf16-mixed" {
+        let emulated = losses(&mut CandleEngine::new(&low).unwrap(), &init, &data);
+        let rel = max_rel(&emulated, &reduced);
+        assert!(
+            rel < 1e-2,
+            "candle bf16-mixed {emulated:?} vs libtorch autocast {reduced:?} ({rel:e})"
+        );
+    }
+    // Checkpoints stay float32 whatever the training precision, and load back.
+    let state = engine.state_dict().unwrap();
+    let mut again = TchEngine::new(&low).unwrap();
+    again.load_state_dict(&through_file(&state)).unwrap();
+    let a = engine.evaluate(&data[0]).unwrap().loss();
+    let b = again.evaluate(&data[0]).unwrap().loss();
+    assert_eq!(a, b, "{precision}: reloaded weights evaluate differently");
+}
+
+/// 16-mixed's GradScaler as torch.amp.GradScaler: a step whose scaled gradients overflow is skipped
+/// (weights and optimizer state untouched) and the scale backs off; clean steps grow it after
+/// `growth_interval`; the scaler's state travels in checkpoints.
+#[test]
+fn grad_scaler_skips_overflow_and_grows() {
+    let data = batches(4, 8);
+    // 1e38 × a loss of ~2.3 overflows float32: every gradient is inf.
+    let exp = experiment_in(
+        MLP,
+        SGD,
+        8,
+        "16-mixed",
+        "{init_scale: 1.0e38, growth_factor: 2.0, backoff_factor: 0.25, growth_interval: 2}",
+    );
+    let mut engine = TchEngine::new(&exp).unwrap();
+    let before = engine.state_dict().unwrap();
+    engine.forward_backward(&data[0], 1.0).unwrap();
+    let norm = engine.optimizer_step(0.05, None, None).unwrap();
+    assert!(norm.is_infinite());
+    assert_eq!(engine.loss_scale(), Some(0.25e38_f32 as f64));
+    let after = engine.state_dict().unwrap();
+    for (name, t) in &before {
+        if !name.starts_with("optimizer.") {
+            assert_eq!(t, &after[name], "{name} changed on a skipped step");
+        }
+    }
+    assert!(
+        !after.keys().any(|k| k.ends_with("momentum_buffer")),
+        "a skipped step must not create optimizer state"
+    );
+    assert_eq!(after["optimizer.step"].data, vec![0.0]);
+
+    // From a sane scale: two clean steps → the scale doubles (growth_interval 2).
+    let exp = experiment_in(
+        MLP,
+        SGD,
+        8,
+        "16-mixed",
+        "{init_scale: 1024.0, growth_factor: 2.0, backoff_factor: 0.5, growth_interval: 2}",
+    );
+    let mut engine = TchEngine::new(&exp).unwrap();
+    let scales: Vec<f64> = data
+        .iter()
+        .map(|b| {
+            engine.forward_backward(b, 1.0).unwrap();
+            let norm = engine.optimizer_step(0.05, None, None).unwrap();
+            assert!(norm.is_finite());
+            engine.loss_scale().unwrap()
+        })
+        .collect();
+    assert_eq!(scales, vec![1024.0, 2048.0, 2048.0, 4096.0]);
+    let state = through_file(&engine.state_dict().unwrap());
+    let mut resumed = TchEngine::new(&exp).unwrap();
+    let mut with_optimizer = engine.state_dict().unwrap();
+    with_optimizer.extend(state);
+    resumed.load_state_dict(&with_optimizer).unwrap();
+    assert_eq!(resumed.loss_scale(), Some(4096.0));
+}
+
+/// The CLI end to end at each reduced precision: trains to the quick start's accuracy bar, and 16-mixed
+/// logs its loss scale in metrics.csv.
+#[rstest::rstest]
+#[case("16-mixed")]
+#[case("bf16-mixed")]
+#[case("bf16-true")]
+fn quickstart_trains_at_reduced_precision(#[case] precision: &str) {
+    let p = real_project();
+    let arg = format!("trainer.precision={precision}");
+    let out = train(
+        p.path(),
+        &[
+            "experiment=quickstart",
+            "backend=tch",
+            &arg,
+            "trainer.log_every_n_steps=8",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs = p.path().join("logs/quickstart/runs");
+    let run = std::fs::read_dir(&runs)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .path();
+    let s = summary(&run);
+    assert_eq!(s["precision"], precision, "{s}");
+    let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
+    assert!(acc > 0.85, "{precision}: val/acc1 {acc}");
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let col = header.iter().position(|c| *c == "loss_scale");
+    if precision == "16-mixed" {
+        let col = col.expect("16-mixed logs loss_scale");
+        let logged: Vec<f64> = csv
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split(',').nth(col).and_then(|v| v.parse().ok()))
+            .collect();
+        assert!(!logged.is_empty(), "{csv}");
+        assert!(
+            logged.iter().all(|&v| v > 0.0 && v <= 65536.0),
+            "{logged:?}"
+        );
+    } else {
+        assert!(col.is_none(), "{precision} has no loss scale: {csv}");
+    }
 }

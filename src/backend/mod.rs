@@ -96,6 +96,10 @@ pub trait Engine {
     fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>>;
     /// Trainable parameter count.
     fn num_parameters(&self) -> usize;
+    /// The loss scale of dynamic loss scaling (`16-mixed`), when the engine uses one.
+    fn loss_scale(&self) -> Option<f64> {
+        None
+    }
 }
 
 /// A model tensor as the pretrained-weight loader sees it.

@@ -8,8 +8,11 @@ use std::collections::BTreeMap;
 
 /// The element-wise operations the rules need, on a backend's tensor type.
 pub trait OptTensor: Sized {
-    /// Another handle on the same values (tensors are immutable here, so sharing is fine).
+    /// Another handle on the same values (the rules never write into a tensor, so sharing is fine).
     fn duplicate(&self) -> Self;
+    /// A copy that owns its values: optimizer state must not alias a gradient buffer that the backend
+    /// reuses (libtorch zeroes `.grad` in place for the next step).
+    fn owned_copy(&self) -> anyhow::Result<Self>;
     /// `self * mul + add`.
     fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self>;
     fn plus(&self, other: &Self) -> anyhow::Result<Self>;
@@ -80,7 +83,7 @@ impl<T: OptTensor> Optimizer<T> {
                     let key = format!("{name}.momentum_buffer");
                     let buf = match self.state.get(&key) {
                         Some(b) => b.affine(m, 0.0)?.plus(&g)?,
-                        None => g.duplicate(),
+                        None => g.owned_copy()?,
                     };
                     g = if o.nesterov {
                         g.plus(&buf.affine(m, 0.0)?)?
@@ -138,6 +141,9 @@ mod tests {
     impl OptTensor for S {
         fn duplicate(&self) -> Self {
             *self
+        }
+        fn owned_copy(&self) -> anyhow::Result<Self> {
+            Ok(*self)
         }
         fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
             Ok(S(self.0 * mul + add))

@@ -157,6 +157,9 @@ impl OptTensor for Tensor {
     fn duplicate(&self) -> Self {
         self.clone()
     }
+    fn owned_copy(&self) -> anyhow::Result<Self> {
+        Ok(self.clone()) // Candle tensors are immutable: no buffer is ever written in place
+    }
     fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
         Ok(Tensor::affine(self, mul, add)?)
     }

@@ -4,6 +4,7 @@
 //! from `backend::optim`, pretrained-weight matching from `backend::plan_pretrained`, dropout masks from
 //! the same seeded host generator — so the two backends start from the same weights and take the same steps.
 
+pub mod amp;
 mod models;
 
 use super::optim::{clip_factor, OptTensor, Optimizer};
@@ -27,7 +28,15 @@ pub struct TchEngine {
     seed: u64,
     forward_calls: u64,
     last_logits: Option<Tensor>,
+    /// `trainer.precision`: full, autocast (mixed) or lower-precision storage (true).
+    mode: amp::Mode,
+    /// `16-mixed`: dynamic loss scaling.
+    scaler: Option<amp::GradScaler>,
 }
+
+/// Checkpoint keys of the loss scaler's state (under the optimizer's prefix, like other training state).
+const SCALER_SCALE: &str = "grad_scaler.scale";
+const SCALER_GROWTH: &str = "grad_scaler.growth_tracker";
 
 fn to_tch(t: &HostTensor, device: Device) -> anyhow::Result<Tensor> {
     let shape: Vec<i64> = t.shape.iter().map(|&d| d as i64).collect();
@@ -66,6 +75,22 @@ impl TchEngine {
             }
             Accelerator::Auto => Device::cuda_if_available(),
         };
+        if exp.trainer.cudnn_benchmark {
+            if device.is_cuda() {
+                tch::Cuda::cudnn_set_benchmark(true);
+            } else {
+                tracing::warn!("trainer.cudnn_benchmark=true has no effect on the CPU (no cuDNN)");
+            }
+        }
+        let mode = amp::Mode::of(exp.trainer.precision);
+        // Lightning's bf16-true/16-true cast the module: floating parameters and buffers, not counters.
+        let store = |t: Tensor, name: &str| -> anyhow::Result<Tensor> {
+            Ok(if name.ends_with("num_batches_tracked") {
+                t
+            } else {
+                t.f_to_kind(mode.storage())?
+            })
+        };
         let zoo = crate::backend::candle::models::build(
             &exp.model,
             exp.data.channels,
@@ -89,12 +114,13 @@ impl TchEngine {
             };
             params.insert(
                 spec.name.clone(),
-                to_tch(&host, device)?.set_requires_grad(true),
+                store(to_tch(&host, device)?, &spec.name)?.set_requires_grad(true),
             );
         }
         let mut buffers = BTreeMap::new();
         for (name, shape, value) in zoo.buffers() {
-            buffers.insert(name, to_tch(&init::constant(&shape, value), device)?);
+            let t = store(to_tch(&init::constant(&shape, value), device)?, &name)?;
+            buffers.insert(name, t);
         }
         Ok(TchEngine {
             device,
@@ -107,6 +133,13 @@ impl TchEngine {
             seed: exp.seed,
             forward_calls: 0,
             last_logits: None,
+            mode,
+            scaler: match exp.trainer.precision {
+                crate::schema::Precision::Mixed16 => {
+                    Some(amp::GradScaler::new(exp.trainer.grad_scaler, device)?)
+                }
+                _ => None,
+            },
         })
     }
 
@@ -118,6 +151,7 @@ impl TchEngine {
                 batch.height as i64,
                 batch.width as i64,
             ])?
+            .f_to_kind(self.mode.storage())?
             .f_to(self.device)?;
         let labels: Vec<i64> = batch.labels.iter().map(|&l| l as i64).collect();
         let y = Tensor::f_from_slice(&labels)?.f_to(self.device)?;
@@ -146,8 +180,17 @@ impl OptTensor for Tensor {
     fn duplicate(&self) -> Self {
         self.shallow_clone()
     }
+    fn owned_copy(&self) -> anyhow::Result<Self> {
+        Ok(self.f_detach_copy()?)
+    }
     fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
-        Ok(self.f_mul_scalar(mul)?.f_add_scalar(add)?)
+        // One kernel where one does: the optimizer calls this with add = 0 (or mul = 1) almost always.
+        Ok(match (mul == 1.0, add == 0.0) {
+            (true, true) => self.shallow_clone(),
+            (false, true) => self.f_mul_scalar(mul)?,
+            (true, false) => self.f_add_scalar(add)?,
+            (false, false) => self.f_mul_scalar(mul)?.f_add_scalar(add)?,
+        })
     }
     fn plus(&self, other: &Self) -> anyhow::Result<Self> {
         Ok(self.f_add(other)?)
@@ -178,18 +221,27 @@ impl Engine for TchEngine {
         let (x, y) = self.inputs(batch)?;
         let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
         self.forward_calls += 1;
-        let logits = self
-            .arch
-            .forward(&self.params, &mut self.buffers, &x, true, &mut rng)?;
-        let loss = logits.f_cross_entropy_loss::<Tensor>(
-            &y,
-            None,
-            tch::Reduction::Mean,
-            -100,
-            self.label_smoothing,
-        )?;
-        // Gradients accumulate in each parameter's `.grad` until the optimizer step, as in PyTorch.
-        loss.f_mul_scalar(grad_scale)?.f_backward()?;
+        let (logits, loss) = {
+            let _autocast = amp::autocast(self.mode, self.device)?;
+            let logits = self
+                .arch
+                .forward(&self.params, &mut self.buffers, &x, true, &mut rng)?;
+            let loss = logits.f_cross_entropy_loss::<Tensor>(
+                &y,
+                None,
+                tch::Reduction::Mean,
+                -100,
+                self.label_smoothing,
+            )?;
+            (logits, loss)
+        };
+        // Gradients accumulate in each parameter's `.grad` until the optimizer step, as in PyTorch;
+        // under 16-mixed the loss is scaled first (GradScaler.scale(loss)).
+        let scale = match &self.scaler {
+            Some(s) => grad_scale * s.scale()?,
+            None => grad_scale,
+        };
+        loss.f_mul_scalar(scale)?.f_backward()?;
         let stats = self.stats(&logits, &loss, batch)?;
         self.last_logits = Some(logits.detach());
         Ok(stats)
@@ -201,15 +253,29 @@ impl Engine for TchEngine {
         momentum: Option<f64>,
         clip_norm: Option<f64>,
     ) -> anyhow::Result<f64> {
-        let grads: Vec<(String, Tensor)> = self
+        let (names, mut grads): (Vec<String>, Vec<Tensor>) = self
             .params
             .iter()
             .filter_map(|(name, p)| {
                 let g = p.grad();
-                // A copy: `.grad` is zeroed in place after the step, and optimizer state may keep `g`.
-                g.defined().then(|| (name.clone(), g.detach().copy()))
+                // No copy: `.grad` is zeroed in place after the step, and the optimizer rules copy what
+                // they keep (`OptTensor::owned_copy`).
+                g.defined().then(|| (name.clone(), g.detach()))
             })
-            .collect();
+            .unzip();
+        if let Some(scaler) = self.scaler.as_mut() {
+            // GradScaler: unscale, and skip the whole step when any gradient overflowed.
+            let found_inf = scaler.unscale(&mut grads)?;
+            scaler.update(found_inf)?;
+            if found_inf {
+                for p in self.params.values_mut() {
+                    p.zero_grad();
+                }
+                tracing::debug!("16-mixed: gradients overflowed, step skipped, loss scale lowered");
+                return Ok(f64::INFINITY);
+            }
+        }
+        let grads: Vec<(String, Tensor)> = names.into_iter().zip(grads).collect();
         let (norm, scale) = clip_factor(grads.iter().map(|(_, g)| g), clip_norm)?;
         tch::no_grad(|| -> anyhow::Result<()> {
             for (name, g) in &grads {
@@ -234,6 +300,7 @@ impl Engine for TchEngine {
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
         let mut rng = Rng::new(0);
+        let _autocast = amp::autocast(self.mode, self.device)?;
         let logits = tch::no_grad(|| {
             self.arch
                 .forward(&self.params, &mut self.buffers, &x, false, &mut rng)
@@ -251,12 +318,21 @@ impl Engine for TchEngine {
         for (key, t) in &self.optimizer.state {
             out.insert(format!("optimizer.{key}"), to_host(t)?);
         }
-        for (key, value) in [
-            ("optimizer.step", self.optimizer.steps),
-            ("optimizer.forward_calls", self.forward_calls),
-        ] {
+        let mut counters = vec![
+            ("optimizer.step".to_string(), self.optimizer.steps as f64),
+            (
+                "optimizer.forward_calls".to_string(),
+                self.forward_calls as f64,
+            ),
+        ];
+        if let Some(scaler) = &self.scaler {
+            let (scale, growth) = scaler.state()?;
+            counters.push((format!("optimizer.{SCALER_SCALE}"), scale));
+            counters.push((format!("optimizer.{SCALER_GROWTH}"), growth));
+        }
+        for (key, value) in counters {
             out.insert(
-                key.into(),
+                key,
                 HostTensor {
                     shape: vec![1],
                     data: vec![value as f32],
@@ -281,12 +357,20 @@ impl Engine for TchEngine {
             tch::no_grad(|| t.detach().f_copy_(&value))?;
         }
         self.optimizer.state.clear();
+        let scaler_state = (
+            state.get(&format!("optimizer.{SCALER_SCALE}")),
+            state.get(&format!("optimizer.{SCALER_GROWTH}")),
+        );
+        if let (Some(scaler), (Some(scale), Some(growth))) = (self.scaler.as_mut(), scaler_state) {
+            scaler.restore(scale.data[0] as f64, growth.data[0] as f64)?;
+        }
         for (key, t) in state {
             if let Some(rest) = key.strip_prefix("optimizer.") {
                 let first = t.data.first().copied().unwrap_or(0.0) as u64;
                 match rest {
                     "step" => self.optimizer.steps = first,
                     "forward_calls" => self.forward_calls = first,
+                    SCALER_SCALE | SCALER_GROWTH => {}
                     _ => {
                         self.optimizer
                             .state
@@ -328,5 +412,9 @@ impl Engine for TchEngine {
 
     fn num_parameters(&self) -> usize {
         self.params.values().map(|t| t.numel()).sum()
+    }
+
+    fn loss_scale(&self) -> Option<f64> {
+        self.scaler.as_ref().and_then(|s| s.scale().ok())
     }
 }

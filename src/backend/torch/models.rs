@@ -106,14 +106,15 @@ fn drop(x: &Tensor, prob: f64, train: bool, rng: &mut Rng) -> anyhow::Result<Ten
     let mask = dropout_mask(x.numel(), prob, rng);
     let mask = Tensor::f_from_slice(&mask)?
         .f_reshape(x.size())?
+        .f_to_kind(x.kind())?
         .f_to(x.device())?;
     Ok(x.f_mul(&mask)?)
 }
 
-/// Mean over H then W, in the order the Candle models take it.
+/// Mean over H then W, in the order the Candle models take it, in the activations' dtype.
 fn global_avg_pool(h: &Tensor) -> anyhow::Result<Tensor> {
-    Ok(h.f_mean_dim(Some([-1i64].as_slice()), false, Kind::Float)?
-        .f_mean_dim(Some([-1i64].as_slice()), false, Kind::Float)?)
+    Ok(h.f_mean_dim(Some([-1i64].as_slice()), false, None::<Kind>)?
+        .f_mean_dim(Some([-1i64].as_slice()), false, None::<Kind>)?)
 }
 
 fn conv(p: &Named, name: &str, x: &Tensor, stride: i64, padding: i64) -> anyhow::Result<Tensor> {
@@ -227,7 +228,7 @@ fn attention(p: &Named, name: &str, x: &Tensor, heads: i64) -> anyhow::Result<Te
         .f_matmul(&k.f_transpose(-2, -1)?)?
         .f_mul_scalar(1.0 / (hd as f64).sqrt())?;
     let out = scores
-        .f_softmax(-1, Kind::Float)?
+        .f_softmax(-1, None::<Kind>)? // the input's dtype; autocast decides under mixed precision
         .f_matmul(&v)?
         .f_transpose(1, 2)?
         .f_reshape([b, n, d])?;
