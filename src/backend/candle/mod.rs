@@ -17,7 +17,7 @@ use crate::rng::Rng;
 use crate::schema::Experiment;
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor, Var};
-use models::{Buffers, CandleModel, Init, Params};
+use models::{Buffers, CandleModel, Params};
 use std::collections::BTreeMap;
 
 pub struct CandleEngine {
@@ -54,19 +54,7 @@ impl CandleEngine {
         let model = models::build(&exp.model, exp.data.channels, exp.data.image_size)?;
         let mut params = Params::new();
         for spec in model.specs() {
-            let host = match spec.init {
-                Init::Default => {
-                    init::pytorch_default(&spec.shape, spec.fan_in, exp.seed, &spec.name)
-                }
-                Init::KaimingNormalFanOut(fan_out) => init::normal(
-                    &spec.shape,
-                    (2.0 / fan_out.max(1) as f64).sqrt(),
-                    exp.seed,
-                    &spec.name,
-                ),
-                Init::Constant(v) => init::constant(&spec.shape, v),
-                Init::Normal(std) => init::normal(&spec.shape, std, exp.seed, &spec.name),
-            };
+            let host = spec.initial_value(exp.seed);
             params.insert(
                 spec.name.clone(),
                 Var::from_tensor(&to_candle(&host, &device)?)?,

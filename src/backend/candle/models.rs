@@ -15,6 +15,25 @@ pub struct ParamSpec {
     pub init: Init,
 }
 
+impl ParamSpec {
+    /// The parameter's starting value, drawn on the host from the seed and its name, so every backend
+    /// (and every rank) starts from the same weights.
+    pub fn initial_value(&self, seed: u64) -> crate::backend::HostTensor {
+        use crate::backend::init;
+        match self.init {
+            Init::Default => init::pytorch_default(&self.shape, self.fan_in, seed, &self.name),
+            Init::KaimingNormalFanOut(fan_out) => init::normal(
+                &self.shape,
+                (2.0 / fan_out.max(1) as f64).sqrt(),
+                seed,
+                &self.name,
+            ),
+            Init::Constant(v) => init::constant(&self.shape, v),
+            Init::Normal(std) => init::normal(&self.shape, std, seed, &self.name),
+        }
+    }
+}
+
 pub type Params = BTreeMap<String, Var>;
 /// Non-trainable state (BatchNorm running statistics), saved in checkpoints but never optimised.
 pub type Buffers = BTreeMap<String, Tensor>;

@@ -9,7 +9,6 @@ mod models;
 
 use super::optim::{clip_factor, OptTensor, Optimizer};
 use super::{init, topk_hits, Engine, HostTensor, StateDict, StepStats};
-use crate::backend::candle::models::Init;
 use crate::data::loader::Batch;
 use crate::rng::Rng;
 use crate::schema::{Accelerator, Experiment};
@@ -99,19 +98,7 @@ impl TchEngine {
         let arch = models::Arch::new(&exp.model, exp.data.channels, exp.data.image_size)?;
         let mut params = BTreeMap::new();
         for spec in zoo.specs() {
-            let host = match spec.init {
-                Init::Default => {
-                    init::pytorch_default(&spec.shape, spec.fan_in, exp.seed, &spec.name)
-                }
-                Init::KaimingNormalFanOut(fan_out) => init::normal(
-                    &spec.shape,
-                    (2.0 / fan_out.max(1) as f64).sqrt(),
-                    exp.seed,
-                    &spec.name,
-                ),
-                Init::Constant(v) => init::constant(&spec.shape, v),
-                Init::Normal(std) => init::normal(&spec.shape, std, exp.seed, &spec.name),
-            };
+            let host = spec.initial_value(exp.seed);
             params.insert(
                 spec.name.clone(),
                 store(to_tch(&host, device)?, &spec.name)?.set_requires_grad(true),
