@@ -164,7 +164,7 @@ impl Page {
                     (Some(e), _) => e.to_string(),
                     (None, _) => format!("{} so far", r.epochs_logged),
                 },
-                num(r.summary_f64("best.value"), 4),
+                num(best_top1(r), 4),
                 num(r.summary_f64("final_metrics.val/acc1"), 4),
                 num(r.summary_f64("final_metrics.val/acc5"), 4),
                 num(r.summary_f64("final_metrics.val/loss"), 4),
@@ -401,6 +401,16 @@ impl Page {
 }
 
 /// Training images per second; none for runs that trained nothing.
+/// The highest validation top-1 the run logged (its metrics.csv curve), whatever the checkpoint callback
+/// monitored (summary.json's `best` may be a loss); the final value when no curve was logged.
+fn best_top1(r: &Run) -> Option<f64> {
+    r.curve
+        .iter()
+        .filter_map(|p| p.val_acc1)
+        .reduce(f64::max)
+        .or_else(|| r.summary_f64("final_metrics.val/acc1"))
+}
+
 fn throughput(r: &Run) -> Option<f64> {
     r.summary_f64("train_samples_per_s").filter(|t| *t > 0.0)
 }
@@ -558,8 +568,35 @@ fn relative(base: &Path, target: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
-    use super::runs::Status;
+    use super::runs::{CurvePoint, Status};
     use super::*;
+
+    #[test]
+    fn best_top1_comes_from_the_curve_not_the_monitor() {
+        let point = |epoch: f64, acc: f64| CurvePoint {
+            epoch,
+            val_acc1: Some(acc),
+            ..Default::default()
+        };
+        let mut run = Run {
+            dir: PathBuf::from("r"),
+            sweep: None,
+            config: serde_json::json!({}),
+            overrides: vec![],
+            // The checkpoint monitored val/loss: `best.value` is a loss, not an accuracy.
+            summary: Some(serde_json::json!({
+                "best": {"monitor": "val/loss", "value": 0.31},
+                "final_metrics": {"val/acc1": 0.7}
+            })),
+            status: Status::Finished("completed".into()),
+            curve: vec![point(1.0, 0.6), point(2.0, 0.8), point(3.0, 0.7)],
+            epochs_logged: 3,
+            tensorboard_dir: None,
+        };
+        assert_eq!(best_top1(&run), Some(0.8));
+        run.curve.clear();
+        assert_eq!(best_top1(&run), Some(0.7));
+    }
 
     #[rstest::rstest]
     #[case("/a/logs", "/a/logs/x/runs/1", "x/runs/1")]
