@@ -83,6 +83,14 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// Start a new peak for `peak_rss_bytes` (Linux: writing 5 to `/proc/self/clear_refs` resets `VmHWM`), so
+/// each job of an in-process sweep reports its own peak, not the largest of every job before it.
+pub fn reset_peak_rss() {
+    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
+        tracing::debug!("could not reset the peak RSS (/proc/self/clear_refs): {e}");
+    }
+}
+
 /// One pass over the validation set (the same batches every time).
 fn run_validation(
     engine: &mut dyn backend::Engine,
@@ -405,6 +413,7 @@ fn fit_with(
     finding: Option<crate::callbacks::batch_size_finder::Finding>,
 ) -> anyhow::Result<Summary> {
     let started = Instant::now();
+    reset_peak_rss();
     let max_time = exp
         .callbacks
         .timer
@@ -942,4 +951,25 @@ fn fit_with(
         serde_json::to_string_pretty(&summary)?.as_bytes(),
     )?;
     Ok(summary)
+}
+
+#[cfg(test)]
+mod peak_rss_tests {
+    /// The peak RSS can be reset: after touching 512 MiB and freeing it, a reset brings the peak back
+    /// well under it (what keeps a sweep's jobs from inheriting each other's peaks). The margin is wide
+    /// because other tests run in the same process.
+    #[test]
+    fn peak_rss_resets() {
+        let big = vec![1u8; 512 << 20];
+        std::hint::black_box(&big);
+        let before = super::peak_rss_bytes().unwrap();
+        assert!(before >= 512 << 20, "{before}");
+        drop(big);
+        super::reset_peak_rss();
+        let after = super::peak_rss_bytes().unwrap();
+        assert!(
+            after < before - (128 << 20),
+            "peak {before} -> {after} after reset"
+        );
+    }
 }
