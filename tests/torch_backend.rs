@@ -169,23 +169,29 @@ fn checkpoints_cross_between_backends() {
     assert!((x - y).abs() / x < 1e-4, "candle {x} vs tch {y}");
 }
 
-/// `train experiment=quickstart backend=tch` learns as the Candle quick start does.
-#[test]
-fn quickstart_trains_on_tch() {
-    let p = real_project();
-    let out = train(p.path(), &["experiment=quickstart", "backend=tch"]);
+/// Run `train experiment=quickstart ARGS...` in a fresh project; it must succeed. Returns its run directory.
+fn quickstart_run(root: &std::path::Path, args: &[&str]) -> std::path::PathBuf {
+    let mut all = vec!["experiment=quickstart"];
+    all.extend_from_slice(args);
+    let out = train(root, &all);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let runs = p.path().join("logs/quickstart/runs");
-    let run = std::fs::read_dir(&runs)
+    std::fs::read_dir(root.join("logs/quickstart/runs"))
         .unwrap()
         .flatten()
         .next()
         .unwrap()
-        .path();
+        .path()
+}
+
+/// `train experiment=quickstart backend=tch` learns as the Candle quick start does.
+#[test]
+fn quickstart_trains_on_tch() {
+    let p = real_project();
+    let run = quickstart_run(p.path(), &["backend=tch"]);
     let s = summary(&run);
     assert_eq!(s["backend"], "tch");
     let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
