@@ -1,5 +1,5 @@
-//! With the `torch` feature: compile the small C++ shim (`src/backend/torch/shim.cpp`) against libtorch's
-//! headers, and give every linked target (the `train` binary, tests, examples) an rpath to libtorch's
+//! With the `torch` feature: compile the small C++ shims (`src/backend/torch/shim.cpp`: autocast;
+//! `src/dist/c10d_shim.cpp`: TCPStore and Gloo collectives) against libtorch's headers, and give every linked target (the `train` binary, tests, examples) an rpath to libtorch's
 //! `lib/`, so they run without LD_LIBRARY_PATH. libtorch is found as torch-sys finds it: `LIBTORCH=<dir>`
 //! or `LIBTORCH_USE_PYTORCH=1` (the Python interpreter's torch package).
 use std::path::PathBuf;
@@ -9,6 +9,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH_USE_PYTORCH");
     println!("cargo:rerun-if-env-changed=LIBTORCH_LIB");
     println!("cargo:rerun-if-changed=src/backend/torch/shim.cpp");
+    println!("cargo:rerun-if-changed=src/dist/c10d_shim.cpp");
     if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
         return;
     }
@@ -45,11 +46,14 @@ fn main() {
     cc::Build::new()
         .cpp(true)
         .file("src/backend/torch/shim.cpp")
+        .file("src/dist/c10d_shim.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")
         .flag("-D_GLIBCXX_USE_CXX11_ABI=1")
         .flag("-DGLOG_USE_GLOG_EXPORT")
+        // c10d's Gloo header includes gloo's own headers: Debian's libgloo-dev (/usr/include/gloo).
+        .flag("-DUSE_C10D_GLOO")
         .warnings(false)
         .compile("trainyard_torch_shim");
 }

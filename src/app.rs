@@ -239,7 +239,14 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         return Ok(ExitCode::SUCCESS);
     }
     let overrides = parse_overrides(&cli.overrides)?;
-    let ctx = ResolveContext::from_process();
+    let mut ctx = ResolveContext::from_process();
+    // A worker started by the node launcher resolves `${now:...}` at the launcher's time: one run directory.
+    if let Some(now) = std::env::var(crate::dist::NOW_ENV)
+        .ok()
+        .and_then(|s| parse_now(&s))
+    {
+        ctx.now = now;
+    }
     if let Some(info) = cli.info {
         print_info(&setup, &overrides, info, cli.multirun)?;
         return Ok(ExitCode::SUCCESS);
@@ -253,8 +260,16 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         return Ok(ExitCode::SUCCESS);
     }
     let job = run_job(&setup, composed, &cli.overrides, 0, None, &ctx)?;
-    println!("{}", job.message);
+    if !job.message.is_empty() {
+        println!("{}", job.message);
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn parse_now(text: &str) -> Option<chrono::DateTime<chrono::Local>> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.with_timezone(&chrono::Local))
 }
 
 fn print_cfg(
@@ -449,6 +464,98 @@ fn with_run_log<T>(file: std::fs::File, f: impl FnOnce() -> T) -> T {
     tracing::subscriber::with_default(subscriber, f)
 }
 
+/// A distributed worker's logging: every rank writes `train.rank<N>.log`; rank 0 also writes `train.log`
+/// and the console (the other ranks would only repeat it).
+fn with_rank_log<T>(
+    output_dir: &Path,
+    rank: usize,
+    f: impl FnOnce() -> T,
+) -> Result<T, ConfigError> {
+    use tracing_subscriber::fmt::writer::MakeWriterExt;
+    let open = |path: PathBuf| {
+        std::fs::File::create(&path)
+            .map(std::sync::Arc::new)
+            .map_err(|e| ConfigError::Io(format!("could not create {}: {e}", path.display())))
+    };
+    let own = open(crate::dist::launch::rank_log(output_dir, rank))?;
+    let builder = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_target(false);
+    Ok(if rank == 0 {
+        let main = open(output_dir.join("train.log"))?;
+        let subscriber = builder
+            .with_writer(std::io::stdout.and(main).and(own))
+            .finish();
+        tracing::subscriber::with_default(subscriber, f)
+    } else {
+        tracing::subscriber::with_default(builder.with_writer(own).finish(), f)
+    })
+}
+
+/// Local devices per node for a distributed run: `trainer.devices`, or with `auto` the visible GPUs (one
+/// process on the CPU, as Lightning does).
+fn devices_per_node(exp: &crate::schema::Experiment) -> usize {
+    match exp.trainer.devices {
+        crate::schema::Devices::Count(n) => n,
+        crate::schema::Devices::Auto => {
+            #[cfg(feature = "torch")]
+            if exp.trainer.accelerator != crate::schema::Accelerator::Cpu {
+                return (tch::Cuda::device_count().max(1)) as usize;
+            }
+            1
+        }
+    }
+}
+
+/// The node launcher's side of a distributed job: start this node's workers, wait, and report.
+fn launch_node(
+    cluster: crate::dist::env::Cluster,
+    output_dir: &Path,
+    ctx: &ResolveContext,
+) -> Result<JobOutcome, ConfigError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| ConfigError::Io(format!("cannot find this program to start workers: {e}")))?;
+    let node = cluster.node_rank;
+    let launch = crate::dist::launch::NodeLaunch {
+        exe,
+        args: std::env::args_os().skip(1).collect(),
+        now: ctx.now.to_rfc3339(),
+        run_dir: output_dir.to_path_buf(),
+        cluster,
+    };
+    let started = std::time::Instant::now();
+    crate::dist::launch::run_node(&launch).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
+    let summary = std::fs::read_to_string(output_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let message = match &summary {
+        Some(s) => format!(
+            "{}: {} after {} epochs ({} steps) on {} process(es) in {:.1}s; {}\nRun directory: {}",
+            s["task_name"].as_str().unwrap_or("?"),
+            s["status"].as_str().unwrap_or("?"),
+            s["epochs_completed"],
+            s["global_step"],
+            s["devices"].as_u64().unwrap_or(1) * s["num_nodes"].as_u64().unwrap_or(1),
+            started.elapsed().as_secs_f64(),
+            match s["final_metrics"]["val/acc1"].as_f64() {
+                Some(a) => format!("val/acc1 {a:.4}"),
+                None => "no validation".to_string(),
+            },
+            records::display(output_dir)
+        ),
+        // Other nodes: rank 0 (on node 0) writes the run's records.
+        None => format!(
+            "node {node}: all workers finished in {:.1}s (rank 0 writes the run records on node 0)",
+            started.elapsed().as_secs_f64()
+        ),
+    };
+    Ok(JobOutcome {
+        main_metric: summary.and_then(|s| s["final_metrics"]["val/acc1"].as_f64()),
+        message,
+        output_dir: output_dir.to_path_buf(),
+    })
+}
+
 /// Run one composed job: resolve, validate against the schema, write its records.
 fn run_job(
     setup: &Setup,
@@ -459,11 +566,59 @@ fn run_job(
     ctx: &ResolveContext,
 ) -> Result<JobOutcome, ConfigError> {
     let (job_cfg, hydra) = split_hydra(composed.config);
-    let place = place_job(setup, &job_cfg, hydra, num, sweep_dir, ctx)?;
-    let resolved = resolve_all(&job_cfg, &place.ctx)?;
-    let experiment = crate::schema::extract(&resolved)?;
-    crate::trainer::check_supported(&experiment).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
+    let mut place = place_job(setup, &job_cfg, hydra.clone(), num, sweep_dir, ctx)?;
+    let mut resolved = resolve_all(&job_cfg, &place.ctx)?;
+    let mut experiment = crate::schema::extract(&resolved)?;
+    let run_error = |e: anyhow::Error| ConfigError::Run(format!("{e:#}"));
+    crate::trainer::check_supported(&experiment).map_err(run_error)?;
+    let mut dist = None;
+    if experiment.trainer.strategy == crate::schema::Strategy::Ddp {
+        let cluster = crate::dist::env::detect_from_process(
+            devices_per_node(&experiment),
+            experiment.trainer.num_nodes,
+        )
+        .map_err(run_error)?;
+        if cluster.worker.is_none() {
+            if sweep_dir.is_some() {
+                return Err(ConfigError::Run(
+                    "a multirun of distributed jobs: launch each job on its own (without -m), or sweep with \
+                     trainer=single"
+                        .into(),
+                ));
+            }
+            return launch_node(cluster, &place.output_dir, &place.ctx);
+        }
+        let now = place.ctx.now.to_rfc3339();
+        let (joined, agreed) = crate::dist::join(&cluster, &experiment, &now).map_err(run_error)?;
+        if agreed != now {
+            // Another node launched this run: use rank 0's launch time, so every rank has one run directory.
+            let mut agreed_ctx = ctx.clone();
+            agreed_ctx.now = parse_now(&agreed).ok_or_else(|| {
+                ConfigError::Run(format!("rank 0 sent a bad launch time '{agreed}'"))
+            })?;
+            place = place_job(setup, &job_cfg, hydra, num, sweep_dir, &agreed_ctx)?;
+            resolved = resolve_all(&job_cfg, &place.ctx)?;
+            experiment = crate::schema::extract(&resolved)?;
+        }
+        dist = Some(joined);
+    }
     let output_dir = place.output_dir.clone();
+    if let Some(d) = dist.as_ref().filter(|d| !d.is_leader()) {
+        // Ranks other than 0 train and log to their own file; rank 0 writes the run's records.
+        std::fs::create_dir_all(&output_dir).map_err(|e| {
+            ConfigError::Io(format!("could not create {}: {e}", output_dir.display()))
+        })?;
+        let config_yaml = yaml::to_yaml(&resolved);
+        with_rank_log(&output_dir, d.rank, || {
+            crate::trainer::fit_on(&experiment, &output_dir, &config_yaml, Some(d))
+        })?
+        .map_err(|e| ConfigError::Run(format!("rank {}: {e:#}", d.rank)))?;
+        return Ok(JobOutcome {
+            output_dir,
+            message: String::new(),
+            main_metric: None,
+        });
+    }
     let info = JobInfo {
         name: place.task_name,
         config_name: setup.config_name.clone(),
@@ -488,12 +643,6 @@ fn run_job(
     if sweep_dir.is_none() {
         print!("{config_yaml}");
     }
-    let log_file = std::fs::File::create(output_dir.join("train.log")).map_err(|e| {
-        ConfigError::Io(format!(
-            "could not create {}: {e}",
-            output_dir.join("train.log").display()
-        ))
-    })?;
     let run_state = records::RunState::started();
     let record_state = |state: &records::RunState| {
         state.write(&output_dir).map_err(|e| {
@@ -504,16 +653,38 @@ fn run_job(
         })
     };
     record_state(&run_state)?;
-    let summary = with_run_log(log_file, || {
-        crate::trainer::fit(&experiment, &output_dir, &config_yaml)
-    });
+    let summary = match &dist {
+        Some(d) => with_rank_log(&output_dir, d.rank, || {
+            crate::trainer::fit_on(&experiment, &output_dir, &config_yaml, Some(d))
+        })?,
+        None => {
+            let log_file = std::fs::File::create(output_dir.join("train.log")).map_err(|e| {
+                ConfigError::Io(format!(
+                    "could not create {}: {e}",
+                    output_dir.join("train.log").display()
+                ))
+            })?;
+            with_run_log(log_file, || {
+                crate::trainer::fit(&experiment, &output_dir, &config_yaml)
+            })
+        }
+    };
     record_state(&run_state.ended(summary.as_ref().err().map(|e| format!("{e:#}"))))?;
+    // Under our node launcher, the launcher reports the run (once); rank 0 stays quiet.
+    let launched_here = dist.is_some() && std::env::var_os(crate::dist::NOW_ENV).is_some();
     let summary = summary.map_err(|e| {
         ConfigError::Run(format!(
             "{e:#}\n    (run directory: {})",
             records::display(&output_dir)
         ))
     })?;
+    if launched_here {
+        return Ok(JobOutcome {
+            message: String::new(),
+            main_metric: summary.final_metrics.get("val/acc1").copied(),
+            output_dir,
+        });
+    }
     Ok(JobOutcome {
         message: format!(
             "{}: {} after {} epochs ({} steps) in {:.1}s; {}\nRun directory: {}",

@@ -200,14 +200,25 @@ fn fetch_remote_checkpoint(url: &crate::s3::S3Url, output_dir: &Path) -> anyhow:
 pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
     let t = &exp.trainer;
     let mut missing: Vec<String> = Vec::new();
-    if t.strategy != Strategy::Single
-        || t.num_nodes > 1
-        || matches!(t.devices, Devices::Count(n) if n > 1)
-    {
+    if matches!(t.strategy, Strategy::Dp | Strategy::Fsdp) {
         missing.push(format!(
-            "trainer.strategy={} with {} node(s): distributed training (dp/ddp/fsdp); use trainer=single",
-            t.strategy, t.num_nodes
+            "trainer.strategy={}: only ddp is implemented among the distributed strategies; use trainer=ddp \
+             (or trainer=ddp_sim on CPU)",
+            t.strategy
         ));
+    }
+    if t.strategy == Strategy::Single
+        && (t.num_nodes > 1 || matches!(t.devices, Devices::Count(n) if n > 1))
+    {
+        missing
+            .push("trainer.strategy=single with several devices or nodes; use trainer=ddp".into());
+    }
+    if t.strategy == Strategy::Ddp && t.auto_scale_batch_size.is_some() {
+        missing.push(
+            "trainer.auto_scale_batch_size with trainer.strategy=ddp: find the batch size with one device \
+             (trainer=single), then train with it"
+                .into(),
+        );
     }
     if matches!(t.accelerator, Accelerator::Gpu | Accelerator::Cuda)
         && exp.backend == crate::schema::Backend::Candle
@@ -393,9 +404,19 @@ fn find_batch_size(
 /// Train and validate as the experiment says, writing everything under `output_dir`. With a batch-size
 /// finder configured, the batch size is found first and the run trains with it.
 pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Result<Summary> {
+    fit_on(exp, output_dir, config_yaml, None)
+}
+
+/// `fit` as one rank of a distributed run (`dist`), or alone (`None`).
+pub fn fit_on(
+    exp: &Experiment,
+    output_dir: &Path,
+    config_yaml: &str,
+    dist: Option<&crate::dist::Distributed>,
+) -> anyhow::Result<Summary> {
     check_supported(exp)?; // also checked before the run directory is made; kept for library callers
     let Some(cfg) = finder_config(exp)? else {
-        return fit_with(exp, output_dir, config_yaml, None);
+        return fit_with(exp, output_dir, config_yaml, None, dist);
     };
     let finding = find_batch_size(exp, &cfg)?;
     let mut tuned = exp.clone();
@@ -403,7 +424,7 @@ pub fn fit(exp: &Experiment, output_dir: &Path, config_yaml: &str) -> anyhow::Re
     if !cfg.fit_after {
         tuned.trainer.max_epochs = 0;
     }
-    fit_with(&tuned, output_dir, config_yaml, Some(finding))
+    fit_with(&tuned, output_dir, config_yaml, Some(finding), dist)
 }
 
 fn fit_with(
@@ -411,8 +432,20 @@ fn fit_with(
     output_dir: &Path,
     config_yaml: &str,
     finding: Option<crate::callbacks::batch_size_finder::Finding>,
+    dist: Option<&crate::dist::Distributed>,
 ) -> anyhow::Result<Summary> {
     let started = Instant::now();
+    // Distributed: every rank trains; only rank 0 (the leader) writes logs, checkpoints and the summary.
+    let comm = dist.map(|d| d.comm.as_ref());
+    let lead = dist.is_none_or(|d| d.is_leader());
+    let (rank, world) = dist.map_or((0, 1), |d| (d.rank, d.world_size));
+    let global = |stats: StepStats| -> anyhow::Result<StepStats> {
+        match comm {
+            Some(c) => crate::dist::collective::sum_stats(c, &stats),
+            None => Ok(stats),
+        }
+    };
+    let grad_sync = crate::strategy::ddp::GradSync::of(exp);
     reset_peak_rss();
     let max_time = exp
         .callbacks
@@ -457,8 +490,14 @@ fn fit_with(
         exp.data.drop_last,
     );
     let val_spec = loader(val_set.clone(), &exp.data.val_transforms, false);
-    let train_sampler = DistributedSampler::single(train_set.len(), overfit.is_none(), exp.seed);
-    let val_sampler = DistributedSampler::single(val_set.len(), false, exp.seed);
+    // PyTorch's DistributedSampler: rank r of `world` takes every world-th index (padded to equal shares).
+    let sampler = |len: usize, shuffle: bool| DistributedSampler {
+        num_replicas: world,
+        rank,
+        ..DistributedSampler::single(len, shuffle, exp.seed)
+    };
+    let train_sampler = sampler(train_set.len(), overfit.is_none());
+    let val_sampler = sampler(val_set.len(), false);
 
     let available = crate::data::loader::batches_of(
         &train_sampler.indices(0),
@@ -497,7 +536,7 @@ fn fit_with(
     );
 
     let mut engine = backend::build(exp)?;
-    if let Some(ms) = &exp.callbacks.model_summary {
+    if let Some(ms) = exp.callbacks.model_summary.as_ref().filter(|_| lead) {
         print_model_summary(&engine.state_dict()?, ms.max_depth);
     }
     let callbacks_on = fast_dev.is_none();
@@ -552,15 +591,25 @@ fn fit_with(
         );
         resumed_from = Some(checkpoint_origin(&path, output_dir, exp));
     }
+    if let Some(c) = comm {
+        // DDP starts every replica from rank 0's weights, buffers and optimizer state.
+        crate::dist::collective::broadcast_state(c, engine.as_mut())
+            .context("broadcasting rank 0's model to every rank")?;
+    }
 
     // DeviceStatsMonitor: the GPU is sampled only when the run is on one (NVML index 0 of the visible set).
-    let mut device_stats = exp.callbacks.device_stats.as_ref().map(|d| {
-        crate::callbacks::device_stats::DeviceStatsMonitor::start(
-            std::time::Duration::from_millis(d.sample_every_ms.max(1)),
-            matches!(t.accelerator, Accelerator::Gpu | Accelerator::Cuda).then_some(0),
-        )
-    });
-    let mut csv = if exp.logger.csv.is_some() && callbacks_on {
+    let mut device_stats = exp
+        .callbacks
+        .device_stats
+        .as_ref()
+        .filter(|_| lead)
+        .map(|d| {
+            crate::callbacks::device_stats::DeviceStatsMonitor::start(
+                std::time::Duration::from_millis(d.sample_every_ms.max(1)),
+                matches!(t.accelerator, Accelerator::Gpu | Accelerator::Cuda).then_some(0),
+            )
+        });
+    let mut csv = if exp.logger.csv.is_some() && callbacks_on && lead {
         let mut extra: Vec<&'static str> = Vec::new();
         if t.precision == Precision::Mixed16 {
             extra.push("loss_scale");
@@ -572,7 +621,7 @@ fn fit_with(
     } else {
         None
     };
-    let mut tensorboard = match (&exp.logger.tensorboard, callbacks_on) {
+    let mut tensorboard = match (&exp.logger.tensorboard, callbacks_on && lead) {
         (Some(tb), true) => Some(crate::loggers::tensorboard::TensorBoardWriter::create(
             &output_dir.join(&tb.dir),
         )?),
@@ -586,7 +635,10 @@ fn fit_with(
     let mut status = "completed".to_string();
     // An s3:// dirpath: checkpoints are written (atomically) to the run's checkpoints/ and then uploaded.
     let remote_prefix = remote_checkpoint_prefix(exp)?;
-    if let Some(prefix) = remote_prefix.as_ref().filter(|_| ckpt_cfg.is_some()) {
+    if let Some(prefix) = remote_prefix
+        .as_ref()
+        .filter(|_| ckpt_cfg.is_some() && lead)
+    {
         // Fail before training, not at the first checkpoint, when the bucket cannot be reached.
         crate::s3::exists(&prefix.join("last.safetensors"))
             .with_context(|| format!("callbacks.model_checkpoint.dirpath={prefix}"))?;
@@ -657,7 +709,7 @@ fn fit_with(
         let mut epoch_stats = StepStats::default();
         let mut window = StepStats::default();
         let mut lr_now = schedule.at(state.global_step).lr;
-        let bar = progress_bar(exp, train_batches, epoch, max_epochs);
+        let bar = progress_bar(exp, train_batches, epoch, max_epochs).filter(|_| lead);
         for (i, batch) in EpochLoader::new(&train_spec, epoch, &indices)
             .take(train_batches)
             .enumerate()
@@ -687,13 +739,16 @@ fn fit_with(
                 let point = schedule.at(state.global_step);
                 lr_now = point.lr;
                 let update_start = Instant::now();
+                if let Some(c) = comm {
+                    engine.all_reduce_gradients(c, &grad_sync)?;
+                }
                 engine.optimizer_step(point.lr, point.momentum, t.gradient_clip_val)?;
                 step_times.push(step_compute + update_start.elapsed().as_secs_f64());
                 step_compute = 0.0;
                 state.global_step += 1;
                 if state.global_step.is_multiple_of(log_every) {
-                    let mut scalars =
-                        vec![("train/loss", window.loss()), ("train/acc1", window.acc1())];
+                    let all = global(window)?;
+                    let mut scalars = vec![("train/loss", all.loss()), ("train/acc1", all.acc1())];
                     if lr_each_step {
                         scalars.push(("lr", point.lr));
                     }
@@ -716,7 +771,12 @@ fn fit_with(
                     && val_batches > 0
                     && (epoch + 1).is_multiple_of(t.check_val_every_n_epoch.max(1));
                 if mid_epoch_check {
-                    let v = run_validation(engine.as_mut(), &val_spec, &val_indices, val_batches)?;
+                    let v = global(run_validation(
+                        engine.as_mut(),
+                        &val_spec,
+                        &val_indices,
+                        val_batches,
+                    )?)?;
                     let scalars = [
                         ("val/loss", v.loss()),
                         ("val/acc1", v.acc1()),
@@ -755,6 +815,7 @@ fn fit_with(
         }
         let epoch_train_time = epoch_start.elapsed().as_secs_f64();
         train_time += epoch_train_time;
+        let epoch_stats = global(epoch_stats)?;
         last_train = epoch_stats;
         state.epoch += 1;
 
@@ -763,7 +824,12 @@ fn fit_with(
                 || state.epoch == max_epochs);
         let mut val = None;
         if validate {
-            let v = run_validation(engine.as_mut(), &val_spec, &val_indices, val_batches)?;
+            let v = global(run_validation(
+                engine.as_mut(),
+                &val_spec,
+                &val_indices,
+                val_batches,
+            )?)?;
             val = Some(v);
             last_val = Some(v);
         }
@@ -845,7 +911,7 @@ fn fit_with(
                 }
             }
         }
-        if let (Some(cfg), Some(dir)) = (ckpt_cfg, &ckpt_dir) {
+        if let (Some(cfg), Some(dir), true) = (ckpt_cfg, &ckpt_dir, lead) {
             let weights = engine.state_dict()?;
             let due = state.epoch.is_multiple_of(cfg.every_n_epochs.max(1));
             if due && cfg.save_top_k != 0 && (improved || cfg.monitor.is_none()) {
@@ -876,7 +942,13 @@ fn fit_with(
             }
         }
         if let Some(limit) = max_time {
-            if started.elapsed().as_secs_f64() >= limit {
+            let out_of_time = started.elapsed().as_secs_f64() >= limit;
+            // Ranks' clocks differ: stop when any rank is out of time, so all stop at the same step.
+            let out_of_time = match comm {
+                Some(c) => crate::dist::collective::any(c, out_of_time)?,
+                None => out_of_time,
+            };
+            if out_of_time {
                 status = format!(
                     "stopped by the timer after {:.0}s",
                     started.elapsed().as_secs_f64()
@@ -908,6 +980,14 @@ fn fit_with(
     if exp.trainer.max_epochs == 0 && finding.is_some() {
         status = "batch size found; not trained (fit_after=false)".into();
     }
+    let train_samples = match comm {
+        Some(c) => {
+            let mut n = [train_samples as f64];
+            c.all_reduce_f64(&mut n, crate::dist::collective::ReduceOp::Sum)?;
+            n[0] as u64
+        }
+        None => train_samples,
+    };
     let summary = Summary {
         task_name: exp.task_name.clone(),
         status,
@@ -919,10 +999,10 @@ fn fit_with(
             .as_str()
             .unwrap_or_default()
             .to_string(),
-        num_nodes: exp.trainer.num_nodes,
-        devices: 1,
+        num_nodes: dist.map_or(1, |d| d.num_nodes),
+        devices: world / dist.map_or(1, |d| d.num_nodes.max(1)),
         batch_size: exp.data.batch_size,
-        global_batch_size: exp.data.batch_size * accumulate,
+        global_batch_size: exp.data.batch_size * accumulate * world,
         num_parameters: engine.num_parameters(),
         epochs_completed: state.epoch,
         global_step: state.global_step,
@@ -946,10 +1026,12 @@ fn fit_with(
         batch_size_finder: finding,
         device_stats: device_stats.and_then(|m| m.finish(output_dir)),
     };
-    crate::records::write_atomic(
-        &output_dir.join("summary.json"),
-        serde_json::to_string_pretty(&summary)?.as_bytes(),
-    )?;
+    if lead {
+        crate::records::write_atomic(
+            &output_dir.join("summary.json"),
+            serde_json::to_string_pretty(&summary)?.as_bytes(),
+        )?;
+    }
     Ok(summary)
 }
 

@@ -100,6 +100,14 @@ pub trait Engine {
     fn loss_scale(&self) -> Option<f64> {
         None
     }
+    /// Data parallel: replace the accumulated gradients by their mean over all ranks (before
+    /// `optimizer_step`), in buckets. A parameter without a gradient is an error unless
+    /// `sync.find_unused_parameters`, which makes it zero.
+    fn all_reduce_gradients(
+        &mut self,
+        comm: &dyn crate::dist::collective::Collective,
+        sync: &crate::strategy::ddp::GradSync,
+    ) -> anyhow::Result<()>;
 }
 
 /// A model tensor as the pretrained-weight loader sees it.

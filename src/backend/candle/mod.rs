@@ -217,6 +217,38 @@ impl Engine for CandleEngine {
         Ok(norm)
     }
 
+    fn all_reduce_gradients(
+        &mut self,
+        comm: &dyn crate::dist::collective::Collective,
+        sync: &crate::strategy::ddp::GradSync,
+    ) -> anyhow::Result<()> {
+        let missing: Vec<String> = self
+            .params
+            .keys()
+            .filter(|n| !self.grads.contains_key(*n))
+            .cloned()
+            .collect();
+        if !missing.is_empty() && !sync.find_unused_parameters {
+            return Err(crate::strategy::ddp::unused_parameters_error(&missing));
+        }
+        // Candle's tensors go through host buffers; the last layers first, as DDP's buckets do.
+        let names: Vec<String> = self.params.keys().rev().cloned().collect();
+        let mut host = Vec::with_capacity(names.len());
+        for name in &names {
+            host.push(match self.grads.get(name) {
+                Some(g) => g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                None => vec![0.0; self.params[name].as_tensor().elem_count()],
+            });
+        }
+        crate::strategy::ddp::average_on_host(comm, &mut host, sync)?;
+        for (name, data) in names.into_iter().zip(host) {
+            let shape = self.params[&name].as_tensor().dims().to_vec();
+            let g = Tensor::from_vec(data, shape.as_slice(), &self.device)?;
+            self.grads.insert(name, g);
+        }
+        Ok(())
+    }
+
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
         let mut rng = Rng::new(0);

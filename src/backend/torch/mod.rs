@@ -284,6 +284,62 @@ impl Engine for TchEngine {
         Ok(norm)
     }
 
+    fn all_reduce_gradients(
+        &mut self,
+        comm: &dyn crate::dist::collective::Collective,
+        sync: &crate::strategy::ddp::GradSync,
+    ) -> anyhow::Result<()> {
+        let pg = comm
+            .process_group()
+            .context("the tch engine reduces gradients through a c10d process group")?;
+        let missing: Vec<String> = self
+            .params
+            .iter()
+            .filter(|(_, p)| !p.grad().defined())
+            .map(|(n, _)| n.clone())
+            .collect();
+        if !missing.is_empty() {
+            if !sync.find_unused_parameters {
+                return Err(crate::strategy::ddp::unused_parameters_error(&missing));
+            }
+            // Give unused parameters a zero gradient, so every rank reduces the same tensors.
+            for name in &missing {
+                self.params[name]
+                    .f_mul_scalar(0.0)?
+                    .f_sum(Kind::Float)?
+                    .f_backward()?;
+            }
+        }
+        // The last layers first (their gradients are ready first); every bucket is started before the
+        // first is waited for, so flattening the next bucket overlaps with the reduction of the last.
+        let grads: Vec<Tensor> = self.params.values().rev().map(|p| p.grad()).collect();
+        let numels: Vec<usize> = grads.iter().map(|g| g.numel()).collect();
+        let world = comm.world_size() as f64;
+        let mut in_flight = Vec::new();
+        for range in crate::strategy::ddp::buckets(&numels, sync.bucket_cap_bytes) {
+            let views: Vec<Tensor> = grads[range.clone()]
+                .iter()
+                .map(|g| g.f_reshape([-1]))
+                .collect::<Result<_, _>>()?;
+            let flat = Tensor::f_cat(&views, 0)?;
+            let work = pg.all_reduce(&[&flat], crate::dist::collective::ReduceOp::Sum)?;
+            in_flight.push((range, flat, work));
+        }
+        tch::no_grad(|| -> anyhow::Result<()> {
+            for (range, flat, work) in in_flight {
+                work.wait()?;
+                let mean = flat.f_div_scalar(world)?;
+                let mut at = 0i64;
+                for g in &grads[range] {
+                    let n = g.numel() as i64;
+                    g.f_reshape([-1])?.f_copy_(&mean.f_narrow(0, at, n)?)?;
+                    at += n;
+                }
+            }
+            Ok(())
+        })
+    }
+
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
         let mut rng = Rng::new(0);

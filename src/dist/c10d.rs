@@ -1,0 +1,392 @@
+//! libtorch's c10d from Rust (feature `torch`): the TCPStore that ranks rendezvous on, and a Gloo process
+//! group whose collectives run on tch tensors in place (`src/dist/c10d_shim.cpp`). Every call can fail with
+//! c10d's own message (a peer that died, a timeout); nothing here blocks longer than the timeouts given.
+
+use super::collective::{Collective, ReduceOp};
+use anyhow::Context;
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::time::Duration;
+use tch::Tensor;
+
+extern "C" {
+    fn trainyard_c10d_last_error() -> *const c_char;
+    fn trainyard_store_new(
+        host: *const c_char,
+        port: c_int,
+        is_server: c_int,
+        world: c_int,
+        timeout_ms: i64,
+    ) -> *mut c_void;
+    fn trainyard_store_free(store: *mut c_void);
+    fn trainyard_store_set(
+        store: *mut c_void,
+        key: *const c_char,
+        data: *const u8,
+        len: usize,
+    ) -> c_int;
+    fn trainyard_store_get(
+        store: *mut c_void,
+        key: *const c_char,
+        data: *mut *mut u8,
+        len: *mut usize,
+    ) -> c_int;
+    fn trainyard_store_add(
+        store: *mut c_void,
+        key: *const c_char,
+        delta: i64,
+        out: *mut i64,
+    ) -> c_int;
+    fn trainyard_free(p: *mut c_void);
+    fn trainyard_gloo_new(
+        store: *mut c_void,
+        prefix: *const c_char,
+        rank: c_int,
+        size: c_int,
+        hostname: *const c_char,
+        timeout_ms: i64,
+    ) -> *mut c_void;
+    fn trainyard_gloo_free(group: *mut c_void);
+    fn trainyard_all_reduce(
+        group: *mut c_void,
+        tensors: *const *mut c_void,
+        n: c_int,
+        op: c_int,
+    ) -> *mut c_void;
+    fn trainyard_broadcast(group: *mut c_void, tensor: *mut c_void, root: c_int) -> *mut c_void;
+    fn trainyard_all_gather(
+        group: *mut c_void,
+        output: *mut c_void,
+        input: *mut c_void,
+    ) -> *mut c_void;
+    fn trainyard_reduce_scatter(
+        group: *mut c_void,
+        output: *mut c_void,
+        input: *mut c_void,
+        op: c_int,
+    ) -> *mut c_void;
+    fn trainyard_barrier(group: *mut c_void) -> *mut c_void;
+    fn trainyard_wait(pending: *mut c_void) -> c_int;
+}
+
+fn last_error() -> String {
+    // SAFETY: the shim returns a NUL-terminated thread-local string that lives until the next failure.
+    unsafe { CStr::from_ptr(trainyard_c10d_last_error()) }
+        .to_string_lossy()
+        .trim()
+        .to_string()
+}
+
+fn check(status: c_int, what: &str) -> anyhow::Result<()> {
+    if status == 0 {
+        Ok(())
+    } else {
+        anyhow::bail!("{what}: {}", last_error())
+    }
+}
+
+fn c_string(s: &str) -> anyhow::Result<CString> {
+    CString::new(s).with_context(|| format!("'{s}' contains a NUL byte"))
+}
+
+/// The rendezvous point: rank 0 hosts it at `MASTER_ADDR:MASTER_PORT`, every rank connects to it.
+pub struct Store {
+    ptr: *mut c_void,
+}
+
+// SAFETY: c10d's TCPStore client serialises its own socket use; the handle is only freed in Drop.
+unsafe impl Send for Store {}
+unsafe impl Sync for Store {}
+
+impl Store {
+    /// Host (`is_server`) or join the store; the host waits up to `timeout` for `world` clients, and every
+    /// later `get` waits up to `timeout` for its key.
+    pub fn connect(
+        host: &str,
+        port: u16,
+        is_server: bool,
+        world: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Store> {
+        let host_c = c_string(host)?;
+        // SAFETY: valid C string; the shim returns null on failure and keeps the message.
+        let ptr = unsafe {
+            trainyard_store_new(
+                host_c.as_ptr(),
+                c_int::from(port),
+                c_int::from(is_server),
+                world as c_int,
+                timeout.as_millis() as i64,
+            )
+        };
+        if ptr.is_null() {
+            anyhow::bail!(
+                "rendezvous at {host}:{port} failed{}: {}",
+                if is_server {
+                    " (hosting the store)"
+                } else {
+                    ""
+                },
+                last_error()
+            );
+        }
+        Ok(Store { ptr })
+    }
+
+    pub fn set(&self, key: &str, value: &[u8]) -> anyhow::Result<()> {
+        let key_c = c_string(key)?;
+        // SAFETY: pointers valid for the call.
+        check(
+            unsafe { trainyard_store_set(self.ptr, key_c.as_ptr(), value.as_ptr(), value.len()) },
+            &format!("store set '{key}'"),
+        )
+    }
+
+    /// The value at `key`, waiting for it up to the store's timeout.
+    pub fn get(&self, key: &str) -> anyhow::Result<Vec<u8>> {
+        let key_c = c_string(key)?;
+        let mut data: *mut u8 = std::ptr::null_mut();
+        let mut len = 0usize;
+        // SAFETY: the shim mallocs `len` bytes into `data` on success; we copy then free them.
+        unsafe {
+            check(
+                trainyard_store_get(self.ptr, key_c.as_ptr(), &mut data, &mut len),
+                &format!("store get '{key}'"),
+            )?;
+            let out = std::slice::from_raw_parts(data, len).to_vec();
+            trainyard_free(data.cast());
+            Ok(out)
+        }
+    }
+
+    /// Atomically add to a counter; returns the new value.
+    pub fn add(&self, key: &str, delta: i64) -> anyhow::Result<i64> {
+        let key_c = c_string(key)?;
+        let mut out = 0i64;
+        // SAFETY: pointers valid for the call.
+        check(
+            unsafe { trainyard_store_add(self.ptr, key_c.as_ptr(), delta, &mut out) },
+            &format!("store add '{key}'"),
+        )?;
+        Ok(out)
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // SAFETY: allocated by trainyard_store_new, freed once.
+        unsafe { trainyard_store_free(self.ptr) }
+    }
+}
+
+/// A Gloo process group: the ranks of one run, with collectives on CPU tensors.
+pub struct ProcessGroup {
+    ptr: *mut c_void,
+    rank: usize,
+    world_size: usize,
+}
+
+// SAFETY: used from one thread at a time by the trainer; Gloo runs its own worker threads internally.
+unsafe impl Send for ProcessGroup {}
+unsafe impl Sync for ProcessGroup {}
+
+/// A collective in flight; `wait` finishes it (and reports a failure: a dead peer, a timeout).
+#[must_use = "a collective must be waited for"]
+pub struct Pending {
+    ptr: *mut c_void,
+    what: &'static str,
+}
+
+impl Pending {
+    pub fn wait(mut self) -> anyhow::Result<()> {
+        let ptr = std::mem::replace(&mut self.ptr, std::ptr::null_mut());
+        // SAFETY: a live handle from the shim; trainyard_wait frees it.
+        check(unsafe { trainyard_wait(ptr) }, self.what)
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: a live handle nobody waited for: wait (ignoring the outcome) so it is freed.
+            unsafe { trainyard_wait(self.ptr) };
+        }
+    }
+}
+
+fn pending(ptr: *mut c_void, what: &'static str) -> anyhow::Result<Pending> {
+    if ptr.is_null() {
+        anyhow::bail!("{what}: {}", last_error());
+    }
+    Ok(Pending { ptr, what })
+}
+
+fn tensor_ptr(t: &Tensor) -> *mut c_void {
+    t.as_ptr() as *mut c_void
+}
+
+impl ProcessGroup {
+    /// Join the Gloo group `name` over `store`, using the network interface that reaches `hostname`
+    /// (this node's address as the other nodes see it; empty = this machine's hostname).
+    pub fn gloo(
+        store: &Store,
+        name: &str,
+        rank: usize,
+        world_size: usize,
+        hostname: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<ProcessGroup> {
+        let prefix = c_string(name)?;
+        let host = c_string(hostname)?;
+        // SAFETY: valid pointers; the group keeps its own reference to the store.
+        let ptr = unsafe {
+            trainyard_gloo_new(
+                store.ptr,
+                prefix.as_ptr(),
+                rank as c_int,
+                world_size as c_int,
+                host.as_ptr(),
+                timeout.as_millis() as i64,
+            )
+        };
+        if ptr.is_null() {
+            anyhow::bail!(
+                "could not form the Gloo group (rank {rank} of {world_size}): {}",
+                last_error()
+            );
+        }
+        Ok(ProcessGroup {
+            ptr,
+            rank,
+            world_size,
+        })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// Start reducing `tensors` in place across ranks (contiguous CPU tensors).
+    pub fn all_reduce(&self, tensors: &[&Tensor], op: ReduceOp) -> anyhow::Result<Pending> {
+        let ptrs: Vec<*mut c_void> = tensors.iter().map(|t| tensor_ptr(t)).collect();
+        // SAFETY: the tensors outlive the wait (callers hold them until `Pending::wait`).
+        pending(
+            unsafe {
+                trainyard_all_reduce(self.ptr, ptrs.as_ptr(), ptrs.len() as c_int, op as c_int)
+            },
+            "all_reduce",
+        )
+    }
+
+    pub fn broadcast(&self, tensor: &Tensor, root: usize) -> anyhow::Result<Pending> {
+        // SAFETY: as above.
+        pending(
+            unsafe { trainyard_broadcast(self.ptr, tensor_ptr(tensor), root as c_int) },
+            "broadcast",
+        )
+    }
+
+    /// `output` (flat, world × input.numel()) receives every rank's `input` in rank order.
+    pub fn all_gather(&self, output: &Tensor, input: &Tensor) -> anyhow::Result<Pending> {
+        // SAFETY: as above.
+        pending(
+            unsafe { trainyard_all_gather(self.ptr, tensor_ptr(output), tensor_ptr(input)) },
+            "all_gather",
+        )
+    }
+
+    /// `input` (flat, world × output.numel()) is reduced across ranks; this rank keeps its chunk.
+    pub fn reduce_scatter(
+        &self,
+        output: &Tensor,
+        input: &Tensor,
+        op: ReduceOp,
+    ) -> anyhow::Result<Pending> {
+        // SAFETY: as above.
+        pending(
+            unsafe {
+                trainyard_reduce_scatter(
+                    self.ptr,
+                    tensor_ptr(output),
+                    tensor_ptr(input),
+                    op as c_int,
+                )
+            },
+            "reduce_scatter",
+        )
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        // SAFETY: allocated by trainyard_gloo_new, freed once.
+        unsafe { trainyard_gloo_free(self.ptr) }
+    }
+}
+
+/// A host slice seen as a CPU tensor, without a copy (valid while the slice is borrowed).
+fn borrow_f32(data: &mut [f32]) -> Tensor {
+    // SAFETY: the tensor aliases `data`, which the caller keeps borrowed until the collective is waited for.
+    unsafe {
+        Tensor::from_blob(
+            data.as_mut_ptr() as *const u8,
+            &[data.len() as i64],
+            &[1],
+            tch::Kind::Float,
+            tch::Device::Cpu,
+        )
+    }
+}
+
+fn borrow_f64(data: &mut [f64]) -> Tensor {
+    // SAFETY: as `borrow_f32`.
+    unsafe {
+        Tensor::from_blob(
+            data.as_mut_ptr() as *const u8,
+            &[data.len() as i64],
+            &[1],
+            tch::Kind::Double,
+            tch::Device::Cpu,
+        )
+    }
+}
+
+impl Collective for ProcessGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.world_size
+    }
+    fn all_reduce_f32(&self, data: &mut [f32], op: ReduceOp) -> anyhow::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let t = borrow_f32(data);
+        self.all_reduce(&[&t], op)?.wait()
+    }
+    fn all_reduce_f64(&self, data: &mut [f64], op: ReduceOp) -> anyhow::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let t = borrow_f64(data);
+        self.all_reduce(&[&t], op)?.wait()
+    }
+    fn broadcast_f32(&self, data: &mut [f32], root: usize) -> anyhow::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let t = borrow_f32(data);
+        self.broadcast(&t, root)?.wait()
+    }
+    fn barrier(&self) -> anyhow::Result<()> {
+        // SAFETY: a live group.
+        pending(unsafe { trainyard_barrier(self.ptr) }, "barrier")?.wait()
+    }
+    fn process_group(&self) -> Option<&ProcessGroup> {
+        Some(self)
+    }
+}

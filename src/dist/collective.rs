@@ -1,0 +1,95 @@
+//! What the strategies need from a communication library, in one trait: reductions, broadcast and a
+//! barrier over host buffers (any backend), plus, with the `torch` feature, the c10d process group itself so
+//! the tch engine can reduce its tensors in place. The only implementation is c10d's (`dist::c10d`):
+//! collectives are PyTorch's own, never home-made.
+
+use crate::backend::{Engine, HostTensor, StateDict, StepStats};
+
+/// Reduction of a collective (values match the shim's codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(i32)]
+pub enum ReduceOp {
+    Sum = 0,
+    Max = 1,
+    Min = 2,
+}
+
+pub trait Collective: Send + Sync {
+    fn rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// Reduce `data` in place across ranks; every rank ends with the result.
+    fn all_reduce_f32(&self, data: &mut [f32], op: ReduceOp) -> anyhow::Result<()>;
+    fn all_reduce_f64(&self, data: &mut [f64], op: ReduceOp) -> anyhow::Result<()>;
+    /// Overwrite `data` on every rank with `root`'s.
+    fn broadcast_f32(&self, data: &mut [f32], root: usize) -> anyhow::Result<()>;
+    fn barrier(&self) -> anyhow::Result<()>;
+    /// The c10d group under this collective, for engines that pass their tensors without host copies.
+    #[cfg(feature = "torch")]
+    fn process_group(&self) -> Option<&super::c10d::ProcessGroup> {
+        None
+    }
+}
+
+/// Step statistics summed over ranks: every rank then reports the global loss and accuracy
+/// (Lightning's `sync_dist=True`).
+pub fn sum_stats(comm: &dyn Collective, stats: &StepStats) -> anyhow::Result<StepStats> {
+    let mut v = [
+        stats.loss_sum,
+        stats.correct1 as f64,
+        stats.correct5 as f64,
+        stats.count as f64,
+    ];
+    comm.all_reduce_f64(&mut v, ReduceOp::Sum)?;
+    Ok(StepStats {
+        loss_sum: v[0],
+        correct1: v[1].round() as u64,
+        correct5: v[2].round() as u64,
+        count: v[3].round() as u64,
+    })
+}
+
+/// Does any rank say yes? (A stop decision taken on one rank's clock must be taken by all.)
+pub fn any(comm: &dyn Collective, flag: bool) -> anyhow::Result<bool> {
+    let mut v = [f64::from(u8::from(flag))];
+    comm.all_reduce_f64(&mut v, ReduceOp::Max)?;
+    Ok(v[0] > 0.0)
+}
+
+/// Make every rank's model (weights, buffers, optimizer state) rank 0's, as DDP does when it wraps a
+/// module. The keys must agree across ranks; their sizes are checked first so a mismatch is an error, not
+/// a scrambled model.
+pub fn broadcast_state(comm: &dyn Collective, engine: &mut dyn Engine) -> anyhow::Result<()> {
+    let state = engine.state_dict()?;
+    let total: usize = state.values().map(HostTensor::numel).sum();
+    let mut sizes = [total as f64, state.len() as f64];
+    let mut lowest = sizes;
+    comm.all_reduce_f64(&mut sizes, ReduceOp::Max)?;
+    comm.all_reduce_f64(&mut lowest, ReduceOp::Min)?;
+    anyhow::ensure!(
+        sizes == lowest,
+        "ranks hold different models ({} to {} tensors, {} to {} values): every rank must run the same config",
+        lowest[1],
+        sizes[1],
+        lowest[0],
+        sizes[0]
+    );
+    let mut flat: Vec<f32> = Vec::with_capacity(total);
+    for t in state.values() {
+        flat.extend_from_slice(&t.data);
+    }
+    comm.broadcast_f32(&mut flat, 0)?;
+    let mut out = StateDict::new();
+    let mut at = 0;
+    for (name, t) in state {
+        let n = t.numel();
+        out.insert(
+            name,
+            HostTensor {
+                shape: t.shape,
+                data: flat[at..at + n].to_vec(),
+            },
+        );
+        at += n;
+    }
+    engine.load_state_dict(&out)
+}

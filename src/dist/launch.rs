@@ -1,0 +1,169 @@
+//! The node launcher: without an external launcher, `trainer.devices=N` makes this process start N workers
+//! (this same binary, same arguments, torchrun's environment variables), watch them, and on the first
+//! failure stop the others and report which rank died, how, and the end of its log.
+
+use super::env::Cluster;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// What the node launcher needs.
+pub struct NodeLaunch {
+    pub exe: PathBuf,
+    pub args: Vec<OsString>,
+    pub cluster: Cluster,
+    /// The launch time every worker resolves `${now:...}` with (one run directory for all ranks).
+    pub now: String,
+    /// Where the workers write (for the failed rank's log).
+    pub run_dir: PathBuf,
+}
+
+/// A free TCP port on this machine for the rendezvous (single node, MASTER_PORT not set).
+pub fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// The log file a rank writes in the run directory.
+pub fn rank_log(run_dir: &Path, rank: usize) -> PathBuf {
+    run_dir.join(format!("train.rank{rank}.log"))
+}
+
+fn describe(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with code {code}"),
+        (None, Some(sig)) => format!(
+            "was killed by signal {sig}{}",
+            match sig {
+                9 => " (SIGKILL: killed by hand or by the out-of-memory killer)",
+                15 => " (SIGTERM)",
+                11 => " (SIGSEGV)",
+                6 => " (SIGABRT)",
+                _ => "",
+            }
+        ),
+        _ => "ended".into(),
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return format!("      ({} could not be read)", path.display());
+    };
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..]
+        .iter()
+        .map(|l| format!("      {l}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Stop every worker still running: SIGTERM, then SIGKILL after a grace period.
+fn stop_all(children: &mut [(usize, Child)]) {
+    for (_, child) in children.iter_mut() {
+        if matches!(child.try_wait(), Ok(None)) {
+            // SAFETY: signalling a child we started and have not reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for (_, child) in children.iter_mut() {
+        while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+        }
+        let _ = child.wait();
+    }
+}
+
+/// Start this node's workers and wait for them. Ok when every worker succeeded.
+pub fn run_node(launch: &NodeLaunch) -> anyhow::Result<()> {
+    let c = &launch.cluster;
+    let port = match c.master_port {
+        Some(p) => p,
+        None => free_port()?,
+    };
+    let mut children: Vec<(usize, Child)> = Vec::new();
+    for local_rank in 0..c.local_world_size {
+        let rank = c.node_rank * c.local_world_size + local_rank;
+        let mut cmd = Command::new(&launch.exe);
+        cmd.args(&launch.args)
+            .env("RANK", rank.to_string())
+            .env("LOCAL_RANK", local_rank.to_string())
+            .env("WORLD_SIZE", c.world_size.to_string())
+            .env("LOCAL_WORLD_SIZE", c.local_world_size.to_string())
+            .env("GROUP_RANK", c.node_rank.to_string())
+            .env("NODE_RANK", c.node_rank.to_string())
+            .env("MASTER_ADDR", &c.master_addr)
+            .env("MASTER_PORT", port.to_string())
+            .env(super::NOW_ENV, &launch.now);
+        match cmd.spawn() {
+            Ok(child) => children.push((rank, child)),
+            Err(e) => {
+                stop_all(&mut children);
+                anyhow::bail!(
+                    "could not start worker rank {rank} ({}): {e}",
+                    launch.exe.display()
+                );
+            }
+        }
+    }
+    tracing::info!(
+        "started {} worker(s) on node {} of {} (ranks {}..{}), rendezvous at {}:{port}",
+        children.len(),
+        c.node_rank,
+        c.num_nodes,
+        c.node_rank * c.local_world_size,
+        (c.node_rank + 1) * c.local_world_size - 1,
+        c.master_addr
+    );
+    loop {
+        let mut running = 0;
+        let mut failed = None;
+        for (i, (_, child)) in children.iter_mut().enumerate() {
+            match child.try_wait()? {
+                None => running += 1,
+                Some(status) if !status.success() => {
+                    failed = Some((i, status));
+                    break;
+                }
+                Some(_) => {}
+            }
+        }
+        if let Some((first, status)) = failed {
+            // The others usually fail a moment later (their peer is gone): look again shortly and name the
+            // rank that was killed by a signal, if one was, as the cause.
+            std::thread::sleep(Duration::from_millis(300));
+            let mut cause = (first, status);
+            for (i, (_, child)) in children.iter_mut().enumerate() {
+                use std::os::unix::process::ExitStatusExt;
+                if let Ok(Some(s)) = child.try_wait() {
+                    if s.signal().is_some() && cause.1.signal().is_none() {
+                        cause = (i, s);
+                    }
+                }
+            }
+            let (i, status) = cause;
+            let (rank, pid) = (children[i].0, children[i].1.id());
+            let others = children.len() - 1;
+            stop_all(&mut children);
+            let log = rank_log(&launch.run_dir, rank);
+            anyhow::bail!(
+                "worker rank {rank} (pid {pid}) {}; stopped the other {others} worker(s) of this node.\n    \
+                 Last lines of {}:\n{}\n    \
+                 To resume from the last checkpoint: run the same command with ckpt_path=last",
+                describe(status),
+                log.display(),
+                tail(&log, 8)
+            );
+        }
+        if running == 0 {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

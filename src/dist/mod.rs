@@ -1,0 +1,133 @@
+//! Distributed training's plumbing: where this process sits (`env`), starting a node's workers (`launch`),
+//! the collectives strategies use (`collective`) and their implementation on PyTorch's c10d (`c10d`,
+//! feature `torch`). `join` turns a worker's environment into a live process group.
+
+pub mod collective;
+pub mod env;
+pub mod launch;
+
+#[cfg(feature = "torch")]
+pub mod c10d;
+
+use crate::schema::Experiment;
+use collective::Collective;
+
+/// The launch time the node launcher hands its workers, so every rank resolves `${now:...}` (and so the
+/// run directory) the same way.
+pub const NOW_ENV: &str = "TRAINYARD_NOW";
+
+/// A worker inside a process group.
+pub struct Distributed {
+    pub rank: usize,
+    pub local_rank: usize,
+    pub world_size: usize,
+    pub node_rank: usize,
+    pub num_nodes: usize,
+    pub comm: Box<dyn Collective>,
+    /// Keeps the rendezvous open (rank 0 hosts it) for as long as the group lives.
+    #[cfg(feature = "torch")]
+    _store: c10d::Store,
+}
+
+impl Distributed {
+    pub fn is_leader(&self) -> bool {
+        self.rank == 0
+    }
+}
+
+/// This node's address as the master sees it: the local end of a route to `MASTER_ADDR`. Gloo binds to it,
+/// so two nodes on a private link (or two network namespaces) reach each other on that link.
+pub fn local_address_towards(master: &str, port: u16) -> anyhow::Result<String> {
+    use std::net::ToSocketAddrs;
+    let target = (master, port)
+        .to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("MASTER_ADDR={master} does not resolve: {e}"))?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("MASTER_ADDR={master} does not resolve to an address"))?;
+    let socket = std::net::UdpSocket::bind(if target.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    })?;
+    socket
+        .connect(target)
+        .map_err(|e| anyhow::anyhow!("no route to MASTER_ADDR={master}: {e}"))?;
+    Ok(socket.local_addr()?.ip().to_string())
+}
+
+/// Join the run as `worker`: connect to the TCPStore (rank 0 hosts it), agree on the launch time (`now`,
+/// rank 0's wins; returned), and form the Gloo group. Every wait is bounded by the config's timeouts.
+#[cfg(feature = "torch")]
+pub fn join(
+    cluster: &env::Cluster,
+    exp: &Experiment,
+    now: &str,
+) -> anyhow::Result<(Distributed, String)> {
+    use std::time::Duration;
+    let worker = cluster
+        .worker
+        .ok_or_else(|| anyhow::anyhow!("join is for workers; this process launches them"))?;
+    let port = cluster
+        .master_port
+        .ok_or_else(|| anyhow::anyhow!("MASTER_PORT is not set"))?;
+    let t = &exp.trainer;
+    if t.process_group_backend == Some(crate::schema::ProcessGroupBackend::Nccl) {
+        anyhow::bail!(
+            "trainer.process_group_backend=nccl: this build's collectives are Gloo (CPU); use \
+             trainer.process_group_backend=gloo (or null)"
+        );
+    }
+    let rendezvous = Duration::from_secs(t.rendezvous_timeout_s.max(1));
+    let store = c10d::Store::connect(
+        &cluster.master_addr,
+        port,
+        worker.rank == 0,
+        cluster.world_size,
+        rendezvous,
+    )
+    .map_err(|e| {
+        e.context(format!(
+            "rank {} could not reach the rendezvous within trainer.rendezvous_timeout_s={}s \
+             (is node 0 started, and MASTER_ADDR/MASTER_PORT the same on every node?)",
+            worker.rank, t.rendezvous_timeout_s
+        ))
+    })?;
+    if worker.rank == 0 {
+        store.set("trainyard/now", now.as_bytes())?;
+    }
+    let agreed = String::from_utf8(store.get("trainyard/now")?)?;
+    let me = local_address_towards(&cluster.master_addr, port)?;
+    let group = c10d::ProcessGroup::gloo(
+        &store,
+        "trainyard/default_pg",
+        worker.rank,
+        cluster.world_size,
+        &me,
+        Duration::from_secs(t.collective_timeout_s.max(1)),
+    )?;
+    Ok((
+        Distributed {
+            rank: worker.rank,
+            local_rank: worker.local_rank,
+            world_size: cluster.world_size,
+            node_rank: cluster.node_rank,
+            num_nodes: cluster.num_nodes,
+            comm: Box::new(group),
+            _store: store,
+        },
+        agreed,
+    ))
+}
+
+#[cfg(not(feature = "torch"))]
+pub fn join(
+    _cluster: &env::Cluster,
+    exp: &Experiment,
+    _now: &str,
+) -> anyhow::Result<(Distributed, String)> {
+    anyhow::bail!(
+        "trainer.strategy={} runs its collectives on libtorch's c10d (Gloo), which this build does not have: \
+         rebuild with --features torch (scripts/install-libtorch.sh installs libtorch), or use trainer=single",
+        exp.trainer.strategy
+    )
+}

@@ -1,0 +1,402 @@
+//! Distributed training for real, through the `train` binary: the node launcher starts worker processes,
+//! they rendezvous on c10d's TCPStore and reduce gradients over Gloo.
+//! - Equivalence: 2-process DDP ends with the same weights as one process with the same global batch.
+//! - Failure: a worker killed with SIGKILL mid-epoch stops the run with a message naming it; `ckpt_path=last`
+//!   then resumes to completion.
+//! - Multi-node: two network namespaces joined by a veth pair act as two nodes (root only; skipped with a
+//!   message elsewhere).
+//!
+//! Needs `--features torch` and libtorch (scripts/install-libtorch.sh).
+#![cfg(feature = "torch")]
+
+mod common;
+use common::{real_project, summary, train, TRAIN};
+use rstest::rstest;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use trainyard::checkpoint;
+
+/// A small, fast quick start: 320 training images, a tiny CNN without dropout or batch norm (so the only
+/// difference between strategies is where the gradients are summed).
+const SMALL: &[&str] = &[
+    "experiment=quickstart",
+    "data.train_size=320",
+    "data.val_size=64",
+    "data.num_workers=1",
+    "model.channels=[8,16]",
+    "trainer.max_epochs=1",
+    "callbacks.model_summary=null",
+];
+
+fn run_in(root: &Path, dir: &str, extra: &[&str]) -> PathBuf {
+    let run_dir = format!("hydra.run.dir={dir}");
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend_from_slice(extra);
+    args.push(&run_dir);
+    let out = train(root, &args);
+    assert!(
+        out.status.success(),
+        "train {}\nstdout:\n{}\nstderr:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    root.join(dir)
+}
+
+fn weights(run: &Path) -> trainyard::backend::StateDict {
+    checkpoint::load(&run.join("checkpoints/last.safetensors"))
+        .unwrap()
+        .state
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("optimizer."))
+        .collect()
+}
+
+/// ‖a − b‖ / ‖b‖ over every tensor, worst case.
+fn worst_relative_difference(
+    a: &trainyard::backend::StateDict,
+    b: &trainyard::backend::StateDict,
+) -> f64 {
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    a.iter()
+        .map(|(k, x)| {
+            let y = &b[k];
+            let diff: f64 = x
+                .data
+                .iter()
+                .zip(&y.data)
+                .map(|(p, q)| f64::from(p - q).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            let norm: f64 = y
+                .data
+                .iter()
+                .map(|q| f64::from(*q).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            diff / norm.max(1e-12)
+        })
+        .fold(0.0, f64::max)
+}
+
+/// 2 processes × batch 16 over Gloo = 1 process × batch 32: same weights after the 10 steps of an epoch
+/// (SGD with momentum, so a wrong average or a missed bucket shows at once), for both backends.
+#[rstest]
+#[case::tch("tch")]
+#[case::candle("candle")]
+fn ddp_matches_one_process_with_the_same_global_batch(#[case] backend: &str) {
+    let p = real_project();
+    let backend = format!("backend={backend}");
+    let common = [backend.as_str(), "optimizer=sgd", "scheduler=constant"];
+    let single = run_in(
+        p.path(),
+        "single",
+        &[&common[..], &["data.batch_size=32"]].concat(),
+    );
+    let ddp = run_in(
+        p.path(),
+        "ddp",
+        &[&common[..], &["trainer=ddp_sim", "data.batch_size=16"]].concat(),
+    );
+    let (s, d) = (summary(&single), summary(&ddp));
+    assert_eq!(s["global_step"], 10);
+    assert_eq!(d["global_step"], 10);
+    assert_eq!(d["strategy"], "ddp");
+    assert_eq!(d["devices"], 2);
+    assert_eq!(d["global_batch_size"], 32);
+    let worst = worst_relative_difference(&weights(&ddp), &weights(&single));
+    assert!(
+        worst < 1e-5,
+        "DDP weights differ from single-process by {worst:e}"
+    );
+    // Sanity: the runs trained (the first step moved the weights away from initialisation).
+    assert!(s["final_metrics"]["train/loss"].as_f64().unwrap() < 2.5);
+    // Metrics are global: every rank logged the same validation accuracy as rank 0's summary.
+    let acc = d["final_metrics"]["val/acc1"].as_f64().unwrap();
+    let rank1 = std::fs::read_to_string(ddp.join("train.rank1.log")).unwrap();
+    assert!(
+        rank1.contains(&format!("val/acc1 {acc:.3}")),
+        "rank 1 logged another val/acc1 than {acc:.3}:\n{rank1}"
+    );
+    // Only rank 0 writes the run's records.
+    assert!(ddp.join("train.rank0.log").exists() && ddp.join("metrics.csv").exists());
+}
+
+/// Nothing waits forever: a worker whose peers never come gives up after `trainer.rendezvous_timeout_s`
+/// with a message that says what to check.
+#[test]
+fn a_rendezvous_nobody_joins_times_out_with_advice() {
+    let p = real_project();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let started = Instant::now();
+    // Rank 1 of 2 under a torchrun-style environment, with no rank 0 anywhere.
+    let out = Command::new(TRAIN)
+        .args(SMALL)
+        .args([
+            "backend=tch",
+            "trainer=ddp_sim",
+            "trainer.rendezvous_timeout_s=3",
+        ])
+        .current_dir(p.path())
+        .env_remove("TRAIN_CONFIG_PATH")
+        .envs([
+            ("RANK", "1"),
+            ("LOCAL_RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", port.as_str()),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        err.contains("rank 1 could not reach the rendezvous")
+            && err.contains("rendezvous_timeout_s=3"),
+        "{err}"
+    );
+}
+
+fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // Field 4 (after the parenthesised command) is the parent pid.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
+        if ppid == pid {
+            let environ = std::fs::read(format!("/proc/{child}/environ")).unwrap_or_default();
+            let rank = String::from_utf8_lossy(&environ)
+                .split('\0')
+                .find_map(|kv| kv.strip_prefix("RANK=").map(str::to_string))
+                .unwrap_or_default();
+            out.push((child, rank));
+        }
+    }
+    out
+}
+
+/// kill -9 on rank 1 in the middle of an epoch: the run stops at once with a message naming rank 1 and the
+/// signal, no process is left behind, and `ckpt_path=last` resumes the run to its end.
+#[test]
+fn a_killed_worker_stops_the_run_and_the_run_resumes_from_its_checkpoint() {
+    let p = real_project();
+    let args: Vec<&str> = [
+        SMALL,
+        &[
+            "backend=tch",
+            "trainer=ddp_sim",
+            "data.batch_size=8",
+            "data.train_size=4096",
+            "trainer.max_epochs=3",
+            "trainer.collective_timeout_s=30",
+            "hydra.run.dir=runs/first",
+        ],
+    ]
+    .concat();
+    let mut launcher = Command::new(TRAIN)
+        .args(&args)
+        .current_dir(p.path())
+        .env_remove("TRAIN_CONFIG_PATH")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let run = p.path().join("runs/first");
+    // Wait for the first epoch's checkpoint, then for training to be under way in epoch 2.
+    let start = Instant::now();
+    while !run.join("checkpoints/last.safetensors").exists() {
+        assert!(
+            start.elapsed() < Duration::from_secs(240),
+            "no checkpoint after 240s"
+        );
+        assert!(
+            launcher.try_wait().unwrap().is_none(),
+            "the run ended early"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let workers = children_of(launcher.id());
+    assert_eq!(workers.len(), 2, "{workers:?}");
+    let (victim, _) = workers.iter().find(|(_, r)| r == "1").unwrap().clone();
+    let killed_at = Instant::now();
+    // SAFETY: signalling a process this test started (a child of the launcher).
+    unsafe { libc::kill(victim as i32, libc::SIGKILL) };
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(30),
+            "the launcher did not stop within the collective timeout"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(launcher.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(!status.success());
+    assert!(
+        err.contains("worker rank 1") && err.contains("signal 9"),
+        "{err}"
+    );
+    assert!(err.contains("ckpt_path=last"), "{err}");
+    for (pid, _) in &workers {
+        assert!(
+            !Path::new(&format!("/proc/{pid}")).exists()
+                || std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .map(|s| s.contains(") Z "))
+                    .unwrap_or(true),
+            "worker {pid} is still running"
+        );
+    }
+    // Resume: the same command with ckpt_path pointing at the interrupted run's last checkpoint.
+    let last = run.join("checkpoints/last.safetensors");
+    let ckpt = format!("ckpt_path={}", last.display());
+    let resumed = run_in(
+        p.path(),
+        "runs/resumed",
+        &[
+            "backend=tch",
+            "trainer=ddp_sim",
+            "data.batch_size=8",
+            "data.train_size=4096",
+            "trainer.max_epochs=3",
+            &ckpt,
+        ],
+    );
+    let s = summary(&resumed);
+    assert_eq!(s["epochs_completed"], 3);
+    assert_eq!(s["status"], "completed");
+    assert!(s["resumed_from"]
+        .as_str()
+        .unwrap()
+        .contains("last.safetensors"));
+}
+
+/// Two network namespaces joined by a veth pair: two "nodes" that can reach each other only over that
+/// link. `train ... trainer=ddp trainer.num_nodes=2 trainer.devices=1` runs once in each with NODE_RANK
+/// 0/1 and MASTER_ADDR = node 0's veth address; both finish, into one run directory, and agree.
+#[test]
+fn two_nodes_in_two_network_namespaces() {
+    let tag = format!("ty{}", std::process::id() % 100000);
+    let (ns0, ns1) = (format!("{tag}a"), format!("{tag}b"));
+    let ip = |args: &[&str]| {
+        Command::new("ip")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+    };
+    let created = ip(&["netns", "add", &ns0]);
+    if !matches!(&created, Ok(o) if o.status.success()) {
+        eprintln!(
+            "SKIPPED two_nodes_in_two_network_namespaces: `ip netns add` is not permitted here (needs root \
+             and CAP_SYS_ADMIN): {:?}",
+            created.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        );
+        return;
+    }
+    struct Cleanup(Vec<String>);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            for ns in &self.0 {
+                let _ = Command::new("ip").args(["netns", "del", ns]).output();
+            }
+        }
+    }
+    let _cleanup = Cleanup(vec![ns0.clone(), ns1.clone()]);
+    let (v0, v1) = (format!("{tag}v0"), format!("{tag}v1"));
+    for cmd in [
+        vec!["netns", "add", &ns1],
+        vec!["link", "add", &v0, "type", "veth", "peer", "name", &v1],
+        vec!["link", "set", &v0, "netns", &ns0],
+        vec!["link", "set", &v1, "netns", &ns1],
+        vec!["-n", &ns0, "addr", "add", "10.231.7.1/24", "dev", &v0],
+        vec!["-n", &ns1, "addr", "add", "10.231.7.2/24", "dev", &v1],
+        vec!["-n", &ns0, "link", "set", &v0, "up"],
+        vec!["-n", &ns1, "link", "set", &v1, "up"],
+        vec!["-n", &ns0, "link", "set", "lo", "up"],
+        vec!["-n", &ns1, "link", "set", "lo", "up"],
+    ] {
+        let out = ip(&cmd).unwrap();
+        assert!(
+            out.status.success(),
+            "ip {}: {}",
+            cmd.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let p = real_project();
+    let node = |ns: &str, rank: &str| {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", ns, TRAIN])
+            .args(SMALL)
+            .args([
+                "backend=tch",
+                "trainer=ddp",
+                "trainer.accelerator=cpu",
+                "trainer.num_nodes=2",
+                "trainer.devices=1",
+                "trainer.sync_batchnorm=false",
+                "trainer.process_group_backend=gloo",
+                "trainer.rendezvous_timeout_s=60",
+                "trainer.collective_timeout_s=60",
+                "data.batch_size=16",
+            ])
+            .current_dir(p.path())
+            .env_remove("TRAIN_CONFIG_PATH")
+            .env("MASTER_ADDR", "10.231.7.1")
+            .env("MASTER_PORT", "29531")
+            .env("NODE_RANK", rank)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd.spawn().unwrap()
+    };
+    let n0 = node(&ns0, "0");
+    let n1 = node(&ns1, "1");
+    let (o0, o1) = (
+        n0.wait_with_output().unwrap(),
+        n1.wait_with_output().unwrap(),
+    );
+    for (name, o) in [("node 0", &o0), ("node 1", &o1)] {
+        assert!(
+            o.status.success(),
+            "{name} failed:\nstdout:\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    // One run directory for both nodes: rank 0's summary and rank 1's log side by side.
+    let runs: Vec<PathBuf> = std::fs::read_dir(p.path().join("logs/quickstart/runs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run = &runs[0];
+    let s = summary(run);
+    assert_eq!(s["num_nodes"], 2);
+    assert_eq!(s["devices"], 1);
+    assert_eq!(s["global_batch_size"], 32);
+    let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
+    let rank1 = std::fs::read_to_string(run.join("train.rank1.log")).unwrap();
+    assert!(rank1.contains(&format!("val/acc1 {acc:.3}")), "{rank1}");
+}
