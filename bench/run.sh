@@ -10,3 +10,5 @@ cargo build --release --examples
 .venv-torch/bin/python bench/train_step_bench.py --rounds 3 --record
 .venv-torch/bin/python bench/oracle.py --record
 .venv-torch/bin/python bench/loader_bench.py --workers 1 2 --rounds 3 --record
+LIBTORCH="$PWD/.libtorch/torch" CARGO_TARGET_DIR=target-torch cargo build --features torch --example allreduce_bench
+.venv-torch/bin/python bench/allreduce_bench.py --exe target-torch/debug/examples/allreduce_bench --rounds 5 --record

@@ -213,6 +213,14 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
         missing
             .push("trainer.strategy=single with several devices or nodes; use trainer=ddp".into());
     }
+    if t.sync_batchnorm && t.strategy != Strategy::Single {
+        missing.push(
+            "trainer.sync_batchnorm=true: SyncBatchNorm (batch statistics reduced across ranks inside the \
+             forward and backward passes); set trainer.sync_batchnorm=false, so each rank normalises with \
+             its own batch's statistics (Lightning's default)"
+                .into(),
+        );
+    }
     if t.strategy == Strategy::Ddp && t.auto_scale_batch_size.is_some() {
         missing.push(
             "trainer.auto_scale_batch_size with trainer.strategy=ddp: find the batch size with one device \
