@@ -213,6 +213,13 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
         missing
             .push("trainer.strategy=single with several devices or nodes; use trainer=ddp".into());
     }
+    if t.strategy == Strategy::Ddp && !cfg!(feature = "torch") {
+        missing.push(
+            "trainer.strategy=ddp: its collectives are libtorch's c10d (Gloo), which this build does not \
+             have; eval \"$(scripts/install-libtorch.sh)\" and rebuild with --features torch"
+                .into(),
+        );
+    }
     if t.sync_batchnorm && t.strategy != Strategy::Single {
         missing.push(
             "trainer.sync_batchnorm=true: SyncBatchNorm (batch statistics reduced across ranks inside the \
