@@ -97,7 +97,15 @@ fn run_validation(
     spec: &LoaderSpec,
     indices: &[usize],
     batches: usize,
+    comm: Option<&dyn crate::dist::collective::Collective>,
 ) -> anyhow::Result<StepStats> {
+    if let Some(c) = comm {
+        // BatchNorm running statistics drift apart per rank (each normalises its own batches): evaluate
+        // and checkpoint rank 0's, as DDP's broadcast_buffers does.
+        if engine.state_dict()?.keys().any(|k| k.contains("running_")) {
+            crate::dist::collective::broadcast_state(c, engine)?;
+        }
+    }
     let mut v = StepStats::default();
     for batch in EpochLoader::new(spec, 0, indices).take(batches) {
         v.add(&engine.evaluate(&batch?)?);
@@ -228,7 +236,9 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
                 .into(),
         );
     }
-    if t.strategy == Strategy::Ddp && t.auto_scale_batch_size.is_some() {
+    if t.strategy == Strategy::Ddp
+        && (t.auto_scale_batch_size.is_some() || exp.callbacks.batch_size_finder.is_some())
+    {
         missing.push(
             "trainer.auto_scale_batch_size with trainer.strategy=ddp: find the batch size with one device \
              (trainer=single), then train with it"
@@ -480,7 +490,20 @@ fn fit_with(
         _ => None,
     };
 
-    data::download::ensure(&exp.data)?;
+    // One download per run: rank 0 fetches, the others wait for it and then only check the files.
+    match comm {
+        Some(c) => {
+            if lead {
+                data::download::ensure(&exp.data)?;
+            }
+            c.barrier()
+                .context("waiting for rank 0 to fetch the data set")?;
+            if !lead {
+                data::download::ensure(&exp.data)?;
+            }
+        }
+        None => data::download::ensure(&exp.data)?,
+    }
     let train_set = data::open(&exp.data, Split::Train, exp.seed)?;
     let val_set = if overfit.is_some() {
         train_set.clone()
@@ -791,6 +814,7 @@ fn fit_with(
                         &val_spec,
                         &val_indices,
                         val_batches,
+                        comm,
                     )?)?;
                     let scalars = [
                         ("val/loss", v.loss()),
@@ -820,7 +844,7 @@ fn fit_with(
                     status = "max_steps reached".into();
                     train_time += epoch_start.elapsed().as_secs_f64();
                     state.epoch += 1;
-                    last_train = epoch_stats;
+                    last_train = global(epoch_stats)?;
                     break 'epochs;
                 }
             }
@@ -844,6 +868,7 @@ fn fit_with(
                 &val_spec,
                 &val_indices,
                 val_batches,
+                comm,
             )?)?;
             val = Some(v);
             last_val = Some(v);

@@ -81,15 +81,30 @@ fn worst_relative_difference(
         .fold(0.0, f64::max)
 }
 
-/// 2 processes × batch 16 over Gloo = 1 process × batch 32: same weights after the 10 steps of an epoch
-/// (SGD with momentum, so a wrong average or a missed bucket shows at once), for both backends.
+/// 2 processes × batch 16 over Gloo = 1 process × batch 32: same weights after an epoch (SGD with
+/// momentum, so a wrong average or a missed bucket shows at once), for both backends; with buckets small
+/// enough to split the model, and with gradient accumulation.
 #[rstest]
-#[case::tch("tch")]
-#[case::candle("candle")]
-fn ddp_matches_one_process_with_the_same_global_batch(#[case] backend: &str) {
+#[case::tch("tch", &[], 10)]
+#[case::candle("candle", &[], 10)]
+#[case::tch_small_buckets_accumulating("tch",
+    &["trainer.ddp.bucket_cap_mb=0.005", "trainer.accumulate_grad_batches=2"], 5)]
+#[case::candle_small_buckets("candle", &["trainer.ddp.bucket_cap_mb=0.005"], 10)]
+fn ddp_matches_one_process_with_the_same_global_batch(
+    #[case] backend: &str,
+    #[case] extra: &[&str],
+    #[case] steps: u64,
+) {
     let p = real_project();
     let backend = format!("backend={backend}");
-    let common = [backend.as_str(), "optimizer=sgd", "scheduler=constant"];
+    let mut common = vec![backend.as_str(), "optimizer=sgd", "scheduler=constant"];
+    // Settings both runs share (the bucket size only matters to DDP; one process ignores it).
+    common.extend(extra.iter().filter(|o| !o.starts_with("trainer.ddp.")));
+    let ddp_only: Vec<&str> = extra
+        .iter()
+        .copied()
+        .filter(|o| o.starts_with("trainer.ddp."))
+        .collect();
     let single = run_in(
         p.path(),
         "single",
@@ -98,14 +113,19 @@ fn ddp_matches_one_process_with_the_same_global_batch(#[case] backend: &str) {
     let ddp = run_in(
         p.path(),
         "ddp",
-        &[&common[..], &["trainer=ddp_sim", "data.batch_size=16"]].concat(),
+        &[
+            &common[..],
+            &["trainer=ddp_sim", "data.batch_size=16"],
+            &ddp_only[..],
+        ]
+        .concat(),
     );
     let (s, d) = (summary(&single), summary(&ddp));
-    assert_eq!(s["global_step"], 10);
-    assert_eq!(d["global_step"], 10);
+    assert_eq!(s["global_step"], steps);
+    assert_eq!(d["global_step"], steps);
     assert_eq!(d["strategy"], "ddp");
     assert_eq!(d["devices"], 2);
-    assert_eq!(d["global_batch_size"], 32);
+    assert_eq!(d["global_batch_size"], s["global_batch_size"]);
     let worst = worst_relative_difference(&weights(&ddp), &weights(&single));
     assert!(
         worst < 1e-5,
@@ -285,10 +305,14 @@ fn a_killed_worker_stops_the_run_and_the_run_resumes_from_its_checkpoint() {
     let s = summary(&resumed);
     assert_eq!(s["epochs_completed"], 3);
     assert_eq!(s["status"], "completed");
-    assert!(s["resumed_from"]
-        .as_str()
-        .unwrap()
-        .contains("last.safetensors"));
+    assert!(
+        s["resumed_from"]
+            .as_str()
+            .unwrap()
+            .contains("first/checkpoints/last.safetensors"),
+        "{}",
+        s["resumed_from"]
+    );
 }
 
 /// Two network namespaces joined by a veth pair: two "nodes" that can reach each other only over that

@@ -191,12 +191,20 @@ unsafe impl Sync for ProcessGroup {}
 
 /// A collective in flight; `wait` finishes it (and reports a failure: a dead peer, a timeout).
 #[must_use = "a collective must be waited for"]
-pub struct Pending {
+pub struct Pending<'a> {
     ptr: *mut c_void,
     what: &'static str,
+    /// The tensors the collective reads and writes stay borrowed until it is waited for.
+    _tensors: std::marker::PhantomData<&'a Tensor>,
 }
 
-impl Pending {
+impl Pending<'_> {
+    /// After another collective failed, do not wait for this one too (each wait could last the whole
+    /// collective timeout): let it go. The shim's handle keeps the tensors' storage alive.
+    pub fn abandon(mut self) {
+        self.ptr = std::ptr::null_mut();
+    }
+
     pub fn wait(mut self) -> anyhow::Result<()> {
         let ptr = std::mem::replace(&mut self.ptr, std::ptr::null_mut());
         // SAFETY: a live handle from the shim; trainyard_wait frees it.
@@ -204,7 +212,7 @@ impl Pending {
     }
 }
 
-impl Drop for Pending {
+impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.ptr.is_null() {
             // SAFETY: a live handle nobody waited for: wait (ignoring the outcome) so it is freed.
@@ -213,11 +221,15 @@ impl Drop for Pending {
     }
 }
 
-fn pending(ptr: *mut c_void, what: &'static str) -> anyhow::Result<Pending> {
+fn pending<'a>(ptr: *mut c_void, what: &'static str) -> anyhow::Result<Pending<'a>> {
     if ptr.is_null() {
         anyhow::bail!("{what}: {}", last_error());
     }
-    Ok(Pending { ptr, what })
+    Ok(Pending {
+        ptr,
+        what,
+        _tensors: std::marker::PhantomData,
+    })
 }
 
 fn tensor_ptr(t: &Tensor) -> *mut c_void {
@@ -270,7 +282,11 @@ impl ProcessGroup {
     }
 
     /// Start reducing `tensors` in place across ranks (contiguous CPU tensors).
-    pub fn all_reduce(&self, tensors: &[&Tensor], op: ReduceOp) -> anyhow::Result<Pending> {
+    pub fn all_reduce<'a>(
+        &self,
+        tensors: &[&'a Tensor],
+        op: ReduceOp,
+    ) -> anyhow::Result<Pending<'a>> {
         let ptrs: Vec<*mut c_void> = tensors.iter().map(|t| tensor_ptr(t)).collect();
         // SAFETY: the tensors outlive the wait (callers hold them until `Pending::wait`).
         pending(
@@ -281,7 +297,7 @@ impl ProcessGroup {
         )
     }
 
-    pub fn broadcast(&self, tensor: &Tensor, root: usize) -> anyhow::Result<Pending> {
+    pub fn broadcast<'a>(&self, tensor: &'a Tensor, root: usize) -> anyhow::Result<Pending<'a>> {
         // SAFETY: as above.
         pending(
             unsafe { trainyard_broadcast(self.ptr, tensor_ptr(tensor), root as c_int) },
@@ -290,7 +306,11 @@ impl ProcessGroup {
     }
 
     /// `output` (flat, world × input.numel()) receives every rank's `input` in rank order.
-    pub fn all_gather(&self, output: &Tensor, input: &Tensor) -> anyhow::Result<Pending> {
+    pub fn all_gather<'a>(
+        &self,
+        output: &'a Tensor,
+        input: &'a Tensor,
+    ) -> anyhow::Result<Pending<'a>> {
         // SAFETY: as above.
         pending(
             unsafe { trainyard_all_gather(self.ptr, tensor_ptr(output), tensor_ptr(input)) },
@@ -299,12 +319,12 @@ impl ProcessGroup {
     }
 
     /// `input` (flat, world × output.numel()) is reduced across ranks; this rank keeps its chunk.
-    pub fn reduce_scatter(
+    pub fn reduce_scatter<'a>(
         &self,
-        output: &Tensor,
-        input: &Tensor,
+        output: &'a Tensor,
+        input: &'a Tensor,
         op: ReduceOp,
-    ) -> anyhow::Result<Pending> {
+    ) -> anyhow::Result<Pending<'a>> {
         // SAFETY: as above.
         pending(
             unsafe {
@@ -366,21 +386,24 @@ impl Collective for ProcessGroup {
             return Ok(());
         }
         let t = borrow_f32(data);
-        self.all_reduce(&[&t], op)?.wait()
+        let done = self.all_reduce(&[&t], op)?.wait();
+        done
     }
     fn all_reduce_f64(&self, data: &mut [f64], op: ReduceOp) -> anyhow::Result<()> {
         if data.is_empty() {
             return Ok(());
         }
         let t = borrow_f64(data);
-        self.all_reduce(&[&t], op)?.wait()
+        let done = self.all_reduce(&[&t], op)?.wait();
+        done
     }
     fn broadcast_f32(&self, data: &mut [f32], root: usize) -> anyhow::Result<()> {
         if data.is_empty() {
             return Ok(());
         }
         let t = borrow_f32(data);
-        self.broadcast(&t, root)?.wait()
+        let done = self.broadcast(&t, root)?.wait();
+        done
     }
     fn barrier(&self) -> anyhow::Result<()> {
         // SAFETY: a live group.

@@ -184,7 +184,9 @@ void* trainyard_barrier(void* group) {
 int trainyard_wait(void* pending) {
   auto* p = static_cast<Pending*>(pending);
   int status = guarded([&] {
-    p->work->wait();
+    if (!p->work->wait()) {
+      throw std::runtime_error("the collective was aborted");
+    }
     if (!p->work->isSuccess()) {
       auto e = p->work->exception();
       if (e) std::rethrow_exception(e);

@@ -124,7 +124,18 @@ pub fn detect(
             worker: Some(Worker { rank, local_rank }),
         });
     }
-    if let Some(ntasks) = parse::<usize>(get, "SLURM_NTASKS")? {
+    // An interactive allocation (`salloc`, `srun --pty bash`) is not a SLURM launch of the workers (as
+    // Lightning decides): the node launcher starts them.
+    let interactive = matches!(
+        get("SLURM_JOB_NAME").as_deref(),
+        Some("bash" | "interactive")
+    );
+    let slurm_tasks = if interactive {
+        None
+    } else {
+        parse::<usize>(get, "SLURM_NTASKS")?
+    };
+    if let Some(ntasks) = slurm_tasks {
         let why = "SLURM_NTASKS is set (a SLURM job)";
         let procid: usize = required(get, "SLURM_PROCID", why)?;
         let node_id: usize = required(get, "SLURM_NODEID", why)?;
@@ -286,6 +297,22 @@ mod tests {
         .unwrap();
         assert_eq!(c.master_addr, "node003");
         assert_eq!(c.master_port, Some(15000 + 1234));
+    }
+
+    #[test]
+    fn an_interactive_slurm_shell_is_not_a_slurm_launch() {
+        let c = run(
+            &[
+                ("SLURM_NTASKS", "1"),
+                ("SLURM_PROCID", "0"),
+                ("SLURM_NODEID", "0"),
+                ("SLURM_JOB_NAME", "bash"),
+            ],
+            2,
+            1,
+        )
+        .unwrap();
+        assert_eq!((c.launcher, c.worker), (Launcher::Local, None));
     }
 
     #[rstest]

@@ -87,6 +87,10 @@ pub fn run_node(launch: &NodeLaunch) -> anyhow::Result<()> {
         Some(p) => p,
         None => free_port()?,
     };
+    // As torchrun does, workers share the cores instead of each starting one thread per core (libtorch's
+    // OpenMP pool, Candle's rayon pool); a value set by the user is kept.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = (cores / c.local_world_size.max(1)).max(1).to_string();
     let mut children: Vec<(usize, Child)> = Vec::new();
     for local_rank in 0..c.local_world_size {
         let rank = c.node_rank * c.local_world_size + local_rank;
@@ -101,6 +105,20 @@ pub fn run_node(launch: &NodeLaunch) -> anyhow::Result<()> {
             .env("MASTER_ADDR", &c.master_addr)
             .env("MASTER_PORT", port.to_string())
             .env(super::NOW_ENV, &launch.now);
+        for pool in ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"] {
+            if std::env::var_os(pool).is_none() {
+                cmd.env(pool, &threads);
+            }
+        }
+        // Workers die with their launcher (killed, scancel'ed, timed out) instead of training on as orphans.
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
         match cmd.spawn() {
             Ok(child) => children.push((rank, child)),
             Err(e) => {

@@ -35,6 +35,14 @@ impl Distributed {
     }
 }
 
+static LOCAL_RANK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// This process's device index on its node: its local rank in a distributed run (cuda:<local_rank>, as
+/// Lightning places workers), else 0.
+pub fn local_device_index() -> usize {
+    LOCAL_RANK.get().copied().unwrap_or(0)
+}
+
 /// This node's address as the master sees it: the local end of a route to `MASTER_ADDR`. Gloo binds to it,
 /// so two nodes on a private link (or two network namespaces) reach each other on that link.
 pub fn local_address_towards(master: &str, port: u16) -> anyhow::Result<String> {
@@ -78,10 +86,13 @@ pub fn join(
         );
     }
     let rendezvous = Duration::from_secs(t.rendezvous_timeout_s.max(1));
+    // Under torchrun (elastic agent) the agent already hosts the store on MASTER_PORT: every rank is a client.
+    let agent_hosts_store =
+        std::env::var("TORCHELASTIC_USE_AGENT_STORE").is_ok_and(|v| v == "True");
     let store = c10d::Store::connect(
         &cluster.master_addr,
         port,
-        worker.rank == 0,
+        worker.rank == 0 && !agent_hosts_store,
         cluster.world_size,
         rendezvous,
     )
@@ -97,6 +108,7 @@ pub fn join(
     }
     let agreed = String::from_utf8(store.get("trainyard/now")?)?;
     let me = local_address_towards(&cluster.master_addr, port)?;
+    let _ = LOCAL_RANK.set(worker.local_rank);
     let group = c10d::ProcessGroup::gloo(
         &store,
         "trainyard/default_pg",

@@ -70,9 +70,12 @@ impl TchEngine {
                     "trainer.accelerator={:?}: libtorch sees no CUDA device",
                     exp.trainer.accelerator
                 );
-                Device::Cuda(0)
+                Device::Cuda(crate::dist::local_device_index())
             }
-            Accelerator::Auto => Device::cuda_if_available(),
+            Accelerator::Auto if tch::Cuda::is_available() => {
+                Device::Cuda(crate::dist::local_device_index())
+            }
+            Accelerator::Auto => Device::Cpu,
         };
         if exp.trainer.cudnn_benchmark {
             if device.is_cuda() {
@@ -315,19 +318,28 @@ impl Engine for TchEngine {
         let grads: Vec<Tensor> = self.params.values().rev().map(|p| p.grad()).collect();
         let numels: Vec<usize> = grads.iter().map(|g| g.numel()).collect();
         let world = comm.world_size() as f64;
-        let mut in_flight = Vec::new();
-        for range in crate::strategy::ddp::buckets(&numels, sync.bucket_cap_bytes) {
+        let ranges = crate::strategy::ddp::buckets(&numels, sync.bucket_cap_bytes);
+        let mut flats = Vec::with_capacity(ranges.len());
+        for range in &ranges {
             let views: Vec<Tensor> = grads[range.clone()]
                 .iter()
                 .map(|g| g.f_reshape([-1]))
                 .collect::<Result<_, _>>()?;
-            let flat = Tensor::f_cat(&views, 0)?;
-            let work = pg.all_reduce(&[&flat], crate::dist::collective::ReduceOp::Sum)?;
-            in_flight.push((range, flat, work));
+            flats.push(Tensor::f_cat(&views, 0)?);
+        }
+        let mut in_flight = Vec::with_capacity(flats.len());
+        for flat in &flats {
+            in_flight.push(pg.all_reduce(&[flat], crate::dist::collective::ReduceOp::Sum)?);
         }
         tch::no_grad(|| -> anyhow::Result<()> {
-            for (range, flat, work) in in_flight {
-                work.wait()?;
+            let mut works = in_flight.into_iter();
+            for (range, flat) in ranges.into_iter().zip(&flats) {
+                let work = works.next().context("one pending all-reduce per bucket")?;
+                if let Err(e) = work.wait() {
+                    // A peer is gone: do not sit through the timeout once per remaining bucket.
+                    works.for_each(|w| w.abandon());
+                    return Err(e);
+                }
                 let mean = flat.f_div_scalar(world)?;
                 let mut at = 0i64;
                 for g in &grads[range] {
