@@ -553,7 +553,8 @@ fn fit_with(
         resumed_from = Some(checkpoint_origin(&path, output_dir, exp));
     }
 
-    // DeviceStatsMonitor: the GPU is sampled only when the run is on one (NVML index 0 of the visible set).
+    // DeviceStatsMonitor: the GPU is sampled only when the run is on one (CUDA device 0, found in NVML by
+    // way of CUDA_VISIBLE_DEVICES).
     let mut device_stats = exp.callbacks.device_stats.as_ref().map(|d| {
         crate::callbacks::device_stats::DeviceStatsMonitor::start(
             std::time::Duration::from_millis(d.sample_every_ms.max(1)),
