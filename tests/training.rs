@@ -40,6 +40,13 @@ fn quickstart_learns() {
     assert!(run.join("checkpoints/last.safetensors").is_file());
     let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     assert!(csv.starts_with("epoch,step,lr,train/loss"), "{csv}");
+    // The default callbacks record device stats (the logbook's memory and GPU columns).
+    assert!(s["device_stats"]["samples"].as_u64().unwrap() >= 1, "{s}");
+    assert!(csv
+        .lines()
+        .next()
+        .unwrap()
+        .contains("device/rss_bytes_mean"));
 }
 
 const SMALL: &[&str] = &[
@@ -611,7 +618,7 @@ fn device_stats_on_the_cpu() {
     args.extend([
         "trainer.max_epochs=2",
         "data.train_size=512",
-        "+callbacks.device_stats.sample_every_ms=10",
+        "callbacks.device_stats.sample_every_ms=10",
     ]);
     let out = train(p.path(), &args);
     assert!(
@@ -639,6 +646,15 @@ fn device_stats_on_the_cpu() {
     for r in &epoch_rows {
         let rss: f64 = r[col("device/rss_bytes_max")].parse().unwrap();
         assert!(rss > 1e6, "{r:?}");
-        assert!(r[col("device/gpu_util_percent_mean")].is_empty(), "{r:?}");
+        let rss_mean: f64 = r[col("device/rss_bytes_mean")].parse().unwrap();
+        assert!(rss_mean > 1e6 && rss_mean <= rss, "{r:?}");
+        for gpu in [
+            "device/gpu_util_percent_mean",
+            "device/gpu_util_percent_max",
+            "device/gpu_memory_used_bytes_mean",
+            "device/gpu_memory_used_bytes_max",
+        ] {
+            assert!(r[col(gpu)].is_empty(), "{gpu}: {r:?}");
+        }
     }
 }
