@@ -51,6 +51,8 @@ pub struct Summary {
     pub batch_size_finder: Option<crate::callbacks::batch_size_finder::Finding>,
     /// DeviceStatsMonitor's figures for the whole run, when it ran.
     pub device_stats: Option<crate::callbacks::device_stats::DeviceStatsSummary>,
+    /// The Timer callback's limit and the training time it measured, when it ran.
+    pub timer: Option<crate::callbacks::timer::TimerSummary>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -256,25 +258,6 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
     )
 }
 
-/// `DD:HH:MM:SS` (Lightning's Timer format) in seconds.
-pub fn parse_max_time(text: &str) -> anyhow::Result<f64> {
-    let parts: Vec<&str> = text.split(':').collect();
-    anyhow::ensure!(
-        parts.len() == 4,
-        "callbacks.timer.max_time='{text}': expected DD:HH:MM:SS"
-    );
-    let mut secs = 0.0;
-    for (part, unit) in parts.iter().zip([86400.0, 3600.0, 60.0, 1.0]) {
-        let v: f64 = part.parse().map_err(|_| {
-            anyhow::anyhow!(
-                "callbacks.timer.max_time='{text}': '{part}' is not a number (DD:HH:MM:SS)"
-            )
-        })?;
-        secs += v * unit;
-    }
-    Ok(secs)
-}
-
 /// The console logger's bar (batches, ETA, loss, throughput) when stdout is a terminal and the logger is
 /// not in plain mode; otherwise none, and the per-epoch lines are the console output.
 fn progress_bar(
@@ -414,12 +397,7 @@ fn fit_with(
 ) -> anyhow::Result<Summary> {
     let started = Instant::now();
     reset_peak_rss();
-    let max_time = exp
-        .callbacks
-        .timer
-        .as_ref()
-        .map(|t| parse_max_time(&t.max_time))
-        .transpose()?;
+    let mut timer = crate::callbacks::timer::Timer::from_config(exp.callbacks.timer.as_ref())?;
     let t = &exp.trainer;
     let fast_dev = match t.fast_dev_run {
         FastDevRun::Flag(true) => Some(1usize),
@@ -650,6 +628,9 @@ fn fit_with(
     );
     let lr_each_epoch = exp.callbacks.lr_monitor.is_some();
     let mut step_compute = 0.0;
+    if let Some(t) = timer.as_mut() {
+        t.start();
+    }
 
     'epochs: while state.epoch < max_epochs {
         let epoch = state.epoch;
@@ -748,6 +729,10 @@ fn fit_with(
                     state.epoch += 1;
                     last_train = epoch_stats;
                     break 'epochs;
+                }
+                // Timer: out of time mid-epoch; the epoch ends here (validation, checkpoint, then stop).
+                if timer.as_mut().is_some_and(|t| t.stop_after_step()) {
+                    break;
                 }
             }
         }
@@ -876,14 +861,9 @@ fn fit_with(
                 last_path = Some(path);
             }
         }
-        if let Some(limit) = max_time {
-            if started.elapsed().as_secs_f64() >= limit {
-                status = format!(
-                    "stopped by the timer after {:.0}s",
-                    started.elapsed().as_secs_f64()
-                );
-                break;
-            }
+        if let Some(why) = timer.as_mut().and_then(|t| t.stop_at_epoch_end()) {
+            status = why;
+            break;
         }
         if let Some(stop) = stop_cfg {
             if state.metrics.contains_key(stop.monitor.as_str())
@@ -945,6 +925,8 @@ fn fit_with(
         last_checkpoint: last_location.or(last_path.map(|p| p.display().to_string())),
         resumed_from,
         batch_size_finder: finding,
+        // Before device stats, whose sampler thread may take a sampling period to stop.
+        timer: timer.map(|t| t.summary()),
         device_stats: device_stats.and_then(|m| m.finish(output_dir)),
     };
     crate::records::write_atomic(

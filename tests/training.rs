@@ -658,3 +658,59 @@ fn device_stats_on_the_cpu() {
         }
     }
 }
+
+/// The Timer: with `interval: step` (the default) it stops mid-epoch, one second into an epoch that would
+/// take far longer; with `interval: epoch` only at an epoch's end. Either way the stopped epoch is logged,
+/// summary.json says the timer stopped the run and records the training time it measured.
+#[rstest::rstest]
+#[case::step("step", &["data.train_size=40000", "trainer.max_epochs=1"])]
+#[case::epoch("epoch", &["data.train_size=64", "trainer.max_epochs=1000"])]
+fn timer_stops_the_run(#[case] interval: &str, #[case] size: &[&str]) {
+    let p = real_project();
+    let interval_arg = format!("+callbacks.timer.interval={interval}");
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend_from_slice(size);
+    args.extend([
+        "data.val_size=64",
+        "+callbacks.timer.max_time=00:00:00:01",
+        interval_arg.as_str(),
+    ]);
+    let s = run_once(p.path(), &args);
+    let status = s["status"].as_str().unwrap();
+    let fired_after: f64 = status
+        .strip_prefix("stopped by the timer after ")
+        .and_then(|rest| rest.split('s').next())
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(
+        fired_after >= 1.0 && status.contains(&format!("checked every {interval}")),
+        "{status}"
+    );
+    let timer = &s["timer"];
+    assert_eq!(timer["stopped"], true, "{timer}");
+    assert_eq!(timer["max_time_s"], 1.0);
+    let elapsed = timer["elapsed_s"].as_f64().unwrap();
+    assert!(
+        (1.0..s["wall_time_s"].as_f64().unwrap() + 1e-9).contains(&elapsed),
+        "{s}"
+    );
+    let steps = s["global_step"].as_u64().unwrap();
+    let steps_per_epoch = match interval {
+        "step" => 40000 / 32,
+        _ => 64 / 32,
+    };
+    let epochs = s["epochs_completed"].as_u64().unwrap();
+    match interval {
+        // Cut short: far fewer steps than the one epoch has, and that epoch still ends (counted, validated).
+        "step" => {
+            assert!(steps > 0 && steps < steps_per_epoch / 2, "{steps} steps");
+            assert_eq!(epochs, 1);
+            assert!(s["final_metrics"]["val/acc1"].is_number(), "{s}");
+        }
+        // Whole epochs only, and far fewer than asked for.
+        _ => {
+            assert_eq!(steps, epochs * steps_per_epoch, "{s}");
+            assert!(epochs >= 1 && epochs < 1000, "{epochs}");
+        }
+    }
+}
