@@ -311,6 +311,15 @@ fn finder_config(exp: &Experiment) -> anyhow::Result<Option<crate::schema::Batch
     if let Some(mode) = exp.trainer.auto_scale_batch_size {
         cfg.mode = mode;
     }
+    if !matches!(
+        exp.trainer.fast_dev_run,
+        FastDevRun::Flag(false) | FastDevRun::Batches(0)
+    ) {
+        tracing::warn!(
+            "batch size finder skipped: trainer.fast_dev_run is set (as Lightning does)"
+        );
+        return Ok(None);
+    }
     Ok(Some(cfg))
 }
 
@@ -354,9 +363,17 @@ fn find_batch_size(
                 prefetch: 2,
                 seed: exp.seed,
             };
-            for batch in EpochLoader::new(&spec, 0, &indices).take(steps) {
-                engine.forward_backward(&batch?, 1.0)?;
-                engine.optimizer_step(exp.optimizer.lr, None, None)?;
+            // Exactly `steps` steps, into further epochs when one has fewer batches.
+            let mut done = 0;
+            for epoch in 0.. {
+                for batch in EpochLoader::new(&spec, epoch, &indices).take(steps - done) {
+                    engine.forward_backward(&batch?, 1.0)?;
+                    engine.optimizer_step(exp.optimizer.lr, None, None)?;
+                    done += 1;
+                }
+                if done >= steps {
+                    break;
+                }
             }
         }
         Ok(crate::memory::peak().saturating_sub(before) as u64)
