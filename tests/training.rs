@@ -714,3 +714,101 @@ fn timer_stops_the_run(#[case] interval: &str, #[case] size: &[&str]) {
         }
     }
 }
+
+/// `fit_after: false` only measures: the batch size found is recorded, nothing is trained. Under
+/// `fast_dev_run` the finder is skipped (Lightning's rule), so the run needs no memory budget at all.
+#[rstest::rstest]
+#[case::measure_only(&["+callbacks.batch_size_finder.max_val=64", "+callbacks.batch_size_finder.fit_after=false"])]
+#[case::skipped_by_fast_dev_run(&["trainer.auto_scale_batch_size=power", "trainer.fast_dev_run=true"])]
+fn batch_size_finder_without_training_after_it(#[case] extra: &[&str]) {
+    let p = real_project();
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend(["+callbacks.batch_size_finder.steps_per_trial=1"]);
+    args.extend_from_slice(extra);
+    let out = train(p.path(), &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = only_run(p.path(), "quickstart");
+    let s = summary(&run);
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    if extra.contains(&"trainer.fast_dev_run=true") {
+        assert!(s["batch_size_finder"].is_null(), "{s}");
+        assert!(log.contains("batch size finder skipped"), "{log}");
+        assert_eq!(
+            (s["batch_size"].as_u64(), s["global_step"].as_u64()),
+            (Some(32), Some(1))
+        );
+        return;
+    }
+    let f = &s["batch_size_finder"];
+    assert_eq!(f["found"], 64, "{f}");
+    assert_eq!(s["batch_size"], 64);
+    assert_eq!(
+        s["status"],
+        "batch size found; not trained (fit_after=false)"
+    );
+    assert_eq!(
+        (s["epochs_completed"].as_u64(), s["global_step"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert!(s["final_metrics"].as_object().unwrap().is_empty(), "{s}");
+    // No training rows in metrics.csv.
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap_or_default();
+    assert!(csv.lines().count() <= 1, "{csv}");
+}
+
+/// ModelSummary prints parameters per layer (grouped to `max_depth` name parts) and their total, which is
+/// the run's `num_parameters`.
+#[rstest::rstest]
+#[case(1)]
+#[case(2)]
+fn model_summary_prints_layers_and_total(#[case] depth: u64) {
+    let p = real_project();
+    let depth_arg = format!("callbacks.model_summary.max_depth={depth}");
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend([
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=1",
+        &depth_arg,
+    ]);
+    let out = train(p.path(), &args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let s = summary(&only_run(p.path(), "quickstart"));
+    let rows: Vec<(String, u64)> = stdout
+        .lines()
+        .skip_while(|l| !l.trim_end().ends_with("params"))
+        .skip(1)
+        .take_while(|l| !l.contains("total"))
+        .filter_map(|l| {
+            let mut words = l.split_whitespace().rev();
+            let n = words.next()?.parse().ok()?;
+            Some((words.next()?.to_string(), n))
+        })
+        .collect();
+    assert!(rows.len() >= 2, "{stdout}");
+    let parts = |name: &str| name.split('.').count() as u64;
+    assert!(
+        rows.iter().all(|(name, _)| parts(name) <= depth),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter().any(|(name, _)| parts(name) == depth),
+        "{rows:?}"
+    );
+    let total_line = stdout
+        .lines()
+        .find(|l| l.contains("total"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let total: u64 = total_line
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(total, rows.iter().map(|r| r.1).sum::<u64>(), "{stdout}");
+    assert_eq!(total, s["num_parameters"].as_u64().unwrap(), "{stdout}");
+}
