@@ -155,7 +155,7 @@ pub fn discover(paths: &[PathBuf]) -> anyhow::Result<Vec<Run>> {
             }
         }
     }
-    runs.sort_by(|a, b| sort_key(a).cmp(&sort_key(b)));
+    runs.sort_by_key(sort_key);
     Ok(runs)
 }
 
