@@ -548,8 +548,7 @@ fn fit_with(
         resumed_from = Some(checkpoint_origin(&path, output_dir, exp));
     }
 
-    // DeviceStatsMonitor: the GPU is sampled only when the run is on one (CUDA device 0, found in NVML by
-    // way of CUDA_VISIBLE_DEVICES).
+    // DeviceStatsMonitor: the GPU is sampled only when the run is on one (NVML index 0 of the visible set).
     let mut device_stats = exp.callbacks.device_stats.as_ref().map(|d| {
         crate::callbacks::device_stats::DeviceStatsMonitor::start(
             std::time::Duration::from_millis(d.sample_every_ms.max(1)),
@@ -748,8 +747,10 @@ fn fit_with(
                     break 'epochs;
                 }
                 // Timer: out of time mid-epoch; the epoch ends here (validation, checkpoint, then stop).
-                if timer.as_mut().is_some_and(|t| t.stop_after_step()) {
-                    break;
+                if let Some(t) = timer.as_mut() {
+                    if t.stop_after_step(Ok)? {
+                        break;
+                    }
                 }
             }
         }
@@ -878,9 +879,11 @@ fn fit_with(
                 last_path = Some(path);
             }
         }
-        if let Some(why) = timer.as_mut().and_then(|t| t.stop_at_epoch_end()) {
-            status = why;
-            break;
+        if let Some(t) = timer.as_mut() {
+            if let Some(why) = t.stop_at_epoch_end(Ok)? {
+                status = why;
+                break;
+            }
         }
         if let Some(stop) = stop_cfg {
             if state.metrics.contains_key(stop.monitor.as_str())

@@ -78,22 +78,32 @@ impl Timer {
         self.started.elapsed().as_secs_f64()
     }
 
-    fn check(&mut self) -> bool {
-        if self.stopped_at.is_none() && self.elapsed_s() >= self.limit_s {
+    /// Whether time is up, as `agree` settles it across processes (on one process `Ok`; with several
+    /// ranks, "any rank is out of time", so all stop at the same step as Lightning's broadcast makes them).
+    /// Every rank must call this at the same points: `agree` is a collective.
+    fn check(&mut self, agree: impl FnOnce(bool) -> anyhow::Result<bool>) -> anyhow::Result<bool> {
+        let here = self.stopped_at.is_some() || self.elapsed_s() >= self.limit_s;
+        if agree(here)? && self.stopped_at.is_none() {
             self.stopped_at = Some(self.elapsed_s());
         }
-        self.stopped_at.is_some()
+        Ok(self.stopped_at.is_some())
     }
 
     /// After an optimizer step: whether to stop now (only with `interval: step`).
-    pub fn stop_after_step(&mut self) -> bool {
-        self.interval == Interval::Step && self.check()
+    pub fn stop_after_step(
+        &mut self,
+        agree: impl FnOnce(bool) -> anyhow::Result<bool>,
+    ) -> anyhow::Result<bool> {
+        Ok(self.interval == Interval::Step && self.check(agree)?)
     }
 
     /// At an epoch's end: the run's status when it stops here. Checked in both modes: once time is up, an
     /// epoch's end is a better place to stop than one step into the next epoch.
-    pub fn stop_at_epoch_end(&mut self) -> Option<String> {
-        self.check().then(|| {
+    pub fn stop_at_epoch_end(
+        &mut self,
+        agree: impl FnOnce(bool) -> anyhow::Result<bool>,
+    ) -> anyhow::Result<Option<String>> {
+        Ok(self.check(agree)?.then(|| {
             format!(
                 "stopped by the timer after {:.1}s (callbacks.timer.max_time={}, checked every {})",
                 self.stopped_at.unwrap_or_default(),
@@ -103,7 +113,7 @@ impl Timer {
                     Interval::Epoch => "epoch",
                 }
             )
-        })
+        }))
     }
 
     pub fn summary(&self) -> TimerSummary {
@@ -156,10 +166,10 @@ mod tests {
     fn stops_when_time_is_up(#[case] interval: Interval, #[case] mid_epoch: bool) {
         let mut t = timer("00:00:00:0.05", interval);
         t.start();
-        assert!(!t.stop_after_step() && t.stop_at_epoch_end().is_none());
+        assert!(!t.stop_after_step(Ok).unwrap() && t.stop_at_epoch_end(Ok).unwrap().is_none());
         std::thread::sleep(std::time::Duration::from_millis(60));
-        assert_eq!(t.stop_after_step(), mid_epoch);
-        let status = t.stop_at_epoch_end().unwrap();
+        assert_eq!(t.stop_after_step(Ok).unwrap(), mid_epoch);
+        let status = t.stop_at_epoch_end(Ok).unwrap().unwrap();
         assert!(
             status.starts_with("stopped by the timer after 0."),
             "{status}"
@@ -170,5 +180,20 @@ mod tests {
             "{s:?}"
         );
         assert!(!timer("00:01:00:00", interval).summary().stopped);
+    }
+
+    /// Another rank out of time stops this one too (and is recorded as the timer stopping it); an error of
+    /// the agreement is the caller's.
+    #[test]
+    fn ranks_agree() {
+        let mut t = timer("00:01:00:00", Interval::Step);
+        assert!(!t.stop_after_step(Ok).unwrap());
+        assert!(t.stop_after_step(|_| Ok(true)).unwrap());
+        assert!(t.summary().stopped);
+        let mut t = timer("00:01:00:00", Interval::Step);
+        let err = t
+            .stop_after_step(|_| anyhow::bail!("peer gone"))
+            .unwrap_err();
+        assert_eq!(err.to_string(), "peer gone");
     }
 }
