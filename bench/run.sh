@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run every benchmark and append results to bench/RESULTS.md. Makes .venv-oracle (hydra-core 1.3.2) and
+# Run every benchmark and append results to bench/RESULTS.md. Makes .venv-oracle (hydra-core 1.3.2),
+# .venv-bench (pandas + matplotlib, the reference for the logbook) and
 # .venv-torch (torch 2.11 + torchvision + timm, the reference for training speed and model correctness).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,3 +13,7 @@ cargo build --release --examples
 .venv-torch/bin/python bench/loader_bench.py --workers 1 2 --rounds 3 --record
 LIBTORCH="$PWD/.libtorch/torch" CARGO_TARGET_DIR=target-torch cargo build --features torch --example allreduce_bench
 .venv-torch/bin/python bench/allreduce_bench.py --exe target-torch/debug/examples/allreduce_bench --rounds 5 --record
+[ -x .venv-bench/bin/python ] || { python3 -m venv .venv-bench && .venv-bench/bin/pip install -q pandas pyyaml tabulate matplotlib; }
+cargo build --release
+.venv-bench/bin/python bench/logbook_bench.py --runs 200 --epochs 30 --rounds 7 --record
+.venv-bench/bin/python bench/logbook_bench.py --runs 200 --epochs 30 --rounds 7 --no-plots --record

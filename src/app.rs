@@ -772,6 +772,17 @@ fn run_sweep(
         yaml::to_yaml(&job_cfg).as_bytes(),
     )
     .map_err(|e| ConfigError::Io(e.to_string()))?;
+    // The plan, before any job runs: the logbook lists every job from it, started or not.
+    let mut record = records::SweepRecord::plan(&task_name, &jobs);
+    let save = |record: &records::SweepRecord| {
+        record.write(&sweep_dir).map_err(|e| {
+            ConfigError::Io(format!(
+                "could not write {}: {e}",
+                sweep_dir.join(records::SweepRecord::FILE).display()
+            ))
+        })
+    };
+    save(&record)?;
     eprintln!(
         "Launching {} jobs into {}",
         jobs.len(),
@@ -779,13 +790,26 @@ fn run_sweep(
     );
     let mut rows = Vec::new();
     let mut failed = 0;
+    let mut stopped_because = None;
     for (num, job) in jobs.iter().enumerate() {
         eprintln!("#{num} : {}", job.join(" "));
+        record.set_job(num, "running", None);
+        save(&record)?;
         let outcome = parse_overrides(job)
             .and_then(|parsed| {
                 compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)
             })
             .and_then(|composed| run_job(setup, composed, job, num, Some(&sweep_dir), ctx));
+        record.set_job(
+            num,
+            if outcome.is_ok() {
+                "completed"
+            } else {
+                "failed"
+            },
+            outcome.as_ref().err().map(|e| e.to_string()),
+        );
+        save(&record)?;
         match outcome {
             Ok(outcome) => rows.push((
                 num,
@@ -802,11 +826,14 @@ fn run_sweep(
                 rows.push((num, job.join(" "), "FAILED".to_string(), "-".to_string()));
                 if cli.fail_fast {
                     eprintln!("--fail-fast: stopping after the first failed job");
+                    stopped_because = Some(format!("--fail-fast: job #{num} failed"));
                     break;
                 }
             }
         }
     }
+    record.end(stopped_because);
+    save(&record)?;
     println!("| job | overrides | status | main metric |");
     println!("|---|---|---|---|");
     for (num, ov, status, metric) in &rows {

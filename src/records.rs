@@ -191,3 +191,126 @@ pub fn hostname() -> String {
         .or_else(|_| std::env::var("HOSTNAME"))
         .unwrap_or_else(|_| "unknown".into())
 }
+
+/// `sweep.json` in a multirun directory: every job the sweep planned (number, overrides) and how far each
+/// got. Written before the first job starts and rewritten as each job starts and ends, so a reader can
+/// list jobs that failed before their run directory existed, or never started because the sweep stopped
+/// or was killed, instead of silently missing them.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SweepRecord {
+    pub task_name: String,
+    /// `running`, `completed` (every job was tried) or `stopped` (see `stopped_because`).
+    pub state: String,
+    pub pid: u32,
+    pub host: String,
+    pub started_at: String,
+    #[serde(default)]
+    pub ended_at: Option<String>,
+    #[serde(default)]
+    pub stopped_because: Option<String>,
+    pub jobs: Vec<PlannedJob>,
+}
+
+/// One job of a sweep's plan.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PlannedJob {
+    pub num: usize,
+    pub overrides: Vec<String>,
+    /// `planned`, `running`, `completed` or `failed`.
+    pub state: String,
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl SweepRecord {
+    pub const FILE: &'static str = "sweep.json";
+
+    /// The plan of a sweep about to start: every job `planned`.
+    pub fn plan(task_name: &str, jobs: &[Vec<String>]) -> Self {
+        SweepRecord {
+            task_name: task_name.to_string(),
+            state: "running".into(),
+            pid: std::process::id(),
+            host: hostname(),
+            started_at: chrono::Local::now().to_rfc3339(),
+            ended_at: None,
+            stopped_because: None,
+            jobs: jobs
+                .iter()
+                .enumerate()
+                .map(|(num, overrides)| PlannedJob {
+                    num,
+                    overrides: overrides.clone(),
+                    state: "planned".into(),
+                    error: None,
+                })
+                .collect(),
+        }
+    }
+
+    /// Mark job `num` as `state` (with the error of a failed job).
+    pub fn set_job(&mut self, num: usize, state: &str, error: Option<String>) {
+        if let Some(job) = self.jobs.iter_mut().find(|j| j.num == num) {
+            job.state = state.to_string();
+            job.error = error;
+        }
+    }
+
+    /// The sweep is over: `completed`, or `stopped` with the reason.
+    pub fn end(&mut self, stopped_because: Option<String>) {
+        self.state = if stopped_because.is_some() {
+            "stopped"
+        } else {
+            "completed"
+        }
+        .into();
+        self.stopped_because = stopped_because;
+        self.ended_at = Some(chrono::Local::now().to_rfc3339());
+    }
+
+    pub fn write(&self, sweep_dir: &Path) -> std::io::Result<()> {
+        let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
+        write_atomic(&sweep_dir.join(Self::FILE), text.as_bytes())
+    }
+
+    /// The record of `sweep_dir`; none for sweeps made before it existed. A record that exists but cannot
+    /// be parsed is an error naming the file.
+    pub fn read(sweep_dir: &Path) -> anyhow::Result<Option<SweepRecord>> {
+        let path = sweep_dir.join(Self::FILE);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("{}: not a sweep record: {e}", path.display()))
+    }
+}
+
+/// Whether process `pid` on `host` is alive: `None` when it ran on another machine (cannot be checked).
+pub fn process_alive(host: &str, pid: u32) -> Option<bool> {
+    (host == hostname()).then(|| Path::new(&format!("/proc/{pid}")).exists())
+}
+
+#[cfg(test)]
+mod sweep_record_tests {
+    use super::*;
+
+    #[test]
+    fn plan_marks_and_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let jobs = vec![vec!["a=1".to_string()], vec!["a=2".to_string()]];
+        let mut rec = SweepRecord::plan("t", &jobs);
+        assert!(rec.jobs.iter().all(|j| j.state == "planned"));
+        rec.set_job(1, "failed", Some("boom".into()));
+        rec.end(Some("--fail-fast".into()));
+        rec.write(dir.path()).unwrap();
+        let back = SweepRecord::read(dir.path()).unwrap().unwrap();
+        assert_eq!(back, rec);
+        assert_eq!(back.state, "stopped");
+        assert_eq!(back.jobs[1].error.as_deref(), Some("boom"));
+        assert_eq!(process_alive(&back.host, back.pid), Some(true));
+        std::fs::write(dir.path().join(SweepRecord::FILE), "{").unwrap();
+        let err = SweepRecord::read(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("sweep.json"), "{err}");
+    }
+}

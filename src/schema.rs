@@ -646,6 +646,9 @@ fn default_sample_ms() -> u64 {
 pub struct Timer {
     /// `DD:HH:MM:SS`.
     pub max_time: String,
+    /// Check after every optimizer step (Lightning's default) or only at epoch ends.
+    #[serde(default)]
+    pub interval: Interval,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

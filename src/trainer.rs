@@ -51,6 +51,8 @@ pub struct Summary {
     pub batch_size_finder: Option<crate::callbacks::batch_size_finder::Finding>,
     /// DeviceStatsMonitor's figures for the whole run, when it ran.
     pub device_stats: Option<crate::callbacks::device_stats::DeviceStatsSummary>,
+    /// The Timer callback's limit and the training time it measured, when it ran.
+    pub timer: Option<crate::callbacks::timer::TimerSummary>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -292,25 +294,6 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
     )
 }
 
-/// `DD:HH:MM:SS` (Lightning's Timer format) in seconds.
-pub fn parse_max_time(text: &str) -> anyhow::Result<f64> {
-    let parts: Vec<&str> = text.split(':').collect();
-    anyhow::ensure!(
-        parts.len() == 4,
-        "callbacks.timer.max_time='{text}': expected DD:HH:MM:SS"
-    );
-    let mut secs = 0.0;
-    for (part, unit) in parts.iter().zip([86400.0, 3600.0, 60.0, 1.0]) {
-        let v: f64 = part.parse().map_err(|_| {
-            anyhow::anyhow!(
-                "callbacks.timer.max_time='{text}': '{part}' is not a number (DD:HH:MM:SS)"
-            )
-        })?;
-        secs += v * unit;
-    }
-    Ok(secs)
-}
-
 /// The console logger's bar (batches, ETA, loss, throughput) when stdout is a terminal and the logger is
 /// not in plain mode; otherwise none, and the per-epoch lines are the console output.
 fn progress_bar(
@@ -364,6 +347,15 @@ fn finder_config(exp: &Experiment) -> anyhow::Result<Option<crate::schema::Batch
     if let Some(mode) = exp.trainer.auto_scale_batch_size {
         cfg.mode = mode;
     }
+    if !matches!(
+        exp.trainer.fast_dev_run,
+        FastDevRun::Flag(false) | FastDevRun::Batches(0)
+    ) {
+        tracing::warn!(
+            "batch size finder skipped: trainer.fast_dev_run is set (as Lightning does)"
+        );
+        return Ok(None);
+    }
     Ok(Some(cfg))
 }
 
@@ -407,9 +399,17 @@ fn find_batch_size(
                 prefetch: 2,
                 seed: exp.seed,
             };
-            for batch in EpochLoader::new(&spec, 0, &indices).take(steps) {
-                engine.forward_backward(&batch?, 1.0)?;
-                engine.optimizer_step(exp.optimizer.lr, None, None)?;
+            // Exactly `steps` steps, into further epochs when one has fewer batches.
+            let mut done = 0;
+            for epoch in 0.. {
+                for batch in EpochLoader::new(&spec, epoch, &indices).take(steps - done) {
+                    engine.forward_backward(&batch?, 1.0)?;
+                    engine.optimizer_step(exp.optimizer.lr, None, None)?;
+                    done += 1;
+                }
+                if done >= steps {
+                    break;
+                }
             }
         }
         Ok(crate::memory::peak().saturating_sub(before) as u64)
@@ -471,13 +471,14 @@ fn fit_with(
         }
     };
     let grad_sync = crate::strategy::ddp::GradSync::of(exp);
+    // Ranks' clocks differ: a stop decision taken on one rank's clock (the Timer) is taken by all, at the
+    // same step, so none is left waiting in a collective.
+    let agree = |here: bool| match comm {
+        Some(c) => crate::dist::collective::any(c, here),
+        None => Ok(here),
+    };
     reset_peak_rss();
-    let max_time = exp
-        .callbacks
-        .timer
-        .as_ref()
-        .map(|t| parse_max_time(&t.max_time))
-        .transpose()?;
+    let mut timer = crate::callbacks::timer::Timer::from_config(exp.callbacks.timer.as_ref())?;
     let t = &exp.trainer;
     let fast_dev = match t.fast_dev_run {
         FastDevRun::Flag(true) => Some(1usize),
@@ -739,6 +740,9 @@ fn fit_with(
     );
     let lr_each_epoch = exp.callbacks.lr_monitor.is_some();
     let mut step_compute = 0.0;
+    if let Some(t) = timer.as_mut() {
+        t.start();
+    }
 
     'epochs: while state.epoch < max_epochs {
         let epoch = state.epoch;
@@ -846,6 +850,12 @@ fn fit_with(
                     state.epoch += 1;
                     last_train = global(epoch_stats)?;
                     break 'epochs;
+                }
+                // Timer: out of time mid-epoch; the epoch ends here (validation, checkpoint, then stop).
+                if let Some(t) = timer.as_mut() {
+                    if t.stop_after_step(agree)? {
+                        break;
+                    }
                 }
             }
         }
@@ -981,18 +991,9 @@ fn fit_with(
                 last_path = Some(path);
             }
         }
-        if let Some(limit) = max_time {
-            let out_of_time = started.elapsed().as_secs_f64() >= limit;
-            // Ranks' clocks differ: stop when any rank is out of time, so all stop at the same step.
-            let out_of_time = match comm {
-                Some(c) => crate::dist::collective::any(c, out_of_time)?,
-                None => out_of_time,
-            };
-            if out_of_time {
-                status = format!(
-                    "stopped by the timer after {:.0}s",
-                    started.elapsed().as_secs_f64()
-                );
+        if let Some(t) = timer.as_mut() {
+            if let Some(why) = t.stop_at_epoch_end(agree)? {
+                status = why;
                 break;
             }
         }
@@ -1064,6 +1065,8 @@ fn fit_with(
         last_checkpoint: last_location.or(last_path.map(|p| p.display().to_string())),
         resumed_from,
         batch_size_finder: finding,
+        // Before device stats, whose sampler thread may take a sampling period to stop.
+        timer: timer.map(|t| t.summary()),
         device_stats: device_stats.and_then(|m| m.finish(output_dir)),
     };
     if lead {

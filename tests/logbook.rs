@@ -126,8 +126,16 @@ fn sweep_then_logbook() {
             .unwrap_or_else(|| panic!("no row for {name}:\n{book}"));
         let throughput = format!("{:.1} img/s", s["train_samples_per_s"].as_f64().unwrap());
         let acc = format!("{:.4}", s["final_metrics"]["val/acc1"].as_f64().unwrap());
+        // One epoch: best val top-1/top-5 are the final ones, side by side with them.
+        let acc5 = format!("{:.4}", s["final_metrics"]["val/acc5"].as_f64().unwrap());
+        let best_and_final = format!("| {acc} | {acc5} | {acc} | {acc5} |");
         let batch = format!("| {} |", s["global_batch_size"]);
-        for want in [&throughput, &acc, &batch, &"| completed |".to_string()] {
+        for want in [
+            &throughput,
+            &best_and_final,
+            &batch,
+            &"| completed |".to_string(),
+        ] {
             assert!(row.contains(want.as_str()), "{want} not in {row}");
         }
         // And one row in the sweep section, with its batch size.
@@ -193,4 +201,60 @@ fn logbook_output_and_bad_paths() {
         !out.status.success() && err.contains("no/such/dir"),
         "{err}"
     );
+}
+
+/// Every job a sweep planned is in the logbook: one that failed before its run directory existed (a bad
+/// value caught by the schema) is FAILED with its error, and the jobs `--fail-fast` never started are
+/// marked "not started" with the reason — in the sweep's own section and in `train logbook`.
+#[test]
+fn sweep_jobs_without_a_run_directory_are_listed() {
+    let p = real_project();
+    let root = p.path();
+    let mut args = vec!["-m", "--fail-fast", "data.batch_size=32,0,16,8"];
+    args.extend_from_slice(SHORT);
+    let out = train(root, &args);
+    assert!(!out.status.success());
+    let sweep_dir = dirs_in(&root.join("logs/quickstart/multiruns"))
+        .pop()
+        .unwrap();
+    assert_eq!(dirs_in(&sweep_dir).len(), 1, "only job 0 made a directory");
+    let section = std::fs::read_to_string(sweep_dir.join("logbook.md")).unwrap();
+    assert!(train(root, &["logbook"]).status.success());
+    let book = std::fs::read_to_string(root.join("logs/logbook.md")).unwrap();
+    for page in [&section, &book] {
+        let row = |job: &str| {
+            page.lines()
+                .find(|l| l.starts_with(&format!("| {job}")))
+                .unwrap_or_else(|| panic!("no row for job {job}:\n{page}"))
+                .to_string()
+        };
+        assert!(row("[0](").contains("| 32 | completed |"), "{page}");
+        let failed = row("1 (no run directory)");
+        assert!(
+            failed.contains("| 0 | FAILED: ") && failed.contains("batch size must be at least 1"),
+            "{failed}"
+        );
+        for (job, batch) in [("2", "16"), ("3", "8")] {
+            let r = row(&format!("{job} (no run directory)"));
+            assert!(
+                r.contains(&format!(
+                    "| {batch} | not started (sweep stopped: --fail-fast: job #1 failed) |"
+                )),
+                "{r}"
+            );
+        }
+        assert!(page.contains("- 3 job(s) did not finish"), "{page}");
+    }
+    // The experiment table lists the four jobs too, and the command that reruns the one never started.
+    let name = sweep_dir
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    assert!(book.contains(&format!("| {name}#3 (no run directory) | not started")));
+    let rerun = book
+        .lines()
+        .find(|l| l.ends_with(&format!("# {name}#3")))
+        .unwrap_or_else(|| panic!("no command for job 3:\n{book}"));
+    assert!(rerun.starts_with("train data.batch_size=8 "), "{rerun}");
 }

@@ -40,6 +40,13 @@ fn quickstart_learns() {
     assert!(run.join("checkpoints/last.safetensors").is_file());
     let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
     assert!(csv.starts_with("epoch,step,lr,train/loss"), "{csv}");
+    // The default callbacks record device stats (the logbook's memory and GPU columns).
+    assert!(s["device_stats"]["samples"].as_u64().unwrap() >= 1, "{s}");
+    assert!(csv
+        .lines()
+        .next()
+        .unwrap()
+        .contains("device/rss_bytes_mean"));
 }
 
 const SMALL: &[&str] = &[
@@ -613,7 +620,7 @@ fn device_stats_on_the_cpu() {
     args.extend([
         "trainer.max_epochs=2",
         "data.train_size=512",
-        "+callbacks.device_stats.sample_every_ms=10",
+        "callbacks.device_stats.sample_every_ms=10",
     ]);
     let out = train(p.path(), &args);
     assert!(
@@ -641,6 +648,169 @@ fn device_stats_on_the_cpu() {
     for r in &epoch_rows {
         let rss: f64 = r[col("device/rss_bytes_max")].parse().unwrap();
         assert!(rss > 1e6, "{r:?}");
-        assert!(r[col("device/gpu_util_percent_mean")].is_empty(), "{r:?}");
+        let rss_mean: f64 = r[col("device/rss_bytes_mean")].parse().unwrap();
+        assert!(rss_mean > 1e6 && rss_mean <= rss, "{r:?}");
+        for gpu in [
+            "device/gpu_util_percent_mean",
+            "device/gpu_util_percent_max",
+            "device/gpu_memory_used_bytes_mean",
+            "device/gpu_memory_used_bytes_max",
+        ] {
+            assert!(r[col(gpu)].is_empty(), "{gpu}: {r:?}");
+        }
     }
+}
+
+/// The Timer: with `interval: step` (the default) it stops mid-epoch, one second into an epoch that would
+/// take far longer; with `interval: epoch` only at an epoch's end. Either way the stopped epoch is logged,
+/// summary.json says the timer stopped the run and records the training time it measured.
+#[rstest::rstest]
+#[case::step("step", &["data.train_size=40000", "trainer.max_epochs=1"])]
+#[case::epoch("epoch", &["data.train_size=64", "trainer.max_epochs=1000"])]
+fn timer_stops_the_run(#[case] interval: &str, #[case] size: &[&str]) {
+    let p = real_project();
+    let interval_arg = format!("+callbacks.timer.interval={interval}");
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend_from_slice(size);
+    args.extend([
+        "data.val_size=64",
+        "+callbacks.timer.max_time=00:00:00:01",
+        interval_arg.as_str(),
+    ]);
+    let s = run_once(p.path(), &args);
+    let status = s["status"].as_str().unwrap();
+    let fired_after: f64 = status
+        .strip_prefix("stopped by the timer after ")
+        .and_then(|rest| rest.split('s').next())
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or_else(|| panic!("{status}"));
+    assert!(
+        fired_after >= 1.0 && status.contains(&format!("checked every {interval}")),
+        "{status}"
+    );
+    let timer = &s["timer"];
+    assert_eq!(timer["stopped"], true, "{timer}");
+    assert_eq!(timer["max_time_s"], 1.0);
+    let elapsed = timer["elapsed_s"].as_f64().unwrap();
+    assert!(
+        (1.0..s["wall_time_s"].as_f64().unwrap() + 1e-9).contains(&elapsed),
+        "{s}"
+    );
+    let steps = s["global_step"].as_u64().unwrap();
+    let steps_per_epoch = match interval {
+        "step" => 40000 / 32,
+        _ => 64 / 32,
+    };
+    let epochs = s["epochs_completed"].as_u64().unwrap();
+    match interval {
+        // Cut short: far fewer steps than the one epoch has, and that epoch still ends (counted, validated).
+        "step" => {
+            assert!(steps > 0 && steps < steps_per_epoch / 2, "{steps} steps");
+            assert_eq!(epochs, 1);
+            assert!(s["final_metrics"]["val/acc1"].is_number(), "{s}");
+        }
+        // Whole epochs only, and far fewer than asked for.
+        _ => {
+            assert_eq!(steps, epochs * steps_per_epoch, "{s}");
+            assert!((1..1000).contains(&epochs), "{epochs}");
+        }
+    }
+}
+
+/// `fit_after: false` only measures: the batch size found is recorded, nothing is trained. Under
+/// `fast_dev_run` the finder is skipped (Lightning's rule), so the run needs no memory budget at all.
+#[rstest::rstest]
+#[case::measure_only(&["+callbacks.batch_size_finder.max_val=64", "+callbacks.batch_size_finder.fit_after=false"])]
+#[case::skipped_by_fast_dev_run(&["trainer.auto_scale_batch_size=power", "trainer.fast_dev_run=true"])]
+fn batch_size_finder_without_training_after_it(#[case] extra: &[&str]) {
+    let p = real_project();
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend(["+callbacks.batch_size_finder.steps_per_trial=1"]);
+    args.extend_from_slice(extra);
+    let out = train(p.path(), &args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = only_run(p.path(), "quickstart");
+    let s = summary(&run);
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    if extra.contains(&"trainer.fast_dev_run=true") {
+        assert!(s["batch_size_finder"].is_null(), "{s}");
+        assert!(log.contains("batch size finder skipped"), "{log}");
+        assert_eq!(
+            (s["batch_size"].as_u64(), s["global_step"].as_u64()),
+            (Some(32), Some(1))
+        );
+        return;
+    }
+    let f = &s["batch_size_finder"];
+    assert_eq!(f["found"], 64, "{f}");
+    assert_eq!(s["batch_size"], 64);
+    assert_eq!(
+        s["status"],
+        "batch size found; not trained (fit_after=false)"
+    );
+    assert_eq!(
+        (s["epochs_completed"].as_u64(), s["global_step"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert!(s["final_metrics"].as_object().unwrap().is_empty(), "{s}");
+    // No training rows in metrics.csv.
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap_or_default();
+    assert!(csv.lines().count() <= 1, "{csv}");
+}
+
+/// ModelSummary prints parameters per layer (grouped to `max_depth` name parts) and their total, which is
+/// the run's `num_parameters`.
+#[rstest::rstest]
+#[case(1)]
+#[case(2)]
+fn model_summary_prints_layers_and_total(#[case] depth: u64) {
+    let p = real_project();
+    let depth_arg = format!("callbacks.model_summary.max_depth={depth}");
+    let mut args: Vec<&str> = SMALL.to_vec();
+    args.extend([
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=1",
+        &depth_arg,
+    ]);
+    let out = train(p.path(), &args);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let s = summary(&only_run(p.path(), "quickstart"));
+    let rows: Vec<(String, u64)> = stdout
+        .lines()
+        .skip_while(|l| !l.trim_end().ends_with("params"))
+        .skip(1)
+        .take_while(|l| !l.contains("total"))
+        .filter_map(|l| {
+            let mut words = l.split_whitespace().rev();
+            let n = words.next()?.parse().ok()?;
+            Some((words.next()?.to_string(), n))
+        })
+        .collect();
+    assert!(rows.len() >= 2, "{stdout}");
+    let parts = |name: &str| name.split('.').count() as u64;
+    assert!(
+        rows.iter().all(|(name, _)| parts(name) <= depth),
+        "{rows:?}"
+    );
+    assert!(
+        rows.iter().any(|(name, _)| parts(name) == depth),
+        "{rows:?}"
+    );
+    let total_line = stdout
+        .lines()
+        .find(|l| l.contains("total"))
+        .unwrap_or_else(|| panic!("{stdout}"));
+    let total: u64 = total_line
+        .split_whitespace()
+        .last()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(total, rows.iter().map(|r| r.1).sum::<u64>(), "{stdout}");
+    assert_eq!(total, s["num_parameters"].as_u64().unwrap(), "{stdout}");
 }

@@ -1,7 +1,27 @@
-//! BatchSizeFinder (Lightning's semantics): try batch sizes for a few steps each and keep the largest that
-//! trains without running out of memory. `power` doubles from `init_val` until a trial fails; `binsearch`
-//! then bisects between the last success and the first failure and keeps `margin` in reserve. The search is
-//! separate from how a trial runs, so it is tested against a model of memory and used with real trials.
+//! BatchSizeFinder (Lightning's semantics): try batch sizes for `steps_per_trial` training steps each and
+//! keep the largest that trains without running out of memory. The search is separate from how a trial
+//! runs, so it is tested against a model of memory and used with real trials.
+//!
+//! As Lightning's `_run_power_scaling` / `_run_binary_scaling`:
+//! - `power` doubles from `init_val` until a size does not fit and keeps the last that did. While nothing
+//!   has fitted yet it halves instead (an `init_val` too large searches downward). `max_trials` counts every
+//!   trial.
+//! - `binsearch` doubles the same way, then bisects between the largest size that fits and the smallest
+//!   that does not, and keeps `margin` (a fraction) in reserve. `max_trials` counts successful trials only
+//!   and, as in Lightning, the search stops when they exceed it.
+//! - `max_val` caps every size tried; the training set's length caps it too (Lightning stops once a size
+//!   reaches the dataset's length; we also never try more than it).
+//! - Skipped under `trainer.fast_dev_run` (decided by the trainer, as Lightning warns and skips).
+//!
+//! Where Lightning returns a size it never tried, we return the largest size that fitted instead: when
+//! `max_trials` runs out mid-doubling (Lightning returns the next, untried double), when a halving search
+//! finds a fit (Lightning tries the double again, which is known not to fit), and when nothing fits
+//! (Lightning returns the halved, untried size, down to 0; we try down to 1 and then say so). Before
+//! anything fits, binsearch's lower bound is 0, not Lightning's assumed 1, for the same reason.
+//!
+//! Trials run training steps only. Lightning's trials are short fits that validate only if the training
+//! epoch ends within `steps_per_trial` steps; an evaluation step at the same batch size keeps no
+//! gradients or optimizer state, so it cannot make a size that trains fail.
 
 use crate::schema::{BatchScaleMode, BatchSizeFinder};
 use serde::Serialize;
@@ -38,6 +58,121 @@ pub fn is_out_of_memory(e: &anyhow::Error) -> bool {
     })
 }
 
+/// The trials run so far and how to run another.
+struct Trials<F> {
+    trial: F,
+    max_memory: Option<u64>,
+    done: Vec<Trial>,
+}
+
+impl<F: FnMut(usize) -> anyhow::Result<u64>> Trials<F> {
+    /// Run a trial at `b`: whether it fits. Out of memory means "no"; other errors end the search.
+    fn fits(&mut self, b: usize) -> anyhow::Result<bool> {
+        let (peak, fits) = match (self.trial)(b) {
+            Ok(peak) => (peak, self.max_memory.is_none_or(|m| peak <= m)),
+            Err(e) if is_out_of_memory(&e) => {
+                tracing::info!("batch size finder: batch {b}: {e:#}");
+                (0, false)
+            }
+            Err(e) => return Err(e),
+        };
+        tracing::info!(
+            "batch size finder: batch {b}: peak {:.1} MiB{}",
+            peak as f64 / (1u64 << 20) as f64,
+            if fits { "" } else { " — does not fit" }
+        );
+        self.done.push(Trial {
+            batch_size: b,
+            peak_bytes: peak,
+            fits,
+        });
+        Ok(fits)
+    }
+
+    fn known(&self, b: usize) -> Option<bool> {
+        self.done.iter().find(|t| t.batch_size == b).map(|t| t.fits)
+    }
+
+    fn largest_fitting(&self) -> Option<usize> {
+        self.done
+            .iter()
+            .filter(|t| t.fits)
+            .map(|t| t.batch_size)
+            .max()
+    }
+}
+
+/// `power`: double until a size does not fit; halve while nothing has fitted. Returns why it stopped.
+fn power<F: FnMut(usize) -> anyhow::Result<u64>>(
+    cfg: &BatchSizeFinder,
+    cap: usize,
+    t: &mut Trials<F>,
+) -> anyhow::Result<String> {
+    let mut b = cfg.init_val;
+    for _ in 0..cfg.max_trials.max(1) {
+        if t.fits(b)? {
+            if b >= cap {
+                return Ok(capped(b, cap));
+            }
+            let next = (b * 2).min(cap);
+            if t.known(next) == Some(false) {
+                return Ok(format!("{b} fits and {next} does not"));
+            }
+            b = next;
+        } else if let Some(good) = t.largest_fitting() {
+            return Ok(format!("{good} fits and {b} does not"));
+        } else if b == 1 {
+            return Ok("nothing fits, not even batch 1".into());
+        } else {
+            b /= 2;
+        }
+    }
+    Ok(format!("max_trials={} trials run", cfg.max_trials.max(1)))
+}
+
+/// `binsearch`: double until a size does not fit, then bisect. Returns why it stopped.
+fn binsearch<F: FnMut(usize) -> anyhow::Result<u64>>(
+    cfg: &BatchSizeFinder,
+    cap: usize,
+    t: &mut Trials<F>,
+) -> anyhow::Result<String> {
+    let mut low = 0; // the largest size known to fit; 0 while none is
+    let mut high: Option<usize> = None; // the smallest size known not to fit
+    let mut successes = 0;
+    let mut b = cfg.init_val;
+    loop {
+        if t.fits(b)? {
+            successes += 1;
+            if successes > cfg.max_trials.max(1) {
+                return Ok(format!(
+                    "max_trials={}: {successes} sizes fitted (failed trials do not count)",
+                    cfg.max_trials.max(1)
+                ));
+            }
+            low = b;
+            match high {
+                Some(h) if h - low <= 1 => return Ok(format!("{low} fits and {h} does not")),
+                Some(h) => b = (low + h) / 2,
+                None if b >= cap => return Ok(capped(b, cap)),
+                None => b = (b * 2).min(cap),
+            }
+        } else {
+            high = Some(b);
+            if b - low <= 1 {
+                return Ok(match low {
+                    0 => "nothing fits, not even batch 1".into(),
+                    _ => format!("{low} fits and {b} does not"),
+                });
+            }
+            b = (low + b) / 2;
+        }
+    }
+}
+
+fn capped(b: usize, cap: usize) -> String {
+    format!("{b} fits and is the cap ({cap}: max_val or the training set's size)")
+}
+
 /// Run the search. `trial(batch_size)` trains `steps_per_trial` steps at that size and returns the peak
 /// bytes; an out-of-memory error (see `is_out_of_memory`) counts as "does not fit", any other error stops
 /// the search. `limit` caps the batch size (the training set's length: a batch cannot be larger than the
@@ -45,9 +180,8 @@ pub fn is_out_of_memory(e: &anyhow::Error) -> bool {
 pub fn search(
     cfg: &BatchSizeFinder,
     limit: usize,
-    mut trial: impl FnMut(usize) -> anyhow::Result<u64>,
+    trial: impl FnMut(usize) -> anyhow::Result<u64>,
 ) -> anyhow::Result<Finding> {
-    let max_memory = cfg.max_memory;
     let cap = cfg.max_val.unwrap_or(usize::MAX).min(limit.max(1));
     anyhow::ensure!(
         cfg.init_val >= 1 && cfg.init_val <= cap,
@@ -59,82 +193,29 @@ pub fn search(
         "callbacks.batch_size_finder.margin={} must be in [0, 1)",
         cfg.margin
     );
-    let mut trials: Vec<Trial> = Vec::new();
-    let mut run = |b: usize, trials: &mut Vec<Trial>| -> anyhow::Result<bool> {
-        let (peak, fits) = match trial(b) {
-            Ok(peak) => (peak, max_memory.is_none_or(|m| peak <= m)),
-            Err(e) if is_out_of_memory(&e) => {
-                tracing::info!("batch size finder: batch {b}: {e:#}");
-                (0, false)
-            }
-            Err(e) => return Err(e),
-        };
-        tracing::info!(
-            "batch size finder: batch {b}: peak {:.1} MiB{}",
-            peak as f64 / (1u64 << 20) as f64,
-            if fits {
-                ""
-            } else {
-                " — over the memory budget"
-            }
-        );
-        trials.push(Trial {
-            batch_size: b,
-            peak_bytes: peak,
-            fits,
-        });
-        Ok(fits)
+    let mut t = Trials {
+        trial,
+        max_memory: cfg.max_memory,
+        done: Vec::new(),
     };
-    let max_trials = cfg.max_trials.max(1) as usize;
-    let mut good: Option<usize> = None;
-    let mut bad: Option<usize> = None;
-    let mut b = cfg.init_val;
-    let mut stopped = String::new();
-    // Doubling phase (both modes).
-    while trials.len() < max_trials {
-        if run(b, &mut trials)? {
-            good = Some(b);
-            if b >= cap {
-                stopped = format!("reached the cap of {cap} (max_val / training set size)");
-                break;
-            }
-            b = (b * 2).min(cap);
-        } else {
-            bad = Some(b);
-            stopped = format!("batch {b} ran out of memory");
-            break;
-        }
-    }
-    if stopped.is_empty() {
-        stopped = format!("max_trials={} reached", cfg.max_trials);
-    }
-    // Bisection phase.
-    if cfg.mode == BatchScaleMode::Binsearch {
-        if let (Some(mut low), Some(mut high)) = (good, bad) {
-            while high - low > 1 && trials.len() < max_trials {
-                let mid = (low + high) / 2;
-                if run(mid, &mut trials)? {
-                    low = mid;
-                } else {
-                    high = mid;
-                }
-            }
-            good = Some(low);
-            stopped = if high - low > 1 {
-                format!("max_trials={} reached while bisecting", cfg.max_trials)
-            } else {
-                format!("{low} fits and {high} does not")
-            };
-        }
-    }
-    let Some(largest) = good else {
-        let t = trials.first();
+    let stopped = match cfg.mode {
+        BatchScaleMode::Power => power(cfg, cap, &mut t)?,
+        BatchScaleMode::Binsearch => binsearch(cfg, cap, &mut t)?,
+    };
+    let Some(largest) = t.largest_fitting() else {
+        let smallest = t.done.iter().min_by_key(|t| t.batch_size);
         anyhow::bail!(
-            "batch size finder: even callbacks.batch_size_finder.init_val={} does not fit: peak {} bytes over \
-             max_memory={} bytes; lower init_val or raise max_memory",
+            "batch size finder: nothing fits, down to batch {} (from callbacks.batch_size_finder.init_val={}): \
+             peak {} bytes over max_memory={} bytes{}; raise max_memory, or make the model or images smaller",
+            smallest.map(|t| t.batch_size).unwrap_or(cfg.init_val),
             cfg.init_val,
-            t.map(|t| t.peak_bytes).unwrap_or(0),
-            max_memory.unwrap_or(0)
+            smallest.map(|t| t.peak_bytes).unwrap_or(0),
+            cfg.max_memory.unwrap_or(0),
+            if smallest.is_some_and(|t| t.batch_size > 1) {
+                " (max_trials ran out before batch 1)"
+            } else {
+                ""
+            }
         );
     };
     let found = match cfg.mode {
@@ -147,8 +228,8 @@ pub fn search(
         mode: cfg.mode,
         found,
         largest_fitting: largest,
-        max_memory,
-        trials,
+        max_memory: cfg.max_memory,
+        trials: t.done,
         stopped_because: stopped,
     })
 }
@@ -175,42 +256,81 @@ mod tests {
         Ok(1000 + 100 * b as u64)
     }
 
+    use BatchScaleMode::{Binsearch, Power};
+
+    /// Trials and result against the memory model, as Lightning's search would run them (see the module
+    /// doc for where we stop at a tried size instead of returning an untried one).
     #[rstest::rstest]
     // budget 7500 → 65 samples fit; power keeps 64, binsearch finds 65 then keeps 5% back (61).
-    #[case(BatchScaleMode::Power, 7500, 10_000, 64, vec![2, 4, 8, 16, 32, 64, 128])]
-    #[case(BatchScaleMode::Binsearch, 7500, 10_000, 61, vec![2, 4, 8, 16, 32, 64, 128, 96, 80, 72, 68, 66, 65])]
+    #[case(Power, 7500, 2, 25, 10_000, 64, vec![2, 4, 8, 16, 32, 64, 128])]
+    #[case(Binsearch, 7500, 2, 25, 10_000, 61, vec![2, 4, 8, 16, 32, 64, 128, 96, 80, 72, 68, 66, 65])]
     // the training set caps the search
-    #[case(BatchScaleMode::Power, 1_000_000, 100, 100, vec![2, 4, 8, 16, 32, 64, 100])]
+    #[case(Power, 1_000_000, 2, 25, 100, 100, vec![2, 4, 8, 16, 32, 64, 100])]
+    #[case(Binsearch, 1_000_000, 2, 25, 100, 95, vec![2, 4, 8, 16, 32, 64, 100])]
+    // init_val too large (budget 1500 → 5 fit): power halves until a size fits and stops there, since the
+    // double is known not to fit; binsearch bisects below init_val.
+    #[case(Power, 1500, 16, 25, 10_000, 4, vec![16, 8, 4])]
+    #[case(Binsearch, 1500, 16, 25, 10_000, 4, vec![16, 8, 4, 6, 5])]
+    // power's max_trials counts every trial; binsearch's only those that fit, stopping when they exceed it
+    #[case(Power, 7500, 2, 5, 10_000, 32, vec![2, 4, 8, 16, 32])]
+    #[case(Binsearch, 7500, 2, 5, 10_000, 60, vec![2, 4, 8, 16, 32, 64])]
+    #[case(Power, 1500, 16, 2, 10_000, 0, vec![16, 8])]
+    #[case(Binsearch, 7500, 2, 7, 10_000, 61, vec![2, 4, 8, 16, 32, 64, 128, 96, 80, 72, 68, 66, 65])]
     fn searches(
         #[case] mode: BatchScaleMode,
         #[case] budget: u64,
+        #[case] init_val: usize,
+        #[case] max_trials: u64,
         #[case] limit: usize,
         #[case] found: usize,
         #[case] tried: Vec<usize>,
     ) {
-        let f = search(&cfg(mode, budget), limit, model).unwrap();
-        assert_eq!(f.found, found);
+        let mut c = cfg(mode, budget);
+        c.init_val = init_val;
+        c.max_trials = max_trials;
+        let result = search(&c, limit, model);
+        let f = match (result, found) {
+            (Err(e), 0) => {
+                // Nothing fitted within max_trials: an error naming the smallest size tried.
+                let e = e.to_string();
+                assert!(
+                    e.contains("down to batch 8") && e.contains("max_trials"),
+                    "{e}"
+                );
+                return;
+            }
+            (r, _) => r.unwrap(),
+        };
+        assert_eq!(f.found, found, "{f:?}");
         let sizes: Vec<usize> = f.trials.iter().map(|t| t.batch_size).collect();
         assert_eq!(sizes, tried);
         for t in &f.trials {
             assert_eq!(t.fits, t.peak_bytes <= budget);
         }
+        assert!(f
+            .trials
+            .iter()
+            .any(|t| t.fits && t.batch_size == f.largest_fitting));
     }
 
     #[test]
     fn max_trials_and_failure_at_the_start() {
-        let mut c = cfg(BatchScaleMode::Power, 1 << 40);
+        let mut c = cfg(Power, 1 << 40);
         c.max_trials = 3;
         let f = search(&c, 10_000, model).unwrap();
         assert_eq!((f.found, f.trials.len()), (8, 3));
         assert!(f.stopped_because.contains("max_trials"));
-        let err = search(&cfg(BatchScaleMode::Power, 500), 10_000, model)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("init_val=2") && err.contains("max_memory=500"),
-            "{err}"
-        );
+        // Not even batch 1 fits: tried down to 1, then an error saying what to change.
+        for mode in [Power, Binsearch] {
+            let f = search(&cfg(mode, 500), 10_000, model);
+            let err = f.unwrap_err().to_string();
+            assert!(
+                err.contains("down to batch 1")
+                    && err.contains("init_val=2")
+                    && err.contains("max_memory=500"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 pub mod batch_size_finder;
 pub mod device_stats;
+pub mod timer;
 
 use std::collections::HashMap;
 

@@ -120,16 +120,25 @@ impl Page {
         relative(&self.out_dir, target).display().to_string()
     }
 
+    /// `text` linked to the run's directory; plain for a planned job that never made one.
+    fn run_cell(&self, r: &Run, text: &str) -> String {
+        if r.planned_only {
+            format!("{text} (no run directory)")
+        } else {
+            format!("[{text}]({})", self.link(&r.dir))
+        }
+    }
+
     fn experiment(&mut self, task: &str, group: &[&Run]) -> anyhow::Result<()> {
         let _ = writeln!(self.md, "## Experiment `{task}`\n");
         let _ = writeln!(
             self.md,
             "| run | status | model | data | backend | strategy | nodes×devices | precision | global batch | \
-             epochs | best val top-1 | val top-1 | val top-5 | val loss | train loss | wall time | throughput | \
-             speed-up vs single | peak GPU mem | mean GPU mem | mean GPU util | max batch size | peak RSS | \
-             checkpoint | TensorBoard |"
+             epochs | best val top-1 | best val top-5 | val top-1 | val top-5 | val loss | train loss | wall time | \
+             throughput | speed-up vs single | peak GPU mem | mean GPU mem | mean GPU util | max batch size | \
+             peak RSS | checkpoint | TensorBoard |"
         );
-        let _ = writeln!(self.md, "|{}", "---|".repeat(25));
+        let _ = writeln!(self.md, "|{}", "---|".repeat(26));
         for r in group {
             let speedup = baseline(group, r).and_then(|b| {
                 let x = throughput(r)? / throughput(b)?;
@@ -140,7 +149,7 @@ impl Page {
                 })
             });
             let cells = [
-                format!("[{}]({})", r.label(), self.link(&r.dir)),
+                self.run_cell(r, &r.label()),
                 r.status.label(),
                 text(r.config_str("model.name")),
                 text(r.config_str("data.name")),
@@ -160,11 +169,13 @@ impl Page {
                         .map(|v| v.to_string())
                         .or_else(|| r.config_str("data.batch_size")),
                 ),
-                match (r.summary_at("epochs_completed"), r.status.is_finished()) {
+                match (r.summary_at("epochs_completed"), r.planned_only) {
                     (Some(e), _) => e.to_string(),
-                    (None, _) => format!("{} so far", r.epochs_logged),
+                    (None, true) => "–".into(),
+                    (None, false) => format!("{} so far", r.epochs_logged),
                 },
                 num(best_top1(r), 4),
+                num(best_top5(r), 4),
                 num(r.summary_f64("final_metrics.val/acc1"), 4),
                 num(r.summary_f64("final_metrics.val/acc5"), 4),
                 num(r.summary_f64("final_metrics.val/loss"), 4),
@@ -313,11 +324,8 @@ impl Page {
         let _ = writeln!(self.md, "|{}", "---|".repeat(header.len()));
         for r in jobs {
             let values = override_values(r);
-            let mut cells = vec![format!(
-                "[{}]({})",
-                r.sweep.as_ref().map(|s| s.1).unwrap_or(0),
-                self.link(&r.dir)
-            )];
+            let mut cells =
+                vec![self.run_cell(r, &r.sweep.as_ref().map(|s| s.1).unwrap_or(0).to_string())];
             cells.extend(
                 swept
                     .iter()
@@ -400,7 +408,6 @@ impl Page {
     }
 }
 
-/// Training images per second; none for runs that trained nothing.
 /// The highest validation top-1 the run logged (its metrics.csv curve), whatever the checkpoint callback
 /// monitored (summary.json's `best` may be a loss); the final value when no curve was logged.
 fn best_top1(r: &Run) -> Option<f64> {
@@ -411,6 +418,16 @@ fn best_top1(r: &Run) -> Option<f64> {
         .or_else(|| r.summary_f64("final_metrics.val/acc1"))
 }
 
+/// The highest validation top-5 the run logged, like `best_top1`.
+fn best_top5(r: &Run) -> Option<f64> {
+    r.curve
+        .iter()
+        .filter_map(|p| p.val_acc5)
+        .reduce(f64::max)
+        .or_else(|| r.summary_f64("final_metrics.val/acc5"))
+}
+
+/// Training images per second; none for runs that trained nothing.
 fn throughput(r: &Run) -> Option<f64> {
     r.summary_f64("train_samples_per_s").filter(|t| *t > 0.0)
 }
@@ -571,11 +588,20 @@ mod tests {
     use super::runs::{CurvePoint, Status};
     use super::*;
 
-    #[test]
-    fn best_top1_comes_from_the_curve_not_the_monitor() {
-        let point = |epoch: f64, acc: f64| CurvePoint {
+    /// Best top-1/top-5 are the highest logged values (metrics.csv curve), whatever the checkpoint
+    /// monitored; the final value when no curve was logged.
+    #[rstest::rstest]
+    #[case::top1(best_top1 as fn(&Run) -> Option<f64>, Some(0.8), Some(0.7))]
+    #[case::top5(best_top5 as fn(&Run) -> Option<f64>, Some(0.97), Some(0.9))]
+    fn best_accuracy_comes_from_the_curve_not_the_monitor(
+        #[case] best: fn(&Run) -> Option<f64>,
+        #[case] from_curve: Option<f64>,
+        #[case] from_summary: Option<f64>,
+    ) {
+        let point = |epoch: f64, acc1: f64, acc5: f64| CurvePoint {
             epoch,
-            val_acc1: Some(acc),
+            val_acc1: Some(acc1),
+            val_acc5: Some(acc5),
             ..Default::default()
         };
         let mut run = Run {
@@ -586,16 +612,22 @@ mod tests {
             // The checkpoint monitored val/loss: `best.value` is a loss, not an accuracy.
             summary: Some(serde_json::json!({
                 "best": {"monitor": "val/loss", "value": 0.31},
-                "final_metrics": {"val/acc1": 0.7}
+                "final_metrics": {"val/acc1": 0.7, "val/acc5": 0.9}
             })),
             status: Status::Finished("completed".into()),
-            curve: vec![point(1.0, 0.6), point(2.0, 0.8), point(3.0, 0.7)],
+            // top-5 peaks at a different epoch than top-1.
+            curve: vec![
+                point(1.0, 0.6, 0.97),
+                point(2.0, 0.8, 0.95),
+                point(3.0, 0.7, 0.9),
+            ],
             epochs_logged: 3,
             tensorboard_dir: None,
+            planned_only: false,
         };
-        assert_eq!(best_top1(&run), Some(0.8));
+        assert_eq!(best(&run), from_curve);
         run.curve.clear();
-        assert_eq!(best_top1(&run), Some(0.7));
+        assert_eq!(best(&run), from_summary);
     }
 
     #[rstest::rstest]
@@ -633,6 +665,7 @@ mod tests {
             curve: Vec::new(),
             epochs_logged: 0,
             tensorboard_dir: None,
+            planned_only: false,
         };
         assert_eq!(
             command(&run),

@@ -1,8 +1,10 @@
 //! Reading run directories back: what ran (`.hydra/resolved.yaml`, `.hydra/overrides.yaml`), how it ended
 //! (`summary.json`, `run.json`), and its curves (`metrics.csv`). Runs that crashed or are still running are
 //! read too and marked as such; a directory that cannot be read is an error naming it, not a silent gap.
+//! A sweep's plan (`sweep.json`) adds the jobs that have no run directory: failed before it was made, or
+//! never started because the sweep stopped or was killed.
 
-use crate::records::RunState;
+use crate::records::{PlannedJob, RunState, SweepRecord};
 use anyhow::Context;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -20,6 +22,8 @@ pub enum Status {
     Crashed(String),
     /// Neither record says how it ended (older run, or running on another machine).
     Unknown(String),
+    /// A sweep job that never ran (the sweep stopped, was killed, or has not reached it yet).
+    NotStarted(String),
 }
 
 impl Status {
@@ -34,6 +38,7 @@ impl Status {
             Status::Running => "running".into(),
             Status::Crashed(why) => format!("CRASHED ({why})"),
             Status::Unknown(why) => format!("unknown ({why})"),
+            Status::NotStarted(why) => format!("not started ({why})"),
         }
     }
 }
@@ -45,6 +50,7 @@ pub struct CurvePoint {
     pub train_loss: Option<f64>,
     pub val_loss: Option<f64>,
     pub val_acc1: Option<f64>,
+    pub val_acc5: Option<f64>,
 }
 
 /// Everything the logbook needs about one job's directory.
@@ -62,6 +68,8 @@ pub struct Run {
     /// Epochs with a row in metrics.csv (progress of unfinished runs).
     pub epochs_logged: u64,
     pub tensorboard_dir: Option<PathBuf>,
+    /// Known only from its sweep's plan: `dir` was never made.
+    pub planned_only: bool,
 }
 
 impl Run {
@@ -126,14 +134,101 @@ pub fn discover(paths: &[PathBuf]) -> anyhow::Result<Vec<Run>> {
     }
     dirs.sort();
     dirs.dedup();
-    dirs.iter().map(|d| read_run(d)).collect()
+    // Sweeps found while searching: their planned jobs without a run directory are listed too.
+    let (run_dirs, sweeps): (Vec<PathBuf>, Vec<PathBuf>) =
+        dirs.into_iter().partition(|d| d.join(".hydra").is_dir());
+    let mut runs: Vec<Run> = run_dirs
+        .iter()
+        .map(|d| read_run(d))
+        .collect::<anyhow::Result<_>>()?;
+    for sweep_dir in sweeps {
+        let Some(record) = SweepRecord::read(&sweep_dir)? else {
+            continue;
+        };
+        let sweep_alive = crate::records::process_alive(&record.host, record.pid);
+        for job in &record.jobs {
+            let known = runs
+                .iter()
+                .any(|r| r.sweep.as_ref() == Some(&(sweep_dir.clone(), job.num)));
+            if !known {
+                runs.push(planned_run(&sweep_dir, &record, job, sweep_alive));
+            }
+        }
+    }
+    runs.sort_by_key(sort_key);
+    Ok(runs)
 }
 
-/// A run directory is one holding `.hydra/`; checkpoints and TensorBoard folders are not searched.
+/// Runs in directory order; a sweep's jobs by number (so job 10 follows job 9, planned ones in place).
+fn sort_key(r: &Run) -> (PathBuf, usize) {
+    match &r.sweep {
+        Some((dir, num)) => (dir.clone(), *num),
+        None => (r.dir.clone(), 0),
+    }
+}
+
+/// A job of a sweep's plan that has no run directory, with the status its record gives it.
+fn planned_run(
+    sweep_dir: &Path,
+    record: &SweepRecord,
+    job: &PlannedJob,
+    sweep_alive: Option<bool>,
+) -> Run {
+    Run {
+        dir: sweep_dir.join(job.num.to_string()),
+        sweep: Some((sweep_dir.to_path_buf(), job.num)),
+        config: serde_json::json!({ "task_name": record.task_name }),
+        overrides: job.overrides.clone(),
+        summary: None,
+        status: planned_status(record, job, sweep_alive),
+        curve: Vec::new(),
+        epochs_logged: 0,
+        tensorboard_dir: None,
+        planned_only: true,
+    }
+}
+
+/// How far a planned job without a run directory got, from its sweep's record and whether the sweep's
+/// process is alive (`None`: it ran on another machine).
+pub fn planned_status(record: &SweepRecord, job: &PlannedJob, sweep_alive: Option<bool>) -> Status {
+    let sweep_over = record.state != "running";
+    let gone = format!("sweep process {} is gone", record.pid);
+    match job.state.as_str() {
+        "failed" => Status::Failed(format!(
+            "before its run directory was made: {}",
+            job.error.as_deref().unwrap_or("no error recorded")
+        )),
+        "completed" => Status::Unknown("completed, but its run directory is missing".into()),
+        "running" if sweep_over || sweep_alive == Some(false) => {
+            Status::Crashed(format!("{gone} and the job never made its run directory"))
+        }
+        "running" if sweep_alive.is_none() => Status::Unknown(format!(
+            "starting on {} (process {})",
+            record.host, record.pid
+        )),
+        "running" => Status::Running,
+        _ if sweep_over => Status::NotStarted(match &record.stopped_because {
+            Some(why) => format!("sweep stopped: {why}"),
+            None => "sweep ended without it".into(),
+        }),
+        _ if sweep_alive == Some(false) => Status::NotStarted(gone),
+        _ if sweep_alive.is_none() => Status::NotStarted(format!(
+            "sweep on {} (process {}) has not reached it, or was killed",
+            record.host, record.pid
+        )),
+        _ => Status::NotStarted("waiting: the sweep is still running".into()),
+    }
+}
+
+/// Run directories (holding `.hydra/`) and sweep directories (holding `multirun.yaml`) under `dir`;
+/// checkpoints and TensorBoard folders are not searched.
 fn find_run_dirs(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     if dir.join(".hydra").is_dir() {
         out.push(dir.to_path_buf());
         return Ok(());
+    }
+    if dir.join("multirun.yaml").is_file() {
+        out.push(dir.to_path_buf());
     }
     let entries =
         std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))?;
@@ -176,13 +271,7 @@ pub fn read_run(dir: &Path) -> anyhow::Result<Run> {
     };
     let status = status_of(dir, summary.as_ref());
     let (curve, epochs_logged) = read_curve(&dir.join("metrics.csv"))?;
-    let sweep = dir.parent().and_then(|parent| {
-        let num = dir.file_name()?.to_str()?.parse().ok()?;
-        parent
-            .join("multirun.yaml")
-            .is_file()
-            .then(|| (parent.to_path_buf(), num))
-    });
+    let sweep = sweep_of(dir);
     Ok(Run {
         dir: dir.to_path_buf(),
         sweep,
@@ -193,7 +282,31 @@ pub fn read_run(dir: &Path) -> anyhow::Result<Run> {
         curve,
         epochs_logged,
         tensorboard_dir: find_tensorboard(dir),
+        planned_only: false,
     })
+}
+
+/// The sweep a run directory belongs to (the nearest ancestor holding `multirun.yaml`) and its job
+/// number: the directory's name, or `hydra.job.num` of `.hydra/hydra.yaml` when `hydra.sweep.subdir`
+/// named the directory otherwise.
+fn sweep_of(dir: &Path) -> Option<(PathBuf, usize)> {
+    let sweep_dir = dir
+        .ancestors()
+        .skip(1)
+        .take(4)
+        .find(|a| a.join("multirun.yaml").is_file())?;
+    let num = match dir.file_name()?.to_str()?.parse() {
+        Ok(n) => n,
+        Err(_) => {
+            let path = dir.join(".hydra").join("hydra.yaml");
+            let text = std::fs::read_to_string(&path).ok()?;
+            let doc = crate::config::yaml::parse(&text, &path.display().to_string())
+                .ok()??
+                .to_json();
+            at(&doc, "hydra.job.num")?.as_u64()? as usize
+        }
+    };
+    Some((sweep_dir.to_path_buf(), num))
 }
 
 fn status_of(dir: &Path, summary: Option<&Value>) -> Status {
@@ -208,12 +321,12 @@ fn status_of(dir: &Path, summary: Option<&Value>) -> Status {
     match state {
         Some(st) if st.state == "failed" => Status::Failed(st.error.unwrap_or_default()),
         Some(st) if st.state == "running" => {
-            if st.host != crate::records::hostname() {
-                Status::Unknown(format!("running on {} as process {}", st.host, st.pid))
-            } else if Path::new(&format!("/proc/{}", st.pid)).exists() {
-                Status::Running
-            } else {
-                Status::Crashed(format!("process {} is gone, no summary.json", st.pid))
+            match crate::records::process_alive(&st.host, st.pid) {
+                None => Status::Unknown(format!("running on {} as process {}", st.host, st.pid)),
+                Some(true) => Status::Running,
+                Some(false) => {
+                    Status::Crashed(format!("process {} is gone, no summary.json", st.pid))
+                }
             }
         }
         Some(st) => Status::Unknown(format!("run.json state {}", st.state)),
@@ -231,7 +344,12 @@ fn read_curve(path: &Path) -> anyhow::Result<(Vec<CurvePoint>, u64)> {
     let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
     let col = |name: &str| header.iter().position(|h| *h == name);
     let (step_c, epoch_c, time_c) = (col("step"), col("epoch"), col("epoch_time_s"));
-    let (tl, vl, va) = (col("train/loss"), col("val/loss"), col("val/acc1"));
+    let (tl, vl, va, va5) = (
+        col("train/loss"),
+        col("val/loss"),
+        col("val/acc1"),
+        col("val/acc5"),
+    );
     let mut rows: Vec<(u64, bool, CurvePoint)> = Vec::new();
     for (n, line) in lines.enumerate() {
         let cells: Vec<&str> = line.split(',').collect();
@@ -249,6 +367,7 @@ fn read_curve(path: &Path) -> anyhow::Result<(Vec<CurvePoint>, u64)> {
             train_loss: num(tl),
             val_loss: num(vl),
             val_acc1: num(va),
+            val_acc5: num(va5),
         };
         rows.push((step, epoch_end, point));
     }
@@ -288,4 +407,122 @@ fn find_tensorboard(dir: &Path) -> Option<PathBuf> {
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A sweep of two jobs in `sweep_state`, job 1 in `job_state`.
+    fn record(sweep_state: &str, job_state: &str) -> (SweepRecord, PlannedJob) {
+        let mut rec = SweepRecord::plan("t", &[vec!["a=1".into()], vec!["a=2".into()]]);
+        rec.pid = 4_000_000;
+        rec.set_job(
+            1,
+            job_state,
+            (job_state == "failed").then(|| "bad key".into()),
+        );
+        if sweep_state != "running" {
+            rec.end((sweep_state == "stopped").then(|| "--fail-fast: job #0 failed".into()));
+        }
+        let job = rec.jobs[1].clone();
+        (rec, job)
+    }
+
+    #[rstest::rstest]
+    #[case(
+        "running",
+        "planned",
+        Some(true),
+        "not started (waiting: the sweep is still running)"
+    )]
+    #[case(
+        "running",
+        "planned",
+        Some(false),
+        "not started (sweep process 4000000 is gone)"
+    )]
+    #[case(
+        "stopped",
+        "planned",
+        Some(false),
+        "not started (sweep stopped: --fail-fast: job #0 failed)"
+    )]
+    #[case(
+        "completed",
+        "planned",
+        Some(false),
+        "not started (sweep ended without it)"
+    )]
+    #[case("running", "running", Some(true), "running")]
+    #[case(
+        "running",
+        "running",
+        Some(false),
+        "CRASHED (sweep process 4000000 is gone and the job never made its run directory)"
+    )]
+    #[case(
+        "running",
+        "failed",
+        Some(true),
+        "FAILED: before its run directory was made: bad key"
+    )]
+    #[case(
+        "completed",
+        "failed",
+        None,
+        "FAILED: before its run directory was made: bad key"
+    )]
+    #[case("running", "planned", None, "not started (sweep on")]
+    #[case(
+        "completed",
+        "completed",
+        Some(false),
+        "unknown (completed, but its run directory is missing)"
+    )]
+    fn planned_jobs_without_a_directory(
+        #[case] sweep_state: &str,
+        #[case] job_state: &str,
+        #[case] alive: Option<bool>,
+        #[case] label: &str,
+    ) {
+        let (rec, job) = record(sweep_state, job_state);
+        let got = planned_status(&rec, &job, alive).label();
+        assert!(got.starts_with(label), "{got}");
+    }
+
+    /// A sweep killed before its jobs made their directories still shows every planned job, in order,
+    /// with its overrides; the sweep's job directories are matched by number.
+    #[test]
+    fn discover_lists_planned_jobs_of_a_dead_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let sweep = dir.path().join("multiruns/s1");
+        std::fs::create_dir_all(&sweep).unwrap();
+        std::fs::write(sweep.join("multirun.yaml"), "task_name: t\n").unwrap();
+        let jobs: Vec<Vec<String>> = (0..3).map(|i| vec![format!("seed={i}")]).collect();
+        let mut rec = SweepRecord::plan("t", &jobs);
+        // A process id that is certainly gone: a child that has exited and been reaped.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        rec.pid = child.id();
+        child.wait().unwrap();
+        rec.set_job(0, "running", None);
+        rec.write(&sweep).unwrap();
+        let runs = discover(&[dir.path().to_path_buf()]).unwrap();
+        let got: Vec<(String, String, bool)> = runs
+            .iter()
+            .map(|r| (r.label(), r.status.label(), r.planned_only))
+            .collect();
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(
+            got[0].0 == "s1#0" && got[0].1.starts_with("CRASHED"),
+            "{got:?}"
+        );
+        for (i, (label, status, planned)) in got.iter().enumerate().skip(1) {
+            assert_eq!(label, &format!("s1#{i}"));
+            assert!(status.starts_with("not started (sweep process"), "{status}");
+            assert!(planned);
+        }
+        assert_eq!(runs[2].overrides, vec!["seed=2".to_string()]);
+        assert_eq!(runs[2].task(), "t");
+    }
 }
