@@ -16,7 +16,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results import record  # noqa: E402
 from train_step_bench import MODELS  # noqa: E402
+from allreduce_bench import free_port  # noqa: E402
 
 
 def torch_worker(model_name, batch, steps):
@@ -57,12 +57,6 @@ def torch_worker(model_name, batch, steps):
         print(json.dumps({"median_step_time_s": statistics.median(times[1:])}))
     if world > 1:
         dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torch_step(model_name, batch, steps, world):
