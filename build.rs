@@ -1,7 +1,8 @@
 //! With the `torch` feature: compile the small C++ shims (`src/backend/torch/shim.cpp`: autocast;
-//! `src/dist/c10d_shim.cpp`: TCPStore and Gloo collectives) against libtorch's headers, and give every linked target (the `train` binary, tests, examples) an rpath to libtorch's
-//! `lib/`, so they run without LD_LIBRARY_PATH. libtorch is found as torch-sys finds it: `LIBTORCH=<dir>`
-//! or `LIBTORCH_USE_PYTORCH=1` (the Python interpreter's torch package).
+//! `src/dist/c10d_shim.cpp`: TCPStore and Gloo collectives) against libtorch's headers, and give every
+//! linked target (the `train` binary, tests, examples) an rpath to libtorch's `lib/`, so they run without
+//! LD_LIBRARY_PATH. libtorch is found as torch-sys finds it: `LIBTORCH=<dir>` or `LIBTORCH_USE_PYTORCH=1`
+//! (the Python interpreter's torch package).
 use std::path::PathBuf;
 
 fn main() {
