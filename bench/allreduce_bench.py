@@ -45,12 +45,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(cmd, world):
+def launch(cmd, world, **extra_env):
+    """Start `world` copies of `cmd` as torchrun would; returns rank 0's last stdout line as JSON."""
     port = free_port()
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **extra_env)
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
     outs = [p.communicate()[0] for p in procs]
     for p in procs:

@@ -25,7 +25,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results import record  # noqa: E402
 from train_step_bench import MODELS  # noqa: E402
-from allreduce_bench import free_port  # noqa: E402
+from allreduce_bench import launch  # noqa: E402
 
 
 def torch_worker(model_name, batch, steps):
@@ -60,17 +60,9 @@ def torch_worker(model_name, batch, steps):
 
 
 def torch_step(model_name, batch, steps, world):
-    port = free_port()
-    procs = []
-    for rank in range(world):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        cmd = [sys.executable, __file__, "--worker", "--models", model_name, "--batch", str(batch),
-               "--steps", str(steps)]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True))
-    outs = [p.communicate()[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "PyTorch worker failed"
-    return json.loads(outs[0].strip().splitlines()[-1])["median_step_time_s"]
+    cmd = [sys.executable, __file__, "--worker", "--models", model_name, "--batch", str(batch),
+           "--steps", str(steps)]
+    return launch(cmd, world, OMP_NUM_THREADS="1")["median_step_time_s"]
 
 
 def ours_step(train, model_name, batch, steps, world):

@@ -93,26 +93,38 @@ pub fn reset_peak_rss() {
     }
 }
 
-/// One pass over the validation set (the same batches every time).
+/// The ranks of a distributed run as validation sees them.
+#[derive(Clone, Copy)]
+struct ValidationSync<'a> {
+    comm: &'a dyn crate::dist::collective::Collective,
+    /// The model has BatchNorm running statistics, which drift apart per rank.
+    buffers: bool,
+}
+
+/// One pass over the validation set (the same batches every time); in a distributed run, rank 0's
+/// BatchNorm buffers are used (as DDP's broadcast_buffers does) and the statistics summed over ranks.
 fn run_validation(
     engine: &mut dyn backend::Engine,
     spec: &LoaderSpec,
     indices: &[usize],
     batches: usize,
-    comm: Option<&dyn crate::dist::collective::Collective>,
+    sync: Option<ValidationSync>,
 ) -> anyhow::Result<StepStats> {
-    if let Some(c) = comm {
-        // BatchNorm running statistics drift apart per rank (each normalises its own batches): evaluate
-        // and checkpoint rank 0's, as DDP's broadcast_buffers does.
-        if engine.state_dict()?.keys().any(|k| k.contains("running_")) {
-            crate::dist::collective::broadcast_state(c, engine)?;
-        }
+    if let Some(ValidationSync {
+        comm,
+        buffers: true,
+    }) = sync
+    {
+        crate::dist::collective::broadcast_state(comm, engine)?;
     }
     let mut v = StepStats::default();
     for batch in EpochLoader::new(spec, 0, indices).take(batches) {
         v.add(&engine.evaluate(&batch?)?);
     }
-    Ok(v)
+    match sync {
+        Some(ValidationSync { comm, .. }) => crate::dist::collective::sum_stats(comm, &v),
+        None => Ok(v),
+    }
 }
 
 /// The median of measured step times (forward, backward and optimizer step; no data loading).
@@ -575,6 +587,13 @@ fn fit_with(
     );
 
     let mut engine = backend::build(exp)?;
+    let val_sync = match comm {
+        Some(comm) => Some(ValidationSync {
+            comm,
+            buffers: engine.state_dict()?.keys().any(|k| k.contains("running_")),
+        }),
+        None => None,
+    };
     if let Some(ms) = exp.callbacks.model_summary.as_ref().filter(|_| lead) {
         print_model_summary(&engine.state_dict()?, ms.max_depth);
     }
@@ -813,13 +832,13 @@ fn fit_with(
                     && val_batches > 0
                     && (epoch + 1).is_multiple_of(t.check_val_every_n_epoch.max(1));
                 if mid_epoch_check {
-                    let v = global(run_validation(
+                    let v = run_validation(
                         engine.as_mut(),
                         &val_spec,
                         &val_indices,
                         val_batches,
-                        comm,
-                    )?)?;
+                        val_sync,
+                    )?;
                     let scalars = [
                         ("val/loss", v.loss()),
                         ("val/acc1", v.acc1()),
@@ -873,13 +892,13 @@ fn fit_with(
                 || state.epoch == max_epochs);
         let mut val = None;
         if validate {
-            let v = global(run_validation(
+            let v = run_validation(
                 engine.as_mut(),
                 &val_spec,
                 &val_indices,
                 val_batches,
-                comm,
-            )?)?;
+                val_sync,
+            )?;
             val = Some(v);
             last_val = Some(v);
         }
