@@ -572,7 +572,10 @@ fn run_job(
     let run_error = |e: anyhow::Error| ConfigError::Run(format!("{e:#}"));
     crate::trainer::check_supported(&experiment).map_err(run_error)?;
     let mut dist = None;
-    if experiment.trainer.strategy == crate::schema::Strategy::Ddp {
+    if matches!(
+        experiment.trainer.strategy,
+        crate::schema::Strategy::Ddp | crate::schema::Strategy::Fsdp
+    ) {
         let cluster = crate::dist::env::detect_from_process(
             devices_per_node(&experiment),
             experiment.trainer.num_nodes,

@@ -53,6 +53,9 @@ pub struct Summary {
     pub device_stats: Option<crate::callbacks::device_stats::DeviceStatsSummary>,
     /// The Timer callback's limit and the training time it measured, when it ran.
     pub timer: Option<crate::callbacks::timer::TimerSummary>,
+    /// Parameter, gradient and optimizer-state bytes each rank keeps for training, by rank (what
+    /// FSDP's sharding divides).
+    pub state_bytes_per_rank: Vec<backend::StateBytes>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -222,12 +225,19 @@ fn fetch_remote_checkpoint(url: &crate::s3::S3Url, output_dir: &Path) -> anyhow:
 pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
     let t = &exp.trainer;
     let mut missing: Vec<String> = Vec::new();
-    if matches!(t.strategy, Strategy::Dp | Strategy::Fsdp) {
+    if t.strategy == Strategy::Dp {
         missing.push(format!(
-            "trainer.strategy={}: only ddp is implemented among the distributed strategies; use trainer=ddp \
-             (or trainer=ddp_sim on CPU)",
+            "trainer.strategy={}: only ddp and fsdp are implemented among the distributed strategies; use \
+             trainer=ddp (or trainer=ddp_sim on CPU)",
             t.strategy
         ));
+    }
+    if t.strategy == Strategy::Fsdp && t.precision == Precision::Mixed16 {
+        missing.push(
+            "trainer.precision=16-mixed with trainer.strategy=fsdp: dynamic loss scaling over shards \
+             (PyTorch's ShardedGradScaler); use trainer.precision=bf16-mixed, which needs no loss scaling"
+                .into(),
+        );
     }
     if t.strategy == Strategy::Single
         && (t.num_nodes > 1 || matches!(t.devices, Devices::Count(n) if n > 1))
@@ -235,12 +245,12 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
         missing
             .push("trainer.strategy=single with several devices or nodes; use trainer=ddp".into());
     }
-    if t.strategy == Strategy::Ddp && !cfg!(feature = "torch") {
-        missing.push(
-            "trainer.strategy=ddp: its collectives are libtorch's c10d (Gloo), which this build does not \
-             have; eval \"$(scripts/install-libtorch.sh)\" and rebuild with --features torch"
-                .into(),
-        );
+    if matches!(t.strategy, Strategy::Ddp | Strategy::Fsdp) && !cfg!(feature = "torch") {
+        missing.push(format!(
+            "trainer.strategy={}: its collectives are libtorch's c10d (Gloo), which this build does not \
+             have; eval \"$(scripts/install-libtorch.sh)\" and rebuild with --features torch",
+            t.strategy
+        ));
     }
     if t.sync_batchnorm && t.strategy != Strategy::Single {
         missing.push(
@@ -250,14 +260,14 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
                 .into(),
         );
     }
-    if t.strategy == Strategy::Ddp
+    if matches!(t.strategy, Strategy::Ddp | Strategy::Fsdp)
         && (t.auto_scale_batch_size.is_some() || exp.callbacks.batch_size_finder.is_some())
     {
-        missing.push(
-            "trainer.auto_scale_batch_size with trainer.strategy=ddp: find the batch size with one device \
-             (trainer=single), then train with it"
-                .into(),
-        );
+        missing.push(format!(
+            "trainer.auto_scale_batch_size with trainer.strategy={}: find the batch size with one device \
+             (trainer=single), then train with it",
+            t.strategy
+        ));
     }
     if matches!(t.accelerator, Accelerator::Gpu | Accelerator::Cuda)
         && exp.backend == crate::schema::Backend::Candle
@@ -586,16 +596,29 @@ fn fit_with(
         steps_per_epoch,
     );
 
-    let mut engine = backend::build(exp)?;
+    let mut engine: Box<dyn backend::Engine + '_> = backend::build(exp)?;
     let val_sync = match comm {
         Some(comm) => Some(ValidationSync {
             comm,
-            buffers: engine.state_dict()?.keys().any(|k| k.contains("running_")),
+            // DDP's broadcast_buffers; FSDP leaves each rank its own (as PyTorch's does).
+            buffers: t.strategy == Strategy::Ddp
+                && engine.state_dict()?.keys().any(|k| k.contains("running_")),
         }),
         None => None,
     };
     if let Some(ms) = exp.callbacks.model_summary.as_ref().filter(|_| lead) {
         print_model_summary(&engine.state_dict()?, ms.max_depth);
+    }
+    let sharded_checkpoints = t.strategy == Strategy::Fsdp
+        && t.fsdp.as_ref().map(|f| f.state_dict_type)
+            == Some(crate::schema::StateDictType::Sharded);
+    if t.strategy == Strategy::Fsdp {
+        let c = comm.context("trainer.strategy=fsdp runs as ranks of a process group")?;
+        // Every rank shards rank 0's initial model; later loads (pretrained, resume) read the same file
+        // on every rank, or each rank its own shard.
+        crate::dist::collective::broadcast_state(c, engine.as_mut())
+            .context("broadcasting rank 0's model to every rank")?;
+        engine = Box::new(crate::strategy::fsdp::ShardedEngine::new(exp, engine, c)?);
     }
     let callbacks_on = fast_dev.is_none();
     let ckpt_cfg = exp
@@ -633,7 +656,10 @@ fn fit_with(
     }
     let mut resumed_from = None;
     if let Some(ckpt) = &exp.ckpt_path {
-        let path = resolve_ckpt_path(ckpt, exp, output_dir)?;
+        let mut path = resolve_ckpt_path(ckpt, exp, output_dir)?;
+        if sharded_checkpoints && rank > 0 {
+            path = crate::strategy::fsdp::shard_path(&path, rank);
+        }
         let loaded = checkpoint::load(&path)?;
         engine
             .load_state_dict(&loaded.state)
@@ -649,7 +675,7 @@ fn fit_with(
         );
         resumed_from = Some(checkpoint_origin(&path, output_dir, exp));
     }
-    if let Some(c) = comm {
+    if let Some(c) = comm.filter(|_| t.strategy == Strategy::Ddp) {
         // DDP starts every replica from rank 0's weights, buffers and optimizer state.
         crate::dist::collective::broadcast_state(c, engine.as_mut())
             .context("broadcasting rank 0's model to every rank")?;
@@ -980,8 +1006,29 @@ fn fit_with(
                 }
             }
         }
-        if let (Some(cfg), Some(dir), true) = (ckpt_cfg, &ckpt_dir, lead) {
+        // Rank 0 writes; every rank takes part when the state is consolidated by a collective (FSDP full)
+        // or when each rank writes its own shard (FSDP sharded).
+        let writes_checkpoint = lead || engine.state_dict_is_collective() || sharded_checkpoints;
+        if let (Some(cfg), Some(dir), true) = (ckpt_cfg, &ckpt_dir, writes_checkpoint) {
             let weights = engine.state_dict()?;
+            let save = |path: &Path| -> anyhow::Result<Option<String>> {
+                if lead {
+                    checkpoint::save(path, &weights, &state, config_yaml)?;
+                    return Ok(Some(publish(path)?));
+                }
+                if sharded_checkpoints {
+                    let mine = crate::strategy::fsdp::shard_path(path, rank);
+                    checkpoint::save(&mine, &weights, &state, config_yaml)?;
+                }
+                Ok(None)
+            };
+            let discard = |path: &Path| {
+                if lead {
+                    unpublish(path);
+                } else {
+                    let _ = std::fs::remove_file(crate::strategy::fsdp::shard_path(path, rank));
+                }
+            };
             let due = state.epoch.is_multiple_of(cfg.every_n_epochs.max(1));
             if due && cfg.save_top_k != 0 && (improved || cfg.monitor.is_none()) {
                 let name = crate::callbacks::checkpoint_name(
@@ -991,12 +1038,11 @@ fn fit_with(
                     &state.metrics,
                 );
                 let path = dir.join(format!("{name}.safetensors"));
-                checkpoint::save(&path, &weights, &state, config_yaml)?;
-                best_location = Some(publish(&path)?);
+                best_location = save(&path)?;
                 if cfg.save_top_k == 1 {
                     if let Some(old) = best_path.replace(path.clone()) {
                         if old != path {
-                            unpublish(&old);
+                            discard(&old);
                         }
                     }
                 } else {
@@ -1005,8 +1051,7 @@ fn fit_with(
             }
             if cfg.save_last {
                 let path = dir.join("last.safetensors");
-                checkpoint::save(&path, &weights, &state, config_yaml)?;
-                last_location = Some(publish(&path)?);
+                last_location = save(&path)?;
                 last_path = Some(path);
             }
         }
@@ -1048,7 +1093,27 @@ fn fit_with(
         }
         None => train_samples,
     };
+    // Each rank fills its row; the sum leaves every row in place.
+    let mut bytes = vec![0.0f64; 3 * world];
+    let mine = engine.state_bytes();
+    bytes[3 * rank..3 * rank + 3].copy_from_slice(&[
+        mine.parameters as f64,
+        mine.gradients as f64,
+        mine.optimizer_state as f64,
+    ]);
+    if let Some(c) = comm {
+        c.all_reduce_f64(&mut bytes, crate::dist::collective::ReduceOp::Sum)?;
+    }
+    let state_bytes_per_rank = bytes
+        .chunks(3)
+        .map(|r| backend::StateBytes {
+            parameters: r[0] as u64,
+            gradients: r[1] as u64,
+            optimizer_state: r[2] as u64,
+        })
+        .collect();
     let summary = Summary {
+        state_bytes_per_rank,
         task_name: exp.task_name.clone(),
         status,
         backend: format!("{:?}", exp.backend).to_lowercase(),

@@ -144,6 +144,154 @@ fn ddp_matches_one_process_with_the_same_global_batch(
     assert!(ddp.join("train.rank0.log").exists() && ddp.join("metrics.csv").exists());
 }
 
+/// Model and optimizer state (optimizer.* included, counters excluded) of a run's last checkpoint.
+fn full_state(run: &Path) -> trainyard::backend::StateDict {
+    checkpoint::load(&run.join("checkpoints/last.safetensors"))
+        .unwrap()
+        .state
+        .into_iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "optimizer.step" | "optimizer.forward_calls"))
+        .collect()
+}
+
+/// Per-rank parameter / optimizer-state bytes from summary.json.
+fn state_bytes(summary: &serde_json::Value, rank: usize) -> (u64, u64) {
+    let row = &summary["state_bytes_per_rank"][rank];
+    (
+        row["parameters"].as_u64().unwrap(),
+        row["optimizer_state"].as_u64().unwrap(),
+    )
+}
+
+/// 2-process FSDP = 1 process with the same global batch, for every sharding strategy and both backends:
+/// the consolidated (`state_dict_type: full`) checkpoint holds the same weights AND the same optimizer
+/// state (momentum buffers) as the single-process run's, and a sharding strategy that shards keeps half
+/// the parameter and optimizer-state bytes per rank.
+#[rstest]
+#[case::tch_full_shard("tch", "FULL_SHARD", &[])]
+#[case::candle_full_shard("candle", "FULL_SHARD", &[])]
+#[case::tch_shard_grad_op_accumulating_clipped("tch", "SHARD_GRAD_OP",
+    &["trainer.accumulate_grad_batches=2", "trainer.gradient_clip_val=0.5"])]
+#[case::candle_shard_grad_op("candle", "SHARD_GRAD_OP", &[])]
+#[case::tch_no_shard("tch", "NO_SHARD", &[])]
+#[case::candle_no_shard_adamw("candle", "NO_SHARD", &["optimizer=adamw"])]
+fn fsdp_matches_one_process_with_the_same_global_batch(
+    #[case] backend: &str,
+    #[case] sharding: &str,
+    #[case] extra: &[&str],
+) {
+    let p = real_project();
+    let backend = format!("backend={backend}");
+    let mut common = vec![backend.as_str(), "optimizer=sgd", "scheduler=constant"];
+    common.extend_from_slice(extra);
+    let single = run_in(
+        p.path(),
+        "single",
+        &[&common[..], &["data.batch_size=32"]].concat(),
+    );
+    let strategy = format!("trainer.fsdp.sharding_strategy={sharding}");
+    let fsdp = run_in(
+        p.path(),
+        "fsdp",
+        &[
+            &common[..],
+            &["trainer=fsdp_sim", "data.batch_size=16", strategy.as_str()],
+        ]
+        .concat(),
+    );
+    let (s, f) = (summary(&single), summary(&fsdp));
+    assert_eq!(f["strategy"], "fsdp");
+    assert_eq!(f["global_step"], s["global_step"]);
+    assert!(s["global_step"].as_u64().unwrap() >= 5);
+    let (a, b) = (full_state(&fsdp), full_state(&single));
+    assert!(
+        b.keys().any(|k| k.starts_with("optimizer.")),
+        "the single run has optimizer state"
+    );
+    let worst = worst_relative_difference(&a, &b);
+    assert!(
+        worst < 1e-5,
+        "FSDP {sharding} state differs from single-process by {worst:e}"
+    );
+    let (params, optim) = state_bytes(&s, 0);
+    for rank in 0..2 {
+        let (p_rank, o_rank) = state_bytes(&f, rank);
+        if sharding == "NO_SHARD" {
+            assert_eq!((p_rank, o_rank), (params, optim), "rank {rank}");
+        } else {
+            // Half, up to the padding of the flat vector to a multiple of the world size.
+            assert!(
+                p_rank * 2 >= params && p_rank * 2 <= params + 8,
+                "rank {rank}: {p_rank} parameter bytes of {params}"
+            );
+            assert!(
+                o_rank * 2 >= optim && o_rank * 2 <= optim + 8 * 2,
+                "rank {rank}: {o_rank} optimizer bytes of {optim}"
+            );
+        }
+    }
+}
+
+/// `state_dict_type: sharded`: each rank writes its slice (`last.safetensors` on rank 0,
+/// `last.shard1.safetensors` on rank 1) and reads it back on `ckpt_path=last`; an interrupted run resumed
+/// this way ends with the same slices as an uninterrupted one.
+#[test]
+fn sharded_fsdp_checkpoints_resume_to_the_same_state() {
+    let p = real_project();
+    let common = [
+        "backend=tch",
+        "optimizer=sgd",
+        "scheduler=constant",
+        "trainer=fsdp_sim",
+        "trainer.fsdp.state_dict_type=sharded",
+        "data.batch_size=16",
+    ];
+    let whole = run_in(
+        p.path(),
+        "whole",
+        &[&common[..], &["trainer.max_epochs=2"]].concat(),
+    );
+    let part = run_in(p.path(), "part", &common);
+    let resumed_from = format!(
+        "ckpt_path={}",
+        part.join("checkpoints/last.safetensors").display()
+    );
+    let resumed = run_in(
+        p.path(),
+        "resumed",
+        &[
+            &common[..],
+            &["trainer.max_epochs=2", resumed_from.as_str()],
+        ]
+        .concat(),
+    );
+    assert_eq!(
+        summary(&resumed)["global_step"],
+        summary(&whole)["global_step"]
+    );
+    for file in ["last.safetensors", "last.shard1.safetensors"] {
+        let slice = |run: &Path| {
+            let state = checkpoint::load(&run.join("checkpoints").join(file))
+                .unwrap()
+                .state;
+            assert!(
+                state.contains_key("optimizer.fsdp.flat_param.momentum_buffer"),
+                "{file}: {:?}",
+                state.keys().collect::<Vec<_>>()
+            );
+            state["fsdp.flat_param"].data.clone()
+        };
+        let (a, b) = (slice(&resumed), slice(&whole));
+        assert_eq!(a.len(), b.len());
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        assert!(worst < 1e-6, "{file}: resumed differs by {worst}");
+    }
+}
+
 /// Nothing waits forever: a worker whose peers never come gives up after `trainer.rendezvous_timeout_s`
 /// with a message that says what to check.
 #[test]

@@ -108,6 +108,51 @@ pub trait Engine {
         comm: &dyn crate::dist::collective::Collective,
         sync: &crate::strategy::ddp::GradSync,
     ) -> anyhow::Result<()>;
+
+    // What sharded data parallel (`strategy::fsdp`) needs: the engine computes, the strategy owns the
+    // parameters between steps.
+
+    /// Trainable parameters by name, with their shapes, in name order.
+    fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)>;
+    /// Give the parameters in `layout` these values (`flat`, concatenated in layout order), as fresh
+    /// tensors: a parameter released by `release_parameters` comes back.
+    fn set_parameters(
+        &mut self,
+        layout: &[(String, Vec<usize>)],
+        flat: &[f32],
+    ) -> anyhow::Result<()>;
+    /// Free the parameters' (and their gradients') storage until the next `set_parameters`: between
+    /// steps a sharded rank holds only its shard.
+    fn release_parameters(&mut self) -> anyhow::Result<()>;
+    /// Move the accumulated gradients into `flat` (layout order; zero where a parameter got none) and
+    /// clear them. Returns the names that had no gradient.
+    fn take_gradients(
+        &mut self,
+        layout: &[(String, Vec<usize>)],
+        flat: &mut [f32],
+    ) -> anyhow::Result<Vec<String>>;
+    /// Bytes of parameters, gradients and optimizer state this rank keeps for training (what sharding
+    /// divides), as of now.
+    fn state_bytes(&self) -> StateBytes;
+    /// Is `state_dict` a collective (every rank must call it, at the same point)? True for a sharded
+    /// model consolidated for a full checkpoint.
+    fn state_dict_is_collective(&self) -> bool {
+        false
+    }
+}
+
+/// Per-rank training memory, by kind (the numbers FSDP's sharding cuts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StateBytes {
+    pub parameters: u64,
+    pub gradients: u64,
+    pub optimizer_state: u64,
+}
+
+impl StateBytes {
+    pub fn total(&self) -> u64 {
+        self.parameters + self.gradients + self.optimizer_state
+    }
 }
 
 /// A model tensor as the pretrained-weight loader sees it.

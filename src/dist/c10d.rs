@@ -405,6 +405,38 @@ impl Collective for ProcessGroup {
         let done = self.broadcast(&t, root)?.wait();
         done
     }
+    fn all_gather_f32(&self, input: &[f32], output: &mut [f32]) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            output.len() == input.len() * self.world_size,
+            "all_gather: output holds {} values, expected {} ranks × {}",
+            output.len(),
+            self.world_size,
+            input.len()
+        );
+        if input.is_empty() {
+            return Ok(());
+        }
+        // c10d writes nothing into its input; the copy keeps the borrow rules simple (a shard is small).
+        let mut shard = input.to_vec();
+        let (src, dst) = (borrow_f32(&mut shard), borrow_f32(output));
+        let done = self.all_gather(&dst, &src)?.wait();
+        done
+    }
+    fn reduce_scatter_f32(&self, input: &mut [f32], output: &mut [f32]) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            input.len() == output.len() * self.world_size,
+            "reduce_scatter: input holds {} values, expected {} ranks × {}",
+            input.len(),
+            self.world_size,
+            output.len()
+        );
+        if output.is_empty() {
+            return Ok(());
+        }
+        let (src, dst) = (borrow_f32(input), borrow_f32(output));
+        let done = self.reduce_scatter(&dst, &src, ReduceOp::Sum)?.wait();
+        done
+    }
     fn barrier(&self) -> anyhow::Result<()> {
         // SAFETY: a live group.
         pending(unsafe { trainyard_barrier(self.ptr) }, "barrier")?.wait()

@@ -1,5 +1,5 @@
-//! What the strategies need from a communication library, in one trait: reductions, broadcast and a
-//! barrier over host buffers (any backend), plus, with the `torch` feature, the c10d process group itself so
+//! What the strategies need from a communication library, in one trait: reductions, broadcast,
+//! all-gather, reduce-scatter and a barrier over host buffers (any backend), plus, with the `torch` feature, the c10d process group itself so
 //! the tch engine can reduce its tensors in place. The only implementation is c10d's (`dist::c10d`):
 //! collectives are PyTorch's own, never home-made.
 
@@ -23,6 +23,33 @@ pub trait Collective: Send + Sync {
     /// Overwrite `data` on every rank with `root`'s.
     fn broadcast_f32(&self, data: &mut [f32], root: usize) -> anyhow::Result<()>;
     fn barrier(&self) -> anyhow::Result<()>;
+    /// `output` (world × `input.len()`) receives every rank's `input`, in rank order. The default goes
+    /// through `all_reduce_f32` (each rank fills its own slot of zeros); c10d has its own.
+    fn all_gather_f32(&self, input: &[f32], output: &mut [f32]) -> anyhow::Result<()> {
+        let n = input.len();
+        anyhow::ensure!(
+            output.len() == n * self.world_size(),
+            "all_gather: output holds {} values, expected {} ranks × {n}",
+            output.len(),
+            self.world_size()
+        );
+        output.fill(0.0);
+        output[self.rank() * n..(self.rank() + 1) * n].copy_from_slice(input);
+        self.all_reduce_f32(output, ReduceOp::Sum)
+    }
+    /// `input` (world × `output.len()`) is summed across ranks; this rank keeps its chunk in `output`.
+    fn reduce_scatter_f32(&self, input: &mut [f32], output: &mut [f32]) -> anyhow::Result<()> {
+        let n = output.len();
+        anyhow::ensure!(
+            input.len() == n * self.world_size(),
+            "reduce_scatter: input holds {} values, expected {} ranks × {n}",
+            input.len(),
+            self.world_size()
+        );
+        self.all_reduce_f32(input, ReduceOp::Sum)?;
+        output.copy_from_slice(&input[self.rank() * n..(self.rank() + 1) * n]);
+        Ok(())
+    }
     /// The c10d group under this collective, for engines that pass their tensors without host copies.
     #[cfg(feature = "torch")]
     fn process_group(&self) -> Option<&super::c10d::ProcessGroup> {

@@ -360,6 +360,80 @@ impl Engine for CandleEngine {
     fn num_parameters(&self) -> usize {
         self.params.values().map(|v| v.elem_count()).sum()
     }
+
+    fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.params
+            .iter()
+            .map(|(name, var)| (name.clone(), var.dims().to_vec()))
+            .collect()
+    }
+
+    fn set_parameters(
+        &mut self,
+        layout: &[(String, Vec<usize>)],
+        flat: &[f32],
+    ) -> anyhow::Result<()> {
+        let mut at = 0;
+        for (name, shape) in layout {
+            let n: usize = shape.iter().product();
+            let values = flat
+                .get(at..at + n)
+                .context("set_parameters: the flat buffer is shorter than the layout")?;
+            let var = Var::from_slice(values, shape.as_slice(), &self.device)?;
+            anyhow::ensure!(
+                self.params.insert(name.clone(), var).is_some(),
+                "set_parameters: the model has no parameter '{name}'"
+            );
+            at += n;
+        }
+        Ok(())
+    }
+
+    fn release_parameters(&mut self) -> anyhow::Result<()> {
+        for var in self.params.values_mut() {
+            *var = Var::from_slice::<_, f32>(&[], 0, &self.device)?;
+        }
+        self.grads.clear();
+        Ok(())
+    }
+
+    fn take_gradients(
+        &mut self,
+        layout: &[(String, Vec<usize>)],
+        flat: &mut [f32],
+    ) -> anyhow::Result<Vec<String>> {
+        let mut missing = Vec::new();
+        let mut at = 0;
+        for (name, shape) in layout {
+            let n: usize = shape.iter().product();
+            let dst = flat
+                .get_mut(at..at + n)
+                .context("take_gradients: the flat buffer is shorter than the layout")?;
+            match self.grads.remove(name) {
+                Some(g) => {
+                    dst.copy_from_slice(&g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+                }
+                None => {
+                    dst.fill(0.0);
+                    missing.push(name.clone());
+                }
+            }
+            at += n;
+        }
+        self.grads.clear();
+        Ok(missing)
+    }
+
+    fn state_bytes(&self) -> super::StateBytes {
+        let bytes = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as u64;
+        let parameters: u64 = self.params.values().map(|v| bytes(v.as_tensor())).sum();
+        super::StateBytes {
+            parameters,
+            // Gradients exist for every parameter from the first backward pass to each step.
+            gradients: parameters,
+            optimizer_state: self.optimizer.state.values().map(bytes).sum(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -472,4 +472,85 @@ impl Engine for TchEngine {
     fn loss_scale(&self) -> Option<f64> {
         self.scaler.as_ref().and_then(|s| s.scale().ok())
     }
+
+    fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.params
+            .iter()
+            .map(|(name, t)| (name.clone(), dims(t)))
+            .collect()
+    }
+
+    fn set_parameters(
+        &mut self,
+        layout: &[(String, Vec<usize>)],
+        flat: &[f32],
+    ) -> anyhow::Result<()> {
+        let mut at = 0;
+        for (name, shape) in layout {
+            let n: usize = shape.iter().product();
+            let values = flat
+                .get(at..at + n)
+                .context("set_parameters: the flat buffer is shorter than the layout")?;
+            let host = HostTensor {
+                shape: shape.clone(),
+                data: values.to_vec(),
+            };
+            let t = to_tch(&host, self.device)?
+                .f_to_kind(self.mode.storage())?
+                .set_requires_grad(true);
+            anyhow::ensure!(
+                self.params.insert(name.clone(), t).is_some(),
+                "set_parameters: the model has no parameter '{name}'"
+            );
+            at += n;
+        }
+        Ok(())
+    }
+
+    fn release_parameters(&mut self) -> anyhow::Result<()> {
+        // Dropping the tensors drops their `.grad` too.
+        for t in self.params.values_mut() {
+            *t = Tensor::f_empty([0], (self.mode.storage(), self.device))?;
+        }
+        Ok(())
+    }
+
+    fn take_gradients(
+        &mut self,
+        layout: &[(String, Vec<usize>)],
+        flat: &mut [f32],
+    ) -> anyhow::Result<Vec<String>> {
+        let mut missing = Vec::new();
+        let mut at = 0;
+        for (name, shape) in layout {
+            let n: usize = shape.iter().product();
+            let dst = flat
+                .get_mut(at..at + n)
+                .context("take_gradients: the flat buffer is shorter than the layout")?;
+            let p = self
+                .params
+                .get_mut(name)
+                .with_context(|| format!("take_gradients: the model has no parameter '{name}'"))?;
+            let g = p.grad();
+            if g.defined() {
+                dst.copy_from_slice(&to_host(&g)?.data);
+                p.zero_grad();
+            } else {
+                dst.fill(0.0);
+                missing.push(name.clone());
+            }
+            at += n;
+        }
+        Ok(missing)
+    }
+
+    fn state_bytes(&self) -> super::StateBytes {
+        let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
+        let parameters: u64 = self.params.values().map(bytes).sum();
+        super::StateBytes {
+            parameters,
+            gradients: parameters,
+            optimizer_state: self.optimizer.state.values().map(bytes).sum(),
+        }
+    }
 }
