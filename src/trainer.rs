@@ -252,11 +252,11 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
             t.strategy
         ));
     }
-    if t.sync_batchnorm && t.strategy != Strategy::Single {
+    if t.sync_batchnorm && t.strategy == Strategy::Dp {
         missing.push(
-            "trainer.sync_batchnorm=true: SyncBatchNorm (batch statistics reduced across ranks inside the \
-             forward and backward passes); set trainer.sync_batchnorm=false, so each rank normalises with \
-             its own batch's statistics (Lightning's default)"
+            "trainer.sync_batchnorm=true with trainer.strategy=dp: SyncBatchNorm reduces over the ranks of a \
+             process group (ddp, fsdp), as PyTorch's does; use trainer=ddp, or set \
+             trainer.sync_batchnorm=false"
                 .into(),
         );
     }
@@ -596,12 +596,17 @@ fn fit_with(
         steps_per_epoch,
     );
 
+    // SyncBatchNorm: BatchNorm layers on this thread use the global batch's statistics for the whole run.
+    let _sync_batchnorm = crate::strategy::sync_batchnorm::enter(
+        dist.filter(|_| t.sync_batchnorm).map(|d| d.comm.clone()),
+    );
     let mut engine: Box<dyn backend::Engine + '_> = backend::build(exp)?;
     let val_sync = match comm {
         Some(comm) => Some(ValidationSync {
             comm,
             // DDP's broadcast_buffers; FSDP leaves each rank its own (as PyTorch's does).
             buffers: t.strategy == Strategy::Ddp
+                && !t.sync_batchnorm
                 && engine.state_dict()?.keys().any(|k| k.contains("running_")),
         }),
         None => None,

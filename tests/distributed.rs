@@ -292,6 +292,75 @@ fn sharded_fsdp_checkpoints_resume_to_the_same_state() {
     }
 }
 
+/// SyncBatchNorm: with `trainer.sync_batchnorm=true`, 2 DDP processes × batch 16 normalise with the
+/// statistics of the global batch of 32, so a BatchNorm network (ResNet-18, CIFAR stem, 8x8 images) takes
+/// the same step as one process with batch 32: same weights, running statistics and gradients (the
+/// momentum buffers after one step); without it, each rank normalises its own half and the runs differ
+/// (the control that shows the test can fail). One step, because this tiny-image ResNet is chaotic:
+/// float rounding differences (1e-6 after a step) grow ~30x per step, and even two single-process runs
+/// on the two backends differ by O(1) after five steps.
+#[rstest]
+#[case::tch("tch")]
+#[case::candle("candle")]
+fn sync_batchnorm_matches_one_process_with_the_same_global_batch(#[case] backend: &str) {
+    let p = real_project();
+    let backend = format!("backend={backend}");
+    let common = [
+        backend.as_str(),
+        "model=resnet18",
+        "model.cifar_stem=true",
+        "~model.channels",
+        "data.image_size=8",
+        "data.train_size=160",
+        "data.val_size=32",
+        "optimizer=sgd",
+        "scheduler=constant",
+        "trainer.limit_train_batches=1",
+    ];
+    let single = run_in(
+        p.path(),
+        "single",
+        &[&common[..], &["data.batch_size=32"]].concat(),
+    );
+    let ddp = |dir: &str, sync: &str| {
+        run_in(
+            p.path(),
+            dir,
+            &[
+                &common[..],
+                &["trainer=ddp_sim", "data.batch_size=16", sync],
+            ]
+            .concat(),
+        )
+    };
+    let synced = ddp("synced", "trainer.sync_batchnorm=true");
+    let reference = full_state(&single);
+    assert!(reference.contains_key("bn1.running_var"));
+    let got = full_state(&synced);
+    let worst = worst_relative_difference(&got, &reference);
+    let mut by_tensor: Vec<(f64, &String)> = got
+        .iter()
+        .map(|(k, v)| {
+            let one = |t: &trainyard::backend::HostTensor| {
+                std::iter::once((k.clone(), t.clone())).collect::<trainyard::backend::StateDict>()
+            };
+            (worst_relative_difference(&one(v), &one(&reference[k])), k)
+        })
+        .collect();
+    by_tensor.sort_by(|a, b| b.0.total_cmp(&a.0));
+    assert!(
+        worst < 1e-4,
+        "SyncBatchNorm DDP differs from one process by {worst:e}; worst tensors: {:?}",
+        &by_tensor[..5]
+    );
+    let unsynced = ddp("unsynced", "trainer.sync_batchnorm=false");
+    let apart = worst_relative_difference(&full_state(&unsynced), &reference);
+    assert!(
+        apart > 1e-2,
+        "without SyncBatchNorm the runs should differ, but only by {apart:e}"
+    );
+}
+
 /// Nothing waits forever: a worker whose peers never come gives up after `trainer.rendezvous_timeout_s`
 /// with a message that says what to check.
 #[test]

@@ -65,6 +65,16 @@ extern "C" {
         op: c_int,
     ) -> *mut c_void;
     fn trainyard_barrier(group: *mut c_void) -> *mut c_void;
+    fn trainyard_sync_batch_norm(
+        group: *mut c_void,
+        input: *mut c_void,
+        weight: *mut c_void,
+        bias: *mut c_void,
+        running_mean: *mut c_void,
+        running_var: *mut c_void,
+        momentum: f64,
+        eps: f64,
+    ) -> *mut c_void;
     fn trainyard_wait(pending: *mut c_void) -> c_int;
 }
 
@@ -340,6 +350,41 @@ impl ProcessGroup {
     }
 }
 
+impl ProcessGroup {
+    /// SyncBatchNorm in training mode (an autograd function of the shim's: the forward's statistics and
+    /// the backward's sums are reduced over this group); the running statistics are updated in place.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sync_batch_norm(
+        &self,
+        input: &Tensor,
+        weight: &Tensor,
+        bias: &Tensor,
+        running_mean: &Tensor,
+        running_var: &Tensor,
+        momentum: f64,
+        eps: f64,
+    ) -> anyhow::Result<Tensor> {
+        // SAFETY: live tensors and group; the shim returns a new tensor the caller owns, or null.
+        let out = unsafe {
+            trainyard_sync_batch_norm(
+                self.ptr,
+                tensor_ptr(input),
+                tensor_ptr(weight),
+                tensor_ptr(bias),
+                tensor_ptr(running_mean),
+                tensor_ptr(running_var),
+                momentum,
+                eps,
+            )
+        };
+        if out.is_null() {
+            anyhow::bail!("SyncBatchNorm failed: {}", last_error());
+        }
+        // SAFETY: a heap `at::Tensor*` from the shim, owned from here on.
+        Ok(unsafe { Tensor::from_ptr(out.cast()) })
+    }
+}
+
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
         // SAFETY: allocated by trainyard_gloo_new, freed once.
@@ -443,5 +488,142 @@ impl Collective for ProcessGroup {
     }
     fn process_group(&self) -> Option<&ProcessGroup> {
         Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one_rank_group() -> (Store, ProcessGroup) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let timeout = Duration::from_secs(10);
+        let store = Store::connect("127.0.0.1", port, true, 1, timeout).unwrap();
+        let group = ProcessGroup::gloo(&store, "test", 0, 1, "127.0.0.1", timeout).unwrap();
+        (store, group)
+    }
+
+    /// Two ranks with half a batch each normalise, and back-propagate, exactly as one BatchNorm over the
+    /// whole batch: each rank's input gradient is its half of the whole-batch one, and the parameter
+    /// gradients sum to the whole-batch ones.
+    #[test]
+    fn sync_batch_norm_on_two_ranks_is_batch_norm_over_both_halves() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        tch::manual_seed(0);
+        let x = Tensor::randn([8, 3, 2, 5], (tch::Kind::Float, tch::Device::Cpu));
+        let probe = Tensor::randn([8, 3, 2, 5], (tch::Kind::Float, tch::Device::Cpu));
+        let run = |x: Tensor, probe: Tensor, group: Option<&ProcessGroup>| {
+            let x = x.set_requires_grad(true);
+            let w = Tensor::from_slice(&[1.0f32, 2.0, 0.5]).set_requires_grad(true);
+            let b = Tensor::from_slice(&[0.0f32, 1.0, -1.0]).set_requires_grad(true);
+            let (rm, rv) = (
+                Tensor::zeros([3], tch::kind::FLOAT_CPU),
+                Tensor::ones([3], tch::kind::FLOAT_CPU),
+            );
+            let y = match group {
+                Some(g) => g.sync_batch_norm(&x, &w, &b, &rm, &rv, 0.1, 1e-5).unwrap(),
+                None => x.batch_norm(
+                    Some(&w),
+                    Some(&b),
+                    Some(&rm),
+                    Some(&rv),
+                    true,
+                    0.1,
+                    1e-5,
+                    false,
+                ),
+            };
+            (&y * &probe).sum(tch::Kind::Float).backward();
+            vec![y.detach(), rm, rv, x.grad(), w.grad(), b.grad()]
+        };
+        let whole = run(x.copy(), probe.copy(), None);
+        let halves: Vec<Vec<Tensor>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2)
+                .map(|rank| {
+                    let (x, probe) = (
+                        x.narrow(0, rank as i64 * 4, 4).copy(),
+                        probe.narrow(0, rank as i64 * 4, 4).copy(),
+                    );
+                    s.spawn(move || {
+                        let timeout = Duration::from_secs(10);
+                        let store =
+                            Store::connect("127.0.0.1", port, rank == 0, 2, timeout).unwrap();
+                        let group =
+                            ProcessGroup::gloo(&store, "test", rank, 2, "127.0.0.1", timeout)
+                                .unwrap();
+                        run(x, probe, Some(&group))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let close = |a: &Tensor, b: &Tensor, what: &str| {
+            let diff = (a - b).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "{what} differs by {diff}");
+        };
+        for (i, what) in [(0, "output"), (3, "input gradient")] {
+            close(
+                &Tensor::cat(&[&halves[0][i], &halves[1][i]], 0),
+                &whole[i],
+                what,
+            );
+        }
+        for (i, what) in [(1, "running mean"), (2, "running var")] {
+            close(&halves[0][i], &whole[i], what);
+            close(&halves[1][i], &whole[i], what);
+        }
+        for (i, what) in [(4, "weight gradient"), (5, "bias gradient")] {
+            close(&(&halves[0][i] + &halves[1][i]), &whole[i], what);
+        }
+    }
+
+    /// On one rank, SyncBatchNorm is BatchNorm: the same output, running statistics and gradients as
+    /// libtorch's own batch_norm.
+    #[test]
+    fn sync_batch_norm_on_one_rank_is_batch_norm() {
+        let (_store, group) = one_rank_group();
+        tch::manual_seed(0);
+        let x = Tensor::randn([6, 3, 4, 5], (tch::Kind::Float, tch::Device::Cpu));
+        let probe = Tensor::randn([6, 3, 4, 5], (tch::Kind::Float, tch::Device::Cpu));
+        let run = |sync: bool| {
+            let x = x.copy().set_requires_grad(true);
+            let w = Tensor::from_slice(&[1.0f32, 2.0, 0.5]).set_requires_grad(true);
+            let b = Tensor::from_slice(&[0.0f32, 1.0, -1.0]).set_requires_grad(true);
+            let (rm, rv) = (
+                Tensor::zeros([3], tch::kind::FLOAT_CPU),
+                Tensor::ones([3], tch::kind::FLOAT_CPU),
+            );
+            let y = if sync {
+                group
+                    .sync_batch_norm(&x, &w, &b, &rm, &rv, 0.1, 1e-5)
+                    .unwrap()
+            } else {
+                x.batch_norm(
+                    Some(&w),
+                    Some(&b),
+                    Some(&rm),
+                    Some(&rv),
+                    true,
+                    0.1,
+                    1e-5,
+                    false,
+                )
+            };
+            (&y * &probe).sum(tch::Kind::Float).backward();
+            [y, rm, rv, x.grad(), w.grad(), b.grad()]
+        };
+        let (ours, theirs) = (run(true), run(false));
+        for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
+            let diff = (a - b).abs().max().double_value(&[]);
+            assert!(diff < 1e-5, "output {i} differs by {diff}");
+        }
     }
 }

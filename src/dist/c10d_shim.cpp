@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <chrono>
 #include <cstring>
@@ -51,6 +52,87 @@ c10d::ReduceOp reduce_op(int op) {
 }
 
 std::chrono::milliseconds ms(int64_t v) { return std::chrono::milliseconds(v); }
+
+// Sum `t` (a contiguous CPU float tensor) over every rank in place, waiting for the result.
+void all_reduce_sum(c10d::ProcessGroupGloo& pg, at::Tensor& t) {
+  std::vector<at::Tensor> list{t};
+  pg.allreduce(list)->wait();
+}
+
+// SyncBatchNorm (PyTorch's torch.nn.SyncBatchNorm, for an (N, C, ...) input): the batch statistics are
+// those of the whole global batch, and so is the backward's reduction, so N ranks with batches of B
+// normalise exactly as one process with a batch of N x B. Statistics run in float32 on the host side of
+// the collective, whatever the input's dtype; parameter gradients are this rank's (DDP averages them).
+struct SyncBatchNorm : public torch::autograd::Function<SyncBatchNorm> {
+  static std::vector<int64_t> reduce_dims(const at::Tensor& x) {
+    std::vector<int64_t> dims{0};
+    for (int64_t d = 2; d < x.dim(); ++d) dims.push_back(d);
+    return dims;
+  }
+  static std::vector<int64_t> channel_view(const at::Tensor& x) {
+    std::vector<int64_t> shape(x.dim(), 1);
+    shape[1] = x.size(1);
+    return shape;
+  }
+
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            at::Tensor running_mean, at::Tensor running_var, double momentum,
+                            double eps, int64_t group) {
+    auto& pg = *reinterpret_cast<Group*>(group)->pg;
+    auto x = input.to(at::kFloat).contiguous();
+    const int64_t channels = x.size(1);
+    const auto dims = reduce_dims(x);
+    const auto view = channel_view(x);
+    // Pass 1: the global count and sum give the global mean.
+    auto sums = at::cat({x.sum(dims).cpu(),
+                         at::full({1}, double(x.numel() / channels), x.options().device(at::kCPU))});
+    all_reduce_sum(pg, sums);
+    const double count = sums[channels].item<double>();
+    auto mean = (sums.narrow(0, 0, channels) / count).to(x.device());
+    // Pass 2: squared deviations from the global mean give the global (biased) variance.
+    auto centered = x - mean.view(view);
+    auto squares = (centered * centered).sum(dims).cpu().contiguous();
+    all_reduce_sum(pg, squares);
+    auto var = (squares / count).to(x.device());
+    auto invstd = (var + eps).rsqrt();
+    if (running_mean.defined()) {
+      running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.scalar_type()), momentum);
+      auto unbiased = var * (count / std::max(count - 1.0, 1.0));
+      running_var.mul_(1.0 - momentum).add_(unbiased.to(running_var.scalar_type()), momentum);
+    }
+    ctx->save_for_backward({x, weight, mean, invstd});
+    ctx->saved_data["count"] = count;
+    ctx->saved_data["group"] = group;
+    auto scale = (invstd * weight.to(at::kFloat)).view(view);
+    auto out = centered * scale + bias.to(at::kFloat).view(view);
+    return out.to(input.scalar_type());
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto x = saved[0], weight = saved[1], mean = saved[2], invstd = saved[3];
+    const double count = ctx->saved_data["count"].toDouble();
+    auto& pg = *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt())->pg;
+    const int64_t channels = x.size(1);
+    const auto dims = reduce_dims(x);
+    const auto view = channel_view(x);
+    auto dy = grads[0].to(at::kFloat).contiguous();
+    auto xhat = (x - mean.view(view)) * invstd.view(view);
+    auto sum_dy = dy.sum(dims);
+    auto sum_dy_xhat = (dy * xhat).sum(dims);
+    auto global = at::cat({sum_dy, sum_dy_xhat}).cpu().contiguous();
+    all_reduce_sum(pg, global);
+    global = global.to(x.device());
+    auto mean_dy = (global.narrow(0, 0, channels) / count).view(view);
+    auto mean_dy_xhat = (global.narrow(0, channels, channels) / count).view(view);
+    auto dx = (weight.to(at::kFloat) * invstd).view(view) * (dy - mean_dy - xhat * mean_dy_xhat);
+    return {dx.to(grads[0].scalar_type()), sum_dy_xhat.to(weight.scalar_type()),
+            sum_dy.to(weight.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor()};
+  }
+};
 }  // namespace
 
 extern "C" {
@@ -177,6 +259,19 @@ void* trainyard_reduce_scatter(void* group, at::Tensor* output, at::Tensor* inpu
 void* trainyard_barrier(void* group) {
   Pending* out = nullptr;
   guarded([&] { out = new Pending{static_cast<Group*>(group)->pg->barrier()}; });
+  return out;
+}
+
+// SyncBatchNorm in training mode over `group` (see SyncBatchNorm above); updates the running statistics
+// in place. Returns a new tensor, or null on failure (a peer gone: the collective's message is kept).
+at::Tensor* trainyard_sync_batch_norm(void* group, at::Tensor* input, at::Tensor* weight,
+                                      at::Tensor* bias, at::Tensor* running_mean,
+                                      at::Tensor* running_var, double momentum, double eps) {
+  at::Tensor* out = nullptr;
+  guarded([&] {
+    out = new at::Tensor(SyncBatchNorm::apply(*input, *weight, *bias, *running_mean, *running_var,
+                                              momentum, eps, reinterpret_cast<int64_t>(group)));
+  });
   return out;
 }
 

@@ -23,7 +23,7 @@ pub struct Distributed {
     pub world_size: usize,
     pub node_rank: usize,
     pub num_nodes: usize,
-    pub comm: Box<dyn Collective>,
+    pub comm: std::sync::Arc<dyn Collective>,
     /// Keeps the rendezvous open (rank 0 hosts it) for as long as the group lives.
     #[cfg(feature = "torch")]
     _store: c10d::Store,
@@ -124,7 +124,7 @@ pub fn join(
             world_size: cluster.world_size,
             node_rank: cluster.node_rank,
             num_nodes: cluster.num_nodes,
-            comm: Box::new(group),
+            comm: std::sync::Arc::new(group),
             _store: store,
         },
         agreed,

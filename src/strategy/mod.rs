@@ -5,3 +5,4 @@
 
 pub mod ddp;
 pub mod fsdp;
+pub mod sync_batchnorm;

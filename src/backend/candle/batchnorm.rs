@@ -31,7 +31,11 @@ pub fn train(
     }
     let x = x.contiguous()?;
     let (n, c, h, w) = x.dims4()?;
-    let stats = with_f32(&x, |data| Ok(channel_stats(data, n, c, h * w)))?;
+    let sync = crate::strategy::sync_batchnorm::group();
+    let stats = with_f32(&x, |data| match &sync {
+        Some(group) => global_channel_stats(group.as_ref(), data, n, c, h * w),
+        None => Ok(channel_stats(data, n, c, h * w)),
+    })?;
     let invstd = stats
         .var
         .iter()
@@ -41,6 +45,7 @@ pub fn train(
         mean: Arc::new(stats.mean.clone()),
         invstd: Arc::new(invstd),
         batch_stats: true,
+        sync: sync.map(|group| (group, stats.count)),
     };
     Ok(Some((x.apply_op3(gamma, beta, op)?, stats)))
 }
@@ -68,6 +73,7 @@ pub fn eval(
         mean: Arc::new(mean),
         invstd: Arc::new(invstd),
         batch_stats: false,
+        sync: None,
     };
     Ok(Some(x.contiguous()?.apply_op3(gamma, beta, op)?))
 }
@@ -104,11 +110,52 @@ fn channel_stats(data: &[f32], n: usize, c: usize, hw: usize) -> ChannelStats {
     ChannelStats { mean, var, count }
 }
 
+/// SyncBatchNorm's statistics: the global count, sum and (two-pass) variance over every rank's batch.
+fn global_channel_stats(
+    group: &dyn crate::dist::collective::Collective,
+    data: &[f32],
+    n: usize,
+    c: usize,
+    hw: usize,
+) -> Result<ChannelStats> {
+    let reduce = |v: &mut [f64]| {
+        group
+            .all_reduce_f64(v, crate::dist::collective::ReduceOp::Sum)
+            .map_err(|e| candle_core::Error::Msg(format!("SyncBatchNorm: {e:#}")))
+    };
+    let mut sums: Vec<f64> = (0..c)
+        .into_par_iter()
+        .map(|ch| channel_sum(n, c, hw, ch, |i| data[i] as f64))
+        .collect();
+    sums.push((n * hw) as f64);
+    reduce(&mut sums)?;
+    let count = sums[c];
+    let mean: Vec<f64> = sums[..c].iter().map(|s| s / count).collect();
+    let mut squares: Vec<f64> = (0..c)
+        .into_par_iter()
+        .map(|ch| {
+            channel_sum(n, c, hw, ch, |i| {
+                let d = data[i] as f64 - mean[ch];
+                d * d
+            })
+        })
+        .collect();
+    reduce(&mut squares)?;
+    Ok(ChannelStats {
+        mean: mean.iter().map(|&m| m as f32).collect(),
+        var: squares.iter().map(|&s| (s / count) as f32).collect(),
+        count: count as usize,
+    })
+}
+
 struct BatchNorm {
     mean: Arc<Vec<f32>>,
     invstd: Arc<Vec<f32>>,
     /// Whether `mean`/`invstd` came from this batch (their gradient then flows back into x).
     batch_stats: bool,
+    /// SyncBatchNorm: the group the backward's sums are reduced over, and the global element count per
+    /// channel.
+    sync: Option<(Arc<dyn crate::dist::collective::Collective>, usize)>,
 }
 
 impl CustomOp3 for BatchNorm {
@@ -168,9 +215,27 @@ impl CustomOp3 for BatchNorm {
                         (sum_dy as f32, sum_dy_xhat as f32)
                     })
                     .unzip();
+                // SyncBatchNorm: the input gradient uses the sums over the global batch; the parameters'
+                // gradients stay this rank's (DDP averages them).
+                let (mut sum_dy, mut sum_dy_xhat, m) =
+                    (dbeta.clone(), dgamma.clone(), (n * hw) as f32);
+                let m = match &self.sync {
+                    Some((group, count)) if x.track_op() => {
+                        let mut both: Vec<f64> =
+                            dbeta.iter().chain(&dgamma).map(|&v| f64::from(v)).collect();
+                        group
+                            .all_reduce_f64(&mut both, crate::dist::collective::ReduceOp::Sum)
+                            .map_err(|e| {
+                                candle_core::Error::Msg(format!("SyncBatchNorm: {e:#}"))
+                            })?;
+                        sum_dy = both[..c].iter().map(|&v| v as f32).collect();
+                        sum_dy_xhat = both[c..].iter().map(|&v| v as f32).collect();
+                        *count as f32
+                    }
+                    _ => m,
+                };
                 // The input gradient only when something upstream needs it.
                 let dx = x.track_op().then(|| {
-                    let m = (n * hw) as f32;
                     let mut dx = vec![0f32; xs.len()];
                     dx.par_chunks_mut(hw).enumerate().for_each(|(plane, out)| {
                         let ch = plane % c;
@@ -178,7 +243,7 @@ impl CustomOp3 for BatchNorm {
                         let range = plane * hw..(plane + 1) * hw;
                         if self.batch_stats {
                             // dx = gamma * invstd / M * (M * dy - sum(dy) - xhat * sum(dy * xhat))
-                            let (a, b) = (dbeta[ch] / m, dgamma[ch] / m);
+                            let (a, b) = (sum_dy[ch] / m, sum_dy_xhat[ch] / m);
                             for ((o, g), v) in
                                 out.iter_mut().zip(&dy[range.clone()]).zip(&xs[range])
                             {

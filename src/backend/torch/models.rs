@@ -6,6 +6,7 @@ use crate::backend::candle::resnet::ResNet;
 use crate::backend::candle::vit::Vit;
 use crate::rng::Rng;
 use crate::schema::{ModelConfig, ModelName};
+use anyhow::Context;
 use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
 
@@ -138,6 +139,24 @@ fn batch_norm(
     train: bool,
 ) -> anyhow::Result<Tensor> {
     let key = |s: &str| format!("{name}.{s}");
+    if let Some(group) = crate::strategy::sync_batchnorm::group().filter(|_| train) {
+        let pg = group
+            .process_group()
+            .context("SyncBatchNorm on backend=tch reduces over a c10d process group")?;
+        let y = pg.sync_batch_norm(
+            x,
+            get(p, &key("weight"))?,
+            get(p, &key("bias"))?,
+            get(b, &key("running_mean"))?,
+            get(b, &key("running_var"))?,
+            BN_MOMENTUM,
+            BN_EPS,
+        )?;
+        let tracked = key("num_batches_tracked");
+        let count = get(b, &tracked)?.f_add_scalar(1.0)?;
+        b.insert(tracked, count);
+        return Ok(y);
+    }
     let y = x.f_batch_norm(
         Some(get(p, &key("weight"))?),
         Some(get(p, &key("bias"))?),
