@@ -17,7 +17,12 @@ pub struct TrainingState {
     pub metrics: HashMap<String, f64>,
     /// The best monitored value so far and its epoch, for ModelCheckpoint/EarlyStopping after resume.
     pub best: Option<(f64, u64)>,
+    /// Validation checks without improvement (EarlyStopping's patience counts these).
     pub epochs_without_improvement: u64,
+    /// Batches of epoch `epoch` already trained when the checkpoint was taken mid-epoch (after a
+    /// `val_check_interval` validation); resuming skips exactly these. 0 at an epoch's end.
+    #[serde(default)]
+    pub batches_done: u64,
 }
 
 pub fn save(
@@ -128,6 +133,7 @@ mod tests {
             metrics: [("val/acc1".to_string(), 0.5)].into(),
             best: Some((0.5, 2)),
             epochs_without_improvement: 1,
+            batches_done: 0,
         };
         save(&path, &state, &training, "a: 1\n").unwrap();
         let back = load(&path).unwrap();

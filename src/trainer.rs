@@ -130,6 +130,131 @@ fn run_validation(
     }
 }
 
+/// ModelCheckpoint and EarlyStopping, run after every validation (mid-epoch ones included, as
+/// Lightning's `on_validation_end`) and at each epoch's end: did the monitored metric improve, which
+/// checkpoints to write or replace, and whether to stop.
+struct Keeper<'a> {
+    ckpt_cfg: Option<&'a crate::schema::ModelCheckpoint>,
+    stop_cfg: Option<&'a crate::schema::EarlyStopping>,
+    dir: Option<PathBuf>,
+    lead: bool,
+    rank: usize,
+    /// FSDP sharded checkpoints: every rank writes its own file beside rank 0's.
+    sharded: bool,
+    config_yaml: &'a str,
+    /// Upload a written checkpoint (s3:// dirpath) and say where it is.
+    publish: &'a dyn Fn(&Path) -> anyhow::Result<String>,
+    unpublish: &'a dyn Fn(&Path),
+    best_path: Option<PathBuf>,
+    last_path: Option<PathBuf>,
+    best_location: Option<String>,
+    last_location: Option<String>,
+}
+
+impl Keeper<'_> {
+    /// Update the best value and the patience count, write the due checkpoints; returns why to stop when
+    /// EarlyStopping's patience ran out.
+    fn on_validation_end(
+        &mut self,
+        engine: &dyn backend::Engine,
+        state: &mut TrainingState,
+        epoch: u64,
+    ) -> anyhow::Result<Option<String>> {
+        // ModelCheckpoint and EarlyStopping share the "did the monitored metric improve" question.
+        let monitor = self
+            .ckpt_cfg
+            .and_then(|c| c.monitor.clone().map(|m| (m, c.mode)))
+            .or_else(|| self.stop_cfg.map(|s| (s.monitor.clone(), s.mode)));
+        let mut improved = false;
+        if let Some((name, mode)) = &monitor {
+            if let Some(&value) = state.metrics.get(name.as_str()) {
+                let min_delta = self.stop_cfg.map(|s| s.min_delta).unwrap_or(0.0);
+                improved = state
+                    .best
+                    .is_none_or(|(b, _)| better(*mode, value, b, min_delta));
+                if improved {
+                    state.best = Some((value, epoch));
+                    state.epochs_without_improvement = 0;
+                } else {
+                    state.epochs_without_improvement += 1;
+                }
+            }
+        }
+        self.save_checkpoints(engine, state, epoch, improved)?;
+        Ok(self.stop_cfg.and_then(|stop| {
+            (state.metrics.contains_key(stop.monitor.as_str())
+                && state.epochs_without_improvement >= stop.patience)
+                .then(|| {
+                    format!(
+                        "early stopped: {} did not improve for {} validation checks",
+                        stop.monitor, stop.patience
+                    )
+                })
+        }))
+    }
+
+    fn save_checkpoints(
+        &mut self,
+        engine: &dyn backend::Engine,
+        state: &TrainingState,
+        epoch: u64,
+        improved: bool,
+    ) -> anyhow::Result<()> {
+        // Rank 0 writes; every rank takes part when the state is consolidated by a collective (FSDP
+        // full) or when each rank writes its own shard (FSDP sharded).
+        let writes = self.lead || engine.state_dict_is_collective() || self.sharded;
+        let (Some(cfg), Some(dir), true) = (self.ckpt_cfg, self.dir.clone(), writes) else {
+            return Ok(());
+        };
+        let weights = engine.state_dict()?;
+        let save = |path: &Path| -> anyhow::Result<Option<String>> {
+            if self.lead {
+                checkpoint::save(path, &weights, state, self.config_yaml)?;
+                return Ok(Some((self.publish)(path)?));
+            }
+            if self.sharded {
+                let mine = crate::strategy::fsdp::shard_path(path, self.rank);
+                checkpoint::save(&mine, &weights, state, self.config_yaml)?;
+            }
+            Ok(None)
+        };
+        let discard = |path: &Path| {
+            if self.lead {
+                (self.unpublish)(path);
+            } else {
+                let _ = std::fs::remove_file(crate::strategy::fsdp::shard_path(path, self.rank));
+            }
+        };
+        // `every_n_epochs` counts the epoch in progress, as Lightning's (current_epoch + 1).
+        let due = (epoch + 1).is_multiple_of(cfg.every_n_epochs.max(1));
+        if due && cfg.save_top_k != 0 && (improved || cfg.monitor.is_none()) {
+            let name = crate::callbacks::checkpoint_name(
+                &cfg.filename,
+                epoch,
+                state.global_step,
+                &state.metrics,
+            );
+            let path = dir.join(format!("{name}.safetensors"));
+            self.best_location = save(&path)?;
+            if cfg.save_top_k == 1 {
+                if let Some(old) = self.best_path.replace(path.clone()) {
+                    if old != path {
+                        discard(&old);
+                    }
+                }
+            } else {
+                self.best_path = Some(path);
+            }
+        }
+        if cfg.save_last {
+            let path = dir.join("last.safetensors");
+            self.last_location = save(&path)?;
+            self.last_path = Some(path);
+        }
+        Ok(())
+    }
+}
+
 /// The median of measured step times (forward, backward and optimizer step; no data loading).
 fn median(values: &[f64]) -> Option<f64> {
     let mut v = values.to_vec();
@@ -643,6 +768,7 @@ fn fit_with(
         metrics: HashMap::new(),
         best: None,
         epochs_without_improvement: 0,
+        batches_done: 0,
     };
     if let Some(file) = &exp.model.pretrained {
         let path = Path::new(file);
@@ -719,8 +845,6 @@ fn fit_with(
     let log_every = t.log_every_n_steps.max(1);
     let mut train_time = 0.0f64;
     let mut train_samples = 0u64;
-    let mut best_path: Option<PathBuf> = None;
-    let mut last_path: Option<PathBuf> = None;
     let mut status = "completed".to_string();
     // An s3:// dirpath: checkpoints are written (atomically) to the run's checkpoints/ and then uploaded.
     let remote_prefix = remote_checkpoint_prefix(exp)?;
@@ -762,8 +886,22 @@ fn fit_with(
             }
         }
     };
-    let mut best_location: Option<String> = None;
-    let mut last_location: Option<String> = None;
+    let mut keeper = Keeper {
+        ckpt_cfg,
+        stop_cfg,
+        dir: ckpt_dir.clone(),
+        lead,
+        rank,
+        sharded: sharded_checkpoints,
+        config_yaml,
+        publish: &publish,
+        unpublish: &unpublish,
+        best_path: None,
+        last_path: None,
+        best_location: None,
+        last_location: None,
+    };
+    let mut stopped_mid_epoch: Option<String> = None;
     let mut last_train = StepStats::default();
     let mut last_val: Option<StepStats> = None;
 
@@ -797,15 +935,20 @@ fn fit_with(
     'epochs: while state.epoch < max_epochs {
         let epoch = state.epoch;
         let epoch_start = Instant::now();
-        let indices = train_sampler.indices(epoch);
+        // Resumed from a mid-epoch checkpoint: this epoch's first batches are trained already. The
+        // sampler's order and the augmentation (keyed by sample) are the same, so skipping is exact.
+        let skip = std::mem::take(&mut state.batches_done) as usize;
+        let all_indices = train_sampler.indices(epoch);
+        let indices = &all_indices[(skip * exp.data.batch_size).min(all_indices.len())..];
         let mut epoch_stats = StepStats::default();
         let mut window = StepStats::default();
         let mut lr_now = schedule.at(state.global_step).lr;
         let bar = progress_bar(exp, train_batches, epoch, max_epochs).filter(|_| lead);
-        for (i, batch) in EpochLoader::new(&train_spec, epoch, &indices)
-            .take(train_batches)
+        for (i, batch) in EpochLoader::new(&train_spec, epoch, indices)
+            .take(train_batches.saturating_sub(skip))
             .enumerate()
         {
+            let i = i + skip;
             let batch = batch?;
             let step_start = Instant::now();
             let stats = engine.forward_backward(&batch, 1.0 / accumulate as f64)?;
@@ -893,6 +1036,19 @@ fn fit_with(
                         v.acc1(),
                         v.acc5()
                     );
+                    // Lightning's on_validation_end: checkpoints and early stopping follow every
+                    // validation, so a checkpoint here records how far into the epoch it was taken.
+                    for (name, value) in scalars {
+                        state.metrics.insert(name.into(), value);
+                    }
+                    last_val = Some(v);
+                    state.batches_done = (i + 1) as u64;
+                    let stop = keeper.on_validation_end(engine.as_ref(), &mut state, epoch)?;
+                    state.batches_done = 0;
+                    if let Some(why) = stop {
+                        stopped_mid_epoch = Some(why);
+                        break;
+                    }
                 }
                 if t.max_steps > 0 && state.global_step >= t.max_steps as u64 {
                     status = "max_steps reached".into();
@@ -919,6 +1075,7 @@ fn fit_with(
         state.epoch += 1;
 
         let validate = val_batches > 0
+            && stopped_mid_epoch.is_none()
             && (state.epoch.is_multiple_of(t.check_val_every_n_epoch.max(1))
                 || state.epoch == max_epochs);
         let mut val = None;
@@ -992,90 +1149,21 @@ fn fit_with(
             throughput
         );
 
-        // ModelCheckpoint + EarlyStopping share the "did the monitored metric improve" question.
-        let monitor = ckpt_cfg
-            .and_then(|c| c.monitor.clone().map(|m| (m, c.mode)))
-            .or_else(|| stop_cfg.map(|s| (s.monitor.clone(), s.mode)));
-        let mut improved = false;
-        if let Some((name, mode)) = &monitor {
-            if let Some(&value) = state.metrics.get(name.as_str()) {
-                let min_delta = stop_cfg.map(|s| s.min_delta).unwrap_or(0.0);
-                improved = state
-                    .best
-                    .is_none_or(|(b, _)| better(*mode, value, b, min_delta));
-                if improved {
-                    state.best = Some((value, epoch));
-                    state.epochs_without_improvement = 0;
-                } else {
-                    state.epochs_without_improvement += 1;
-                }
-            }
-        }
-        // Rank 0 writes; every rank takes part when the state is consolidated by a collective (FSDP full)
-        // or when each rank writes its own shard (FSDP sharded).
-        let writes_checkpoint = lead || engine.state_dict_is_collective() || sharded_checkpoints;
-        if let (Some(cfg), Some(dir), true) = (ckpt_cfg, &ckpt_dir, writes_checkpoint) {
-            let weights = engine.state_dict()?;
-            let save = |path: &Path| -> anyhow::Result<Option<String>> {
-                if lead {
-                    checkpoint::save(path, &weights, &state, config_yaml)?;
-                    return Ok(Some(publish(path)?));
-                }
-                if sharded_checkpoints {
-                    let mine = crate::strategy::fsdp::shard_path(path, rank);
-                    checkpoint::save(&mine, &weights, &state, config_yaml)?;
-                }
-                Ok(None)
-            };
-            let discard = |path: &Path| {
-                if lead {
-                    unpublish(path);
-                } else {
-                    let _ = std::fs::remove_file(crate::strategy::fsdp::shard_path(path, rank));
-                }
-            };
-            let due = state.epoch.is_multiple_of(cfg.every_n_epochs.max(1));
-            if due && cfg.save_top_k != 0 && (improved || cfg.monitor.is_none()) {
-                let name = crate::callbacks::checkpoint_name(
-                    &cfg.filename,
-                    epoch,
-                    state.global_step,
-                    &state.metrics,
-                );
-                let path = dir.join(format!("{name}.safetensors"));
-                best_location = save(&path)?;
-                if cfg.save_top_k == 1 {
-                    if let Some(old) = best_path.replace(path.clone()) {
-                        if old != path {
-                            discard(&old);
-                        }
-                    }
-                } else {
-                    best_path = Some(path);
-                }
-            }
-            if cfg.save_last {
-                let path = dir.join("last.safetensors");
-                last_location = save(&path)?;
-                last_path = Some(path);
-            }
-        }
+        // ModelCheckpoint + EarlyStopping, unless they already ran on this point (a mid-epoch validation
+        // that stopped the run).
+        let early_stop = match stopped_mid_epoch.take() {
+            Some(why) => Some(why),
+            None => keeper.on_validation_end(engine.as_ref(), &mut state, epoch)?,
+        };
         if let Some(t) = timer.as_mut() {
             if let Some(why) = t.stop_at_epoch_end(agree)? {
                 status = why;
                 break;
             }
         }
-        if let Some(stop) = stop_cfg {
-            if state.metrics.contains_key(stop.monitor.as_str())
-                && state.epochs_without_improvement >= stop.patience
-            {
-                status = format!(
-                    "early stopped: {} did not improve for {} epochs",
-                    stop.monitor, stop.patience
-                );
-                break;
-            }
+        if let Some(why) = early_stop {
+            status = why;
+            break;
         }
     }
 
@@ -1150,8 +1238,12 @@ fn fit_with(
         train_samples_per_s: train_samples as f64 / train_time.max(1e-9),
         median_step_time_s: median(&step_times),
         peak_rss_bytes: peak_rss_bytes(),
-        best_checkpoint: best_location.or(best_path.map(|p| p.display().to_string())),
-        last_checkpoint: last_location.or(last_path.map(|p| p.display().to_string())),
+        best_checkpoint: keeper
+            .best_location
+            .or(keeper.best_path.map(|p| p.display().to_string())),
+        last_checkpoint: keeper
+            .last_location
+            .or(keeper.last_path.map(|p| p.display().to_string())),
         resumed_from,
         batch_size_finder: finding,
         // Before device stats, whose sampler thread may take a sampling period to stop.

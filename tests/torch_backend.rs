@@ -75,6 +75,7 @@ fn through_file(state: &StateDict) -> StateDict {
         metrics: Default::default(),
         best: None,
         epochs_without_improvement: 0,
+        batches_done: 0,
     };
     checkpoint::save(&path, &weights, &training, "").unwrap();
     checkpoint::load(&path).unwrap().state

@@ -3,6 +3,7 @@
 mod common;
 use common::{real_project, summary, train};
 use std::path::{Path, PathBuf};
+use trainyard::checkpoint;
 
 fn only_run(root: &Path, task: &str) -> PathBuf {
     let mut runs: Vec<PathBuf> = std::fs::read_dir(root.join("logs").join(task).join("runs"))
@@ -256,6 +257,93 @@ fn validation_within_an_epoch(#[case] option: &str, #[case] val_steps: &[u64]) {
         .map(|f| f[step].parse().unwrap())
         .collect();
     assert_eq!(steps, val_steps, "{csv}");
+}
+
+/// Validation inside the epoch drives the callbacks, as Lightning's `on_validation_end`: ModelCheckpoint
+/// saves after each one (recording how many batches of the epoch were done), a run resumed from a
+/// mid-epoch checkpoint skips exactly those batches and ends bit-identical to the uninterrupted run, and
+/// EarlyStopping's patience counts validation checks, so it can stop a run mid-epoch.
+#[test]
+fn mid_epoch_validation_checkpoints_resume_and_early_stop() {
+    let p = real_project();
+    let run_with = |extra: &[&str]| {
+        let mut args: Vec<&str> = SMALL.to_vec();
+        args.extend(["trainer.val_check_interval=3", "trainer.max_epochs=2"]);
+        args.extend_from_slice(extra);
+        let out = train(p.path(), &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let run = only_run(p.path(), "quickstart");
+        let kept = p.path().join(format!("run{}", extra.len()));
+        std::fs::rename(&run, &kept).unwrap();
+        std::fs::remove_dir_all(p.path().join("logs")).unwrap();
+        kept
+    };
+    let every_check = [
+        "callbacks.model_checkpoint.save_top_k=-1",
+        "callbacks.model_checkpoint.monitor=null",
+        "callbacks.model_checkpoint.filename='step_{step:03d}'",
+    ];
+    let full = run_with(&every_check);
+    let names: Vec<String> = {
+        let mut v: Vec<String> = std::fs::read_dir(full.join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        names,
+        [
+            "last.safetensors",
+            "step_003.safetensors",
+            "step_006.safetensors",
+            "step_008.safetensors",
+            "step_011.safetensors",
+            "step_014.safetensors",
+            "step_016.safetensors"
+        ],
+        "a checkpoint after every validation (steps 3, 6 and the epoch end at 8, per epoch)"
+    );
+    let mid = full.join("checkpoints/step_011.safetensors");
+    let training = checkpoint::load(&mid).unwrap().training.unwrap();
+    assert_eq!(
+        (training.epoch, training.global_step, training.batches_done),
+        (1, 11, 3)
+    );
+    let resume = format!("ckpt_path={}", mid.display());
+    let resumed = run_with(&[
+        every_check[0],
+        every_check[1],
+        every_check[2],
+        resume.as_str(),
+    ]);
+    let tensors = |run: &Path| {
+        checkpoint::load(&run.join("checkpoints/last.safetensors"))
+            .unwrap()
+            .state
+    };
+    assert_eq!(
+        tensors(&resumed),
+        tensors(&full),
+        "resumed mid-epoch != uninterrupted"
+    );
+    assert_eq!(summary(&resumed)["global_step"], 16);
+
+    // val/loss "improving" by rising 0.5 never happens: patience 1 ends the run at the second check.
+    let stopped = run_with(&[
+        "callbacks.early_stopping={monitor: val/loss, mode: max, patience: 1, min_delta: 0.5}",
+    ]);
+    let s = summary(&stopped);
+    assert_eq!(s["global_step"], 6, "{s}");
+    assert!(
+        s["status"].as_str().unwrap().starts_with("early stopped"),
+        "{s}"
+    );
 }
 
 #[test]
