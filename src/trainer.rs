@@ -222,10 +222,11 @@ fn fetch_remote_checkpoint(url: &crate::s3::S3Url, output_dir: &Path) -> anyhow:
 pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
     let t = &exp.trainer;
     let mut missing: Vec<String> = Vec::new();
-    if matches!(t.strategy, Strategy::Dp | Strategy::Fsdp) {
+    crate::strategy::dp::check_placement(exp, &|k| std::env::var(k).ok())?;
+    if matches!(t.strategy, Strategy::Fsdp) {
         missing.push(format!(
-            "trainer.strategy={}: only ddp is implemented among the distributed strategies; use trainer=ddp \
-             (or trainer=ddp_sim on CPU)",
+            "trainer.strategy={}: only ddp and dp are implemented among the distributed strategies; use \
+             trainer=ddp (or trainer=ddp_sim on CPU)",
             t.strategy
         ));
     }
@@ -233,7 +234,7 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
         && (t.num_nodes > 1 || matches!(t.devices, Devices::Count(n) if n > 1))
     {
         missing
-            .push("trainer.strategy=single with several devices or nodes; use trainer=ddp".into());
+            .push("trainer.strategy=single with several devices or nodes; use trainer=ddp (or trainer=dp)".into());
     }
     if t.strategy == Strategy::Ddp && !cfg!(feature = "torch") {
         missing.push(
@@ -401,7 +402,7 @@ fn find_batch_size(
         trial_exp.data.batch_size = b;
         let before = crate::memory::reset_peak();
         {
-            let mut engine = backend::build(&trial_exp)?;
+            let mut engine = crate::strategy::engine(&trial_exp)?;
             let spec = LoaderSpec {
                 dataset: train_set.clone(),
                 transforms: Arc::new(exp.data.train_transforms.clone()),
@@ -586,7 +587,7 @@ fn fit_with(
         steps_per_epoch,
     );
 
-    let mut engine = backend::build(exp)?;
+    let mut engine = crate::strategy::engine(exp)?;
     let val_sync = match comm {
         Some(comm) => Some(ValidationSync {
             comm,
@@ -1060,7 +1061,7 @@ fn fit_with(
             .unwrap_or_default()
             .to_string(),
         num_nodes: dist.map_or(1, |d| d.num_nodes),
-        devices: world / dist.map_or(1, |d| d.num_nodes.max(1)),
+        devices: world / dist.map_or(1, |d| d.num_nodes.max(1)) * engine.replicas(),
         batch_size: exp.data.batch_size,
         global_batch_size: exp.data.batch_size * accumulate * world,
         num_parameters: engine.num_parameters(),
