@@ -255,9 +255,15 @@ impl Engine for DataParallelEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::candle::CandleEngine;
     use crate::rng::Rng;
+    use crate::schema::Backend;
     use rstest::rstest;
+
+    fn experiment_on(backend: Backend, model: &str) -> Experiment {
+        let mut exp = experiment(model);
+        exp.backend = backend;
+        exp
+    }
 
     fn experiment(model: &str) -> Experiment {
         let text = format!(
@@ -287,10 +293,12 @@ mod tests {
         }
     }
 
+    fn one(exp: &Experiment) -> Box<dyn Engine + Send> {
+        backend::build_replica(exp, 0).unwrap()
+    }
+
     fn data_parallel(exp: &Experiment, n: usize) -> DataParallelEngine {
-        let replicas = (0..n)
-            .map(|_| Box::new(CandleEngine::new(exp).unwrap()) as Box<dyn Engine + Send>)
-            .collect();
+        let replicas = (0..n).map(|_| one(exp)).collect();
         let mut sync = crate::strategy::ddp::GradSync::of(exp);
         sync.find_unused_parameters = true;
         DataParallelEngine::new(replicas, sync).unwrap()
@@ -315,13 +323,15 @@ mod tests {
     /// momentum over 3 steps of 2 accumulated micro-batches, including batches that do not divide by N and
     /// batches with fewer rows than replicas (replicas without rows contribute zero).
     #[rstest]
-    #[case::even(8, 2)]
-    #[case::uneven(7, 3)]
-    #[case::last_partial(5, 3)]
-    #[case::fewer_rows_than_replicas(2, 3)]
-    fn replicas_take_the_whole_batch_step(#[case] rows: usize, #[case] n: usize) {
-        let exp = experiment("{name: mlp, num_classes: 4, hidden: [16]}");
-        let mut one = CandleEngine::new(&exp).unwrap();
+    #[case::candle(Backend::Candle)]
+    #[cfg_attr(feature = "torch", case::tch(Backend::Tch))]
+    fn replicas_take_the_whole_batch_step(
+        #[case] backend: Backend,
+        #[values((8, 2), (7, 3), (5, 3), (2, 3))] rows_and_replicas: (usize, usize),
+    ) {
+        let (rows, n) = rows_and_replicas;
+        let exp = experiment_on(backend, "{name: mlp, num_classes: 4, hidden: [16]}");
+        let mut one = one(&exp);
         let mut dp = data_parallel(&exp, n);
         for step in 0..3u64 {
             for micro in 0..2 {
@@ -354,11 +364,16 @@ mod tests {
 
     /// BatchNorm under DataParallel: the model's running statistics are replica 0's (from chunk 0 only),
     /// and every replica evaluates with them.
-    #[test]
-    fn batchnorm_statistics_are_replica_zeros() {
-        let exp = experiment("{name: resnet18, num_classes: 4, cifar_stem: true}");
+    #[rstest]
+    #[case::candle(Backend::Candle)]
+    #[cfg_attr(feature = "torch", case::tch(Backend::Tch))]
+    fn batchnorm_statistics_are_replica_zeros(#[case] backend: Backend) {
+        let exp = experiment_on(
+            backend,
+            "{name: resnet18, num_classes: 4, cifar_stem: true}",
+        );
         let mut dp = data_parallel(&exp, 2);
-        let mut chunk0 = CandleEngine::new(&exp).unwrap();
+        let mut chunk0 = one(&exp);
         let b = batch(4, 1);
         dp.forward_backward(&b, 1.0).unwrap();
         chunk0.forward_backward(&scatter(&b, 2)[0], 1.0).unwrap();
