@@ -10,9 +10,7 @@
 #![cfg(feature = "torch")]
 
 mod common;
-use common::{
-    real_project, run_in, summary, train, weights, worst_relative_difference, SMALL_CNN, TRAIN,
-};
+use common::{real_project, run_in, summary, weights, worst_relative_difference, SMALL_CNN, TRAIN};
 use rstest::rstest;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
