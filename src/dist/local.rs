@@ -37,6 +37,19 @@ struct Shared {
     done: Condvar,
 }
 
+/// The error of a rank released from a collective because another rank failed (that rank's own error
+/// says what went wrong).
+#[derive(Debug, Clone)]
+pub struct Aborted(pub String);
+
+impl std::fmt::Display for Aborted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the replica group stopped: {}", self.0)
+    }
+}
+
+impl std::error::Error for Aborted {}
+
 /// One rank's handle on an in-process group. Each rank's handle is used by one thread at a time.
 pub struct LocalCollective {
     rank: usize,
@@ -134,7 +147,7 @@ impl LocalCollective {
     fn meet(&self, call: Call, values: Values) -> anyhow::Result<Arc<Values>> {
         let mut round = self.lock()?;
         if let Some(why) = &round.aborted {
-            anyhow::bail!("the replica group stopped: {why}");
+            return Err(Aborted(why.clone()).into());
         }
         let generation = round.generation;
         round.inputs[self.rank] = Some((call, values));
@@ -157,8 +170,7 @@ impl LocalCollective {
                     .map_err(|_| anyhow::anyhow!("a replica panicked inside a collective"))?;
             }
             if round.generation == generation {
-                let why = round.aborted.clone().unwrap_or_default();
-                anyhow::bail!("the replica group stopped: {why}");
+                return Err(Aborted(round.aborted.clone().unwrap_or_default()).into());
             }
         }
         round.result.clone().map_err(|e| anyhow::anyhow!(e))

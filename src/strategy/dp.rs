@@ -115,12 +115,17 @@ impl DataParallelEngine {
         &mut self,
         job: impl Fn(usize, &mut (dyn Engine + Send), &LocalCollective) -> anyhow::Result<T> + Sync,
     ) -> anyhow::Result<Vec<T>> {
-        /// Aborts the group unless disarmed: covers errors and panics alike.
-        struct Guard<'a>(&'a LocalCollective, usize, bool);
-        impl Drop for Guard<'_> {
+        /// Aborts the group if the replica's job did not succeed: on an error and on a panic alike.
+        struct AbortUnlessDone<'a> {
+            comm: &'a LocalCollective,
+            replica: usize,
+            done: bool,
+        }
+        impl Drop for AbortUnlessDone<'_> {
             fn drop(&mut self) {
-                if !self.2 {
-                    self.0.abort(&format!("dp replica {} failed", self.1));
+                if !self.done {
+                    self.comm
+                        .abort(&format!("dp replica {} failed", self.replica));
                 }
             }
         }
@@ -133,9 +138,13 @@ impl DataParallelEngine {
                 .enumerate()
                 .map(|(r, (engine, comm))| {
                     s.spawn(move || {
-                        let mut guard = Guard(comm, r, false);
+                        let mut guard = AbortUnlessDone {
+                            comm,
+                            replica: r,
+                            done: false,
+                        };
                         let out = job(r, engine.as_mut(), comm);
-                        guard.2 = out.is_ok();
+                        guard.done = out.is_ok();
                         out
                     })
                 })
@@ -150,7 +159,23 @@ impl DataParallelEngine {
                 })
                 .collect()
         });
-        results.into_iter().collect()
+        // A replica released from a collective by another's failure reports only that: report the cause.
+        let (mut values, mut cause, mut released) = (Vec::new(), None, None);
+        for result in results {
+            match result {
+                Ok(v) => values.push(v),
+                Err(e) if e.downcast_ref::<local::Aborted>().is_some() => {
+                    released.get_or_insert(e);
+                }
+                Err(e) => {
+                    cause.get_or_insert(e);
+                }
+            }
+        }
+        match cause.or(released) {
+            Some(e) => Err(e),
+            None => Ok(values),
+        }
     }
 
     /// `batch` scattered, `job` run on each replica's chunk at once, the statistics summed.
@@ -396,7 +421,7 @@ mod tests {
         assert!((stats.loss_sum - whole.loss_sum).abs() < 1e-4 * whole.loss_sum.abs());
     }
 
-    /// A replica that fails stops the step with its error, and no other replica hangs.
+    /// A replica that fails stops the step with its own error, and no other replica hangs.
     #[test]
     fn a_failing_replica_fails_the_step() {
         let exp = experiment("{name: mlp, num_classes: 4, hidden: [8]}");
@@ -405,6 +430,54 @@ mod tests {
         bad.labels[3] = 99; // out of range for 4 classes: only replica 1 (rows 2..4) sees it
         let err = dp.forward_backward(&bad, 1.0).unwrap_err();
         assert!(format!("{err:#}").contains("dp replica 1"), "{err:#}");
+        // Replica 0 waits in the gradient reduction for replica 1, which fails before it: the step
+        // fails with replica 1's error, not with replica 0's release from the wait.
+        let mut dp = data_parallel(&exp, 2);
+        let second = dp.replicas.pop().unwrap();
+        dp.replicas.push(Box::new(FailsToReduce(second)));
+        dp.forward_backward(&batch(4, 1), 1.0).unwrap();
+        let err = format!("{:#}", dp.optimizer_step(0.1, None, None).unwrap_err());
+        assert!(err.contains("dp replica 1: no gradients today"), "{err}");
+    }
+
+    /// An engine whose gradient reduction fails before it reaches the collective.
+    struct FailsToReduce(Box<dyn Engine + Send>);
+
+    impl Engine for FailsToReduce {
+        fn forward_backward(&mut self, b: &Batch, s: f64) -> anyhow::Result<StepStats> {
+            self.0.forward_backward(b, s)
+        }
+        fn optimizer_step(
+            &mut self,
+            lr: f64,
+            m: Option<f64>,
+            c: Option<f64>,
+        ) -> anyhow::Result<f64> {
+            self.0.optimizer_step(lr, m, c)
+        }
+        fn evaluate(&mut self, b: &Batch) -> anyhow::Result<StepStats> {
+            self.0.evaluate(b)
+        }
+        fn state_dict(&self) -> anyhow::Result<StateDict> {
+            self.0.state_dict()
+        }
+        fn load_state_dict(&mut self, s: &StateDict) -> anyhow::Result<()> {
+            self.0.load_state_dict(s)
+        }
+        fn load_pretrained(&mut self, s: &StateDict) -> anyhow::Result<Vec<String>> {
+            self.0.load_pretrained(s)
+        }
+        fn num_parameters(&self) -> usize {
+            self.0.num_parameters()
+        }
+        fn all_reduce_gradients(
+            &mut self,
+            _: &dyn crate::dist::collective::Collective,
+            _: &crate::strategy::ddp::GradSync,
+        ) -> anyhow::Result<()> {
+            std::thread::sleep(std::time::Duration::from_millis(50)); // replica 0 is waiting by now
+            anyhow::bail!("no gradients today")
+        }
     }
 
     #[rstest]
