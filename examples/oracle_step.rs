@@ -55,6 +55,7 @@ fn main() -> anyhow::Result<()> {
         metrics: HashMap::new(),
         best: None,
         epochs_without_improvement: 0,
+        batches_done: 0,
     };
     checkpoint::save(Path::new(out), &state, &training, spec)
 }

@@ -492,21 +492,6 @@ fn with_rank_log<T>(
     })
 }
 
-/// Local devices per node for a distributed run: `trainer.devices`, or with `auto` the visible GPUs (one
-/// process on the CPU, as Lightning does).
-fn devices_per_node(exp: &crate::schema::Experiment) -> usize {
-    match exp.trainer.devices {
-        crate::schema::Devices::Count(n) => n,
-        crate::schema::Devices::Auto => {
-            #[cfg(feature = "torch")]
-            if exp.trainer.accelerator != crate::schema::Accelerator::Cpu {
-                return (tch::Cuda::device_count().max(1)) as usize;
-            }
-            1
-        }
-    }
-}
-
 /// The node launcher's side of a distributed job: start this node's workers, wait, and report.
 fn launch_node(
     cluster: crate::dist::env::Cluster,
@@ -577,7 +562,7 @@ fn run_job(
         crate::schema::Strategy::Ddp | crate::schema::Strategy::Fsdp
     ) {
         let cluster = crate::dist::env::detect_from_process(
-            devices_per_node(&experiment),
+            crate::dist::devices_per_node(&experiment),
             experiment.trainer.num_nodes,
         )
         .map_err(run_error)?;

@@ -350,13 +350,7 @@ fn fetch_remote_checkpoint(url: &crate::s3::S3Url, output_dir: &Path) -> anyhow:
 pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
     let t = &exp.trainer;
     let mut missing: Vec<String> = Vec::new();
-    if t.strategy == Strategy::Dp {
-        missing.push(format!(
-            "trainer.strategy={}: only ddp and fsdp are implemented among the distributed strategies; use \
-             trainer=ddp (or trainer=ddp_sim on CPU)",
-            t.strategy
-        ));
-    }
+    crate::strategy::dp::check_placement(exp, &|k| std::env::var(k).ok())?;
     if t.strategy == Strategy::Fsdp && t.precision == Precision::Mixed16 {
         missing.push(
             "trainer.precision=16-mixed with trainer.strategy=fsdp: dynamic loss scaling over shards \
@@ -368,7 +362,7 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
         && (t.num_nodes > 1 || matches!(t.devices, Devices::Count(n) if n > 1))
     {
         missing
-            .push("trainer.strategy=single with several devices or nodes; use trainer=ddp".into());
+            .push("trainer.strategy=single with several devices or nodes; use trainer=ddp (or trainer=dp)".into());
     }
     if matches!(t.strategy, Strategy::Ddp | Strategy::Fsdp) && !cfg!(feature = "torch") {
         missing.push(format!(
@@ -536,7 +530,7 @@ fn find_batch_size(
         trial_exp.data.batch_size = b;
         let before = crate::memory::reset_peak();
         {
-            let mut engine = backend::build(&trial_exp)?;
+            let mut engine = crate::strategy::engine(&trial_exp)?;
             let spec = LoaderSpec {
                 dataset: train_set.clone(),
                 transforms: Arc::new(exp.data.train_transforms.clone()),
@@ -725,7 +719,7 @@ fn fit_with(
     let _sync_batchnorm = crate::strategy::sync_batchnorm::enter(
         dist.filter(|_| t.sync_batchnorm).map(|d| d.comm.clone()),
     );
-    let mut engine: Box<dyn backend::Engine + '_> = backend::build(exp)?;
+    let mut engine: Box<dyn backend::Engine + '_> = crate::strategy::engine(exp)?;
     let val_sync = match comm {
         Some(comm) => Some(ValidationSync {
             comm,
@@ -970,7 +964,7 @@ fn fit_with(
                     epoch_stats.count as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9)
                 ));
             }
-            if (i + 1) % accumulate == 0 || i + 1 == train_batches {
+            if (i + 1).is_multiple_of(accumulate) || i + 1 == train_batches {
                 let point = schedule.at(state.global_step);
                 lr_now = point.lr;
                 let update_start = Instant::now();
@@ -1001,7 +995,7 @@ fn fit_with(
                     }
                     window = StepStats::default();
                 }
-                let mid_epoch_check = val_every.is_some_and(|n| (i + 1) % n == 0)
+                let mid_epoch_check = val_every.is_some_and(|n| (i + 1).is_multiple_of(n))
                     && i + 1 < train_batches
                     && val_batches > 0
                     && (epoch + 1).is_multiple_of(t.check_val_every_n_epoch.max(1));
@@ -1218,7 +1212,7 @@ fn fit_with(
             .unwrap_or_default()
             .to_string(),
         num_nodes: dist.map_or(1, |d| d.num_nodes),
-        devices: world / dist.map_or(1, |d| d.num_nodes.max(1)),
+        devices: world / dist.map_or(1, |d| d.num_nodes.max(1)) * engine.replicas(),
         batch_size: exp.data.batch_size,
         global_batch_size: exp.data.batch_size * accumulate * world,
         num_parameters: engine.num_parameters(),

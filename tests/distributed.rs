@@ -10,76 +10,12 @@
 #![cfg(feature = "torch")]
 
 mod common;
-use common::{real_project, summary, train, TRAIN};
+use common::{real_project, run_in, summary, weights, worst_relative_difference, SMALL_CNN, TRAIN};
 use rstest::rstest;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use trainyard::checkpoint;
-
-/// A small, fast quick start: 320 training images, a tiny CNN without dropout or batch norm (so the only
-/// difference between strategies is where the gradients are summed).
-const SMALL: &[&str] = &[
-    "experiment=quickstart",
-    "data.train_size=320",
-    "data.val_size=64",
-    "data.num_workers=1",
-    "model.channels=[8,16]",
-    "trainer.max_epochs=1",
-    "callbacks.model_summary=null",
-];
-
-fn run_in(root: &Path, dir: &str, extra: &[&str]) -> PathBuf {
-    let run_dir = format!("hydra.run.dir={dir}");
-    let mut args: Vec<&str> = SMALL.to_vec();
-    args.extend_from_slice(extra);
-    args.push(&run_dir);
-    let out = train(root, &args);
-    assert!(
-        out.status.success(),
-        "train {}\nstdout:\n{}\nstderr:\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    root.join(dir)
-}
-
-fn weights(run: &Path) -> trainyard::backend::StateDict {
-    checkpoint::load(&run.join("checkpoints/last.safetensors"))
-        .unwrap()
-        .state
-        .into_iter()
-        .filter(|(k, _)| !k.starts_with("optimizer."))
-        .collect()
-}
-
-/// ‖a − b‖ / ‖b‖ over every tensor, worst case.
-fn worst_relative_difference(
-    a: &trainyard::backend::StateDict,
-    b: &trainyard::backend::StateDict,
-) -> f64 {
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-    a.iter()
-        .map(|(k, x)| {
-            let y = &b[k];
-            let diff: f64 = x
-                .data
-                .iter()
-                .zip(&y.data)
-                .map(|(p, q)| f64::from(p - q).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            let norm: f64 = y
-                .data
-                .iter()
-                .map(|q| f64::from(*q).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            diff / norm.max(1e-12)
-        })
-        .fold(0.0, f64::max)
-}
 
 /// 2 processes × batch 16 over Gloo = 1 process × batch 32: same weights after an epoch (SGD with
 /// momentum, so a wrong average or a missed bucket shows at once), for both backends; with buckets small
@@ -375,7 +311,7 @@ fn a_rendezvous_nobody_joins_times_out_with_advice() {
     let started = Instant::now();
     // Rank 1 of 2 under a torchrun-style environment, with no rank 0 anywhere.
     let out = Command::new(TRAIN)
-        .args(SMALL)
+        .args(SMALL_CNN)
         .args([
             "backend=tch",
             "trainer=ddp_sim",
@@ -436,7 +372,7 @@ fn children_of(pid: u32) -> Vec<(u32, String)> {
 fn a_killed_worker_stops_the_run_and_the_run_resumes_from_its_checkpoint() {
     let p = real_project();
     let args: Vec<&str> = [
-        SMALL,
+        SMALL_CNN,
         &[
             "backend=tch",
             "trainer=ddp_sim",
@@ -589,7 +525,7 @@ fn two_nodes_in_two_network_namespaces() {
     let node = |ns: &str, rank: &str| {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", ns, TRAIN])
-            .args(SMALL)
+            .args(SMALL_CNN)
             .args([
                 "backend=tch",
                 "trainer=ddp",

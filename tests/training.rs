@@ -420,7 +420,6 @@ fn bf16_mixed_trains_with_bf16_rounding() {
 /// What the build cannot do yet is refused by name before a run directory is made, never ignored.
 #[rstest::rstest]
 #[cfg_attr(not(feature = "torch"), case("trainer=fsdp_sim", "--features torch"))]
-#[case("trainer=dp", "trainer.strategy=dp")]
 #[cfg_attr(not(feature = "torch"), case("trainer=ddp_sim", "--features torch"))]
 #[case("trainer.precision=16-mixed", "trainer.precision=16-mixed")]
 fn unimplemented_options_are_refused(#[case] option: &str, #[case] named: &str) {

@@ -100,6 +100,10 @@ pub trait Engine {
     fn loss_scale(&self) -> Option<f64> {
         None
     }
+    /// Model replicas this engine trains in this process (DataParallel's devices; 1 otherwise).
+    fn replicas(&self) -> usize {
+        1
+    }
     /// Data parallel: replace the accumulated gradients by their mean over all ranks (before
     /// `optimizer_step`), in buckets. A parameter without a gradient is an error unless
     /// `sync.find_unused_parameters`, which makes it zero.
@@ -223,12 +227,25 @@ pub fn plan_pretrained(slots: &[Slot], state: &StateDict) -> anyhow::Result<Pret
     Ok(PretrainedPlan { set, kept })
 }
 
-/// Build the engine the experiment asks for.
+/// Build the engine the experiment asks for, on this process's device.
 pub fn build(exp: &Experiment) -> anyhow::Result<Box<dyn Engine>> {
+    Ok(build_replica(exp, crate::dist::local_device_index())?)
+}
+
+/// Build the engine on CUDA device `device_index` when the run is on CUDA (DataParallel puts replica r on
+/// cuda:r); `Send`, so replicas can run in threads of their own.
+pub fn build_replica(
+    exp: &Experiment,
+    device_index: usize,
+) -> anyhow::Result<Box<dyn Engine + Send>> {
+    let _ = device_index; // Candle runs on the CPU only
     match exp.backend {
         crate::schema::Backend::Candle => Ok(Box::new(candle::CandleEngine::new(exp)?)),
         #[cfg(feature = "torch")]
-        crate::schema::Backend::Tch => Ok(Box::new(torch::TchEngine::new(exp)?)),
+        crate::schema::Backend::Tch => Ok(Box::new(torch::TchEngine::on_device(
+            exp,
+            device_index,
+        )?)),
         #[cfg(not(feature = "torch"))]
         crate::schema::Backend::Tch => anyhow::bail!(
             "backend=tch needs a build with the `torch` feature (libtorch); this build has only candle.\n    \

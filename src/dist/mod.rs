@@ -1,10 +1,12 @@
 //! Distributed training's plumbing: where this process sits (`env`), starting a node's workers (`launch`),
-//! the collectives strategies use (`collective`) and their implementation on PyTorch's c10d (`c10d`,
-//! feature `torch`). `join` turns a worker's environment into a live process group.
+//! the collectives strategies use (`collective`) and their implementations: on PyTorch's c10d across
+//! processes (`c10d`, feature `torch`), and between the threads of one process (`local`, DataParallel).
+//! `join` turns a worker's environment into a live process group.
 
 pub mod collective;
 pub mod env;
 pub mod launch;
+pub mod local;
 
 #[cfg(feature = "torch")]
 pub mod c10d;
@@ -41,6 +43,21 @@ static LOCAL_RANK: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 /// Lightning places workers), else 0.
 pub fn local_device_index() -> usize {
     LOCAL_RANK.get().copied().unwrap_or(0)
+}
+
+/// Local devices per node (DDP's processes, DataParallel's replicas): `trainer.devices`, or with `auto`
+/// the visible GPUs (one on the CPU, as Lightning does).
+pub fn devices_per_node(exp: &Experiment) -> usize {
+    match exp.trainer.devices {
+        crate::schema::Devices::Count(n) => n,
+        crate::schema::Devices::Auto => {
+            #[cfg(feature = "torch")]
+            if exp.trainer.accelerator != crate::schema::Accelerator::Cpu {
+                return (tch::Cuda::device_count().max(1)) as usize;
+            }
+            1
+        }
+    }
 }
 
 /// This node's address as the master sees it: the local end of a route to `MASTER_ADDR`. Gloo binds to it,

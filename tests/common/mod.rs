@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// The `train` binary under test.
@@ -42,4 +42,70 @@ pub fn copy_dir(from: &Path, to: &Path) {
             std::fs::copy(entry.path(), target).unwrap();
         }
     }
+}
+
+/// A small, fast quick start: 320 training images, a tiny CNN without dropout or batch norm (so the only
+/// difference between strategies is where the gradients are summed).
+pub const SMALL_CNN: &[&str] = &[
+    "experiment=quickstart",
+    "data.train_size=320",
+    "data.val_size=64",
+    "data.num_workers=1",
+    "model.channels=[8,16]",
+    "trainer.max_epochs=1",
+    "callbacks.model_summary=null",
+];
+
+/// Run `train` with SMALL_CNN and `extra` into `root/dir`; panics with the output when it fails.
+pub fn run_in(root: &Path, dir: &str, extra: &[&str]) -> PathBuf {
+    let run_dir = format!("hydra.run.dir={dir}");
+    let mut args: Vec<&str> = SMALL_CNN.to_vec();
+    args.extend_from_slice(extra);
+    args.push(&run_dir);
+    let out = train(root, &args);
+    assert!(
+        out.status.success(),
+        "train {}\nstdout:\n{}\nstderr:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    root.join(dir)
+}
+
+/// The weights and buffers (no optimizer state) of a run's last checkpoint.
+pub fn weights(run: &Path) -> trainyard::backend::StateDict {
+    trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors"))
+        .unwrap()
+        .state
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("optimizer."))
+        .collect()
+}
+
+/// ‖a − b‖ / ‖b‖ over every tensor, worst case.
+pub fn worst_relative_difference(
+    a: &trainyard::backend::StateDict,
+    b: &trainyard::backend::StateDict,
+) -> f64 {
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    a.iter()
+        .map(|(k, x)| {
+            let y = &b[k];
+            let diff: f64 = x
+                .data
+                .iter()
+                .zip(&y.data)
+                .map(|(p, q)| f64::from(p - q).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            let norm: f64 = y
+                .data
+                .iter()
+                .map(|q| f64::from(*q).powi(2))
+                .sum::<f64>()
+                .sqrt();
+            diff / norm.max(1e-12)
+        })
+        .fold(0.0, f64::max)
 }

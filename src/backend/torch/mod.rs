@@ -60,8 +60,25 @@ fn dims(t: &Tensor) -> Vec<usize> {
     t.size().iter().map(|&d| d as usize).collect()
 }
 
+/// CUDA device `index` checked against what libtorch sees (a clear error instead of a CUDA one later).
+fn cuda(index: usize) -> anyhow::Result<Device> {
+    let count = tch::Cuda::device_count().max(0) as usize;
+    anyhow::ensure!(
+        index < count,
+        "cuda:{index} does not exist: libtorch sees {count} CUDA device(s); set trainer.devices to at most \
+         {count} (or trainer.accelerator=cpu)"
+    );
+    Ok(Device::Cuda(index))
+}
+
 impl TchEngine {
+    /// On this process's device (a distributed worker's local rank on CUDA).
     pub fn new(exp: &Experiment) -> anyhow::Result<Self> {
+        Self::on_device(exp, crate::dist::local_device_index())
+    }
+
+    /// On CUDA device `index` when the run is on CUDA (DataParallel's replica r is on cuda:r), else the CPU.
+    pub fn on_device(exp: &Experiment, index: usize) -> anyhow::Result<Self> {
         let device = match exp.trainer.accelerator {
             Accelerator::Cpu => Device::Cpu,
             Accelerator::Gpu | Accelerator::Cuda => {
@@ -70,11 +87,9 @@ impl TchEngine {
                     "trainer.accelerator={:?}: libtorch sees no CUDA device",
                     exp.trainer.accelerator
                 );
-                Device::Cuda(crate::dist::local_device_index())
+                cuda(index)?
             }
-            Accelerator::Auto if tch::Cuda::is_available() => {
-                Device::Cuda(crate::dist::local_device_index())
-            }
+            Accelerator::Auto if tch::Cuda::is_available() => cuda(index)?,
             Accelerator::Auto => Device::Cpu,
         };
         if exp.trainer.cudnn_benchmark {
@@ -163,6 +178,29 @@ impl TchEngine {
     pub fn last_logits(&self) -> anyhow::Result<Option<HostTensor>> {
         self.last_logits.as_ref().map(to_host).transpose()
     }
+}
+
+/// Average `grads` in place through a collective without a c10d group (DataParallel's in-process one):
+/// through host buffers, as the Candle engine does.
+fn average_on_host(
+    comm: &dyn crate::dist::collective::Collective,
+    grads: &[Tensor],
+    sync: &crate::strategy::ddp::GradSync,
+) -> anyhow::Result<()> {
+    let mut host: Vec<Vec<f32>> = grads
+        .iter()
+        .map(|g| to_host(g).map(|h| h.data))
+        .collect::<anyhow::Result<_>>()?;
+    crate::strategy::ddp::average_on_host(comm, &mut host, sync)?;
+    tch::no_grad(|| -> anyhow::Result<()> {
+        for (g, data) in grads.iter().zip(&host) {
+            let mean = Tensor::f_from_slice(data)?
+                .f_to_kind(g.kind())?
+                .f_to(g.device())?;
+            g.f_reshape([-1])?.f_copy_(&mean)?;
+        }
+        Ok(())
+    })
 }
 
 /// libtorch tensors under the shared optimizer rules.
@@ -292,9 +330,6 @@ impl Engine for TchEngine {
         comm: &dyn crate::dist::collective::Collective,
         sync: &crate::strategy::ddp::GradSync,
     ) -> anyhow::Result<()> {
-        let pg = comm
-            .process_group()
-            .context("the tch engine reduces gradients through a c10d process group")?;
         let missing: Vec<String> = self
             .params
             .iter()
@@ -316,6 +351,9 @@ impl Engine for TchEngine {
         // The last layers first (their gradients are ready first); every bucket is started before the
         // first is waited for, so flattening the next bucket overlaps with the reduction of the last.
         let grads: Vec<Tensor> = self.params.values().rev().map(|p| p.grad()).collect();
+        let Some(pg) = comm.process_group() else {
+            return average_on_host(comm, &grads, sync);
+        };
         let numels: Vec<usize> = grads.iter().map(|g| g.numel()).collect();
         let world = comm.world_size() as f64;
         let ranges = crate::strategy::ddp::buckets(&numels, sync.bucket_cap_bytes);

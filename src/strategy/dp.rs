@@ -1,0 +1,573 @@
+//! DataParallel (`trainer=dp`), as `torch.nn.DataParallel` and Lightning's DP strategy do it: one process,
+//! N replicas of the model (`trainer.devices`; on CUDA replica r on cuda:r), each in a thread of its own.
+//! The loader's batch is the global batch; it is scattered into contiguous chunks (`scatter`), every replica
+//! runs forward and backward on its chunk at the same time, the gradients are combined into exactly the
+//! full batch's mean gradient, and every replica takes the same optimizer step.
+//!
+//! The combination reuses each engine's DDP gradient averaging over an in-process group
+//! (`dist::local`): replica r scales its loss by N·len(r)/B, so the mean over N replicas is
+//! Σ len(r)/B · grad(r), the full batch's mean. A replica without rows contributes zero gradients.
+//!
+//! BatchNorm: PyTorch re-replicates the module from device 0 at every forward pass, so only replica 0's
+//! running statistics (from chunk 0) survive. Here replica 0 is the model: its state is what `state_dict`
+//! returns, and the others take replica 0's buffers before they evaluate.
+
+use super::scatter::scatter;
+use crate::backend::{self, Engine, StateDict, StepStats};
+use crate::data::loader::Batch;
+use crate::dist::local::{self, LocalCollective};
+use crate::schema::{Experiment, Strategy};
+
+pub struct DataParallelEngine {
+    replicas: Vec<Box<dyn Engine + Send>>,
+    comms: Vec<LocalCollective>,
+    /// DDP's buckets; parameters without a gradient count as zero (a replica may get no rows, and
+    /// DataParallel has no unused-parameter check).
+    sync: super::ddp::GradSync,
+    /// The model has BatchNorm running statistics (decided once).
+    has_buffers: bool,
+    /// Replicas other than 0 hold running statistics of their own chunks since the last training pass.
+    buffers_stale: bool,
+}
+
+/// `trainer.strategy=dp` is one process on one node: refuse several nodes, and refuse being one of several
+/// processes started by an external launcher (each would train alone on the whole data set). `get` reads
+/// the environment.
+pub fn check_placement(
+    exp: &Experiment,
+    get: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<()> {
+    if exp.trainer.strategy != Strategy::Dp {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        exp.trainer.num_nodes <= 1,
+        "trainer.strategy=dp with trainer.num_nodes={}: DataParallel runs in one process on one node; set \
+         trainer.num_nodes=1, or use trainer=ddp to train across nodes",
+        exp.trainer.num_nodes
+    );
+    let number = |key: &str| get(key).and_then(|v| v.trim().parse::<usize>().ok());
+    let interactive_slurm = matches!(
+        get("SLURM_JOB_NAME").as_deref(),
+        Some("bash" | "interactive")
+    );
+    let launched = match (number("WORLD_SIZE"), number("SLURM_NTASKS")) {
+        (Some(n), _) if n > 1 && get("RANK").is_some() => Some(("WORLD_SIZE", n, "torchrun")),
+        (_, Some(n)) if n > 1 && !interactive_slurm => Some(("SLURM_NTASKS", n, "srun")),
+        _ => None,
+    };
+    if let Some((key, n, launcher)) = launched {
+        anyhow::bail!(
+            "trainer.strategy=dp runs every replica in one process, but this process is one of {n} ({key}={n}): \
+             start `train ... trainer=dp` once, without {launcher}, or use trainer=ddp for one process per device"
+        );
+    }
+    Ok(())
+}
+
+impl DataParallelEngine {
+    /// `trainer.devices` replicas of the experiment's engine, replica r on device r.
+    pub fn build(exp: &Experiment) -> anyhow::Result<Self> {
+        let n = crate::dist::devices_per_node(exp);
+        let replicas = (0..n)
+            .map(|r| backend::build_replica(exp, r))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut sync = super::ddp::GradSync::of(exp);
+        sync.find_unused_parameters = true;
+        Self::new(replicas, sync)
+    }
+
+    /// Replicas that start alike: every one is made replica 0's copy.
+    pub fn new(
+        replicas: Vec<Box<dyn Engine + Send>>,
+        sync: super::ddp::GradSync,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            !replicas.is_empty(),
+            "trainer.strategy=dp needs at least one device: set trainer.devices"
+        );
+        let state = replicas[0].state_dict()?;
+        let has_buffers = state.keys().any(|k| k.contains("running_"));
+        let mut engine = DataParallelEngine {
+            comms: local::group(replicas.len()),
+            replicas,
+            sync,
+            has_buffers,
+            buffers_stale: false,
+        };
+        engine.load_into_others(&state)?;
+        Ok(engine)
+    }
+
+    /// Load replica 0's `state` into every other replica.
+    fn load_into_others(&mut self, state: &StateDict) -> anyhow::Result<()> {
+        for (r, replica) in self.replicas.iter_mut().enumerate().skip(1) {
+            replica
+                .load_state_dict(state)
+                .map_err(|e| e.context(format!("dp replica {r}")))?;
+        }
+        Ok(())
+    }
+
+    /// Run `job` on every replica at once, one thread each; results in replica order. A replica that
+    /// fails (or panics) stops the group, so no other is left waiting for it in a collective.
+    fn on_all<T: Send>(
+        &mut self,
+        job: impl Fn(usize, &mut (dyn Engine + Send), &LocalCollective) -> anyhow::Result<T> + Sync,
+    ) -> anyhow::Result<Vec<T>> {
+        /// Aborts the group if the replica's job did not succeed: on an error and on a panic alike.
+        struct AbortUnlessDone<'a> {
+            comm: &'a LocalCollective,
+            replica: usize,
+            done: bool,
+        }
+        impl Drop for AbortUnlessDone<'_> {
+            fn drop(&mut self) {
+                if !self.done {
+                    self.comm
+                        .abort(&format!("dp replica {} failed", self.replica));
+                }
+            }
+        }
+        let job = &job;
+        let results: Vec<anyhow::Result<T>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .replicas
+                .iter_mut()
+                .zip(&self.comms)
+                .enumerate()
+                .map(|(r, (engine, comm))| {
+                    s.spawn(move || {
+                        let mut guard = AbortUnlessDone {
+                            comm,
+                            replica: r,
+                            done: false,
+                        };
+                        let out = job(r, engine.as_mut(), comm);
+                        guard.done = out.is_ok();
+                        out
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(r, h)| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("panicked")))
+                        .map_err(|e| e.context(format!("dp replica {r}")))
+                })
+                .collect()
+        });
+        // A replica released from a collective by another's failure reports only that: report the cause.
+        let (mut values, mut cause, mut released) = (Vec::new(), None, None);
+        for result in results {
+            match result {
+                Ok(v) => values.push(v),
+                Err(e) if e.downcast_ref::<local::Aborted>().is_some() => {
+                    released.get_or_insert(e);
+                }
+                Err(e) => {
+                    cause.get_or_insert(e);
+                }
+            }
+        }
+        match cause.or(released) {
+            Some(e) => Err(e),
+            None => Ok(values),
+        }
+    }
+
+    /// `batch` scattered, `job` run on each replica's chunk at once, the statistics summed.
+    fn on_chunks(
+        &mut self,
+        batch: &Batch,
+        job: impl Fn(&mut (dyn Engine + Send), &Batch) -> anyhow::Result<StepStats> + Sync,
+    ) -> anyhow::Result<StepStats> {
+        let parts = scatter(batch, self.replicas.len());
+        let stats = self.on_all(|r, engine, _| match parts.get(r) {
+            Some(part) => job(engine, part),
+            None => Ok(StepStats::default()),
+        })?;
+        let mut total = StepStats::default();
+        for s in &stats {
+            total.add(s);
+        }
+        Ok(total)
+    }
+}
+
+impl Engine for DataParallelEngine {
+    fn forward_backward(&mut self, batch: &Batch, grad_scale: f64) -> anyhow::Result<StepStats> {
+        let (n, rows) = (self.replicas.len(), batch.len());
+        let stats = self.on_chunks(batch, |engine, part| {
+            // Averaging over n replicas then gives Σ len/B · grad(chunk): the full batch's mean.
+            let weight = (part.len() * n) as f64 / rows as f64;
+            engine.forward_backward(part, grad_scale * weight)
+        })?;
+        self.buffers_stale |= self.has_buffers;
+        Ok(stats)
+    }
+
+    fn optimizer_step(
+        &mut self,
+        lr: f64,
+        momentum: Option<f64>,
+        clip_norm: Option<f64>,
+    ) -> anyhow::Result<f64> {
+        let sync = self.sync;
+        let norms = self.on_all(|_, engine, comm| {
+            engine.all_reduce_gradients(comm, &sync)?;
+            engine.optimizer_step(lr, momentum, clip_norm)
+        })?;
+        Ok(norms[0])
+    }
+
+    fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
+        if self.buffers_stale {
+            let state = self.replicas[0].state_dict()?;
+            self.load_into_others(&state)?;
+            self.buffers_stale = false;
+        }
+        self.on_chunks(batch, |engine, part| engine.evaluate(part))
+    }
+
+    fn state_dict(&self) -> anyhow::Result<StateDict> {
+        self.replicas[0].state_dict()
+    }
+
+    fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()> {
+        self.replicas[0].load_state_dict(state)?;
+        self.load_into_others(state)?;
+        self.buffers_stale = false;
+        Ok(())
+    }
+
+    fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>> {
+        let kept = self.replicas[0].load_pretrained(state)?;
+        for (r, replica) in self.replicas.iter_mut().enumerate().skip(1) {
+            replica
+                .load_pretrained(state)
+                .map_err(|e| e.context(format!("dp replica {r}")))?;
+        }
+        Ok(kept)
+    }
+
+    fn num_parameters(&self) -> usize {
+        self.replicas[0].num_parameters()
+    }
+
+    fn loss_scale(&self) -> Option<f64> {
+        self.replicas[0].loss_scale()
+    }
+
+    fn replicas(&self) -> usize {
+        self.replicas.len()
+    }
+
+    fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.replicas[0].parameter_shapes()
+    }
+
+    fn set_parameters(
+        &mut self,
+        layout: &[(String, Vec<usize>)],
+        flat: &[f32],
+    ) -> anyhow::Result<()> {
+        for replica in &mut self.replicas {
+            replica.set_parameters(layout, flat)?;
+        }
+        Ok(())
+    }
+
+    fn release_parameters(&mut self) -> anyhow::Result<()> {
+        anyhow::bail!(
+            "trainer.strategy=dp keeps whole replicas; it cannot be sharded (use trainer=fsdp)"
+        )
+    }
+
+    fn take_gradients(
+        &mut self,
+        _layout: &[(String, Vec<usize>)],
+        _flat: &mut [f32],
+    ) -> anyhow::Result<Vec<String>> {
+        anyhow::bail!(
+            "trainer.strategy=dp keeps whole replicas; it cannot be sharded (use trainer=fsdp)"
+        )
+    }
+
+    /// Every replica's, together: what this one process holds.
+    fn state_bytes(&self) -> crate::backend::StateBytes {
+        let mut total = crate::backend::StateBytes::default();
+        for replica in &self.replicas {
+            let b = replica.state_bytes();
+            total.parameters += b.parameters;
+            total.gradients += b.gradients;
+            total.optimizer_state += b.optimizer_state;
+        }
+        total
+    }
+
+    fn all_reduce_gradients(
+        &mut self,
+        _comm: &dyn crate::dist::collective::Collective,
+        _sync: &super::ddp::GradSync,
+    ) -> anyhow::Result<()> {
+        anyhow::bail!(
+            "trainer.strategy=dp reduces its replicas' gradients inside one process and does not join a \
+             process group; use trainer=ddp for several processes"
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+    use crate::schema::Backend;
+    use rstest::rstest;
+
+    fn experiment_on(backend: Backend, model: &str) -> Experiment {
+        let mut exp = experiment(model);
+        exp.backend = backend;
+        exp
+    }
+
+    fn experiment(model: &str) -> Experiment {
+        let text = format!(
+            "task_name: t\nseed: 3\nmodel: {model}\n\
+             data: {{name: synthetic, num_classes: 4, image_size: 8, batch_size: 4}}\n\
+             optimizer: {{name: sgd, lr: 0.1, momentum: 0.9, nesterov: true, weight_decay: 0.01}}\n\
+             scheduler: {{name: constant}}\n\
+             trainer: {{strategy: dp, accelerator: cpu, devices: 2, precision: 32, max_epochs: 1}}\n\
+             paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
+        );
+        let node = crate::config::yaml::parse(&text, "t.yaml")
+            .unwrap()
+            .unwrap();
+        crate::schema::extract(&node).unwrap()
+    }
+
+    fn batch(rows: usize, seed: u64) -> Batch {
+        let mut rng = Rng::new(seed);
+        Batch {
+            images: (0..rows * 3 * 8 * 8).map(|_| rng.normal() as f32).collect(),
+            labels: (0..rows as u32)
+                .map(|i| (i * 7 + seed as u32) % 4)
+                .collect(),
+            channels: 3,
+            height: 8,
+            width: 8,
+        }
+    }
+
+    fn one(exp: &Experiment) -> Box<dyn Engine + Send> {
+        backend::build_replica(exp, 0).unwrap()
+    }
+
+    fn data_parallel(exp: &Experiment, n: usize) -> DataParallelEngine {
+        let replicas = (0..n).map(|_| one(exp)).collect();
+        let mut sync = crate::strategy::ddp::GradSync::of(exp);
+        sync.find_unused_parameters = true;
+        DataParallelEngine::new(replicas, sync).unwrap()
+    }
+
+    /// ‖a − b‖ / ‖b‖, worst tensor.
+    fn worst(a: &StateDict, b: &StateDict) -> f64 {
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+        a.iter()
+            .map(|(k, x)| {
+                let (mut d, mut n) = (0.0f64, 0.0f64);
+                for (p, q) in x.data.iter().zip(&b[k].data) {
+                    d += f64::from(p - q).powi(2);
+                    n += f64::from(*q).powi(2);
+                }
+                d.sqrt() / n.sqrt().max(1e-12)
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// N replicas on scattered chunks take the step one engine takes on the whole batch: SGD with
+    /// momentum over 3 steps of 2 accumulated micro-batches, including batches that do not divide by N and
+    /// batches with fewer rows than replicas (replicas without rows contribute zero).
+    #[rstest]
+    #[case::candle(Backend::Candle)]
+    #[cfg_attr(feature = "torch", case::tch(Backend::Tch))]
+    fn replicas_take_the_whole_batch_step(
+        #[case] backend: Backend,
+        #[values((8, 2), (7, 3), (5, 3), (2, 3))] rows_and_replicas: (usize, usize),
+    ) {
+        let (rows, n) = rows_and_replicas;
+        let exp = experiment_on(backend, "{name: mlp, num_classes: 4, hidden: [16]}");
+        let mut one = one(&exp);
+        let mut dp = data_parallel(&exp, n);
+        for step in 0..3u64 {
+            for micro in 0..2 {
+                let b = batch(rows, step * 2 + micro);
+                let s1 = one.forward_backward(&b, 0.5).unwrap();
+                let sn = dp.forward_backward(&b, 0.5).unwrap();
+                assert_eq!(sn.count, s1.count);
+                assert!((sn.loss_sum - s1.loss_sum).abs() < 1e-5 * s1.loss_sum.abs().max(1.0));
+            }
+            let g1 = one.optimizer_step(0.1, None, Some(10.0)).unwrap();
+            let gn = dp.optimizer_step(0.1, None, Some(10.0)).unwrap();
+            assert!((g1 - gn).abs() < 1e-5 * g1, "gradient norm {gn} vs {g1}");
+        }
+        let worst = worst(&dp.state_dict().unwrap(), &one.state_dict().unwrap());
+        assert!(worst < 1e-5, "dp differs from one engine by {worst:e}");
+        // Every replica holds the same model and optimizer state (a replica without rows has counted
+        // fewer forward passes, which only keys dropout masks).
+        let model = |r: usize| -> StateDict {
+            let mut s = dp.replicas[r].state_dict().unwrap();
+            s.remove("optimizer.forward_calls");
+            s
+        };
+        for r in 1..n {
+            assert!(model(r) == model(0), "replica {r} differs from replica 0");
+        }
+        let e1 = one.evaluate(&batch(rows, 99)).unwrap();
+        let en = dp.evaluate(&batch(rows, 99)).unwrap();
+        assert_eq!((en.count, en.correct1), (e1.count, e1.correct1));
+    }
+
+    /// BatchNorm under DataParallel: the model's running statistics are replica 0's (from chunk 0 only),
+    /// and every replica evaluates with them.
+    #[rstest]
+    #[case::candle(Backend::Candle)]
+    #[cfg_attr(feature = "torch", case::tch(Backend::Tch))]
+    fn batchnorm_statistics_are_replica_zeros(#[case] backend: Backend) {
+        let exp = experiment_on(
+            backend,
+            "{name: resnet18, num_classes: 4, cifar_stem: true}",
+        );
+        let mut dp = data_parallel(&exp, 2);
+        let mut chunk0 = one(&exp);
+        let b = batch(4, 1);
+        dp.forward_backward(&b, 1.0).unwrap();
+        chunk0.forward_backward(&scatter(&b, 2)[0], 1.0).unwrap();
+        let (got, want) = (dp.state_dict().unwrap(), chunk0.state_dict().unwrap());
+        let running: Vec<&String> = want.keys().filter(|k| k.contains("running_")).collect();
+        assert!(!running.is_empty());
+        for k in &running {
+            assert_eq!(got[*k], want[*k], "{k}");
+        }
+        // Replica 1 saw other rows: its statistics differ until evaluation makes them replica 0's.
+        let other = dp.replicas[1].state_dict().unwrap();
+        assert_ne!(other["bn1.running_mean"], want["bn1.running_mean"]);
+        let stats = dp.evaluate(&b).unwrap();
+        let other = dp.replicas[1].state_dict().unwrap();
+        for k in &running {
+            assert_eq!(other[*k], want[*k], "{k}");
+        }
+        let whole = chunk0.evaluate(&b).unwrap();
+        assert_eq!((stats.count, stats.correct1), (whole.count, whole.correct1));
+        assert!((stats.loss_sum - whole.loss_sum).abs() < 1e-4 * whole.loss_sum.abs());
+    }
+
+    /// A replica that fails stops the step with its own error, and no other replica hangs.
+    #[test]
+    fn a_failing_replica_fails_the_step() {
+        let exp = experiment("{name: mlp, num_classes: 4, hidden: [8]}");
+        let mut dp = data_parallel(&exp, 2);
+        let mut bad = batch(4, 1);
+        bad.labels[3] = 99; // out of range for 4 classes: only replica 1 (rows 2..4) sees it
+        let err = dp.forward_backward(&bad, 1.0).unwrap_err();
+        assert!(format!("{err:#}").contains("dp replica 1"), "{err:#}");
+        // Replica 0 waits in the gradient reduction for replica 1, which fails before it: the step
+        // fails with replica 1's error, not with replica 0's release from the wait.
+        let mut dp = data_parallel(&exp, 2);
+        let second = dp.replicas.pop().unwrap();
+        dp.replicas.push(Box::new(FailsToReduce(second)));
+        dp.forward_backward(&batch(4, 1), 1.0).unwrap();
+        let err = format!("{:#}", dp.optimizer_step(0.1, None, None).unwrap_err());
+        assert!(err.contains("dp replica 1: no gradients today"), "{err}");
+    }
+
+    /// An engine whose gradient reduction fails before it reaches the collective.
+    struct FailsToReduce(Box<dyn Engine + Send>);
+
+    impl Engine for FailsToReduce {
+        fn forward_backward(&mut self, b: &Batch, s: f64) -> anyhow::Result<StepStats> {
+            self.0.forward_backward(b, s)
+        }
+        fn optimizer_step(
+            &mut self,
+            lr: f64,
+            m: Option<f64>,
+            c: Option<f64>,
+        ) -> anyhow::Result<f64> {
+            self.0.optimizer_step(lr, m, c)
+        }
+        fn evaluate(&mut self, b: &Batch) -> anyhow::Result<StepStats> {
+            self.0.evaluate(b)
+        }
+        fn state_dict(&self) -> anyhow::Result<StateDict> {
+            self.0.state_dict()
+        }
+        fn load_state_dict(&mut self, s: &StateDict) -> anyhow::Result<()> {
+            self.0.load_state_dict(s)
+        }
+        fn load_pretrained(&mut self, s: &StateDict) -> anyhow::Result<Vec<String>> {
+            self.0.load_pretrained(s)
+        }
+        fn num_parameters(&self) -> usize {
+            self.0.num_parameters()
+        }
+        fn all_reduce_gradients(
+            &mut self,
+            _: &dyn crate::dist::collective::Collective,
+            _: &crate::strategy::ddp::GradSync,
+        ) -> anyhow::Result<()> {
+            std::thread::sleep(std::time::Duration::from_millis(50)); // replica 0 is waiting by now
+            anyhow::bail!("no gradients today")
+        }
+        fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
+            self.0.parameter_shapes()
+        }
+        fn set_parameters(&mut self, l: &[(String, Vec<usize>)], f: &[f32]) -> anyhow::Result<()> {
+            self.0.set_parameters(l, f)
+        }
+        fn release_parameters(&mut self) -> anyhow::Result<()> {
+            self.0.release_parameters()
+        }
+        fn take_gradients(
+            &mut self,
+            l: &[(String, Vec<usize>)],
+            f: &mut [f32],
+        ) -> anyhow::Result<Vec<String>> {
+            self.0.take_gradients(l, f)
+        }
+        fn state_bytes(&self) -> crate::backend::StateBytes {
+            self.0.state_bytes()
+        }
+    }
+
+    #[rstest]
+    #[case::torchrun(&[("RANK", "1"), ("WORLD_SIZE", "2")], 1, Some("WORLD_SIZE=2"))]
+    #[case::srun(&[("SLURM_NTASKS", "4")], 1, Some("SLURM_NTASKS=4"))]
+    #[case::interactive_allocation(&[("SLURM_NTASKS", "4"), ("SLURM_JOB_NAME", "bash")], 1, None)]
+    #[case::torchrun_with_one_process(&[("RANK", "0"), ("WORLD_SIZE", "1")], 1, None)]
+    #[case::several_nodes(&[], 2, Some("trainer.num_nodes=2"))]
+    #[case::plain(&[], 1, None)]
+    fn placement_is_one_process_on_one_node(
+        #[case] env: &[(&str, &str)],
+        #[case] nodes: usize,
+        #[case] refused_for: Option<&str>,
+    ) {
+        let mut exp = experiment("{name: mlp, num_classes: 4, hidden: [8]}");
+        exp.trainer.num_nodes = nodes;
+        let get = |k: &str| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        match (check_placement(&exp, &get), refused_for) {
+            (Ok(()), None) => {}
+            (Err(e), Some(key)) => {
+                let e = e.to_string();
+                assert!(e.contains(key) && e.contains("trainer=ddp"), "{e}");
+            }
+            (got, want) => panic!("{got:?} but expected refusal for {want:?}"),
+        }
+    }
+}
