@@ -83,6 +83,9 @@ def read_run(d):
         "mean GPU util": gpu.get("utilization_percent_mean"),
         "max batch size": (summary.get("batch_size_finder") or {}).get("found"),
         "peak RSS": summary.get("peak_rss_bytes"),
+        "train state per rank": max(
+            (sum(row.values()) for row in summary.get("state_bytes_per_rank") or []), default=None
+        ),
         "checkpoint": summary.get("best_checkpoint") or summary.get("last_checkpoint"),
         "TensorBoard": tb if os.path.isdir(tb) else None,
         "overrides": overrides,
@@ -135,7 +138,7 @@ def main():
         "run", "status", "model", "data", "backend", "strategy", "nodes×devices", "precision", "global batch",
         "epochs", "best val top-1", "best val top-5", "val top-1", "val top-5", "val loss", "train loss",
         "wall time", "throughput", "speed-up vs single", "peak GPU mem", "mean GPU mem", "mean GPU util",
-        "max batch size", "peak RSS", "checkpoint", "TensorBoard",
+        "max batch size", "peak RSS", "train state per rank", "checkpoint", "TensorBoard",
     ]
     for task, group in runs.groupby("task", sort=True):
         table = group.copy()
@@ -148,7 +151,7 @@ def main():
         ]
         table["wall time"] = group["wall time s"].map(lambda s: None if pd.isna(s) else f"{s:.1f} s")
         table["throughput"] = group["throughput"].map(lambda t: None if pd.isna(t) else f"{t:.1f} img/s")
-        for col in ["peak GPU mem", "mean GPU mem", "peak RSS"]:
+        for col in ["peak GPU mem", "mean GPU mem", "peak RSS", "train state per rank"]:
             table[col] = group[col].map(mib)
         md.append(f"## Experiment `{task}`\n")
         md.append(table[columns].to_markdown(index=False, floatfmt=".4f", missingval="–") + "\n")

@@ -130,10 +130,19 @@ fn sweep_then_logbook() {
         let acc5 = format!("{:.4}", s["final_metrics"]["val/acc5"].as_f64().unwrap());
         let best_and_final = format!("| {acc} | {acc5} | {acc} | {acc5} |");
         let batch = format!("| {} |", s["global_batch_size"]);
+        // Parameters + gradients + optimizer state of the (only) rank.
+        let state = &s["state_bytes_per_rank"][0];
+        let state_bytes: u64 = ["parameters", "gradients", "optimizer_state"]
+            .iter()
+            .map(|k| state[k].as_u64().unwrap())
+            .sum();
+        assert!(state_bytes > 0, "{s}");
+        let state_cell = format!("| {:.0} KiB |", state_bytes as f64 / 1024.0);
         for want in [
             &throughput,
             &best_and_final,
             &batch,
+            &state_cell,
             &"| completed |".to_string(),
         ] {
             assert!(row.contains(want.as_str()), "{want} not in {row}");

@@ -7,6 +7,7 @@ pub mod runs;
 pub mod svg;
 
 use runs::Run;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -136,9 +137,9 @@ impl Page {
             "| run | status | model | data | backend | strategy | nodes×devices | precision | global batch | \
              epochs | best val top-1 | best val top-5 | val top-1 | val top-5 | val loss | train loss | wall time | \
              throughput | speed-up vs single | peak GPU mem | mean GPU mem | mean GPU util | max batch size | \
-             peak RSS | checkpoint | TensorBoard |"
+             peak RSS | train state per rank | checkpoint | TensorBoard |"
         );
-        let _ = writeln!(self.md, "|{}", "---|".repeat(26));
+        let _ = writeln!(self.md, "|{}", "---|".repeat(27));
         for r in group {
             let speedup = baseline(group, r).and_then(|b| {
                 let x = throughput(r)? / throughput(b)?;
@@ -197,6 +198,7 @@ impl Page {
                         .map(|v| v.to_string()),
                 ),
                 bytes(r.summary_f64("peak_rss_bytes")),
+                bytes(state_per_rank(r)),
                 r.summary_at("best_checkpoint")
                     .or_else(|| r.summary_at("last_checkpoint"))
                     .and_then(|v| v.as_str())
@@ -432,6 +434,20 @@ fn throughput(r: &Run) -> Option<f64> {
     r.summary_f64("train_samples_per_s").filter(|t| *t > 0.0)
 }
 
+/// Parameters + gradients + optimizer state kept by the largest rank (what FSDP's sharding divides).
+fn state_per_rank(r: &Run) -> Option<f64> {
+    r.summary_at("state_bytes_per_rank")?
+        .as_array()?
+        .iter()
+        .filter_map(|row| {
+            ["parameters", "gradients", "optimizer_state"]
+                .iter()
+                .map(|k| row.get(k).and_then(Value::as_f64))
+                .sum::<Option<f64>>()
+        })
+        .reduce(f64::max)
+}
+
 /// GPU peak when the run had a GPU, else the process's peak RSS.
 fn peak_memory(r: &Run) -> String {
     match r.summary_f64("device_stats.gpu.memory_used_bytes_peak") {
@@ -529,7 +545,8 @@ fn num(v: Option<f64>, digits: usize) -> String {
 fn bytes(v: Option<f64>) -> String {
     match v {
         Some(b) if b >= 1024.0 * 1024.0 * 1024.0 => format!("{:.2} GiB", b / (1u64 << 30) as f64),
-        Some(b) => format!("{:.0} MiB", b / (1u64 << 20) as f64),
+        Some(b) if b >= 1024.0 * 1024.0 => format!("{:.0} MiB", b / (1u64 << 20) as f64),
+        Some(b) => format!("{:.0} KiB", b / 1024.0),
         None => "–".into(),
     }
 }
