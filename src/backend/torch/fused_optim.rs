@@ -25,7 +25,8 @@ pub fn clear_grad(p: &mut Tensor) -> anyhow::Result<()> {
 }
 
 /// Update parameter `name` in place from its gradient `g` (overwritten: used as scratch), as
-/// `Optimizer::update` computes it. Call under `tch::no_grad`; `p` and `g` are detached handles.
+/// `Optimizer::update` computes it. Call under `tch::no_grad`; `p` and `g` are detached handles. (tch's
+/// in-place and `_out` ops return another handle on the tensor they wrote: dropped with `let _`.)
 pub fn update(
     opt: &mut Optimizer<Tensor>,
     name: &str,
@@ -38,7 +39,7 @@ pub fn update(
     match o.name {
         OptimizerName::Sgd => {
             if o.weight_decay != 0.0 {
-                g.f_add_(&scaled(p, o.weight_decay)?)?;
+                let _ = g.f_add_(&scaled(p, o.weight_decay)?)?;
             }
             let m = momentum.filter(|_| o.momentum != 0.0).unwrap_or(o.momentum);
             if m != 0.0 {
@@ -47,7 +48,7 @@ pub fn update(
                     std::collections::btree_map::Entry::Occupied(slot) => {
                         let buf = slot.into_mut();
                         scale_(buf, m)?;
-                        buf.f_add_(g)?;
+                        let _ = buf.f_add_(g)?;
                         buf
                     }
                     std::collections::btree_map::Entry::Vacant(slot) => {
@@ -55,17 +56,17 @@ pub fn update(
                     }
                 };
                 if o.nesterov {
-                    g.f_add_(&scaled(buf, m)?)?;
+                    let _ = g.f_add_(&scaled(buf, m)?)?;
                     scale_(g, lr)?;
                 } else if lr != 1.0 {
-                    buf.f_mul_scalar_out(g, lr)?;
+                    let _ = buf.f_mul_scalar_out(g, lr)?;
                 } else {
                     g.f_copy_(buf)?;
                 }
             } else {
                 scale_(g, lr)?;
             }
-            p.f_sub_(g)?;
+            let _ = p.f_sub_(g)?;
         }
         OptimizerName::Adam | OptimizerName::Adamw => {
             let (b1, b2) = (o.betas[0], o.betas[1]);
@@ -74,7 +75,7 @@ pub fn update(
                 if o.name == OptimizerName::Adamw {
                     scale_(p, 1.0 - lr * o.weight_decay)?;
                 } else {
-                    g.f_add_(&scaled(p, o.weight_decay)?)?;
+                    let _ = g.f_add_(&scaled(p, o.weight_decay)?)?;
                 }
             }
             let eps = o.eps;
@@ -84,19 +85,19 @@ pub fn update(
             match opt.state.get_mut(&km) {
                 Some(m) => {
                     scale_(m, b1)?;
-                    m.f_add_(&tmp)?;
+                    let _ = m.f_add_(&tmp)?;
                 }
                 None => {
                     opt.state.insert(km.clone(), tmp.f_detach_copy()?);
                 }
             }
             // v ← v·β2 + g²·(1−β2)
-            g.f_square_out(&tmp)?;
+            let _ = g.f_square_out(&tmp)?;
             scale_(&mut tmp, 1.0 - b2)?;
             match opt.state.get_mut(&kv) {
                 Some(v) => {
                     scale_(v, b2)?;
-                    v.f_add_(&tmp)?;
+                    let _ = v.f_add_(&tmp)?;
                 }
                 None => {
                     opt.state.insert(kv.clone(), tmp.f_detach_copy()?);
@@ -107,17 +108,17 @@ pub fn update(
             // p ← p − (m / (√(v/bc2) + eps))·(lr/bc1)
             let (m, v) = (&opt.state[&km], &opt.state[&kv]);
             if 1.0 / bc2 != 1.0 {
-                v.f_mul_scalar_out(&tmp, 1.0 / bc2)?;
+                let _ = v.f_mul_scalar_out(&tmp, 1.0 / bc2)?;
             } else {
                 tmp.f_copy_(v)?;
             }
-            tmp.f_sqrt_()?;
+            let _ = tmp.f_sqrt_()?;
             if eps != 0.0 {
-                tmp.f_add_scalar_(eps)?;
+                let _ = tmp.f_add_scalar_(eps)?;
             }
-            m.f_div_out(&tmp, &tmp)?;
+            let _ = m.f_div_out(&tmp, &tmp)?;
             scale_(&mut tmp, lr / bc1)?;
-            p.f_sub_(&tmp)?;
+            let _ = p.f_sub_(&tmp)?;
         }
     }
     Ok(())
@@ -126,7 +127,7 @@ pub fn update(
 /// `t ← t·k` in place, skipped for k = 1 as `OptTensor::affine` skips it.
 fn scale_(t: &mut Tensor, k: f64) -> anyhow::Result<()> {
     if k != 1.0 {
-        t.f_mul_scalar_(k)?;
+        let _ = t.f_mul_scalar_(k)?;
     }
     Ok(())
 }

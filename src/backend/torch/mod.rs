@@ -274,7 +274,7 @@ impl Engine for TchEngine {
         tch::no_grad(|| -> anyhow::Result<()> {
             for (name, g) in names.iter().zip(&mut grads) {
                 if scale != 1.0 {
-                    g.f_mul_scalar_(scale)?;
+                    let _ = g.f_mul_scalar_(scale)?;
                 }
                 let mut p = self.params[name].detach();
                 fused_optim::update(&mut self.optimizer, name, &mut p, g, lr, momentum)?;

@@ -202,7 +202,7 @@ fn resnet(
 /// ReLU in place, as torchvision's `nn.ReLU(inplace=True)`: on a fresh activation (a BatchNorm output,
 /// whose backward does not read it) the same values and gradients without allocating another activation.
 fn relu_(mut x: Tensor) -> anyhow::Result<Tensor> {
-    x.f_relu_()?;
+    let _ = x.f_relu_()?;
     Ok(x)
 }
 
@@ -210,7 +210,7 @@ fn relu_(mut x: Tensor) -> anyhow::Result<Tensor> {
 /// precision may meet two dtypes: then out of place, promoting as before).
 fn add_(mut out: Tensor, identity: &Tensor) -> anyhow::Result<Tensor> {
     if out.kind() == identity.kind() {
-        out.f_add_(identity)?;
+        let _ = out.f_add_(identity)?;
         Ok(out)
     } else {
         Ok(out.f_add(identity)?)
