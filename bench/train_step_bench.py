@@ -1,6 +1,7 @@
 """Train-step throughput: trainyard (Candle backend, CPU) vs PyTorch eager on the same model, batch and
 thread count, alternating runs. Our figure is `median_step_time_s` from the run's summary.json (forward,
-backward and SGD step; data loading excluded), PyTorch's the median of the same three on a fixed batch.
+backward and SGD step; data loading excluded), PyTorch's the same statistic of the same three on a fixed
+batch (see `summary_median`).
 
     .venv-torch/bin/python bench/train_step_bench.py --threads 2 --rounds 3 --record
 
@@ -68,7 +69,14 @@ def torch_steps(model_name: str, batch: int, steps: int, threads: int) -> float:
         loss_fn(model(x), y).backward()
         opt.step()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+    return summary_median(times)
+
+
+def summary_median(times) -> float:
+    """The statistic summary.json's `median_step_time_s` is (src/trainer.rs `median`): over every step of
+    the run, the first included, the upper middle value for an even count. Ours runs steps + 1 steps, so
+    PyTorch's figure is taken the same way over its steps + 1."""
+    return sorted(times)[len(times) // 2]
 
 
 def ours_steps(model_name: str, batch: int, steps: int, threads: int, backend: str = "candle") -> float:

@@ -324,7 +324,8 @@ fn grad_scaler_skips_overflow_and_grows() {
         .map(|b| {
             engine.forward_backward(b, 1.0).unwrap();
             let norm = engine.optimizer_step(0.05, None, None).unwrap();
-            assert!(norm.is_finite());
+            // Not skipped (a skipped step reports an infinite norm; without clipping tch skips the norm).
+            assert!(!norm.is_infinite());
             engine.loss_scale().unwrap()
         })
         .collect();

@@ -77,7 +77,8 @@ pub trait Engine {
     /// Forward and backward on a batch; gradients accumulate (scaled by `grad_scale`) until `optimizer_step`.
     fn forward_backward(&mut self, batch: &Batch, grad_scale: f64) -> anyhow::Result<StepStats>;
     /// Clip (if asked), apply the optimizer at this learning rate/momentum, then clear the gradients.
-    /// Returns the gradient norm before clipping.
+    /// Returns the gradient norm before clipping; an engine may return NaN when `clip_norm` is `None`
+    /// rather than take an extra pass over every gradient (tch does; nothing reads it then).
     fn optimizer_step(
         &mut self,
         lr: f64,

@@ -5,6 +5,7 @@
 //! the same seeded host generator — so the two backends start from the same weights and take the same steps.
 
 pub mod amp;
+mod fused_optim;
 mod models;
 
 use super::optim::{clip_factor, OptTensor, Optimizer};
@@ -286,8 +287,8 @@ impl Engine for TchEngine {
             .iter()
             .filter_map(|(name, p)| {
                 let g = p.grad();
-                // No copy: `.grad` is zeroed in place after the step, and the optimizer rules copy what
-                // they keep (`OptTensor::owned_copy`).
+                // No copy: the step uses `.grad` as scratch and then drops it; the optimizer copies
+                // what it keeps.
                 g.defined().then(|| (name.clone(), g.detach()))
             })
             .unzip();
@@ -297,29 +298,29 @@ impl Engine for TchEngine {
             scaler.update(found_inf)?;
             if found_inf {
                 for p in self.params.values_mut() {
-                    p.zero_grad();
+                    fused_optim::clear_grad(p)?;
                 }
                 tracing::debug!("16-mixed: gradients overflowed, step skipped, loss scale lowered");
                 return Ok(f64::INFINITY);
             }
         }
-        let grads: Vec<(String, Tensor)> = names.into_iter().zip(grads).collect();
-        let (norm, scale) = clip_factor(grads.iter().map(|(_, g)| g), clip_norm)?;
+        // The norm is a whole extra pass over the gradients: only taken when clipping needs it.
+        let (norm, scale) = match clip_norm {
+            Some(_) => clip_factor(&grads, clip_norm)?,
+            None => (f64::NAN, 1.0),
+        };
         tch::no_grad(|| -> anyhow::Result<()> {
-            for (name, g) in &grads {
-                let g = if scale != 1.0 {
-                    g.f_mul_scalar(scale)?
-                } else {
-                    g.shallow_clone()
-                };
-                let p = &self.params[name];
-                let new = self.optimizer.update(name, &p.detach(), &g, lr, momentum)?;
-                p.detach().f_copy_(&new)?;
+            for (name, g) in names.iter().zip(&mut grads) {
+                if scale != 1.0 {
+                    let _ = g.f_mul_scalar_(scale)?;
+                }
+                let mut p = self.params[name].detach();
+                fused_optim::update(&mut self.optimizer, name, &mut p, g, lr, momentum)?;
             }
             Ok(())
         })?;
         for p in self.params.values_mut() {
-            p.zero_grad();
+            fused_optim::clear_grad(p)?;
         }
         self.optimizer.steps += 1;
         Ok(norm)

@@ -187,7 +187,7 @@ fn resnet(
     } else {
         conv(p, "conv1", x, 2, 3)?
     };
-    h = batch_norm(p, b, "bn1", &h, train)?.f_relu()?;
+    h = relu_(batch_norm(p, b, "bn1", &h, train)?)?;
     if !net.cifar_stem() {
         h = h.f_max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false)?;
     }
@@ -202,20 +202,38 @@ fn resnet(
         };
         let out = if net.bottleneck() {
             let o = conv(p, &format!("{name}.conv1"), &h, 1, 0)?;
-            let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)?.f_relu()?;
+            let o = relu_(batch_norm(p, b, &format!("{name}.bn1"), &o, train)?)?;
             let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
-            let o = batch_norm(p, b, &format!("{name}.bn2"), &o, train)?.f_relu()?;
+            let o = relu_(batch_norm(p, b, &format!("{name}.bn2"), &o, train)?)?;
             let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
             batch_norm(p, b, &format!("{name}.bn3"), &o, train)?
         } else {
             let o = conv(p, &format!("{name}.conv1"), &h, stride, 1)?;
-            let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)?.f_relu()?;
+            let o = relu_(batch_norm(p, b, &format!("{name}.bn1"), &o, train)?)?;
             let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
             batch_norm(p, b, &format!("{name}.bn2"), &o, train)?
         };
-        h = out.f_add(&identity)?.f_relu()?;
+        h = relu_(add_(out, &identity)?)?;
     }
     linear(p, "fc", &global_avg_pool(&h)?)
+}
+
+/// ReLU in place, as torchvision's `nn.ReLU(inplace=True)`: on a fresh activation (a BatchNorm output,
+/// whose backward does not read it) the same values and gradients without allocating another activation.
+fn relu_(mut x: Tensor) -> anyhow::Result<Tensor> {
+    let _ = x.f_relu_()?;
+    Ok(x)
+}
+
+/// `out += identity` (torchvision's BasicBlock/Bottleneck) when no type promotion is involved (mixed
+/// precision may meet two dtypes: then out of place, promoting as before).
+fn add_(mut out: Tensor, identity: &Tensor) -> anyhow::Result<Tensor> {
+    if out.kind() == identity.kind() {
+        let _ = out.f_add_(identity)?;
+        Ok(out)
+    } else {
+        Ok(out.f_add(identity)?)
+    }
 }
 
 const LN_EPS: f64 = 1e-6;
