@@ -573,7 +573,7 @@ impl Engine for TchEngine {
             let g = p.grad();
             if g.defined() {
                 dst.copy_from_slice(&to_host(&g)?.data);
-                p.zero_grad();
+                fused_optim::clear_grad(p)?;
             } else {
                 dst.fill(0.0);
                 missing.push(name.clone());
