@@ -60,6 +60,15 @@ pub fn unused_parameters_error(names: &[String]) -> anyhow::Error {
     )
 }
 
+/// With `find_unused_parameters`: which parameters (by position) got a gradient on at least one rank. One
+/// unused everywhere keeps no gradient, so the optimizer leaves it alone (no momentum, no weight decay),
+/// as PyTorch's reducer does; one unused on some ranks only counts as zero there.
+pub fn used_anywhere(comm: &dyn Collective, here: &[bool]) -> anyhow::Result<Vec<bool>> {
+    let mut flags: Vec<f32> = here.iter().map(|&u| f32::from(u8::from(u))).collect();
+    comm.all_reduce_f32(&mut flags, ReduceOp::Max)?;
+    Ok(flags.into_iter().map(|f| f > 0.0).collect())
+}
+
 /// Average host-side gradients across ranks, bucket by bucket (for engines whose tensors c10d cannot take
 /// directly, e.g. Candle's).
 pub fn average_on_host(

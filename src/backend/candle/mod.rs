@@ -232,7 +232,16 @@ impl Engine for CandleEngine {
             return Err(crate::strategy::ddp::unused_parameters_error(&missing));
         }
         // Candle's tensors go through host buffers; the last layers first, as DDP's buckets do.
-        let names: Vec<String> = self.params.keys().rev().cloned().collect();
+        let mut names: Vec<String> = self.params.keys().rev().cloned().collect();
+        if sync.find_unused_parameters {
+            let here: Vec<bool> = names.iter().map(|n| self.grads.contains_key(n)).collect();
+            let used = crate::strategy::ddp::used_anywhere(comm, &here)?;
+            names = names
+                .into_iter()
+                .zip(used)
+                .filter_map(|(n, u)| u.then_some(n))
+                .collect();
+        }
         let mut host = Vec::with_capacity(names.len());
         for name in &names {
             host.push(match self.grads.get(name) {
@@ -467,6 +476,87 @@ mod tests {
             height: 8,
             width: 8,
         }
+    }
+
+    /// DDP with `find_unused_parameters`: a parameter without a gradient on every rank keeps none (the
+    /// optimizer leaves it, momentum and all, as PyTorch's reducer does); one without a gradient on one
+    /// rank only counts as zero there.
+    #[test]
+    fn unused_everywhere_keeps_no_gradient_unused_somewhere_counts_zero() {
+        let exp = experiment(
+            "{name: mlp, num_classes: 4, hidden: [8]}",
+            "{name: sgd, lr: 0.1, momentum: 0.9}",
+        );
+        let comms = crate::dist::local::group(2);
+        let sync = crate::strategy::ddp::GradSync {
+            bucket_cap_bytes: 1 << 20,
+            find_unused_parameters: true,
+        };
+        let names: Vec<String> = CandleEngine::new(&exp)
+            .unwrap()
+            .params
+            .keys()
+            .cloned()
+            .collect();
+        let (everywhere, somewhere) = (names[0].clone(), names[names.len() - 1].clone());
+        let results: Vec<(CandleEngine, Tensor)> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(rank, comm)| {
+                    let (exp, everywhere, somewhere) = (&exp, &everywhere, &somewhere);
+                    s.spawn(move || {
+                        let mut e = CandleEngine::new(exp).unwrap();
+                        e.forward_backward(&batch(), 1.0).unwrap();
+                        e.grads.remove(everywhere);
+                        let kept = e.grads[somewhere].clone();
+                        if rank == 0 {
+                            e.grads.remove(somewhere);
+                        }
+                        e.all_reduce_gradients(comm, &sync).unwrap();
+                        (e, kept)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (e, _) in &results {
+            assert!(!e.grads.contains_key(&everywhere));
+        }
+        // Rank 1's gradient averaged with rank 0's zero.
+        let expected = results[1].1.affine(0.5, 0.0).unwrap();
+        let got = &results[0].0.grads[&somewhere];
+        let diff = (got - &expected)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(diff < 1e-7, "{diff}");
+        let mut e = results.into_iter().next().unwrap().0;
+        let before = e.params[&everywhere]
+            .as_tensor()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        e.optimizer_step(0.1, None, None).unwrap();
+        assert_eq!(
+            e.params[&everywhere]
+                .as_tensor()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap(),
+            before
+        );
+        assert!(!e
+            .optimizer
+            .state
+            .keys()
+            .any(|k| k.starts_with(&format!("{everywhere}."))));
     }
 
     /// Every trainable parameter of every zoo model must receive a non-zero gradient.

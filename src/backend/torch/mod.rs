@@ -331,27 +331,41 @@ impl Engine for TchEngine {
         comm: &dyn crate::dist::collective::Collective,
         sync: &crate::strategy::ddp::GradSync,
     ) -> anyhow::Result<()> {
-        let missing: Vec<String> = self
-            .params
+        // The last layers first (their gradients are ready first).
+        let order: Vec<String> = self.params.keys().rev().cloned().collect();
+        let here: Vec<bool> = order
             .iter()
-            .filter(|(_, p)| !p.grad().defined())
-            .map(|(n, _)| n.clone())
+            .map(|n| self.params[n].grad().defined())
             .collect();
-        if !missing.is_empty() {
-            if !sync.find_unused_parameters {
-                return Err(crate::strategy::ddp::unused_parameters_error(&missing));
-            }
-            // Give unused parameters a zero gradient, so every rank reduces the same tensors.
-            for name in &missing {
+        if here.contains(&false) && !sync.find_unused_parameters {
+            let missing: Vec<String> = order
+                .iter()
+                .zip(&here)
+                .filter_map(|(n, &h)| (!h).then(|| n.clone()))
+                .collect();
+            return Err(crate::strategy::ddp::unused_parameters_error(&missing));
+        }
+        let used = if sync.find_unused_parameters {
+            crate::strategy::ddp::used_anywhere(comm, &here)?
+        } else {
+            vec![true; order.len()]
+        };
+        // Used elsewhere but not here: a zero gradient, so every rank reduces the same tensors.
+        for ((name, &h), &u) in order.iter().zip(&here).zip(&used) {
+            if u && !h {
                 self.params[name]
                     .f_mul_scalar(0.0)?
                     .f_sum(Kind::Float)?
                     .f_backward()?;
             }
         }
-        // The last layers first (their gradients are ready first); every bucket is started before the
-        // first is waited for, so flattening the next bucket overlaps with the reduction of the last.
-        let grads: Vec<Tensor> = self.params.values().rev().map(|p| p.grad()).collect();
+        // Every bucket is started before the first is waited for, so flattening the next bucket
+        // overlaps with the reduction of the last.
+        let grads: Vec<Tensor> = order
+            .iter()
+            .zip(&used)
+            .filter_map(|(n, &u)| u.then(|| self.params[n].grad()))
+            .collect();
         let Some(pg) = comm.process_group() else {
             return average_on_host(comm, &grads, sync);
         };
@@ -591,5 +605,88 @@ impl Engine for TchEngine {
             gradients: parameters,
             optimizer_state: self.optimizer.state.values().map(bytes).sum(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn experiment() -> Experiment {
+        let text = "task_name: t\nseed: 3\nmodel: {name: mlp, num_classes: 4, hidden: [8]}\n\
+             data: {name: synthetic, num_classes: 4, image_size: 8, batch_size: 4}\n\
+             optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\nscheduler: {name: constant}\n\
+             trainer: {strategy: ddp, accelerator: cpu, devices: 2, precision: 32, max_epochs: 1}\n\
+             paths: {root_dir: ., data_dir: d, log_dir: l, output_dir: o}\n";
+        let node = crate::config::yaml::parse(text, "t.yaml").unwrap().unwrap();
+        crate::schema::extract(&node).unwrap()
+    }
+
+    fn batch() -> Batch {
+        let mut rng = Rng::new(1);
+        Batch {
+            images: (0..4 * 3 * 8 * 8).map(|_| rng.normal() as f32).collect(),
+            labels: vec![0, 1, 2, 3],
+            channels: 3,
+            height: 8,
+            width: 8,
+        }
+    }
+
+    /// DDP with `find_unused_parameters` on tch: a parameter without a gradient on every rank keeps none
+    /// (the optimizer leaves it, as PyTorch's reducer does); one without a gradient on one rank only
+    /// counts as zero there.
+    #[test]
+    fn unused_everywhere_keeps_no_gradient_unused_somewhere_counts_zero() {
+        let exp = experiment();
+        let comms = crate::dist::local::group(2);
+        let sync = crate::strategy::ddp::GradSync {
+            bucket_cap_bytes: 1 << 20,
+            find_unused_parameters: true,
+        };
+        let names: Vec<String> = TchEngine::new(&exp)
+            .unwrap()
+            .params
+            .keys()
+            .cloned()
+            .collect();
+        let (everywhere, somewhere) = (names[0].clone(), names[names.len() - 1].clone());
+        let results: Vec<(TchEngine, Tensor)> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .iter()
+                .enumerate()
+                .map(|(rank, comm)| {
+                    let (exp, everywhere, somewhere) = (&exp, &everywhere, &somewhere);
+                    s.spawn(move || {
+                        let mut e = TchEngine::new(exp).unwrap();
+                        e.forward_backward(&batch(), 1.0).unwrap();
+                        fused_optim::clear_grad(e.params.get_mut(everywhere).unwrap()).unwrap();
+                        let kept = e.params[somewhere].grad().copy();
+                        if rank == 0 {
+                            fused_optim::clear_grad(e.params.get_mut(somewhere).unwrap()).unwrap();
+                        }
+                        e.all_reduce_gradients(comm, &sync).unwrap();
+                        (e, kept)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (e, _) in &results {
+            assert!(!e.params[&everywhere].grad().defined());
+        }
+        let expected = results[1].1.shallow_clone() * 0.5;
+        let got = results[0].0.params[&somewhere].grad();
+        let diff = (&got - &expected).abs().max().double_value(&[]);
+        assert!(diff < 1e-7, "{diff}");
+        let mut e = results.into_iter().next().unwrap().0;
+        let before = e.params[&everywhere].copy();
+        e.optimizer_step(0.1, None, None).unwrap();
+        assert!(e.params[&everywhere].equal(&before));
+        assert!(!e
+            .optimizer
+            .state
+            .keys()
+            .any(|k| k.starts_with(&format!("{everywhere}."))));
     }
 }
