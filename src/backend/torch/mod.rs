@@ -341,7 +341,8 @@ impl Engine for TchEngine {
             let missing: Vec<String> = order
                 .iter()
                 .zip(&here)
-                .filter_map(|(n, &h)| (!h).then(|| n.clone()))
+                .filter(|(_, &h)| !h)
+                .map(|(n, _)| n.clone())
                 .collect();
             return Err(crate::strategy::ddp::unused_parameters_error(&missing));
         }
@@ -364,7 +365,8 @@ impl Engine for TchEngine {
         let grads: Vec<Tensor> = order
             .iter()
             .zip(&used)
-            .filter_map(|(n, &u)| u.then(|| self.params[n].grad()))
+            .filter(|(_, &u)| u)
+            .map(|(n, _)| self.params[n].grad())
             .collect();
         let Some(pg) = comm.process_group() else {
             return average_on_host(comm, &grads, sync);
