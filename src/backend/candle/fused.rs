@@ -151,6 +151,9 @@ impl MaxPool {
 
     /// Index (within the plane) of the first maximum of output cell (oy, ox).
     fn argmax(&self, plane: &[f32], w: usize, h: usize, oy: usize, ox: usize) -> usize {
+        if self.kernel == 2 && self.stride == 2 && self.padding == 0 {
+            return argmax_2x2(plane, w, oy, ox);
+        }
         let (mut best, mut at) = (f32::NEG_INFINITY, usize::MAX);
         for ky in 0..self.kernel {
             let iy = (oy * self.stride + ky) as isize - self.padding as isize;
@@ -177,6 +180,30 @@ impl MaxPool {
     }
 }
 
+/// The common 2x2 stride-2 window without padding: four reads, no bounds checks (the generic window walk
+/// costs more than the rest of the pool). Same rule: the first maximum, or the first NaN.
+#[inline]
+fn argmax_2x2(plane: &[f32], w: usize, oy: usize, ox: usize) -> usize {
+    let top = 2 * oy * w + 2 * ox;
+    let mut at = top;
+    let mut best = plane[top];
+    for i in [top + 1, top + w, top + w + 1] {
+        if best.is_nan() {
+            break;
+        }
+        if plane[i] > best || plane[i].is_nan() {
+            best = plane[i];
+            at = i;
+        }
+    }
+    at
+}
+
+/// Planes per rayon task: enough work per task that scheduling does not dominate small planes.
+fn planes_per_task(plane_len: usize) -> usize {
+    CHUNK.div_ceil(plane_len.max(1))
+}
+
 impl CustomOp1 for MaxPool {
     fn name(&self) -> &'static str {
         "trainyard-max-pool2d"
@@ -197,14 +224,18 @@ impl CustomOp1 for MaxPool {
         let x = slice(s, l)?;
         let (oh, ow) = (self.out(h), self.out(w));
         let mut y = vec![0f32; n * c * oh * ow];
-        y.par_chunks_mut(oh * ow).enumerate().for_each(|(p, o)| {
-            let plane = &x[p * h * w..(p + 1) * h * w];
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    o[oy * ow + ox] = plane[self.argmax(plane, w, h, oy, ox)];
+        let per_task = planes_per_task(h * w);
+        y.par_chunks_mut(oh * ow)
+            .enumerate()
+            .with_min_len(per_task)
+            .for_each(|(p, o)| {
+                let plane = &x[p * h * w..(p + 1) * h * w];
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        o[oy * ow + ox] = plane[self.argmax(plane, w, h, oy, ox)];
+                    }
                 }
-            }
-        });
+            });
         Ok((CpuStorage::F32(y), Shape::from((n, c, oh, ow))))
     }
 
@@ -214,15 +245,19 @@ impl CustomOp1 for MaxPool {
         let dx = with_data(arg, |x| {
             with_data(grad, |g| {
                 let mut dx = vec![0f32; n * c * h * w];
-                dx.par_chunks_mut(h * w).enumerate().for_each(|(p, o)| {
-                    let plane = &x[p * h * w..(p + 1) * h * w];
-                    let gp = &g[p * oh * ow..(p + 1) * oh * ow];
-                    for oy in 0..oh {
-                        for ox in 0..ow {
-                            o[self.argmax(plane, w, h, oy, ox)] += gp[oy * ow + ox];
+                let per_task = planes_per_task(h * w);
+                dx.par_chunks_mut(h * w)
+                    .enumerate()
+                    .with_min_len(per_task)
+                    .for_each(|(p, o)| {
+                        let plane = &x[p * h * w..(p + 1) * h * w];
+                        let gp = &g[p * oh * ow..(p + 1) * oh * ow];
+                        for oy in 0..oh {
+                            for ox in 0..ow {
+                                o[self.argmax(plane, w, h, oy, ox)] += gp[oy * ow + ox];
+                            }
                         }
-                    }
-                });
+                    });
                 Ok(dx)
             })
         })?;
@@ -287,11 +322,15 @@ mod tests {
     }
 
     /// Forward as Candle's pool; gradient: each window's gradient lands on its maximum. (Candle 0.11's own
-    /// max-pool backward scales it by 1/kernel², which is wrong, so it cannot be the reference.)
-    #[test]
-    fn max_pool_matches_candle_forward_and_routes_gradients() {
-        let x = Var::from_tensor(&seeded(&[2, 3, 6, 6], 1)).unwrap();
-        let probe = seeded(&[2, 3, 3, 3], 3);
+    /// max-pool backward scales it by 1/kernel², which is wrong, so it cannot be the reference.) Odd sizes
+    /// drop the last row or column, as PyTorch does.
+    #[rstest::rstest]
+    #[case(6, 6)]
+    #[case(5, 7)]
+    fn max_pool_matches_candle_forward_and_routes_gradients(#[case] h: usize, #[case] w: usize) {
+        let x = Var::from_tensor(&seeded(&[2, 3, h, w], 1)).unwrap();
+        let (oh, ow) = (h / 2, w / 2);
+        let probe = seeded(&[2, 3, oh, ow], 3);
         let y = max_pool2d(&x, 2, 2, 0).unwrap();
         assert!(diff(&y, &x.max_pool2d(2).unwrap()) < 1e-7);
         let g = (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
@@ -306,19 +345,33 @@ mod tests {
         let pv = probe.flatten_all().unwrap().to_vec1::<f32>().unwrap();
         let mut want = vec![0f32; xv.len()];
         for p in 0..6 {
-            for oy in 0..3 {
-                for ox in 0..3 {
+            for oy in 0..oh {
+                for ox in 0..ow {
                     let cells = [(0, 0), (0, 1), (1, 0), (1, 1)]
-                        .map(|(dy, dx)| p * 36 + (2 * oy + dy) * 6 + 2 * ox + dx);
+                        .map(|(dy, dx)| p * h * w + (2 * oy + dy) * w + 2 * ox + dx);
                     let at = *cells
                         .iter()
                         .max_by(|a, b| xv[**a].total_cmp(&xv[**b]))
                         .unwrap();
-                    want[at] += pv[p * 9 + oy * 3 + ox];
+                    want[at] += pv[(p * oh + oy) * ow + ox];
                 }
             }
         }
         assert_eq!(gx, want);
+    }
+
+    /// A NaN in a 2x2 window is the window's maximum and takes its gradient, as in PyTorch.
+    #[test]
+    fn nan_wins_a_window() {
+        let x = Var::from_tensor(
+            &Tensor::new(&[[[[1f32, f32::NAN], [3.0, 2.0]]]], &Device::Cpu).unwrap(),
+        )
+        .unwrap();
+        let y = max_pool2d(&x, 2, 2, 0).unwrap();
+        assert!(y.flatten_all().unwrap().to_vec1::<f32>().unwrap()[0].is_nan());
+        let g = y.sum_all().unwrap().backward().unwrap();
+        let gx = g.get(&x).unwrap().flatten_all().unwrap().to_vec1::<f32>();
+        assert_eq!(gx.unwrap(), vec![0.0, 1.0, 0.0, 0.0]);
     }
 
     /// 3x3 stride 2 padding 1 (ResNet's stem): each input gets the sum of the gradients of the windows
