@@ -38,6 +38,17 @@ fn ms(n: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64
     Ok(t[n / 2])
 }
 
+/// The process's minor page faults so far (/proc/self/stat field 10).
+fn minor_faults() -> i64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    after
+        .split_whitespace()
+        .nth(7)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 fn rand(shape: &[usize]) -> anyhow::Result<Tensor> {
     Ok(Tensor::randn(0f32, 1f32, shape, &Device::Cpu)?)
 }
@@ -72,6 +83,13 @@ fn main() -> anyhow::Result<()> {
         "cnn" => "{name: cnn, num_classes: 10, channels: [16, 32, 64]}",
         _ => "{name: resnet18, num_classes: 10, cifar_stem: true}",
     };
+    if std::env::var("ONLY_POOL_BWD").is_ok() {
+        let x = Var::from_tensor(&rand(&[64, 16, 32, 32])?)?;
+        for _ in 0..300 {
+            fused::max_pool2d(x.as_tensor(), 2, 2, 0)?.backward()?;
+        }
+        return Ok(());
+    }
     let mut engine = CandleEngine::new(&experiment(model)?)?;
     let x = rand(&[64, 3, 32, 32])?.flatten_all()?.to_vec1::<f32>()?;
     let batch = Batch {
@@ -82,14 +100,21 @@ fn main() -> anyhow::Result<()> {
         width: 32,
     };
     let (mut fb, mut opt) = (Vec::new(), Vec::new());
+    let mut faults = Vec::new();
     for _ in 0..steps + 1 {
+        let f0 = minor_faults();
         let s = Instant::now();
         engine.forward_backward(&batch, 1.0)?;
         fb.push(s.elapsed().as_secs_f64() * 1e3);
         let s = Instant::now();
         engine.optimizer_step(0.01, None, None)?;
         opt.push(s.elapsed().as_secs_f64() * 1e3);
+        faults.push(minor_faults() - f0);
     }
+    println!(
+        "page faults per step: {:?}",
+        &faults[..faults.len().min(10)]
+    );
     let first: Vec<String> = fb.iter().take(10).map(|t| format!("{t:.1}")).collect();
     println!("first steps (fwd+bwd ms): {}", first.join(" "));
     let med = |v: &mut Vec<f64>| {
@@ -105,6 +130,29 @@ fn main() -> anyhow::Result<()> {
     if which != "cnn" {
         return Ok(());
     }
+    let big = rand(&[64, 16, 32, 32])?;
+    let t = ms(steps, || {
+        fused::max_pool2d(&big, 2, 2, 0)?;
+        Ok(())
+    })?;
+    let t2 = ms(steps, || {
+        big.max_pool2d(2)?;
+        Ok(())
+    })?;
+    let t3 = ms(steps, || {
+        fused::relu(&big)?;
+        Ok(())
+    })?;
+    let t4 = ms(steps, || {
+        big.zeros_like()?.add(&big)?;
+        Ok(())
+    })?;
+    let t5 = ms(steps, || {
+        big.ones_like()?;
+        Ok(())
+    })?;
+    println!("16x32x32: zeros_like+add (a backward edge) {t4:.2} ms, ones_like {t5:.2} ms");
+    println!("pool 16x32x32 untracked: ours {t:.2} ms, candle {t2:.2} ms, relu {t3:.2} ms");
     let n = steps;
     let mut c_in = 3;
     let mut hw = 32;
