@@ -222,6 +222,7 @@ fn pool_2x2_plane(x: &[f32], w: usize, out: &mut [f32], ow: usize) {
 /// The adjoint of `pool_2x2_plane`: each window's gradient goes to its first maximum; `dx` starts zeroed.
 /// Windows go eight at a time through fixed-size lanes, which the compiler turns into SIMD (one window at
 /// a time is ~35 cycles of scalar selects).
+#[allow(clippy::needless_range_loop)] // one lane index into several arrays and slices
 fn pool_2x2_plane_grad(x: &[f32], g: &[f32], w: usize, dx: &mut [f32], ow: usize) {
     const L: usize = 8;
     for ((g, rows), d) in g
