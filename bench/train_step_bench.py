@@ -1,7 +1,9 @@
 """Train-step throughput: trainyard (Candle backend, CPU) vs PyTorch eager on the same model, batch and
 thread count, alternating runs. Our figure is `median_step_time_s` from the run's summary.json (forward,
 backward and SGD step; data loading excluded), PyTorch's the same statistic of the same three on a fixed
-batch (see `summary_median`).
+batch (see `summary_median`). Both are over 20 steps by default: a process's first two or three steps fault
+in fresh memory (tens of huge pages) and run 1.5-2x slower, so a 5-step median measured mostly that warm-up,
+not the steady state a training run spends its time in.
 
     .venv-torch/bin/python bench/train_step_bench.py --threads 2 --rounds 3 --record
 
@@ -98,7 +100,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="resnet18-cifar,cnn")
     ap.add_argument("--batch", type=int, default=64)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--backend", default="candle", choices=["candle", "tch"],
@@ -122,7 +124,7 @@ def main() -> None:
                 f"| {args.batch / o:.1f} img/s | PyTorch {torch.__version__} eager: {args.batch / t:.1f} img/s "
                 f"| **{ratio:.2f}x** | {platform.machine()}, {os.cpu_count()} cores "
                 f"| `.venv-torch/bin/python bench/train_step_bench.py --models {name} --threads {args.threads} "
-                f"--rounds {args.rounds} --backend {args.backend} --record` |",
+                f"--rounds {args.rounds} --steps {args.steps} --backend {args.backend} --record` |",
             )
 
 

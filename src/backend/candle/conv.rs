@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 /// Square kernel, no dilation, one group: what the zoo uses.
 #[derive(Debug, Clone, Copy)]
-struct Geometry {
+pub(super) struct Geometry {
     batch: usize,
     c_in: usize,
     h: usize,
@@ -31,8 +31,14 @@ impl Geometry {
     fn out_w(&self) -> usize {
         (self.w + 2 * self.padding - self.k) / self.stride + 1
     }
-    fn out_hw(&self) -> usize {
+    pub(super) fn out_hw(&self) -> usize {
         self.out_h() * self.out_w()
+    }
+    pub(super) fn c_out(&self) -> usize {
+        self.c_out
+    }
+    pub(super) fn out_shape(&self) -> Shape {
+        Shape::from((self.batch, self.c_out, self.out_h(), self.out_w()))
     }
     /// Rows of the im2col matrix: one per (input channel, kernel row, kernel column).
     fn ckk(&self) -> usize {
@@ -56,17 +62,24 @@ pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<T
         };
         return super::autocast::round(&y);
     }
-    let fast =
-        matches!(x.device(), Device::Cpu) && x.dtype() == DType::F32 && w.dtype() == DType::F32;
-    let (_, _, kh, kw) = w.dims4()?;
-    if !fast || kh != kw {
+    if !handles(x, w)? {
         return x.conv2d(w, padding, stride, 1, 1);
     }
     x.contiguous()?
         .apply_op2(&w.contiguous()?, Conv2d { stride, padding })
 }
 
-fn geometry(x: &Layout, w: &Layout, stride: usize, padding: usize) -> Result<Geometry> {
+/// Whether `conv2d(x, w)` runs on the kernels here (CPU, f32, square kernel) rather than Candle's.
+pub(super) fn handles(x: &Tensor, w: &Tensor) -> Result<bool> {
+    let (_, _, kh, kw) = w.dims4()?;
+    Ok(matches!(x.device(), Device::Cpu)
+        && x.dtype() == DType::F32
+        && w.dtype() == DType::F32
+        && kh == kw)
+}
+
+/// The geometry of `x` (N, C, H, W) convolved with `w` (O, C, K, K), checked.
+pub(super) fn geometry(x: &Layout, w: &Layout, stride: usize, padding: usize) -> Result<Geometry> {
     let (batch, c_in, h, wd) = x.shape().dims4()?;
     let (c_out, wc, k, _) = w.shape().dims4()?;
     if wc != c_in {
@@ -315,70 +328,8 @@ impl CustomOp2 for Conv2d {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let g = geometry(l1, l2, self.stride, self.padding)?;
-        let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
-        let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), g.c_in * g.h * g.w);
-        let tk = tasks(&g);
-        let mut y = vec![0f32; g.batch * g.c_out * ohw];
-        let cols_max = tk.images * ohw;
-        let direct = tk.images == 1;
-        let scratch = ckk * cols_max + if direct { 0 } else { g.c_out * cols_max };
-        run_tasks(
-            tk,
-            g.batch,
-            &mut y,
-            g.c_out * ohw,
-            scratch,
-            |first, images, y_out, buf| {
-                let cols = images * ohw;
-                let (col, tmp) = buf.split_at_mut(ckk * cols_max);
-                let col: &[f32] = if direct && g.is_pointwise() {
-                    &x[first * img_len..(first + 1) * img_len]
-                } else {
-                    for i in 0..images {
-                        im2col(
-                            &g,
-                            &x[(first + i) * img_len..][..img_len],
-                            col,
-                            cols,
-                            i * ohw,
-                        );
-                    }
-                    &col[..ckk * cols]
-                };
-                if direct {
-                    matmul(
-                        g.c_out,
-                        cols,
-                        ckk,
-                        y_out,
-                        false,
-                        w,
-                        (ckk, 1),
-                        col,
-                        (cols, 1),
-                        tk.par,
-                    );
-                } else {
-                    matmul(
-                        g.c_out,
-                        cols,
-                        ckk,
-                        tmp,
-                        false,
-                        w,
-                        (ckk, 1),
-                        col,
-                        (cols, 1),
-                        tk.par,
-                    );
-                    scatter_channels(&tmp[..g.c_out * cols], g.c_out, ohw, images, y_out);
-                }
-            },
-        );
-        Ok((
-            CpuStorage::F32(y),
-            Shape::from((g.batch, g.c_out, g.out_h(), g.out_w())),
-        ))
+        let y = forward(&g, slice(s1, l1)?, slice(s2, l2)?, &|_, _| {});
+        Ok((CpuStorage::F32(y), g.out_shape()))
     }
 
     fn bwd(
@@ -388,30 +339,113 @@ impl CustomOp2 for Conv2d {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let grad = grad.contiguous()?;
-        let (stride, padding) = (self.stride, self.padding);
-        let gx = if x.track_op() {
-            let (_, _, h, wd) = x.dims4()?;
-            Some(grad.apply_op2_no_bwd(
-                w,
-                &InputGrad {
-                    stride,
-                    padding,
-                    h,
-                    w: wd,
-                },
-            )?)
-        } else {
-            None
-        };
-        let gw = if w.track_op() {
-            let (_, _, k, _) = w.dims4()?;
-            Some(x.apply_op2_no_bwd(&grad, &WeightGrad { stride, padding, k })?)
-        } else {
-            None
-        };
-        Ok((gx, gw))
+        backward(x, w, grad, self.stride, self.padding)
     }
+}
+
+/// The forward kernel on checked geometry. `epilogue(first_image, out)` runs on each task's slice of the
+/// output (whole images, `c_out` planes each) while it is still in cache: where fused ops add their
+/// elementwise tail.
+pub(super) fn forward(
+    g: &Geometry,
+    x: &[f32],
+    w: &[f32],
+    epilogue: &(dyn Fn(usize, &mut [f32]) + Sync),
+) -> Vec<f32> {
+    let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), g.c_in * g.h * g.w);
+    let tk = tasks(g);
+    let mut y = vec![0f32; g.batch * g.c_out * ohw];
+    let cols_max = tk.images * ohw;
+    let direct = tk.images == 1;
+    let scratch = ckk * cols_max + if direct { 0 } else { g.c_out * cols_max };
+    run_tasks(
+        tk,
+        g.batch,
+        &mut y,
+        g.c_out * ohw,
+        scratch,
+        |first, images, y_out, buf| {
+            let cols = images * ohw;
+            let (col, tmp) = buf.split_at_mut(ckk * cols_max);
+            let col: &[f32] = if direct && g.is_pointwise() {
+                &x[first * img_len..(first + 1) * img_len]
+            } else {
+                for i in 0..images {
+                    im2col(
+                        g,
+                        &x[(first + i) * img_len..][..img_len],
+                        col,
+                        cols,
+                        i * ohw,
+                    );
+                }
+                &col[..ckk * cols]
+            };
+            if direct {
+                matmul(
+                    g.c_out,
+                    cols,
+                    ckk,
+                    y_out,
+                    false,
+                    w,
+                    (ckk, 1),
+                    col,
+                    (cols, 1),
+                    tk.par,
+                );
+            } else {
+                matmul(
+                    g.c_out,
+                    cols,
+                    ckk,
+                    tmp,
+                    false,
+                    w,
+                    (ckk, 1),
+                    col,
+                    (cols, 1),
+                    tk.par,
+                );
+                scatter_channels(&tmp[..g.c_out * cols], g.c_out, ohw, images, y_out);
+            }
+            epilogue(first, y_out);
+        },
+    );
+    y
+}
+
+/// Gradients of the input (only when it is tracked: never for the images) and of the kernel, given the
+/// gradient of the conv's output.
+pub(super) fn backward(
+    x: &Tensor,
+    w: &Tensor,
+    grad: &Tensor,
+    stride: usize,
+    padding: usize,
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let grad = grad.contiguous()?;
+    let gx = if x.track_op() {
+        let (_, _, h, wd) = x.dims4()?;
+        Some(grad.apply_op2_no_bwd(
+            w,
+            &InputGrad {
+                stride,
+                padding,
+                h,
+                w: wd,
+            },
+        )?)
+    } else {
+        None
+    };
+    let gw = if w.track_op() {
+        let (_, _, k, _) = w.dims4()?;
+        Some(x.apply_op2_no_bwd(&grad, &WeightGrad { stride, padding, k })?)
+    } else {
+        None
+    };
+    Ok((gx, gw))
 }
 
 /// d(loss)/d(input) from (grad_out, weight).

@@ -4,6 +4,7 @@
 pub mod autocast;
 pub mod batchnorm;
 pub mod conv;
+pub mod conv_relu;
 pub mod cpu;
 pub mod fused;
 pub mod models;

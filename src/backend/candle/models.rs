@@ -83,10 +83,11 @@ fn linear(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
     super::autocast::linear(x, w, b)
 }
 
-fn conv3x3(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
+/// `relu(conv3x3(x) + bias)`, fused.
+fn conv3x3_relu(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
     let w = get(p, &format!("{prefix}.weight"))?;
     let b = get(p, &format!("{prefix}.bias"))?;
-    super::fused::add_channel_bias(&super::conv::conv2d(x, w, 1, 1)?, b)
+    super::conv_relu::conv2d_bias_relu(x, w, b, 1, 1)
 }
 
 /// Inverted dropout with a host-generated mask, so runs are reproducible.
@@ -210,7 +211,7 @@ impl CandleModel for Cnn {
     ) -> Result<Tensor> {
         let mut h = x.clone();
         for i in 0..self.channels.len() {
-            h = super::fused::relu(&conv3x3(p, &format!("blocks.{i}.conv"), &h)?)?;
+            h = conv3x3_relu(p, &format!("blocks.{i}.conv"), &h)?;
             if h.dim(2)? >= 2 && h.dim(3)? >= 2 {
                 h = if matches!(h.device(), candle_core::Device::Cpu) {
                     super::fused::max_pool2d(&h, 2, 2, 0)?

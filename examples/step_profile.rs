@@ -1,0 +1,199 @@
+//! Where a Candle train step spends its time: the whole step (forward + backward + SGD, as the trainer
+//! runs it) and each CPU kernel of the small CNN on its own, forward and backward, at batch 64.
+//!
+//! usage: RAYON_NUM_THREADS=2 step_profile [cnn|resnet18-cifar] [steps]
+
+use candle_core::{Device, Tensor, Var};
+use std::time::Instant;
+use trainyard::backend::candle::{conv, conv_relu, fused, CandleEngine};
+use trainyard::backend::Engine;
+use trainyard::data::loader::Batch;
+
+/// The `train` binary's allocator, so buffers are reused the same way (see src/main.rs).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+fn experiment(model: &str) -> anyhow::Result<trainyard::schema::Experiment> {
+    let text = format!(
+        "task_name: t\nseed: 3\nmodel: {model}\ndata: {{name: synthetic, num_classes: 10, image_size: 32, batch_size: 64}}\n\
+         optimizer: {{name: sgd, lr: 0.01, momentum: 0.9}}\nscheduler: {{name: constant}}\n\
+         trainer: {{strategy: single, accelerator: cpu, devices: 1, precision: 32, max_epochs: 1}}\n\
+         paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
+    );
+    let node = trainyard::config::yaml::parse(&text, "profile.yaml")?
+        .ok_or_else(|| anyhow::anyhow!("empty"))?;
+    Ok(trainyard::schema::extract(&node)?)
+}
+
+/// Median milliseconds of `f` over `n` runs (after one warm-up).
+fn ms(n: usize, mut f: impl FnMut() -> anyhow::Result<()>) -> anyhow::Result<f64> {
+    f()?;
+    let mut t = Vec::with_capacity(n);
+    for _ in 0..n {
+        let s = Instant::now();
+        f()?;
+        t.push(s.elapsed().as_secs_f64() * 1e3);
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[n / 2])
+}
+
+/// The process's minor page faults so far (/proc/self/stat field 10).
+fn minor_faults() -> i64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    after
+        .split_whitespace()
+        .nth(7)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn rand(shape: &[usize]) -> anyhow::Result<Tensor> {
+    Ok(Tensor::randn(0f32, 1f32, shape, &Device::Cpu)?)
+}
+
+/// Forward time, and backward time of `y.backward()` (seeded with ones) through one op.
+fn op(
+    name: &str,
+    n: usize,
+    x: &Var,
+    f: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+) -> anyhow::Result<()> {
+    let fwd = ms(n, || {
+        f(x.as_tensor())?;
+        Ok(())
+    })?;
+    let bwd = ms(n, || {
+        let y = f(x.as_tensor())?;
+        y.backward()?;
+        Ok(())
+    })? - fwd;
+    println!("  {name:40} fwd {fwd:7.2} ms   bwd {bwd:7.2} ms");
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    // SAFETY: set before any worker thread exists; 15 is mimalloc's purge delay (as in src/main.rs).
+    unsafe { libmimalloc_sys::mi_option_set(15, -1) };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let which = args.first().map(String::as_str).unwrap_or("cnn");
+    let steps: usize = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20);
+    let model = match which {
+        "cnn" => "{name: cnn, num_classes: 10, channels: [16, 32, 64]}",
+        _ => "{name: resnet18, num_classes: 10, cifar_stem: true}",
+    };
+    if std::env::var("ONLY_POOL_BWD").is_ok() {
+        let x = Var::from_tensor(&rand(&[64, 16, 32, 32])?)?;
+        for _ in 0..300 {
+            fused::max_pool2d(x.as_tensor(), 2, 2, 0)?.backward()?;
+        }
+        return Ok(());
+    }
+    let mut engine = CandleEngine::new(&experiment(model)?)?;
+    let x = rand(&[64, 3, 32, 32])?.flatten_all()?.to_vec1::<f32>()?;
+    let batch = Batch {
+        images: x,
+        labels: (0..64).map(|i| i % 10).collect(),
+        channels: 3,
+        height: 32,
+        width: 32,
+    };
+    let (mut fb, mut opt) = (Vec::new(), Vec::new());
+    let mut faults = Vec::new();
+    for _ in 0..steps + 1 {
+        let f0 = minor_faults();
+        let s = Instant::now();
+        engine.forward_backward(&batch, 1.0)?;
+        fb.push(s.elapsed().as_secs_f64() * 1e3);
+        let s = Instant::now();
+        engine.optimizer_step(0.01, None, None)?;
+        opt.push(s.elapsed().as_secs_f64() * 1e3);
+        faults.push(minor_faults() - f0);
+    }
+    println!(
+        "page faults per step: {:?}",
+        &faults[..faults.len().min(10)]
+    );
+    let first: Vec<String> = fb.iter().take(10).map(|t| format!("{t:.1}")).collect();
+    println!("first steps (fwd+bwd ms): {}", first.join(" "));
+    let med = |v: &mut Vec<f64>| {
+        v.remove(0);
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "{which}: forward+backward {:.2} ms, optimizer {:.2} ms",
+        med(&mut fb),
+        med(&mut opt)
+    );
+    if which != "cnn" {
+        return Ok(());
+    }
+    let big = rand(&[64, 16, 32, 32])?;
+    let t = ms(steps, || {
+        fused::max_pool2d(&big, 2, 2, 0)?;
+        Ok(())
+    })?;
+    let t2 = ms(steps, || {
+        big.max_pool2d(2)?;
+        Ok(())
+    })?;
+    let t3 = ms(steps, || {
+        fused::relu(&big)?;
+        Ok(())
+    })?;
+    let t4 = ms(steps, || {
+        big.zeros_like()?.add(&big)?;
+        Ok(())
+    })?;
+    let t5 = ms(steps, || {
+        big.ones_like()?;
+        Ok(())
+    })?;
+    println!("16x32x32: zeros_like+add (a backward edge) {t4:.2} ms, ones_like {t5:.2} ms");
+    println!("pool 16x32x32 untracked: ours {t:.2} ms, candle {t2:.2} ms, relu {t3:.2} ms");
+    let n = steps;
+    let mut c_in = 3;
+    let mut hw = 32;
+    for c in [16usize, 32, 64] {
+        let x = Var::from_tensor(&rand(&[64, c_in, hw, hw])?)?;
+        let w = Var::from_tensor(&rand(&[c, c_in, 3, 3])?)?;
+        let b = Var::from_tensor(&rand(&[c])?)?;
+        let wt = w.as_tensor().clone();
+        op(&format!("conv {c_in}->{c} {hw}px (dx+dw)"), n, &x, |x| {
+            conv::conv2d(x, &wt, 1, 1)
+        })?;
+        let (wt2, bt2) = (wt.clone(), b.as_tensor().clone());
+        op(
+            &format!("conv+bias+relu {c_in}->{c} {hw}px (dx+dw)"),
+            n,
+            &x,
+            |x| conv_relu::conv2d_bias_relu(x, &wt2, &bt2, 1, 1),
+        )?;
+        let xc = Tensor::randn(0f32, 1f32, (64, c_in, hw, hw), &Device::Cpu)?;
+        let wv = w.clone();
+        op(&format!("conv {c_in}->{c} {hw}px (dw only)"), n, &wv, |w| {
+            conv::conv2d(&xc, w, 1, 1)
+        })?;
+        let y = Var::from_tensor(&rand(&[64, c, hw, hw])?)?;
+        let bt = b.as_tensor().clone();
+        op(&format!("bias {c}x{hw}x{hw}"), n, &y, |y| {
+            fused::add_channel_bias(y, &bt)
+        })?;
+        op(&format!("relu {c}x{hw}x{hw}"), n, &y, fused::relu)?;
+        op(&format!("maxpool {c}x{hw}x{hw}"), n, &y, |y| {
+            fused::max_pool2d(y, 2, 2, 0)
+        })?;
+        c_in = c;
+        hw /= 2;
+    }
+    let h = Var::from_tensor(&rand(&[64, 64, 4, 4])?)?;
+    op("mean(-1).mean(-1) 64x4x4", n, &h, |h| h.mean(3)?.mean(2))?;
+    let logits = Var::from_tensor(&rand(&[64, 10])?)?;
+    let labels = Tensor::from_vec((0..64u32).map(|i| i % 10).collect(), 64, &Device::Cpu)?;
+    op("cross_entropy 64x10", n, &logits, |z| {
+        candle_nn::loss::cross_entropy(z, &labels)
+    })?;
+    Ok(())
+}
