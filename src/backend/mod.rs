@@ -146,6 +146,18 @@ pub trait Engine {
     }
 }
 
+/// Where each named tensor of a flat layout sits in the flat buffer (in layout order): the one walk
+/// that FSDP's flattening and the engines' `set_parameters`/`take_gradients` share.
+pub fn layout_ranges(
+    layout: &[(String, Vec<usize>)],
+) -> impl Iterator<Item = (&str, &[usize], std::ops::Range<usize>)> {
+    layout.iter().scan(0usize, |at, (name, shape)| {
+        let start = *at;
+        *at += shape.iter().product::<usize>();
+        Some((name.as_str(), shape.as_slice(), start..*at))
+    })
+}
+
 /// Per-rank training memory, by kind (the numbers FSDP's sharding cuts).
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StateBytes {

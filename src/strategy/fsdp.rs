@@ -94,20 +94,15 @@ impl FlatLayout {
 
     /// The inverse of `flatten`: named tensors from a flat vector (padding ignored).
     pub fn unflatten(&self, flat: &[f32], prefix: &str, suffix: &str) -> StateDict {
-        let mut out = StateDict::new();
-        let mut at = 0;
-        for (name, shape) in &self.params {
-            let n: usize = shape.iter().product();
-            out.insert(
-                format!("{prefix}{name}{suffix}"),
-                HostTensor {
-                    shape: shape.clone(),
-                    data: flat[at..at + n].to_vec(),
-                },
-            );
-            at += n;
-        }
-        out
+        crate::backend::layout_ranges(&self.params)
+            .map(|(name, shape, range)| {
+                let t = HostTensor {
+                    shape: shape.to_vec(),
+                    data: flat[range].to_vec(),
+                };
+                (format!("{prefix}{name}{suffix}"), t)
+            })
+            .collect()
     }
 }
 

@@ -383,18 +383,15 @@ impl Engine for CandleEngine {
         layout: &[(String, Vec<usize>)],
         flat: &[f32],
     ) -> anyhow::Result<()> {
-        let mut at = 0;
-        for (name, shape) in layout {
-            let n: usize = shape.iter().product();
+        for (name, shape, range) in super::layout_ranges(layout) {
             let values = flat
-                .get(at..at + n)
+                .get(range)
                 .context("set_parameters: the flat buffer is shorter than the layout")?;
-            let var = Var::from_slice(values, shape.as_slice(), &self.device)?;
+            let var = Var::from_slice(values, shape, &self.device)?;
             anyhow::ensure!(
-                self.params.insert(name.clone(), var).is_some(),
+                self.params.insert(name.to_string(), var).is_some(),
                 "set_parameters: the model has no parameter '{name}'"
             );
-            at += n;
         }
         Ok(())
     }
@@ -413,11 +410,9 @@ impl Engine for CandleEngine {
         flat: &mut [f32],
     ) -> anyhow::Result<Vec<String>> {
         let mut missing = Vec::new();
-        let mut at = 0;
-        for (name, shape) in layout {
-            let n: usize = shape.iter().product();
+        for (name, _, range) in super::layout_ranges(layout) {
             let dst = flat
-                .get_mut(at..at + n)
+                .get_mut(range)
                 .context("take_gradients: the flat buffer is shorter than the layout")?;
             match self.grads.remove(name) {
                 Some(g) => {
@@ -425,10 +420,9 @@ impl Engine for CandleEngine {
                 }
                 None => {
                     dst.fill(0.0);
-                    missing.push(name.clone());
+                    missing.push(name.to_string());
                 }
             }
-            at += n;
         }
         self.grads.clear();
         Ok(missing)

@@ -540,24 +540,21 @@ impl Engine for TchEngine {
         layout: &[(String, Vec<usize>)],
         flat: &[f32],
     ) -> anyhow::Result<()> {
-        let mut at = 0;
-        for (name, shape) in layout {
-            let n: usize = shape.iter().product();
+        for (name, shape, range) in super::layout_ranges(layout) {
             let values = flat
-                .get(at..at + n)
+                .get(range)
                 .context("set_parameters: the flat buffer is shorter than the layout")?;
             let host = HostTensor {
-                shape: shape.clone(),
+                shape: shape.to_vec(),
                 data: values.to_vec(),
             };
             let t = to_tch(&host, self.device)?
                 .f_to_kind(self.mode.storage())?
                 .set_requires_grad(true);
             anyhow::ensure!(
-                self.params.insert(name.clone(), t).is_some(),
+                self.params.insert(name.to_string(), t).is_some(),
                 "set_parameters: the model has no parameter '{name}'"
             );
-            at += n;
         }
         Ok(())
     }
@@ -576,11 +573,9 @@ impl Engine for TchEngine {
         flat: &mut [f32],
     ) -> anyhow::Result<Vec<String>> {
         let mut missing = Vec::new();
-        let mut at = 0;
-        for (name, shape) in layout {
-            let n: usize = shape.iter().product();
+        for (name, _, range) in super::layout_ranges(layout) {
             let dst = flat
-                .get_mut(at..at + n)
+                .get_mut(range)
                 .context("take_gradients: the flat buffer is shorter than the layout")?;
             let p = self
                 .params
@@ -592,9 +587,8 @@ impl Engine for TchEngine {
                 fused_optim::clear_grad(p)?;
             } else {
                 dst.fill(0.0);
-                missing.push(name.clone());
+                missing.push(name.to_string());
             }
-            at += n;
         }
         Ok(missing)
     }
