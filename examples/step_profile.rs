@@ -5,7 +5,7 @@
 
 use candle_core::{Device, Tensor, Var};
 use std::time::Instant;
-use trainyard::backend::candle::{conv, conv_relu, fused, CandleEngine};
+use trainyard::backend::candle::{batchnorm, conv, conv_relu, fused, CandleEngine};
 use trainyard::backend::Engine;
 use trainyard::data::loader::Batch;
 
@@ -89,6 +89,12 @@ fn main() -> anyhow::Result<()> {
             fused::max_pool2d(x.as_tensor(), 2, 2, 0)?.backward()?;
         }
         return Ok(());
+    }
+    if which == "resnet-convs" {
+        return resnet_convs(steps);
+    }
+    if which == "resnet-ops" {
+        return resnet_ops(steps);
     }
     let mut engine = CandleEngine::new(&experiment(model)?)?;
     let x = rand(&[64, 3, 32, 32])?.flatten_all()?.to_vec1::<f32>()?;
@@ -194,6 +200,70 @@ fn main() -> anyhow::Result<()> {
     let labels = Tensor::from_vec((0..64u32).map(|i| i % 10).collect(), 64, &Device::Cpu)?;
     op("cross_entropy 64x10", n, &logits, |z| {
         candle_nn::loss::cross_entropy(z, &labels)
+    })?;
+    Ok(())
+}
+
+/// Every conv shape of ResNet-18 (CIFAR stem, batch 64) with how often it occurs: forward and backward
+/// (input and weight gradients) times, and their sums over the network.
+fn resnet_convs(n: usize) -> anyhow::Result<()> {
+    // (c_in, c_out, hw_in, k, stride, count)
+    let shapes = [
+        (3, 64, 32, 3, 1, 1),
+        (64, 64, 32, 3, 1, 4),
+        (64, 128, 32, 3, 2, 1),
+        (64, 128, 32, 1, 2, 1),
+        (128, 128, 16, 3, 1, 3),
+        (128, 256, 16, 3, 2, 1),
+        (128, 256, 16, 1, 2, 1),
+        (256, 256, 8, 3, 1, 3),
+        (256, 512, 8, 3, 2, 1),
+        (256, 512, 8, 1, 2, 1),
+        (512, 512, 4, 3, 1, 3),
+    ];
+    let (mut fwd_total, mut bwd_total) = (0.0, 0.0);
+    for (c_in, c_out, hw, k, stride, count) in shapes {
+        let x = Var::from_tensor(&rand(&[64, c_in, hw, hw])?)?;
+        let w = rand(&[c_out, c_in, k, k])?;
+        let pad = k / 2;
+        let fwd = ms(n, || {
+            conv::conv2d(x.as_tensor(), &w, stride, pad)?;
+            Ok(())
+        })?;
+        let w_var = Var::from_tensor(&w)?;
+        let both = ms(n, || {
+            let y = conv::conv2d(x.as_tensor(), w_var.as_tensor(), stride, pad)?;
+            y.backward()?;
+            Ok(())
+        })?;
+        let bwd = both - fwd;
+        println!("  {c_in:3}->{c_out:3} {hw:2}px k{k} s{stride} x{count}: fwd {fwd:7.2} ms  bwd {bwd:7.2} ms");
+        fwd_total += fwd * count as f64;
+        bwd_total += bwd * count as f64;
+    }
+    println!("resnet18 convs: forward {fwd_total:.1} ms, backward {bwd_total:.1} ms");
+    Ok(())
+}
+
+/// The elementwise and normalisation ops of ResNet-18 (CIFAR stem, batch 64) at layer1's shape
+/// (64x64x32x32), each forward and backward, to set against PyTorch's per-op profile.
+fn resnet_ops(n: usize) -> anyhow::Result<()> {
+    let x = Var::from_tensor(&rand(&[64, 64, 32, 32])?)?;
+    let id = Var::from_tensor(&rand(&[64, 64, 32, 32])?)?;
+    let gamma = Var::from_tensor(&rand(&[64])?)?;
+    let beta = Var::from_tensor(&rand(&[64])?)?;
+    let (g, b) = (gamma.as_tensor().clone(), beta.as_tensor().clone());
+    op("batchnorm 64x64x32x32", n, &x, |x| {
+        Ok(batchnorm::train(x, &g, &b, 1e-5)?.expect("cpu").0)
+    })?;
+    op("relu 64x64x32x32", n, &x, fused::relu)?;
+    let idt = id.as_tensor().clone();
+    op("add 64x64x32x32", n, &x, |x| x + &idt)?;
+    op("bn+relu 64x64x32x32", n, &x, |x| {
+        fused::relu(&batchnorm::train(x, &g, &b, 1e-5)?.expect("cpu").0)
+    })?;
+    op("bn+add+relu 64x64x32x32", n, &x, |x| {
+        fused::relu(&(batchnorm::train(x, &g, &b, 1e-5)?.expect("cpu").0 + &idt)?)
     })?;
     Ok(())
 }
