@@ -237,7 +237,15 @@ fn resnet_convs(n: usize) -> anyhow::Result<()> {
             Ok(())
         })?;
         let bwd = both - fwd;
-        println!("  {c_in:3}->{c_out:3} {hw:2}px k{k} s{stride} x{count}: fwd {fwd:7.2} ms  bwd {bwd:7.2} ms");
+        let plain = x.as_tensor().detach();
+        let dw_only = ms(n, || {
+            let y = conv::conv2d(&plain, w_var.as_tensor(), stride, pad)?;
+            y.backward()?;
+            Ok(())
+        })? - fwd;
+        println!(
+            "  {c_in:3}->{c_out:3} {hw:2}px k{k} s{stride} x{count}: fwd {fwd:7.2} ms  bwd {bwd:7.2} ms  (dw alone {dw_only:7.2} ms)"
+        );
         fwd_total += fwd * count as f64;
         bwd_total += bwd * count as f64;
     }

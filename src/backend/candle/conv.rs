@@ -196,6 +196,12 @@ fn tap_rows(g: &Geometry, ki: usize) -> (usize, usize) {
 fn zero_wrapped_columns(row: &mut [f32], dx: isize) {
     let w = row.len();
     let n = dx.unsigned_abs().min(w);
+    // A 3x3 kernel shifts by one: a single store, not a call to memset.
+    if n == 1 {
+        let at = if dx > 0 { w - 1 } else { 0 };
+        row[at] = 0.0;
+        return;
+    }
     if dx > 0 {
         row[w - n..].fill(0.0);
     } else {
@@ -303,7 +309,7 @@ fn valid_range(ow: usize, w: usize, s: isize, p: isize, kj: isize) -> (usize, us
     )
 }
 
-/// dst (m x n, row stride `dst_rs`) = [dst +] lhs (m x k) * rhs (k x n), with explicit strides.
+/// dst (m x n, row-major) = [dst +] lhs (m x k) * rhs (k x n), with explicit strides.
 #[allow(clippy::too_many_arguments)]
 fn matmul(
     m: usize,
@@ -312,22 +318,51 @@ fn matmul(
     dst: &mut [f32],
     accumulate: bool,
     lhs: &[f32],
-    (lhs_rs, lhs_cs): (usize, usize),
+    lhs_strides: (usize, usize),
     rhs: &[f32],
-    (rhs_rs, rhs_cs): (usize, usize),
+    rhs_strides: (usize, usize),
     par: Parallelism,
 ) {
-    debug_assert!(dst.len() >= m * n);
-    // SAFETY: every index the kernel touches, (i * rs + j * cs) for i < rows and j < cols, lies inside the
-    // slices: callers pass strides of the row-major (or transposed row-major) buffers they own.
+    let dst_strides = (n, 1);
+    strided_matmul(
+        (m, n, k),
+        (dst, dst_strides),
+        accumulate,
+        (lhs, lhs_strides),
+        (rhs, rhs_strides),
+        par,
+    )
+}
+
+/// A GEMM over three strided matrices, each given with its (row, column) strides.
+fn strided_matmul(
+    (m, n, k): (usize, usize, usize),
+    (dst, (dst_rs, dst_cs)): (&mut [f32], (usize, usize)),
+    accumulate: bool,
+    (lhs, (lhs_rs, lhs_cs)): (&[f32], (usize, usize)),
+    (rhs, (rhs_rs, rhs_cs)): (&[f32], (usize, usize)),
+    par: Parallelism,
+) {
+    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(
+        m > 0
+            && n > 0
+            && k > 0
+            && last(m, n, dst_rs, dst_cs) < dst.len()
+            && last(m, k, lhs_rs, lhs_cs) < lhs.len()
+            && last(k, n, rhs_rs, rhs_cs) < rhs.len(),
+        "conv GEMM operands out of bounds"
+    );
+    // SAFETY: the assertion above: every index the kernel touches, (i * rs + j * cs) for i < rows and
+    // j < cols, lies inside its slice.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
             dst.as_mut_ptr(),
-            1,
-            n as isize,
+            dst_cs as isize,
+            dst_rs as isize,
             accumulate,
             lhs.as_ptr(),
             lhs_cs as isize,
@@ -370,26 +405,47 @@ fn tasks(g: &Geometry) -> Tasks {
 }
 
 /// Run `f(first_image, images, out_chunk, scratch)` over tasks, in parallel when `par` is single-threaded.
+/// `scratch` holds at least the requested length of stale values: every task writes what it reads.
 fn run_tasks<F>(tk: Tasks, batch: usize, out: &mut [f32], per_image: usize, scratch: usize, f: F)
 where
-    F: Fn(usize, usize, &mut [f32], &mut Vec<f32>) + Sync + Send,
+    F: Fn(usize, usize, &mut [f32], &mut [f32]) + Sync + Send,
 {
     let chunk = tk.images * per_image;
     if matches!(tk.par, Parallelism::None) {
-        out.par_chunks_mut(chunk).enumerate().for_each_init(
-            || vec![0f32; scratch],
-            |buf, (i, o)| {
-                let first = i * tk.images;
-                f(first, tk.images.min(batch - first), o, buf)
-            },
-        );
-    } else {
-        let mut buf = vec![0f32; scratch];
-        for (i, o) in out.chunks_mut(chunk).enumerate() {
+        out.par_chunks_mut(chunk).enumerate().for_each(|(i, o)| {
             let first = i * tk.images;
-            f(first, tk.images.min(batch - first), o, &mut buf);
-        }
+            with_scratch(scratch, |buf| {
+                f(first, tk.images.min(batch - first), o, buf)
+            })
+        });
+    } else {
+        with_scratch(scratch, |buf| {
+            for (i, o) in out.chunks_mut(chunk).enumerate() {
+                let first = i * tk.images;
+                f(first, tk.images.min(batch - first), o, buf);
+            }
+        });
     }
+}
+
+thread_local! {
+    /// Each thread's im2col buffer, kept between calls: a fresh zeroed one per task cost a full clear of
+    /// up to a few MB per image (rayon may run a task per image).
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Run `f` on this thread's scratch buffer grown to `len` (its contents are stale), or on a fresh one
+/// when the thread's buffer is in use further up the stack (a task stolen while waiting inside another).
+fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [f32]) -> T) -> T {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            f(&mut buf[..len])
+        }
+        Err(_) => f(&mut vec![0f32; len]),
+    })
 }
 
 /// Copy `images` consecutive (c x hw) planes side by side into a (c x images*hw) matrix.
@@ -694,57 +750,71 @@ impl CustomOp2 for WeightGrad {
         // Fixed, contiguous image ranges per partial sum; partials added in order → deterministic.
         let parts = threads().min(batch.div_ceil(tk.images)).max(1);
         let per_part = batch.div_ceil(parts);
+        // With few output channels the GEMM reads col in place as its right operand when the destination
+        // is column-major; row-major, it transposes the product and repacks col, a copy as large as
+        // im2col itself. With many, col is reread once per 16 output channels, and packing it pays.
+        let col_in_place = c_out <= 128;
+        let acc_strides = if col_in_place { (1, c_out) } else { (ckk, 1) };
         let partials: Vec<Vec<f32>> = (0..parts)
             .into_par_iter()
             .map(|part| {
                 let mut acc = vec![0f32; c_out * ckk];
-                let mut col = vec![0f32; ckk * cols_max];
-                let mut gathered = vec![0f32; c_out * cols_max];
-                let end = ((part + 1) * per_part).min(batch);
-                let mut first = part * per_part;
-                while first < end {
-                    let images = tk.images.min(end - first);
-                    let cols = images * ohw;
-                    for i in 0..images {
-                        im2col(
-                            &g,
-                            &x[(first + i) * img_len..][..img_len],
-                            &mut col,
-                            cols,
-                            i * ohw,
+                with_scratch((ckk + c_out) * cols_max, |buf| {
+                    let (col, gathered) = buf.split_at_mut(ckk * cols_max);
+                    let end = ((part + 1) * per_part).min(batch);
+                    let mut first = part * per_part;
+                    while first < end {
+                        let images = tk.images.min(end - first);
+                        let cols = images * ohw;
+                        for i in 0..images {
+                            im2col(
+                                &g,
+                                &x[(first + i) * img_len..][..img_len],
+                                col,
+                                cols,
+                                i * ohw,
+                            );
+                        }
+                        let gy_task = &gy[first * c_out * ohw..(first + images) * c_out * ohw];
+                        let lhs: &[f32] = if images == 1 {
+                            gy_task
+                        } else {
+                            gather_channels(gy_task, c_out, ohw, images, gathered);
+                            &gathered[..c_out * cols]
+                        };
+                        // acc (c_out x ckk) += gy (c_out x cols) * col^T (see `col_in_place`).
+                        strided_matmul(
+                            (c_out, ckk, cols),
+                            (&mut acc, acc_strides),
+                            true,
+                            (lhs, (cols, 1)),
+                            (col, (1, cols)),
+                            tk.par,
                         );
+                        first += images;
                     }
-                    gather_channels(
-                        &gy[first * c_out * ohw..(first + images) * c_out * ohw],
-                        c_out,
-                        ohw,
-                        images,
-                        &mut gathered,
-                    );
-                    // acc (c_out x ckk) += gy (c_out x cols) * col^T (cols x ckk)
-                    matmul(
-                        c_out,
-                        ckk,
-                        cols,
-                        &mut acc,
-                        true,
-                        &gathered,
-                        (cols, 1),
-                        &col,
-                        (1, cols),
-                        tk.par,
-                    );
-                    first += images;
-                }
+                });
                 acc
             })
             .collect();
-        let mut gw = partials[0].clone();
+        // Partials in order, then the (ckk x c_out) sum transposed to the kernel's (c_out x ckk) layout.
+        let mut sum = partials[0].clone();
         for p in &partials[1..] {
-            for (a, b) in gw.iter_mut().zip(p) {
+            for (a, b) in sum.iter_mut().zip(p) {
                 *a += b;
             }
         }
+        let gw = if col_in_place {
+            let mut gw = vec![0f32; c_out * ckk];
+            for (r, row) in sum.chunks_exact(c_out).enumerate() {
+                for (o, v) in row.iter().enumerate() {
+                    gw[o * ckk + r] = *v;
+                }
+            }
+            gw
+        } else {
+            sum
+        };
         Ok((
             CpuStorage::F32(gw),
             Shape::from((c_out, c_in, self.k, self.k)),
