@@ -26,6 +26,27 @@ pub fn train(
     beta: &Tensor,
     eps: f64,
 ) -> Result<Option<(Tensor, ChannelStats)>> {
+    train_then(x, gamma, beta, eps, false)
+}
+
+/// `train` followed by a ReLU, in the same passes: the ReLU's own forward pass, its backward pass and a
+/// graph edge (an activation-sized gradient) are saved; the backward masks the gradient on the fly.
+pub fn train_relu(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f64,
+) -> Result<Option<(Tensor, ChannelStats)>> {
+    train_then(x, gamma, beta, eps, true)
+}
+
+fn train_then(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f64,
+    relu: bool,
+) -> Result<Option<(Tensor, ChannelStats)>> {
     if !fast(x) {
         return Ok(None);
     }
@@ -46,6 +67,7 @@ pub fn train(
         invstd: Arc::new(invstd),
         batch_stats: true,
         sync: sync.map(|group| (group, stats.count)),
+        relu,
     };
     Ok(Some((x.apply_op3(gamma, beta, op)?, stats)))
 }
@@ -58,6 +80,29 @@ pub fn eval(
     mean: &Tensor,
     var: &Tensor,
     eps: f64,
+) -> Result<Option<Tensor>> {
+    eval_then(x, gamma, beta, (mean, var), eps, false)
+}
+
+/// `eval` followed by a ReLU (see `train_relu`).
+pub fn eval_relu(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    mean: &Tensor,
+    var: &Tensor,
+    eps: f64,
+) -> Result<Option<Tensor>> {
+    eval_then(x, gamma, beta, (mean, var), eps, true)
+}
+
+fn eval_then(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    (mean, var): (&Tensor, &Tensor),
+    eps: f64,
+    relu: bool,
 ) -> Result<Option<Tensor>> {
     if !fast(x) {
         return Ok(None);
@@ -74,6 +119,7 @@ pub fn eval(
         invstd: Arc::new(invstd),
         batch_stats: false,
         sync: None,
+        relu,
     };
     Ok(Some(x.contiguous()?.apply_op3(gamma, beta, op)?))
 }
@@ -101,6 +147,38 @@ fn channel_sum(n: usize, c: usize, hw: usize, ch: usize, f: impl Fn(usize) -> f6
         total += (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + tail;
     }
     total
+}
+
+/// Two sums of `f(index)`'s pair over channel `ch` in one pass, in the same fixed order as `channel_sum`.
+fn channel_sum2(
+    n: usize,
+    c: usize,
+    hw: usize,
+    ch: usize,
+    f: impl Fn(usize) -> (f64, f64),
+) -> (f64, f64) {
+    let (mut total_a, mut total_b) = (0.0f64, 0.0f64);
+    for img in 0..n {
+        let start = (img * c + ch) * hw;
+        let (mut a, mut b) = ([0.0f64; 4], [0.0f64; 4]);
+        let whole = hw / 4 * 4;
+        for i in (start..start + whole).step_by(4) {
+            for l in 0..4 {
+                let (u, v) = f(i + l);
+                a[l] += u;
+                b[l] += v;
+            }
+        }
+        let (mut tail_a, mut tail_b) = (0.0f64, 0.0f64);
+        for i in start + whole..start + hw {
+            let (u, v) = f(i);
+            tail_a += u;
+            tail_b += v;
+        }
+        total_a += (a[0] + a[1]) + (a[2] + a[3]) + tail_a;
+        total_b += (b[0] + b[1]) + (b[2] + b[3]) + tail_b;
+    }
+    (total_a, total_b)
 }
 
 fn channel_stats(data: &[f32], n: usize, c: usize, hw: usize) -> ChannelStats {
@@ -165,6 +243,8 @@ struct BatchNorm {
     /// SyncBatchNorm: the group the backward's sums are reduced over, and the global element count per
     /// channel.
     sync: Option<(Arc<dyn crate::dist::collective::Collective>, usize)>,
+    /// A ReLU applied to the output (its gradient is masked where the output is zero).
+    relu: bool,
 }
 
 impl CustomOp3 for BatchNorm {
@@ -192,8 +272,9 @@ impl CustomOp3 for BatchNorm {
             let ch = plane % c;
             let scale = gamma[ch] * self.invstd[ch];
             let shift = beta[ch] - self.mean[ch] * scale;
+            let floor = if self.relu { 0.0 } else { f32::NEG_INFINITY };
             for (o, v) in out.iter_mut().zip(&x[plane * hw..(plane + 1) * hw]) {
-                *o = v * scale + shift;
+                *o = (v * scale + shift).max(floor);
             }
         });
         Ok((CpuStorage::F32(y), l1.shape().clone()))
@@ -204,70 +285,82 @@ impl CustomOp3 for BatchNorm {
         x: &Tensor,
         gamma: &Tensor,
         _beta: &Tensor,
-        _res: &Tensor,
+        res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (n, c, h, w) = x.dims4()?;
         let hw = h * w;
         let gamma_host = gamma.flatten_all()?.to_vec1::<f32>()?;
         let (mean, invstd) = (&self.mean, &self.invstd);
+        // With the ReLU the output's zeros mask the incoming gradient; without it nothing is read.
+        let out = if self.relu {
+            Some(res.contiguous()?)
+        } else {
+            None
+        };
         let (dgamma, dbeta, dx) = with_f32(x, |xs| {
-            with_f32(grad, |dy| {
-                // dbeta = sum(dy), dgamma = sum(dy * xhat), per channel.
-                let (dbeta, dgamma): (Vec<f32>, Vec<f32>) = (0..c)
-                    .into_par_iter()
-                    .map(|ch| {
-                        let sum_dy = channel_sum(n, c, hw, ch, |i| dy[i] as f64);
-                        let sum_dy_xhat = channel_sum(n, c, hw, ch, |i| {
-                            dy[i] as f64 * ((xs[i] - mean[ch]) * invstd[ch]) as f64
-                        });
-                        (sum_dy as f32, sum_dy_xhat as f32)
-                    })
-                    .unzip();
-                // SyncBatchNorm: the input gradient uses the sums over the global batch; the parameters'
-                // gradients stay this rank's (DDP averages them).
-                let (mut sum_dy, mut sum_dy_xhat, m) =
-                    (dbeta.clone(), dgamma.clone(), (n * hw) as f32);
-                let m = match &self.sync {
-                    Some((group, count)) if x.track_op() => {
-                        let mut both: Vec<f64> =
-                            dbeta.iter().chain(&dgamma).map(|&v| f64::from(v)).collect();
-                        group
-                            .all_reduce_f64(&mut both, crate::dist::collective::ReduceOp::Sum)
-                            .map_err(|e| {
-                                candle_core::Error::Msg(format!("SyncBatchNorm: {e:#}"))
-                            })?;
-                        sum_dy = both[..c].iter().map(|&v| v as f32).collect();
-                        sum_dy_xhat = both[c..].iter().map(|&v| v as f32).collect();
-                        *count as f32
-                    }
-                    _ => m,
-                };
-                // The input gradient only when something upstream needs it.
-                let dx = x.track_op().then(|| {
-                    let mut dx = vec![0f32; xs.len()];
-                    dx.par_chunks_mut(hw).enumerate().for_each(|(plane, out)| {
-                        let ch = plane % c;
-                        let k = gamma_host[ch] * invstd[ch];
-                        let range = plane * hw..(plane + 1) * hw;
-                        if self.batch_stats {
-                            // dx = gamma * invstd / M * (M * dy - sum(dy) - xhat * sum(dy * xhat))
-                            let (a, b) = (sum_dy[ch] / m, sum_dy_xhat[ch] / m);
-                            for ((o, g), v) in
-                                out.iter_mut().zip(&dy[range.clone()]).zip(&xs[range])
-                            {
-                                let xhat = (v - mean[ch]) * invstd[ch];
-                                *o = k * (g - a - xhat * b);
-                            }
-                        } else {
-                            for (o, g) in out.iter_mut().zip(&dy[range]) {
-                                *o = k * g;
-                            }
+            with_f32(grad, |raw_dy| {
+                with_f32(out.as_ref().unwrap_or(grad), |ys| {
+                    let relu = self.relu;
+                    // The gradient reaching the normalisation: masked by the ReLU's output when fused.
+                    let dy = |i: usize| if relu && ys[i] <= 0.0 { 0.0 } else { raw_dy[i] };
+                    // dbeta = sum(dy), dgamma = sum(dy * xhat), per channel, in one pass.
+                    let (dbeta, dgamma): (Vec<f32>, Vec<f32>) = (0..c)
+                        .into_par_iter()
+                        .map(|ch| {
+                            let (sum_dy, sum_dy_xhat) = channel_sum2(n, c, hw, ch, |i| {
+                                let g = dy(i);
+                                (
+                                    g as f64,
+                                    g as f64 * ((xs[i] - mean[ch]) * invstd[ch]) as f64,
+                                )
+                            });
+                            (sum_dy as f32, sum_dy_xhat as f32)
+                        })
+                        .unzip();
+                    // SyncBatchNorm: the input gradient uses the sums over the global batch; the parameters'
+                    // gradients stay this rank's (DDP averages them).
+                    let (mut sum_dy, mut sum_dy_xhat, m) =
+                        (dbeta.clone(), dgamma.clone(), (n * hw) as f32);
+                    let m = match &self.sync {
+                        Some((group, count)) if x.track_op() => {
+                            let mut both: Vec<f64> =
+                                dbeta.iter().chain(&dgamma).map(|&v| f64::from(v)).collect();
+                            group
+                                .all_reduce_f64(&mut both, crate::dist::collective::ReduceOp::Sum)
+                                .map_err(|e| {
+                                    candle_core::Error::Msg(format!("SyncBatchNorm: {e:#}"))
+                                })?;
+                            sum_dy = both[..c].iter().map(|&v| v as f32).collect();
+                            sum_dy_xhat = both[c..].iter().map(|&v| v as f32).collect();
+                            *count as f32
                         }
+                        _ => m,
+                    };
+                    // The input gradient only when something upstream needs it.
+                    let dx = x.track_op().then(|| {
+                        let mut dx = vec![0f32; xs.len()];
+                        dx.par_chunks_mut(hw).enumerate().for_each(|(plane, out)| {
+                            let ch = plane % c;
+                            let k = gamma_host[ch] * invstd[ch];
+                            let range = plane * hw..(plane + 1) * hw;
+                            if self.batch_stats {
+                                // dx = gamma * invstd / M * (M * dy - sum(dy) - xhat * sum(dy * xhat))
+                                let (a, b) = (sum_dy[ch] / m, sum_dy_xhat[ch] / m);
+                                for (o, i) in out.iter_mut().zip(range) {
+                                    let xhat = (xs[i] - mean[ch]) * invstd[ch];
+                                    *o = k * (dy(i) - a - xhat * b);
+                                }
+                            } else {
+                                for (o, i) in out.iter_mut().zip(range) {
+                                    *o = k * dy(i);
+                                }
+                            }
+                        });
+                        dx
                     });
-                    dx
-                });
-                Ok((dgamma, dbeta, dx))
+                    Ok((dgamma, dbeta, dx))
+                })
             })
         })?;
         let dev = x.device();
@@ -359,6 +452,49 @@ mod tests {
             let d = max_abs(g1.get(v).unwrap(), g2.get(v).unwrap());
             assert!(d < 1e-4, "gradient differs by {d}");
         }
+    }
+
+    #[test]
+    fn fused_relu_matches_batch_norm_then_relu() {
+        let x = Var::from_tensor(&seeded(&[3, 4, 5, 6], 11)).unwrap();
+        let gamma = Var::from_tensor(&seeded(&[4], 12)).unwrap();
+        let beta = Var::from_tensor(&seeded(&[4], 13)).unwrap();
+        let probe = seeded(&[3, 4, 5, 6], 14);
+        let (fused, _) = train_relu(&x, &gamma, &beta, 1e-5).unwrap().unwrap();
+        let theirs = reference(&x, &gamma, &beta).relu().unwrap();
+        assert!(max_abs(&fused, &theirs) < 1e-5);
+        let zeros = fused
+            .eq(0f32)
+            .unwrap()
+            .to_dtype(candle_core::DType::F32)
+            .unwrap();
+        let zero_count = zeros.sum_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(
+            zero_count > 50.0 && zero_count < 300.0,
+            "the ReLU must cut some values: {zero_count}"
+        );
+        let g1 = (fused * &probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g2 = (theirs * &probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        for v in [&x, &gamma, &beta] {
+            let d = max_abs(g1.get(v).unwrap(), g2.get(v).unwrap());
+            assert!(d < 1e-4, "gradient differs by {d}");
+        }
+        let (mean, var) = (seeded(&[4], 15), seeded(&[4], 16).abs().unwrap());
+        let fused = eval_relu(&x, &gamma, &beta, &mean, &var, 1e-5)
+            .unwrap()
+            .unwrap();
+        let plain = eval(&x, &gamma, &beta, &mean, &var, 1e-5).unwrap().unwrap();
+        assert!(max_abs(&fused, &plain.relu().unwrap()) == 0.0);
     }
 
     #[test]

@@ -55,6 +55,62 @@ impl CustomOp1 for Relu {
     }
 }
 
+/// `relu(a + b)` for two tensors of one shape (a residual block's end) in one pass, with one gradient
+/// for both inputs: the output's zeros mask it, as the separate add and ReLU would.
+pub fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    if !fast(a) || !fast(b) || a.shape() != b.shape() {
+        return (a + b)?.relu();
+    }
+    a.contiguous()?.apply_op2(&b.contiguous()?, AddRelu)
+}
+
+struct AddRelu;
+
+impl CustomOp2 for AddRelu {
+    fn name(&self) -> &'static str {
+        "trainyard-add-relu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (a, b) = (slice(s1, l1)?, slice(s2, l2)?);
+        if a.len() != b.len() {
+            candle_core::bail!("add_relu: {} and {} elements", a.len(), b.len());
+        }
+        let mut y = vec![0f32; a.len()];
+        y.par_chunks_mut(CHUNK)
+            .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+            .for_each(|(o, (a, b))| {
+                for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
+                    *o = (a + b).max(0.0);
+                }
+            });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        a: &Tensor,
+        b: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        if !a.track_op() && !b.track_op() {
+            return Ok((None, None));
+        }
+        let masked = Relu.bwd(a, res, grad)?;
+        Ok((
+            masked.clone().filter(|_| a.track_op()),
+            masked.filter(|_| b.track_op()),
+        ))
+    }
+}
+
 /// `x` (N, C, H, W) plus `bias` (C) broadcast over N, H, W.
 pub fn add_channel_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
     if !fast(x) || x.rank() != 4 {
@@ -381,6 +437,47 @@ mod tests {
             assert!(
                 diff(g1.get(v).unwrap(), g2.get(v).unwrap()) < 1e-5,
                 "gradient differs"
+            );
+        }
+    }
+
+    #[test]
+    fn add_relu_matches_add_then_relu() {
+        let a = Var::from_tensor(&seeded(&[2, 3, 4, 5], 21)).unwrap();
+        let b = Var::from_tensor(&seeded(&[2, 3, 4, 5], 22)).unwrap();
+        let probe = seeded(&[2, 3, 4, 5], 23);
+        let ours = add_relu(&a, &b).unwrap();
+        let theirs = (a.as_tensor() + b.as_tensor()).unwrap().relu().unwrap();
+        assert_eq!(
+            ours.flatten_all().unwrap().to_vec1::<f32>().unwrap(),
+            theirs.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+        );
+        let g1 = (ours * &probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let g2 = (theirs * &probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        for v in [&a, &b] {
+            assert_eq!(
+                g1.get(v)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap(),
+                g2.get(v)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1::<f32>()
+                    .unwrap()
             );
         }
     }

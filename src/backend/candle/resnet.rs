@@ -112,6 +112,29 @@ fn conv(p: &Params, name: &str, x: &Tensor, stride: usize, padding: usize) -> Re
 /// BatchNorm2d: batch statistics in train mode (running stats updated with the unbiased variance, as
 /// PyTorch does), running statistics in eval mode.
 fn batch_norm(p: &Params, b: &mut Buffers, name: &str, x: &Tensor, train: bool) -> Result<Tensor> {
+    batch_norm_then(p, b, name, x, train, false)
+}
+
+/// `batch_norm` followed by a ReLU, fused into the same op on the CPU.
+fn batch_norm_relu(
+    p: &Params,
+    b: &mut Buffers,
+    name: &str,
+    x: &Tensor,
+    train: bool,
+) -> Result<Tensor> {
+    batch_norm_then(p, b, name, x, train, true)
+}
+
+fn batch_norm_then(
+    p: &Params,
+    b: &mut Buffers,
+    name: &str,
+    x: &Tensor,
+    train: bool,
+    relu: bool,
+) -> Result<Tensor> {
+    use super::batchnorm;
     let c = x.dim(1)?;
     let gamma = param(p, &format!("{name}.weight"))?;
     let beta = param(p, &format!("{name}.bias"))?;
@@ -120,10 +143,19 @@ fn batch_norm(p: &Params, b: &mut Buffers, name: &str, x: &Tensor, train: bool) 
         format!("{name}.running_var"),
     );
     if !train {
-        if let Some(y) = super::batchnorm::eval(x, gamma, beta, &b[&rm], &b[&rv], BN_EPS)? {
+        let eval = if relu {
+            batchnorm::eval_relu
+        } else {
+            batchnorm::eval
+        };
+        if let Some(y) = eval(x, gamma, beta, &b[&rm], &b[&rv], BN_EPS)? {
             return Ok(y);
         }
-    } else if let Some((y, stats)) = super::batchnorm::train(x, gamma, beta, BN_EPS)? {
+    } else if let Some((y, stats)) = if relu {
+        batchnorm::train_relu(x, gamma, beta, BN_EPS)?
+    } else {
+        batchnorm::train(x, gamma, beta, BN_EPS)?
+    } {
         let n = stats.count as f64;
         let dev = x.device();
         let mean = Tensor::from_vec(stats.mean, c, dev)?;
@@ -131,7 +163,12 @@ fn batch_norm(p: &Params, b: &mut Buffers, name: &str, x: &Tensor, train: bool) 
         update_running(b, name, &mean, &unbiased)?;
         return Ok(y);
     }
-    batch_norm_basic_ops(gamma, beta, b, name, x, train)
+    let y = batch_norm_basic_ops(gamma, beta, b, name, x, train)?;
+    if relu {
+        super::fused::relu(&y)
+    } else {
+        Ok(y)
+    }
 }
 
 /// Running averages as PyTorch keeps them (momentum 0.1, unbiased variance, a batch counter).
@@ -302,7 +339,7 @@ impl CandleModel for ResNet {
         } else {
             conv(p, "conv1", x, 2, 3)?
         };
-        h = batch_norm(p, b, "bn1", &h, train).and_then(|t| super::fused::relu(&t))?;
+        h = batch_norm_relu(p, b, "bn1", &h, train)?;
         if !self.cifar_stem {
             h = max_pool_3x3_s2(&h)?;
         }
@@ -316,21 +353,18 @@ impl CandleModel for ResNet {
             };
             let out = if self.bottleneck {
                 let o = conv(p, &format!("{name}.conv1"), &h, 1, 0)?;
-                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)
-                    .and_then(|t| super::fused::relu(&t))?;
+                let o = batch_norm_relu(p, b, &format!("{name}.bn1"), &o, train)?;
                 let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
-                let o = batch_norm(p, b, &format!("{name}.bn2"), &o, train)
-                    .and_then(|t| super::fused::relu(&t))?;
+                let o = batch_norm_relu(p, b, &format!("{name}.bn2"), &o, train)?;
                 let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
                 batch_norm(p, b, &format!("{name}.bn3"), &o, train)?
             } else {
                 let o = conv(p, &format!("{name}.conv1"), &h, stride, 1)?;
-                let o = batch_norm(p, b, &format!("{name}.bn1"), &o, train)
-                    .and_then(|t| super::fused::relu(&t))?;
+                let o = batch_norm_relu(p, b, &format!("{name}.bn1"), &o, train)?;
                 let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
                 batch_norm(p, b, &format!("{name}.bn2"), &o, train)?
             };
-            h = super::fused::relu(&(out + identity)?)?;
+            h = super::fused::add_relu(&out, &identity)?;
         }
         let pooled = h.mean(D::Minus1)?.mean(D::Minus1)?;
         let w = param(p, "fc.weight")?;
