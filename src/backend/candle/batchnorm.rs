@@ -130,55 +130,72 @@ fn fast(x: &Tensor) -> bool {
 
 use super::cpu::{f32_slice as slice, with_f32};
 
-/// Sum of `f(index)` over every element of channel `ch`, in a fixed order: four interleaved partial sums
-/// per plane (one f64 chain was bound by the adder's latency), combined the same way every time.
-fn channel_sum(n: usize, c: usize, hw: usize, ch: usize, f: impl Fn(usize) -> f64) -> f64 {
-    let mut total = 0.0f64;
-    for img in 0..n {
-        let start = (img * c + ch) * hw;
-        let mut lanes = [0.0f64; 4];
-        let whole = hw / 4 * 4;
-        for i in (start..start + whole).step_by(4) {
-            for (l, lane) in lanes.iter_mut().enumerate() {
-                *lane += f(i + l);
-            }
+/// Accumulator lanes per plane: wide enough for the compiler to vectorise the sums.
+const LANES: usize = 8;
+
+/// Σ f(v) over one plane: eight f32 lanes (a single f64 chain was bound by the adder's latency and cost
+/// more than the rest of BatchNorm), then the lanes and the tail in f64, always in the same order.
+fn plane_sum(a: &[f32], f: impl Fn(f32) -> f32) -> f64 {
+    let mut acc = [0f32; LANES];
+    let chunks = a.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, v) in acc.iter_mut().zip(chunk) {
+            *lane += f(*v);
         }
-        let tail: f64 = (start + whole..start + hw).map(&f).sum();
-        total += (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]) + tail;
+    }
+    let mut total: f64 = acc.iter().map(|&v| f64::from(v)).sum();
+    for v in tail {
+        total += f64::from(f(*v));
     }
     total
 }
 
-/// Two sums of `f(index)`'s pair over channel `ch` in one pass, in the same fixed order as `channel_sum`.
-fn channel_sum2(
-    n: usize,
-    c: usize,
-    hw: usize,
+/// Σ f(v) over channel `ch` of an (n, c, hw) batch: planes in image order.
+fn channel_sum(
+    data: &[f32],
+    (n, c, hw): (usize, usize, usize),
     ch: usize,
-    f: impl Fn(usize) -> (f64, f64),
-) -> (f64, f64) {
-    let (mut total_a, mut total_b) = (0.0f64, 0.0f64);
-    for img in 0..n {
-        let start = (img * c + ch) * hw;
-        let (mut a, mut b) = ([0.0f64; 4], [0.0f64; 4]);
-        let whole = hw / 4 * 4;
-        for i in (start..start + whole).step_by(4) {
-            for l in 0..4 {
-                let (u, v) = f(i + l);
-                a[l] += u;
-                b[l] += v;
-            }
-        }
-        let (mut tail_a, mut tail_b) = (0.0f64, 0.0f64);
-        for i in start + whole..start + hw {
-            let (u, v) = f(i);
-            tail_a += u;
-            tail_b += v;
-        }
-        total_a += (a[0] + a[1]) + (a[2] + a[3]) + tail_a;
-        total_b += (b[0] + b[1]) + (b[2] + b[3]) + tail_b;
+    f: impl Fn(f32) -> f32 + Copy,
+) -> f64 {
+    (0..n)
+        .map(|img| plane_sum(&data[(img * c + ch) * hw..][..hw], f))
+        .sum()
+}
+
+/// The gradient reaching the normalisation: `dy`, or zero where a fused ReLU's output `y` is zero.
+#[inline(always)]
+fn masked(dy: f32, y: f32, relu: bool) -> f32 {
+    if relu && y <= 0.0 {
+        0.0
+    } else {
+        dy
     }
-    (total_a, total_b)
+}
+
+/// Σ g and Σ g·(x − mean) over one plane, g the masked gradient, in lanes as `plane_sum`.
+fn plane_grad_sums(dy: &[f32], x: &[f32], y: &[f32], mean: f32, relu: bool) -> (f64, f64) {
+    let (mut sg, mut sgx) = ([0f32; LANES], [0f32; LANES]);
+    let whole = dy.len() / LANES * LANES;
+    for ((d, xv), yv) in dy[..whole]
+        .chunks_exact(LANES)
+        .zip(x[..whole].chunks_exact(LANES))
+        .zip(y[..whole].chunks_exact(LANES))
+    {
+        for l in 0..LANES {
+            let g = masked(d[l], yv[l], relu);
+            sg[l] += g;
+            sgx[l] += g * (xv[l] - mean);
+        }
+    }
+    let mut a: f64 = sg.iter().map(|&v| f64::from(v)).sum();
+    let mut b: f64 = sgx.iter().map(|&v| f64::from(v)).sum();
+    for i in whole..dy.len() {
+        let g = masked(dy[i], y[i], relu);
+        a += f64::from(g);
+        b += f64::from(g * (x[i] - mean));
+    }
+    (a, b)
 }
 
 fn channel_stats(data: &[f32], n: usize, c: usize, hw: usize) -> ChannelStats {
@@ -186,12 +203,9 @@ fn channel_stats(data: &[f32], n: usize, c: usize, hw: usize) -> ChannelStats {
     let (mean, var): (Vec<f32>, Vec<f32>) = (0..c)
         .into_par_iter()
         .map(|ch| {
-            let mean = channel_sum(n, c, hw, ch, |i| data[i] as f64) / count as f64;
-            let var = channel_sum(n, c, hw, ch, |i| {
-                let d = data[i] as f64 - mean;
-                d * d
-            }) / count as f64;
-            (mean as f32, var as f32)
+            let mean = (channel_sum(data, (n, c, hw), ch, |v| v) / count as f64) as f32;
+            let var = channel_sum(data, (n, c, hw), ch, |v| (v - mean) * (v - mean)) / count as f64;
+            (mean, var as f32)
         })
         .unzip();
     ChannelStats { mean, var, count }
@@ -212,7 +226,7 @@ fn global_channel_stats(
     };
     let mut sums: Vec<f64> = (0..c)
         .into_par_iter()
-        .map(|ch| channel_sum(n, c, hw, ch, |i| data[i] as f64))
+        .map(|ch| channel_sum(data, (n, c, hw), ch, |v| v))
         .collect();
     sums.push((n * hw) as f64);
     reduce(&mut sums)?;
@@ -221,10 +235,8 @@ fn global_channel_stats(
     let mut squares: Vec<f64> = (0..c)
         .into_par_iter()
         .map(|ch| {
-            channel_sum(n, c, hw, ch, |i| {
-                let d = data[i] as f64 - mean[ch];
-                d * d
-            })
+            let m = mean[ch] as f32;
+            channel_sum(data, (n, c, hw), ch, |v| (v - m) * (v - m))
         })
         .collect();
     reduce(&mut squares)?;
@@ -302,20 +314,24 @@ impl CustomOp3 for BatchNorm {
             with_f32(grad, |raw_dy| {
                 with_f32(out.as_ref().unwrap_or(grad), |ys| {
                     let relu = self.relu;
-                    // The gradient reaching the normalisation: masked by the ReLU's output when fused.
-                    let dy = |i: usize| if relu && ys[i] <= 0.0 { 0.0 } else { raw_dy[i] };
-                    // dbeta = sum(dy), dgamma = sum(dy * xhat), per channel, in one pass.
+                    // dbeta = sum(g), dgamma = sum(g * xhat), per channel, in one pass.
                     let (dbeta, dgamma): (Vec<f32>, Vec<f32>) = (0..c)
                         .into_par_iter()
                         .map(|ch| {
-                            let (sum_dy, sum_dy_xhat) = channel_sum2(n, c, hw, ch, |i| {
-                                let g = dy(i);
-                                (
-                                    g as f64,
-                                    g as f64 * ((xs[i] - mean[ch]) * invstd[ch]) as f64,
-                                )
-                            });
-                            (sum_dy as f32, sum_dy_xhat as f32)
+                            let (mut sum_g, mut sum_gx) = (0.0f64, 0.0f64);
+                            for img in 0..n {
+                                let r = (img * c + ch) * hw..(img * c + ch + 1) * hw;
+                                let (a, b) = plane_grad_sums(
+                                    &raw_dy[r.clone()],
+                                    &xs[r.clone()],
+                                    &ys[r],
+                                    mean[ch],
+                                    relu,
+                                );
+                                sum_g += a;
+                                sum_gx += b;
+                            }
+                            (sum_g as f32, (sum_gx * f64::from(invstd[ch])) as f32)
                         })
                         .unzip();
                     // SyncBatchNorm: the input gradient uses the sums over the global batch; the parameters'
@@ -344,16 +360,22 @@ impl CustomOp3 for BatchNorm {
                             let ch = plane % c;
                             let k = gamma_host[ch] * invstd[ch];
                             let range = plane * hw..(plane + 1) * hw;
+                            let planes = out
+                                .iter_mut()
+                                .zip(&raw_dy[range.clone()])
+                                .zip(&ys[range.clone()])
+                                .zip(&xs[range]);
                             if self.batch_stats {
-                                // dx = gamma * invstd / M * (M * dy - sum(dy) - xhat * sum(dy * xhat))
+                                // dx = gamma * invstd / M * (M * g - sum(g) - xhat * sum(g * xhat))
                                 let (a, b) = (sum_dy[ch] / m, sum_dy_xhat[ch] / m);
-                                for (o, i) in out.iter_mut().zip(range) {
-                                    let xhat = (xs[i] - mean[ch]) * invstd[ch];
-                                    *o = k * (dy(i) - a - xhat * b);
+                                let (mu, inv) = (mean[ch], invstd[ch]);
+                                for (((o, d), y), xv) in planes {
+                                    let xhat = (xv - mu) * inv;
+                                    *o = k * (masked(*d, *y, relu) - a - xhat * b);
                                 }
                             } else {
-                                for (o, i) in out.iter_mut().zip(range) {
-                                    *o = k * dy(i);
+                                for (((o, d), y), _) in planes {
+                                    *o = k * masked(*d, *y, relu);
                                 }
                             }
                         });
