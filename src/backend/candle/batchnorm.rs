@@ -448,6 +448,16 @@ mod tests {
             .unwrap()
     }
 
+    /// The gradients of `sum(a * probe)` and `sum(b * probe)` agree on every variable, within 1e-4.
+    fn assert_same_gradients(a: &Tensor, b: &Tensor, probe: &Tensor, vars: [&Var; 3]) {
+        let grads = |t: &Tensor| (t * probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let (g1, g2) = (grads(a), grads(b));
+        for v in vars {
+            let d = max_abs(g1.get(v).unwrap(), g2.get(v).unwrap());
+            assert!(d < 1e-4, "gradient differs by {d}");
+        }
+    }
+
     #[test]
     fn forward_and_gradients_match_basic_ops() {
         let x = Var::from_tensor(&seeded(&[3, 4, 5, 6], 1)).unwrap();
@@ -458,22 +468,7 @@ mod tests {
         let theirs = reference(&x, &gamma, &beta);
         assert!(max_abs(&ours, &theirs) < 1e-5);
         assert_eq!(stats.count, 90);
-        let g1 = (ours * &probe)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let g2 = (theirs * &probe)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        for v in [&x, &gamma, &beta] {
-            let d = max_abs(g1.get(v).unwrap(), g2.get(v).unwrap());
-            assert!(d < 1e-4, "gradient differs by {d}");
-        }
+        assert_same_gradients(&ours, &theirs, &probe, [&x, &gamma, &beta]);
     }
 
     #[test]
@@ -495,22 +490,7 @@ mod tests {
             zero_count > 50.0 && zero_count < 300.0,
             "the ReLU must cut some values: {zero_count}"
         );
-        let g1 = (fused * &probe)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        let g2 = (theirs * &probe)
-            .unwrap()
-            .sum_all()
-            .unwrap()
-            .backward()
-            .unwrap();
-        for v in [&x, &gamma, &beta] {
-            let d = max_abs(g1.get(v).unwrap(), g2.get(v).unwrap());
-            assert!(d < 1e-4, "gradient differs by {d}");
-        }
+        assert_same_gradients(&fused, &theirs, &probe, [&x, &gamma, &beta]);
         let (mean, var) = (seeded(&[4], 15), seeded(&[4], 16).abs().unwrap());
         let fused = eval_relu(&x, &gamma, &beta, &mean, &var, 1e-5)
             .unwrap()
