@@ -18,6 +18,15 @@ pub struct ChannelStats {
     pub count: usize,
 }
 
+/// What follows the normalisation inside the same op. A fused ReLU saves its own forward pass, its
+/// backward pass and a graph edge (an activation-sized gradient); the backward masks the gradient with
+/// the op's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Then {
+    Nothing,
+    Relu,
+}
+
 /// Training-mode BatchNorm: normalise with the batch's statistics, returned for the running averages.
 /// Falls back to `None` off the CPU / for non-f32 tensors, where the caller uses basic ops.
 pub fn train(
@@ -25,27 +34,7 @@ pub fn train(
     gamma: &Tensor,
     beta: &Tensor,
     eps: f64,
-) -> Result<Option<(Tensor, ChannelStats)>> {
-    train_then(x, gamma, beta, eps, false)
-}
-
-/// `train` followed by a ReLU, in the same passes: the ReLU's own forward pass, its backward pass and a
-/// graph edge (an activation-sized gradient) are saved; the backward masks the gradient on the fly.
-pub fn train_relu(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    eps: f64,
-) -> Result<Option<(Tensor, ChannelStats)>> {
-    train_then(x, gamma, beta, eps, true)
-}
-
-fn train_then(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    eps: f64,
-    relu: bool,
+    then: Then,
 ) -> Result<Option<(Tensor, ChannelStats)>> {
     if !fast(x) {
         return Ok(None);
@@ -67,7 +56,7 @@ fn train_then(
         invstd: Arc::new(invstd),
         batch_stats: true,
         sync: sync.map(|group| (group, stats.count)),
-        relu,
+        relu: then == Then::Relu,
     };
     Ok(Some((x.apply_op3(gamma, beta, op)?, stats)))
 }
@@ -77,32 +66,9 @@ pub fn eval(
     x: &Tensor,
     gamma: &Tensor,
     beta: &Tensor,
-    mean: &Tensor,
-    var: &Tensor,
-    eps: f64,
-) -> Result<Option<Tensor>> {
-    eval_then(x, gamma, beta, (mean, var), eps, false)
-}
-
-/// `eval` followed by a ReLU (see `train_relu`).
-pub fn eval_relu(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
-    mean: &Tensor,
-    var: &Tensor,
-    eps: f64,
-) -> Result<Option<Tensor>> {
-    eval_then(x, gamma, beta, (mean, var), eps, true)
-}
-
-fn eval_then(
-    x: &Tensor,
-    gamma: &Tensor,
-    beta: &Tensor,
     (mean, var): (&Tensor, &Tensor),
     eps: f64,
-    relu: bool,
+    then: Then,
 ) -> Result<Option<Tensor>> {
     if !fast(x) {
         return Ok(None);
@@ -119,7 +85,7 @@ fn eval_then(
         invstd: Arc::new(invstd),
         batch_stats: false,
         sync: None,
-        relu,
+        relu: then == Then::Relu,
     };
     Ok(Some(x.contiguous()?.apply_op3(gamma, beta, op)?))
 }
@@ -464,7 +430,9 @@ mod tests {
         let gamma = Var::from_tensor(&seeded(&[4], 2)).unwrap();
         let beta = Var::from_tensor(&seeded(&[4], 3)).unwrap();
         let probe = seeded(&[3, 4, 5, 6], 4);
-        let (ours, stats) = train(&x, &gamma, &beta, 1e-5).unwrap().unwrap();
+        let (ours, stats) = train(&x, &gamma, &beta, 1e-5, Then::Nothing)
+            .unwrap()
+            .unwrap();
         let theirs = reference(&x, &gamma, &beta);
         assert!(max_abs(&ours, &theirs) < 1e-5);
         assert_eq!(stats.count, 90);
@@ -477,7 +445,7 @@ mod tests {
         let gamma = Var::from_tensor(&seeded(&[4], 12)).unwrap();
         let beta = Var::from_tensor(&seeded(&[4], 13)).unwrap();
         let probe = seeded(&[3, 4, 5, 6], 14);
-        let (fused, _) = train_relu(&x, &gamma, &beta, 1e-5).unwrap().unwrap();
+        let (fused, _) = train(&x, &gamma, &beta, 1e-5, Then::Relu).unwrap().unwrap();
         let theirs = reference(&x, &gamma, &beta).relu().unwrap();
         assert!(max_abs(&fused, &theirs) < 1e-5);
         let zeros = fused
@@ -492,10 +460,12 @@ mod tests {
         );
         assert_same_gradients(&fused, &theirs, &probe, [&x, &gamma, &beta]);
         let (mean, var) = (seeded(&[4], 15), seeded(&[4], 16).abs().unwrap());
-        let fused = eval_relu(&x, &gamma, &beta, &mean, &var, 1e-5)
+        let fused = eval(&x, &gamma, &beta, (&mean, &var), 1e-5, Then::Relu)
             .unwrap()
             .unwrap();
-        let plain = eval(&x, &gamma, &beta, &mean, &var, 1e-5).unwrap().unwrap();
+        let plain = eval(&x, &gamma, &beta, (&mean, &var), 1e-5, Then::Nothing)
+            .unwrap()
+            .unwrap();
         assert!(max_abs(&fused, &plain.relu().unwrap()) == 0.0);
     }
 
@@ -506,7 +476,9 @@ mod tests {
         let beta = Tensor::new(&[0f32, 1.0, -1.0], &Device::Cpu).unwrap();
         let mean = Tensor::new(&[0.1f32, 0.2, 0.3], &Device::Cpu).unwrap();
         let var = Tensor::new(&[1f32, 4.0, 0.25], &Device::Cpu).unwrap();
-        let ours = eval(&x, &gamma, &beta, &mean, &var, 0.0).unwrap().unwrap();
+        let ours = eval(&x, &gamma, &beta, (&mean, &var), 0.0, Then::Nothing)
+            .unwrap()
+            .unwrap();
         let shape = (1, 3, 1, 1);
         let expected = x
             .broadcast_sub(&mean.reshape(shape).unwrap())

@@ -4,6 +4,7 @@
 //! stem's 3x3/2 max-pool is the maximum of nine strided views (Candle's pool backward needs kernel == stride).
 //! `cifar_stem`: a 3x3 stride-1 first conv and no max-pool, for 32x32 images.
 
+use super::batchnorm::{self, Then};
 use super::models::{param, Buffers, CandleModel, Init, ParamSpec, Params};
 use crate::rng::Rng;
 use crate::schema::{ModelConfig, ModelName};
@@ -110,31 +111,14 @@ fn conv(p: &Params, name: &str, x: &Tensor, stride: usize, padding: usize) -> Re
 }
 
 /// BatchNorm2d: batch statistics in train mode (running stats updated with the unbiased variance, as
-/// PyTorch does), running statistics in eval mode.
-fn batch_norm(p: &Params, b: &mut Buffers, name: &str, x: &Tensor, train: bool) -> Result<Tensor> {
-    batch_norm_then(p, b, name, x, train, false)
-}
-
-/// `batch_norm` followed by a ReLU, fused into the same op on the CPU.
-fn batch_norm_relu(
+/// PyTorch does), running statistics in eval mode; `then` is fused into the same op on the CPU.
+fn batch_norm(
     p: &Params,
     b: &mut Buffers,
-    name: &str,
-    x: &Tensor,
+    (name, x): (&str, &Tensor),
     train: bool,
+    then: Then,
 ) -> Result<Tensor> {
-    batch_norm_then(p, b, name, x, train, true)
-}
-
-fn batch_norm_then(
-    p: &Params,
-    b: &mut Buffers,
-    name: &str,
-    x: &Tensor,
-    train: bool,
-    relu: bool,
-) -> Result<Tensor> {
-    use super::batchnorm;
     let c = x.dim(1)?;
     let gamma = param(p, &format!("{name}.weight"))?;
     let beta = param(p, &format!("{name}.bias"))?;
@@ -143,19 +127,10 @@ fn batch_norm_then(
         format!("{name}.running_var"),
     );
     if !train {
-        let eval = if relu {
-            batchnorm::eval_relu
-        } else {
-            batchnorm::eval
-        };
-        if let Some(y) = eval(x, gamma, beta, &b[&rm], &b[&rv], BN_EPS)? {
+        if let Some(y) = batchnorm::eval(x, gamma, beta, (&b[&rm], &b[&rv]), BN_EPS, then)? {
             return Ok(y);
         }
-    } else if let Some((y, stats)) = if relu {
-        batchnorm::train_relu(x, gamma, beta, BN_EPS)?
-    } else {
-        batchnorm::train(x, gamma, beta, BN_EPS)?
-    } {
+    } else if let Some((y, stats)) = batchnorm::train(x, gamma, beta, BN_EPS, then)? {
         let n = stats.count as f64;
         let dev = x.device();
         let mean = Tensor::from_vec(stats.mean, c, dev)?;
@@ -164,10 +139,9 @@ fn batch_norm_then(
         return Ok(y);
     }
     let y = batch_norm_basic_ops(gamma, beta, b, name, x, train)?;
-    if relu {
-        super::fused::relu(&y)
-    } else {
-        Ok(y)
+    match then {
+        Then::Relu => super::fused::relu(&y),
+        Then::Nothing => Ok(y),
     }
 }
 
@@ -339,7 +313,7 @@ impl CandleModel for ResNet {
         } else {
             conv(p, "conv1", x, 2, 3)?
         };
-        h = batch_norm_relu(p, b, "bn1", &h, train)?;
+        h = batch_norm(p, b, ("bn1", &h), train, Then::Relu)?;
         if !self.cifar_stem {
             h = max_pool_3x3_s2(&h)?;
         }
@@ -347,22 +321,28 @@ impl CandleModel for ResNet {
             let c_out = width * self.expansion();
             let identity = if stride != 1 || c_in != c_out {
                 let d = conv(p, &format!("{name}.downsample.0"), &h, stride, 0)?;
-                batch_norm(p, b, &format!("{name}.downsample.1"), &d, train)?
+                batch_norm(
+                    p,
+                    b,
+                    (&format!("{name}.downsample.1"), &d),
+                    train,
+                    Then::Nothing,
+                )?
             } else {
                 h.clone()
             };
             let out = if self.bottleneck {
                 let o = conv(p, &format!("{name}.conv1"), &h, 1, 0)?;
-                let o = batch_norm_relu(p, b, &format!("{name}.bn1"), &o, train)?;
+                let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), train, Then::Relu)?;
                 let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
-                let o = batch_norm_relu(p, b, &format!("{name}.bn2"), &o, train)?;
+                let o = batch_norm(p, b, (&format!("{name}.bn2"), &o), train, Then::Relu)?;
                 let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
-                batch_norm(p, b, &format!("{name}.bn3"), &o, train)?
+                batch_norm(p, b, (&format!("{name}.bn3"), &o), train, Then::Nothing)?
             } else {
                 let o = conv(p, &format!("{name}.conv1"), &h, stride, 1)?;
-                let o = batch_norm_relu(p, b, &format!("{name}.bn1"), &o, train)?;
+                let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), train, Then::Relu)?;
                 let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
-                batch_norm(p, b, &format!("{name}.bn2"), &o, train)?
+                batch_norm(p, b, (&format!("{name}.bn2"), &o), train, Then::Nothing)?
             };
             h = super::fused::add_relu(&out, &identity)?;
         }
