@@ -9,6 +9,7 @@ pub mod pos_embed;
 pub mod schedule;
 #[cfg(feature = "torch")]
 pub mod torch;
+pub mod units;
 
 use crate::data::loader::Batch;
 use crate::schema::Experiment;
@@ -143,6 +144,29 @@ pub trait Engine {
     /// model consolidated for a full checkpoint.
     fn state_dict_is_collective(&self) -> bool {
         false
+    }
+    /// FSDP units (`backend::units`): the model's stages with their parameters, from the current
+    /// parameter shapes (so ask while the parameters are whole). Default: the whole model is one unit.
+    fn units(&self) -> anyhow::Result<units::UnitLayouts> {
+        Ok(vec![self.parameter_shapes()])
+    }
+    /// A training forward and backward unit by unit (`FULL_SHARD`): each unit's parameters come from
+    /// `exchange` when needed and its gradient goes back to it; nothing accumulates in the engine.
+    fn forward_backward_by_unit(
+        &mut self,
+        _batch: &Batch,
+        _grad_scale: f64,
+        _exchange: &mut dyn units::UnitExchange,
+    ) -> anyhow::Result<StepStats> {
+        anyhow::bail!("this engine cannot compute unit by unit (FSDP FULL_SHARD)")
+    }
+    /// An evaluation forward pass unit by unit.
+    fn evaluate_by_unit(
+        &mut self,
+        _batch: &Batch,
+        _exchange: &mut dyn units::UnitExchange,
+    ) -> anyhow::Result<StepStats> {
+        anyhow::bail!("this engine cannot compute unit by unit (FSDP FULL_SHARD)")
     }
 }
 

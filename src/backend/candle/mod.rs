@@ -9,6 +9,7 @@ pub mod cpu;
 pub mod fused;
 pub mod models;
 pub mod resnet;
+pub mod staged;
 pub mod vit;
 
 use super::optim::{clip_factor, OptTensor, Optimizer};
@@ -257,6 +258,49 @@ impl Engine for CandleEngine {
             self.grads.insert(name, g);
         }
         Ok(())
+    }
+
+    fn units(&self) -> anyhow::Result<super::units::UnitLayouts> {
+        super::units::unit_layouts(&self.model.stages(), &self.parameter_shapes())
+    }
+
+    fn forward_backward_by_unit(
+        &mut self,
+        batch: &Batch,
+        grad_scale: f64,
+        exchange: &mut dyn super::units::UnitExchange,
+    ) -> anyhow::Result<StepStats> {
+        let (x, labels) = self.inputs(batch)?;
+        let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
+        self.forward_calls += 1;
+        let (logits, loss) = {
+            let _autocast = autocast::bf16(self.autocast_bf16);
+            let mut staged = staged::Staged {
+                engine: self,
+                labels,
+            };
+            super::units::train_by_unit(&mut staged, x, grad_scale, exchange, &mut rng)?
+        };
+        self.last_logits = Some(logits.clone());
+        self.stats(&logits, &loss, batch)
+    }
+
+    fn evaluate_by_unit(
+        &mut self,
+        batch: &Batch,
+        exchange: &mut dyn super::units::UnitExchange,
+    ) -> anyhow::Result<StepStats> {
+        let (x, labels) = self.inputs(batch)?;
+        let logits = {
+            let _autocast = autocast::bf16(self.autocast_bf16);
+            let mut staged = staged::Staged {
+                engine: self,
+                labels: labels.clone(),
+            };
+            super::units::evaluate_by_unit(&mut staged, x, exchange)?
+        };
+        let loss = candle_nn::loss::cross_entropy(&logits, &labels)?;
+        self.stats(&logits, &loss, batch)
     }
 
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {

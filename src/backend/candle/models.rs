@@ -56,7 +56,20 @@ pub trait CandleModel: Send {
     fn buffers(&self) -> Vec<(String, Vec<usize>, f32)> {
         Vec::new()
     }
-    /// `rng` drives dropout masks in train mode (deterministic, seeded per step); train mode updates `buffers`.
+    /// The forward pass's stages (FSDP units, `backend::units`): each stage's parameter name prefixes.
+    fn stages(&self) -> Vec<Vec<String>>;
+    /// Stage `k` of the forward pass. `rng` drives dropout masks in train mode (deterministic, seeded per
+    /// step); train mode updates `buffers`.
+    fn forward_stage(
+        &self,
+        k: usize,
+        p: &Params,
+        buffers: &mut Buffers,
+        x: &Tensor,
+        train: bool,
+        rng: &mut Rng,
+    ) -> Result<Tensor>;
+    /// The whole forward pass: the stages in order.
     fn forward(
         &self,
         p: &Params,
@@ -64,7 +77,13 @@ pub trait CandleModel: Send {
         x: &Tensor,
         train: bool,
         rng: &mut Rng,
-    ) -> Result<Tensor>;
+    ) -> Result<Tensor> {
+        let mut h = x.clone();
+        for k in 0..self.stages().len() {
+            h = self.forward_stage(k, p, buffers, &h, train, rng)?;
+        }
+        Ok(h)
+    }
 }
 
 fn get<'a>(p: &'a Params, name: &str) -> Result<&'a Var> {
@@ -152,20 +171,28 @@ impl CandleModel for Mlp {
         out
     }
 
-    fn forward(
+    fn stages(&self) -> Vec<Vec<String>> {
+        crate::backend::units::numbered_stages("layers", self.dims.len() - 1, &["head"])
+    }
+
+    fn forward_stage(
         &self,
+        k: usize,
         p: &Params,
         _buffers: &mut Buffers,
         x: &Tensor,
         train: bool,
         rng: &mut Rng,
     ) -> Result<Tensor> {
-        let mut h = x.flatten_from(1)?;
-        for i in 0..self.dims.len() - 1 {
-            h = super::fused::relu(&linear(p, &format!("layers.{i}"), &h)?)?;
-            h = dropout(&h, self.dropout, train, rng)?;
+        let layers = self.dims.len() - 1;
+        match k {
+            0 => x.flatten_from(1),
+            k if k <= layers => {
+                let h = super::fused::relu(&linear(p, &format!("layers.{}", k - 1), x)?)?;
+                dropout(&h, self.dropout, train, rng)
+            }
+            _ => linear(p, "head", x),
         }
-        linear(p, "head", &h)
     }
 }
 
@@ -201,28 +228,37 @@ impl CandleModel for Cnn {
         out
     }
 
-    fn forward(
+    fn stages(&self) -> Vec<Vec<String>> {
+        crate::backend::units::numbered_stages("blocks", self.channels.len(), &["head"])
+    }
+
+    fn forward_stage(
         &self,
+        k: usize,
         p: &Params,
         _buffers: &mut Buffers,
         x: &Tensor,
         train: bool,
         rng: &mut Rng,
     ) -> Result<Tensor> {
-        let mut h = x.clone();
-        for i in 0..self.channels.len() {
-            h = conv3x3_relu(p, &format!("blocks.{i}.conv"), &h)?;
-            if h.dim(2)? >= 2 && h.dim(3)? >= 2 {
-                h = if matches!(h.device(), candle_core::Device::Cpu) {
-                    super::fused::max_pool2d(&h, 2, 2, 0)?
+        match k {
+            0 => Ok(x.clone()),
+            k if k <= self.channels.len() => {
+                let h = conv3x3_relu(p, &format!("blocks.{}.conv", k - 1), x)?;
+                if h.dim(2)? < 2 || h.dim(3)? < 2 {
+                    Ok(h)
+                } else if matches!(h.device(), candle_core::Device::Cpu) {
+                    super::fused::max_pool2d(&h, 2, 2, 0)
                 } else {
-                    h.max_pool2d(2)?
-                };
+                    h.max_pool2d(2)
+                }
+            }
+            _ => {
+                let pooled = x.mean(D::Minus1)?.mean(D::Minus1)?;
+                let pooled = dropout(&pooled, self.dropout, train, rng)?;
+                linear(p, "head", &pooled)
             }
         }
-        let pooled = h.mean(D::Minus1)?.mean(D::Minus1)?;
-        let pooled = dropout(&pooled, self.dropout, train, rng)?;
-        linear(p, "head", &pooled)
     }
 }
 

@@ -59,6 +59,14 @@ impl ResNet {
         }
     }
 
+    /// FSDP units in forward order: the stem (`conv1`, `bn1`), each residual block, the head (`fc`).
+    pub fn stages(&self) -> Vec<Vec<String>> {
+        let mut stages = vec![vec!["conv1".to_string(), "bn1".to_string()]];
+        stages.extend(self.layout().into_iter().map(|(name, ..)| vec![name]));
+        stages.push(vec!["fc".to_string()]);
+        stages
+    }
+
     /// Every block: (name prefix, in channels, width, stride).
     /// Every residual block: (name, input channels, width, stride).
     pub fn layout(&self) -> Vec<(String, usize, usize, usize)> {
@@ -300,55 +308,66 @@ impl CandleModel for ResNet {
         out
     }
 
-    fn forward(
+    fn stages(&self) -> Vec<Vec<String>> {
+        ResNet::stages(self)
+    }
+
+    fn forward_stage(
         &self,
+        k: usize,
         p: &Params,
         b: &mut Buffers,
         x: &Tensor,
         train: bool,
         _rng: &mut Rng,
     ) -> Result<Tensor> {
-        let mut h = if self.cifar_stem {
-            conv(p, "conv1", x, 1, 1)?
-        } else {
-            conv(p, "conv1", x, 2, 3)?
+        let layout = self.layout();
+        if k == 0 {
+            let h = if self.cifar_stem {
+                conv(p, "conv1", x, 1, 1)?
+            } else {
+                conv(p, "conv1", x, 2, 3)?
+            };
+            let h = batch_norm(p, b, ("bn1", &h), train, Then::Relu)?;
+            return if self.cifar_stem {
+                Ok(h)
+            } else {
+                max_pool_3x3_s2(&h)
+            };
+        }
+        let Some((name, c_in, width, stride)) = layout.get(k - 1) else {
+            let pooled = x.mean(D::Minus1)?.mean(D::Minus1)?;
+            let w = param(p, "fc.weight")?;
+            return super::autocast::linear(&pooled, w, param(p, "fc.bias")?);
         };
-        h = batch_norm(p, b, ("bn1", &h), train, Then::Relu)?;
-        if !self.cifar_stem {
-            h = max_pool_3x3_s2(&h)?;
-        }
-        for (name, c_in, width, stride) in self.layout() {
-            let c_out = width * self.expansion();
-            let identity = if stride != 1 || c_in != c_out {
-                let d = conv(p, &format!("{name}.downsample.0"), &h, stride, 0)?;
-                batch_norm(
-                    p,
-                    b,
-                    (&format!("{name}.downsample.1"), &d),
-                    train,
-                    Then::Nothing,
-                )?
-            } else {
-                h.clone()
-            };
-            let out = if self.bottleneck {
-                let o = conv(p, &format!("{name}.conv1"), &h, 1, 0)?;
-                let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), train, Then::Relu)?;
-                let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
-                let o = batch_norm(p, b, (&format!("{name}.bn2"), &o), train, Then::Relu)?;
-                let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
-                batch_norm(p, b, (&format!("{name}.bn3"), &o), train, Then::Nothing)?
-            } else {
-                let o = conv(p, &format!("{name}.conv1"), &h, stride, 1)?;
-                let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), train, Then::Relu)?;
-                let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
-                batch_norm(p, b, (&format!("{name}.bn2"), &o), train, Then::Nothing)?
-            };
-            h = super::fused::add_relu(&out, &identity)?;
-        }
-        let pooled = h.mean(D::Minus1)?.mean(D::Minus1)?;
-        let w = param(p, "fc.weight")?;
-        super::autocast::linear(&pooled, w, param(p, "fc.bias")?)
+        let (h, stride) = (x, *stride);
+        let c_out = width * self.expansion();
+        let identity = if stride != 1 || *c_in != c_out {
+            let d = conv(p, &format!("{name}.downsample.0"), h, stride, 0)?;
+            batch_norm(
+                p,
+                b,
+                (&format!("{name}.downsample.1"), &d),
+                train,
+                Then::Nothing,
+            )?
+        } else {
+            h.clone()
+        };
+        let out = if self.bottleneck {
+            let o = conv(p, &format!("{name}.conv1"), h, 1, 0)?;
+            let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), train, Then::Relu)?;
+            let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
+            let o = batch_norm(p, b, (&format!("{name}.bn2"), &o), train, Then::Relu)?;
+            let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
+            batch_norm(p, b, (&format!("{name}.bn3"), &o), train, Then::Nothing)?
+        } else {
+            let o = conv(p, &format!("{name}.conv1"), h, stride, 1)?;
+            let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), train, Then::Relu)?;
+            let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
+            batch_norm(p, b, (&format!("{name}.bn2"), &o), train, Then::Nothing)?
+        };
+        super::fused::add_relu(&out, &identity)
     }
 }
 

@@ -63,6 +63,19 @@ impl Vit {
         (self.dim, self.depth, self.heads, self.patch, self.dropout)
     }
 
+    /// FSDP units in forward order: the embedding (`patch_embed`, `cls_token`, `pos_embed`), each
+    /// transformer block, the head (`norm`, `head`).
+    pub fn stages(&self) -> Vec<Vec<String>> {
+        let mut stages = vec![vec![
+            "patch_embed".to_string(),
+            "cls_token".to_string(),
+            "pos_embed".to_string(),
+        ]];
+        stages.extend((0..self.depth).map(|i| vec![format!("blocks.{i}")]));
+        stages.push(vec!["norm".to_string(), "head".to_string()]);
+        stages
+    }
+
     pub fn tokens(&self) -> usize {
         self.grid * self.grid + 1
     }
@@ -187,48 +200,55 @@ impl CandleModel for Vit {
         out
     }
 
-    fn forward(
+    fn stages(&self) -> Vec<Vec<String>> {
+        Vit::stages(self)
+    }
+
+    fn forward_stage(
         &self,
+        k: usize,
         p: &Params,
         _b: &mut Buffers,
         x: &Tensor,
         train: bool,
         rng: &mut Rng,
     ) -> Result<Tensor> {
-        let batch = x.dim(0)?;
-        let w = param(p, "patch_embed.proj.weight")?;
-        let patches = super::conv::conv2d(x, w, self.patch, 0)?
-            .broadcast_add(&param(p, "patch_embed.proj.bias")?.reshape((1, self.dim, 1, 1))?)?;
-        // (B, D, g, g) -> (B, g*g, D)
-        let tokens = patches.flatten_from(2)?.transpose(1, 2)?;
-        let cls = param(p, "cls_token")?.broadcast_as((batch, 1, self.dim))?;
-        let mut h = Tensor::cat(&[&cls, &tokens], 1)?.broadcast_add(param(p, "pos_embed")?)?;
-        h = super::models::dropout(&h, self.dropout, train, rng)?;
-        for i in 0..self.depth {
-            let blk = format!("blocks.{i}");
-            let a = self.attention(
-                p,
-                &format!("{blk}.attn"),
-                &layer_norm(p, &format!("{blk}.norm1"), &h)?,
-            )?;
-            h = (h + super::models::dropout(&a, self.dropout, train, rng)?)?;
-            let m = linear(
-                p,
-                &format!("{blk}.mlp.fc1"),
-                &layer_norm(p, &format!("{blk}.norm2"), &h)?,
-            )?
-            .gelu_erf()?;
-            let m = linear(
-                p,
-                &format!("{blk}.mlp.fc2"),
-                &super::models::dropout(&m, self.dropout, train, rng)?,
-            )?;
-            h = (h + super::models::dropout(&m, self.dropout, train, rng)?)?;
+        if k == 0 {
+            let batch = x.dim(0)?;
+            let w = param(p, "patch_embed.proj.weight")?;
+            let patches = super::conv::conv2d(x, w, self.patch, 0)?
+                .broadcast_add(&param(p, "patch_embed.proj.bias")?.reshape((1, self.dim, 1, 1))?)?;
+            // (B, D, g, g) -> (B, g*g, D)
+            let tokens = patches.flatten_from(2)?.transpose(1, 2)?;
+            let cls = param(p, "cls_token")?.broadcast_as((batch, 1, self.dim))?;
+            let h = Tensor::cat(&[&cls, &tokens], 1)?.broadcast_add(param(p, "pos_embed")?)?;
+            return super::models::dropout(&h, self.dropout, train, rng);
         }
-        let h = layer_norm(p, "norm", &h)?;
-        // timm's default global_pool='token': the class token.
-        let cls = h.narrow(1, 0, 1)?.squeeze(1)?;
-        linear(p, "head", &cls)
+        if k > self.depth {
+            let h = layer_norm(p, "norm", x)?;
+            // timm's default global_pool='token': the class token.
+            let cls = h.narrow(1, 0, 1)?.squeeze(1)?;
+            return linear(p, "head", &cls);
+        }
+        let blk = format!("blocks.{}", k - 1);
+        let a = self.attention(
+            p,
+            &format!("{blk}.attn"),
+            &layer_norm(p, &format!("{blk}.norm1"), x)?,
+        )?;
+        let h = (x + super::models::dropout(&a, self.dropout, train, rng)?)?;
+        let m = linear(
+            p,
+            &format!("{blk}.mlp.fc1"),
+            &layer_norm(p, &format!("{blk}.norm2"), &h)?,
+        )?
+        .gelu_erf()?;
+        let m = linear(
+            p,
+            &format!("{blk}.mlp.fc2"),
+            &super::models::dropout(&m, self.dropout, train, rng)?,
+        )?;
+        h + super::models::dropout(&m, self.dropout, train, rng)?
     }
 }
 
