@@ -1181,22 +1181,25 @@ fn fit_with(
         None => train_samples,
     };
     // Each rank fills its row; the sum leaves every row in place.
-    let mut bytes = vec![0.0f64; 3 * world];
+    const FIELDS: usize = 4;
+    let mut bytes = vec![0.0f64; FIELDS * world];
     let mine = engine.state_bytes();
-    bytes[3 * rank..3 * rank + 3].copy_from_slice(&[
+    bytes[FIELDS * rank..FIELDS * (rank + 1)].copy_from_slice(&[
         mine.parameters as f64,
         mine.gradients as f64,
         mine.optimizer_state as f64,
+        mine.unsharded_peak as f64,
     ]);
     if let Some(c) = comm {
         c.all_reduce_f64(&mut bytes, crate::dist::collective::ReduceOp::Sum)?;
     }
     let state_bytes_per_rank = bytes
-        .chunks(3)
+        .chunks(FIELDS)
         .map(|r| backend::StateBytes {
             parameters: r[0] as u64,
             gradients: r[1] as u64,
             optimizer_state: r[2] as u64,
+            unsharded_peak: r[3] as u64,
         })
         .collect();
     let summary = Summary {

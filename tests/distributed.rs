@@ -90,12 +90,13 @@ fn full_state(run: &Path) -> trainyard::backend::StateDict {
         .collect()
 }
 
-/// Per-rank parameter / optimizer-state bytes from summary.json.
-fn state_bytes(summary: &serde_json::Value, rank: usize) -> (u64, u64) {
+/// Per-rank parameter / optimizer-state / most-held-whole bytes from summary.json.
+fn state_bytes(summary: &serde_json::Value, rank: usize) -> (u64, u64, u64) {
     let row = &summary["state_bytes_per_rank"][rank];
     (
         row["parameters"].as_u64().unwrap(),
         row["optimizer_state"].as_u64().unwrap(),
+        row["unsharded_peak"].as_u64().unwrap(),
     )
 }
 
@@ -149,21 +150,33 @@ fn fsdp_matches_one_process_with_the_same_global_batch(
         worst < 1e-5,
         "FSDP {sharding} state differs from single-process by {worst:e}"
     );
-    let (params, optim) = state_bytes(&s, 0);
+    let (params, optim, _) = state_bytes(&s, 0);
     for rank in 0..2 {
-        let (p_rank, o_rank) = state_bytes(&f, rank);
+        let (p_rank, o_rank, whole) = state_bytes(&f, rank);
         if sharding == "NO_SHARD" {
             assert_eq!((p_rank, o_rank), (params, optim), "rank {rank}");
         } else {
-            // Half, up to the padding of the flat vector to a multiple of the world size.
+            // Half, up to the padding of each unit's flat vector to a multiple of the world size (one
+            // value per unit at most; the small cnn has five units).
+            let padding = 4 * 5;
             assert!(
-                p_rank * 2 >= params && p_rank * 2 <= params + 8,
+                p_rank * 2 >= params && p_rank * 2 <= params + padding,
                 "rank {rank}: {p_rank} parameter bytes of {params}"
             );
             assert!(
-                o_rank * 2 >= optim && o_rank * 2 <= optim + 8 * 2,
+                o_rank * 2 >= optim && o_rank * 2 <= optim + padding,
                 "rank {rank}: {o_rank} optimizer bytes of {optim}"
             );
+        }
+        // FULL_SHARD holds one unit whole at a time (the small cnn's largest is 3/4 of it); the others
+        // the whole model while computing.
+        if sharding == "FULL_SHARD" {
+            assert!(
+                whole < params,
+                "rank {rank}: {whole} of {params} bytes whole at once"
+            );
+        } else {
+            assert_eq!(whole, params, "rank {rank}");
         }
     }
 }
@@ -211,11 +224,17 @@ fn sharded_fsdp_checkpoints_resume_to_the_same_state() {
                 .unwrap()
                 .state;
             assert!(
-                state.contains_key("optimizer.fsdp.flat_param.momentum_buffer"),
+                state.contains_key("optimizer.fsdp.units.1.flat_param.momentum_buffer"),
                 "{file}: {:?}",
                 state.keys().collect::<Vec<_>>()
             );
-            state["fsdp.flat_param"].data.clone()
+            let slices: Vec<f32> = state
+                .iter()
+                .filter(|(k, _)| k.starts_with("fsdp.units.") && k.ends_with(".flat_param"))
+                .flat_map(|(_, t)| t.data.clone())
+                .collect();
+            assert!(!slices.is_empty());
+            slices
         };
         let (a, b) = (slice(&resumed), slice(&whole));
         assert_eq!(a.len(), b.len());

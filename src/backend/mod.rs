@@ -188,6 +188,10 @@ pub struct StateBytes {
     pub parameters: u64,
     pub gradients: u64,
     pub optimizer_state: u64,
+    /// The most parameter bytes held whole at once while computing: all of them, except under FSDP,
+    /// which gathers one unit at a time (`FULL_SHARD`) or the model only while it computes.
+    #[serde(default)]
+    pub unsharded_peak: u64,
 }
 
 impl StateBytes {

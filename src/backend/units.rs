@@ -244,3 +244,167 @@ mod tests {
         );
     }
 }
+
+/// The schedule against the whole pass, on both backends' engines.
+#[cfg(test)]
+mod engine_tests {
+    use super::{UnitExchange, UnitLayouts};
+    use crate::backend::{Engine, HostTensor, StateDict};
+    use crate::data::loader::Batch;
+    use crate::rng::Rng;
+    use crate::schema::Backend;
+    use rstest::rstest;
+
+    /// One rank's exchange: the whole parameters are at hand; gradients are summed by name.
+    struct Whole {
+        layouts: UnitLayouts,
+        params: StateDict,
+        grads: StateDict,
+        unshards: usize,
+    }
+
+    impl Whole {
+        fn of(engine: &mut dyn Engine) -> Whole {
+            let whole = Whole {
+                layouts: engine.units().unwrap(),
+                params: engine.state_dict().unwrap(),
+                grads: StateDict::new(),
+                unshards: 0,
+            };
+            engine.release_parameters().unwrap();
+            whole
+        }
+    }
+
+    impl UnitExchange for Whole {
+        fn layouts(&self) -> &UnitLayouts {
+            &self.layouts
+        }
+        fn unshard(&mut self, unit: usize) -> anyhow::Result<Vec<f32>> {
+            self.unshards += 1;
+            Ok(self.layouts[unit]
+                .iter()
+                .flat_map(|(n, _)| self.params[n].data.clone())
+                .collect())
+        }
+        fn reduce(&mut self, unit: usize, grad: Vec<f32>) -> anyhow::Result<()> {
+            for (name, shape, range) in crate::backend::layout_ranges(&self.layouts[unit]) {
+                let t = self.grads.entry(name.to_string()).or_insert(HostTensor {
+                    shape: shape.to_vec(),
+                    data: vec![0.0; range.len()],
+                });
+                t.data
+                    .iter_mut()
+                    .zip(&grad[range])
+                    .for_each(|(a, b)| *a += b);
+            }
+            Ok(())
+        }
+    }
+
+    fn engine(backend: Backend, model: &str) -> Box<dyn Engine> {
+        let text = format!(
+            "task_name: t\nseed: 3\nmodel: {model}\ndata: {{name: synthetic, num_classes: 4, image_size: 8, batch_size: 4}}\n\
+             optimizer: {{name: sgd, lr: 0.1}}\nscheduler: {{name: constant}}\n\
+             trainer: {{strategy: single, accelerator: cpu, devices: 1, precision: 32, max_epochs: 1}}\n\
+             paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
+        );
+        let node = crate::config::yaml::parse(&text, "t.yaml")
+            .unwrap()
+            .unwrap();
+        let mut exp = crate::schema::extract(&node).unwrap();
+        exp.backend = backend;
+        crate::backend::build(&exp).unwrap()
+    }
+
+    fn batch(seed: u64) -> Batch {
+        let mut rng = Rng::new(seed);
+        Batch {
+            images: (0..4 * 3 * 8 * 8).map(|_| rng.normal() as f32).collect(),
+            labels: vec![0, 1, 2, 3],
+            channels: 3,
+            height: 8,
+            width: 8,
+        }
+    }
+
+    fn worst(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs() / y.abs().max(1e-3))
+            .fold(0.0, f32::max)
+    }
+
+    /// Unit by unit (recomputing each stage in the backward pass) gives the gradients, loss and
+    /// BatchNorm running statistics of one whole forward and backward, over two accumulated
+    /// micro-batches: for BatchNorm (ResNet), dropout (ViT, MLP, CNN head) and parameterless stems.
+    #[rstest]
+    #[case::candle(Backend::Candle)]
+    #[cfg_attr(feature = "torch", case::tch(Backend::Tch))]
+    fn unit_by_unit_equals_the_whole_pass(
+        #[case] backend: Backend,
+        #[values(
+            "{name: resnet18, num_classes: 4, cifar_stem: true}",
+            "{name: vit, variant: tiny, patch_size: 4, num_classes: 4, dropout: 0.2}",
+            "{name: mlp, num_classes: 4, hidden: [16, 8], dropout: 0.3}",
+            "{name: cnn, num_classes: 4, channels: [4, 8], dropout: 0.5}"
+        )]
+        model: &str,
+    ) {
+        let (mut whole, mut staged) = (engine(backend, model), engine(backend, model));
+        let mut ex = Whole::of(staged.as_mut());
+        assert!(ex.layouts.len() >= 3, "{} units", ex.layouts.len());
+        for seed in [1, 2] {
+            let a = whole.forward_backward(&batch(seed), 0.5).unwrap();
+            let b = staged
+                .forward_backward_by_unit(&batch(seed), 0.5, &mut ex)
+                .unwrap();
+            assert_eq!((a.correct1, a.count), (b.correct1, b.count));
+            assert!(
+                (a.loss() - b.loss()).abs() < 1e-5,
+                "{} vs {}",
+                a.loss(),
+                b.loss()
+            );
+        }
+        // Each unit gathered twice per step (forward, backward) except the head, gathered once.
+        assert_eq!(ex.unshards, 2 * (2 * ex.layouts.len() - 1));
+        let layout = whole.parameter_shapes();
+        let mut grads = vec![0.0; whole.num_parameters()];
+        let missing = whole.take_gradients(&layout, &mut grads).unwrap();
+        assert!(missing.is_empty(), "{missing:?}");
+        for (name, _, range) in crate::backend::layout_ranges(&layout) {
+            let w = worst(&ex.grads[name].data, &grads[range]);
+            assert!(w < 1e-4, "{name}: gradient differs by {w:e}");
+        }
+        // Buffers moved once per micro-batch, as in the whole pass.
+        let (sa, sb) = (whole.state_dict().unwrap(), staged.state_dict().unwrap());
+        let buffers = sa
+            .iter()
+            .filter(|(k, _)| k.contains("running") || k.contains("tracked"));
+        for (name, t) in buffers {
+            let w = worst(&sb[name].data, &t.data);
+            assert!(w < 1e-5, "{name}: buffer differs by {w:e}");
+        }
+        // Between units the engine holds no whole parameter.
+        assert!(staged.parameter_shapes().iter().all(|(_, s)| s == &[0]));
+    }
+
+    /// Evaluation unit by unit gives the whole pass's predictions.
+    #[rstest]
+    #[case::candle(Backend::Candle)]
+    #[cfg_attr(feature = "torch", case::tch(Backend::Tch))]
+    fn evaluation_unit_by_unit_equals_the_whole_pass(#[case] backend: Backend) {
+        let model = "{name: resnet18, num_classes: 4, cifar_stem: true}";
+        let (mut whole, mut staged) = (engine(backend, model), engine(backend, model));
+        whole.forward_backward(&batch(1), 1.0).unwrap();
+        staged.forward_backward(&batch(1), 1.0).unwrap();
+        let mut ex = Whole::of(staged.as_mut());
+        let a = whole.evaluate(&batch(5)).unwrap();
+        let b = staged.evaluate_by_unit(&batch(5), &mut ex).unwrap();
+        assert_eq!((a.correct1, a.correct5), (b.correct1, b.correct5));
+        assert!((a.loss() - b.loss()).abs() < 1e-5);
+        assert_eq!(ex.unshards, ex.layouts.len());
+    }
+}

@@ -304,6 +304,7 @@ impl Engine for DataParallelEngine {
             total.parameters += b.parameters;
             total.gradients += b.gradients;
             total.optimizer_state += b.optimizer_state;
+            total.unsharded_peak += b.unsharded_peak;
         }
         total
     }

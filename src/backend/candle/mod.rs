@@ -480,6 +480,7 @@ impl Engine for CandleEngine {
             // Gradients exist for every parameter from the first backward pass to each step.
             gradients: parameters,
             optimizer_state: self.optimizer.state.values().map(bytes).sum(),
+            unsharded_peak: parameters,
         }
     }
 }

@@ -7,6 +7,7 @@
 pub mod amp;
 mod fused_optim;
 mod models;
+mod staged;
 
 use super::optim::{clip_factor, OptTensor, Optimizer};
 use super::{init, topk_hits, Engine, HostTensor, StateDict, StepStats};
@@ -407,6 +408,56 @@ impl Engine for TchEngine {
         })
     }
 
+    fn units(&self) -> anyhow::Result<super::units::UnitLayouts> {
+        super::units::unit_layouts(&self.arch.stages(), &self.parameter_shapes())
+    }
+
+    fn forward_backward_by_unit(
+        &mut self,
+        batch: &Batch,
+        grad_scale: f64,
+        exchange: &mut dyn super::units::UnitExchange,
+    ) -> anyhow::Result<StepStats> {
+        let (x, labels) = self.inputs(batch)?;
+        let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
+        self.forward_calls += 1;
+        let (logits, loss) = {
+            let _autocast = amp::autocast(self.mode, self.device)?;
+            let mut staged = staged::Staged {
+                engine: self,
+                labels,
+            };
+            super::units::train_by_unit(&mut staged, x, grad_scale, exchange, &mut rng)?
+        };
+        let stats = self.stats(&logits, &loss, batch)?;
+        self.last_logits = Some(logits);
+        Ok(stats)
+    }
+
+    fn evaluate_by_unit(
+        &mut self,
+        batch: &Batch,
+        exchange: &mut dyn super::units::UnitExchange,
+    ) -> anyhow::Result<StepStats> {
+        let (x, labels) = self.inputs(batch)?;
+        let logits = {
+            let _autocast = amp::autocast(self.mode, self.device)?;
+            let mut staged = staged::Staged {
+                engine: self,
+                labels: labels.shallow_clone(),
+            };
+            super::units::evaluate_by_unit(&mut staged, x, exchange)?
+        };
+        let loss = logits.f_cross_entropy_loss::<Tensor>(
+            &labels,
+            None,
+            tch::Reduction::Mean,
+            -100,
+            0.0,
+        )?;
+        self.stats(&logits, &loss, batch)
+    }
+
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
         let mut rng = Rng::new(0);
@@ -600,6 +651,7 @@ impl Engine for TchEngine {
             parameters,
             gradients: parameters,
             optimizer_state: self.optimizer.state.values().map(bytes).sum(),
+            unsharded_peak: parameters,
         }
     }
 }

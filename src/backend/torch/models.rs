@@ -43,6 +43,18 @@ impl Arch {
         })
     }
 
+    /// The forward pass's stages (FSDP units, `backend::units`): each stage's parameter name prefixes.
+    pub fn stages(&self) -> Vec<Vec<String>> {
+        use crate::backend::units::numbered_stages;
+        match self {
+            Arch::Mlp { depth, .. } => numbered_stages("layers", *depth, &["head"]),
+            Arch::Cnn { blocks, .. } => numbered_stages("blocks", *blocks, &["head"]),
+            Arch::ResNet(net) => net.stages(),
+            Arch::Vit(vit) => vit.stages(),
+        }
+    }
+
+    /// The whole forward pass: the stages in order.
     pub fn forward(
         &self,
         p: &Named,
@@ -51,20 +63,37 @@ impl Arch {
         train: bool,
         rng: &mut Rng,
     ) -> anyhow::Result<Tensor> {
+        let mut h = x.shallow_clone();
+        for k in 0..self.stages().len() {
+            h = self.forward_stage(k, p, b, &h, train, rng)?;
+        }
+        Ok(h)
+    }
+
+    /// Stage `k` of the forward pass (the same cut as the Candle models').
+    pub fn forward_stage(
+        &self,
+        k: usize,
+        p: &Named,
+        b: &mut Named,
+        x: &Tensor,
+        train: bool,
+        rng: &mut Rng,
+    ) -> anyhow::Result<Tensor> {
         Ok(match self {
-            Arch::Mlp { depth, dropout } => {
-                let mut h = x.f_flatten(1, -1)?;
-                for i in 0..*depth {
-                    h = linear(p, &format!("layers.{i}"), &h)?.f_relu()?;
-                    h = drop(&h, *dropout, train, rng)?;
+            Arch::Mlp { depth, dropout } => match k {
+                0 => x.f_flatten(1, -1)?,
+                k if k <= *depth => {
+                    let h = linear(p, &format!("layers.{}", k - 1), x)?.f_relu()?;
+                    drop(&h, *dropout, train, rng)?
                 }
-                linear(p, "head", &h)?
-            }
-            Arch::Cnn { blocks, dropout } => {
-                let mut h = x.shallow_clone();
-                for i in 0..*blocks {
-                    let name = format!("blocks.{i}.conv");
-                    h = h
+                _ => linear(p, "head", x)?,
+            },
+            Arch::Cnn { blocks, dropout } => match k {
+                0 => x.shallow_clone(),
+                k if k <= *blocks => {
+                    let name = format!("blocks.{}.conv", k - 1);
+                    let h = x
                         .f_conv2d(
                             get(p, &format!("{name}.weight"))?,
                             Some(get(p, &format!("{name}.bias"))?),
@@ -76,14 +105,18 @@ impl Arch {
                         .f_relu()?;
                     let s = h.size();
                     if s[2] >= 2 && s[3] >= 2 {
-                        h = h.f_max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false)?;
+                        h.f_max_pool2d([2, 2], [2, 2], [0, 0], [1, 1], false)?
+                    } else {
+                        h
                     }
                 }
-                let pooled = global_avg_pool(&h)?;
-                linear(p, "head", &drop(&pooled, *dropout, train, rng)?)?
-            }
-            Arch::ResNet(net) => resnet(net, p, b, x, train)?,
-            Arch::Vit(vit) => vision_transformer(vit, p, x, train, rng)?,
+                _ => {
+                    let pooled = global_avg_pool(x)?;
+                    linear(p, "head", &drop(&pooled, *dropout, train, rng)?)?
+                }
+            },
+            Arch::ResNet(net) => resnet_stage(net, k, p, b, x, train)?,
+            Arch::Vit(vit) => vit_stage(vit, k, p, x, train, rng)?,
         })
     }
 }
@@ -175,47 +208,54 @@ fn batch_norm(
     Ok(y)
 }
 
-fn resnet(
+/// Stage `k` of torchvision's ResNet: 0 the stem, then each residual block, then the head.
+fn resnet_stage(
     net: &ResNet,
+    k: usize,
     p: &Named,
     b: &mut Named,
     x: &Tensor,
     train: bool,
 ) -> anyhow::Result<Tensor> {
-    let mut h = if net.cifar_stem() {
-        conv(p, "conv1", x, 1, 1)?
-    } else {
-        conv(p, "conv1", x, 2, 3)?
+    if k == 0 {
+        let h = if net.cifar_stem() {
+            conv(p, "conv1", x, 1, 1)?
+        } else {
+            conv(p, "conv1", x, 2, 3)?
+        };
+        let h = relu_(batch_norm(p, b, "bn1", &h, train)?)?;
+        return Ok(if net.cifar_stem() {
+            h
+        } else {
+            h.f_max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false)?
+        });
+    }
+    let layout = net.layout();
+    let Some((name, c_in, width, stride)) = layout.get(k - 1) else {
+        return linear(p, "fc", &global_avg_pool(x)?);
     };
-    h = relu_(batch_norm(p, b, "bn1", &h, train)?)?;
-    if !net.cifar_stem() {
-        h = h.f_max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false)?;
-    }
-    for (name, c_in, width, stride) in net.layout() {
-        let stride = stride as i64;
-        let c_out = width * net.expansion();
-        let identity = if stride != 1 || c_in != c_out {
-            let d = conv(p, &format!("{name}.downsample.0"), &h, stride, 0)?;
-            batch_norm(p, b, &format!("{name}.downsample.1"), &d, train)?
-        } else {
-            h.shallow_clone()
-        };
-        let out = if net.bottleneck() {
-            let o = conv(p, &format!("{name}.conv1"), &h, 1, 0)?;
-            let o = relu_(batch_norm(p, b, &format!("{name}.bn1"), &o, train)?)?;
-            let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
-            let o = relu_(batch_norm(p, b, &format!("{name}.bn2"), &o, train)?)?;
-            let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
-            batch_norm(p, b, &format!("{name}.bn3"), &o, train)?
-        } else {
-            let o = conv(p, &format!("{name}.conv1"), &h, stride, 1)?;
-            let o = relu_(batch_norm(p, b, &format!("{name}.bn1"), &o, train)?)?;
-            let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
-            batch_norm(p, b, &format!("{name}.bn2"), &o, train)?
-        };
-        h = relu_(add_(out, &identity)?)?;
-    }
-    linear(p, "fc", &global_avg_pool(&h)?)
+    let (h, stride) = (x, *stride as i64);
+    let c_out = width * net.expansion();
+    let identity = if stride != 1 || *c_in != c_out {
+        let d = conv(p, &format!("{name}.downsample.0"), h, stride, 0)?;
+        batch_norm(p, b, &format!("{name}.downsample.1"), &d, train)?
+    } else {
+        h.shallow_clone()
+    };
+    let out = if net.bottleneck() {
+        let o = conv(p, &format!("{name}.conv1"), h, 1, 0)?;
+        let o = relu_(batch_norm(p, b, &format!("{name}.bn1"), &o, train)?)?;
+        let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
+        let o = relu_(batch_norm(p, b, &format!("{name}.bn2"), &o, train)?)?;
+        let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
+        batch_norm(p, b, &format!("{name}.bn3"), &o, train)?
+    } else {
+        let o = conv(p, &format!("{name}.conv1"), h, stride, 1)?;
+        let o = relu_(batch_norm(p, b, &format!("{name}.bn1"), &o, train)?)?;
+        let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
+        batch_norm(p, b, &format!("{name}.bn2"), &o, train)?
+    };
+    relu_(add_(out, &identity)?)
 }
 
 /// ReLU in place, as torchvision's `nn.ReLU(inplace=True)`: on a fresh activation (a BatchNorm output,
@@ -272,10 +312,11 @@ fn attention(p: &Named, name: &str, x: &Tensor, heads: i64) -> anyhow::Result<Te
     linear(p, &format!("{name}.proj"), &out)
 }
 
-/// timm's VisionTransformer (class token, learned position embedding, pre-norm blocks, token pooling),
-/// with dropout drawn in the same order as the Candle model.
-fn vision_transformer(
+/// Stage `k` of timm's VisionTransformer (class token, learned position embedding, pre-norm blocks, token
+/// pooling): 0 the embedding, then each block, then the head; dropout drawn in the Candle model's order.
+fn vit_stage(
     vit: &Vit,
+    k: usize,
     p: &Named,
     x: &Tensor,
     train: bool,
@@ -283,41 +324,43 @@ fn vision_transformer(
 ) -> anyhow::Result<Tensor> {
     let (dim, depth, heads, patch, dropout) = vit.shape();
     let (dim, patch) = (dim as i64, patch as i64);
-    let batch = x.size()[0];
-    let patches = x.f_conv2d(
-        get(p, "patch_embed.proj.weight")?,
-        Some(get(p, "patch_embed.proj.bias")?),
-        [patch, patch],
-        [0, 0],
-        [1, 1],
-        1,
-    )?;
-    let tokens = patches.f_flatten(2, -1)?.f_transpose(1, 2)?;
-    let cls = get(p, "cls_token")?.f_expand([batch, 1, dim], false)?;
-    let mut h = Tensor::f_cat(&[cls, tokens], 1)?.f_add(get(p, "pos_embed")?)?;
-    h = drop(&h, dropout, train, rng)?;
-    for i in 0..depth {
-        let blk = format!("blocks.{i}");
-        let a = attention(
-            p,
-            &format!("{blk}.attn"),
-            &layer_norm(p, &format!("{blk}.norm1"), &h, dim)?,
-            heads as i64,
+    if k == 0 {
+        let batch = x.size()[0];
+        let patches = x.f_conv2d(
+            get(p, "patch_embed.proj.weight")?,
+            Some(get(p, "patch_embed.proj.bias")?),
+            [patch, patch],
+            [0, 0],
+            [1, 1],
+            1,
         )?;
-        h = h.f_add(&drop(&a, dropout, train, rng)?)?;
-        let m = linear(
-            p,
-            &format!("{blk}.mlp.fc1"),
-            &layer_norm(p, &format!("{blk}.norm2"), &h, dim)?,
-        )?
-        .f_gelu("none")?;
-        let m = linear(
-            p,
-            &format!("{blk}.mlp.fc2"),
-            &drop(&m, dropout, train, rng)?,
-        )?;
-        h = h.f_add(&drop(&m, dropout, train, rng)?)?;
+        let tokens = patches.f_flatten(2, -1)?.f_transpose(1, 2)?;
+        let cls = get(p, "cls_token")?.f_expand([batch, 1, dim], false)?;
+        let h = Tensor::f_cat(&[cls, tokens], 1)?.f_add(get(p, "pos_embed")?)?;
+        return drop(&h, dropout, train, rng);
     }
-    let h = layer_norm(p, "norm", &h, dim)?;
-    linear(p, "head", &h.f_select(1, 0)?)
+    if k > depth {
+        let h = layer_norm(p, "norm", x, dim)?;
+        return linear(p, "head", &h.f_select(1, 0)?);
+    }
+    let blk = format!("blocks.{}", k - 1);
+    let a = attention(
+        p,
+        &format!("{blk}.attn"),
+        &layer_norm(p, &format!("{blk}.norm1"), x, dim)?,
+        heads as i64,
+    )?;
+    let h = x.f_add(&drop(&a, dropout, train, rng)?)?;
+    let m = linear(
+        p,
+        &format!("{blk}.mlp.fc1"),
+        &layer_norm(p, &format!("{blk}.norm2"), &h, dim)?,
+    )?
+    .f_gelu("none")?;
+    let m = linear(
+        p,
+        &format!("{blk}.mlp.fc2"),
+        &drop(&m, dropout, train, rng)?,
+    )?;
+    Ok(h.f_add(&drop(&m, dropout, train, rng)?)?)
 }

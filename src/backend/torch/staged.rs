@@ -1,0 +1,142 @@
+//! The tch engine's side of FSDP's unit-by-unit schedule (`backend::units`): one model stage at a time,
+//! forward under `no_grad`, backward by running the stage again from its saved input.
+
+use super::{to_host, TchEngine};
+use crate::backend::units::StagedCompute;
+use crate::rng::Rng;
+use std::collections::BTreeMap;
+use tch::Tensor;
+
+/// The engine with the batch's labels, for the loss stage.
+pub struct Staged<'a> {
+    pub engine: &'a mut TchEngine,
+    pub labels: Tensor,
+}
+
+type Layout = [(String, Vec<usize>)];
+
+impl Staged<'_> {
+    /// The unit's parameter gradients, flat in layout order (zero where one got none).
+    fn flat_gradient(&self, layout: &Layout) -> anyhow::Result<Vec<f32>> {
+        let mut flat = Vec::new();
+        for (name, shape) in layout {
+            let g = self.engine.params[name].grad();
+            if g.defined() {
+                flat.extend(to_host(&g)?.data);
+            } else {
+                flat.resize(flat.len() + shape.iter().product::<usize>(), 0.0);
+            }
+        }
+        Ok(flat)
+    }
+
+    /// The stage's input as a graph leaf (with a gradient only when asked).
+    fn leaf(x: &Tensor, input_grad: bool) -> anyhow::Result<Tensor> {
+        Ok(x.f_detach()?.set_requires_grad(input_grad))
+    }
+}
+
+impl StagedCompute for Staged<'_> {
+    type Act = Tensor;
+    type Out = (Tensor, Tensor);
+
+    fn stage_count(&self) -> usize {
+        self.engine.arch.stages().len()
+    }
+
+    fn install(&mut self, layout: &Layout, flat: &[f32]) -> anyhow::Result<()> {
+        crate::backend::Engine::set_parameters(self.engine, layout, flat)
+    }
+
+    fn release(&mut self, layout: &Layout) -> anyhow::Result<()> {
+        let e = &mut *self.engine;
+        for (name, _) in layout {
+            // Dropping the tensor drops its `.grad` too.
+            let empty = Tensor::f_empty([0], (e.mode.storage(), e.device))?;
+            e.params.insert(name.clone(), empty);
+        }
+        Ok(())
+    }
+
+    fn forward(
+        &mut self,
+        k: usize,
+        x: &Tensor,
+        train: bool,
+        rng: &mut Rng,
+    ) -> anyhow::Result<Tensor> {
+        let e = &mut *self.engine;
+        tch::no_grad(|| {
+            e.arch
+                .forward_stage(k, &e.params, &mut e.buffers, x, train, rng)
+        })
+    }
+
+    fn backward_loss(
+        &mut self,
+        layout: &Layout,
+        x: &Tensor,
+        grad_scale: f64,
+        rng: &mut Rng,
+    ) -> anyhow::Result<(Tensor, Vec<f32>, (Tensor, Tensor))> {
+        let input = Self::leaf(x, true)?;
+        let e = &mut *self.engine;
+        let k = e.arch.stages().len() - 1;
+        let logits = e
+            .arch
+            .forward_stage(k, &e.params, &mut e.buffers, &input, true, rng)?;
+        let loss = logits.f_cross_entropy_loss::<Tensor>(
+            &self.labels,
+            None,
+            tch::Reduction::Mean,
+            -100,
+            e.label_smoothing,
+        )?;
+        let scale = match &e.scaler {
+            Some(s) => grad_scale * s.scale()?,
+            None => grad_scale,
+        };
+        loss.f_mul_scalar(scale)?.f_backward()?;
+        let grad_in = input.grad();
+        anyhow::ensure!(
+            grad_in.defined(),
+            "FSDP units: the head's input got no gradient"
+        );
+        let flat = self.flat_gradient(layout)?;
+        Ok((grad_in, flat, (logits.detach(), loss.detach())))
+    }
+
+    fn backward(
+        &mut self,
+        k: usize,
+        layout: &Layout,
+        x: &Tensor,
+        grad_out: &Tensor,
+        input_grad: bool,
+        rng: &mut Rng,
+    ) -> anyhow::Result<(Option<Tensor>, Vec<f32>)> {
+        let input = Self::leaf(x, input_grad)?;
+        // The forward pass already moved the running statistics (in place): this run updates copies.
+        let mut scratch = BTreeMap::new();
+        for (name, t) in &self.engine.buffers {
+            scratch.insert(name.clone(), t.f_clone()?);
+        }
+        let e = &*self.engine;
+        let y = e
+            .arch
+            .forward_stage(k, &e.params, &mut scratch, &input, true, rng)?;
+        // d(sum(y * g))/dy = g exactly: backpropagates `grad_out` through the stage.
+        y.f_mul(grad_out)?.f_sum(None)?.f_backward()?;
+        let grad_in = if input_grad {
+            let g = input.grad();
+            Some(if g.defined() {
+                g
+            } else {
+                input.f_zeros_like()?
+            })
+        } else {
+            None
+        };
+        Ok((grad_in, self.flat_gradient(layout)?))
+    }
+}
