@@ -42,6 +42,25 @@ impl S3Url {
     }
 }
 
+impl S3Url {
+    /// The object's last key component (its file name).
+    pub fn file_name(&self) -> &str {
+        self.key.rsplit('/').next().unwrap_or_default()
+    }
+
+    /// The object beside this one called `name`.
+    pub fn with_file_name(&self, name: &str) -> S3Url {
+        let key = match self.key.rsplit_once('/') {
+            Some((dir, _)) => format!("{dir}/{name}"),
+            None => name.to_string(),
+        };
+        S3Url {
+            bucket: self.bucket.clone(),
+            key,
+        }
+    }
+}
+
 impl std::fmt::Display for S3Url {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "s3://{}/{}", self.bucket, self.key)

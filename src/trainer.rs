@@ -213,8 +213,10 @@ impl Keeper<'_> {
                 return Ok(Some((self.publish)(path)?));
             }
             if self.sharded {
+                // Each rank's part goes where rank 0's goes (an s3:// dirpath included).
                 let mine = crate::strategy::fsdp::shard_path(path, self.rank);
                 checkpoint::save(&mine, &weights, state, self.config_yaml)?;
+                (self.publish)(&mine)?;
             }
             Ok(None)
         };
@@ -222,7 +224,7 @@ impl Keeper<'_> {
             if self.lead {
                 (self.unpublish)(path);
             } else {
-                let _ = std::fs::remove_file(crate::strategy::fsdp::shard_path(path, self.rank));
+                (self.unpublish)(&crate::strategy::fsdp::shard_path(path, self.rank));
             }
         };
         // `every_n_epochs` counts the epoch in progress, as Lightning's (current_epoch + 1).
@@ -274,18 +276,37 @@ pub fn resolve_ckpt_path(
     ckpt: &str,
     exp: &Experiment,
     output_dir: &Path,
+    shard: Option<usize>,
 ) -> anyhow::Result<PathBuf> {
+    // Rank r of a sharded (FSDP) run reads its own part, found beside rank 0's file.
+    let part = |url: crate::s3::S3Url| match shard {
+        Some(r) => url.with_file_name(&crate::strategy::fsdp::shard_file_name(url.file_name(), r)),
+        None => url,
+    };
     if crate::s3::is_s3(ckpt) {
-        return fetch_remote_checkpoint(&crate::s3::S3Url::parse(ckpt)?, output_dir);
+        return fetch_remote_checkpoint(&part(crate::s3::S3Url::parse(ckpt)?), output_dir);
     }
     if ckpt == "last" {
         if let Some(prefix) = remote_checkpoint_prefix(exp)? {
             let last = prefix.join("last.safetensors");
             if crate::s3::exists(&last)? {
-                return fetch_remote_checkpoint(&last, output_dir);
+                return fetch_remote_checkpoint(&part(last), output_dir);
             }
         }
     }
+    let local = resolve_local_checkpoint(ckpt, exp, output_dir)?;
+    Ok(match shard {
+        Some(r) => crate::strategy::fsdp::shard_path(&local, r),
+        None => local,
+    })
+}
+
+/// `ckpt_path` on this machine: a file, or `last` (the newest run's `checkpoints/last.safetensors`).
+fn resolve_local_checkpoint(
+    ckpt: &str,
+    exp: &Experiment,
+    output_dir: &Path,
+) -> anyhow::Result<PathBuf> {
     if ckpt != "last" {
         let p = PathBuf::from(ckpt);
         anyhow::ensure!(p.is_file(), "ckpt_path={ckpt}: no such checkpoint file");
@@ -781,10 +802,8 @@ fn fit_with(
     }
     let mut resumed_from = None;
     if let Some(ckpt) = &exp.ckpt_path {
-        let mut path = resolve_ckpt_path(ckpt, exp, output_dir)?;
-        if sharded_checkpoints && rank > 0 {
-            path = crate::strategy::fsdp::shard_path(&path, rank);
-        }
+        let shard = (sharded_checkpoints && rank > 0).then_some(rank);
+        let path = resolve_ckpt_path(ckpt, exp, output_dir, shard)?;
         let loaded = checkpoint::load(&path)?;
         engine
             .load_state_dict(&loaded.state)

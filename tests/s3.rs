@@ -206,3 +206,74 @@ fn wrong_credentials_fail_with_the_url() {
     assert!(!out.status.success());
     assert!(err.contains("s3://ckpts/exp1/"), "{err}");
 }
+
+/// FSDP with `state_dict_type: sharded` and an s3:// dirpath: every rank's part reaches the server
+/// (`last.safetensors` from rank 0, `last.shard1.safetensors` from rank 1, likewise the best), replaced
+/// parts are deleted there, and `ckpt_path=last` resumes every rank from its own part.
+#[cfg(feature = "torch")]
+#[test]
+fn every_rank_of_a_sharded_checkpoint_goes_to_s3_and_resumes_from_there() {
+    let server = start_server();
+    let p = real_project();
+    let args = [
+        "experiment=quickstart",
+        "data.train_size=128",
+        "data.val_size=64",
+        "data.num_workers=0",
+        "model.channels=[8,16]",
+        "trainer=fsdp_sim",
+        "trainer.fsdp.state_dict_type=sharded",
+        "callbacks.model_checkpoint.dirpath=s3://ckpts/fsdp",
+    ];
+    let out = train(
+        p.path(),
+        &server,
+        &[&args[..], &["trainer.max_epochs=2"]].concat(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = runs(p.path()).pop().unwrap();
+    let remote = server.root.path().join("ckpts/fsdp");
+    let mut stored: Vec<String> = std::fs::read_dir(&remote)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    stored.sort();
+    assert_eq!(stored.len(), 4, "best and last, two parts each: {stored:?}");
+    for name in &stored {
+        let local = std::fs::read(run.join("checkpoints").join(name)).unwrap();
+        assert!(
+            std::fs::read(remote.join(name)).unwrap() == local,
+            "{name} differs on the server"
+        );
+    }
+    assert!(
+        stored.contains(&"last.shard1.safetensors".to_string()),
+        "{stored:?}"
+    );
+
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let out = train(
+        p.path(),
+        &server,
+        &[&args[..], &["trainer.max_epochs=3", "ckpt_path=last"]].concat(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resumed = runs(p.path()).pop().unwrap();
+    let s = summary(&resumed);
+    assert_eq!(s["resumed_from"], "s3://ckpts/fsdp/last.safetensors");
+    assert_eq!(s["epochs_completed"], 3);
+    let rank1 = std::fs::read_to_string(resumed.join("train.rank1.log")).unwrap();
+    assert!(
+        rank1.contains("last.shard1.safetensors"),
+        "rank 1 did not read its part:\n{rank1}"
+    );
+}

@@ -173,14 +173,20 @@ fn shard_key(u: usize) -> String {
 /// Optimizer slot names the rules use (`backend::optim`).
 const SLOTS: &[&str] = &["momentum_buffer", "exp_avg", "exp_avg_sq"];
 
-/// Where rank `rank` keeps its part of a sharded checkpoint whose rank-0 file is `path`
-/// (`last.safetensors` → `last.shard1.safetensors`).
+/// The file name of rank `rank`'s part of a sharded checkpoint whose rank-0 file is `name`
+/// (`last.safetensors` → `last.shard1.safetensors`); the same locally and in an object store.
+pub fn shard_file_name(name: &str, rank: usize) -> String {
+    let stem = name.strip_suffix(".safetensors").unwrap_or(name);
+    format!("{stem}.shard{rank}.safetensors")
+}
+
+/// Where rank `rank` keeps its part of a sharded checkpoint whose rank-0 file is `path`.
 pub fn shard_path(path: &std::path::Path, rank: usize) -> std::path::PathBuf {
-    let stem = path
-        .file_stem()
+    let name = path
+        .file_name()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    path.with_file_name(format!("{stem}.shard{rank}.safetensors"))
+    path.with_file_name(shard_file_name(&name, rank))
 }
 
 /// One FSDP unit (a stage of the model: stem, block, head) and this rank's slices of it.

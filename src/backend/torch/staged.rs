@@ -119,14 +119,17 @@ impl StagedCompute for Staged<'_> {
         // The forward pass already moved the running statistics (in place): this run updates copies.
         let mut scratch = BTreeMap::new();
         for (name, t) in &self.engine.buffers {
-            scratch.insert(name.clone(), t.f_clone()?);
+            scratch.insert(name.clone(), t.copy());
         }
         let e = &*self.engine;
         let y = e
             .arch
             .forward_stage(k, &e.params, &mut scratch, &input, true, rng)?;
-        // d(sum(y * g))/dy = g exactly: backpropagates `grad_out` through the stage.
-        y.f_mul(grad_out)?.f_sum(None)?.f_backward()?;
+        // d(sum(y * g))/dy = g exactly: backpropagates `grad_out` through the stage (a stage with no
+        // parameters over the batch, such as a flatten, has nothing to backpropagate into).
+        if y.requires_grad() {
+            y.f_mul(grad_out)?.f_sum(None)?.f_backward()?;
+        }
         let grad_in = if input_grad {
             let g = input.grad();
             Some(if g.defined() {
