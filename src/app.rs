@@ -266,10 +266,9 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn parse_now(text: &str) -> Option<chrono::DateTime<chrono::Local>> {
-    chrono::DateTime::parse_from_rfc3339(text)
-        .ok()
-        .map(|t| t.with_timezone(&chrono::Local))
+/// A launch time from the launcher or rank 0, in its own offset (not converted to this node's zone).
+fn parse_now(text: &str) -> Option<chrono::DateTime<chrono::FixedOffset>> {
+    chrono::DateTime::parse_from_rfc3339(text).ok()
 }
 
 fn print_cfg(
@@ -937,5 +936,30 @@ compdef _train train
 complete -c train -f -a '(train --complete (commandline -ct) 2>/dev/null)'
 "#
         .into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker on a node in another time zone resolves `${now:...}` at rank 0's wall-clock time, as rank
+    /// 0 wrote it (so both nodes name the same run directory), not converted to its own zone.
+    #[test]
+    fn a_launch_time_keeps_the_offset_it_was_taken_in() {
+        let mut ctx = ResolveContext::from_process();
+        for sent in ["2026-11-23T10:05:00+09:00", "2026-11-23T10:05:00-05:00"] {
+            ctx.now = parse_now(sent).unwrap();
+            let root = crate::config::yaml::parse("dir: ${now:%Y-%m-%d_%H-%M}", "t.yaml")
+                .unwrap()
+                .unwrap();
+            let out = crate::config::interpolate::resolve_all(&root, &ctx).unwrap();
+            assert_eq!(
+                out.get("dir").unwrap().to_json(),
+                "2026-11-23_10-05",
+                "{sent}"
+            );
+        }
+        assert!(parse_now("yesterday").is_none());
     }
 }

@@ -9,7 +9,9 @@ use std::collections::HashMap;
 /// What resolvers may read: a launch time fixed once (`${now:}` is the same in every rank and job) and env vars.
 #[derive(Debug, Clone)]
 pub struct ResolveContext {
-    pub now: chrono::DateTime<chrono::Local>,
+    /// Kept in the offset it was taken in: a worker on a node in another time zone formats rank 0's
+    /// launch time as rank 0 does, so every node names the same run directory.
+    pub now: chrono::DateTime<chrono::FixedOffset>,
     pub env: HashMap<String, String>,
     /// The job's resolved `hydra` node, served by `${hydra:runtime.output_dir}`; known once a job is placed.
     pub hydra: Option<Node>,
@@ -18,7 +20,7 @@ pub struct ResolveContext {
 impl ResolveContext {
     pub fn from_process() -> Self {
         ResolveContext {
-            now: chrono::Local::now(),
+            now: chrono::Local::now().fixed_offset(),
             env: std::env::vars().collect(),
             hydra: None,
         }
@@ -574,7 +576,7 @@ mod tests {
         let mut env = HashMap::new();
         env.insert("TY_VAR".to_string(), "from_env".to_string());
         ResolveContext {
-            now: chrono::Local::now(),
+            now: chrono::Local::now().fixed_offset(),
             env,
             hydra: None,
         }
