@@ -17,4 +17,6 @@ pub mod rng;
 pub mod s3;
 pub mod schema;
 pub mod strategy;
+#[cfg(test)]
+mod testing;
 pub mod trainer;

@@ -303,16 +303,12 @@ mod engine_tests {
     }
 
     fn engine(backend: Backend, model: &str) -> Box<dyn Engine> {
-        let text = format!(
-            "task_name: t\nseed: 3\nmodel: {model}\ndata: {{name: synthetic, num_classes: 4, image_size: 8, batch_size: 4}}\n\
-             optimizer: {{name: sgd, lr: 0.1}}\nscheduler: {{name: constant}}\n\
-             trainer: {{strategy: single, accelerator: cpu, devices: 1, precision: 32, max_epochs: 1}}\n\
-             paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
+        let mut exp = crate::testing::experiment(
+            model,
+            "{name: sgd, lr: 0.1}",
+            "{strategy: single, devices: 1}",
+            4,
         );
-        let node = crate::config::yaml::parse(&text, "t.yaml")
-            .unwrap()
-            .unwrap();
-        let mut exp = crate::schema::extract(&node).unwrap();
         exp.backend = backend;
         crate::backend::build(&exp).unwrap()
     }

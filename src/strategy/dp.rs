@@ -335,18 +335,12 @@ mod tests {
     }
 
     fn experiment(model: &str) -> Experiment {
-        let text = format!(
-            "task_name: t\nseed: 3\nmodel: {model}\n\
-             data: {{name: synthetic, num_classes: 4, image_size: 8, batch_size: 4}}\n\
-             optimizer: {{name: sgd, lr: 0.1, momentum: 0.9, nesterov: true, weight_decay: 0.01}}\n\
-             scheduler: {{name: constant}}\n\
-             trainer: {{strategy: dp, accelerator: cpu, devices: 2, precision: 32, max_epochs: 1}}\n\
-             paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
-        );
-        let node = crate::config::yaml::parse(&text, "t.yaml")
-            .unwrap()
-            .unwrap();
-        crate::schema::extract(&node).unwrap()
+        crate::testing::experiment(
+            model,
+            "{name: sgd, lr: 0.1, momentum: 0.9, nesterov: true, weight_decay: 0.01}",
+            "{strategy: dp, devices: 2}",
+            4,
+        )
     }
 
     fn batch(rows: usize, seed: u64) -> Batch {

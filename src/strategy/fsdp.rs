@@ -844,19 +844,12 @@ mod tests {
     }
 
     fn experiment(model: &str, sharding: &str) -> Experiment {
-        let text = format!(
-            "task_name: t\nseed: 3\nmodel: {model}\n\
-             data: {{name: synthetic, num_classes: 4, image_size: 8, batch_size: 4}}\n\
-             optimizer: {{name: sgd, lr: 0.1, momentum: 0.9, weight_decay: 0.01}}\n\
-             scheduler: {{name: constant}}\n\
-             trainer: {{strategy: fsdp, accelerator: cpu, devices: 2, precision: 32, max_epochs: 1, \
-             fsdp: {{sharding_strategy: {sharding}, state_dict_type: full}}}}\n\
-             paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
+        let trainer = format!(
+            "{{strategy: fsdp, devices: 2, \
+             fsdp: {{sharding_strategy: {sharding}, state_dict_type: full}}}}"
         );
-        let node = crate::config::yaml::parse(&text, "t.yaml")
-            .unwrap()
-            .unwrap();
-        crate::schema::extract(&node).unwrap()
+        let optimizer = "{name: sgd, lr: 0.1, momentum: 0.9, weight_decay: 0.01}";
+        crate::testing::experiment(model, optimizer, &trainer, 4)
     }
 
     /// Rows `rows` of a fixed batch of 8 random images.

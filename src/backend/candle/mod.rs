@@ -495,16 +495,8 @@ mod tests {
     }
 
     fn experiment_with(model: &str, optimizer: &str, classes: usize) -> Experiment {
-        let text = format!(
-            "task_name: t\nseed: 3\nmodel: {model}\ndata: {{name: synthetic, num_classes: {classes}, image_size: 8, batch_size: 4}}\n\
-             optimizer: {optimizer}\nscheduler: {{name: constant}}\n\
-             trainer: {{strategy: single, accelerator: cpu, devices: 1, precision: 32, max_epochs: 1}}\n\
-             paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
-        );
-        let node = crate::config::yaml::parse(&text, "t.yaml")
-            .unwrap()
-            .unwrap();
-        crate::schema::extract(&node).unwrap()
+        let trainer = "{strategy: single, devices: 1}";
+        crate::testing::experiment(model, optimizer, trainer, classes)
     }
 
     fn batch() -> Batch {

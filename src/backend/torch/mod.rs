@@ -661,13 +661,12 @@ mod tests {
     use super::*;
 
     fn experiment() -> Experiment {
-        let text = "task_name: t\nseed: 3\nmodel: {name: mlp, num_classes: 4, hidden: [8]}\n\
-             data: {name: synthetic, num_classes: 4, image_size: 8, batch_size: 4}\n\
-             optimizer: {name: sgd, lr: 0.1, momentum: 0.9}\nscheduler: {name: constant}\n\
-             trainer: {strategy: ddp, accelerator: cpu, devices: 2, precision: 32, max_epochs: 1}\n\
-             paths: {root_dir: ., data_dir: d, log_dir: l, output_dir: o}\n";
-        let node = crate::config::yaml::parse(text, "t.yaml").unwrap().unwrap();
-        crate::schema::extract(&node).unwrap()
+        crate::testing::experiment(
+            "{name: mlp, num_classes: 4, hidden: [8]}",
+            "{name: sgd, lr: 0.1, momentum: 0.9}",
+            "{strategy: ddp, devices: 2}",
+            4,
+        )
     }
 
     fn batch() -> Batch {

@@ -1,0 +1,24 @@
+//! Shared unit-test fixtures, so each module's tests state only what differs: a small experiment over
+//! synthetic 8x8 RGB images.
+
+use crate::schema::Experiment;
+
+/// An experiment over synthetic 8x8 RGB images of `classes` classes (batch 4, one epoch, constant
+/// schedule, seed 3); `model`, `optimizer` and `trainer` are YAML flow maps (the trainer's `accelerator`,
+/// `precision` and `max_epochs` are set here).
+pub fn experiment(model: &str, optimizer: &str, trainer: &str, classes: usize) -> Experiment {
+    let trainer = trainer
+        .strip_suffix('}')
+        .expect("the trainer is a YAML flow map");
+    let text = format!(
+        "task_name: t\nseed: 3\nmodel: {model}\n\
+         data: {{name: synthetic, num_classes: {classes}, image_size: 8, batch_size: 4}}\n\
+         optimizer: {optimizer}\nscheduler: {{name: constant}}\n\
+         trainer: {trainer}, accelerator: cpu, precision: 32, max_epochs: 1}}\n\
+         paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
+    );
+    let node = crate::config::yaml::parse(&text, "t.yaml")
+        .unwrap()
+        .unwrap();
+    crate::schema::extract(&node).unwrap()
+}
