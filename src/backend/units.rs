@@ -250,8 +250,6 @@ mod tests {
 mod engine_tests {
     use super::{UnitExchange, UnitLayouts};
     use crate::backend::{Engine, HostTensor, StateDict};
-    use crate::data::loader::Batch;
-    use crate::rng::Rng;
     use crate::schema::Backend;
     use rstest::rstest;
 
@@ -313,16 +311,7 @@ mod engine_tests {
         crate::backend::build(&exp).unwrap()
     }
 
-    fn batch(seed: u64) -> Batch {
-        let mut rng = Rng::new(seed);
-        Batch {
-            images: (0..4 * 3 * 8 * 8).map(|_| rng.normal() as f32).collect(),
-            labels: vec![0, 1, 2, 3],
-            channels: 3,
-            height: 8,
-            width: 8,
-        }
-    }
+    use crate::testing::batch;
 
     fn worst(a: &[f32], b: &[f32]) -> f32 {
         assert_eq!(a.len(), b.len());

@@ -670,14 +670,7 @@ mod tests {
     }
 
     fn batch() -> Batch {
-        let mut rng = Rng::new(1);
-        Batch {
-            images: (0..4 * 3 * 8 * 8).map(|_| rng.normal() as f32).collect(),
-            labels: vec![0, 1, 2, 3],
-            channels: 3,
-            height: 8,
-            width: 8,
-        }
+        crate::testing::batch(1)
     }
 
     /// DDP with `find_unused_parameters` on tch: a parameter without a gradient on every rank keeps none
