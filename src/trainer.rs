@@ -964,6 +964,10 @@ fn fit_with(
             let i = i + skip;
             let batch = batch?;
             let step_start = Instant::now();
+            let ends_window = (i + 1).is_multiple_of(accumulate) || i + 1 == train_batches;
+            if let (Some(c), true) = (comm, ends_window) {
+                engine.arm_gradient_sync(c, &grad_sync)?;
+            }
             let stats = engine.forward_backward(&batch, 1.0 / accumulate as f64)?;
             step_compute += step_start.elapsed().as_secs_f64();
             anyhow::ensure!(
@@ -983,7 +987,7 @@ fn fit_with(
                     epoch_stats.count as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9)
                 ));
             }
-            if (i + 1).is_multiple_of(accumulate) || i + 1 == train_batches {
+            if ends_window {
                 let point = schedule.at(state.global_step);
                 lr_now = point.lr;
                 let update_start = Instant::now();

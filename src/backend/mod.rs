@@ -106,6 +106,17 @@ pub trait Engine {
     fn replicas(&self) -> usize {
         1
     }
+    /// DDP: the next `forward_backward` ends an accumulation window. An engine that can average gradients
+    /// during its backward pass (tch over a c10d group) arms that here and returns true; the following
+    /// `all_reduce_gradients` then only checks that the reduction finished. Every rank calls it at the
+    /// same point (the first armed pass may rebuild buckets with a collective).
+    fn arm_gradient_sync(
+        &mut self,
+        _comm: &dyn crate::dist::collective::Collective,
+        _sync: &crate::strategy::ddp::GradSync,
+    ) -> anyhow::Result<bool> {
+        Ok(false)
+    }
     /// Data parallel: replace the accumulated gradients by their mean over all ranks (before
     /// `optimizer_step`), in buckets. A parameter without a gradient is an error unless
     /// `sync.find_unused_parameters`, which makes it zero.

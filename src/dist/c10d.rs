@@ -78,7 +78,7 @@ extern "C" {
     fn trainyard_wait(pending: *mut c_void) -> c_int;
 }
 
-fn last_error() -> String {
+pub(super) fn last_error() -> String {
     // SAFETY: the shim returns a NUL-terminated thread-local string that lives until the next failure.
     unsafe { CStr::from_ptr(trainyard_c10d_last_error()) }
         .to_string_lossy()
@@ -86,7 +86,7 @@ fn last_error() -> String {
         .to_string()
 }
 
-fn check(status: c_int, what: &str) -> anyhow::Result<()> {
+pub(super) fn check(status: c_int, what: &str) -> anyhow::Result<()> {
     if status == 0 {
         Ok(())
     } else {
@@ -94,7 +94,7 @@ fn check(status: c_int, what: &str) -> anyhow::Result<()> {
     }
 }
 
-fn c_string(s: &str) -> anyhow::Result<CString> {
+pub(super) fn c_string(s: &str) -> anyhow::Result<CString> {
     CString::new(s).with_context(|| format!("'{s}' contains a NUL byte"))
 }
 
@@ -190,7 +190,7 @@ impl Drop for Store {
 
 /// A Gloo process group: the ranks of one run, with collectives on CPU tensors.
 pub struct ProcessGroup {
-    ptr: *mut c_void,
+    pub(super) ptr: *mut c_void,
     rank: usize,
     world_size: usize,
 }

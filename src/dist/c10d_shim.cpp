@@ -1,14 +1,18 @@
-// PyTorch's c10d reached from Rust: the TCPStore rendezvous and ProcessGroupGloo's collectives, through a
-// C ABI. Tensors arrive as tch's `C_tensor`, which is an `at::Tensor*`, so nothing is copied. Every entry
+// PyTorch's c10d reached from Rust: the TCPStore rendezvous, ProcessGroupGloo's collectives and DDP's
+// Reducer (gradients all-reduced bucket by bucket during the backward pass), through a C ABI. Tensors arrive as tch's `C_tensor`, which is an `at::Tensor*`, so nothing is copied. Every entry
 // point catches C++ exceptions, keeps the message for trainyard_c10d_last_error, and returns a status (or a
 // null handle), so nothing unwinds into Rust.
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +38,9 @@ struct Store {
 
 struct Group {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  // The same Gloo backend behind the ProcessGroup front that DDP's Reducer talks to (as
+  // torch.distributed registers it), so both issue their collectives in one sequence.
+  c10::intrusive_ptr<c10d::ProcessGroup> front;
 };
 
 struct Pending {
@@ -203,7 +210,13 @@ void* trainyard_gloo_new(void* store, const char* prefix, int rank, int size, co
       opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
     auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
-    out = new Group{pg};
+    auto front = c10::make_intrusive<c10d::ProcessGroup>(prefixed, rank, size);
+    const auto gloo = c10d::ProcessGroup::BackendType::GLOO;
+    front->setDefaultBackend(gloo);
+    front->setBackend(c10::DeviceType::CPU, gloo, pg);
+    front->setBackend(c10::DeviceType::CUDA, gloo, pg);
+    front->setGroupName(prefix);
+    out = new Group{pg, front};
   });
   return out;
 }
@@ -273,6 +286,71 @@ at::Tensor* trainyard_sync_batch_norm(void* group, at::Tensor* input, at::Tensor
                                               momentum, eps, reinterpret_cast<int64_t>(group)));
   });
   return out;
+}
+
+// DDP's Reducer over `group` for `n` parameters (leaf tensors that require grad, in the order the
+// model defines them; names for its messages). Buckets are assigned as torch.nn.parallel.
+// DistributedDataParallel assigns them: without find_unused, one bucket until the first backward pass
+// has shown the order gradients become ready, then buckets of `bucket_cap` bytes in that order (the
+// first one small); with find_unused, buckets of `bucket_cap` bytes in reverse definition order.
+void* trainyard_reducer_new(void* group, at::Tensor** params, const char** names, int n,
+                            int64_t bucket_cap, int find_unused, int gradient_as_bucket_view) {
+  c10d::Reducer* out = nullptr;
+  guarded([&] {
+    std::vector<at::Tensor> list;
+    std::unordered_map<size_t, std::string> param_names;
+    for (int i = 0; i < n; ++i) {
+      list.push_back(*params[i]);
+      param_names[static_cast<size_t>(i)] = names[i];
+    }
+    const int64_t first_cap =
+        bucket_cap == c10d::kDefaultBucketBytesCap ? c10d::kDefaultFirstBucketBytes : bucket_cap;
+    std::vector<size_t> limits;
+    if (find_unused != 0) {
+      limits = {static_cast<size_t>(first_cap), static_cast<size_t>(bucket_cap)};
+    } else {
+      limits = {std::numeric_limits<size_t>::max()};
+    }
+    std::vector<bool> sparse(list.size(), false);
+    auto assignment = c10d::compute_bucket_assignment_by_size(list, limits, sparse);
+    auto buckets = std::get<0>(assignment);
+    // Gradients become ready last layer first.
+    std::reverse(buckets.begin(), buckets.end());
+    out = new c10d::Reducer(list, buckets, static_cast<Group*>(group)->front, sparse, bucket_cap,
+                            find_unused != 0, gradient_as_bucket_view != 0, param_names, first_cap,
+                            /*skip_all_reduce_unused_params=*/false,
+                            /*use_python_reducer=*/false, /*bucket_bytes_cap_list=*/{});
+  });
+  return out;
+}
+
+void trainyard_reducer_free(void* reducer) {
+  guarded([&] { delete static_cast<c10d::Reducer*>(reducer); });
+}
+
+// Before a forward pass whose backward pass reduces: rebuild the buckets in the order the first
+// backward pass produced gradients (once; a broadcast from rank 0), and start the iteration's timer.
+int trainyard_reducer_prepare_forward(void* reducer) {
+  return guarded([&] {
+    auto* r = static_cast<c10d::Reducer*>(reducer);
+    r->prepare_for_forward();
+    r->rebuild_buckets();
+  });
+}
+
+// After that forward pass: the next backward pass reduces, each bucket as soon as its gradients are
+// ready; with find_unused, parameters not reached from `outputs` are marked ready (as zero) at once.
+int trainyard_reducer_prepare_backward(void* reducer, at::Tensor** outputs, int n) {
+  return guarded([&] {
+    std::vector<at::Tensor> list;
+    for (int i = 0; i < n; ++i) list.push_back(*outputs[i]);
+    static_cast<c10d::Reducer*>(reducer)->prepare_for_backward(list);
+  });
+}
+
+// Fails (with DDP's message) when the last armed backward pass did not reduce every bucket.
+int trainyard_reducer_check_finalized(void* reducer) {
+  return guarded([&] { static_cast<c10d::Reducer*>(reducer)->check_finalized(); });
 }
 
 // Wait for a pending collective (the group's timeout applies) and free the handle, success or not.

@@ -1,6 +1,7 @@
 //! Distributed training's plumbing: where this process sits (`env`), starting a node's workers (`launch`),
 //! the collectives strategies use (`collective`) and their implementations: on PyTorch's c10d across
-//! processes (`c10d`, feature `torch`), and between the threads of one process (`local`, DataParallel).
+//! processes (`c10d`, feature `torch`, with DDP's `reducer` that overlaps gradient averaging with the
+//! backward pass), and between the threads of one process (`local`, DataParallel).
 //! `join` turns a worker's environment into a live process group.
 
 pub mod collective;
@@ -10,6 +11,8 @@ pub mod local;
 
 #[cfg(feature = "torch")]
 pub mod c10d;
+#[cfg(feature = "torch")]
+pub mod reducer;
 
 use crate::schema::Experiment;
 use collective::Collective;

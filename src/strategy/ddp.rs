@@ -1,6 +1,8 @@
 //! DistributedDataParallel's contract: every rank starts from rank 0's model (broadcast), trains on its own
 //! shard of each batch, and before every optimizer step the gradients are averaged across ranks, bucket by
-//! bucket (`trainer.ddp.bucket_cap_mb`), so every rank takes the same step. A parameter that got no gradient
+//! bucket (`trainer.ddp.bucket_cap_mb`), so every rank takes the same step. Where the engine can (tch on a
+//! c10d group: `dist::reducer`), each bucket is reduced during the backward pass as soon as it is ready;
+//! otherwise (Candle, which has no autograd hooks) after it, with the helpers here. A parameter that got no gradient
 //! is an error unless `find_unused_parameters` is set (then it counts as zero), as in PyTorch.
 
 use crate::dist::collective::{Collective, ReduceOp};
@@ -11,6 +13,9 @@ use crate::schema::Experiment;
 pub struct GradSync {
     pub bucket_cap_bytes: usize,
     pub find_unused_parameters: bool,
+    /// Gradients alias the reducer's buckets instead of being copied back (tch's reducer only: the
+    /// other paths have no bucket a gradient could alias, so it changes nothing there).
+    pub gradient_as_bucket_view: bool,
 }
 
 impl GradSync {
@@ -23,6 +28,7 @@ impl GradSync {
         GradSync {
             bucket_cap_bytes: ((ddp.bucket_cap_mb * 1024.0 * 1024.0) as usize).max(1),
             find_unused_parameters: ddp.find_unused_parameters,
+            gradient_as_bucket_view: ddp.gradient_as_bucket_view,
         }
     }
 }

@@ -516,6 +516,7 @@ mod tests {
         let sync = crate::strategy::ddp::GradSync {
             bucket_cap_bytes: 1 << 20,
             find_unused_parameters: true,
+            gradient_as_bucket_view: false,
         };
         let names: Vec<String> = CandleEngine::new(&exp)
             .unwrap()

@@ -5,6 +5,7 @@
 //! the same seeded host generator — so the two backends start from the same weights and take the same steps.
 
 pub mod amp;
+mod ddp_overlap;
 mod fused_optim;
 mod models;
 mod staged;
@@ -22,6 +23,8 @@ pub struct TchEngine {
     device: Device,
     arch: models::Arch,
     params: BTreeMap<String, Tensor>,
+    /// Parameter names in the order the model defines them (DDP's first buckets follow it).
+    param_order: Vec<String>,
     buffers: BTreeMap<String, Tensor>,
     optimizer: Optimizer<Tensor>,
     classes: usize,
@@ -33,6 +36,8 @@ pub struct TchEngine {
     mode: amp::Mode,
     /// `16-mixed`: dynamic loss scaling.
     scaler: Option<amp::GradScaler>,
+    /// DDP: gradients averaged during the backward pass.
+    overlap: ddp_overlap::Overlap,
 }
 
 /// Checkpoint keys of the loss scaler's state (under the optimizer's prefix, like other training state).
@@ -117,6 +122,7 @@ impl TchEngine {
         )?;
         let arch = models::Arch::new(&exp.model, exp.data.channels, exp.data.image_size)?;
         let mut params = BTreeMap::new();
+        let param_order = zoo.specs().iter().map(|s| s.name.clone()).collect();
         for spec in zoo.specs() {
             let host = spec.initial_value(exp.seed);
             params.insert(
@@ -133,6 +139,7 @@ impl TchEngine {
             device,
             arch,
             params,
+            param_order,
             buffers,
             optimizer: Optimizer::new(exp.optimizer.clone()),
             classes: exp.model.num_classes,
@@ -147,6 +154,7 @@ impl TchEngine {
                 }
                 _ => None,
             },
+            overlap: Default::default(),
         })
     }
 
@@ -271,6 +279,7 @@ impl Engine for TchEngine {
             Some(s) => grad_scale * s.scale()?,
             None => grad_scale,
         };
+        self.overlap.before_backward(&[&logits])?;
         loss.f_mul_scalar(scale)?.f_backward()?;
         let stats = self.stats(&logits, &loss, batch)?;
         self.last_logits = Some(logits.detach());
@@ -327,17 +336,27 @@ impl Engine for TchEngine {
         Ok(norm)
     }
 
+    fn arm_gradient_sync(
+        &mut self,
+        comm: &dyn crate::dist::collective::Collective,
+        sync: &crate::strategy::ddp::GradSync,
+    ) -> anyhow::Result<bool> {
+        self.overlap
+            .arm(comm, sync, &self.param_order, &self.params)
+    }
+
     fn all_reduce_gradients(
         &mut self,
         comm: &dyn crate::dist::collective::Collective,
         sync: &crate::strategy::ddp::GradSync,
     ) -> anyhow::Result<()> {
         // The last layers first (their gradients are ready first).
-        let order: Vec<String> = self.params.keys().rev().cloned().collect();
+        let order: Vec<String> = self.param_order.iter().rev().cloned().collect();
         let here: Vec<bool> = order
             .iter()
             .map(|n| self.params[n].grad().defined())
             .collect();
+        let reduced = self.overlap.take_reduced();
         if here.contains(&false) && !sync.find_unused_parameters {
             let missing: Vec<String> = order
                 .iter()
@@ -346,6 +365,10 @@ impl Engine for TchEngine {
                 .map(|(n, _)| n.clone())
                 .collect();
             return Err(crate::strategy::ddp::unused_parameters_error(&missing));
+        }
+        // Averaged during the backward pass already (`dist::reducer`).
+        if reduced? {
+            return Ok(());
         }
         let used = if sync.find_unused_parameters {
             crate::strategy::ddp::used_anywhere(comm, &here)?
@@ -591,6 +614,7 @@ impl Engine for TchEngine {
         layout: &[(String, Vec<usize>)],
         flat: &[f32],
     ) -> anyhow::Result<()> {
+        self.overlap.forget();
         for (name, shape, range) in super::layout_ranges(layout) {
             let values = flat
                 .get(range)
@@ -611,6 +635,7 @@ impl Engine for TchEngine {
     }
 
     fn release_parameters(&mut self) -> anyhow::Result<()> {
+        self.overlap.forget();
         // Dropping the tensors drops their `.grad` too.
         for t in self.params.values_mut() {
             *t = Tensor::f_empty([0], (self.mode.storage(), self.device))?;
@@ -683,6 +708,7 @@ mod tests {
         let sync = crate::strategy::ddp::GradSync {
             bucket_cap_bytes: 1 << 20,
             find_unused_parameters: true,
+            gradient_as_bucket_view: false,
         };
         let names: Vec<String> = TchEngine::new(&exp)
             .unwrap()
