@@ -633,6 +633,15 @@ fn fit_with(
         }
     };
     let grad_sync = crate::strategy::ddp::GradSync::of(exp);
+    if grad_sync.gradient_as_bucket_view
+        && exp.backend == crate::schema::Backend::Candle
+        && comm.is_some()
+    {
+        tracing::warn!(
+            "trainer.ddp.gradient_as_bucket_view=true has no effect with backend=candle: its gradients \
+             are averaged through host buffers after the backward pass (backend=tch uses libtorch's reducer)"
+        );
+    }
     // Ranks' clocks differ: a stop decision taken on one rank's clock (the Timer) is taken by all, at the
     // same step, so none is left waiting in a collective.
     let agree = |here: bool| match comm {
