@@ -372,13 +372,6 @@ pub fn check_supported(exp: &Experiment) -> anyhow::Result<()> {
     let t = &exp.trainer;
     let mut missing: Vec<String> = Vec::new();
     crate::strategy::dp::check_placement(exp, &|k| std::env::var(k).ok())?;
-    if t.strategy == Strategy::Fsdp && t.precision == Precision::Mixed16 {
-        missing.push(
-            "trainer.precision=16-mixed with trainer.strategy=fsdp: dynamic loss scaling over shards \
-             (PyTorch's ShardedGradScaler); use trainer.precision=bf16-mixed, which needs no loss scaling"
-                .into(),
-        );
-    }
     if t.strategy == Strategy::Single
         && (t.num_nodes > 1 || matches!(t.devices, Devices::Count(n) if n > 1))
     {

@@ -181,6 +181,59 @@ fn fsdp_matches_one_process_with_the_same_global_batch(
     }
 }
 
+/// `16-mixed` under FSDP (PyTorch's ShardedGradScaler): each rank unscales its own gradient slices and
+/// the ranks agree on overflow, so they skip the same steps and move the loss scale the same way as
+/// 2-process DDP, whose all-reduce spreads an inf to every rank before it unscales. (One process with the
+/// whole batch is no reference here: a rank's loss is the mean over its half, so its fp16 gradients are
+/// twice as large and overflow at half the scale, in PyTorch too.) The initial scale (2^24) is large
+/// enough that the first steps overflow in fp16 and are skipped; later ones are taken.
+#[rstest]
+#[case::full_shard("FULL_SHARD")]
+#[case::shard_grad_op("SHARD_GRAD_OP")]
+fn fsdp_16_mixed_skips_and_steps_as_ddp(#[case] sharding: &str) {
+    let p = real_project();
+    let common = [
+        "backend=tch",
+        "optimizer=sgd",
+        "scheduler=constant",
+        "trainer.precision=16-mixed",
+        "trainer.grad_scaler.init_scale=16777216",
+        "data.batch_size=16",
+    ];
+    let ddp = run_in(
+        p.path(),
+        "ddp",
+        &[&common[..], &["trainer=ddp_sim"]].concat(),
+    );
+    let strategy = format!("trainer.fsdp.sharding_strategy={sharding}");
+    let fsdp = run_in(
+        p.path(),
+        "fsdp",
+        &[&common[..], &["trainer=fsdp_sim", strategy.as_str()]].concat(),
+    );
+    let (a, b) = (full_state(&fsdp), full_state(&ddp));
+    let scale = |s: &trainyard::backend::StateDict| s["optimizer.grad_scaler.scale"].data[0];
+    assert!(
+        scale(&b) < 16777216.0,
+        "the first steps overflowed and lowered the scale: {}",
+        scale(&b)
+    );
+    assert_eq!(scale(&a), scale(&b), "the loss scale moved differently");
+    let worst = worst_relative_difference(&a, &b);
+    eprintln!("FSDP {sharding} 16-mixed vs DDP: {worst:e}");
+    assert!(
+        worst < 1e-5,
+        "FSDP {sharding} 16-mixed state differs from DDP's by {worst:e}"
+    );
+    // Had every step overflowed, each would have halved the scale.
+    let steps = summary(&ddp)["global_step"].as_u64().unwrap();
+    assert!(
+        f64::from(scale(&b)) > 16777216.0 / 2f64.powi(steps as i32),
+        "some of the {steps} steps were taken, not all skipped: scale {}",
+        scale(&b)
+    );
+}
+
 /// `state_dict_type: sharded`: each rank writes its slice (`last.safetensors` on rank 0,
 /// `last.shard1.safetensors` on rank 1) and reads it back on `ckpt_path=last`; an interrupted run resumed
 /// this way ends with the same slices as an uninterrupted one.

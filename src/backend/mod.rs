@@ -102,6 +102,12 @@ pub trait Engine {
     fn loss_scale(&self) -> Option<f64> {
         None
     }
+    /// `16-mixed` under a sharded strategy, which unscales its own gradient slices: once every rank agrees
+    /// whether any of them overflowed, advance the loss scale as the engine's own step would have
+    /// (PyTorch's ShardedGradScaler.update).
+    fn update_loss_scale(&mut self, _found_inf: bool) -> anyhow::Result<()> {
+        anyhow::bail!("this engine has no dynamic loss scaler (trainer.precision is not 16-mixed)")
+    }
     /// Model replicas this engine trains in this process (DataParallel's devices; 1 otherwise).
     fn replicas(&self) -> usize {
         1

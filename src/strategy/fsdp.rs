@@ -10,7 +10,10 @@
 //!   pass; after it each unit's gradient is reduce-scattered and the full parameters are freed.
 //! - `NO_SHARD`: everything stays whole and each unit's gradient is all-reduced (DDP's plan).
 //!
-//! The optimizer updates this rank's slices only: its state exists only for them.
+//! The optimizer updates this rank's slices only: its state exists only for them. Under `16-mixed` the
+//! engine scales the loss with its GradScaler; before the update each rank unscales its own gradient
+//! slices and the ranks agree on whether any overflowed, so all skip or all step, and the scale moves
+//! the same on every rank (PyTorch's ShardedGradScaler).
 //!
 //! Checkpoints: `state_dict_type: full` consolidates parameters and optimizer state under the usual names
 //! (every rank takes part; rank 0 writes), so a single-device run loads them; `sharded` checkpoints are
@@ -486,11 +489,19 @@ impl<'a> ShardedEngine<'a> {
             .state_dict()?
             .into_iter()
             .filter(|(k, _)| {
-                !params.contains(k.as_str())
-                    && (!k.starts_with("optimizer.")
-                        || matches!(k.as_str(), "optimizer.forward_calls"))
+                !params.contains(k.as_str()) && (!k.starts_with("optimizer.") || engine_counter(k))
             })
             .collect())
+    }
+
+    /// ShardedGradScaler's check: does any rank's (unscaled) gradient slice hold an inf or a NaN?
+    fn overflowed_anywhere(&self, grads: &[HostVec]) -> anyhow::Result<bool> {
+        let here = grads.iter().any(|g| g.0.iter().any(|x| !x.is_finite()));
+        let mut flag = [f64::from(u8::from(here))];
+        if self.sharded() {
+            self.comms.comm.all_reduce_f64(&mut flag, ReduceOp::Max)?;
+        }
+        Ok(flag[0] > 0.0)
     }
 
     /// Every unit's full parameters, as named tensors.
@@ -513,6 +524,12 @@ impl<'a> ShardedEngine<'a> {
         }
         Ok(())
     }
+}
+
+/// Optimizer-prefixed entries that belong to the engine, not to the sharded optimizer: its forward-pass
+/// counter (dropout streams) and its loss scaler's state.
+fn engine_counter(key: &str) -> bool {
+    key == "optimizer.forward_calls" || key.starts_with("optimizer.grad_scaler.")
 }
 
 fn counter(value: u64) -> HostTensor {
@@ -564,6 +581,7 @@ impl Engine for ShardedEngine<'_> {
         clip_norm: Option<f64>,
     ) -> anyhow::Result<f64> {
         let mut grads = Vec::with_capacity(self.units.len());
+        let unscale = self.inner.loss_scale().map(|s| 1.0 / s);
         for u in &mut self.units {
             let grad = match u.grad.take() {
                 Some(g) => g,
@@ -573,7 +591,24 @@ impl Engine for ShardedEngine<'_> {
                      first)"
                 ),
             };
-            grads.push(grad);
+            grads.push(match unscale {
+                Some(inv) => grad.affine(inv, 0.0)?,
+                None => grad,
+            });
+        }
+        if unscale.is_some() && self.overflowed_anywhere(&grads)? {
+            // Every rank saw the same verdict: all skip this step, as GradScaler.step does.
+            self.inner.update_loss_scale(true)?;
+            if self.sharded() {
+                self.materialized = false;
+            }
+            tracing::debug!(
+                "16-mixed: gradients overflowed on some rank, step skipped, loss scale lowered"
+            );
+            return Ok(f64::INFINITY);
+        }
+        if unscale.is_some() {
+            self.inner.update_loss_scale(false)?;
         }
         // The global norm: each rank's slices contribute their sum of squares (padding is zero).
         let mut sq = [grads
@@ -671,9 +706,7 @@ impl Engine for ShardedEngine<'_> {
         let params = self.full_parameters()?;
         let mut extras: StateDict = state
             .iter()
-            .filter(|(k, _)| {
-                !k.starts_with("optimizer.") || k.as_str() == "optimizer.forward_calls"
-            })
+            .filter(|(k, _)| !k.starts_with("optimizer.") || engine_counter(k))
             .filter(|(k, _)| !k.starts_with("fsdp."))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
@@ -710,6 +743,10 @@ impl Engine for ShardedEngine<'_> {
 
     fn num_parameters(&self) -> usize {
         self.numel()
+    }
+
+    fn loss_scale(&self) -> Option<f64> {
+        self.inner.loss_scale()
     }
 
     fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {

@@ -602,6 +602,13 @@ impl Engine for TchEngine {
         self.scaler.as_ref().and_then(|s| s.scale().ok())
     }
 
+    fn update_loss_scale(&mut self, found_inf: bool) -> anyhow::Result<()> {
+        self.scaler
+            .as_mut()
+            .context("update_loss_scale: trainer.precision is not 16-mixed")?
+            .update(found_inf)
+    }
+
     fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
         self.params
             .iter()
