@@ -459,6 +459,11 @@ pub enum StateDictType {
 pub struct FsdpConfig {
     pub sharding_strategy: ShardingStrategy,
     pub state_dict_type: StateDictType,
+    /// The size-based wrap policy: consecutive blocks are grouped into FSDP units of at least this many
+    /// parameters (fewer, larger units: fewer collectives, more held whole at once). Unset: one unit
+    /// per block.
+    #[serde(default)]
+    pub min_num_params: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]

@@ -112,6 +112,7 @@ fn state_bytes(summary: &serde_json::Value, rank: usize) -> (u64, u64, u64) {
 #[case::candle_shard_grad_op("candle", "SHARD_GRAD_OP", &[])]
 #[case::tch_no_shard("tch", "NO_SHARD", &[])]
 #[case::candle_no_shard_adamw("candle", "NO_SHARD", &["optimizer=adamw"])]
+#[case::tch_full_shard_grouped_units("tch", "FULL_SHARD", &["trainer.fsdp.min_num_params=200"])]
 fn fsdp_matches_one_process_with_the_same_global_batch(
     #[case] backend: &str,
     #[case] sharding: &str,
@@ -120,7 +121,13 @@ fn fsdp_matches_one_process_with_the_same_global_batch(
     let p = real_project();
     let backend = format!("backend={backend}");
     let mut common = vec![backend.as_str(), "optimizer=sgd", "scheduler=constant"];
-    common.extend_from_slice(extra);
+    // FSDP's own settings go to the FSDP run only.
+    common.extend(extra.iter().filter(|o| !o.starts_with("trainer.fsdp.")));
+    let fsdp_only: Vec<&str> = extra
+        .iter()
+        .copied()
+        .filter(|o| o.starts_with("trainer.fsdp."))
+        .collect();
     let single = run_in(
         p.path(),
         "single",
@@ -133,6 +140,7 @@ fn fsdp_matches_one_process_with_the_same_global_batch(
         &[
             &common[..],
             &["trainer=fsdp_sim", "data.batch_size=16", strategy.as_str()],
+            &fsdp_only[..],
         ]
         .concat(),
     );

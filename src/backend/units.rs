@@ -9,7 +9,9 @@
 //!
 //! That is FSDP's communication (two all-gathers and one reduce-scatter per unit per step) with activation
 //! checkpointing at unit boundaries: peak memory is one unit's parameters and gradients plus the
-//! boundary activations. The backends supply the stage arithmetic (`StagedCompute`); the strategy supplies
+//! boundary activations. A unit is one stage unless `trainer.fsdp.min_num_params` groups consecutive
+//! stages (`group_stages`, PyTorch's size-based wrap policy): fewer, larger units, so fewer collectives
+//! and more parameters whole at once. The backends supply the stage arithmetic (`StagedCompute`); the strategy supplies
 //! the collectives (`UnitExchange`); `train_by_unit` is the schedule both share.
 
 use crate::rng::Rng;
@@ -57,11 +59,56 @@ pub fn unit_layouts(
     Ok(units)
 }
 
+/// FSDP's size-based wrap policy over a model's stages (their parameter layouts, in forward order):
+/// consecutive stages join a unit until it holds at least `min_num_params` parameters; a smaller
+/// remainder joins the last unit. `None`: one unit per stage. Returns the stages of each unit.
+pub fn group_stages(
+    stages: &UnitLayouts,
+    min_num_params: Option<usize>,
+) -> Vec<std::ops::Range<usize>> {
+    let Some(min) = min_num_params else {
+        return (0..stages.len()).map(|k| k..k + 1).collect();
+    };
+    let numel = |k: usize| -> usize {
+        stages[k]
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum()
+    };
+    let mut units: Vec<std::ops::Range<usize>> = Vec::new();
+    let (mut start, mut count) = (0, 0);
+    for k in 0..stages.len() {
+        count += numel(k);
+        if count >= min.max(1) {
+            units.push(start..k + 1);
+            (start, count) = (k + 1, 0);
+        }
+    }
+    if start < stages.len() {
+        match units.last_mut() {
+            Some(last) => last.end = stages.len(),
+            None => units.push(start..stages.len()),
+        }
+    }
+    units
+}
+
+/// The parameter layout of a unit spanning `stages`: theirs, concatenated in order.
+pub fn unit_layout(
+    layouts: &UnitLayouts,
+    stages: std::ops::Range<usize>,
+) -> Vec<(String, Vec<usize>)> {
+    layouts[stages].concat()
+}
+
 /// What the sharding strategy does for an engine computing unit by unit.
 pub trait UnitExchange {
-    /// Each unit's parameters (name, shape) in flat order: fixed when the model was sharded.
+    /// Each stage's parameters (name, shape) in flat order: fixed when the model was sharded.
     fn layouts(&self) -> &UnitLayouts;
-    /// The unit's whole parameters, flat in its layout order (FSDP's unshard: an all-gather).
+    /// The stages each unit spans, in forward order (one each unless a wrap policy grouped them).
+    fn units(&self) -> &[std::ops::Range<usize>];
+    /// The unit's whole parameters, flat in its layout order (`unit_layout`; FSDP's unshard: an
+    /// all-gather).
     fn unshard(&mut self, unit: usize) -> anyhow::Result<Vec<f32>>;
     /// The unit's gradient for this rank's batch, flat in layout order, zero where a parameter got none
     /// (FSDP's post-backward reduce-scatter).
@@ -123,40 +170,98 @@ pub fn train_by_unit<E: StagedCompute>(
     rng: &mut Rng,
 ) -> anyhow::Result<E::Out> {
     let layouts = exchange.layouts().clone();
-    anyhow::ensure!(
-        layouts.len() == engine.stage_count(),
-        "FSDP units: {} parameter groups for a model of {} stages",
-        layouts.len(),
-        engine.stage_count()
-    );
+    let units = checked_units(exchange, engine.stage_count())?;
     let last = layouts.len() - 1;
+    let last_unit = units.len() - 1;
     let mut inputs = vec![input];
     let mut streams = Vec::with_capacity(last);
-    for (k, layout) in layouts[..last].iter().enumerate() {
-        engine.install(layout, &exchange.unshard(k)?)?;
+    // Forward: every stage but the loss stage, without a graph, one unit installed at a time.
+    for (u, stages) in units.iter().enumerate().take(last_unit) {
+        let layout = unit_layout(&layouts, stages.clone());
+        engine.install(&layout, &exchange.unshard(u)?)?;
+        for k in stages.clone() {
+            streams.push(rng.clone());
+            let y = engine.forward(k, &inputs[k], true, rng)?;
+            inputs.push(y);
+        }
+        engine.release(&layout)?;
+    }
+    // The last unit runs its leading stages, the loss and its backward pass in one installation.
+    let stages = units[last_unit].clone();
+    let layout = unit_layout(&layouts, stages.clone());
+    engine.install(&layout, &exchange.unshard(last_unit)?)?;
+    for k in stages.start..last {
         streams.push(rng.clone());
         let y = engine.forward(k, &inputs[k], true, rng)?;
-        engine.release(layout)?;
         inputs.push(y);
     }
-    engine.install(&layouts[last], &exchange.unshard(last)?)?;
     let (mut grad_out, grad, out) =
         engine.backward_loss(&layouts[last], &inputs[last], grad_scale, rng)?;
-    engine.release(&layouts[last])?;
-    exchange.reduce(last, grad)?;
-    for k in (0..last).rev() {
-        engine.install(&layouts[k], &exchange.unshard(k)?)?;
+    let mut grads = vec![grad];
+    for k in (stages.start..last).rev() {
         inputs.truncate(k + 1);
-        let mut stream = streams[k].clone();
-        let (grad_in, grad) =
-            engine.backward(k, &layouts[k], &inputs[k], &grad_out, k > 0, &mut stream)?;
-        engine.release(&layouts[k])?;
-        exchange.reduce(k, grad)?;
+        let (grad_in, grad) = engine.backward(
+            k,
+            &layouts[k],
+            &inputs[k],
+            &grad_out,
+            k > 0,
+            &mut streams[k].clone(),
+        )?;
+        grads.push(grad);
         if let Some(g) = grad_in {
             grad_out = g;
         }
     }
+    engine.release(&layout)?;
+    exchange.reduce(last_unit, grads.into_iter().rev().flatten().collect())?;
+    // Backward through the other units, last first: gather, recompute with a graph, reduce, free.
+    for (u, stages) in units.iter().enumerate().take(last_unit).rev() {
+        let layout = unit_layout(&layouts, stages.clone());
+        engine.install(&layout, &exchange.unshard(u)?)?;
+        let mut grads = Vec::with_capacity(stages.len());
+        for k in stages.clone().rev() {
+            inputs.truncate(k + 1);
+            let (grad_in, grad) = engine.backward(
+                k,
+                &layouts[k],
+                &inputs[k],
+                &grad_out,
+                k > 0,
+                &mut streams[k].clone(),
+            )?;
+            grads.push(grad);
+            if let Some(g) = grad_in {
+                grad_out = g;
+            }
+        }
+        engine.release(&layout)?;
+        exchange.reduce(u, grads.into_iter().rev().flatten().collect())?;
+    }
     Ok(out)
+}
+
+/// The exchange's units, checked to cover the model's stages in order, each at least one stage.
+fn checked_units(
+    exchange: &dyn UnitExchange,
+    stage_count: usize,
+) -> anyhow::Result<Vec<std::ops::Range<usize>>> {
+    let layouts = exchange.layouts();
+    anyhow::ensure!(
+        layouts.len() == stage_count && stage_count > 0,
+        "FSDP units: {} parameter groups for a model of {stage_count} stages",
+        layouts.len()
+    );
+    let units = exchange.units().to_vec();
+    let contiguous = units.first().is_some_and(|u| u.start == 0)
+        && units.last().is_some_and(|u| u.end == stage_count)
+        && units.windows(2).all(|w| w[0].end == w[1].start)
+        && units.iter().all(|u| !u.is_empty());
+    anyhow::ensure!(
+        contiguous,
+        "FSDP units {units:?} do not cover the model's {stage_count} stages in order"
+    );
+    Ok(units)
 }
 
 /// An evaluation forward pass, unit by unit: each unit's parameters are gathered, used and freed.
@@ -166,13 +271,17 @@ pub fn evaluate_by_unit<E: StagedCompute>(
     exchange: &mut dyn UnitExchange,
 ) -> anyhow::Result<E::Act> {
     let layouts = exchange.layouts().clone();
+    let units = checked_units(exchange, engine.stage_count())?;
     let mut h = input;
     // Evaluation draws no dropout masks; the stream only fills the signature.
     let mut rng = Rng::new(0);
-    for (k, layout) in layouts.iter().enumerate() {
-        engine.install(layout, &exchange.unshard(k)?)?;
-        h = engine.forward(k, &h, false, &mut rng)?;
-        engine.release(layout)?;
+    for (u, stages) in units.into_iter().enumerate() {
+        let layout = unit_layout(&layouts, stages.clone());
+        engine.install(&layout, &exchange.unshard(u)?)?;
+        for k in stages {
+            h = engine.forward(k, &h, false, &mut rng)?;
+        }
+        engine.release(&layout)?;
     }
     Ok(h)
 }
@@ -184,6 +293,30 @@ mod tests {
 
     fn shapes(names: &[&str]) -> Vec<(String, Vec<usize>)> {
         names.iter().map(|n| (n.to_string(), vec![1])).collect()
+    }
+
+    /// Stages of 0, 5, 5, 20 and 2 parameters.
+    fn sized_stages() -> UnitLayouts {
+        [0usize, 5, 5, 20, 2]
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| match n {
+                0 => Vec::new(),
+                n => vec![(format!("s{k}"), vec![n])],
+            })
+            .collect()
+    }
+
+    #[rstest]
+    #[case::one_per_stage(None, vec![0..1, 1..2, 2..3, 3..4, 4..5])]
+    #[case::grouped_remainder_joins_the_last(Some(10), vec![0..3, 3..5])]
+    #[case::each_stage_enough(Some(1), vec![0..2, 2..3, 3..4, 4..5])]
+    #[case::more_than_the_model(Some(1000), vec![0..5])]
+    fn the_size_policy_groups_consecutive_stages(
+        #[case] min: Option<usize>,
+        #[case] expected: Vec<std::ops::Range<usize>>,
+    ) {
+        assert_eq!(group_stages(&sized_stages(), min), expected);
     }
 
     #[test]
@@ -256,6 +389,7 @@ mod engine_tests {
     /// One rank's exchange: the whole parameters are at hand; gradients are summed by name.
     struct Whole {
         layouts: UnitLayouts,
+        units: Vec<std::ops::Range<usize>>,
         params: StateDict,
         grads: StateDict,
         unshards: usize,
@@ -263,8 +397,10 @@ mod engine_tests {
 
     impl Whole {
         fn of(engine: &mut dyn Engine) -> Whole {
+            let layouts = engine.units().unwrap();
             let whole = Whole {
-                layouts: engine.units().unwrap(),
+                units: super::group_stages(&layouts, None),
+                layouts,
                 params: engine.state_dict().unwrap(),
                 grads: StateDict::new(),
                 unshards: 0,
@@ -278,15 +414,19 @@ mod engine_tests {
         fn layouts(&self) -> &UnitLayouts {
             &self.layouts
         }
+        fn units(&self) -> &[std::ops::Range<usize>] {
+            &self.units
+        }
         fn unshard(&mut self, unit: usize) -> anyhow::Result<Vec<f32>> {
             self.unshards += 1;
-            Ok(self.layouts[unit]
+            Ok(super::unit_layout(&self.layouts, self.units[unit].clone())
                 .iter()
                 .flat_map(|(n, _)| self.params[n].data.clone())
                 .collect())
         }
         fn reduce(&mut self, unit: usize, grad: Vec<f32>) -> anyhow::Result<()> {
-            for (name, shape, range) in crate::backend::layout_ranges(&self.layouts[unit]) {
+            let layout = super::unit_layout(&self.layouts, self.units[unit].clone());
+            for (name, shape, range) in crate::backend::layout_ranges(&layout) {
                 let t = self.grads.entry(name.to_string()).or_insert(HostTensor {
                     shape: shape.to_vec(),
                     data: vec![0.0; range.len()],
@@ -323,12 +463,14 @@ mod engine_tests {
 
     /// Unit by unit (recomputing each stage in the backward pass) gives the gradients, loss and
     /// BatchNorm running statistics of one whole forward and backward, over two accumulated
-    /// micro-batches: for BatchNorm (ResNet), dropout (ViT, MLP, CNN head) and parameterless stems.
+    /// micro-batches: for BatchNorm (ResNet), dropout (ViT, MLP, CNN head) and parameterless stems; with
+    /// one stage per unit and with stages grouped by the size-based wrap policy.
     #[rstest]
     #[case::candle(Backend::Candle)]
     #[cfg_attr(feature = "torch", case::tch(Backend::Tch))]
     fn unit_by_unit_equals_the_whole_pass(
         #[case] backend: Backend,
+        #[values(None, Some(3000))] min_num_params: Option<usize>,
         #[values(
             "{name: resnet18, num_classes: 4, cifar_stem: true}",
             "{name: vit, variant: tiny, patch_size: 4, num_classes: 4, dropout: 0.2}",
@@ -339,7 +481,15 @@ mod engine_tests {
     ) {
         let (mut whole, mut staged) = (engine(backend, model), engine(backend, model));
         let mut ex = Whole::of(staged.as_mut());
-        assert!(ex.layouts.len() >= 3, "{} units", ex.layouts.len());
+        assert!(ex.layouts.len() >= 3, "{} stages", ex.layouts.len());
+        ex.units = super::group_stages(&ex.layouts, min_num_params);
+        if min_num_params.is_some() {
+            assert!(
+                ex.units.len() < ex.layouts.len() && ex.units.iter().any(|u| u.len() > 1),
+                "grouped: {:?}",
+                ex.units
+            );
+        }
         for seed in [1, 2] {
             let a = whole.forward_backward(&batch(seed), 0.5).unwrap();
             let b = staged
@@ -354,7 +504,7 @@ mod engine_tests {
             );
         }
         // Each unit gathered twice per step (forward, backward) except the head, gathered once.
-        assert_eq!(ex.unshards, 2 * (2 * ex.layouts.len() - 1));
+        assert_eq!(ex.unshards, 2 * (2 * ex.units.len() - 1));
         let layout = whole.parameter_shapes();
         let mut grads = vec![0.0; whole.num_parameters()];
         let missing = whole.take_gradients(&layout, &mut grads).unwrap();

@@ -1,6 +1,7 @@
 //! Fully sharded data parallel (PyTorch FSDP's contract, ZeRO's memory plan). The model is cut into
 //! units, as FSDP's `auto_wrap_policy` wraps blocks (`backend::units`: the stem, each residual or
-//! transformer block, the head). Each unit's parameters are one flat vector in name order, padded to a
+//! transformer block, the head; `trainer.fsdp.min_num_params` groups consecutive ones as the size-based
+//! policy does). Each unit's parameters are one flat vector in name order, padded to a
 //! multiple of the world size; rank r owns slice r of it, of its gradient and of every optimizer slot.
 //! - `FULL_SHARD`: the engine computes unit by unit. Forward: all-gather a unit, run it, free it.
 //!   Backward, last unit first: all-gather it again, run it again with a graph (activation
@@ -266,6 +267,7 @@ impl Unit {
 struct Exchange<'s> {
     units: &'s mut [Unit],
     named: &'s UnitLayouts,
+    groups: &'s [std::ops::Range<usize>],
     comms: Comms<'s>,
     /// The most parameter bytes held whole at once.
     peak: &'s mut u64,
@@ -274,6 +276,10 @@ struct Exchange<'s> {
 impl UnitExchange for Exchange<'_> {
     fn layouts(&self) -> &UnitLayouts {
         self.named
+    }
+
+    fn units(&self) -> &[std::ops::Range<usize>] {
+        self.groups
     }
 
     fn unshard(&mut self, unit: usize) -> anyhow::Result<Vec<f32>> {
@@ -299,8 +305,10 @@ pub struct ShardedEngine<'a> {
     strategy: ShardingStrategy,
     state_dict_type: StateDictType,
     units: Vec<Unit>,
-    /// The units' named layouts, as the engine computes over them.
+    /// The model's stages' named layouts, as the engine computes over them.
     named: UnitLayouts,
+    /// The stages each unit spans (`trainer.fsdp.min_num_params`; one each by default).
+    groups: Vec<std::ops::Range<usize>>,
     optimizer: Optimizer<HostVec>,
     /// `inner` holds every unit's current full parameters.
     materialized: bool,
@@ -341,11 +349,13 @@ impl<'a> ShardedEngine<'a> {
             true => (comm.rank(), comm.world_size()),
         };
         let named = inner.units()?;
+        let groups = crate::backend::units::group_stages(&named, cfg.min_num_params);
         anyhow::ensure!(inner.num_parameters() > 0, "the model has no parameters");
         let state = inner.state_dict()?;
-        let mut units = Vec::with_capacity(named.len());
-        for params in &named {
-            let layout = FlatLayout::new(params.clone(), rank, world);
+        let mut units = Vec::with_capacity(groups.len());
+        for stages in &groups {
+            let params = crate::backend::units::unit_layout(&named, stages.clone());
+            let layout = FlatLayout::new(params, rank, world);
             let full = flat_or_empty(&layout, &state, "", "")?
                 .context("the model's state lacks its parameters")?;
             units.push(Unit {
@@ -367,6 +377,7 @@ impl<'a> ShardedEngine<'a> {
             state_dict_type: cfg.state_dict_type,
             units,
             named,
+            groups,
             optimizer: Optimizer::new(exp.optimizer.clone()),
         })
     }
@@ -388,6 +399,7 @@ impl<'a> ShardedEngine<'a> {
         let exchange = Exchange {
             units: &mut self.units,
             named: &self.named,
+            groups: &self.groups,
             comms: self.comms,
             peak: &mut self.unsharded_peak,
         };
@@ -459,8 +471,8 @@ impl<'a> ShardedEngine<'a> {
             anyhow::ensure!(
                 shard.data.len() == u.layout.shard_len,
                 "the sharded checkpoint holds a slice of {} values for unit {i}, this rank's is {}: it \
-                 was written by a different world size or model; resume with the same trainer.devices \
-                 × trainer.num_nodes, or save with state_dict_type=full",
+                 was written by a different world size, model or trainer.fsdp.min_num_params; resume \
+                 with the same ones, or save with state_dict_type=full",
                 shard.data.len(),
                 u.layout.shard_len
             );
@@ -880,10 +892,15 @@ mod tests {
         assert!(o.state.contains_key("flat0.momentum_buffer"));
     }
 
-    fn experiment(model: &str, sharding: &str) -> Experiment {
+    /// Parameters in one ViT-tiny block (dim 192, MLP 768: qkv, projection, two MLP layers, two norms).
+    const BLOCK: usize =
+        192 * 576 + 576 + 192 * 192 + 192 + 192 * 768 + 768 + 768 * 192 + 192 + 4 * 192;
+
+    fn experiment(model: &str, sharding: &str, min_num_params: Option<usize>) -> Experiment {
+        let min = min_num_params.map_or("null".to_string(), |n| n.to_string());
         let trainer = format!(
             "{{strategy: fsdp, devices: 2, \
-             fsdp: {{sharding_strategy: {sharding}, state_dict_type: full}}}}"
+             fsdp: {{sharding_strategy: {sharding}, state_dict_type: full, min_num_params: {min}}}}}"
         );
         let optimizer = "{name: sgd, lr: 0.1, momentum: 0.9, weight_decay: 0.01}";
         crate::testing::experiment(model, optimizer, &trainer, 4)
@@ -906,15 +923,21 @@ mod tests {
 
     /// 2 ranks (threads over the in-process collective) × 2 accumulated micro-batches × 2 rows, sharded,
     /// take the steps one engine takes on all 8 rows: same weights and momentum after 3 steps of momentum
-    /// SGD with weight decay and clipping, for every sharding strategy. `FULL_SHARD` holds at most one unit's parameters whole (a
-    /// ViT block: a small part of the model); the other strategies the whole model.
+    /// SGD with weight decay and clipping, for every sharding strategy. `FULL_SHARD` holds at most one
+    /// unit's parameters whole (a ViT block: a small part of the model; two blocks when the size policy
+    /// groups them); the other strategies the whole model.
     #[rstest]
-    #[case::full_shard("FULL_SHARD")]
-    #[case::shard_grad_op("SHARD_GRAD_OP")]
-    #[case::no_shard("NO_SHARD")]
-    fn two_ranks_take_the_single_engine_steps(#[case] sharding: &str) {
+    #[case::full_shard("FULL_SHARD", None)]
+    #[case::full_shard_two_blocks_a_unit("FULL_SHARD", Some(BLOCK + 1))]
+    #[case::shard_grad_op("SHARD_GRAD_OP", None)]
+    #[case::shard_grad_op_grouped("SHARD_GRAD_OP", Some(BLOCK + 1))]
+    #[case::no_shard("NO_SHARD", None)]
+    fn two_ranks_take_the_single_engine_steps(
+        #[case] sharding: &str,
+        #[case] min_num_params: Option<usize>,
+    ) {
         let model = "{name: vit, variant: tiny, patch_size: 4, num_classes: 4}";
-        let exp = experiment(model, sharding);
+        let exp = experiment(model, sharding, min_num_params);
         let sync = super::super::ddp::GradSync::of(&exp);
         let mut single = crate::backend::build(&exp).unwrap();
         for step in 0..3 {
@@ -965,11 +988,18 @@ mod tests {
                 checked += usize::from(name.ends_with("momentum_buffer"));
             }
             assert!(checked > 10, "momentum buffers compared: {checked}");
-            match sharding {
-                "FULL_SHARD" => assert!(
-                    bytes.unsharded_peak * 8 < total,
-                    "rank {rank}: {} of {total} bytes whole at once",
+            let block = 4 * BLOCK as u64;
+            match (sharding, min_num_params) {
+                ("FULL_SHARD", None) => assert!(
+                    bytes.unsharded_peak >= block && bytes.unsharded_peak < block + 4096,
+                    "rank {rank}: {} bytes whole at once, one block is {block}",
                     bytes.unsharded_peak
+                ),
+                ("FULL_SHARD", Some(_)) => assert!(
+                    bytes.unsharded_peak >= 2 * block && bytes.unsharded_peak < 3 * block,
+                    "rank {rank}: {} bytes whole at once, two blocks are {}",
+                    bytes.unsharded_peak,
+                    2 * block
                 ),
                 _ => assert_eq!(bytes.unsharded_peak, total, "rank {rank}"),
             }
