@@ -195,50 +195,61 @@ pub fn train_by_unit<E: StagedCompute>(
         let y = engine.forward(k, &inputs[k], true, rng)?;
         inputs.push(y);
     }
-    let (mut grad_out, grad, out) =
+    let (mut grad_out, loss_grad, out) =
         engine.backward_loss(&layouts[last], &inputs[last], grad_scale, rng)?;
-    let mut grads = vec![grad];
-    for k in (stages.start..last).rev() {
-        inputs.truncate(k + 1);
-        let (grad_in, grad) = engine.backward(
-            k,
-            &layouts[k],
-            &inputs[k],
-            &grad_out,
-            k > 0,
-            &mut streams[k].clone(),
-        )?;
-        grads.push(grad);
-        if let Some(g) = grad_in {
-            grad_out = g;
-        }
-    }
+    let mut grad = backward_through(
+        engine,
+        &layouts,
+        &mut inputs,
+        &streams,
+        stages.start..last,
+        &mut grad_out,
+    )?;
+    grad.extend(loss_grad);
     engine.release(&layout)?;
-    exchange.reduce(last_unit, grads.into_iter().rev().flatten().collect())?;
+    exchange.reduce(last_unit, grad)?;
     // Backward through the other units, last first: gather, recompute with a graph, reduce, free.
     for (u, stages) in units.iter().enumerate().take(last_unit).rev() {
         let layout = unit_layout(&layouts, stages.clone());
         engine.install(&layout, &exchange.unshard(u)?)?;
-        let mut grads = Vec::with_capacity(stages.len());
-        for k in stages.clone().rev() {
-            inputs.truncate(k + 1);
-            let (grad_in, grad) = engine.backward(
-                k,
-                &layouts[k],
-                &inputs[k],
-                &grad_out,
-                k > 0,
-                &mut streams[k].clone(),
-            )?;
-            grads.push(grad);
-            if let Some(g) = grad_in {
-                grad_out = g;
-            }
-        }
+        let grad = backward_through(
+            engine,
+            &layouts,
+            &mut inputs,
+            &streams,
+            stages.clone(),
+            &mut grad_out,
+        )?;
         engine.release(&layout)?;
-        exchange.reduce(u, grads.into_iter().rev().flatten().collect())?;
+        exchange.reduce(u, grad)?;
     }
     Ok(out)
+}
+
+/// Backpropagate `grad_out` through `stages` (installed), last first: each is recomputed with a graph
+/// from its saved input and random stream, its input freed after. Leaves in `grad_out` the gradient of
+/// the first stage's input (when that stage is not the model's first) and returns the stages' flat
+/// parameter gradients in stage order.
+fn backward_through<E: StagedCompute>(
+    engine: &mut E,
+    layouts: &UnitLayouts,
+    inputs: &mut Vec<E::Act>,
+    streams: &[Rng],
+    stages: std::ops::Range<usize>,
+    grad_out: &mut E::Act,
+) -> anyhow::Result<Vec<f32>> {
+    let mut grads = Vec::with_capacity(stages.len());
+    for k in stages.rev() {
+        inputs.truncate(k + 1);
+        let mut stream = streams[k].clone();
+        let (grad_in, grad) =
+            engine.backward(k, &layouts[k], &inputs[k], grad_out, k > 0, &mut stream)?;
+        grads.push(grad);
+        if let Some(g) = grad_in {
+            *grad_out = g;
+        }
+    }
+    Ok(grads.into_iter().rev().flatten().collect())
 }
 
 /// The exchange's units, checked to cover the model's stages in order, each at least one stage.
