@@ -34,3 +34,12 @@ pub fn batch(seed: u64) -> crate::data::loader::Batch {
         width: 8,
     }
 }
+
+/// A loopback port free right now, for a test's TCPStore.
+pub fn loopback_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}

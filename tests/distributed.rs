@@ -35,12 +35,8 @@ fn ddp_matches_one_process_with_the_same_global_batch(
     let backend = format!("backend={backend}");
     let mut common = vec![backend.as_str(), "optimizer=sgd", "scheduler=constant"];
     // Settings both runs share (the bucket size only matters to DDP; one process ignores it).
-    common.extend(extra.iter().filter(|o| !o.starts_with("trainer.ddp.")));
-    let ddp_only: Vec<&str> = extra
-        .iter()
-        .copied()
-        .filter(|o| o.starts_with("trainer.ddp."))
-        .collect();
+    let (ddp_only, shared) = split_under(extra, "trainer.ddp.");
+    common.extend(shared);
     let single = run_in(
         p.path(),
         "single",
@@ -78,6 +74,21 @@ fn ddp_matches_one_process_with_the_same_global_batch(
     );
     // Only rank 0 writes the run's records.
     assert!(ddp.join("train.rank0.log").exists() && ddp.join("metrics.csv").exists());
+}
+
+/// `extra` split into the overrides under `prefix` (for the distributed run only) and the rest.
+fn split_under<'a>(extra: &[&'a str], prefix: &str) -> (Vec<&'a str>, Vec<&'a str>) {
+    extra.iter().copied().partition(|o| o.starts_with(prefix))
+}
+
+/// A 2-process `trainer=fsdp_sim` run with this sharding strategy into `root/fsdp`.
+fn run_fsdp(root: &Path, sharding: &str, extra: &[&str]) -> PathBuf {
+    let strategy = format!("trainer.fsdp.sharding_strategy={sharding}");
+    run_in(
+        root,
+        "fsdp",
+        &[extra, &["trainer=fsdp_sim", strategy.as_str()]].concat(),
+    )
 }
 
 /// Model and optimizer state (optimizer.* included, counters excluded) of a run's last checkpoint.
@@ -122,27 +133,17 @@ fn fsdp_matches_one_process_with_the_same_global_batch(
     let backend = format!("backend={backend}");
     let mut common = vec![backend.as_str(), "optimizer=sgd", "scheduler=constant"];
     // FSDP's own settings go to the FSDP run only.
-    common.extend(extra.iter().filter(|o| !o.starts_with("trainer.fsdp.")));
-    let fsdp_only: Vec<&str> = extra
-        .iter()
-        .copied()
-        .filter(|o| o.starts_with("trainer.fsdp."))
-        .collect();
+    let (fsdp_only, shared) = split_under(extra, "trainer.fsdp.");
+    common.extend(shared);
     let single = run_in(
         p.path(),
         "single",
         &[&common[..], &["data.batch_size=32"]].concat(),
     );
-    let strategy = format!("trainer.fsdp.sharding_strategy={sharding}");
-    let fsdp = run_in(
+    let fsdp = run_fsdp(
         p.path(),
-        "fsdp",
-        &[
-            &common[..],
-            &["trainer=fsdp_sim", "data.batch_size=16", strategy.as_str()],
-            &fsdp_only[..],
-        ]
-        .concat(),
+        sharding,
+        &[&common[..], &["data.batch_size=16"], &fsdp_only[..]].concat(),
     );
     let (s, f) = (summary(&single), summary(&fsdp));
     assert_eq!(f["strategy"], "fsdp");
@@ -213,12 +214,7 @@ fn fsdp_16_mixed_skips_and_steps_as_ddp(#[case] sharding: &str) {
         "ddp",
         &[&common[..], &["trainer=ddp_sim"]].concat(),
     );
-    let strategy = format!("trainer.fsdp.sharding_strategy={sharding}");
-    let fsdp = run_in(
-        p.path(),
-        "fsdp",
-        &[&common[..], &["trainer=fsdp_sim", strategy.as_str()]].concat(),
-    );
+    let fsdp = run_fsdp(p.path(), sharding, &common);
     let (a, b) = (full_state(&fsdp), full_state(&ddp));
     let scale = |s: &trainyard::backend::StateDict| s["optimizer.grad_scaler.scale"].data[0];
     assert!(

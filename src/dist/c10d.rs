@@ -496,11 +496,7 @@ mod tests {
     use super::*;
 
     fn one_rank_group() -> (Store, ProcessGroup) {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::testing::loopback_port();
         let timeout = Duration::from_secs(10);
         let store = Store::connect("127.0.0.1", port, true, 1, timeout).unwrap();
         let group = ProcessGroup::gloo(&store, "test", 0, 1, "127.0.0.1", timeout).unwrap();
@@ -512,11 +508,7 @@ mod tests {
     /// gradients sum to the whole-batch ones.
     #[test]
     fn sync_batch_norm_on_two_ranks_is_batch_norm_over_both_halves() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::testing::loopback_port();
         tch::manual_seed(0);
         let x = Tensor::randn([8, 3, 2, 5], (tch::Kind::Float, tch::Device::Cpu));
         let probe = Tensor::randn([8, 3, 2, 5], (tch::Kind::Float, tch::Device::Cpu));

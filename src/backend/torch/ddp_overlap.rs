@@ -138,11 +138,7 @@ mod tests {
             find_unused_parameters,
             gradient_as_bucket_view,
         };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::testing::loopback_port();
         let timeout = Duration::from_secs(30);
         std::thread::scope(|s| {
             let ranks: Vec<_> = (0..2usize)
