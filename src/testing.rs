@@ -36,6 +36,7 @@ pub fn batch(seed: u64) -> crate::data::loader::Batch {
 }
 
 /// A loopback port free right now, for a test's TCPStore.
+#[cfg(feature = "torch")]
 pub fn loopback_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

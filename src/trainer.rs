@@ -700,7 +700,13 @@ fn fit_with(
         ..DistributedSampler::single(len, shuffle, exp.seed)
     };
     let train_sampler = sampler(train_set.len(), overfit.is_none());
-    let val_sampler = sampler(val_set.len(), false);
+    // Validation sees every sample exactly once, so distributed metrics equal one device's (Lightning
+    // repeats samples to even out the shares). FSDP pads as PyTorch does: each evaluation batch gathers
+    // every unit, so every rank must run the same number of batches.
+    let val_sampler = DistributedSampler {
+        pad: t.strategy == Strategy::Fsdp,
+        ..sampler(val_set.len(), false)
+    };
 
     let available = crate::data::loader::batches_of(
         &train_sampler.indices(0),
@@ -713,12 +719,18 @@ fn fit_with(
         (None, Some(limit)) => limited(available, limit),
         (None, None) => limited(available, t.limit_train_batches),
     };
-    let val_available = val_sampler.num_samples().div_ceil(exp.data.batch_size);
-    let val_batches = match (fast_dev, overfit) {
-        (Some(n), _) => n.min(val_available),
-        (None, Some(_)) => train_batches,
-        (None, None) => limited(val_available, t.limit_val_batches),
+    let val_batches_of = |samples: usize| {
+        let available = samples.div_ceil(exp.data.batch_size);
+        match (fast_dev, overfit) {
+            (Some(n), _) => n.min(available),
+            (None, Some(_)) => train_batches,
+            (None, None) => limited(available, t.limit_val_batches),
+        }
     };
+    let val_batches = val_batches_of(val_sampler.num_samples());
+    // Every rank validates when rank 0 (the largest share) has batches: a rank with none still takes
+    // part in summing the metrics.
+    let validates = val_batches_of(val_set.len().div_ceil(world)) > 0;
     anyhow::ensure!(
         train_batches > 0,
         "no training batches: check data.batch_size and trainer.limit_train_batches"
@@ -1022,7 +1034,7 @@ fn fit_with(
                 }
                 let mid_epoch_check = val_every.is_some_and(|n| (i + 1).is_multiple_of(n))
                     && i + 1 < train_batches
-                    && val_batches > 0
+                    && validates
                     && (epoch + 1).is_multiple_of(t.check_val_every_n_epoch.max(1));
                 if mid_epoch_check {
                     let v = run_validation(
@@ -1093,7 +1105,7 @@ fn fit_with(
         last_train = epoch_stats;
         state.epoch += 1;
 
-        let validate = val_batches > 0
+        let validate = validates
             && stopped_mid_epoch.is_none()
             && (state.epoch.is_multiple_of(t.check_val_every_n_epoch.max(1))
                 || state.epoch == max_epochs);

@@ -19,7 +19,9 @@ use trainyard::checkpoint;
 
 /// 2 processes × batch 16 over Gloo = 1 process × batch 32: same weights after an epoch (SGD with
 /// momentum, so a wrong average or a missed bucket shows at once), for both backends; with buckets small
-/// enough to split the model, and with gradient accumulation.
+/// enough to split the model, and with gradient accumulation. Validation over 63 images (32 on rank 0,
+/// 31 on rank 1) sees each exactly once: the same accuracy as one process, where padding the shares
+/// would have counted an image twice (k/64 is never k'/63).
 #[rstest]
 #[case::tch("tch", &[], 10)]
 #[case::candle("candle", &[], 10)]
@@ -33,7 +35,12 @@ fn ddp_matches_one_process_with_the_same_global_batch(
 ) {
     let p = real_project();
     let backend = format!("backend={backend}");
-    let mut common = vec![backend.as_str(), "optimizer=sgd", "scheduler=constant"];
+    let mut common = vec![
+        backend.as_str(),
+        "optimizer=sgd",
+        "scheduler=constant",
+        "data.val_size=63",
+    ];
     // Settings both runs share (the bucket size only matters to DDP; one process ignores it).
     let (ddp_only, shared) = split_under(extra, "trainer.ddp.");
     common.extend(shared);
@@ -65,8 +72,22 @@ fn ddp_matches_one_process_with_the_same_global_batch(
     );
     // Sanity: the runs trained (the first step moved the weights away from initialisation).
     assert!(s["final_metrics"]["train/loss"].as_f64().unwrap() < 2.5);
-    // Metrics are global: every rank logged the same validation accuracy as rank 0's summary.
+    // Metrics are global and exact: each validation image counted once, as in one process.
     let acc = d["final_metrics"]["val/acc1"].as_f64().unwrap();
+    let single_acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
+    assert!(
+        acc > 0.0 && (acc - single_acc).abs() < 1e-9,
+        "val/acc1 {acc} vs one process {single_acc}"
+    );
+    let (dl, sl) = (
+        d["final_metrics"]["val/loss"].as_f64().unwrap(),
+        s["final_metrics"]["val/loss"].as_f64().unwrap(),
+    );
+    assert!(
+        (dl - sl).abs() < 1e-4 * sl.abs(),
+        "val/loss {dl} vs one process {sl}"
+    );
+    // Every rank logged the same validation accuracy as rank 0's summary.
     let rank1 = std::fs::read_to_string(ddp.join("train.rank1.log")).unwrap();
     assert!(
         rank1.contains(&format!("val/acc1 {acc:.3}")),

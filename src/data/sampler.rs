@@ -1,6 +1,7 @@
 //! Which sample indices a rank sees in an epoch, with PyTorch `DistributedSampler` semantics: a seeded
 //! shuffle per epoch (`set_epoch`), then either padding (repeat from the start) so every rank gets the same
-//! count, or `drop_last` truncation; rank r takes every `num_replicas`-th index starting at r.
+//! count, or `drop_last` truncation; rank r takes every `num_replicas`-th index starting at r. Without
+//! `pad` the shares stay uneven and every sample is seen exactly once (exact distributed validation).
 
 use crate::rng::Rng;
 
@@ -12,6 +13,9 @@ pub struct DistributedSampler {
     pub shuffle: bool,
     pub seed: u64,
     pub drop_last: bool,
+    /// Repeat samples so every rank gets the same count (PyTorch's default); off: each sample once, and
+    /// the first `len % num_replicas` ranks get one more.
+    pub pad: bool,
 }
 
 impl DistributedSampler {
@@ -23,6 +27,7 @@ impl DistributedSampler {
             shuffle,
             seed,
             drop_last: false,
+            pad: true,
         }
     }
 
@@ -30,8 +35,12 @@ impl DistributedSampler {
     pub fn num_samples(&self) -> usize {
         if self.drop_last {
             self.len / self.num_replicas
-        } else {
+        } else if self.pad {
             self.len.div_ceil(self.num_replicas)
+        } else {
+            self.len
+                .saturating_sub(self.rank)
+                .div_ceil(self.num_replicas)
         }
     }
 
@@ -41,7 +50,10 @@ impl DistributedSampler {
         if self.shuffle {
             Rng::keyed(&[self.seed, epoch, 0x5A_4D_50]).shuffle(&mut all);
         }
-        let total = self.num_samples() * self.num_replicas;
+        let total = match (self.drop_last, self.pad) {
+            (false, false) => all.len(),
+            _ => self.num_samples() * self.num_replicas,
+        };
         if total > all.len() && !all.is_empty() {
             let mut i = 0;
             while all.len() < total {
@@ -82,6 +94,7 @@ mod tests {
                 shuffle: true,
                 seed: 1,
                 drop_last,
+                pad: true,
             };
             let idx = s.indices(0);
             assert_eq!(idx.len(), expected);
@@ -92,6 +105,32 @@ mod tests {
         if !drop_last {
             assert_eq!(union.len(), len, "padding repeats, never skips");
         }
+    }
+
+    /// Without padding every sample goes to exactly one rank, and `num_samples` says how many each gets.
+    #[rstest]
+    #[case(10, 3, vec![4, 3, 3])]
+    #[case(9, 3, vec![3, 3, 3])]
+    #[case(1, 4, vec![1, 0, 0, 0])]
+    fn unpadded_shares_see_each_sample_once(
+        #[case] len: usize,
+        #[case] replicas: usize,
+        #[case] counts: Vec<usize>,
+    ) {
+        let mut union = Vec::new();
+        for (rank, &count) in counts.iter().enumerate() {
+            let s = DistributedSampler {
+                num_replicas: replicas,
+                rank,
+                pad: false,
+                ..DistributedSampler::single(len, true, 1)
+            };
+            let idx = s.indices(0);
+            assert_eq!((idx.len(), s.num_samples()), (count, count), "rank {rank}");
+            union.extend(idx);
+        }
+        union.sort();
+        assert_eq!(union, (0..len).collect::<Vec<_>>());
     }
 
     #[test]
