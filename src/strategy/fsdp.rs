@@ -501,7 +501,7 @@ impl<'a> ShardedEngine<'a> {
             .state_dict()?
             .into_iter()
             .filter(|(k, _)| {
-                !params.contains(k.as_str()) && (!k.starts_with("optimizer.") || engine_counter(k))
+                !params.contains(k.as_str()) && (!k.starts_with("optimizer.") || engine_owned(k))
             })
             .collect())
     }
@@ -540,7 +540,7 @@ impl<'a> ShardedEngine<'a> {
 
 /// Optimizer-prefixed entries that belong to the engine, not to the sharded optimizer: its forward-pass
 /// counter (dropout streams) and its loss scaler's state.
-fn engine_counter(key: &str) -> bool {
+fn engine_owned(key: &str) -> bool {
     key == "optimizer.forward_calls" || key.starts_with("optimizer.grad_scaler.")
 }
 
@@ -718,7 +718,7 @@ impl Engine for ShardedEngine<'_> {
         let params = self.full_parameters()?;
         let mut extras: StateDict = state
             .iter()
-            .filter(|(k, _)| !k.starts_with("optimizer.") || engine_counter(k))
+            .filter(|(k, _)| !k.starts_with("optimizer.") || engine_owned(k))
             .filter(|(k, _)| !k.starts_with("fsdp."))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
