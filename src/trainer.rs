@@ -106,11 +106,13 @@ struct ValidationSync<'a> {
 
 /// One pass over the validation set (the same batches every time); in a distributed run, rank 0's
 /// BatchNorm buffers are used (as DDP's broadcast_buffers does) and the statistics summed over ranks.
+/// Evaluate this rank's `batches`, then, while other ranks still have batches (`rounds` in all, the
+/// largest share's), take part in their collectives; the metrics are summed over ranks.
 fn run_validation(
     engine: &mut dyn backend::Engine,
     spec: &LoaderSpec,
     indices: &[usize],
-    batches: usize,
+    (batches, rounds): (usize, usize),
     sync: Option<ValidationSync>,
 ) -> anyhow::Result<StepStats> {
     if let Some(ValidationSync {
@@ -123,6 +125,9 @@ fn run_validation(
     let mut v = StepStats::default();
     for batch in EpochLoader::new(spec, 0, indices).take(batches) {
         v.add(&engine.evaluate(&batch?)?);
+    }
+    for _ in batches..rounds {
+        engine.evaluate_idle()?;
     }
     match sync {
         Some(ValidationSync { comm, .. }) => crate::dist::collective::sum_stats(comm, &v),
@@ -701,10 +706,10 @@ fn fit_with(
     };
     let train_sampler = sampler(train_set.len(), overfit.is_none());
     // Validation sees every sample exactly once, so distributed metrics equal one device's (Lightning
-    // repeats samples to even out the shares). FSDP pads as PyTorch does: each evaluation batch gathers
-    // every unit, so every rank must run the same number of batches.
+    // repeats samples to even out the shares). A rank whose share runs out first keeps taking part in
+    // the others' collectives (`run_validation`).
     let val_sampler = DistributedSampler {
-        pad: t.strategy == Strategy::Fsdp,
+        pad: false,
         ..sampler(val_set.len(), false)
     };
 
@@ -727,10 +732,13 @@ fn fit_with(
             (None, None) => limited(available, t.limit_val_batches),
         }
     };
-    let val_batches = val_batches_of(val_sampler.num_samples());
-    // Every rank validates when rank 0 (the largest share) has batches: a rank with none still takes
-    // part in summing the metrics.
-    let validates = val_batches_of(val_set.len().div_ceil(world)) > 0;
+    // Rank 0's share is the largest: every rank validates when it has batches (a rank with none still
+    // takes part in the collectives), and as many rounds as it has.
+    let val_rounds = (
+        val_batches_of(val_sampler.num_samples()),
+        val_batches_of(val_set.len().div_ceil(world)),
+    );
+    let validates = val_rounds.1 > 0;
     anyhow::ensure!(
         train_batches > 0,
         "no training batches: check data.batch_size and trainer.limit_train_batches"
@@ -1041,7 +1049,7 @@ fn fit_with(
                         engine.as_mut(),
                         &val_spec,
                         &val_indices,
-                        val_batches,
+                        val_rounds,
                         val_sync,
                     )?;
                     let scalars = [
@@ -1115,7 +1123,7 @@ fn fit_with(
                 engine.as_mut(),
                 &val_spec,
                 &val_indices,
-                val_batches,
+                val_rounds,
                 val_sync,
             )?;
             val = Some(v);

@@ -20,8 +20,7 @@ use trainyard::checkpoint;
 /// 2 processes × batch 16 over Gloo = 1 process × batch 32: same weights after an epoch (SGD with
 /// momentum, so a wrong average or a missed bucket shows at once), for both backends; with buckets small
 /// enough to split the model, and with gradient accumulation. Validation over 63 images (32 on rank 0,
-/// 31 on rank 1) sees each exactly once: the same accuracy as one process, where padding the shares
-/// would have counted an image twice (k/64 is never k'/63).
+/// 31 on rank 1) sees each exactly once: the same metrics as one process.
 #[rstest]
 #[case::tch("tch", &[], 10)]
 #[case::candle("candle", &[], 10)]
@@ -73,20 +72,8 @@ fn ddp_matches_one_process_with_the_same_global_batch(
     // Sanity: the runs trained (the first step moved the weights away from initialisation).
     assert!(s["final_metrics"]["train/loss"].as_f64().unwrap() < 2.5);
     // Metrics are global and exact: each validation image counted once, as in one process.
+    same_validation(&d, &s);
     let acc = d["final_metrics"]["val/acc1"].as_f64().unwrap();
-    let single_acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
-    assert!(
-        acc > 0.0 && (acc - single_acc).abs() < 1e-9,
-        "val/acc1 {acc} vs one process {single_acc}"
-    );
-    let (dl, sl) = (
-        d["final_metrics"]["val/loss"].as_f64().unwrap(),
-        s["final_metrics"]["val/loss"].as_f64().unwrap(),
-    );
-    assert!(
-        (dl - sl).abs() < 1e-4 * sl.abs(),
-        "val/loss {dl} vs one process {sl}"
-    );
     // Every rank logged the same validation accuracy as rank 0's summary.
     let rank1 = std::fs::read_to_string(ddp.join("train.rank1.log")).unwrap();
     assert!(
@@ -95,6 +82,22 @@ fn ddp_matches_one_process_with_the_same_global_batch(
     );
     // Only rank 0 writes the run's records.
     assert!(ddp.join("train.rank0.log").exists() && ddp.join("metrics.csv").exists());
+}
+
+/// A distributed run's final validation metrics equal one process's: each image counted once (with an
+/// odd count the shares are uneven; padding them would count one twice, and k/(n+1) is never k'/n).
+fn same_validation(dist: &serde_json::Value, single: &serde_json::Value) {
+    let metric = |s: &serde_json::Value, k: &str| s["final_metrics"][k].as_f64().unwrap();
+    let (acc, single_acc) = (metric(dist, "val/acc1"), metric(single, "val/acc1"));
+    assert!(
+        acc > 0.0 && (acc - single_acc).abs() < 1e-9,
+        "val/acc1 {acc} vs one process {single_acc}"
+    );
+    let (loss, single_loss) = (metric(dist, "val/loss"), metric(single, "val/loss"));
+    assert!(
+        (loss - single_loss).abs() < 1e-4 * single_loss.abs(),
+        "val/loss {loss} vs one process {single_loss}"
+    );
 }
 
 /// `extra` split into the overrides under `prefix` (for the distributed run only) and the rest.
@@ -135,7 +138,9 @@ fn state_bytes(summary: &serde_json::Value, rank: usize) -> (u64, u64, u64) {
 /// 2-process FSDP = 1 process with the same global batch, for every sharding strategy and both backends:
 /// the consolidated (`state_dict_type: full`) checkpoint holds the same weights AND the same optimizer
 /// state (momentum buffers) as the single-process run's, and a sharding strategy that shards keeps half
-/// the parameter and optimizer-state bytes per rank.
+/// the parameter and optimizer-state bytes per rank. Validation over 33 images (17 on rank 0 in two
+/// batches, 16 on rank 1 in one: rank 1 still joins rank 0's second round of gathers) gives one process's
+/// metrics.
 #[rstest]
 #[case::tch_full_shard("tch", "FULL_SHARD", &[])]
 #[case::candle_full_shard("candle", "FULL_SHARD", &[])]
@@ -152,7 +157,12 @@ fn fsdp_matches_one_process_with_the_same_global_batch(
 ) {
     let p = real_project();
     let backend = format!("backend={backend}");
-    let mut common = vec![backend.as_str(), "optimizer=sgd", "scheduler=constant"];
+    let mut common = vec![
+        backend.as_str(),
+        "optimizer=sgd",
+        "scheduler=constant",
+        "data.val_size=33",
+    ];
     // FSDP's own settings go to the FSDP run only.
     let (fsdp_only, shared) = split_under(extra, "trainer.fsdp.");
     common.extend(shared);
@@ -168,6 +178,7 @@ fn fsdp_matches_one_process_with_the_same_global_batch(
     );
     let (s, f) = (summary(&single), summary(&fsdp));
     assert_eq!(f["strategy"], "fsdp");
+    same_validation(&f, &s);
     assert_eq!(f["global_step"], s["global_step"]);
     assert!(s["global_step"].as_u64().unwrap() >= 5);
     let (a, b) = (full_state(&fsdp), full_state(&single));

@@ -88,6 +88,12 @@ pub trait Engine {
     ) -> anyhow::Result<f64>;
     /// Forward only, in eval mode.
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats>;
+    /// A rank whose share of the validation set is used up while others still evaluate: take part in
+    /// whatever collectives evaluating a batch would (FSDP's gathers), so validation shares can be uneven
+    /// and every image counted once. Nothing for an engine whose evaluation is local.
+    fn evaluate_idle(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
     /// Weights, buffers and optimizer state.
     fn state_dict(&self) -> anyhow::Result<StateDict>;
     /// Restore what `state_dict` returned (optimizer entries optional: weights alone load too).

@@ -670,6 +670,17 @@ impl Engine for ShardedEngine<'_> {
         self.inner.evaluate(batch)
     }
 
+    fn evaluate_idle(&mut self) -> anyhow::Result<()> {
+        if self.by_unit() {
+            // The gathers `evaluate_by_unit` does, one unit at a time, without computing.
+            for u in &self.units {
+                self.comms.gather(&u.layout, &u.shard)?;
+            }
+            return Ok(());
+        }
+        self.unshard_all()
+    }
+
     fn state_dict(&self) -> anyhow::Result<StateDict> {
         let mut out = self.inner_extras()?;
         out.insert("optimizer.step".into(), counter(self.optimizer.steps));
