@@ -34,12 +34,7 @@ fn ddp_matches_one_process_with_the_same_global_batch(
 ) {
     let p = real_project();
     let backend = format!("backend={backend}");
-    let mut common = vec![
-        backend.as_str(),
-        "optimizer=sgd",
-        "scheduler=constant",
-        "data.val_size=63",
-    ];
+    let mut common = shared_overrides(&backend, "data.val_size=63");
     // Settings both runs share (the bucket size only matters to DDP; one process ignores it).
     let (ddp_only, shared) = split_under(extra, "trainer.ddp.");
     common.extend(shared);
@@ -82,6 +77,11 @@ fn ddp_matches_one_process_with_the_same_global_batch(
     );
     // Only rank 0 writes the run's records.
     assert!(ddp.join("train.rank0.log").exists() && ddp.join("metrics.csv").exists());
+}
+
+/// What both runs of an equivalence test share: the backend, SGD at a constant rate, the validation size.
+fn shared_overrides<'a>(backend: &'a str, val_size: &'a str) -> Vec<&'a str> {
+    vec![backend, "optimizer=sgd", "scheduler=constant", val_size]
 }
 
 /// A distributed run's final validation metrics equal one process's: each image counted once (with an
@@ -157,12 +157,7 @@ fn fsdp_matches_one_process_with_the_same_global_batch(
 ) {
     let p = real_project();
     let backend = format!("backend={backend}");
-    let mut common = vec![
-        backend.as_str(),
-        "optimizer=sgd",
-        "scheduler=constant",
-        "data.val_size=33",
-    ];
+    let mut common = shared_overrides(&backend, "data.val_size=33");
     // FSDP's own settings go to the FSDP run only.
     let (fsdp_only, shared) = split_under(extra, "trainer.fsdp.");
     common.extend(shared);

@@ -82,6 +82,19 @@ fn train(cwd: &Path, server: &Server, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `train` that must succeed (stderr shown otherwise); returns the newest run directory and its summary.
+fn train_ok(cwd: &Path, server: &Server, args: &[&str]) -> (PathBuf, serde_json::Value) {
+    let out = train(cwd, server, args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run = runs(cwd).pop().unwrap();
+    let s = summary(&run);
+    (run, s)
+}
+
 fn runs(root: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(root.join("logs/quickstart/runs"))
         .unwrap()
@@ -124,14 +137,7 @@ fn checkpoints_go_to_s3_and_resume_from_there() {
     let p = real_project();
     let mut args = ARGS.to_vec();
     args.push("trainer.max_epochs=2");
-    let out = train(p.path(), &server, &args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let run = runs(p.path()).pop().unwrap();
-    let s = summary(&run);
+    let (run, s) = train_ok(p.path(), &server, &args);
     let best = s["best_checkpoint"].as_str().unwrap();
     let last = s["last_checkpoint"].as_str().unwrap();
     assert!(best.starts_with("s3://ckpts/exp1/epoch_"), "{best}");
@@ -161,14 +167,7 @@ fn checkpoints_go_to_s3_and_resume_from_there() {
         "trainer.max_epochs=3",
         "ckpt_path=s3://ckpts/exp1/last.safetensors",
     ]);
-    let out = train(p.path(), &server, &resume);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let resumed = runs(p.path()).pop().unwrap();
-    let s = summary(&resumed);
+    let (_, s) = train_ok(p.path(), &server, &resume);
     assert_eq!(s["resumed_from"], "s3://ckpts/exp1/last.safetensors");
     assert_eq!(s["epochs_completed"], 3);
 
@@ -225,17 +224,11 @@ fn every_rank_of_a_sharded_checkpoint_goes_to_s3_and_resumes_from_there() {
         "trainer.fsdp.state_dict_type=sharded",
         "callbacks.model_checkpoint.dirpath=s3://ckpts/fsdp",
     ];
-    let out = train(
+    let (run, _) = train_ok(
         p.path(),
         &server,
         &[&args[..], &["trainer.max_epochs=2"]].concat(),
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let run = runs(p.path()).pop().unwrap();
     let remote = server.root.path().join("ckpts/fsdp");
     let mut stored: Vec<String> = std::fs::read_dir(&remote)
         .unwrap()
@@ -257,18 +250,11 @@ fn every_rank_of_a_sharded_checkpoint_goes_to_s3_and_resumes_from_there() {
     );
 
     std::thread::sleep(std::time::Duration::from_millis(1100));
-    let out = train(
+    let (resumed, s) = train_ok(
         p.path(),
         &server,
         &[&args[..], &["trainer.max_epochs=3", "ckpt_path=last"]].concat(),
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let resumed = runs(p.path()).pop().unwrap();
-    let s = summary(&resumed);
     assert_eq!(s["resumed_from"], "s3://ckpts/fsdp/last.safetensors");
     assert_eq!(s["epochs_completed"], 3);
     let rank1 = std::fs::read_to_string(resumed.join("train.rank1.log")).unwrap();

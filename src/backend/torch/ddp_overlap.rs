@@ -1,7 +1,8 @@
 //! The tch engine's side of DDP with overlap: when a c10d group is there, libtorch's reducer
 //! (`dist::reducer`) averages gradients bucket by bucket during the backward pass of the micro-batch that
 //! ends an accumulation window. This keeps the reducer's life cycle: built on the first armed pass over
-//! the parameter tensors of that moment, dropped whenever the engine replaces those tensors.
+//! the parameter tensors of that moment (with that run's fixed `trainer.ddp` settings), dropped whenever
+//! the engine replaces those tensors.
 
 use crate::dist::collective::Collective;
 use crate::dist::reducer::{Reducer, ReducerOptions};
@@ -12,7 +13,6 @@ use tch::Tensor;
 #[derive(Default)]
 pub struct Overlap {
     reducer: Option<Reducer>,
-    options: Option<ReducerOptions>,
     /// The next backward pass reduces.
     armed: bool,
     /// The last backward pass reduced: the gradients are averaged already.
@@ -32,20 +32,16 @@ impl Overlap {
         let Some(group) = comm.process_group() else {
             return Ok(false);
         };
-        let options = ReducerOptions {
-            bucket_cap_bytes: sync.bucket_cap_bytes,
-            find_unused_parameters: sync.find_unused_parameters,
-            gradient_as_bucket_view: sync.gradient_as_bucket_view,
-        };
-        if self.options != Some(options) {
-            self.reducer = None;
-        }
         let reducer = match &mut self.reducer {
             Some(r) => r,
             None => {
+                let options = ReducerOptions {
+                    bucket_cap_bytes: sync.bucket_cap_bytes,
+                    find_unused_parameters: sync.find_unused_parameters,
+                    gradient_as_bucket_view: sync.gradient_as_bucket_view,
+                };
                 let named: Vec<(&str, &Tensor)> =
                     order.iter().map(|n| (n.as_str(), &params[n])).collect();
-                self.options = Some(options);
                 tracing::info!(
                     "DDP: gradients are all-reduced during the backward pass, in buckets of up to \
                      {:.1} MB (libtorch's reducer; find_unused_parameters={}, gradient_as_bucket_view={})",
