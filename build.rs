@@ -11,6 +11,9 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH_LIB");
     println!("cargo:rerun-if-changed=src/backend/torch/shim.cpp");
     println!("cargo:rerun-if-changed=src/dist/c10d_shim.cpp");
+    println!("cargo:rerun-if-changed=src/dist/nccl_shim.cpp");
+    println!("cargo:rerun-if-env-changed=TRAINYARD_CUDA_HEADERS");
+    println!("cargo::rustc-check-cfg=cfg(trainyard_nccl)");
     if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
         return;
     }
@@ -42,7 +45,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH_INCLUDE");
     let include = std::env::var("LIBTORCH_INCLUDE")
         .map(PathBuf::from)
-        .unwrap_or(root)
+        .unwrap_or_else(|_| root.clone())
         .join("include");
     cc::Build::new()
         .cpp(true)
@@ -57,4 +60,98 @@ fn main() {
         .flag("-DUSE_C10D_GLOO")
         .warnings(false)
         .compile("trainyard_torch_shim");
+    build_nccl_shim(&root, &include);
+}
+
+/// The folders of CUDA's and NCCL's headers that ProcessGroupNCCL's header includes, laid out as NVIDIA's
+/// wheels install them (`nvidia/cu13/include`, its `cccl`, `nvidia/nccl/include`): under
+/// TRAINYARD_CUDA_HEADERS, else beside libtorch (scripts/install-libtorch.sh puts them there).
+fn cuda_header_dirs(torch_root: &std::path::Path) -> Result<Vec<PathBuf>, String> {
+    let base = match std::env::var("TRAINYARD_CUDA_HEADERS") {
+        Ok(dir) => PathBuf::from(dir),
+        Err(_) => torch_root
+            .parent()
+            .map(PathBuf::from)
+            .ok_or("libtorch has no parent folder")?,
+    };
+    let cuda = base.join("nvidia/cu13/include");
+    let dirs = vec![
+        cuda.clone(),
+        cuda.join("cccl"),
+        base.join("nvidia/nccl/include"),
+    ];
+    for needed in [
+        cuda.join("cuda_runtime_api.h"),
+        cuda.join("crt/host_config.h"),
+        cuda.join("cublas_v2.h"),
+        cuda.join("cusparse.h"),
+        cuda.join("cusolverDn.h"),
+        cuda.join("cccl/nv/target"),
+        base.join("nvidia/nccl/include/nccl.h"),
+    ] {
+        if !needed.exists() {
+            return Err(format!("{} is missing", needed.display()));
+        }
+    }
+    Ok(dirs)
+}
+
+/// Build `src/dist/nccl_shim.cpp` into `$OUT_DIR/libtrainyard_nccl.so` (src/dist/nccl.rs embeds it and sets
+/// cfg `trainyard_nccl`) when libtorch has its CUDA library and the headers are there; else say why the
+/// binary will refuse NCCL.
+fn build_nccl_shim(torch_root: &std::path::Path, include: &std::path::Path) {
+    let lib = torch_root.join("lib");
+    let headers = if lib.join("libtorch_cuda.so").exists() {
+        cuda_header_dirs(torch_root)
+    } else {
+        Err(format!(
+            "{} is missing",
+            lib.join("libtorch_cuda.so").display()
+        ))
+    };
+    let headers = match headers {
+        Ok(dirs) => dirs,
+        Err(why) => {
+            println!("cargo:warning=no NCCL in this build ({why}); scripts/install-libtorch.sh fetches the headers");
+            return;
+        }
+    };
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"))
+        .join("libtrainyard_nccl.so");
+    let mut cmd = cc::Build::new().cpp(true).get_compiler().to_command();
+    cmd.args(["-std=c++17", "-shared", "-fPIC", "-O2", "-g0", "-w"])
+        .args([
+            "-D_GLIBCXX_USE_CXX11_ABI=1",
+            "-DGLOG_USE_GLOG_EXPORT",
+            "-DUSE_C10D_NCCL",
+            "-DUSE_CUDA",
+        ])
+        .arg(format!("-I{}", include.display()))
+        .arg(format!(
+            "-I{}",
+            include.join("torch/csrc/api/include").display()
+        ));
+    for dir in &headers {
+        cmd.arg(format!("-I{}", dir.display()));
+    }
+    // libtorch_cuda.so's own CUDA libraries need not be here: the shim is loaded only where they are.
+    cmd.arg("src/dist/nccl_shim.cpp")
+        .arg("-o")
+        .arg(&out)
+        .arg(format!("-L{}", lib.display()))
+        .args([
+            "-ltorch_cuda",
+            "-lc10_cuda",
+            "-ltorch_cpu",
+            "-lc10",
+            "-Wl,--allow-shlib-undefined",
+        ]);
+    let status = cmd
+        .status()
+        .expect("running the C++ compiler for the NCCL shim");
+    assert!(
+        status.success(),
+        "compiling src/dist/nccl_shim.cpp failed: {cmd:?}"
+    );
+    println!("cargo:rustc-cfg=trainyard_nccl");
 }

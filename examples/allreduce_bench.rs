@@ -21,7 +21,7 @@ fn main() -> anyhow::Result<()> {
     let timeout = Duration::from_secs(120);
     let store = Store::connect(&addr, port, rank == 0, world, timeout)?;
     let me = trainyard::dist::local_address_towards(&addr, port)?;
-    let pg = ProcessGroup::gloo(&store, "bench", rank, world, &me, timeout)?;
+    let pg = ProcessGroup::gloo(&store, "bench", rank, world, &me, timeout, None)?;
     let numel = (megabytes * 1e6 / 4.0) as i64;
     let t = tch::Tensor::ones([numel], (tch::Kind::Float, tch::Device::Cpu));
     pg.all_reduce(&[&t], ReduceOp::Sum)?.wait()?; // warm-up: connections, buffers

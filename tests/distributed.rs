@@ -400,17 +400,48 @@ fn sync_batchnorm_matches_one_process_with_the_same_global_batch(#[case] backend
     );
 }
 
+/// `trainer.process_group_backend=nccl` where NCCL cannot run is refused before any collective, naming
+/// the setting and what to change (one worker, rank 0 of 1 under a torchrun-style environment).
+#[rstest]
+#[case::on_the_cpu(&["backend=tch"], "trainer.accelerator=cpu is the CPU")]
+#[case::with_candle(&["backend=candle"], "needs backend=tch")]
+#[case::on_a_gpu_that_is_not_there(&["backend=tch", "trainer.accelerator=gpu"], "finds no GPU: libtorch's CUDA library")]
+fn nccl_where_it_cannot_run_is_refused_by_name(#[case] extra: &[&str], #[case] says: &str) {
+    if trainyard::backend::torch::cuda_runtime::is_available() {
+        eprintln!("SKIPPED: this machine has a CUDA device, so NCCL is not refused here");
+        return;
+    }
+    let p = real_project();
+    let port = common::free_port().to_string();
+    let out = Command::new(TRAIN)
+        .args(SMALL_CNN)
+        .args(["trainer=ddp_sim", "trainer.process_group_backend=nccl"])
+        .args(extra)
+        .current_dir(p.path())
+        .env_remove("TRAIN_CONFIG_PATH")
+        .envs([
+            ("RANK", "0"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "1"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", port.as_str()),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("trainer.process_group_backend=nccl") && err.contains(says),
+        "{err}"
+    );
+}
+
 /// Nothing waits forever: a worker whose peers never come gives up after `trainer.rendezvous_timeout_s`
 /// with a message that says what to check.
 #[test]
 fn a_rendezvous_nobody_joins_times_out_with_advice() {
     let p = real_project();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
+    let port = common::free_port().to_string();
     let started = Instant::now();
     // Rank 1 of 2 under a torchrun-style environment, with no rank 0 anywhere.
     let out = Command::new(TRAIN)

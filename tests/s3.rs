@@ -33,10 +33,7 @@ fn start_server() -> Server {
     );
     let root = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(root.path().join("ckpts")).unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = common::free_port();
     let child = Command::new(rclone)
         .args([
             "serve",

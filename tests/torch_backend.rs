@@ -199,6 +199,43 @@ fn quickstart_trains_on_tch() {
     assert!(acc > 0.9, "val/acc1 {acc}");
 }
 
+/// On a machine without a usable GPU, `trainer.accelerator=gpu` stops with the reason (libtorch's CUDA
+/// library missing its CUDA libraries, or no device) and what to do; `auto` trains on the CPU.
+#[test]
+fn a_gpu_that_is_not_there_is_refused_and_auto_falls_back_to_the_cpu() {
+    if trainyard::backend::torch::cuda_runtime::is_available() {
+        eprintln!("SKIPPED: this machine has a CUDA device");
+        return;
+    }
+    let p = real_project();
+    let out = train(
+        p.path(),
+        &[
+            "experiment=quickstart",
+            "backend=tch",
+            "trainer.accelerator=gpu",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("trainer.accelerator=gpu: libtorch's CUDA library")
+            && err.contains("trainer.accelerator=cpu"),
+        "{err}"
+    );
+    let fresh = real_project(); // the refused run left its run directory in `p`
+    let run = quickstart_run(
+        fresh.path(),
+        &[
+            "backend=tch",
+            "trainer.accelerator=auto",
+            "trainer.limit_train_batches=2",
+            "trainer.max_epochs=1",
+        ],
+    );
+    assert_eq!(summary(&run)["backend"], "tch");
+}
+
 const MLP: &str = "{num_classes: 10, name: mlp, hidden: [64, 32], dropout: 0.0}";
 const CNN: &str = "{num_classes: 10, name: cnn, channels: [8, 16], dropout: 0.0}";
 const SGD: &str = "{name: sgd, lr: 0.05, momentum: 0.9}";

@@ -584,9 +584,7 @@ fn download_fetches_verifies_and_installs_cifar() {
 #[test]
 fn download_failure_says_what_to_fetch() {
     let p = real_project();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
+    let port = common::free_port();
     let root = p.path().join("data/mnist");
     let mut args: Vec<String> = SMALL.iter().map(|s| s.to_string()).collect();
     args.extend([

@@ -44,6 +44,7 @@ extern "C" {
         size: c_int,
         hostname: *const c_char,
         timeout_ms: i64,
+        cuda_backend: *mut c_void,
     ) -> *mut c_void;
     fn trainyard_gloo_free(group: *mut c_void);
     fn trainyard_all_reduce(
@@ -100,7 +101,7 @@ pub(super) fn c_string(s: &str) -> anyhow::Result<CString> {
 
 /// The rendezvous point: rank 0 hosts it at `MASTER_ADDR:MASTER_PORT`, every rank connects to it.
 pub struct Store {
-    ptr: *mut c_void,
+    pub(super) ptr: *mut c_void,
 }
 
 // SAFETY: c10d's TCPStore client serialises its own socket use; the handle is only freed in Drop.
@@ -248,7 +249,8 @@ fn tensor_ptr(t: &Tensor) -> *mut c_void {
 
 impl ProcessGroup {
     /// Join the Gloo group `name` over `store`, using the network interface that reaches `hostname`
-    /// (this node's address as the other nodes see it; empty = this machine's hostname).
+    /// (this node's address as the other nodes see it; empty = this machine's hostname). With `nccl`,
+    /// collectives on CUDA tensors (and DDP's reducer on CUDA) go to NCCL, host buffers still to Gloo.
     pub fn gloo(
         store: &Store,
         name: &str,
@@ -256,6 +258,7 @@ impl ProcessGroup {
         world_size: usize,
         hostname: &str,
         timeout: Duration,
+        nccl: Option<super::nccl::NcclBackend>,
     ) -> anyhow::Result<ProcessGroup> {
         let prefix = c_string(name)?;
         let host = c_string(hostname)?;
@@ -268,6 +271,7 @@ impl ProcessGroup {
                 world_size as c_int,
                 host.as_ptr(),
                 timeout.as_millis() as i64,
+                nccl.as_ref().map_or(std::ptr::null_mut(), |b| b.ptr),
             )
         };
         if ptr.is_null() {
@@ -499,7 +503,7 @@ mod tests {
         let port = crate::testing::loopback_port();
         let timeout = Duration::from_secs(10);
         let store = Store::connect("127.0.0.1", port, true, 1, timeout).unwrap();
-        let group = ProcessGroup::gloo(&store, "test", 0, 1, "127.0.0.1", timeout).unwrap();
+        let group = ProcessGroup::gloo(&store, "test", 0, 1, "127.0.0.1", timeout, None).unwrap();
         (store, group)
     }
 
@@ -549,7 +553,7 @@ mod tests {
                         let store =
                             Store::connect("127.0.0.1", port, rank == 0, 2, timeout).unwrap();
                         let group =
-                            ProcessGroup::gloo(&store, "test", rank, 2, "127.0.0.1", timeout)
+                            ProcessGroup::gloo(&store, "test", rank, 2, "127.0.0.1", timeout, None)
                                 .unwrap();
                         run(x, probe, Some(&group))
                     })

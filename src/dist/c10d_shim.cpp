@@ -1,4 +1,5 @@
-// PyTorch's c10d reached from Rust: the TCPStore rendezvous, ProcessGroupGloo's collectives and DDP's
+// PyTorch's c10d reached from Rust: the TCPStore rendezvous, ProcessGroupGloo's collectives (and
+// ProcessGroupNCCL's for CUDA tensors, from nccl_shim.cpp when a run uses NCCL) and DDP's
 // Reducer (gradients all-reduced bucket by bucket during the backward pass), through a C ABI. Tensors arrive as tch's `C_tensor`, which is an `at::Tensor*`, so nothing is copied. Every entry
 // point catches C++ exceptions, keeps the message for trainyard_c10d_last_error, and returns a status (or a
 // null handle), so nothing unwinds into Rust.
@@ -24,6 +25,8 @@ int guarded(F&& f) {
   try {
     f();
     return 0;
+  } catch (const c10::Error& e) {
+    last_error = e.what_without_backtrace();  // PyTorch's message, without its C++ frames
   } catch (const std::exception& e) {
     last_error = e.what();
   } catch (...) {
@@ -38,9 +41,18 @@ struct Store {
 
 struct Group {
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
-  // The same Gloo backend behind the ProcessGroup front that DDP's Reducer talks to (as
-  // torch.distributed registers it), so both issue their collectives in one sequence.
+  // ProcessGroupNCCL (nccl_shim.cpp) for CUDA tensors when the run uses NCCL, else null: Gloo then
+  // takes CUDA tensors too, through host copies.
+  c10::intrusive_ptr<c10d::Backend> cuda;
+  // The same backends behind the ProcessGroup front that DDP's Reducer talks to (as torch.distributed
+  // registers them), so both issue their collectives in one sequence.
   c10::intrusive_ptr<c10d::ProcessGroup> front;
+
+  // The backend for a collective on `t`: NCCL for CUDA tensors when there is one, else Gloo.
+  c10d::Backend& backend_for(const at::Tensor& t) const {
+    if (cuda && t.is_cuda()) return *cuda;
+    return *pg;
+  }
 };
 
 struct Pending {
@@ -195,10 +207,19 @@ int trainyard_store_check(void* store, const char* key, int* out) {
 
 void trainyard_free(void* p) { std::free(p); }
 
+// The store's `intrusive_ptr<c10d::Store>*`, for the NCCL shim (which builds its backend over it).
+void* trainyard_store_intrusive(void* store) { return &static_cast<Store*>(store)->store; }
+
+// Free an `intrusive_ptr<c10d::Backend>*` from the NCCL shim (a group keeps its own reference).
+void trainyard_backend_free(void* backend) {
+  delete static_cast<c10::intrusive_ptr<c10d::Backend>*>(backend);
+}
+
 // A Gloo process group over the store (keys under `prefix`), bound to the interface that reaches
-// `hostname` (this node's address), with a timeout for every collective.
+// `hostname` (this node's address), with a timeout for every collective. `cuda_backend` (an
+// `intrusive_ptr<c10d::Backend>*` from the NCCL shim, or null) takes the collectives on CUDA tensors.
 void* trainyard_gloo_new(void* store, const char* prefix, int rank, int size, const char* hostname,
-                         int64_t timeout_ms) {
+                         int64_t timeout_ms, void* cuda_backend) {
   Group* out = nullptr;
   guarded([&] {
     auto prefixed =
@@ -214,9 +235,15 @@ void* trainyard_gloo_new(void* store, const char* prefix, int rank, int size, co
     const auto gloo = c10d::ProcessGroup::BackendType::GLOO;
     front->setDefaultBackend(gloo);
     front->setBackend(c10::DeviceType::CPU, gloo, pg);
-    front->setBackend(c10::DeviceType::CUDA, gloo, pg);
+    c10::intrusive_ptr<c10d::Backend> cuda;
+    if (cuda_backend != nullptr) {
+      cuda = *static_cast<c10::intrusive_ptr<c10d::Backend>*>(cuda_backend);
+      front->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, cuda);
+    } else {
+      front->setBackend(c10::DeviceType::CUDA, gloo, pg);
+    }
     front->setGroupName(prefix);
-    out = new Group{pg, front};
+    out = new Group{pg, cuda, front};
   });
   return out;
 }
@@ -231,7 +258,7 @@ void* trainyard_all_reduce(void* group, at::Tensor** tensors, int n, int op) {
     for (int i = 0; i < n; ++i) list.push_back(*tensors[i]);
     c10d::AllreduceOptions opts;
     opts.reduceOp = reduce_op(op);
-    out = new Pending{static_cast<Group*>(group)->pg->allreduce(list, opts)};
+    out = new Pending{static_cast<Group*>(group)->backend_for(list.at(0)).allreduce(list, opts)};
   });
   return out;
 }
@@ -243,7 +270,7 @@ void* trainyard_broadcast(void* group, at::Tensor* tensor, int root) {
     std::vector<at::Tensor> list{*tensor};
     c10d::BroadcastOptions opts;
     opts.rootRank = root;
-    out = new Pending{static_cast<Group*>(group)->pg->broadcast(list, opts)};
+    out = new Pending{static_cast<Group*>(group)->backend_for(*tensor).broadcast(list, opts)};
   });
   return out;
 }
@@ -252,7 +279,8 @@ void* trainyard_broadcast(void* group, at::Tensor* tensor, int root) {
 void* trainyard_all_gather(void* group, at::Tensor* output, at::Tensor* input) {
   Pending* out = nullptr;
   guarded([&] {
-    out = new Pending{static_cast<Group*>(group)->pg->_allgather_base(*output, *input)};
+    out = new Pending{
+        static_cast<Group*>(group)->backend_for(*input)._allgather_base(*output, *input)};
   });
   return out;
 }
@@ -264,7 +292,8 @@ void* trainyard_reduce_scatter(void* group, at::Tensor* output, at::Tensor* inpu
   guarded([&] {
     c10d::ReduceScatterOptions opts;
     opts.reduceOp = reduce_op(op);
-    out = new Pending{static_cast<Group*>(group)->pg->_reduce_scatter_base(*output, *input, opts)};
+    out = new Pending{
+        static_cast<Group*>(group)->backend_for(*input)._reduce_scatter_base(*output, *input, opts)};
   });
   return out;
 }

@@ -1,7 +1,7 @@
 //! Distributed training's plumbing: where this process sits (`env`), starting a node's workers (`launch`),
 //! the collectives strategies use (`collective`) and their implementations: on PyTorch's c10d across
 //! processes (`c10d`, feature `torch`, with DDP's `reducer` that overlaps gradient averaging with the
-//! backward pass), and between the threads of one process (`local`, DataParallel).
+//! backward pass, and `nccl` for CUDA tensors), and between the threads of one process (`local`, DataParallel).
 //! `join` turns a worker's environment into a live process group.
 
 pub mod collective;
@@ -11,6 +11,8 @@ pub mod local;
 
 #[cfg(feature = "torch")]
 pub mod c10d;
+#[cfg(feature = "torch")]
+pub mod nccl;
 #[cfg(feature = "torch")]
 pub mod reducer;
 
@@ -56,7 +58,7 @@ pub fn devices_per_node(exp: &Experiment) -> usize {
         crate::schema::Devices::Auto => {
             #[cfg(feature = "torch")]
             if exp.trainer.accelerator != crate::schema::Accelerator::Cpu {
-                return (tch::Cuda::device_count().max(1)) as usize;
+                return crate::backend::torch::cuda_runtime::device_count().max(1);
             }
             1
         }
@@ -99,12 +101,7 @@ pub fn join(
         .master_port
         .ok_or_else(|| anyhow::anyhow!("MASTER_PORT is not set"))?;
     let t = &exp.trainer;
-    if t.process_group_backend == Some(crate::schema::ProcessGroupBackend::Nccl) {
-        anyhow::bail!(
-            "trainer.process_group_backend=nccl: this build's collectives are Gloo (CPU); use \
-             trainer.process_group_backend=gloo (or null)"
-        );
-    }
+    let use_nccl = wants_nccl(exp)?;
     let rendezvous = Duration::from_secs(t.rendezvous_timeout_s.max(1));
     // Under torchrun (elastic agent) the agent already hosts the store on MASTER_PORT: every rank is a client.
     let agent_hosts_store =
@@ -129,13 +126,27 @@ pub fn join(
     let agreed = String::from_utf8(store.get("trainyard/now")?)?;
     let me = local_address_towards(&cluster.master_addr, port)?;
     let _ = LOCAL_RANK.set(worker.local_rank);
+    let collective_timeout = Duration::from_secs(t.collective_timeout_s.max(1));
+    let nccl = if use_nccl {
+        Some(nccl::NcclBackend::new(
+            &store,
+            "trainyard/default_pg/cuda",
+            worker.rank,
+            cluster.world_size,
+            worker.local_rank,
+            collective_timeout,
+        )?)
+    } else {
+        None
+    };
     let group = c10d::ProcessGroup::gloo(
         &store,
         "trainyard/default_pg",
         worker.rank,
         cluster.world_size,
         &me,
-        Duration::from_secs(t.collective_timeout_s.max(1)),
+        collective_timeout,
+        nccl,
     )?;
     Ok((
         Distributed {
@@ -149,6 +160,61 @@ pub fn join(
         },
         agreed,
     ))
+}
+
+/// Does this run's process group take NCCL for its CUDA tensors? `trainer.process_group_backend=nccl`
+/// must be able to (tch on a CUDA device, with the NCCL shim built in); unset, NCCL is taken where it
+/// can be, as Lightning picks nccl on GPUs (a run that asks for a GPU and has none fails in the engine,
+/// with its own message). Host-side collectives always stay on Gloo.
+#[cfg(feature = "torch")]
+fn wants_nccl(exp: &Experiment) -> anyhow::Result<bool> {
+    use crate::backend::torch::cuda_runtime;
+    use crate::schema::{Accelerator, Backend, ProcessGroupBackend};
+    let t = &exp.trainer;
+    let on_cuda = exp.backend == Backend::Tch
+        && match t.accelerator {
+            Accelerator::Cpu => false,
+            Accelerator::Gpu | Accelerator::Cuda => true,
+            Accelerator::Auto => cuda_runtime::is_available(),
+        };
+    match t.process_group_backend {
+        Some(ProcessGroupBackend::Gloo) => Ok(false),
+        Some(ProcessGroupBackend::Nccl) => {
+            anyhow::ensure!(
+                exp.backend == Backend::Tch,
+                "trainer.process_group_backend=nccl needs backend=tch (Candle runs on the CPU here); \
+                 use trainer.process_group_backend=gloo (or null)"
+            );
+            anyhow::ensure!(
+                on_cuda && cuda_runtime::is_available(),
+                "trainer.process_group_backend=nccl needs a run on CUDA, and trainer.accelerator={} {}; \
+                 use trainer.accelerator=gpu on a GPU machine, or trainer.process_group_backend=gloo \
+                 (or null)",
+                format!("{:?}", t.accelerator).to_lowercase(),
+                if t.accelerator == Accelerator::Cpu {
+                    "is the CPU".to_string()
+                } else {
+                    format!("finds no GPU: {}", cuda_runtime::why_unavailable())
+                }
+            );
+            anyhow::ensure!(
+                nccl::built(),
+                "trainer.process_group_backend=nccl: this build has no NCCL shim (build.rs found no \
+                 CUDA/NCCL headers; scripts/install-libtorch.sh fetches them); rebuild, or use \
+                 trainer.process_group_backend=gloo"
+            );
+            Ok(true)
+        }
+        None if !on_cuda || !cuda_runtime::is_available() => Ok(false),
+        None if !nccl::built() => {
+            tracing::warn!(
+                "this build has no NCCL shim: CUDA tensors are reduced through Gloo (host copies, slow); \
+                 rebuild with the CUDA/NCCL headers (scripts/install-libtorch.sh) for NCCL"
+            );
+            Ok(false)
+        }
+        None => Ok(true),
+    }
 }
 
 #[cfg(not(feature = "torch"))]

@@ -7,6 +7,15 @@ use std::process::{Command, Output};
 /// The `train` binary under test.
 pub const TRAIN: &str = env!("CARGO_BIN_EXE_train");
 
+/// A loopback port free right now (for a rendezvous a test starts).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Run `train` in `cwd` (a test project), ignoring any project named in the environment.
 pub fn train(cwd: &Path, args: &[&str]) -> Output {
     Command::new(TRAIN)

@@ -143,9 +143,16 @@ mod tests {
                     s.spawn(move || {
                         let store =
                             Store::connect("127.0.0.1", port, rank == 0, 2, timeout).unwrap();
-                        let group =
-                            ProcessGroup::gloo(&store, "overlap", rank, 2, "127.0.0.1", timeout)
-                                .unwrap();
+                        let group = ProcessGroup::gloo(
+                            &store,
+                            "overlap",
+                            rank,
+                            2,
+                            "127.0.0.1",
+                            timeout,
+                            None,
+                        )
+                        .unwrap();
                         let mut armed = TchEngine::new(exp).unwrap();
                         let mut reference = TchEngine::new(exp).unwrap();
                         for step in 0..3u64 {

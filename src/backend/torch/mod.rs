@@ -5,6 +5,7 @@
 //! the same seeded host generator — so the two backends start from the same weights and take the same steps.
 
 pub mod amp;
+pub mod cuda_runtime;
 mod ddp_overlap;
 mod fused_optim;
 mod models;
@@ -69,7 +70,7 @@ fn dims(t: &Tensor) -> Vec<usize> {
 
 /// CUDA device `index` checked against what libtorch sees (a clear error instead of a CUDA one later).
 fn cuda(index: usize) -> anyhow::Result<Device> {
-    let count = tch::Cuda::device_count().max(0) as usize;
+    let count = cuda_runtime::device_count();
     anyhow::ensure!(
         index < count,
         "cuda:{index} does not exist: libtorch sees {count} CUDA device(s); set trainer.devices to at most \
@@ -90,13 +91,14 @@ impl TchEngine {
             Accelerator::Cpu => Device::Cpu,
             Accelerator::Gpu | Accelerator::Cuda => {
                 anyhow::ensure!(
-                    tch::Cuda::is_available(),
-                    "trainer.accelerator={:?}: libtorch sees no CUDA device",
-                    exp.trainer.accelerator
+                    cuda_runtime::is_available(),
+                    "trainer.accelerator={}: {}; or set trainer.accelerator=cpu",
+                    format!("{:?}", exp.trainer.accelerator).to_lowercase(),
+                    cuda_runtime::why_unavailable()
                 );
                 cuda(index)?
             }
-            Accelerator::Auto if tch::Cuda::is_available() => cuda(index)?,
+            Accelerator::Auto if cuda_runtime::is_available() => cuda(index)?,
             Accelerator::Auto => Device::Cpu,
         };
         if exp.trainer.cudnn_benchmark {
