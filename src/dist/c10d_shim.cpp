@@ -248,7 +248,13 @@ void* trainyard_gloo_new(void* store, const char* prefix, int rank, int size, co
   return out;
 }
 
-void trainyard_gloo_free(void* group) { delete static_cast<Group*>(group); }
+// Free a group; an NCCL backend is shut down first (its communicators and watchdog), as
+// torch.distributed.destroy_process_group does, instead of being torn down by its destructor.
+void trainyard_gloo_free(void* group) {
+  auto* g = static_cast<Group*>(group);
+  if (g->cuda) guarded([&] { g->cuda->shutdown(); });
+  delete g;
+}
 
 // Start an all-reduce of `n` tensors in place (op 0 sum, 1 max, 2 min). Returns a pending handle.
 void* trainyard_all_reduce(void* group, at::Tensor** tensors, int n, int op) {

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The checks a CPU machine cannot run, for a machine with an NVIDIA GPU and PyTorch 2.11 (cu130) but no
+# Rust toolchain (build `train` elsewhere with --features torch and bring it along):
+#   - tch on CUDA: the quick start at 32-true, 16-mixed and bf16-mixed;
+#   - DDP over NCCL in a one-GPU world, against the same run over Gloo (same final metrics);
+#   - AMP + DDP together (16-mixed over NCCL); FSDP FULL_SHARD with NCCL beside its Gloo host collectives.
+# Each run's summary.json is copied to $OUT_DIR, with the wall time in times.txt.
+#
+#   TRAIN=target-torch/gpu/train OUT_DIR=$OUT/gpu scripts/gpu-check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TRAIN="$(realpath "${TRAIN:-target-torch/release/train}")"
+OUT_DIR="$(realpath -m "${OUT_DIR:-gpu-check}")"
+mkdir -p "$OUT_DIR"
+# The wheel's libtorch (its libtorch_cuda.so finds cuBLAS, cuDNN and NCCL through its own rpath).
+TORCH_LIB="$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+export LD_LIBRARY_PATH="$TORCH_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
+
+work="$(mktemp -d)"
+cp -r conf experiments "$work"/
+cd "$work"
+: >"$OUT_DIR/times.txt"
+failed=0
+
+# run NAME ARGS...: one `train` run; its summary.json goes to $OUT_DIR/NAME.json.
+run() {
+    local name="$1"
+    shift
+    echo "== $name: train $*"
+    rm -rf logs
+    local start end
+    start="$(date +%s.%N)"
+    if "$TRAIN" "$@" >"$OUT_DIR/$name.log" 2>&1; then
+        end="$(date +%s.%N)"
+        echo "$name $(echo "$end - $start" | bc) s" | tee -a "$OUT_DIR/times.txt"
+        cp "$(find logs -name summary.json -path '*runs*' | head -1)" "$OUT_DIR/$name.json"
+        tail -2 "$OUT_DIR/$name.log"
+    else
+        echo "FAILED: $name (log: $OUT_DIR/$name.log)"
+        tail -20 "$OUT_DIR/$name.log"
+        failed=1
+    fi
+}
+
+QS=(experiment=quickstart backend=tch trainer.accelerator=gpu)
+run tch_gpu_32 "${QS[@]}"
+run tch_gpu_16_mixed "${QS[@]}" trainer.precision=16-mixed
+run tch_gpu_bf16_mixed "${QS[@]}" trainer.precision=bf16-mixed
+DDP=("${QS[@]}" trainer=ddp trainer.devices=1 trainer.max_epochs=2 trainer.accelerator=gpu)
+run ddp_nccl "${DDP[@]}" trainer.process_group_backend=nccl
+run ddp_gloo "${DDP[@]}" trainer.process_group_backend=gloo
+run ddp_nccl_16_mixed "${DDP[@]}" trainer.process_group_backend=nccl trainer.precision=16-mixed
+run fsdp_nccl "${QS[@]}" trainer=fsdp trainer.devices=1 trainer.accelerator=gpu \
+    trainer.process_group_backend=nccl trainer.fsdp.sharding_strategy=FULL_SHARD
+
+python3 - "$OUT_DIR" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+def final(name):
+    p = out / f"{name}.json"
+    return json.loads(p.read_text())["final_metrics"] if p.exists() else None
+for name in ["tch_gpu_32", "tch_gpu_16_mixed", "tch_gpu_bf16_mixed", "ddp_nccl", "ddp_gloo",
+             "ddp_nccl_16_mixed", "fsdp_nccl"]:
+    print(name, final(name))
+nccl, gloo = final("ddp_nccl"), final("ddp_gloo")
+if nccl and gloo:
+    diff = abs(nccl["val/loss"] - gloo["val/loss"])
+    print(f"DDP NCCL vs Gloo: val/loss differs by {diff:.2e}")
+PY
+exit "$failed"
