@@ -134,3 +134,92 @@ impl Drop for Reducer {
         unsafe { trainyard_reducer_free(self.ptr) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dist::c10d::Store;
+    use std::time::Duration;
+
+    /// Two ranks over a real Gloo group; `b` takes part in the loss on the ranks listed in `b_used_on`.
+    /// Returns each rank's (a.grad, b.grad) after one armed backward pass with find_unused_parameters.
+    fn grads_with_b_used_on(b_used_on: &'static [usize]) -> Vec<(Tensor, Option<Tensor>)> {
+        let port = crate::testing::loopback_port();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..2usize)
+                .map(|rank| {
+                    s.spawn(move || {
+                        let timeout = Duration::from_secs(20);
+                        let store =
+                            Store::connect("127.0.0.1", port, rank == 0, 2, timeout).unwrap();
+                        let group = ProcessGroup::gloo(
+                            &store,
+                            "unused",
+                            rank,
+                            2,
+                            "127.0.0.1",
+                            timeout,
+                            None,
+                        )
+                        .unwrap();
+                        let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).set_requires_grad(true);
+                        let b = Tensor::from_slice(&[4.0f32, 5.0]).set_requires_grad(true);
+                        let mut reducer = Reducer::new(
+                            &group,
+                            &[("a", &a), ("b", &b)],
+                            ReducerOptions {
+                                bucket_cap_bytes: 25 << 20,
+                                find_unused_parameters: true,
+                                gradient_as_bucket_view: false,
+                            },
+                        )
+                        .unwrap();
+                        reducer.prepare_forward().unwrap();
+                        let x = Tensor::from_slice(&[1.0f32, 10.0, 100.0]) * (rank as f64 + 1.0);
+                        let mut loss = (&a * &x).sum(tch::Kind::Float);
+                        if b_used_on.contains(&rank) {
+                            let y = Tensor::from_slice(&[2.0f32, 3.0]) * (rank as f64 + 1.0);
+                            loss = loss + (&b * &y).sum(tch::Kind::Float);
+                        }
+                        reducer.prepare_backward(&[&loss]).unwrap();
+                        loss.backward();
+                        reducer.check_finalized().unwrap();
+                        let b_grad = b.grad();
+                        (a.grad(), b_grad.defined().then_some(b_grad))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    fn values(t: &Tensor) -> Vec<f32> {
+        Vec::<f32>::try_from(t).unwrap()
+    }
+
+    /// A parameter unused on one rank counts as a zero gradient there: every rank ends with the mean
+    /// of (rank 0's gradient, 0), as PyTorch's DDP gives with find_unused_parameters=True.
+    #[test]
+    fn a_parameter_unused_on_one_rank_averages_with_zero_there() {
+        for (rank, (a, b)) in grads_with_b_used_on(&[0]).iter().enumerate() {
+            // a: mean of x on rank 0 (1, 10, 100) and rank 1 (2, 20, 200).
+            assert_eq!(values(a), [1.5, 15.0, 150.0], "rank {rank}");
+            // b: rank 0's y (2, 3) and rank 1's zero, averaged.
+            let b = b.as_ref().expect("b has a gradient on every rank");
+            assert_eq!(values(b), [1.0, 1.5], "rank {rank}");
+        }
+    }
+
+    /// A parameter no rank used keeps no gradient anywhere (no momentum or weight decay moves it).
+    #[test]
+    fn a_parameter_unused_on_every_rank_keeps_no_gradient() {
+        for (rank, (a, b)) in grads_with_b_used_on(&[]).iter().enumerate() {
+            assert_eq!(values(a), [1.5, 15.0, 150.0], "rank {rank}");
+            assert!(
+                b.is_none(),
+                "rank {rank}: b got {:?}",
+                b.as_ref().map(values)
+            );
+        }
+    }
+}
