@@ -1,5 +1,5 @@
-"""Train-step throughput: trainyard (Candle backend, CPU) vs PyTorch eager on the same model, batch and
-thread count, alternating runs. Our figure is `median_step_time_s` from the run's summary.json (forward,
+"""Train-step throughput: trainyard (Candle or tch backend; CPU, or CUDA with tch) vs PyTorch eager on the
+same model, batch, precision and thread count, alternating runs. Our figure is `median_step_time_s` from the run's summary.json (forward,
 backward and SGD step; data loading excluded), PyTorch's the same statistic of the same three on a fixed
 batch (see `summary_median`). Both are over 20 steps by default: a process's first two or three steps fault
 in fresh memory (tens of huge pages) and run 1.5-2x slower, so a 5-step median measured mostly that warm-up,
@@ -7,7 +7,10 @@ not the steady state a training run spends its time in.
 
     .venv-torch/bin/python bench/train_step_bench.py --threads 2 --rounds 3 --record
 
-Needs torch 2.11 and torchvision in the interpreter, and `cargo build --release` first.
+    python3 bench/train_step_bench.py --backend tch --device cuda --precision 16-mixed --record  # a GPU
+
+Needs torch 2.11 (and torchvision for resnet18-cifar) in the interpreter, and `cargo build --release` first
+(`--features torch` for tch; TRAIN=<path> names another build).
 """
 
 import argparse
@@ -23,12 +26,11 @@ import time
 
 import torch
 import torch.nn as nn
-import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results import ROOT, record  # noqa: E402
 
-TRAIN = os.path.join(ROOT, "target", "release", "train")
+TRAIN = os.environ.get("TRAIN", os.path.join(ROOT, "target", "release", "train"))
 
 MODELS = {
     # name: (trainyard overrides, PyTorch builder)
@@ -41,6 +43,8 @@ MODELS = {
 
 
 def cifar_resnet18() -> nn.Module:
+    import torchvision
+
     m = torchvision.models.resnet18(num_classes=10)
     m.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
     m.maxpool = nn.Identity()
@@ -55,21 +59,34 @@ def cnn(channels) -> nn.Module:
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, 10))
 
 
-def torch_steps(model_name: str, batch: int, steps: int, threads: int) -> float:
+def torch_steps(model_name: str, batch: int, steps: int, threads: int, device: str = "cpu",
+                precision: str = "32-true") -> float:
+    """Lightning's precisions: 16-mixed = autocast(float16) + GradScaler, bf16-mixed = autocast(bfloat16).
+    On CUDA each step ends by reading the loss, as ours does (its statistics go to the host)."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    model = MODELS[model_name][1]()
+    model = MODELS[model_name][1]().to(device)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(batch, 3, 32, 32)
-    y = torch.randint(0, 10, (batch,))
+    x = torch.randn(batch, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
+    scaler = torch.amp.GradScaler(device) if precision == "16-mixed" else None
     times = []
     for _ in range(steps + 1):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
+        with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
+            loss = loss_fn(model(x), y)
+        if scaler:
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        else:
+            loss.backward()
+            opt.step()
+        loss.item()
         times.append(time.perf_counter() - t0)
     return summary_median(times)
 
@@ -81,14 +98,16 @@ def summary_median(times) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def ours_steps(model_name: str, batch: int, steps: int, threads: int, backend: str = "candle") -> float:
+def ours_steps(model_name: str, batch: int, steps: int, threads: int, backend: str = "candle",
+               device: str = "cpu", precision: str = "32-true") -> float:
     with tempfile.TemporaryDirectory() as out:
         cmd = [
             TRAIN, "experiment=quickstart", *MODELS[model_name][0], f"data.batch_size={batch}",
             "optimizer=sgd", "optimizer.lr=0.01", "scheduler=constant", "trainer.max_epochs=1",
             f"trainer.limit_train_batches={steps + 1}", "trainer.limit_val_batches=0", "callbacks=none",
             "data.num_workers=0",  # batches made between steps, so loader threads do not share the cores
-            f"hydra.run.dir={out}", f"backend={backend}",
+            f"hydra.run.dir={out}", f"backend={backend}", f"trainer.precision={precision}",
+            "trainer.accelerator=" + ("gpu" if device == "cuda" else "cpu"),
         ]
         # Candle's kernels use rayon; libtorch's use OpenMP.
         env = dict(os.environ, RAYON_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
@@ -105,26 +124,41 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--backend", default="candle", choices=["candle", "tch"],
                     help="tch needs `cargo build --release --features torch`")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda needs --backend tch")
+    ap.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"])
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
+    if args.device == "cuda" and args.backend != "tch":
+        sys.exit("--device cuda needs --backend tch (Candle runs on the CPU)")
     for name in args.models.split(","):
         ours, theirs = [], []
         for _ in range(args.rounds):
-            ours.append(ours_steps(name, args.batch, args.steps, args.threads, args.backend))
-            theirs.append(torch_steps(name, args.batch, args.steps, args.threads))
+            ours.append(ours_steps(name, args.batch, args.steps, args.threads, args.backend, args.device,
+                                   args.precision))
+            theirs.append(torch_steps(name, args.batch, args.steps, args.threads, args.device, args.precision))
         o, t = statistics.median(ours), statistics.median(theirs)
         ratio = t / o
         print(f"{name}: trainyard {args.batch / o:.1f} img/s, PyTorch {args.batch / t:.1f} img/s, ratio {ratio:.2f}x")
         if args.record:
-            section = ("Train step throughput, CPU (issue: training core)" if args.backend == "candle"
-                       else "Train step throughput, CPU, backend=tch (issue: tch backend)")
+            if args.device == "cuda":
+                section = "Train step throughput, CUDA, backend=tch (issue: distributed / GPU)"
+                machine = torch.cuda.get_device_name(0)
+            elif args.backend == "candle":
+                section = "Train step throughput, CPU (issue: training core)"
+                machine = f"{platform.machine()}, {os.cpu_count()} cores"
+            else:
+                section = "Train step throughput, CPU, backend=tch (issue: tch backend)"
+                machine = f"{platform.machine()}, {os.cpu_count()} cores"
+            extra = "" if args.device == "cpu" else f" --device {args.device}"
+            extra += "" if args.precision == "32-true" else f" --precision {args.precision}"
             record(
                 section,
-                f"| {datetime.date.today()} | {name} train step (fwd+bwd+SGD), backend={args.backend}, batch {args.batch}, {args.threads} threads "
+                f"| {datetime.date.today()} | {name} train step (fwd+bwd+SGD), backend={args.backend}, "
+                f"{args.precision}, batch {args.batch}, {args.threads} threads "
                 f"| {args.batch / o:.1f} img/s | PyTorch {torch.__version__} eager: {args.batch / t:.1f} img/s "
-                f"| **{ratio:.2f}x** | {platform.machine()}, {os.cpu_count()} cores "
-                f"| `.venv-torch/bin/python bench/train_step_bench.py --models {name} --threads {args.threads} "
-                f"--rounds {args.rounds} --steps {args.steps} --backend {args.backend} --record` |",
+                f"| **{ratio:.2f}x** | {machine} "
+                f"| `python bench/train_step_bench.py --models {name} --threads {args.threads} "
+                f"--rounds {args.rounds} --steps {args.steps} --backend {args.backend}{extra} --record` |",
             )
 
 

@@ -4,11 +4,13 @@
 #   - tch on CUDA: the quick start at 32-true, 16-mixed and bf16-mixed;
 #   - DDP over NCCL in a one-GPU world, against the same run over Gloo (same final metrics);
 #   - AMP + DDP together (16-mixed over NCCL); FSDP FULL_SHARD with NCCL beside its Gloo host collectives.
-# Each run's summary.json is copied to $OUT_DIR, with the wall time in times.txt.
+# Each run's summary.json is copied to $OUT_DIR, with the wall time in times.txt; then (BENCH=0 skips it)
+# bench/train_step_bench.py on CUDA against PyTorch eager, recorded in bench/RESULTS.md (copied to $OUT_DIR).
 #
 #   TRAIN=target-torch/gpu/train OUT_DIR=$OUT/gpu scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+REPO="$PWD"
 TRAIN="$(realpath "${TRAIN:-target-torch/release/train}")"
 OUT_DIR="$(realpath -m "${OUT_DIR:-gpu-check}")"
 mkdir -p "$OUT_DIR"
@@ -68,4 +70,14 @@ if nccl and gloo:
     diff = abs(nccl["val/loss"] - gloo["val/loss"])
     print(f"DDP NCCL vs Gloo: val/loss differs by {diff:.2e}")
 PY
+
+# Train-step speed on the GPU against PyTorch eager, recorded in bench/RESULTS.md (with the GPU's name).
+if [ "${BENCH:-1}" = "1" ]; then
+    cd "$REPO"
+    for precision in 32-true 16-mixed; do
+        TRAIN="$TRAIN" python3 bench/train_step_bench.py --models cnn --backend tch --device cuda \
+            --precision "$precision" --threads 4 --rounds 3 --batch 256 --record || failed=1
+    done
+    cp bench/RESULTS.md "$OUT_DIR/RESULTS.md"
+fi
 exit "$failed"

@@ -236,6 +236,59 @@ fn a_gpu_that_is_not_there_is_refused_and_auto_falls_back_to_the_cpu() {
     assert_eq!(summary(&run)["backend"], "tch");
 }
 
+/// `trainer.deterministic=true` turns on libtorch's deterministic algorithms (as Lightning does) and
+/// `false` turns them off again; with `cudnn_benchmark` it is refused by name. The setting is
+/// process-wide and other tests here build engines at the same time, so the checks run in a child
+/// process of this test binary that runs this test alone.
+#[test]
+fn deterministic_sets_libtorchs_deterministic_algorithms() {
+    use trainyard::backend::torch::deterministic_algorithms;
+    const ALONE: &str = "TRAINYARD_TEST_ALONE";
+    if std::env::var_os(ALONE).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "deterministic_sets_libtorchs_deterministic_algorithms",
+                "--exact",
+            ])
+            .env(ALONE, "1")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+        return;
+    }
+    let mut exp = experiment(MLP, SGD, 8);
+    exp.trainer.deterministic = true;
+    TchEngine::new(&exp).unwrap();
+    assert!(deterministic_algorithms());
+    exp.trainer.cudnn_benchmark = true;
+    let err = TchEngine::new(&exp).err().expect("refused").to_string();
+    assert!(
+        err.contains("trainer.deterministic=true with trainer.cudnn_benchmark=true"),
+        "{err}"
+    );
+    exp.trainer.cudnn_benchmark = false;
+    exp.trainer.deterministic = false;
+    TchEngine::new(&exp).unwrap();
+    assert!(!deterministic_algorithms());
+}
+
+/// A deterministic run trains as an ordinary one on the CPU: none of the ops it uses lacks a
+/// deterministic implementation.
+#[test]
+fn quickstart_trains_deterministically_on_tch() {
+    let p = real_project();
+    let run = quickstart_run(
+        p.path(),
+        &[
+            "backend=tch",
+            "trainer.deterministic=true",
+            "trainer.max_epochs=1",
+        ],
+    );
+    assert_eq!(summary(&run)["backend"], "tch");
+}
+
 const MLP: &str = "{num_classes: 10, name: mlp, hidden: [64, 32], dropout: 0.0}";
 const CNN: &str = "{num_classes: 10, name: cnn, channels: [8, 16], dropout: 0.0}";
 const SGD: &str = "{name: sgd, lr: 0.05, momentum: 0.9}";

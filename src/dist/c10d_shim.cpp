@@ -72,16 +72,17 @@ c10d::ReduceOp reduce_op(int op) {
 
 std::chrono::milliseconds ms(int64_t v) { return std::chrono::milliseconds(v); }
 
-// Sum `t` (a contiguous CPU float tensor) over every rank in place, waiting for the result.
-void all_reduce_sum(c10d::ProcessGroupGloo& pg, at::Tensor& t) {
+// Sum `t` (a contiguous float tensor, on the host or a GPU) over every rank in place, waiting for the
+// result: NCCL for CUDA tensors when the group has it, else Gloo.
+void all_reduce_sum(Group& g, at::Tensor& t) {
   std::vector<at::Tensor> list{t};
-  pg.allreduce(list)->wait();
+  g.backend_for(t).allreduce(list)->wait();
 }
 
 // SyncBatchNorm (PyTorch's torch.nn.SyncBatchNorm, for an (N, C, ...) input): the batch statistics are
 // those of the whole global batch, and so is the backward's reduction, so N ranks with batches of B
-// normalise exactly as one process with a batch of N x B. Statistics run in float32 on the host side of
-// the collective, whatever the input's dtype; parameter gradients are this rank's (DDP averages them).
+// normalise exactly as one process with a batch of N x B. Statistics run in float32 on the input's
+// device, whatever its dtype; parameter gradients are this rank's (DDP averages them).
 struct SyncBatchNorm : public torch::autograd::Function<SyncBatchNorm> {
   static std::vector<int64_t> reduce_dims(const at::Tensor& x) {
     std::vector<int64_t> dims{0};
@@ -98,22 +99,21 @@ struct SyncBatchNorm : public torch::autograd::Function<SyncBatchNorm> {
                             const at::Tensor& weight, const at::Tensor& bias,
                             at::Tensor running_mean, at::Tensor running_var, double momentum,
                             double eps, int64_t group) {
-    auto& pg = *reinterpret_cast<Group*>(group)->pg;
+    auto& g = *reinterpret_cast<Group*>(group);
     auto x = input.to(at::kFloat).contiguous();
     const int64_t channels = x.size(1);
     const auto dims = reduce_dims(x);
     const auto view = channel_view(x);
     // Pass 1: the global count and sum give the global mean.
-    auto sums = at::cat({x.sum(dims).cpu(),
-                         at::full({1}, double(x.numel() / channels), x.options().device(at::kCPU))});
-    all_reduce_sum(pg, sums);
+    auto sums = at::cat({x.sum(dims), at::full({1}, double(x.numel() / channels), x.options())});
+    all_reduce_sum(g, sums);
     const double count = sums[channels].item<double>();
-    auto mean = (sums.narrow(0, 0, channels) / count).to(x.device());
+    auto mean = sums.narrow(0, 0, channels) / count;
     // Pass 2: squared deviations from the global mean give the global (biased) variance.
     auto centered = x - mean.view(view);
-    auto squares = (centered * centered).sum(dims).cpu().contiguous();
-    all_reduce_sum(pg, squares);
-    auto var = (squares / count).to(x.device());
+    auto squares = (centered * centered).sum(dims).contiguous();
+    all_reduce_sum(g, squares);
+    auto var = squares / count;
     auto invstd = (var + eps).rsqrt();
     if (running_mean.defined()) {
       running_mean.mul_(1.0 - momentum).add_(mean.to(running_mean.scalar_type()), momentum);
@@ -133,7 +133,7 @@ struct SyncBatchNorm : public torch::autograd::Function<SyncBatchNorm> {
     auto saved = ctx->get_saved_variables();
     auto x = saved[0], weight = saved[1], mean = saved[2], invstd = saved[3];
     const double count = ctx->saved_data["count"].toDouble();
-    auto& pg = *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt())->pg;
+    auto& g = *reinterpret_cast<Group*>(ctx->saved_data["group"].toInt());
     const int64_t channels = x.size(1);
     const auto dims = reduce_dims(x);
     const auto view = channel_view(x);
@@ -141,9 +141,8 @@ struct SyncBatchNorm : public torch::autograd::Function<SyncBatchNorm> {
     auto xhat = (x - mean.view(view)) * invstd.view(view);
     auto sum_dy = dy.sum(dims);
     auto sum_dy_xhat = (dy * xhat).sum(dims);
-    auto global = at::cat({sum_dy, sum_dy_xhat}).cpu().contiguous();
-    all_reduce_sum(pg, global);
-    global = global.to(x.device());
+    auto global = at::cat({sum_dy, sum_dy_xhat}).contiguous();
+    all_reduce_sum(g, global);
     auto mean_dy = (global.narrow(0, 0, channels) / count).view(view);
     auto mean_dy_xhat = (global.narrow(0, channels, channels) / count).view(view);
     auto dx = (weight.to(at::kFloat) * invstd).view(view) * (dy - mean_dy - xhat * mean_dy_xhat);
@@ -395,10 +394,9 @@ int trainyard_wait(void* pending) {
     if (!p->work->wait()) {
       throw std::runtime_error("the collective was aborted");
     }
-    if (!p->work->isSuccess()) {
-      auto e = p->work->exception();
-      if (e) std::rethrow_exception(e);
-    }
+    // wait() rethrows a failure; exception() covers work that records one without throwing. Not
+    // isSuccess(): NCCL's work throws "deprecated" from it.
+    if (auto e = p->work->exception()) std::rethrow_exception(e);
   });
   delete p;
   return status;

@@ -176,11 +176,13 @@ mod tests {
                         .unwrap();
                         reducer.prepare_forward().unwrap();
                         let x = Tensor::from_slice(&[1.0f32, 10.0, 100.0]) * (rank as f64 + 1.0);
-                        let mut loss = (&a * &x).sum(tch::Kind::Float);
-                        if b_used_on.contains(&rank) {
+                        let a_part = (&a * &x).sum(tch::Kind::Float);
+                        let loss = if b_used_on.contains(&rank) {
                             let y = Tensor::from_slice(&[2.0f32, 3.0]) * (rank as f64 + 1.0);
-                            loss = loss + (&b * &y).sum(tch::Kind::Float);
-                        }
+                            a_part + (&b * &y).sum(tch::Kind::Float)
+                        } else {
+                            a_part
+                        };
                         reducer.prepare_backward(&[&loss]).unwrap();
                         loss.backward();
                         reducer.check_finalized().unwrap();

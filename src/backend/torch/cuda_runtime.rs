@@ -96,6 +96,21 @@ pub fn device_count() -> usize {
     tch::Cuda::device_count().max(0) as usize
 }
 
+extern "C" {
+    fn trainyard_cuda_set_device(index: c_int) -> c_int;
+}
+
+/// `torch.cuda.set_device(index)` for the calling thread.
+pub fn set_current_device(index: usize) -> anyhow::Result<()> {
+    // SAFETY: plain C ABI; the shim catches every C++ exception and reports a status.
+    let status = unsafe { trainyard_cuda_set_device(index as c_int) };
+    anyhow::ensure!(
+        status == 0,
+        "could not make cuda:{index} the current CUDA device"
+    );
+    Ok(())
+}
+
 /// Why CUDA is not usable, with what to do about it (for errors that name the setting that asked for it).
 pub fn why_unavailable() -> String {
     match load() {

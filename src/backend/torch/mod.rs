@@ -68,6 +68,40 @@ fn dims(t: &Tensor) -> Vec<usize> {
     t.size().iter().map(|&d| d as usize).collect()
 }
 
+extern "C" {
+    fn trainyard_set_deterministic(on: std::ffi::c_int) -> std::ffi::c_int;
+    fn trainyard_deterministic() -> std::ffi::c_int;
+}
+
+/// Is `torch.use_deterministic_algorithms` on in this process?
+pub fn deterministic_algorithms() -> bool {
+    // SAFETY: plain C ABI, no arguments.
+    unsafe { trainyard_deterministic() != 0 }
+}
+
+/// Lightning's `trainer.deterministic` on libtorch: deterministic algorithms only (an op that has none
+/// fails with PyTorch's message naming it), cuDNN deterministic, and cuBLAS's fixed workspace
+/// (`CUBLAS_WORKSPACE_CONFIG=:4096:8`, set before CUDA starts unless already set), as Lightning sets them.
+/// Process-wide: every engine of a run applies the same value.
+fn apply_determinism(t: &crate::schema::TrainerConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !(t.deterministic && t.cudnn_benchmark),
+        "trainer.deterministic=true with trainer.cudnn_benchmark=true: benchmark mode picks cuDNN's \
+         algorithms by timing them, run by run; set trainer.cudnn_benchmark=false"
+    );
+    if t.deterministic && std::env::var_os("CUBLAS_WORKSPACE_CONFIG").is_none() {
+        std::env::set_var("CUBLAS_WORKSPACE_CONFIG", ":4096:8");
+    }
+    // SAFETY: plain C ABI; the shim catches every C++ exception.
+    let status = unsafe { trainyard_set_deterministic(std::ffi::c_int::from(t.deterministic)) };
+    anyhow::ensure!(
+        status == 0,
+        "libtorch refused trainer.deterministic={}",
+        t.deterministic
+    );
+    Ok(())
+}
+
 /// CUDA device `index` checked against what libtorch sees (a clear error instead of a CUDA one later).
 fn cuda(index: usize) -> anyhow::Result<Device> {
     let count = cuda_runtime::device_count();
@@ -82,11 +116,19 @@ fn cuda(index: usize) -> anyhow::Result<Device> {
 impl TchEngine {
     /// On this process's device (a distributed worker's local rank on CUDA).
     pub fn new(exp: &Experiment) -> anyhow::Result<Self> {
-        Self::on_device(exp, crate::dist::local_device_index())
+        Self::build(exp, crate::dist::local_device_index(), true)
     }
 
     /// On CUDA device `index` when the run is on CUDA (DataParallel's replica r is on cuda:r), else the CPU.
     pub fn on_device(exp: &Experiment, index: usize) -> anyhow::Result<Self> {
+        Self::build(exp, index, false)
+    }
+
+    /// `make_current`: this process works on that one device, which becomes the current CUDA device (as
+    /// `torch.cuda.set_device(local_rank)`), so nothing lands on cuda:0 by default (cuBLAS handles, NCCL
+    /// streams). DataParallel's replicas share the process and keep the default.
+    fn build(exp: &Experiment, index: usize, make_current: bool) -> anyhow::Result<Self> {
+        apply_determinism(&exp.trainer)?;
         let device = match exp.trainer.accelerator {
             Accelerator::Cpu => Device::Cpu,
             Accelerator::Gpu | Accelerator::Cuda => {
@@ -101,6 +143,9 @@ impl TchEngine {
             Accelerator::Auto if cuda_runtime::is_available() => cuda(index)?,
             Accelerator::Auto => Device::Cpu,
         };
+        if make_current && device.is_cuda() {
+            cuda_runtime::set_current_device(index)?;
+        }
         if exp.trainer.cudnn_benchmark {
             if device.is_cuda() {
                 tch::Cuda::cudnn_set_benchmark(true);
@@ -446,8 +491,8 @@ impl Engine for TchEngine {
         let (x, labels) = self.inputs(batch)?;
         let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
         self.forward_calls += 1;
+        // Autocast is entered around each stage's forward computation (`staged`), not the backward passes.
         let (logits, loss) = {
-            let _autocast = amp::autocast(self.mode, self.device)?;
             let mut staged = staged::Staged {
                 engine: self,
                 labels,
@@ -466,20 +511,16 @@ impl Engine for TchEngine {
     ) -> anyhow::Result<StepStats> {
         let (x, labels) = self.inputs(batch)?;
         let logits = {
-            let _autocast = amp::autocast(self.mode, self.device)?;
             let mut staged = staged::Staged {
                 engine: self,
                 labels: labels.shallow_clone(),
             };
             super::units::evaluate_by_unit(&mut staged, x, exchange)?
         };
-        let loss = logits.f_cross_entropy_loss::<Tensor>(
-            &labels,
-            None,
-            tch::Reduction::Mean,
-            -100,
-            0.0,
-        )?;
+        let loss = {
+            let _autocast = amp::autocast(self.mode, self.device)?; // as `evaluate` computes it
+            logits.f_cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0)?
+        };
         self.stats(&logits, &loss, batch)
     }
 

@@ -1,8 +1,11 @@
 // What tch does not expose, reached through libtorch's C++ API: autocast for a given device type and
-// dtype (tch's `autocast` is CUDA float16 only), and `param.grad = None` (tch can only zero a gradient). Every entry point catches C++ exceptions and reports them
+// dtype (tch's `autocast` is CUDA float16 only), `param.grad = None` (tch can only zero a gradient),
+// `torch.cuda.set_device` and `torch.use_deterministic_algorithms`. Every entry point catches C++ exceptions and reports them
 // as a status, so nothing unwinds into Rust.
+#include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 
 namespace {
 at::DeviceType device_type(int device) { return device == 1 ? at::kCUDA : at::kCPU; }
@@ -53,5 +56,33 @@ int trainyard_grad_reset(at::Tensor* t) {
     return 1;
   }
 }
+
+// torch.cuda.set_device(index) for this thread, without linking CUDA: through the device guard that
+// libtorch_cuda.so registers when it is loaded. 0 on success.
+int trainyard_cuda_set_device(int index) {
+  try {
+    c10::impl::getDeviceGuardImpl(at::kCUDA)->setDevice(
+        at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index)));
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// Lightning's `deterministic`: torch.use_deterministic_algorithms(on) and cudnn.deterministic = on (with
+// cuDNN's benchmark off when on). Process-wide. 0 on success.
+int trainyard_set_deterministic(int on) {
+  try {
+    at::globalContext().setDeterministicAlgorithms(on != 0, /*warn_only=*/false);
+    at::globalContext().setDeterministicCuDNN(on != 0);
+    if (on != 0) at::globalContext().setBenchmarkCuDNN(false);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// Is torch.use_deterministic_algorithms on?
+int trainyard_deterministic() { return at::globalContext().deterministicAlgorithms() ? 1 : 0; }
 
 }  // extern "C"

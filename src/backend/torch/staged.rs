@@ -1,5 +1,7 @@
 //! The tch engine's side of FSDP's unit-by-unit schedule (`backend::units`): one model stage at a time,
-//! forward under `no_grad`, backward by running the stage again from its saved input.
+//! forward under `no_grad`, backward by running the stage again from its saved input. Under a mixed
+//! precision only the stages' forward computations run in autocast, as `torch.utils.checkpoint` re-enters
+//! it for its recomputation: backward passes run outside it, as in the whole-model step.
 
 use super::{to_host, TchEngine};
 use crate::backend::units::StagedCompute;
@@ -28,6 +30,11 @@ impl Staged<'_> {
             }
         }
         Ok(flat)
+    }
+
+    /// Autocast for the engine's precision (nothing at 32 bits), around a forward computation.
+    fn autocast(&self) -> anyhow::Result<Option<super::amp::AutocastGuard>> {
+        super::amp::autocast(self.engine.mode, self.engine.device)
     }
 
     /// The stage's input as a graph leaf (with a gradient only when asked).
@@ -65,6 +72,7 @@ impl StagedCompute for Staged<'_> {
         train: bool,
         rng: &mut Rng,
     ) -> anyhow::Result<Tensor> {
+        let _autocast = self.autocast()?;
         let e = &mut *self.engine;
         tch::no_grad(|| {
             e.arch
@@ -80,6 +88,7 @@ impl StagedCompute for Staged<'_> {
         rng: &mut Rng,
     ) -> anyhow::Result<(Tensor, Vec<f32>, (Tensor, Tensor))> {
         let input = Self::leaf(x, true)?;
+        let autocast = self.autocast()?;
         let e = &mut *self.engine;
         let k = e.arch.stages().len() - 1;
         let logits = e
@@ -92,6 +101,7 @@ impl StagedCompute for Staged<'_> {
             -100,
             e.label_smoothing,
         )?;
+        drop(autocast);
         let scale = match &e.scaler {
             Some(s) => grad_scale * s.scale()?,
             None => grad_scale,
@@ -121,10 +131,12 @@ impl StagedCompute for Staged<'_> {
         for (name, t) in &self.engine.buffers {
             scratch.insert(name.clone(), t.copy());
         }
-        let e = &*self.engine;
-        let y = e
-            .arch
-            .forward_stage(k, &e.params, &mut scratch, &input, true, rng)?;
+        let y = {
+            let _autocast = self.autocast()?;
+            let e = &*self.engine;
+            e.arch
+                .forward_stage(k, &e.params, &mut scratch, &input, true, rng)?
+        };
         // d(sum(y * g))/dy = g exactly: backpropagates `grad_out` through the stage (a stage with no
         // parameters over the batch, such as a flatten, has nothing to backpropagate into).
         if y.requires_grad() {
