@@ -1,28 +1,25 @@
 #!/usr/bin/env bash
 # Install libtorch 2.11.0 (what tch 0.24 binds) into a project-local folder from PyPI's torch wheel, without
 # its Python dependencies, plus the two small CUDA runtime wheels libtorch_cpu.so needs to load and the
-# CUDA/NCCL headers the NCCL shim is compiled against. Prints the LIBTORCH=... line to export. With LIBTORCH_USE_PYTORCH=1 (a machine with PyTorch 2.11 installed) it
-# installs nothing and uses that PyTorch instead.
+# CUDA/NCCL headers the NCCL shim is compiled against. Prints the variables to export. With
+# LIBTORCH_USE_PYTORCH=1 (a GPU machine with PyTorch 2.11 and its CUDA wheels installed) it uses that
+# PyTorch and fetches only the headers.
 #
 #   eval "$(scripts/install-libtorch.sh)"     # then: cargo build --features torch
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "${LIBTORCH_USE_PYTORCH:-}" = "1" ]; then
-    echo "export LIBTORCH_USE_PYTORCH=1"
-    exit 0
-fi
 DEST="${TRAINYARD_LIBTORCH_DIR:-$PWD/.libtorch}"
-if [ ! -f "$DEST/torch/lib/libtorch_cpu.so" ]; then
+if [ "${LIBTORCH_USE_PYTORCH:-}" != "1" ] && [ ! -f "$DEST/torch/lib/libtorch_cpu.so" ]; then
     python3 -m pip install -q --no-deps --target "$DEST" \
         torch==2.11.0 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cupti==13.0.85 >&2
 fi
-# Headers only (no libraries) of the CUDA and NCCL wheels torch 2.11 was built with, beside libtorch: build.rs
-# compiles ProcessGroupNCCL's shim against them (src/dist/nccl_shim.cpp). The wheels are large; only
-# their include/ folders are kept.
+# Headers only (no libraries) of the CUDA and NCCL wheels torch 2.11 was built with: build.rs compiles
+# ProcessGroupNCCL's shim against them (src/dist/nccl_shim.cpp; TRAINYARD_CUDA_HEADERS names the folder).
+# The wheels are large; only their include/ folders are kept.
 if [ ! -f "$DEST/nvidia/.headers-done" ]; then
     tmp="$(mktemp -d)"
     python3 -m pip download -q --no-deps -d "$tmp" \
-        nvidia-cuda-crt==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-cublas==13.1.0.3 \
+        nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 nvidia-cuda-cccl==13.0.85 nvidia-cublas==13.1.0.3 \
         nvidia-cusparse==12.6.3.3 nvidia-cusolver==12.0.4.66 nvidia-nccl-cu13==2.28.9 >&2
     python3 - "$tmp" "$DEST" <<'PY'
 import pathlib, sys, zipfile
@@ -34,4 +31,9 @@ PY
     rm -rf "$tmp"
     touch "$DEST/nvidia/.headers-done"
 fi
-echo "export LIBTORCH=$DEST/torch"
+echo "export TRAINYARD_CUDA_HEADERS=$DEST"
+if [ "${LIBTORCH_USE_PYTORCH:-}" = "1" ]; then
+    echo "export LIBTORCH_USE_PYTORCH=1"
+else
+    echo "export LIBTORCH=$DEST/torch"
+fi

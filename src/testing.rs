@@ -44,3 +44,29 @@ pub fn loopback_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// Run `job(rank, group)` on the two ranks of a real Gloo group, each in a thread of this process over
+/// loopback; the results in rank order. A panic on either rank fails the test.
+#[cfg(feature = "torch")]
+pub fn on_two_ranks<T: Send>(
+    job: impl Fn(usize, &crate::dist::c10d::ProcessGroup) -> T + Sync,
+) -> Vec<T> {
+    use crate::dist::c10d::{ProcessGroup, Store};
+    let port = loopback_port();
+    let timeout = std::time::Duration::from_secs(30);
+    let job = &job;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2usize)
+            .map(|rank| {
+                s.spawn(move || {
+                    let store = Store::connect("127.0.0.1", port, rank == 0, 2, timeout).unwrap();
+                    let group =
+                        ProcessGroup::gloo(&store, "test", rank, 2, "127.0.0.1", timeout, None)
+                            .unwrap();
+                    job(rank, &group)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}

@@ -400,6 +400,30 @@ fn sync_batchnorm_matches_one_process_with_the_same_global_batch(#[case] backend
     );
 }
 
+/// `train SMALL_CNN ARGS` in `root` as rank `rank` of `world` under a torchrun-style environment
+/// (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*; no launcher of ours), rendezvous on a fresh loopback port.
+fn torchrun_worker(root: &Path, rank: usize, world: usize, args: &[&str]) -> std::process::Output {
+    let (rank, world, port) = (
+        rank.to_string(),
+        world.to_string(),
+        common::free_port().to_string(),
+    );
+    Command::new(TRAIN)
+        .args(SMALL_CNN)
+        .args(args)
+        .current_dir(root)
+        .env_remove("TRAIN_CONFIG_PATH")
+        .envs([
+            ("RANK", rank.as_str()),
+            ("LOCAL_RANK", rank.as_str()),
+            ("WORLD_SIZE", world.as_str()),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", port.as_str()),
+        ])
+        .output()
+        .unwrap()
+}
+
 /// `trainer.process_group_backend=nccl` where NCCL cannot run is refused before any collective, naming
 /// the setting and what to change (one worker, rank 0 of 1 under a torchrun-style environment).
 #[rstest]
@@ -412,22 +436,9 @@ fn nccl_where_it_cannot_run_is_refused_by_name(#[case] extra: &[&str], #[case] s
         return;
     }
     let p = real_project();
-    let port = common::free_port().to_string();
-    let out = Command::new(TRAIN)
-        .args(SMALL_CNN)
-        .args(["trainer=ddp_sim", "trainer.process_group_backend=nccl"])
-        .args(extra)
-        .current_dir(p.path())
-        .env_remove("TRAIN_CONFIG_PATH")
-        .envs([
-            ("RANK", "0"),
-            ("LOCAL_RANK", "0"),
-            ("WORLD_SIZE", "1"),
-            ("MASTER_ADDR", "127.0.0.1"),
-            ("MASTER_PORT", port.as_str()),
-        ])
-        .output()
-        .unwrap();
+    let mut args = vec!["trainer=ddp_sim", "trainer.process_group_backend=nccl"];
+    args.extend_from_slice(extra);
+    let out = torchrun_worker(p.path(), 0, 1, &args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
@@ -441,27 +452,18 @@ fn nccl_where_it_cannot_run_is_refused_by_name(#[case] extra: &[&str], #[case] s
 #[test]
 fn a_rendezvous_nobody_joins_times_out_with_advice() {
     let p = real_project();
-    let port = common::free_port().to_string();
     let started = Instant::now();
-    // Rank 1 of 2 under a torchrun-style environment, with no rank 0 anywhere.
-    let out = Command::new(TRAIN)
-        .args(SMALL_CNN)
-        .args([
+    // Rank 1 of 2, with no rank 0 anywhere.
+    let out = torchrun_worker(
+        p.path(),
+        1,
+        2,
+        &[
             "backend=tch",
             "trainer=ddp_sim",
             "trainer.rendezvous_timeout_s=3",
-        ])
-        .current_dir(p.path())
-        .env_remove("TRAIN_CONFIG_PATH")
-        .envs([
-            ("RANK", "1"),
-            ("LOCAL_RANK", "1"),
-            ("WORLD_SIZE", "2"),
-            ("MASTER_ADDR", "127.0.0.1"),
-            ("MASTER_PORT", port.as_str()),
-        ])
-        .output()
-        .unwrap();
+        ],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(

@@ -138,60 +138,37 @@ impl Drop for Reducer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dist::c10d::Store;
-    use std::time::Duration;
 
     /// Two ranks over a real Gloo group; `b` takes part in the loss on the ranks listed in `b_used_on`.
     /// Returns each rank's (a.grad, b.grad) after one armed backward pass with find_unused_parameters.
     fn grads_with_b_used_on(b_used_on: &'static [usize]) -> Vec<(Tensor, Option<Tensor>)> {
-        let port = crate::testing::loopback_port();
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..2usize)
-                .map(|rank| {
-                    s.spawn(move || {
-                        let timeout = Duration::from_secs(20);
-                        let store =
-                            Store::connect("127.0.0.1", port, rank == 0, 2, timeout).unwrap();
-                        let group = ProcessGroup::gloo(
-                            &store,
-                            "unused",
-                            rank,
-                            2,
-                            "127.0.0.1",
-                            timeout,
-                            None,
-                        )
-                        .unwrap();
-                        let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).set_requires_grad(true);
-                        let b = Tensor::from_slice(&[4.0f32, 5.0]).set_requires_grad(true);
-                        let mut reducer = Reducer::new(
-                            &group,
-                            &[("a", &a), ("b", &b)],
-                            ReducerOptions {
-                                bucket_cap_bytes: 25 << 20,
-                                find_unused_parameters: true,
-                                gradient_as_bucket_view: false,
-                            },
-                        )
-                        .unwrap();
-                        reducer.prepare_forward().unwrap();
-                        let x = Tensor::from_slice(&[1.0f32, 10.0, 100.0]) * (rank as f64 + 1.0);
-                        let a_part = (&a * &x).sum(tch::Kind::Float);
-                        let loss = if b_used_on.contains(&rank) {
-                            let y = Tensor::from_slice(&[2.0f32, 3.0]) * (rank as f64 + 1.0);
-                            a_part + (&b * &y).sum(tch::Kind::Float)
-                        } else {
-                            a_part
-                        };
-                        reducer.prepare_backward(&[&loss]).unwrap();
-                        loss.backward();
-                        reducer.check_finalized().unwrap();
-                        let b_grad = b.grad();
-                        (a.grad(), b_grad.defined().then_some(b_grad))
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        crate::testing::on_two_ranks(|rank, group| {
+            let a = Tensor::from_slice(&[1.0f32, 2.0, 3.0]).set_requires_grad(true);
+            let b = Tensor::from_slice(&[4.0f32, 5.0]).set_requires_grad(true);
+            let mut reducer = Reducer::new(
+                group,
+                &[("a", &a), ("b", &b)],
+                ReducerOptions {
+                    bucket_cap_bytes: 25 << 20,
+                    find_unused_parameters: true,
+                    gradient_as_bucket_view: false,
+                },
+            )
+            .unwrap();
+            reducer.prepare_forward().unwrap();
+            let x = Tensor::from_slice(&[1.0f32, 10.0, 100.0]) * (rank as f64 + 1.0);
+            let a_part = (&a * &x).sum(tch::Kind::Float);
+            let loss = if b_used_on.contains(&rank) {
+                let y = Tensor::from_slice(&[2.0f32, 3.0]) * (rank as f64 + 1.0);
+                a_part + (&b * &y).sum(tch::Kind::Float)
+            } else {
+                a_part
+            };
+            reducer.prepare_backward(&[&loss]).unwrap();
+            loss.backward();
+            reducer.check_finalized().unwrap();
+            let b_grad = b.grad();
+            (a.grad(), b_grad.defined().then_some(b_grad))
         })
     }
 

@@ -89,10 +89,8 @@ impl Overlap {
 mod tests {
     use super::super::TchEngine;
     use crate::backend::Engine;
-    use crate::dist::c10d::{ProcessGroup, Store};
     use crate::strategy::ddp::GradSync;
     use rstest::rstest;
-    use std::time::Duration;
     use tch::Tensor;
 
     fn grads(e: &TchEngine) -> Vec<Tensor> {
@@ -134,64 +132,39 @@ mod tests {
             find_unused_parameters,
             gradient_as_bucket_view,
         };
-        let port = crate::testing::loopback_port();
-        let timeout = Duration::from_secs(30);
-        std::thread::scope(|s| {
-            let ranks: Vec<_> = (0..2usize)
-                .map(|rank| {
-                    let (exp, sync) = (&exp, &sync);
-                    s.spawn(move || {
-                        let store =
-                            Store::connect("127.0.0.1", port, rank == 0, 2, timeout).unwrap();
-                        let group = ProcessGroup::gloo(
-                            &store,
-                            "overlap",
-                            rank,
-                            2,
-                            "127.0.0.1",
-                            timeout,
-                            None,
-                        )
-                        .unwrap();
-                        let mut armed = TchEngine::new(exp).unwrap();
-                        let mut reference = TchEngine::new(exp).unwrap();
-                        for step in 0..3u64 {
-                            let micro =
-                                |m: u64| crate::testing::batch(100 * step + 10 * m + rank as u64);
-                            armed.forward_backward(&micro(0), 0.5).unwrap();
-                            assert!(armed.arm_gradient_sync(&group, sync).unwrap());
-                            armed.forward_backward(&micro(1), 0.5).unwrap();
-                            let averaged_in_backward = grads(&armed);
-                            reference.forward_backward(&micro(0), 0.5).unwrap();
-                            reference.forward_backward(&micro(1), 0.5).unwrap();
-                            let local = grads(&reference);
-                            reference.all_reduce_gradients(&group, sync).unwrap();
-                            let expected = grads(&reference);
-                            assert!(
-                                max_diff(&local, &expected) > 1e-4,
-                                "the ranks' batches differ, so averaging must change the gradients"
-                            );
-                            let diff = max_diff(&averaged_in_backward, &expected);
-                            assert!(diff < 1e-6, "rank {rank} step {step}: {diff}");
-                            armed.all_reduce_gradients(&group, sync).unwrap();
-                            assert!(max_diff(&grads(&armed), &expected) < 1e-6, "reduced twice");
-                            armed.optimizer_step(0.1, Some(0.9), None).unwrap();
-                            reference.optimizer_step(0.1, Some(0.9), None).unwrap();
-                        }
-                        let weights = |e: &TchEngine| -> Vec<Tensor> {
-                            e.param_order.iter().map(|n| e.params[n].copy()).collect()
-                        };
-                        let diff = max_diff(&weights(&armed), &weights(&reference));
-                        assert!(
-                            diff < 1e-5,
-                            "rank {rank}: weights after 3 steps differ by {diff}"
-                        );
-                    })
-                })
-                .collect();
-            for r in ranks {
-                r.join().unwrap();
+        crate::testing::on_two_ranks(|rank, group| {
+            let mut armed = TchEngine::new(&exp).unwrap();
+            let mut reference = TchEngine::new(&exp).unwrap();
+            for step in 0..3u64 {
+                let micro = |m: u64| crate::testing::batch(100 * step + 10 * m + rank as u64);
+                armed.forward_backward(&micro(0), 0.5).unwrap();
+                assert!(armed.arm_gradient_sync(group, &sync).unwrap());
+                armed.forward_backward(&micro(1), 0.5).unwrap();
+                let averaged_in_backward = grads(&armed);
+                reference.forward_backward(&micro(0), 0.5).unwrap();
+                reference.forward_backward(&micro(1), 0.5).unwrap();
+                let local = grads(&reference);
+                reference.all_reduce_gradients(group, &sync).unwrap();
+                let expected = grads(&reference);
+                assert!(
+                    max_diff(&local, &expected) > 1e-4,
+                    "the ranks' batches differ, so averaging must change the gradients"
+                );
+                let diff = max_diff(&averaged_in_backward, &expected);
+                assert!(diff < 1e-6, "rank {rank} step {step}: {diff}");
+                armed.all_reduce_gradients(group, &sync).unwrap();
+                assert!(max_diff(&grads(&armed), &expected) < 1e-6, "reduced twice");
+                armed.optimizer_step(0.1, Some(0.9), None).unwrap();
+                reference.optimizer_step(0.1, Some(0.9), None).unwrap();
             }
+            let weights = |e: &TchEngine| -> Vec<Tensor> {
+                e.param_order.iter().map(|n| e.params[n].copy()).collect()
+            };
+            let diff = max_diff(&weights(&armed), &weights(&reference));
+            assert!(
+                diff < 1e-5,
+                "rank {rank}: weights after 3 steps differ by {diff}"
+            );
         });
     }
 }
