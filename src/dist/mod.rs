@@ -1,7 +1,8 @@
 //! Distributed training's plumbing: where this process sits (`env`), starting a node's workers (`launch`),
 //! the collectives strategies use (`collective`) and their implementations: on PyTorch's c10d across
 //! processes (`c10d`, feature `torch`, with DDP's `reducer` that overlaps gradient averaging with the
-//! backward pass, and `nccl` for CUDA tensors), and between the threads of one process (`local`, DataParallel).
+//! backward pass, and `nccl` for CUDA tensors), and between the threads of one process (`local`,
+//! DataParallel).
 //! `join` turns a worker's environment into a live process group.
 
 pub mod collective;
@@ -171,12 +172,10 @@ fn wants_nccl(exp: &Experiment) -> anyhow::Result<bool> {
     use crate::backend::torch::cuda_runtime;
     use crate::schema::{Accelerator, Backend, ProcessGroupBackend};
     let t = &exp.trainer;
+    // gpu, cuda and auto all need a device libtorch can see.
     let on_cuda = exp.backend == Backend::Tch
-        && match t.accelerator {
-            Accelerator::Cpu => false,
-            Accelerator::Gpu | Accelerator::Cuda => true,
-            Accelerator::Auto => cuda_runtime::is_available(),
-        };
+        && t.accelerator != Accelerator::Cpu
+        && cuda_runtime::is_available();
     match t.process_group_backend {
         Some(ProcessGroupBackend::Gloo) => Ok(false),
         Some(ProcessGroupBackend::Nccl) => {
@@ -186,7 +185,7 @@ fn wants_nccl(exp: &Experiment) -> anyhow::Result<bool> {
                  use trainer.process_group_backend=gloo (or null)"
             );
             anyhow::ensure!(
-                on_cuda && cuda_runtime::is_available(),
+                on_cuda,
                 "trainer.process_group_backend=nccl needs a run on CUDA, and trainer.accelerator={} {}; \
                  use trainer.accelerator=gpu on a GPU machine, or trainer.process_group_backend=gloo \
                  (or null)",
@@ -205,7 +204,7 @@ fn wants_nccl(exp: &Experiment) -> anyhow::Result<bool> {
             );
             Ok(true)
         }
-        None if !on_cuda || !cuda_runtime::is_available() => Ok(false),
+        None if !on_cuda => Ok(false),
         None if !nccl::built() => {
             tracing::warn!(
                 "this build has no NCCL shim: CUDA tensors are reduced through Gloo (host copies, slow); \
