@@ -52,13 +52,15 @@ pub fn local_device_index() -> usize {
 }
 
 /// Local devices per node (DDP's processes, DataParallel's replicas): `trainer.devices`, or with `auto`
-/// the visible GPUs (one on the CPU, as Lightning does).
+/// the visible GPUs of a tch run (one on the CPU, as Lightning does; Candle runs on the CPU here).
 pub fn devices_per_node(exp: &Experiment) -> usize {
     match exp.trainer.devices {
         crate::schema::Devices::Count(n) => n,
         crate::schema::Devices::Auto => {
             #[cfg(feature = "torch")]
-            if exp.trainer.accelerator != crate::schema::Accelerator::Cpu {
+            if exp.backend == crate::schema::Backend::Tch
+                && exp.trainer.accelerator != crate::schema::Accelerator::Cpu
+            {
                 return crate::backend::torch::cuda_runtime::device_count().max(1);
             }
             1
