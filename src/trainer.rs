@@ -859,7 +859,7 @@ fn fit_with(
                 matches!(t.accelerator, Accelerator::Gpu | Accelerator::Cuda).then_some(0),
             )
         });
-    let mut csv = if exp.logger.csv.is_some() && callbacks_on && lead {
+    let mut csv = if let (Some(csv_config), true) = (&exp.logger.csv, callbacks_on && lead) {
         let mut extra: Vec<&'static str> = Vec::new();
         if t.precision == Precision::Mixed16 {
             extra.push("loss_scale");
@@ -867,7 +867,12 @@ fn fit_with(
         if exp.callbacks.device_stats.is_some() {
             extra.extend(crate::callbacks::device_stats::COLUMNS);
         }
-        Some(CsvLogger::open(output_dir, resumed_from.is_some(), &extra)?)
+        Some(CsvLogger::open(
+            output_dir,
+            resumed_from.is_some(),
+            &extra,
+            csv_config.flush_every_n_steps,
+        )?)
     } else {
         None
     };

@@ -75,7 +75,11 @@ fn sweep_then_logbook() {
     failing.extend(["data=mnist", "data.train_size=null", "data.val_size=null"]);
     assert!(!train(root, &failing).status.success());
     let mut long: Vec<&str> = SHORT.to_vec();
-    long.extend(["trainer.max_epochs=1000", "task_name=killed"]);
+    long.extend([
+        "trainer.max_epochs=1000",
+        "task_name=killed",
+        "tags=[long,sigkill]",
+    ]);
     let mut child = Command::new(TRAIN)
         .args(&long)
         .current_dir(root)
@@ -143,7 +147,7 @@ fn sweep_then_logbook() {
             &best_and_final,
             &batch,
             &state_cell,
-            &"| completed |".to_string(),
+            &"| completed | quickstart, synthetic, cnn |".to_string(),
         ] {
             assert!(row.contains(want.as_str()), "{want} not in {row}");
         }
@@ -170,7 +174,10 @@ fn sweep_then_logbook() {
         .skip_while(|l| !l.starts_with("## Experiment `killed`"))
         .find(|l| l.starts_with("| ["))
         .unwrap();
-    assert!(killed_row.contains("CRASHED"), "{killed_row}");
+    assert!(
+        killed_row.contains("CRASHED") && killed_row.contains("| long, sigkill |"),
+        "{killed_row}"
+    );
     assert!(
         book.lines()
             .any(|l| l.starts_with("| [") && l.contains("FAILED: mnist not found")),

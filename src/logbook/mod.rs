@@ -134,12 +134,12 @@ impl Page {
         let _ = writeln!(self.md, "## Experiment `{task}`\n");
         let _ = writeln!(
             self.md,
-            "| run | status | model | data | backend | strategy | nodes×devices | precision | global batch | \
+            "| run | status | tags | model | data | backend | strategy | nodes×devices | precision | global batch | \
              epochs | best val top-1 | best val top-5 | val top-1 | val top-5 | val loss | train loss | wall time | \
              throughput | speed-up vs single | peak GPU mem | mean GPU mem | mean GPU util | max batch size | \
              peak RSS | train state per rank | checkpoint | TensorBoard |"
         );
-        let _ = writeln!(self.md, "|{}", "---|".repeat(27));
+        let _ = writeln!(self.md, "|{}", "---|".repeat(28));
         for r in group {
             let speedup = baseline(group, r).and_then(|b| {
                 let x = throughput(r)? / throughput(b)?;
@@ -152,6 +152,7 @@ impl Page {
             let cells = [
                 self.run_cell(r, &r.label()),
                 r.status.label(),
+                tags(r),
                 text(r.config_str("model.name")),
                 text(r.config_str("data.name")),
                 text(r.config_str("backend")),
@@ -530,6 +531,21 @@ fn checkpoint_cell(page: &Page, path: &str) -> String {
         format!("`{path}`")
     } else {
         format!("`{}`", page.link(Path::new(path)))
+    }
+}
+
+/// The run's `tags` (the config's list, as the experiment and `tags=[...]` / `+tags=...` set it).
+fn tags(r: &Run) -> String {
+    match r.config_at("tags") {
+        Some(Value::Array(items)) if !items.is_empty() => items
+            .iter()
+            .map(|t| match t {
+                Value::String(s) => s.replace('|', "\\|"),
+                other => other.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        _ => "–".into(),
     }
 }
 

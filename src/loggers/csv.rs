@@ -1,5 +1,7 @@
 //! `metrics.csv`: one row per logging event with a fixed header, empty cells where a metric was not
-//! measured at that step (the shape Lightning's CSVLogger writes).
+//! measured at that step (the shape Lightning's CSVLogger writes). Rows reach the disk every
+//! `logger.csv.flush_every_n_steps` steps (Lightning's `flush_logs_every_n_steps`), at every epoch's row,
+//! and when the logger is dropped.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -21,12 +23,20 @@ pub const COLUMNS: &[&str] = &[
 pub struct CsvLogger {
     file: std::io::BufWriter<std::fs::File>,
     columns: Vec<&'static str>,
+    flush_every_n_steps: u64,
+    /// The step of the last row flushed (None: nothing flushed yet).
+    flushed_at: Option<f64>,
 }
 
 impl CsvLogger {
     /// Create (or, when resuming, append to) `metrics.csv` in `dir`, with `extra` columns after the
     /// standard ones (callbacks' metrics, e.g. device stats).
-    pub fn open(dir: &Path, append: bool, extra: &[&'static str]) -> std::io::Result<Self> {
+    pub fn open(
+        dir: &Path,
+        append: bool,
+        extra: &[&'static str],
+        flush_every_n_steps: u64,
+    ) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join("metrics.csv");
         let exists = append && path.is_file();
@@ -40,9 +50,12 @@ impl CsvLogger {
         let mut logger = CsvLogger {
             file: std::io::BufWriter::new(file),
             columns,
+            flush_every_n_steps,
+            flushed_at: None,
         };
         if !exists {
             writeln!(logger.file, "{}", logger.columns.join(","))?;
+            logger.file.flush()?;
         }
         Ok(logger)
     }
@@ -65,6 +78,55 @@ impl CsvLogger {
             })
             .collect();
         writeln!(self.file, "{}", row.join(","))?;
-        self.file.flush()
+        let step = values.get("step").copied().unwrap_or(0.0);
+        let due = match self.flushed_at {
+            None => step >= self.flush_every_n_steps as f64,
+            Some(at) => step - at >= self.flush_every_n_steps as f64,
+        };
+        if due || values.contains_key("epoch_time_s") {
+            self.flushed_at = Some(step);
+            self.file.flush()?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn rows_on_disk(dir: &Path) -> usize {
+        std::fs::read_to_string(dir.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .count()
+            - 1
+    }
+
+    /// Rows wait in memory until the step has moved `flush_every_n_steps` on, or an epoch ends; dropping
+    /// the logger writes the rest.
+    #[rstest]
+    #[case::every_hundred(100, &[(50.0, false), (100.0, false), (150.0, false)], &[0, 2, 2])]
+    #[case::every_row(0, &[(1.0, false), (2.0, false)], &[1, 2])]
+    #[case::epoch_rows_at_once(100, &[(10.0, false), (20.0, true), (30.0, false)], &[0, 2, 2])]
+    fn rows_reach_the_disk_every_n_steps_and_at_epoch_ends(
+        #[case] every: u64,
+        #[case] rows: &[(f64, bool)],
+        #[case] on_disk: &[usize],
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut csv = CsvLogger::open(dir.path(), false, &[], every).unwrap();
+        assert_eq!(rows_on_disk(dir.path()), 0, "the header is written at once");
+        for ((step, epoch_end), expected) in rows.iter().zip(on_disk) {
+            let mut row = BTreeMap::from([("step", *step), ("train/loss", 1.5)]);
+            if *epoch_end {
+                row.insert("epoch_time_s", 2.0);
+            }
+            csv.log(&row).unwrap();
+            assert_eq!(rows_on_disk(dir.path()), *expected, "after step {step}");
+        }
+        drop(csv);
+        assert_eq!(rows_on_disk(dir.path()), rows.len());
     }
 }
