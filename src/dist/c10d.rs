@@ -189,7 +189,8 @@ impl Drop for Store {
     }
 }
 
-/// A Gloo process group: the ranks of one run, with collectives on CPU tensors.
+/// The ranks of one run: Gloo for host tensors, and for CUDA tensors NCCL when the group was formed
+/// with it (else Gloo too).
 pub struct ProcessGroup {
     pub(super) ptr: *mut c_void,
     rank: usize,

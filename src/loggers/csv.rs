@@ -24,8 +24,8 @@ pub struct CsvLogger {
     file: std::io::BufWriter<std::fs::File>,
     columns: Vec<&'static str>,
     flush_every_n_steps: u64,
-    /// The step of the last row flushed (None: nothing flushed yet).
-    flushed_at: Option<f64>,
+    /// The step of the last row flushed (0 before any).
+    flushed_at: f64,
 }
 
 impl CsvLogger {
@@ -51,7 +51,7 @@ impl CsvLogger {
             file: std::io::BufWriter::new(file),
             columns,
             flush_every_n_steps,
-            flushed_at: None,
+            flushed_at: 0.0,
         };
         if !exists {
             writeln!(logger.file, "{}", logger.columns.join(","))?;
@@ -79,12 +79,9 @@ impl CsvLogger {
             .collect();
         writeln!(self.file, "{}", row.join(","))?;
         let step = values.get("step").copied().unwrap_or(0.0);
-        let due = match self.flushed_at {
-            None => step >= self.flush_every_n_steps as f64,
-            Some(at) => step - at >= self.flush_every_n_steps as f64,
-        };
+        let due = step - self.flushed_at >= self.flush_every_n_steps as f64;
         if due || values.contains_key("epoch_time_s") {
-            self.flushed_at = Some(step);
+            self.flushed_at = step;
             self.file.flush()?;
         }
         Ok(())

@@ -1,7 +1,7 @@
 // What tch does not expose, reached through libtorch's C++ API: autocast for a given device type and
 // dtype (tch's `autocast` is CUDA float16 only), `param.grad = None` (tch can only zero a gradient),
-// `torch.cuda.set_device` and `torch.use_deterministic_algorithms`. Every entry point catches C++ exceptions and reports them
-// as a status, so nothing unwinds into Rust.
+// `torch.cuda.set_device` and `torch.use_deterministic_algorithms`. Every entry point catches C++
+// exceptions and reports them as a status, so nothing unwinds into Rust.
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>

@@ -88,21 +88,23 @@ impl StagedCompute for Staged<'_> {
         rng: &mut Rng,
     ) -> anyhow::Result<(Tensor, Vec<f32>, (Tensor, Tensor))> {
         let input = Self::leaf(x, true)?;
-        let autocast = self.autocast()?;
-        let e = &mut *self.engine;
-        let k = e.arch.stages().len() - 1;
-        let logits = e
-            .arch
-            .forward_stage(k, &e.params, &mut e.buffers, &input, true, rng)?;
-        let loss = logits.f_cross_entropy_loss::<Tensor>(
-            &self.labels,
-            None,
-            tch::Reduction::Mean,
-            -100,
-            e.label_smoothing,
-        )?;
-        drop(autocast);
-        let scale = match &e.scaler {
+        let (logits, loss) = {
+            let _autocast = self.autocast()?;
+            let e = &mut *self.engine;
+            let k = e.arch.stages().len() - 1;
+            let logits = e
+                .arch
+                .forward_stage(k, &e.params, &mut e.buffers, &input, true, rng)?;
+            let loss = logits.f_cross_entropy_loss::<Tensor>(
+                &self.labels,
+                None,
+                tch::Reduction::Mean,
+                -100,
+                e.label_smoothing,
+            )?;
+            (logits, loss)
+        };
+        let scale = match &self.engine.scaler {
             Some(s) => grad_scale * s.scale()?,
             None => grad_scale,
         };
