@@ -3,6 +3,7 @@
 //! checkpoint format). Candle is the default engine; tch plugs in behind the same trait (feature `torch`).
 
 pub mod candle;
+pub mod flat;
 pub mod init;
 pub mod optim;
 pub mod pos_embed;
@@ -143,23 +144,27 @@ pub trait Engine {
 
     /// Trainable parameters by name, with their shapes, in name order.
     fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)>;
+    /// Where sharded data parallel keeps this engine's flat slices: on its device, so the collectives
+    /// and the sharded optimizer never leave it.
+    fn flat_home(&self) -> flat::FlatHome {
+        flat::FlatHome::Host
+    }
     /// Give the parameters in `layout` these values (`flat`, concatenated in layout order), as fresh
     /// tensors: a parameter released by `release_parameters` comes back.
     fn set_parameters(
         &mut self,
         layout: &[(String, Vec<usize>)],
-        flat: &[f32],
+        flat: &flat::Flat,
     ) -> anyhow::Result<()>;
     /// Free the parameters' (and their gradients') storage until the next `set_parameters`: between
     /// steps a sharded rank holds only its shard.
     fn release_parameters(&mut self) -> anyhow::Result<()>;
-    /// Move the accumulated gradients into `flat` (layout order; zero where a parameter got none) and
-    /// clear them. Returns the names that had no gradient.
+    /// Move the accumulated gradients out, flat in layout order (zero where a parameter got none; in
+    /// `flat_home`), and clear them. Also returns the names that had no gradient.
     fn take_gradients(
         &mut self,
         layout: &[(String, Vec<usize>)],
-        flat: &mut [f32],
-    ) -> anyhow::Result<Vec<String>>;
+    ) -> anyhow::Result<(flat::Flat, Vec<String>)>;
     /// Bytes of parameters, gradients and optimizer state this rank keeps for training (what sharding
     /// divides), as of now.
     fn state_bytes(&self) -> StateBytes;

@@ -14,6 +14,7 @@
 //! and more parameters whole at once. The backends supply the stage arithmetic (`StagedCompute`); the strategy supplies
 //! the collectives (`UnitExchange`); `train_by_unit` is the schedule both share.
 
+use super::flat::{Flat, FlatHome};
 use crate::rng::Rng;
 
 /// One named-parameter layout per unit, in forward order.
@@ -109,10 +110,10 @@ pub trait UnitExchange {
     fn units(&self) -> &[std::ops::Range<usize>];
     /// The unit's whole parameters, flat in its layout order (`unit_layout`; FSDP's unshard: an
     /// all-gather).
-    fn unshard(&mut self, unit: usize) -> anyhow::Result<Vec<f32>>;
+    fn unshard(&mut self, unit: usize) -> anyhow::Result<Flat>;
     /// The unit's gradient for this rank's batch, flat in layout order, zero where a parameter got none
     /// (FSDP's post-backward reduce-scatter).
-    fn reduce(&mut self, unit: usize, grad: Vec<f32>) -> anyhow::Result<()>;
+    fn reduce(&mut self, unit: usize, grad: Flat) -> anyhow::Result<()>;
 }
 
 /// The stage arithmetic a backend provides; `Act` is its activation tensor.
@@ -121,8 +122,10 @@ pub trait StagedCompute {
     /// What the loss stage reports (logits and loss, for the step's statistics).
     type Out;
     fn stage_count(&self) -> usize;
+    /// Where the engine's flat gradients live (`Engine::flat_home`).
+    fn home(&self) -> FlatHome;
     /// Give a unit's parameters (`layout`) these values (layout order).
-    fn install(&mut self, layout: &[(String, Vec<usize>)], flat: &[f32]) -> anyhow::Result<()>;
+    fn install(&mut self, layout: &[(String, Vec<usize>)], flat: &Flat) -> anyhow::Result<()>;
     /// Free a unit's parameters and gradients.
     fn release(&mut self, layout: &[(String, Vec<usize>)]) -> anyhow::Result<()>;
     /// Run stage `k` without keeping a graph, updating buffers (BatchNorm running statistics) as a
@@ -143,7 +146,7 @@ pub trait StagedCompute {
         x: &Self::Act,
         grad_scale: f64,
         rng: &mut Rng,
-    ) -> anyhow::Result<(Self::Act, Vec<f32>, Self::Out)>;
+    ) -> anyhow::Result<(Self::Act, Flat, Self::Out)>;
     /// Run stage `k` again in training mode with a graph from `x`, leaving buffers as they are (the
     /// forward pass already updated them), and backpropagate `grad_out`, the gradient of its output.
     /// Returns the gradient of `x` when `input_grad` (the first stage's input is the batch: none needed)
@@ -156,7 +159,7 @@ pub trait StagedCompute {
         grad_out: &Self::Act,
         input_grad: bool,
         rng: &mut Rng,
-    ) -> anyhow::Result<(Option<Self::Act>, Vec<f32>)>;
+    ) -> anyhow::Result<(Option<Self::Act>, Flat)>;
 }
 
 /// One training forward and backward, unit by unit (see the module doc). Dropout masks match the
@@ -197,7 +200,7 @@ pub fn train_by_unit<E: StagedCompute>(
     }
     let (mut grad_out, loss_grad, out) =
         engine.backward_loss(&layouts[last], &inputs[last], grad_scale, rng)?;
-    let mut grad = backward_through(
+    let grad = backward_through(
         engine,
         &layouts,
         &mut inputs,
@@ -205,7 +208,7 @@ pub fn train_by_unit<E: StagedCompute>(
         stages.start..last,
         &mut grad_out,
     )?;
-    grad.extend(loss_grad);
+    let grad = Flat::concat(vec![grad, loss_grad], engine.home())?;
     engine.release(&layout)?;
     exchange.reduce(last_unit, grad)?;
     // Backward through the other units, last first: gather, recompute with a graph, reduce, free.
@@ -237,7 +240,7 @@ fn backward_through<E: StagedCompute>(
     streams: &[Rng],
     stages: std::ops::Range<usize>,
     grad_out: &mut E::Act,
-) -> anyhow::Result<Vec<f32>> {
+) -> anyhow::Result<Flat> {
     let mut grads = Vec::with_capacity(stages.len());
     for k in stages.rev() {
         inputs.truncate(k + 1);
@@ -249,7 +252,8 @@ fn backward_through<E: StagedCompute>(
             *grad_out = g;
         }
     }
-    Ok(grads.into_iter().rev().flatten().collect())
+    grads.reverse();
+    Flat::concat(grads, engine.home())
 }
 
 /// The exchange's units, checked to cover the model's stages in order, each at least one stage.
@@ -392,7 +396,7 @@ mod tests {
 /// The schedule against the whole pass, on both backends' engines.
 #[cfg(test)]
 mod engine_tests {
-    use super::{UnitExchange, UnitLayouts};
+    use super::{Flat, FlatHome, UnitExchange, UnitLayouts};
     use crate::backend::{Engine, HostTensor, StateDict};
     use crate::schema::Backend;
     use rstest::rstest;
@@ -404,6 +408,9 @@ mod engine_tests {
         params: StateDict,
         grads: StateDict,
         unshards: usize,
+        /// Where the engine wants its flat vectors: gathered parameters come from there, gradients
+        /// must arrive from there.
+        home: FlatHome,
     }
 
     impl Whole {
@@ -415,6 +422,7 @@ mod engine_tests {
                 params: engine.state_dict().unwrap(),
                 grads: StateDict::new(),
                 unshards: 0,
+                home: engine.flat_home(),
             };
             engine.release_parameters().unwrap();
             whole
@@ -428,14 +436,22 @@ mod engine_tests {
         fn units(&self) -> &[std::ops::Range<usize>] {
             &self.units
         }
-        fn unshard(&mut self, unit: usize) -> anyhow::Result<Vec<f32>> {
+        fn unshard(&mut self, unit: usize) -> anyhow::Result<Flat> {
             self.unshards += 1;
-            Ok(super::unit_layout(&self.layouts, self.units[unit].clone())
-                .iter()
-                .flat_map(|(n, _)| self.params[n].data.clone())
-                .collect())
+            self.home.place(
+                super::unit_layout(&self.layouts, self.units[unit].clone())
+                    .iter()
+                    .flat_map(|(n, _)| self.params[n].data.clone())
+                    .collect(),
+            )
         }
-        fn reduce(&mut self, unit: usize, grad: Vec<f32>) -> anyhow::Result<()> {
+        fn reduce(&mut self, unit: usize, grad: Flat) -> anyhow::Result<()> {
+            assert_eq!(
+                grad.home(),
+                self.home,
+                "a gradient away from the engine's home"
+            );
+            let grad = grad.to_vec()?;
             let layout = super::unit_layout(&self.layouts, self.units[unit].clone());
             for (name, shape, range) in crate::backend::layout_ranges(&layout) {
                 let t = self.grads.entry(name.to_string()).or_insert(HostTensor {
@@ -517,8 +533,8 @@ mod engine_tests {
         // Each unit gathered twice per step (forward, backward) except the head, gathered once.
         assert_eq!(ex.unshards, 2 * (2 * ex.units.len() - 1));
         let layout = whole.parameter_shapes();
-        let mut grads = vec![0.0; whole.num_parameters()];
-        let missing = whole.take_gradients(&layout, &mut grads).unwrap();
+        let (grads, missing) = whole.take_gradients(&layout).unwrap();
+        let grads = grads.to_vec().unwrap();
         assert!(missing.is_empty(), "{missing:?}");
         for (name, _, range) in crate::backend::layout_ranges(&layout) {
             let w = worst(&ex.grads[name].data, &grads[range]);

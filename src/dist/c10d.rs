@@ -195,6 +195,8 @@ pub struct ProcessGroup {
     pub(super) ptr: *mut c_void,
     rank: usize,
     world_size: usize,
+    /// CUDA tensors go to NCCL (else to Gloo).
+    nccl: bool,
 }
 
 // SAFETY: used from one thread at a time by the trainer; Gloo runs its own worker threads internally.
@@ -275,6 +277,7 @@ impl ProcessGroup {
                 nccl.as_ref().map_or(std::ptr::null_mut(), |b| b.ptr),
             )
         };
+        let with_nccl = nccl.is_some();
         if ptr.is_null() {
             anyhow::bail!(
                 "could not form the Gloo group (rank {rank} of {world_size}): {}",
@@ -285,6 +288,7 @@ impl ProcessGroup {
             ptr,
             rank,
             world_size,
+            nccl: with_nccl,
         })
     }
 
@@ -294,6 +298,12 @@ impl ProcessGroup {
 
     pub fn world_size(&self) -> usize {
         self.world_size
+    }
+
+    /// Does a collective on tensors of `device` run where they are: host tensors on Gloo, CUDA tensors
+    /// on NCCL? (Gloo's gather and reduce-scatter take host tensors only.)
+    pub fn runs_on(&self, device: tch::Device) -> bool {
+        device == tch::Device::Cpu || self.nccl
     }
 
     /// Start reducing `tensors` in place across ranks (contiguous CPU tensors).

@@ -272,7 +272,7 @@ impl Engine for DataParallelEngine {
     fn set_parameters(
         &mut self,
         layout: &[(String, Vec<usize>)],
-        flat: &[f32],
+        flat: &crate::backend::flat::Flat,
     ) -> anyhow::Result<()> {
         for replica in &mut self.replicas {
             replica.set_parameters(layout, flat)?;
@@ -289,8 +289,7 @@ impl Engine for DataParallelEngine {
     fn take_gradients(
         &mut self,
         _layout: &[(String, Vec<usize>)],
-        _flat: &mut [f32],
-    ) -> anyhow::Result<Vec<String>> {
+    ) -> anyhow::Result<(crate::backend::flat::Flat, Vec<String>)> {
         anyhow::bail!(
             "trainer.strategy=dp keeps whole replicas; it cannot be sharded (use trainer=fsdp)"
         )
@@ -519,7 +518,11 @@ mod tests {
         fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
             self.0.parameter_shapes()
         }
-        fn set_parameters(&mut self, l: &[(String, Vec<usize>)], f: &[f32]) -> anyhow::Result<()> {
+        fn set_parameters(
+            &mut self,
+            l: &[(String, Vec<usize>)],
+            f: &crate::backend::flat::Flat,
+        ) -> anyhow::Result<()> {
             self.0.set_parameters(l, f)
         }
         fn release_parameters(&mut self) -> anyhow::Result<()> {
@@ -528,9 +531,8 @@ mod tests {
         fn take_gradients(
             &mut self,
             l: &[(String, Vec<usize>)],
-            f: &mut [f32],
-        ) -> anyhow::Result<Vec<String>> {
-            self.0.take_gradients(l, f)
+        ) -> anyhow::Result<(crate::backend::flat::Flat, Vec<String>)> {
+            self.0.take_gradients(l)
         }
         fn state_bytes(&self) -> crate::backend::StateBytes {
             self.0.state_bytes()

@@ -19,7 +19,13 @@
 //! Checkpoints: `state_dict_type: full` consolidates parameters and optimizer state under the usual names
 //! (every rank takes part; rank 0 writes), so a single-device run loads them; `sharded` checkpoints are
 //! one file per rank with the unit slices (`<name>.safetensors` on rank 0, `<name>.shard<r>.safetensors`).
+//!
+//! The slices live where the engine computes (`backend::flat`): host vectors for Candle, f32 tensors on
+//! the engine's device for tch, where the all-gathers and reduce-scatters run without host copies
+//! (NCCL for CUDA tensors, Gloo for host ones) and the sharded optimizer updates in place of the
+//! device's memory, as PyTorch FSDP's flat parameters do.
 
+use crate::backend::flat::{Flat, FlatHome};
 use crate::backend::optim::{OptTensor, Optimizer};
 use crate::backend::units::{UnitExchange, UnitLayouts};
 use crate::backend::{Engine, HostTensor, StateBytes, StateDict, StepStats};
@@ -112,58 +118,6 @@ impl FlatLayout {
     }
 }
 
-/// A host vector under the shared optimizer rules: the slice's arithmetic is element-wise f32, the same
-/// as every backend's, so sharded and unsharded runs take the same steps.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HostVec(pub Vec<f32>);
-
-impl HostVec {
-    fn zip(&self, other: &Self, f: impl Fn(f32, f32) -> f32) -> anyhow::Result<Self> {
-        anyhow::ensure!(self.0.len() == other.0.len(), "shard lengths differ");
-        Ok(HostVec(
-            self.0
-                .iter()
-                .zip(&other.0)
-                .map(|(&a, &b)| f(a, b))
-                .collect(),
-        ))
-    }
-    fn map(&self, f: impl Fn(f32) -> f32) -> Self {
-        HostVec(self.0.iter().map(|&a| f(a)).collect())
-    }
-}
-
-impl OptTensor for HostVec {
-    fn duplicate(&self) -> Self {
-        self.clone()
-    }
-    fn owned_copy(&self) -> anyhow::Result<Self> {
-        Ok(self.clone())
-    }
-    fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
-        let (mul, add) = (mul as f32, add as f32);
-        Ok(self.map(|a| a * mul + add))
-    }
-    fn plus(&self, other: &Self) -> anyhow::Result<Self> {
-        self.zip(other, |a, b| a + b)
-    }
-    fn minus(&self, other: &Self) -> anyhow::Result<Self> {
-        self.zip(other, |a, b| a - b)
-    }
-    fn divide(&self, other: &Self) -> anyhow::Result<Self> {
-        self.zip(other, |a, b| a / b)
-    }
-    fn square(&self) -> anyhow::Result<Self> {
-        Ok(self.map(|a| a * a))
-    }
-    fn root(&self) -> anyhow::Result<Self> {
-        Ok(self.map(f32::sqrt))
-    }
-    fn sum_of_squares(&self) -> anyhow::Result<f64> {
-        Ok(self.0.iter().map(|&a| f64::from(a) * f64::from(a)).sum())
-    }
-}
-
 /// The optimizer's key for unit `u`'s flat slice; its slot `flat<u>.<slot>` holds `<param>.<slot>` of
 /// every parameter of the unit.
 fn unit_key(u: usize) -> String {
@@ -197,9 +151,9 @@ pub fn shard_path(path: &std::path::Path, rank: usize) -> std::path::PathBuf {
 struct Unit {
     layout: FlatLayout,
     /// This rank's slice of the unit's flat parameters (`NO_SHARD`: all of them, unpadded).
-    shard: HostVec,
+    shard: Flat,
     /// The mean gradient of `shard`, summed over micro-batches, from the reductions until the step.
-    grad: Option<HostVec>,
+    grad: Option<Flat>,
 }
 
 /// How one rank gathers and reduces units: the collective and whether the units are sharded.
@@ -211,20 +165,30 @@ struct Comms<'a> {
 
 impl Comms<'_> {
     /// The unit's full flat parameters, padding included (every rank takes part when sharded).
-    fn gather(&self, layout: &FlatLayout, slice: &HostVec) -> anyhow::Result<Vec<f32>> {
+    fn gather(&self, layout: &FlatLayout, slice: &Flat) -> anyhow::Result<Flat> {
         if !self.sharded || layout.numel == 0 {
-            return Ok(slice.0.clone());
+            return slice.owned_copy();
+        }
+        #[cfg(feature = "torch")]
+        if let Some((group, shard)) = self.on_device(slice) {
+            let full =
+                tch::Tensor::f_empty([layout.padded() as i64], (tch::Kind::Float, shard.device()))?;
+            group
+                .all_gather(&full, shard)?
+                .wait()
+                .context("FSDP: all-gathering the parameter shards")?;
+            return Ok(Flat::Tch(full));
         }
         let mut full = vec![0.0; layout.padded()];
         self.comm
-            .all_gather_f32(&slice.0, &mut full)
+            .all_gather_f32(&slice.host_values()?, &mut full)
             .context("FSDP: all-gathering the parameter shards")?;
-        Ok(full)
+        slice.home().place(full)
     }
 
     /// This rank's slice of the unit's gradient averaged over ranks, from this rank's whole-unit
     /// gradient (`numel` values).
-    fn reduce(&self, layout: &FlatLayout, mut grad: Vec<f32>) -> anyhow::Result<HostVec> {
+    fn reduce(&self, layout: &FlatLayout, grad: Flat) -> anyhow::Result<Flat> {
         anyhow::ensure!(
             grad.len() == layout.numel,
             "FSDP: a unit gradient of {} values for {} parameters",
@@ -232,15 +196,42 @@ impl Comms<'_> {
             layout.numel
         );
         if layout.numel == 0 {
-            return Ok(HostVec(grad));
+            return Ok(grad);
         }
-        let world = self.comm.world_size() as f32;
+        let world = self.comm.world_size();
+        let grad = if self.sharded {
+            grad.padded(layout.padded())?
+        } else {
+            grad
+        };
+        #[cfg(feature = "torch")]
+        if let Some((group, full)) = self.on_device(&grad) {
+            let mine = if self.sharded {
+                let mine = tch::Tensor::f_empty(
+                    [layout.shard_len as i64],
+                    (tch::Kind::Float, full.device()),
+                )?;
+                group
+                    .reduce_scatter(&mine, full, ReduceOp::Sum)?
+                    .wait()
+                    .context("FSDP: reduce-scattering the gradients")?;
+                mine
+            } else {
+                group
+                    .all_reduce(&[full], ReduceOp::Sum)?
+                    .wait()
+                    .context("FSDP (NO_SHARD): all-reducing the gradients")?;
+                full.shallow_clone()
+            };
+            return Ok(Flat::Tch(mine.f_div_scalar(world as f64)?));
+        }
+        let home = grad.home();
+        let mut grad = grad.into_host()?;
         let mut mine = if self.sharded {
-            grad.resize(layout.padded(), 0.0);
             let mut slice = vec![0.0f32; layout.shard_len];
             self.comm
                 .reduce_scatter_f32(&mut grad, &mut slice)
-                .context("FSDP: reduce-scattering the gradients")?;
+                .context("FSDP: reducing-scattering the gradients")?;
             slice
         } else {
             self.comm
@@ -248,13 +239,25 @@ impl Comms<'_> {
                 .context("FSDP (NO_SHARD): all-reducing the gradients")?;
             grad
         };
-        mine.iter_mut().for_each(|g| *g /= world);
-        Ok(HostVec(mine))
+        mine.iter_mut().for_each(|g| *g /= world as f32);
+        home.place(mine)
+    }
+
+    /// The process group and tensor for a collective that can run on `flat` where it is (a tch
+    /// tensor whose device the group serves); `None`: through host memory.
+    #[cfg(feature = "torch")]
+    fn on_device<'f>(
+        &self,
+        flat: &'f Flat,
+    ) -> Option<(&crate::dist::c10d::ProcessGroup, &'f tch::Tensor)> {
+        let Flat::Tch(t) = flat else { return None };
+        let group = self.comm.process_group()?;
+        group.runs_on(t.device()).then_some((group, t))
     }
 }
 
 impl Unit {
-    fn accumulate(&mut self, grad: HostVec) -> anyhow::Result<()> {
+    fn accumulate(&mut self, grad: Flat) -> anyhow::Result<()> {
         self.grad = Some(match self.grad.take() {
             Some(prev) => prev.plus(&grad)?,
             None => grad,
@@ -282,15 +285,14 @@ impl UnitExchange for Exchange<'_> {
         self.groups
     }
 
-    fn unshard(&mut self, unit: usize) -> anyhow::Result<Vec<f32>> {
+    fn unshard(&mut self, unit: usize) -> anyhow::Result<Flat> {
         let u = &self.units[unit];
-        let mut full = self.comms.gather(&u.layout, &u.shard)?;
-        full.truncate(u.layout.numel);
+        let full = self.comms.gather(&u.layout, &u.shard)?;
         *self.peak = (*self.peak).max(4 * u.layout.numel as u64);
-        Ok(full)
+        full.slice(0..u.layout.numel)
     }
 
-    fn reduce(&mut self, unit: usize, grad: Vec<f32>) -> anyhow::Result<()> {
+    fn reduce(&mut self, unit: usize, grad: Flat) -> anyhow::Result<()> {
         let u = &mut self.units[unit];
         let mine = self.comms.reduce(&u.layout, grad)?;
         u.accumulate(mine)
@@ -309,7 +311,9 @@ pub struct ShardedEngine<'a> {
     named: UnitLayouts,
     /// The stages each unit spans (`trainer.fsdp.min_num_params`; one each by default).
     groups: Vec<std::ops::Range<usize>>,
-    optimizer: Optimizer<HostVec>,
+    optimizer: Optimizer<Flat>,
+    /// Where the slices live: where `inner` computes.
+    home: FlatHome,
     /// `inner` holds every unit's current full parameters.
     materialized: bool,
     /// The most parameter bytes `inner` has held whole at once: one unit under `FULL_SHARD`, the model
@@ -352,6 +356,7 @@ impl<'a> ShardedEngine<'a> {
         let groups = crate::backend::units::group_stages(&named, cfg.min_num_params);
         anyhow::ensure!(inner.num_parameters() > 0, "the model has no parameters");
         let state = inner.state_dict()?;
+        let home = inner.flat_home();
         let mut units = Vec::with_capacity(groups.len());
         for stages in &groups {
             let params = crate::backend::units::unit_layout(&named, stages.clone());
@@ -359,7 +364,7 @@ impl<'a> ShardedEngine<'a> {
             let full = flat_or_empty(&layout, &state, "", "")?
                 .context("the model's state lacks its parameters")?;
             units.push(Unit {
-                shard: HostVec(full[layout.shard_range()].to_vec()),
+                shard: home.place(full[layout.shard_range()].to_vec())?,
                 layout,
                 grad: None,
             });
@@ -379,6 +384,7 @@ impl<'a> ShardedEngine<'a> {
             named,
             groups,
             optimizer: Optimizer::new(exp.optimizer.clone()),
+            home,
         })
     }
 
@@ -415,7 +421,7 @@ impl<'a> ShardedEngine<'a> {
         for u in &self.units {
             let full = self.comms.gather(&u.layout, &u.shard)?;
             self.inner
-                .set_parameters(&u.layout.params, &full[..u.layout.numel])?;
+                .set_parameters(&u.layout.params, &full.slice(0..u.layout.numel)?)?;
         }
         self.materialized = true;
         self.unsharded_peak = self.unsharded_peak.max(4 * self.numel() as u64);
@@ -438,7 +444,7 @@ impl<'a> ShardedEngine<'a> {
             let range = u.layout.shard_range();
             let params = flat_or_empty(&u.layout, state, "", "")?
                 .context("the checkpoint has none of the model's parameters")?;
-            u.shard = HostVec(params[range.clone()].to_vec());
+            u.shard = self.home.place(params[range.clone()].to_vec())?;
             if u.layout.params.is_empty() {
                 continue;
             }
@@ -446,7 +452,7 @@ impl<'a> ShardedEngine<'a> {
                 if let Some(flat) = u.layout.flatten(state, "optimizer.", &format!(".{slot}"))? {
                     self.optimizer.state.insert(
                         format!("{}.{slot}", unit_key(i)),
-                        HostVec(flat[range.clone()].to_vec()),
+                        self.home.place(flat[range.clone()].to_vec())?,
                     );
                 }
             }
@@ -476,12 +482,13 @@ impl<'a> ShardedEngine<'a> {
                 shard.data.len(),
                 u.layout.shard_len
             );
-            u.shard = HostVec(shard.data.clone());
+            u.shard = self.home.place(shard.data.clone())?;
             for slot in SLOTS {
                 if let Some(t) = state.get(&format!("optimizer.{}.{slot}", shard_key(i))) {
-                    self.optimizer
-                        .state
-                        .insert(format!("{}.{slot}", unit_key(i)), HostVec(t.data.clone()));
+                    self.optimizer.state.insert(
+                        format!("{}.{slot}", unit_key(i)),
+                        self.home.place(t.data.clone())?,
+                    );
                 }
             }
         }
@@ -507,8 +514,11 @@ impl<'a> ShardedEngine<'a> {
     }
 
     /// ShardedGradScaler's check: does any rank's (unscaled) gradient slice hold an inf or a NaN?
-    fn overflowed_anywhere(&self, grads: &[HostVec]) -> anyhow::Result<bool> {
-        let here = grads.iter().any(|g| g.0.iter().any(|x| !x.is_finite()));
+    fn overflowed_anywhere(&self, grads: &[Flat]) -> anyhow::Result<bool> {
+        let mut here = false;
+        for g in grads {
+            here |= g.has_non_finite()?;
+        }
         let mut flag = [f64::from(u8::from(here))];
         if self.sharded() {
             self.comms.comm.all_reduce_f64(&mut flag, ReduceOp::Max)?;
@@ -520,7 +530,7 @@ impl<'a> ShardedEngine<'a> {
     fn full_parameters(&self) -> anyhow::Result<StateDict> {
         let mut out = StateDict::new();
         for u in &self.units {
-            let full = self.comms.gather(&u.layout, &u.shard)?;
+            let full = self.comms.gather(&u.layout, &u.shard)?.into_host()?;
             out.extend(u.layout.unflatten(&full, "", ""));
         }
         Ok(out)
@@ -532,7 +542,7 @@ impl<'a> ShardedEngine<'a> {
         for u in &mut self.units {
             let full =
                 flat_or_empty(&u.layout, &state, "", "")?.context("the model has no parameters")?;
-            u.shard = HostVec(full[u.layout.shard_range()].to_vec());
+            u.shard = self.home.place(full[u.layout.shard_range()].to_vec())?;
         }
         Ok(())
     }
@@ -573,13 +583,12 @@ impl Engine for ShardedEngine<'_> {
         }
         // FSDP gives a parameter that took no part a zero gradient (no find_unused_parameters error).
         // The engine hands over all its gradients at once, in unit order.
-        let mut all = vec![0.0f32; self.numel()];
-        self.inner.take_gradients(&self.named.concat(), &mut all)?;
-        let mut rest = all.as_slice();
+        let (all, _) = self.inner.take_gradients(&self.named.concat())?;
+        let mut at = 0;
         for u in &mut self.units {
-            let (mine, tail) = rest.split_at(u.layout.numel);
-            rest = tail;
-            let mine = self.comms.reduce(&u.layout, mine.to_vec())?;
+            let mine = all.slice(at..at + u.layout.numel)?;
+            at += u.layout.numel;
+            let mine = self.comms.reduce(&u.layout, mine)?;
             u.accumulate(mine)?;
         }
         // Reshard after backward: until the next unshard this rank holds only its slices.
@@ -597,7 +606,7 @@ impl Engine for ShardedEngine<'_> {
         for u in &mut self.units {
             let grad = match u.grad.take() {
                 Some(g) => g,
-                None if u.layout.params.is_empty() => HostVec(Vec::new()),
+                None if u.layout.params.is_empty() => self.home.zeros(0)?,
                 None => anyhow::bail!(
                     "FSDP: optimizer step without reduced gradients (all_reduce_gradients must come \
                      first)"
@@ -654,7 +663,7 @@ impl Engine for ShardedEngine<'_> {
         } else {
             for u in &self.units {
                 self.inner
-                    .set_parameters(&u.layout.params, &u.shard.0[..u.layout.numel])?;
+                    .set_parameters(&u.layout.params, &u.shard.slice(0..u.layout.numel)?)?;
             }
         }
         Ok(norm)
@@ -697,21 +706,23 @@ impl Engine for ShardedEngine<'_> {
             });
             match self.state_dict_type {
                 StateDictType::Full => {
-                    let full = self.comms.gather(&u.layout, &u.shard)?;
+                    let full = self.comms.gather(&u.layout, &u.shard)?.into_host()?;
                     out.extend(u.layout.unflatten(&full, "", ""));
                     for (slot, slice) in slots {
-                        let full = self.comms.gather(&u.layout, slice)?;
+                        let full = self.comms.gather(&u.layout, slice)?.into_host()?;
                         out.extend(u.layout.unflatten(&full, "optimizer.", &format!(".{slot}")));
                     }
                 }
                 StateDictType::Sharded => {
-                    let slice = |v: &HostVec| HostTensor {
-                        shape: vec![v.0.len()],
-                        data: v.0.clone(),
+                    let slice = |v: &Flat| -> anyhow::Result<HostTensor> {
+                        Ok(HostTensor {
+                            shape: vec![v.len()],
+                            data: v.to_vec()?,
+                        })
                     };
-                    out.insert(shard_key(i), slice(&u.shard));
+                    out.insert(shard_key(i), slice(&u.shard)?);
                     for (slot, v) in slots {
-                        out.insert(format!("optimizer.{}.{slot}", shard_key(i)), slice(v));
+                        out.insert(format!("optimizer.{}.{slot}", shard_key(i)), slice(v)?);
                     }
                 }
             }
@@ -741,7 +752,8 @@ impl Engine for ShardedEngine<'_> {
                 .iter()
                 .flat_map(|(n, _)| params[n].data.iter().copied())
                 .collect();
-            self.inner.set_parameters(&u.layout.params, &full)?;
+            self.inner
+                .set_parameters(&u.layout.params, &self.home.place(full)?)?;
         }
         extras.extend(params);
         self.inner.load_state_dict(&extras)?;
@@ -781,7 +793,7 @@ impl Engine for ShardedEngine<'_> {
     fn set_parameters(
         &mut self,
         _layout: &[(String, Vec<usize>)],
-        _flat: &[f32],
+        _flat: &Flat,
     ) -> anyhow::Result<()> {
         anyhow::bail!("FSDP cannot be nested inside another sharded strategy")
     }
@@ -793,8 +805,7 @@ impl Engine for ShardedEngine<'_> {
     fn take_gradients(
         &mut self,
         _layout: &[(String, Vec<usize>)],
-        _flat: &mut [f32],
-    ) -> anyhow::Result<Vec<String>> {
+    ) -> anyhow::Result<(Flat, Vec<String>)> {
         anyhow::bail!("FSDP cannot be nested inside another sharded strategy")
     }
 
@@ -802,7 +813,7 @@ impl Engine for ShardedEngine<'_> {
     /// reduction to the step) and its optimizer slots. The full parameters exist only while the model
     /// computes: `unsharded_peak` says how many at most (one unit's under `FULL_SHARD`).
     fn state_bytes(&self) -> StateBytes {
-        let bytes = |v: &HostVec| (v.0.len() * 4) as u64;
+        let bytes = |v: &Flat| (v.len() * 4) as u64;
         let parameters = self.units.iter().map(|u| bytes(&u.shard)).sum();
         StateBytes {
             parameters,
@@ -888,18 +899,21 @@ mod tests {
         assert!(e.contains("'b'"), "{e}");
     }
 
-    /// The slice's optimizer arithmetic is the rules' own: a momentum SGD step on the host vector equals
-    /// the hand-computed PyTorch update element by element.
-    #[test]
-    fn host_vectors_follow_the_optimizer_rules() {
+    /// The slice's optimizer arithmetic is the rules' own: a momentum SGD step on the flat slice equals
+    /// the hand-computed PyTorch update element by element, on the host and on a tch device alike.
+    #[rstest]
+    #[case::host(FlatHome::Host)]
+    #[cfg_attr(feature = "torch", case::tch(FlatHome::Tch(tch::Device::Cpu)))]
+    fn flat_slices_follow_the_optimizer_rules(#[case] home: FlatHome) {
         let node = crate::config::yaml::parse("{name: sgd, lr: 0.1, momentum: 0.9}", "<test>")
             .unwrap()
             .unwrap();
         let mut o = Optimizer::new(serde_json::from_value(node.to_json()).unwrap());
-        let p = HostVec(vec![1.0, -2.0]);
-        let g = HostVec(vec![0.5, 0.25]);
+        let p = home.place(vec![1.0, -2.0]).unwrap();
+        let g = home.place(vec![0.5, 0.25]).unwrap();
         let p1 = o.update(&unit_key(0), &p, &g, 0.1, None).unwrap();
-        assert_eq!(p1, HostVec(vec![1.0 - 0.05, -2.0 - 0.025]));
+        assert_eq!(p1.home(), home);
+        assert_eq!(p1.to_vec().unwrap(), vec![1.0 - 0.05, -2.0 - 0.025]);
         assert!(o.state.contains_key("flat0.momentum_buffer"));
     }
 
@@ -932,11 +946,53 @@ mod tests {
         }
     }
 
-    /// 2 ranks (threads over the in-process collective) × 2 accumulated micro-batches × 2 rows, sharded,
-    /// take the steps one engine takes on all 8 rows: same weights and momentum after 3 steps of momentum
-    /// SGD with weight decay and clipping, for every sharding strategy. `FULL_SHARD` holds at most one
-    /// unit's parameters whole (a ViT block: a small part of the model; two blocks when the size policy
-    /// groups them); the other strategies the whole model.
+    /// How the two ranks of a test talk: Candle's host slices over the in-process collective, tch's
+    /// device slices over a real 2-rank Gloo group (c10d, tensors passed as they are).
+    #[derive(Clone, Copy, Debug)]
+    enum Ranks {
+        CandleInProcess,
+        #[cfg(feature = "torch")]
+        TchGloo,
+    }
+
+    impl Ranks {
+        fn run<T: Send>(self, job: impl Fn(usize, &dyn Collective) -> T + Sync) -> Vec<T> {
+            match self {
+                Ranks::CandleInProcess => {
+                    let comms = crate::dist::local::group(2);
+                    let job = &job;
+                    std::thread::scope(|s| {
+                        let handles: Vec<_> = comms
+                            .iter()
+                            .enumerate()
+                            .map(|(rank, comm)| s.spawn(move || job(rank, comm)))
+                            .collect();
+                        handles.into_iter().map(|h| h.join().unwrap()).collect()
+                    })
+                }
+                #[cfg(feature = "torch")]
+                Ranks::TchGloo => crate::testing::on_two_ranks(|rank, group| job(rank, group)),
+            }
+        }
+
+        fn experiment(self, sharding: &str, min_num_params: Option<usize>) -> Experiment {
+            let model = "{name: vit, variant: tiny, patch_size: 4, num_classes: 4}";
+            let mut exp = experiment(model, sharding, min_num_params);
+            #[cfg(feature = "torch")]
+            if let Ranks::TchGloo = self {
+                exp.backend = crate::schema::Backend::Tch;
+            }
+            exp
+        }
+    }
+
+    /// 2 ranks × 2 accumulated micro-batches × 2 rows, sharded, take the steps one engine takes on all 8
+    /// rows: same gradient norms, and same weights and momentum after 3 steps of momentum SGD with weight
+    /// decay and clipping,
+    /// for every sharding strategy, on Candle (host slices) and tch (slices on the engine's device,
+    /// gathered and reduce-scattered by c10d in place). `FULL_SHARD` holds at most one unit's parameters
+    /// whole (a ViT block: a small part of the model; two blocks when the size policy groups them); the
+    /// other strategies the whole model.
     #[rstest]
     #[case::full_shard("FULL_SHARD", None)]
     #[case::full_shard_two_blocks_a_unit("FULL_SHARD", Some(BLOCK + 1))]
@@ -947,41 +1003,59 @@ mod tests {
         #[case] sharding: &str,
         #[case] min_num_params: Option<usize>,
     ) {
-        let model = "{name: vit, variant: tiny, patch_size: 4, num_classes: 4}";
-        let exp = experiment(model, sharding, min_num_params);
+        two_ranks_against_one(Ranks::CandleInProcess, sharding, min_num_params);
+    }
+
+    #[cfg(feature = "torch")]
+    #[rstest]
+    #[case::full_shard("FULL_SHARD", None)]
+    #[case::full_shard_two_blocks_a_unit("FULL_SHARD", Some(BLOCK + 1))]
+    #[case::shard_grad_op("SHARD_GRAD_OP", None)]
+    #[case::shard_grad_op_grouped("SHARD_GRAD_OP", Some(BLOCK + 1))]
+    #[case::no_shard("NO_SHARD", None)]
+    fn tch_ranks_with_device_slices_take_the_single_engine_steps(
+        #[case] sharding: &str,
+        #[case] min_num_params: Option<usize>,
+    ) {
+        two_ranks_against_one(Ranks::TchGloo, sharding, min_num_params);
+    }
+
+    fn two_ranks_against_one(ranks: Ranks, sharding: &str, min_num_params: Option<usize>) {
+        let exp = ranks.experiment(sharding, min_num_params);
         let sync = super::super::ddp::GradSync::of(&exp);
         let mut single = crate::backend::build(&exp).unwrap();
+        // Clipping hides a wrong scale of the reduced gradients from the weights: the steps' norms
+        // (before clipping) show it.
+        let mut norms = Vec::new();
         for step in 0..3 {
             single.forward_backward(&batch(step, 0..8), 1.0).unwrap();
-            single.optimizer_step(0.1, None, Some(1.0)).unwrap();
+            norms.push(single.optimizer_step(0.1, None, Some(1.0)).unwrap());
         }
         let want = single.state_dict().unwrap();
-        let comms = crate::dist::local::group(2);
-        let results: Vec<(StateDict, StateBytes)> = std::thread::scope(|s| {
-            let handles: Vec<_> = comms
-                .iter()
-                .enumerate()
-                .map(|(rank, comm)| {
-                    let (exp, sync) = (&exp, &sync);
-                    s.spawn(move || {
-                        let inner = crate::backend::build(exp).unwrap();
-                        let mut e = ShardedEngine::new(exp, inner, comm).unwrap();
-                        for step in 0..3 {
-                            // Two accumulated micro-batches of 2 rows: this rank's 4.
-                            for half in 0..2 {
-                                let start = 4 * rank + 2 * half;
-                                e.forward_backward(&batch(step, start..start + 2), 0.5)
-                                    .unwrap();
-                            }
-                            e.all_reduce_gradients(comm, sync).unwrap();
-                            e.optimizer_step(0.1, None, Some(1.0)).unwrap();
-                        }
-                        e.evaluate(&batch(9, 0..8)).unwrap();
-                        (e.state_dict().unwrap(), e.state_bytes())
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        let home = single.flat_home();
+        let results: Vec<(StateDict, StateBytes)> = ranks.run(|rank, comm| {
+            let inner = crate::backend::build(&exp).unwrap();
+            let mut e = ShardedEngine::new(&exp, inner, comm).unwrap();
+            for step in 0..3 {
+                // Two accumulated micro-batches of 2 rows: this rank's 4.
+                for half in 0..2 {
+                    let start = 4 * rank + 2 * half;
+                    e.forward_backward(&batch(step, start..start + 2), 0.5)
+                        .unwrap();
+                }
+                e.all_reduce_gradients(comm, &sync).unwrap();
+                let norm = e.optimizer_step(0.1, None, Some(1.0)).unwrap();
+                let want = norms[step as usize];
+                assert!(
+                    (norm - want).abs() < 1e-5 * want,
+                    "rank {rank}, step {step}: gradient norm {norm}, one engine's {want}"
+                );
+            }
+            e.evaluate(&batch(9, 0..8)).unwrap();
+            // The slices and the optimizer's slots stayed where the engine computes.
+            assert!(e.units.iter().all(|u| u.shard.home() == home));
+            assert!(e.optimizer.state.values().all(|v| v.home() == home));
+            (e.state_dict().unwrap(), e.state_bytes())
         });
         let total = 4 * single.num_parameters() as u64;
         for (rank, (state, bytes)) in results.iter().enumerate() {

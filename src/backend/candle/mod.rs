@@ -425,8 +425,9 @@ impl Engine for CandleEngine {
     fn set_parameters(
         &mut self,
         layout: &[(String, Vec<usize>)],
-        flat: &[f32],
+        flat: &super::flat::Flat,
     ) -> anyhow::Result<()> {
+        let flat = flat.host_values()?;
         for (name, shape, range) in super::layout_ranges(layout) {
             let values = flat
                 .get(range)
@@ -451,13 +452,15 @@ impl Engine for CandleEngine {
     fn take_gradients(
         &mut self,
         layout: &[(String, Vec<usize>)],
-        flat: &mut [f32],
-    ) -> anyhow::Result<Vec<String>> {
+    ) -> anyhow::Result<(super::flat::Flat, Vec<String>)> {
+        let numel = layout
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum();
+        let mut flat = vec![0.0f32; numel];
         let mut missing = Vec::new();
         for (name, _, range) in super::layout_ranges(layout) {
-            let dst = flat
-                .get_mut(range)
-                .context("take_gradients: the flat buffer is shorter than the layout")?;
+            let dst = &mut flat[range];
             match self.grads.remove(name) {
                 Some(g) => {
                     dst.copy_from_slice(&g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
@@ -469,7 +472,7 @@ impl Engine for CandleEngine {
             }
         }
         self.grads.clear();
-        Ok(missing)
+        Ok((super::flat::Flat::Host(flat), missing))
     }
 
     fn state_bytes(&self) -> super::StateBytes {

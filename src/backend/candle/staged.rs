@@ -4,6 +4,7 @@
 
 use super::models::Buffers;
 use super::CandleEngine;
+use crate::backend::flat::Flat;
 use crate::backend::units::StagedCompute;
 use crate::rng::Rng;
 use candle_core::{backprop::GradStore, DType, Tensor, Var};
@@ -27,7 +28,7 @@ impl Staged<'_> {
     }
 
     /// The unit's parameter gradients, flat in layout order (zero where one got none).
-    fn flat_gradient(&self, layout: &Layout, grads: &GradStore) -> anyhow::Result<Vec<f32>> {
+    fn flat_gradient(&self, layout: &Layout, grads: &GradStore) -> anyhow::Result<Flat> {
         let mut flat = Vec::with_capacity(
             layout
                 .iter()
@@ -41,7 +42,7 @@ impl Staged<'_> {
                 None => flat.resize(flat.len() + shape.iter().product::<usize>(), 0.0),
             }
         }
-        Ok(flat)
+        Ok(Flat::Host(flat))
     }
 
     fn input_gradient(x: &Option<Var>, grads: &GradStore) -> anyhow::Result<Option<Tensor>> {
@@ -63,7 +64,11 @@ impl StagedCompute for Staged<'_> {
         self.engine.model.stages().len()
     }
 
-    fn install(&mut self, layout: &Layout, flat: &[f32]) -> anyhow::Result<()> {
+    fn home(&self) -> crate::backend::flat::FlatHome {
+        crate::backend::flat::FlatHome::Host
+    }
+
+    fn install(&mut self, layout: &Layout, flat: &Flat) -> anyhow::Result<()> {
         crate::backend::Engine::set_parameters(self.engine, layout, flat)
     }
 
@@ -97,7 +102,7 @@ impl StagedCompute for Staged<'_> {
         x: &Tensor,
         grad_scale: f64,
         rng: &mut Rng,
-    ) -> anyhow::Result<(Tensor, Vec<f32>, (Tensor, Tensor))> {
+    ) -> anyhow::Result<(Tensor, Flat, (Tensor, Tensor))> {
         let (input, var) = Self::leaf(x, true)?;
         let e = &mut *self.engine;
         let k = e.model.stages().len() - 1;
@@ -123,7 +128,7 @@ impl StagedCompute for Staged<'_> {
         grad_out: &Tensor,
         input_grad: bool,
         rng: &mut Rng,
-    ) -> anyhow::Result<(Option<Tensor>, Vec<f32>)> {
+    ) -> anyhow::Result<(Option<Tensor>, Flat)> {
         let (input, var) = Self::leaf(x, input_grad)?;
         // The forward pass already moved the running statistics: this run's updates are dropped.
         let mut scratch: Buffers = self.engine.buffers.clone();

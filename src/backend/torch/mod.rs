@@ -11,6 +11,7 @@ mod fused_optim;
 mod models;
 mod staged;
 
+use super::flat::{Flat, FlatHome};
 use super::optim::{clip_factor, OptTensor, Optimizer};
 use super::{init, topk_hits, Engine, HostTensor, StateDict, StepStats};
 use crate::data::loader::Batch;
@@ -62,6 +63,34 @@ fn to_host(t: &Tensor) -> anyhow::Result<HostTensor> {
         .f_flatten(0, -1)?;
     let data = Vec::<f32>::try_from(&flat).context("copying a tensor to the host")?;
     Ok(HostTensor { shape, data })
+}
+
+/// The gradients `grad_of` gives for `layout`'s parameters, flat in layout order on `device` as f32
+/// (zeros for an undefined gradient).
+fn flat_gradients(
+    layout: &[(String, Vec<usize>)],
+    device: Device,
+    mut grad_of: impl FnMut(&str) -> anyhow::Result<Tensor>,
+) -> anyhow::Result<Flat> {
+    let mut parts = Vec::with_capacity(layout.len());
+    for (name, shape) in layout {
+        let g = grad_of(name)?;
+        parts.push(if g.defined() {
+            g.f_detach()?
+                .f_to_kind(Kind::Float)?
+                .f_to(device)?
+                .f_reshape([-1])?
+        } else {
+            Tensor::f_zeros(
+                [shape.iter().product::<usize>() as i64],
+                (Kind::Float, device),
+            )?
+        });
+    }
+    if parts.is_empty() {
+        return Ok(Flat::Tch(Tensor::f_zeros([0], (Kind::Float, device))?));
+    }
+    Ok(Flat::Tch(Tensor::f_cat(&parts, 0)?))
 }
 
 fn dims(t: &Tensor) -> Vec<usize> {
@@ -659,22 +688,38 @@ impl Engine for TchEngine {
             .collect()
     }
 
+    fn flat_home(&self) -> FlatHome {
+        FlatHome::Tch(self.device)
+    }
+
+    /// Each parameter becomes a fresh leaf over its range of `flat` (a view when `flat` is already an
+    /// f32 tensor on this device, as FSDP's flat parameter is: no copy).
     fn set_parameters(
         &mut self,
         layout: &[(String, Vec<usize>)],
-        flat: &[f32],
+        flat: &Flat,
     ) -> anyhow::Result<()> {
         self.overlap.forget();
+        let flat = match flat {
+            Flat::Tch(t) => t.f_to(self.device)?,
+            Flat::Host(v) => Tensor::f_from_slice(v)?.f_to(self.device)?,
+        };
+        let numel: usize = layout
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum();
+        anyhow::ensure!(
+            flat.numel() >= numel,
+            "set_parameters: the flat buffer holds {} values, the layout {numel}",
+            flat.numel()
+        );
         for (name, shape, range) in super::layout_ranges(layout) {
-            let values = flat
-                .get(range)
-                .context("set_parameters: the flat buffer is shorter than the layout")?;
-            let host = HostTensor {
-                shape: shape.to_vec(),
-                data: values.to_vec(),
-            };
-            let t = to_tch(&host, self.device)?
+            let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
+            let t = flat
+                .f_narrow(0, range.start as i64, range.len() as i64)?
+                .f_view(shape.as_slice())?
                 .f_to_kind(self.mode.storage())?
+                .f_detach()?
                 .set_requires_grad(true);
             anyhow::ensure!(
                 self.params.insert(name.to_string(), t).is_some(),
@@ -696,27 +741,23 @@ impl Engine for TchEngine {
     fn take_gradients(
         &mut self,
         layout: &[(String, Vec<usize>)],
-        flat: &mut [f32],
-    ) -> anyhow::Result<Vec<String>> {
+    ) -> anyhow::Result<(Flat, Vec<String>)> {
         let mut missing = Vec::new();
-        for (name, _, range) in super::layout_ranges(layout) {
-            let dst = flat
-                .get_mut(range)
-                .context("take_gradients: the flat buffer is shorter than the layout")?;
-            let p = self
+        let flat = flat_gradients(layout, self.device, |name| {
+            let g = self
                 .params
-                .get_mut(name)
-                .with_context(|| format!("take_gradients: the model has no parameter '{name}'"))?;
-            let g = p.grad();
-            if g.defined() {
-                dst.copy_from_slice(&to_host(&g)?.data);
-                fused_optim::clear_grad(p)?;
-            } else {
-                dst.fill(0.0);
+                .get(name)
+                .with_context(|| format!("take_gradients: the model has no parameter '{name}'"))?
+                .grad();
+            if !g.defined() {
                 missing.push(name.to_string());
             }
+            Ok(g)
+        })?;
+        for (name, _) in layout {
+            fused_optim::clear_grad(self.params.get_mut(name).expect("checked above"))?;
         }
-        Ok(missing)
+        Ok((flat, missing))
     }
 
     fn state_bytes(&self) -> super::StateBytes {

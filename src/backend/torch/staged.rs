@@ -3,7 +3,8 @@
 //! precision only the stages' forward computations run in autocast, as `torch.utils.checkpoint` re-enters
 //! it for its recomputation: backward passes run outside it, as in the whole-model step.
 
-use super::{to_host, TchEngine};
+use super::TchEngine;
+use crate::backend::flat::{Flat, FlatHome};
 use crate::backend::units::StagedCompute;
 use crate::rng::Rng;
 use std::collections::BTreeMap;
@@ -18,18 +19,11 @@ pub struct Staged<'a> {
 type Layout = [(String, Vec<usize>)];
 
 impl Staged<'_> {
-    /// The unit's parameter gradients, flat in layout order (zero where one got none).
-    fn flat_gradient(&self, layout: &Layout) -> anyhow::Result<Vec<f32>> {
-        let mut flat = Vec::new();
-        for (name, shape) in layout {
-            let g = self.engine.params[name].grad();
-            if g.defined() {
-                flat.extend(to_host(&g)?.data);
-            } else {
-                flat.resize(flat.len() + shape.iter().product::<usize>(), 0.0);
-            }
-        }
-        Ok(flat)
+    /// The unit's parameter gradients, flat in layout order (zero where one got none), on the
+    /// engine's device.
+    fn flat_gradient(&self, layout: &Layout) -> anyhow::Result<Flat> {
+        let e = &*self.engine;
+        super::flat_gradients(layout, e.device, |name| Ok(e.params[name].grad()))
     }
 
     /// Autocast for the engine's precision (nothing at 32 bits), around a forward computation.
@@ -51,7 +45,11 @@ impl StagedCompute for Staged<'_> {
         self.engine.arch.stages().len()
     }
 
-    fn install(&mut self, layout: &Layout, flat: &[f32]) -> anyhow::Result<()> {
+    fn home(&self) -> FlatHome {
+        FlatHome::Tch(self.engine.device)
+    }
+
+    fn install(&mut self, layout: &Layout, flat: &Flat) -> anyhow::Result<()> {
         crate::backend::Engine::set_parameters(self.engine, layout, flat)
     }
 
@@ -86,7 +84,7 @@ impl StagedCompute for Staged<'_> {
         x: &Tensor,
         grad_scale: f64,
         rng: &mut Rng,
-    ) -> anyhow::Result<(Tensor, Vec<f32>, (Tensor, Tensor))> {
+    ) -> anyhow::Result<(Tensor, Flat, (Tensor, Tensor))> {
         let input = Self::leaf(x, true)?;
         let (logits, loss) = {
             let _autocast = self.autocast()?;
@@ -126,7 +124,7 @@ impl StagedCompute for Staged<'_> {
         grad_out: &Tensor,
         input_grad: bool,
         rng: &mut Rng,
-    ) -> anyhow::Result<(Option<Tensor>, Vec<f32>)> {
+    ) -> anyhow::Result<(Option<Tensor>, Flat)> {
         let input = Self::leaf(x, input_grad)?;
         // The forward pass already moved the running statistics (in place): this run updates copies.
         let mut scratch = BTreeMap::new();
