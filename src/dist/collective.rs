@@ -57,6 +57,17 @@ pub trait Collective: Send + Sync {
     fn process_group(&self) -> Option<&super::c10d::ProcessGroup> {
         None
     }
+    /// Are the ranks threads of this process that sum libtorch tensors where they are
+    /// (`all_reduce_in_process`: DataParallel's replicas)?
+    #[cfg(feature = "torch")]
+    fn sums_tensors_in_process(&self) -> bool {
+        false
+    }
+    /// Sum `tensor` in place over those ranks, device to device.
+    #[cfg(feature = "torch")]
+    fn all_reduce_in_process(&self, _tensor: &tch::Tensor) -> anyhow::Result<()> {
+        anyhow::bail!("this group's ranks are processes: its tensors go through the process group")
+    }
 }
 
 /// Step statistics summed over ranks: every rank then reports the global loss and accuracy

@@ -2,16 +2,32 @@
 //! sockets, so it works in every build. The ranks meet at each call; the last to arrive computes the result
 //! for all. Reductions fold the ranks' buffers in rank order, so every rank receives the same bits whatever
 //! the order of arrival. A rank that fails aborts the group, so no other waits for it forever.
+//!
+//! With the `torch` feature the ranks also sum libtorch tensors where they are (`all_reduce_in_process`):
+//! the last to arrive adds them up on rank 0's device and each rank copies the sum to its own device, as
+//! `nn.DataParallel`'s reduce-add and broadcast do, device to device without the host.
 
 use super::collective::{Collective, ReduceOp};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// What one rank brings to a call.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 enum Values {
     F32(Vec<f32>),
     F64(Vec<f64>),
+    #[cfg(feature = "torch")]
+    Tch(SharedTensor),
 }
+
+/// A tensor the ranks of a round share. They only read it (`to`, and `copy_` from it into their own
+/// tensors); a rank's input is written only after the round, through that rank's own handle.
+#[cfg(feature = "torch")]
+#[derive(Debug)]
+struct SharedTensor(tch::Tensor);
+
+// SAFETY: see above: while shared, the tensor is only read, and libtorch reads are thread-safe.
+#[cfg(feature = "torch")]
+unsafe impl Sync for SharedTensor {}
 
 /// Which collective a rank called (all ranks must call the same one).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -63,7 +79,7 @@ pub fn group(size: usize) -> Vec<LocalCollective> {
         round: Mutex::new(Round {
             generation: 0,
             arrived: 0,
-            inputs: vec![None; size],
+            inputs: (0..size).map(|_| None).collect(),
             result: Err("no collective has completed yet".into()),
             aborted: None,
         }),
@@ -105,6 +121,14 @@ fn combine(inputs: Vec<(Call, Values)>) -> Result<Values, String> {
                 match (&mut acc, v) {
                     (Values::F32(a), Values::F32(b)) => fold(a, &b, op),
                     (Values::F64(a), Values::F64(b)) => fold(a, &b, op),
+                    #[cfg(feature = "torch")]
+                    (Values::Tch(a), Values::Tch(b)) => {
+                        if op != ReduceOp::Sum {
+                            return Err(format!("{op:?} over tensors: only sums are in-process"));
+                        }
+                        a.0 = add_on(&a.0, &b.0)
+                            .map_err(|e| format!("summing the replicas' tensors: {e}"))?
+                    }
                     _ => unreachable!("kinds were checked above"),
                 }
             }
@@ -117,7 +141,16 @@ fn len(v: &Values) -> usize {
     match v {
         Values::F32(d) => d.len(),
         Values::F64(d) => d.len(),
+        #[cfg(feature = "torch")]
+        Values::Tch(t) => t.0.numel(),
     }
+}
+
+/// `a + b` on `a`'s device, in f32 (a fresh tensor: neither input is written).
+#[cfg(feature = "torch")]
+fn add_on(a: &tch::Tensor, b: &tch::Tensor) -> anyhow::Result<tch::Tensor> {
+    let b = b.f_to_kind(tch::Kind::Float)?.f_to(a.device())?;
+    Ok(a.f_to_kind(tch::Kind::Float)?.f_add(&b)?)
 }
 
 fn fold<T: Copy + PartialOrd + std::ops::Add<Output = T>>(
@@ -214,6 +247,21 @@ impl Collective for LocalCollective {
         self.meet(Call::Barrier, Values::F32(Vec::new()))
             .map(|_| ())
     }
+    #[cfg(feature = "torch")]
+    fn sums_tensors_in_process(&self) -> bool {
+        true
+    }
+    #[cfg(feature = "torch")]
+    fn all_reduce_in_process(&self, tensor: &tch::Tensor) -> anyhow::Result<()> {
+        let mine = Values::Tch(SharedTensor(tensor.shallow_clone()));
+        let sum = self.meet(Call::AllReduce(ReduceOp::Sum), mine)?;
+        let Values::Tch(sum) = &*sum else {
+            anyhow::bail!("an in-process tensor sum came back as host values")
+        };
+        let sum = sum.0.f_to(tensor.device())?.f_to_kind(tensor.kind())?;
+        tch::no_grad(|| tensor.shallow_clone().f_copy_(&sum))?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -263,6 +311,32 @@ mod tests {
             });
             assert!(out.iter().all(|&b| b == want.to_bits()), "{out:?}");
         }
+    }
+
+    /// Tensors are summed where they are, in rank order: the same bits as the host sum, written into
+    /// each rank's own tensor.
+    #[cfg(feature = "torch")]
+    #[test]
+    fn tensors_sum_in_place_in_rank_order() {
+        let values = [1e8f32, 1.0, -1e8, 0.5];
+        let want = ((values[0] + values[1]) + values[2]) + values[3];
+        let out = on_ranks(4, |c| {
+            assert!(c.sums_tensors_in_process());
+            let t = tch::Tensor::from_slice(&[values[c.rank()], c.rank() as f32]);
+            c.all_reduce_in_process(&t).unwrap();
+            Vec::<f32>::try_from(&t).unwrap()
+        });
+        for v in out {
+            assert_eq!((v[0].to_bits(), v[1]), (want.to_bits(), 6.0));
+        }
+        let e = on_ranks(2, |c| {
+            let t = tch::Tensor::zeros([c.rank() as i64 + 1], tch::kind::FLOAT_CPU);
+            c.all_reduce_in_process(&t).unwrap_err().to_string()
+        });
+        assert!(
+            e.iter().all(|e| e.contains("different collectives")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -460,17 +460,19 @@ impl Engine for TchEngine {
                     .f_backward()?;
             }
         }
-        // Every bucket is started before the first is waited for, so flattening the next bucket
-        // overlaps with the reduction of the last.
         let grads: Vec<Tensor> = order
             .iter()
             .zip(&used)
             .filter(|(_, &u)| u)
             .map(|(n, _)| self.params[n].grad())
             .collect();
-        let Some(pg) = comm.process_group() else {
+        // Across processes c10d reduces the buckets (all started before the first is waited for, so
+        // flattening the next bucket overlaps with the reduction of the last); across the threads of
+        // one process (DataParallel) they are summed device to device; else through host memory.
+        let pg = comm.process_group();
+        if pg.is_none() && !comm.sums_tensors_in_process() {
             return average_on_host(comm, &grads, sync);
-        };
+        }
         let numels: Vec<usize> = grads.iter().map(|g| g.numel()).collect();
         let world = comm.world_size() as f64;
         let ranges = crate::strategy::ddp::buckets(&numels, sync.bucket_cap_bytes);
@@ -482,19 +484,8 @@ impl Engine for TchEngine {
                 .collect::<Result<_, _>>()?;
             flats.push(Tensor::f_cat(&views, 0)?);
         }
-        let mut in_flight = Vec::with_capacity(flats.len());
-        for flat in &flats {
-            in_flight.push(pg.all_reduce(&[flat], crate::dist::collective::ReduceOp::Sum)?);
-        }
-        tch::no_grad(|| -> anyhow::Result<()> {
-            let mut works = in_flight.into_iter();
-            for (range, flat) in ranges.into_iter().zip(&flats) {
-                let work = works.next().context("one pending all-reduce per bucket")?;
-                if let Err(e) = work.wait() {
-                    // A peer is gone: do not sit through the timeout once per remaining bucket.
-                    works.for_each(|w| w.abandon());
-                    return Err(e);
-                }
+        let write_back = |range: std::ops::Range<usize>, flat: &Tensor| -> anyhow::Result<()> {
+            tch::no_grad(|| {
                 let mean = flat.f_div_scalar(world)?;
                 let mut at = 0i64;
                 for g in &grads[range] {
@@ -502,9 +493,31 @@ impl Engine for TchEngine {
                     g.f_reshape([-1])?.f_copy_(&mean.f_narrow(0, at, n)?)?;
                     at += n;
                 }
+                Ok(())
+            })
+        };
+        let Some(pg) = pg else {
+            for (range, flat) in ranges.into_iter().zip(&flats) {
+                comm.all_reduce_in_process(flat)?;
+                write_back(range, flat)?;
             }
-            Ok(())
-        })
+            return Ok(());
+        };
+        let mut in_flight = Vec::with_capacity(flats.len());
+        for flat in &flats {
+            in_flight.push(pg.all_reduce(&[flat], crate::dist::collective::ReduceOp::Sum)?);
+        }
+        let mut works = in_flight.into_iter();
+        for (range, flat) in ranges.into_iter().zip(&flats) {
+            let work = works.next().context("one pending all-reduce per bucket")?;
+            if let Err(e) = work.wait() {
+                // A peer is gone: do not sit through the timeout once per remaining bucket.
+                works.for_each(|w| w.abandon());
+                return Err(e);
+            }
+            write_back(range, flat)?;
+        }
+        Ok(())
     }
 
     fn units(&self) -> anyhow::Result<super::units::UnitLayouts> {
