@@ -978,10 +978,11 @@ mod tests {
         fn experiment(self, sharding: &str, min_num_params: Option<usize>) -> Experiment {
             let model = "{name: vit, variant: tiny, patch_size: 4, num_classes: 4}";
             let mut exp = experiment(model, sharding, min_num_params);
-            #[cfg(feature = "torch")]
-            if let Ranks::TchGloo = self {
-                exp.backend = crate::schema::Backend::Tch;
-            }
+            exp.backend = match self {
+                Ranks::CandleInProcess => crate::schema::Backend::Candle,
+                #[cfg(feature = "torch")]
+                Ranks::TchGloo => crate::schema::Backend::Tch,
+            };
             exp
         }
     }
