@@ -106,6 +106,23 @@ impl Flat {
         }
     }
 
+    /// The first `len` values (a view on a device; the host vector shortened in place).
+    pub fn truncated(self, len: usize) -> anyhow::Result<Flat> {
+        match self {
+            Flat::Host(mut v) => {
+                anyhow::ensure!(
+                    len <= v.len(),
+                    "flat vector of {} values cut at {len}",
+                    v.len()
+                );
+                v.truncate(len);
+                Ok(Flat::Host(v))
+            }
+            #[cfg(feature = "torch")]
+            tch @ Flat::Tch(_) => tch.slice(0..len),
+        }
+    }
+
     /// This vector followed by zeros up to `len` values.
     pub fn padded(self, len: usize) -> anyhow::Result<Flat> {
         anyhow::ensure!(
@@ -308,6 +325,8 @@ mod tests {
         let v = host(&[1.0, 2.0]).padded(4).unwrap();
         assert_eq!(v.to_vec().unwrap(), vec![1.0, 2.0, 0.0, 0.0]);
         assert_eq!(v.slice(1..3).unwrap().to_vec().unwrap(), vec![2.0, 0.0]);
+        assert_eq!(v.truncated(1).unwrap().to_vec().unwrap(), vec![1.0]);
+        assert!(host(&[1.0]).truncated(2).is_err());
         let all = Flat::concat(
             vec![host(&[1.0]), host(&[]), host(&[2.0, 3.0])],
             FlatHome::Host,
@@ -341,6 +360,7 @@ mod tests {
             ta.duplicate().padded(5).unwrap(),
         );
         same(ha.slice(1..3).unwrap(), ta.slice(1..3).unwrap());
+        same(ha.duplicate().truncated(2).unwrap(), ta.duplicate().truncated(2).unwrap());
         assert_eq!(ha.sum_of_squares().unwrap(), ta.sum_of_squares().unwrap());
         let parts = vec![ta.duplicate(), host(&[7.0])];
         let cat = Flat::concat(parts, home).unwrap();

@@ -25,7 +25,8 @@ enum Values {
 #[derive(Debug)]
 struct SharedTensor(tch::Tensor);
 
-// SAFETY: see above: while shared, the tensor is only read, and libtorch reads are thread-safe.
+// SAFETY: see above: while shared, the tensor is only read, and libtorch reads are thread-safe. Keep it
+// so: nothing in this module may write through a shared handle (or a shallow clone of one).
 #[cfg(feature = "torch")]
 unsafe impl Sync for SharedTensor {}
 

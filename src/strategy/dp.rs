@@ -272,13 +272,12 @@ impl Engine for DataParallelEngine {
 
     fn set_parameters(
         &mut self,
-        layout: &[(String, Vec<usize>)],
-        flat: &crate::backend::flat::Flat,
+        _layout: &[(String, Vec<usize>)],
+        _flat: &crate::backend::flat::Flat,
     ) -> anyhow::Result<()> {
-        for replica in &mut self.replicas {
-            replica.set_parameters(layout, flat)?;
-        }
-        Ok(())
+        anyhow::bail!(
+            "trainer.strategy=dp keeps whole replicas; it cannot be sharded (use trainer=fsdp)"
+        )
     }
 
     fn release_parameters(&mut self) -> anyhow::Result<()> {

@@ -174,8 +174,8 @@ impl Comms<'_> {
             let full =
                 tch::Tensor::f_empty([layout.padded() as i64], (tch::Kind::Float, shard.device()))?;
             group
-                .all_gather(&full, shard)?
-                .wait()
+                .all_gather(&full, shard)
+                .and_then(|work| work.wait())
                 .context("FSDP: all-gathering the parameter shards")?;
             return Ok(Flat::Tch(full));
         }
@@ -212,14 +212,14 @@ impl Comms<'_> {
                     (tch::Kind::Float, full.device()),
                 )?;
                 group
-                    .reduce_scatter(&mine, full, ReduceOp::Sum)?
-                    .wait()
+                    .reduce_scatter(&mine, full, ReduceOp::Sum)
+                    .and_then(|work| work.wait())
                     .context("FSDP: reduce-scattering the gradients")?;
                 mine
             } else {
                 group
-                    .all_reduce(&[full], ReduceOp::Sum)?
-                    .wait()
+                    .all_reduce(&[full], ReduceOp::Sum)
+                    .and_then(|work| work.wait())
                     .context("FSDP (NO_SHARD): all-reducing the gradients")?;
                 full.shallow_clone()
             };
@@ -231,7 +231,7 @@ impl Comms<'_> {
             let mut slice = vec![0.0f32; layout.shard_len];
             self.comm
                 .reduce_scatter_f32(&mut grad, &mut slice)
-                .context("FSDP: reducing-scattering the gradients")?;
+                .context("FSDP: reduce-scattering the gradients")?;
             slice
         } else {
             self.comm
@@ -289,7 +289,7 @@ impl UnitExchange for Exchange<'_> {
         let u = &self.units[unit];
         let full = self.comms.gather(&u.layout, &u.shard)?;
         *self.peak = (*self.peak).max(4 * u.layout.numel as u64);
-        full.slice(0..u.layout.numel)
+        full.truncated(u.layout.numel)
     }
 
     fn reduce(&mut self, unit: usize, grad: Flat) -> anyhow::Result<()> {
@@ -421,7 +421,7 @@ impl<'a> ShardedEngine<'a> {
         for u in &self.units {
             let full = self.comms.gather(&u.layout, &u.shard)?;
             self.inner
-                .set_parameters(&u.layout.params, &full.slice(0..u.layout.numel)?)?;
+                .set_parameters(&u.layout.params, &full.truncated(u.layout.numel)?)?;
         }
         self.materialized = true;
         self.unsharded_peak = self.unsharded_peak.max(4 * self.numel() as u64);
@@ -662,8 +662,8 @@ impl Engine for ShardedEngine<'_> {
             self.materialized = false;
         } else {
             for u in &self.units {
-                self.inner
-                    .set_parameters(&u.layout.params, &u.shard.slice(0..u.layout.numel)?)?;
+                // Unsharded, a slice is the whole unit (no padding on one rank).
+                self.inner.set_parameters(&u.layout.params, &u.shard)?;
             }
         }
         Ok(norm)

@@ -498,8 +498,10 @@ impl Engine for TchEngine {
         };
         let Some(pg) = pg else {
             for (range, flat) in ranges.into_iter().zip(&flats) {
-                comm.all_reduce_in_process(flat)?;
-                write_back(range, flat)?;
+                // Summed and averaged in f32 (as on the host), cast once into the gradients.
+                let flat = flat.f_to_kind(Kind::Float)?;
+                comm.all_reduce_in_process(&flat)?;
+                write_back(range, &flat)?;
             }
             return Ok(());
         };
