@@ -360,7 +360,10 @@ mod tests {
             ta.duplicate().padded(5).unwrap(),
         );
         same(ha.slice(1..3).unwrap(), ta.slice(1..3).unwrap());
-        same(ha.duplicate().truncated(2).unwrap(), ta.duplicate().truncated(2).unwrap());
+        same(
+            ha.duplicate().truncated(2).unwrap(),
+            ta.duplicate().truncated(2).unwrap(),
+        );
         assert_eq!(ha.sum_of_squares().unwrap(), ta.sum_of_squares().unwrap());
         let parts = vec![ta.duplicate(), host(&[7.0])];
         let cat = Flat::concat(parts, home).unwrap();
