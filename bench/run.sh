@@ -16,6 +16,7 @@ LIBTORCH="$PWD/.libtorch/torch" CARGO_TARGET_DIR=target-torch cargo build --feat
 .venv-torch/bin/python bench/ddp_bench.py --train target-torch/debug/train --rounds 3 --record
 LIBTORCH="$PWD/.libtorch/torch" CARGO_TARGET_DIR=target-torch cargo build --release --features s3,torch --bin train
 .venv-torch/bin/python bench/fsdp_bench.py --train target-torch/release/train --rounds 3 --record
+.venv-torch/bin/python bench/dp_bench.py --train target-torch/release/train --rounds 3 --record
 [ -x .venv-bench/bin/python ] || { python3 -m venv .venv-bench && .venv-bench/bin/pip install -q pandas pyyaml tabulate matplotlib; }
 cargo build --release
 .venv-bench/bin/python bench/logbook_bench.py --runs 200 --epochs 30 --rounds 7 --record
