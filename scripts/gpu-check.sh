@@ -3,7 +3,10 @@
 # Rust toolchain (build `train` elsewhere with --features torch and bring it along):
 #   - tch on CUDA: the quick start at 32-true, 16-mixed and bf16-mixed;
 #   - DDP over NCCL in a one-GPU world, against the same run over Gloo (same final metrics);
-#   - AMP + DDP together (16-mixed over NCCL); FSDP FULL_SHARD with NCCL beside its Gloo host collectives.
+#   - AMP + DDP together (16-mixed over NCCL);
+#   - FSDP FULL_SHARD with its slices on the GPU, gathered and reduce-scattered by NCCL, against the same
+#     run over Gloo (where the slices go through host memory);
+#   - DataParallel with one replica on the GPU (its gradient sums stay on the device).
 # Each run's summary.json is copied to $OUT_DIR, with the wall time in times.txt; then (BENCH=0 skips it)
 # bench/train_step_bench.py on CUDA against PyTorch eager, recorded in bench/RESULTS.md (copied to $OUT_DIR).
 #
@@ -53,8 +56,10 @@ DDP=("${QS[@]}" trainer=ddp trainer.devices=1 trainer.max_epochs=2 trainer.accel
 run ddp_nccl "${DDP[@]}" trainer.process_group_backend=nccl
 run ddp_gloo "${DDP[@]}" trainer.process_group_backend=gloo
 run ddp_nccl_16_mixed "${DDP[@]}" trainer.process_group_backend=nccl trainer.precision=16-mixed
-run fsdp_nccl "${QS[@]}" trainer=fsdp trainer.devices=1 trainer.accelerator=gpu \
-    trainer.process_group_backend=nccl trainer.fsdp.sharding_strategy=FULL_SHARD
+FSDP=("${QS[@]}" trainer=fsdp trainer.devices=1 trainer.accelerator=gpu trainer.fsdp.sharding_strategy=FULL_SHARD)
+run fsdp_nccl "${FSDP[@]}" trainer.process_group_backend=nccl
+run fsdp_gloo "${FSDP[@]}" trainer.process_group_backend=gloo
+run dp_gpu "${QS[@]}" trainer=dp trainer.devices=1 trainer.accelerator=gpu
 
 python3 - "$OUT_DIR" <<'PY'
 import json, pathlib, sys
@@ -63,12 +68,13 @@ def final(name):
     p = out / f"{name}.json"
     return json.loads(p.read_text())["final_metrics"] if p.exists() else None
 for name in ["tch_gpu_32", "tch_gpu_16_mixed", "tch_gpu_bf16_mixed", "ddp_nccl", "ddp_gloo",
-             "ddp_nccl_16_mixed", "fsdp_nccl"]:
+             "ddp_nccl_16_mixed", "fsdp_nccl", "fsdp_gloo", "dp_gpu"]:
     print(name, final(name))
-nccl, gloo = final("ddp_nccl"), final("ddp_gloo")
-if nccl and gloo:
-    diff = abs(nccl["val/loss"] - gloo["val/loss"])
-    print(f"DDP NCCL vs Gloo: val/loss differs by {diff:.2e}")
+for what in ["ddp", "fsdp"]:
+    nccl, gloo = final(f"{what}_nccl"), final(f"{what}_gloo")
+    if nccl and gloo:
+        diff = abs(nccl["val/loss"] - gloo["val/loss"])
+        print(f"{what.upper()} NCCL vs Gloo: val/loss differs by {diff:.2e}")
 PY
 
 # Train-step speed on the GPU against PyTorch eager, recorded in bench/RESULTS.md (with the GPU's name).
