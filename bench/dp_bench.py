@@ -20,11 +20,10 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results import record  # noqa: E402
+from steps import median_step_time, ours_summary  # noqa: E402
 from train_step_bench import MODELS  # noqa: E402
 
 
@@ -37,17 +36,7 @@ def torch_worker(model_name, batch, steps, threads):
     model = nn.DataParallel(MODELS[model_name][1]())
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(batch, 3, 32, 32)
-    y = torch.randint(0, 10, (batch,))
-    times = []
-    for _ in range(steps + 1):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-    print(json.dumps({"median_step_time_s": statistics.median(times[1:])}))
+    print(json.dumps({"median_step_time_s": median_step_time(model, opt, batch, steps)}))
 
 
 def torch_step(model_name, batch, steps, replicas):
@@ -59,17 +48,8 @@ def torch_step(model_name, batch, steps, replicas):
 
 
 def ours_step(train, model_name, batch, steps, replicas):
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            train, "experiment=quickstart", *MODELS[model_name][0], f"data.batch_size={batch}",
-            "backend=tch", "optimizer=sgd", "optimizer.lr=0.01", "scheduler=constant", "trainer.max_epochs=1",
-            f"trainer.limit_train_batches={steps + 1}", "trainer.limit_val_batches=0", "callbacks=none",
-            "data.num_workers=0", f"hydra.run.dir={out}",
-            "trainer=dp", "trainer.accelerator=cpu", f"trainer.devices={replicas}",
-        ]
-        env = dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="1")
-        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return json.load(open(os.path.join(out, "summary.json")))["median_step_time_s"]
+    dp = ["trainer=dp", "trainer.accelerator=cpu", f"trainer.devices={replicas}"]
+    return ours_summary(train, model_name, batch, steps, dp)["median_step_time_s"]
 
 
 def main():

@@ -25,13 +25,11 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results import record  # noqa: E402
+from steps import median_step_time, ours_summary  # noqa: E402
 from train_step_bench import MODELS  # noqa: E402
 from allreduce_bench import launch  # noqa: E402
 
@@ -68,16 +66,7 @@ def torch_worker(model_name, batch, steps, mode):
                 layer[i] = Checkpointed(block)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(batch, 3, 32, 32)
-    y = torch.randint(0, 10, (batch,))
-    times = []
-    for _ in range(steps + 1):
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=False)
-        loss_fn(model(x), y).backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
+    median = median_step_time(model, opt, batch, steps, set_to_none=False)
     local = sum(p.to_local().numel() * p.element_size() for p in model.parameters())
     optim = sum(
         s.to_local().numel() * s.element_size() if hasattr(s, "to_local") else s.numel() * s.element_size()
@@ -86,7 +75,7 @@ def torch_worker(model_name, batch, steps, mode):
         if isinstance(s, torch.Tensor)
     )
     if dist.get_rank() == 0:
-        print(json.dumps({"median_step_time_s": statistics.median(times[1:]), "bytes": 2 * local + optim}))
+        print(json.dumps({"median_step_time_s": median, "bytes": 2 * local + optim}))
     dist.destroy_process_group()
 
 
@@ -97,24 +86,15 @@ def torch_run(model_name, batch, steps, world, mode):
 
 
 def ours_run(train, model_name, batch, steps, world, sharding):
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            train, "experiment=quickstart", *MODELS[model_name][0], f"data.batch_size={batch}",
-            "backend=tch", "optimizer=sgd", "optimizer.lr=0.01", "optimizer.nesterov=false",
-            "optimizer.weight_decay=0", "scheduler=constant", "trainer.max_epochs=1",
-            f"trainer.limit_train_batches={steps + 1}", "trainer.limit_val_batches=0", "callbacks=none",
-            "data.num_workers=0", f"hydra.run.dir={out}", "trainer=fsdp_sim", f"trainer.devices={world}",
-            f"trainer.fsdp.sharding_strategy={sharding}",
-        ]
-        env = dict(os.environ, OMP_NUM_THREADS="1", RAYON_NUM_THREADS="1")
-        subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        s = json.load(open(os.path.join(out, "summary.json")))
-        row = s["state_bytes_per_rank"][0]
-        return {
-            "median_step_time_s": s["median_step_time_s"],
-            "bytes": row["parameters"] + row["gradients"] + row["optimizer_state"],
-            "whole": row.get("unsharded_peak", 0),
-        }
+    fsdp = ["optimizer.nesterov=false", "optimizer.weight_decay=0", "trainer=fsdp_sim",
+            f"trainer.devices={world}", f"trainer.fsdp.sharding_strategy={sharding}"]
+    s = ours_summary(train, model_name, batch, steps, fsdp)
+    row = s["state_bytes_per_rank"][0]
+    return {
+        "median_step_time_s": s["median_step_time_s"],
+        "bytes": row["parameters"] + row["gradients"] + row["optimizer_state"],
+        "whole": row.get("unsharded_peak", 0),
+    }
 
 
 # Our sharding strategy -> the PyTorch FSDP2 configuration with the same schedule.
