@@ -57,15 +57,16 @@ pub trait Collective: Send + Sync {
     fn process_group(&self) -> Option<&super::c10d::ProcessGroup> {
         None
     }
-    /// Are the ranks threads of this process that sum libtorch tensors where they are
-    /// (`all_reduce_in_process`: DataParallel's replicas)?
+    /// Are the ranks threads of this process that average libtorch tensors where they are
+    /// (`mean_in_process`: DataParallel's replicas)?
     #[cfg(feature = "torch")]
-    fn sums_tensors_in_process(&self) -> bool {
+    fn averages_tensors_in_process(&self) -> bool {
         false
     }
-    /// Sum `tensor` in place over those ranks, device to device.
+    /// The mean of `tensor` over those ranks in f32, device to device: one tensor on rank 0's device
+    /// that every rank reads (and none may write).
     #[cfg(feature = "torch")]
-    fn all_reduce_in_process(&self, _tensor: &tch::Tensor) -> anyhow::Result<()> {
+    fn mean_in_process(&self, _tensor: &tch::Tensor) -> anyhow::Result<tch::Tensor> {
         anyhow::bail!("this group's ranks are processes: its tensors go through the process group")
     }
 }

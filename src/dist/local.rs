@@ -3,9 +3,9 @@
 //! for all. Reductions fold the ranks' buffers in rank order, so every rank receives the same bits whatever
 //! the order of arrival. A rank that fails aborts the group, so no other waits for it forever.
 //!
-//! With the `torch` feature the ranks also sum libtorch tensors where they are (`all_reduce_in_process`):
-//! the last to arrive adds them up on rank 0's device and each rank copies the sum to its own device, as
-//! `nn.DataParallel`'s reduce-add and broadcast do, device to device without the host.
+//! With the `torch` feature the ranks also average libtorch tensors where they are (`mean_in_process`): the
+//! last to arrive adds them up in rank order on rank 0's device and divides once, and each rank reads the
+//! mean from there, as `nn.DataParallel`'s reduce-add and broadcast do, device to device without the host.
 
 use super::collective::{Collective, ReduceOp};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -34,6 +34,9 @@ unsafe impl Sync for SharedTensor {}
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Call {
     AllReduce(ReduceOp),
+    /// The sum in rank order divided by the group size (tensors only).
+    #[cfg(feature = "torch")]
+    Mean,
     Broadcast(usize),
     Barrier,
 }
@@ -122,18 +125,29 @@ fn combine(inputs: Vec<(Call, Values)>) -> Result<Values, String> {
                 match (&mut acc, v) {
                     (Values::F32(a), Values::F32(b)) => fold(a, &b, op),
                     (Values::F64(a), Values::F64(b)) => fold(a, &b, op),
-                    #[cfg(feature = "torch")]
-                    (Values::Tch(a), Values::Tch(b)) => {
-                        if op != ReduceOp::Sum {
-                            return Err(format!("{op:?} over tensors: only sums are in-process"));
-                        }
-                        a.0 = add_on(&a.0, &b.0)
-                            .map_err(|e| format!("summing the replicas' tensors: {e}"))?
-                    }
-                    _ => unreachable!("kinds were checked above"),
+                    _ => return Err(format!("{op:?} over tensors: tensors are averaged only")),
                 }
             }
             Ok(acc)
+        }
+        #[cfg(feature = "torch")]
+        Call::Mean => {
+            let n = inputs.len();
+            let mut it = inputs.into_iter().map(|(_, v)| match v {
+                Values::Tch(t) => Ok(t.0),
+                _ => Err("a mean over host values: host values are all-reduced".to_string()),
+            });
+            let first = it.next().ok_or("an empty group")??;
+            let mean = (|| -> anyhow::Result<tch::Tensor> {
+                let mut acc = first.f_to_kind(tch::Kind::Float)?;
+                for t in it {
+                    let t = t.map_err(|e| anyhow::anyhow!(e))?;
+                    acc = acc.f_add(&t.f_to_kind(tch::Kind::Float)?.f_to(acc.device())?)?;
+                }
+                Ok(acc.f_div_scalar(n as f64)?)
+            })()
+            .map_err(|e| format!("averaging the replicas' tensors: {e}"))?;
+            Ok(Values::Tch(SharedTensor(mean)))
         }
     }
 }
@@ -145,13 +159,6 @@ fn len(v: &Values) -> usize {
         #[cfg(feature = "torch")]
         Values::Tch(t) => t.0.numel(),
     }
-}
-
-/// `a + b` on `a`'s device, in f32 (a fresh tensor: neither input is written).
-#[cfg(feature = "torch")]
-fn add_on(a: &tch::Tensor, b: &tch::Tensor) -> anyhow::Result<tch::Tensor> {
-    let b = b.f_to_kind(tch::Kind::Float)?.f_to(a.device())?;
-    Ok(a.f_to_kind(tch::Kind::Float)?.f_add(&b)?)
 }
 
 fn fold<T: Copy + PartialOrd + std::ops::Add<Output = T>>(
@@ -249,19 +256,17 @@ impl Collective for LocalCollective {
             .map(|_| ())
     }
     #[cfg(feature = "torch")]
-    fn sums_tensors_in_process(&self) -> bool {
+    fn averages_tensors_in_process(&self) -> bool {
         true
     }
     #[cfg(feature = "torch")]
-    fn all_reduce_in_process(&self, tensor: &tch::Tensor) -> anyhow::Result<()> {
+    fn mean_in_process(&self, tensor: &tch::Tensor) -> anyhow::Result<tch::Tensor> {
         let mine = Values::Tch(SharedTensor(tensor.shallow_clone()));
-        let sum = self.meet(Call::AllReduce(ReduceOp::Sum), mine)?;
-        let Values::Tch(sum) = &*sum else {
-            anyhow::bail!("an in-process tensor sum came back as host values")
+        let mean = self.meet(Call::Mean, mine)?;
+        let Values::Tch(mean) = &*mean else {
+            anyhow::bail!("an in-process tensor mean came back as host values")
         };
-        let sum = sum.0.f_to(tensor.device())?.f_to_kind(tensor.kind())?;
-        tch::no_grad(|| tensor.shallow_clone().f_copy_(&sum))?;
-        Ok(())
+        Ok(mean.0.shallow_clone())
     }
 }
 
@@ -314,25 +319,27 @@ mod tests {
         }
     }
 
-    /// Tensors are summed where they are, in rank order: the same bits as the host sum, written into
-    /// each rank's own tensor.
+    /// Tensors are averaged where they are: summed in rank order, then divided once (the same bits as
+    /// the host sum divided by the group size), and no rank's own tensor is written.
     #[cfg(feature = "torch")]
     #[test]
-    fn tensors_sum_in_place_in_rank_order() {
+    fn tensors_average_in_rank_order() {
         let values = [1e8f32, 1.0, -1e8, 0.5];
-        let want = ((values[0] + values[1]) + values[2]) + values[3];
+        let want = (((values[0] + values[1]) + values[2]) + values[3]) / 4.0;
         let out = on_ranks(4, |c| {
-            assert!(c.sums_tensors_in_process());
+            assert!(c.averages_tensors_in_process());
             let t = tch::Tensor::from_slice(&[values[c.rank()], c.rank() as f32]);
-            c.all_reduce_in_process(&t).unwrap();
-            Vec::<f32>::try_from(&t).unwrap()
+            let mean = c.mean_in_process(&t).unwrap();
+            let mine = Vec::<f32>::try_from(&t).unwrap();
+            assert_eq!(mine, vec![values[c.rank()], c.rank() as f32]);
+            Vec::<f32>::try_from(&mean).unwrap()
         });
         for v in out {
-            assert_eq!((v[0].to_bits(), v[1]), (want.to_bits(), 6.0));
+            assert_eq!((v[0].to_bits(), v[1]), (want.to_bits(), 1.5));
         }
         let e = on_ranks(2, |c| {
             let t = tch::Tensor::zeros([c.rank() as i64 + 1], tch::kind::FLOAT_CPU);
-            c.all_reduce_in_process(&t).unwrap_err().to_string()
+            c.mean_in_process(&t).unwrap_err().to_string()
         });
         assert!(
             e.iter().all(|e| e.contains("different collectives")),

@@ -470,7 +470,7 @@ impl Engine for TchEngine {
         // flattening the next bucket overlaps with the reduction of the last); across the threads of
         // one process (DataParallel) they are summed device to device; else through host memory.
         let pg = comm.process_group();
-        if pg.is_none() && !comm.sums_tensors_in_process() {
+        if pg.is_none() && !comm.averages_tensors_in_process() {
             return average_on_host(comm, &grads, sync);
         }
         let numels: Vec<usize> = grads.iter().map(|g| g.numel()).collect();
@@ -484,9 +484,9 @@ impl Engine for TchEngine {
                 .collect::<Result<_, _>>()?;
             flats.push(Tensor::f_cat(&views, 0)?);
         }
-        let write_back = |range: std::ops::Range<usize>, flat: &Tensor| -> anyhow::Result<()> {
+        // The bucket's mean into its gradients (any device and dtype: `copy_` converts).
+        let write_back = |range: std::ops::Range<usize>, mean: &Tensor| -> anyhow::Result<()> {
             tch::no_grad(|| {
-                let mean = flat.f_div_scalar(world)?;
                 let mut at = 0i64;
                 for g in &grads[range] {
                     let n = g.numel() as i64;
@@ -498,10 +498,8 @@ impl Engine for TchEngine {
         };
         let Some(pg) = pg else {
             for (range, flat) in ranges.into_iter().zip(&flats) {
-                // Summed and averaged in f32 (as on the host), cast once into the gradients.
-                let flat = flat.f_to_kind(Kind::Float)?;
-                comm.all_reduce_in_process(&flat)?;
-                write_back(range, &flat)?;
+                // Averaged in f32 (as on the host), cast once into the gradients.
+                write_back(range, &comm.mean_in_process(flat)?)?;
             }
             return Ok(());
         };
@@ -517,7 +515,7 @@ impl Engine for TchEngine {
                 works.for_each(|w| w.abandon());
                 return Err(e);
             }
-            write_back(range, flat)?;
+            write_back(range, &flat.f_div_scalar(world)?)?;
         }
         Ok(())
     }
