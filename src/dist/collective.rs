@@ -64,7 +64,7 @@ pub trait Collective: Send + Sync {
         false
     }
     /// The mean of `tensor` over those ranks in f32, device to device: one tensor on rank 0's device
-    /// that every rank reads (and none may write).
+    /// that every rank reads (and none may write). Rank 0's `tensor`, when f32, becomes it.
     #[cfg(feature = "torch")]
     fn mean_in_process(&self, _tensor: &tch::Tensor) -> anyhow::Result<tch::Tensor> {
         anyhow::bail!("this group's ranks are processes: its tensors go through the process group")

@@ -19,8 +19,9 @@ enum Values {
     Tch(SharedTensor),
 }
 
-/// A tensor the ranks of a round share. They only read it (`to`, and `copy_` from it into their own
-/// tensors); a rank's input is written only after the round, through that rank's own handle.
+/// A tensor the ranks of a round share. While shared they only read it (`to`, and `copy_` from it into
+/// their own tensors). The one write is the mean's accumulation into rank 0's input, by the rank that
+/// completes the round while every other rank waits.
 #[cfg(feature = "torch")]
 #[derive(Debug)]
 struct SharedTensor(tch::Tensor);
@@ -138,13 +139,19 @@ fn combine(inputs: Vec<(Call, Values)>) -> Result<Values, String> {
                 _ => Err("a mean over host values: host values are all-reduced".to_string()),
             });
             let first = it.next().ok_or("an empty group")??;
+            // Rank 0's tensor (in f32) is the accumulator: no rank reads it but this one until the
+            // round ends, and the sum needs no fresh memory.
             let mean = (|| -> anyhow::Result<tch::Tensor> {
                 let mut acc = first.f_to_kind(tch::Kind::Float)?;
-                for t in it {
-                    let t = t.map_err(|e| anyhow::anyhow!(e))?;
-                    acc = acc.f_add(&t.f_to_kind(tch::Kind::Float)?.f_to(acc.device())?)?;
-                }
-                Ok(acc.f_div_scalar(n as f64)?)
+                tch::no_grad(|| -> anyhow::Result<()> {
+                    for t in it {
+                        let t = t.map_err(|e| anyhow::anyhow!(e))?;
+                        let _ = acc.f_add_(&t.f_to_kind(tch::Kind::Float)?.f_to(acc.device())?)?;
+                    }
+                    let _ = acc.f_div_scalar_(n as f64)?;
+                    Ok(())
+                })?;
+                Ok(acc)
             })()
             .map_err(|e| format!("averaging the replicas' tensors: {e}"))?;
             Ok(Values::Tch(SharedTensor(mean)))
@@ -320,7 +327,7 @@ mod tests {
     }
 
     /// Tensors are averaged where they are: summed in rank order, then divided once (the same bits as
-    /// the host sum divided by the group size), and no rank's own tensor is written.
+    /// the host sum divided by the group size); only rank 0's tensor, the accumulator, is written.
     #[cfg(feature = "torch")]
     #[test]
     fn tensors_average_in_rank_order() {
@@ -330,8 +337,10 @@ mod tests {
             assert!(c.averages_tensors_in_process());
             let t = tch::Tensor::from_slice(&[values[c.rank()], c.rank() as f32]);
             let mean = c.mean_in_process(&t).unwrap();
-            let mine = Vec::<f32>::try_from(&t).unwrap();
-            assert_eq!(mine, vec![values[c.rank()], c.rank() as f32]);
+            if c.rank() > 0 {
+                let mine = Vec::<f32>::try_from(&t).unwrap();
+                assert_eq!(mine, vec![values[c.rank()], c.rank() as f32]);
+            }
             Vec::<f32>::try_from(&mean).unwrap()
         });
         for v in out {
