@@ -7,7 +7,7 @@
 //! The combination reuses each engine's DDP gradient averaging over an in-process group
 //! (`dist::local`): replica r scales its loss by N·len(r)/B, so the mean over N replicas is
 //! Σ len(r)/B · grad(r), the full batch's mean. A replica without rows contributes zero gradients. tch
-//! replicas sum their gradient buckets device to device through that group; Candle's go through the host.
+//! replicas average their gradient buckets device to device through that group; Candle's go through the host.
 //!
 //! BatchNorm: PyTorch re-replicates the module from device 0 at every forward pass, so only replica 0's
 //! running statistics (from chunk 0) survive. Here replica 0 is the model: its state is what `state_dict`
