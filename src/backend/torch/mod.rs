@@ -468,7 +468,7 @@ impl Engine for TchEngine {
             .collect();
         // Across processes c10d reduces the buckets (all started before the first is waited for, so
         // flattening the next bucket overlaps with the reduction of the last); across the threads of
-        // one process (DataParallel) they are summed device to device; else through host memory.
+        // one process (DataParallel) they are averaged device to device; else through host memory.
         let pg = comm.process_group();
         if pg.is_none() && !comm.averages_tensors_in_process() {
             return average_on_host(comm, &grads, sync);
