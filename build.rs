@@ -1,5 +1,5 @@
 //! With the `torch` feature: compile the small C++ shims (`src/backend/torch/shim.cpp`: autocast;
-//! `src/dist/c10d_shim.cpp`: TCPStore and Gloo collectives) against libtorch's headers, and give every
+//! `src/comm/c10d_shim.cpp`: TCPStore and Gloo collectives) against libtorch's headers, and give every
 //! linked target (the `train` binary, tests, examples) an rpath to libtorch's `lib/`, so they run without
 //! LD_LIBRARY_PATH. libtorch is found as torch-sys finds it: `LIBTORCH=<dir>` or `LIBTORCH_USE_PYTORCH=1`
 //! (the Python interpreter's torch package).
@@ -10,8 +10,8 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH_USE_PYTORCH");
     println!("cargo:rerun-if-env-changed=LIBTORCH_LIB");
     println!("cargo:rerun-if-changed=src/backend/torch/shim.cpp");
-    println!("cargo:rerun-if-changed=src/dist/c10d_shim.cpp");
-    println!("cargo:rerun-if-changed=src/dist/nccl_shim.cpp");
+    println!("cargo:rerun-if-changed=src/comm/c10d_shim.cpp");
+    println!("cargo:rerun-if-changed=src/comm/nccl_shim.cpp");
     println!("cargo:rerun-if-env-changed=TRAINYARD_CUDA_HEADERS");
     println!("cargo::rustc-check-cfg=cfg(trainyard_nccl)");
     if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
@@ -50,7 +50,7 @@ fn main() {
     cc::Build::new()
         .cpp(true)
         .file("src/backend/torch/shim.cpp")
-        .file("src/dist/c10d_shim.cpp")
+        .file("src/comm/c10d_shim.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")
@@ -96,7 +96,7 @@ fn cuda_header_dirs(torch_root: &std::path::Path) -> Result<Vec<PathBuf>, String
     Ok(dirs)
 }
 
-/// Build `src/dist/nccl_shim.cpp` into `$OUT_DIR/libtrainyard_nccl.so` (src/dist/nccl.rs embeds it and sets
+/// Build `src/comm/nccl_shim.cpp` into `$OUT_DIR/libtrainyard_nccl.so` (src/comm/nccl.rs embeds it and sets
 /// cfg `trainyard_nccl`) when libtorch has its CUDA library and the headers are there; else say why the
 /// binary will refuse NCCL.
 fn build_nccl_shim(torch_root: &std::path::Path, include: &std::path::Path) {
@@ -135,7 +135,7 @@ fn build_nccl_shim(torch_root: &std::path::Path, include: &std::path::Path) {
         cmd.arg(format!("-I{}", dir.display()));
     }
     // libtorch_cuda.so's own CUDA libraries need not be here: the shim is loaded only where they are.
-    cmd.arg("src/dist/nccl_shim.cpp")
+    cmd.arg("src/comm/nccl_shim.cpp")
         .arg("-o")
         .arg(&out)
         .arg(format!("-L{}", lib.display()))
@@ -151,7 +151,7 @@ fn build_nccl_shim(torch_root: &std::path::Path, include: &std::path::Path) {
         .expect("running the C++ compiler for the NCCL shim");
     assert!(
         status.success(),
-        "compiling src/dist/nccl_shim.cpp failed: {cmd:?}"
+        "compiling src/comm/nccl_shim.cpp failed: {cmd:?}"
     );
     println!("cargo:rustc-cfg=trainyard_nccl");
 }

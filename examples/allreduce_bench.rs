@@ -8,8 +8,8 @@
 #[cfg(feature = "torch")]
 fn main() -> anyhow::Result<()> {
     use std::time::{Duration, Instant};
-    use trainyard::dist::c10d::{ProcessGroup, Store};
-    use trainyard::dist::collective::ReduceOp;
+    use trainyard::comm::c10d::{ProcessGroup, Store};
+    use trainyard::comm::collective::ReduceOp;
     let args: Vec<String> = std::env::args().skip(1).collect();
     let megabytes: f64 = args.first().map_or(Ok(100.0), |s| s.parse())?;
     let iterations: usize = args.get(1).map_or(Ok(10), |s| s.parse())?;
@@ -20,7 +20,7 @@ fn main() -> anyhow::Result<()> {
     let port: u16 = var("MASTER_PORT")?.parse()?;
     let timeout = Duration::from_secs(120);
     let store = Store::connect(&addr, port, rank == 0, world, timeout)?;
-    let me = trainyard::dist::local_address_towards(&addr, port)?;
+    let me = trainyard::comm::local_address_towards(&addr, port)?;
     let pg = ProcessGroup::gloo(&store, "bench", rank, world, &me, timeout, None)?;
     let numel = (megabytes * 1e6 / 4.0) as i64;
     let t = tch::Tensor::ones([numel], (tch::Kind::Float, tch::Device::Cpu));

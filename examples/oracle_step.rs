@@ -10,9 +10,10 @@ use std::path::Path;
 use trainyard::backend::candle::CandleEngine;
 #[cfg(feature = "torch")]
 use trainyard::backend::torch::TchEngine;
-use trainyard::backend::{Engine, HostTensor};
+use trainyard::backend::Engine;
 use trainyard::checkpoint::{self, TrainingState};
 use trainyard::data::loader::Batch;
+use trainyard::tensor::HostTensor;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -14,7 +14,7 @@ if [ "${LIBTORCH_USE_PYTORCH:-}" != "1" ] && [ ! -f "$DEST/torch/lib/libtorch_cp
         torch==2.11.0 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cupti==13.0.85 >&2
 fi
 # Headers only (no libraries) of the CUDA and NCCL wheels torch 2.11 was built with: build.rs compiles
-# ProcessGroupNCCL's shim against them (src/dist/nccl_shim.cpp; TRAINYARD_CUDA_HEADERS names the folder).
+# ProcessGroupNCCL's shim against them (src/comm/nccl_shim.cpp; TRAINYARD_CUDA_HEADERS names the folder).
 # The wheels are large; only their include/ folders are kept.
 # Without them the build goes on without NCCL (build.rs says so), so a failed download is not fatal.
 if [ ! -f "$DEST/nvidia/.headers-done" ]; then

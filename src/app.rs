@@ -241,7 +241,7 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
     let overrides = parse_overrides(&cli.overrides)?;
     let mut ctx = ResolveContext::from_process();
     // A worker started by the node launcher resolves `${now:...}` at the launcher's time: one run directory.
-    if let Some(now) = std::env::var(crate::dist::NOW_ENV)
+    if let Some(now) = std::env::var(crate::comm::NOW_ENV)
         .ok()
         .and_then(|s| parse_now(&s))
     {
@@ -476,7 +476,7 @@ fn with_rank_log<T>(
             .map(std::sync::Arc::new)
             .map_err(|e| ConfigError::Io(format!("could not create {}: {e}", path.display())))
     };
-    let own = open(crate::dist::launch::rank_log(output_dir, rank))?;
+    let own = open(crate::comm::launch::rank_log(output_dir, rank))?;
     let builder = tracing_subscriber::fmt()
         .with_ansi(false)
         .with_target(false);
@@ -493,14 +493,14 @@ fn with_rank_log<T>(
 
 /// The node launcher's side of a distributed job: start this node's workers, wait, and report.
 fn launch_node(
-    cluster: crate::dist::env::Cluster,
+    cluster: crate::comm::env::Cluster,
     output_dir: &Path,
     ctx: &ResolveContext,
 ) -> Result<JobOutcome, ConfigError> {
     let exe = std::env::current_exe()
         .map_err(|e| ConfigError::Io(format!("cannot find this program to start workers: {e}")))?;
     let node = cluster.node_rank;
-    let launch = crate::dist::launch::NodeLaunch {
+    let launch = crate::comm::launch::NodeLaunch {
         exe,
         args: std::env::args_os().skip(1).collect(),
         now: ctx.now.to_rfc3339(),
@@ -508,7 +508,7 @@ fn launch_node(
         cluster,
     };
     let started = std::time::Instant::now();
-    crate::dist::launch::run_node(&launch).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
+    crate::comm::launch::run_node(&launch).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
     let summary = std::fs::read_to_string(output_dir.join("summary.json"))
         .ok()
         .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
@@ -560,8 +560,8 @@ fn run_job(
         experiment.trainer.strategy,
         crate::schema::Strategy::Ddp | crate::schema::Strategy::Fsdp
     ) {
-        let cluster = crate::dist::env::detect_from_process(
-            crate::dist::devices_per_node(&experiment),
+        let cluster = crate::comm::env::detect_from_process(
+            crate::comm::devices_per_node(&experiment),
             experiment.trainer.num_nodes,
         )
         .map_err(run_error)?;
@@ -576,7 +576,7 @@ fn run_job(
             return launch_node(cluster, &place.output_dir, &place.ctx);
         }
         let now = place.ctx.now.to_rfc3339();
-        let (joined, agreed) = crate::dist::join(&cluster, &experiment, &now).map_err(run_error)?;
+        let (joined, agreed) = crate::comm::join(&cluster, &experiment, &now).map_err(run_error)?;
         if agreed != now {
             // Another node launched this run: use rank 0's launch time, so every rank has one run directory.
             let mut agreed_ctx = ctx.clone();
@@ -658,7 +658,7 @@ fn run_job(
     };
     record_state(&run_state.ended(summary.as_ref().err().map(|e| format!("{e:#}"))))?;
     // Under our node launcher, the launcher reports the run (once); rank 0 stays quiet.
-    let launched_here = dist.is_some() && std::env::var_os(crate::dist::NOW_ENV).is_some();
+    let launched_here = dist.is_some() && std::env::var_os(crate::comm::NOW_ENV).is_some();
     let summary = summary.map_err(|e| {
         ConfigError::Run(format!(
             "{e:#}\n    (run directory: {})",

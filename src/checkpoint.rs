@@ -2,7 +2,7 @@
 //! `optimizer.*`, and the training state (epoch, step, metrics, config) as JSON in the metadata.
 //! Written to a temporary file and renamed, so a crash never leaves a torn checkpoint.
 
-use crate::backend::{HostTensor, StateDict};
+use crate::tensor::{HostTensor, StateDict};
 use anyhow::Context;
 use safetensors::tensor::{Dtype, TensorView};
 use std::collections::HashMap;

@@ -49,9 +49,9 @@ pub fn loopback_port() -> u16 {
 /// loopback; the results in rank order. A panic on either rank fails the test.
 #[cfg(feature = "torch")]
 pub fn on_two_ranks<T: Send>(
-    job: impl Fn(usize, &crate::dist::c10d::ProcessGroup) -> T + Sync,
+    job: impl Fn(usize, &crate::comm::c10d::ProcessGroup) -> T + Sync,
 ) -> Vec<T> {
-    use crate::dist::c10d::{ProcessGroup, Store};
+    use crate::comm::c10d::{ProcessGroup, Store};
     let port = loopback_port();
     let timeout = std::time::Duration::from_secs(30);
     let job = &job;

@@ -2,13 +2,13 @@
 //! It owns the epoch/step bookkeeping (limits, accumulation, fast_dev_run, max_steps), the schedule,
 //! checkpointing with resume, early stopping, `metrics.csv` and `summary.json`.
 
-use crate::backend::schedule::Schedule;
 use crate::backend::{self, StepStats};
 use crate::checkpoint::{self, TrainingState};
 use crate::data::loader::{EpochLoader, LoaderSpec};
 use crate::data::sampler::DistributedSampler;
 use crate::data::{self, Split};
 use crate::loggers::csv::CsvLogger;
+use crate::optim::schedule::Schedule;
 use crate::schema::{
     Accelerator, Devices, Experiment, FastDevRun, Limit, Limit0, Mode, Precision, Strategy,
 };
@@ -99,7 +99,7 @@ pub fn reset_peak_rss() {
 /// The ranks of a distributed run as validation sees them.
 #[derive(Clone, Copy)]
 struct ValidationSync<'a> {
-    comm: &'a dyn crate::dist::collective::Collective,
+    comm: &'a dyn crate::comm::collective::Collective,
     /// The model has BatchNorm running statistics, which drift apart per rank.
     buffers: bool,
 }
@@ -120,7 +120,7 @@ fn run_validation(
         buffers: true,
     }) = sync
     {
-        crate::dist::collective::broadcast_state(comm, engine)?;
+        crate::comm::collective::broadcast_state(comm, engine)?;
     }
     let mut v = StepStats::default();
     for batch in EpochLoader::new(spec, 0, indices).take(batches) {
@@ -130,7 +130,7 @@ fn run_validation(
         engine.evaluate_idle()?;
     }
     match sync {
-        Some(ValidationSync { comm, .. }) => crate::dist::collective::sum_stats(comm, &v),
+        Some(ValidationSync { comm, .. }) => crate::comm::collective::sum_stats(comm, &v),
         None => Ok(v),
     }
 }
@@ -479,7 +479,7 @@ fn progress_bar(
 }
 
 /// Print parameters per tensor and the total (the ModelSummary callback).
-fn print_model_summary(state: &crate::backend::StateDict, max_depth: u64) {
+fn print_model_summary(state: &crate::tensor::StateDict, max_depth: u64) {
     let mut groups: BTreeMap<String, usize> = BTreeMap::new();
     for (name, t) in state.iter().filter(|(k, _)| !k.starts_with("optimizer.")) {
         let key: Vec<&str> = name.split('.').take(max_depth.max(1) as usize).collect();
@@ -597,7 +597,7 @@ pub fn fit_on(
     exp: &Experiment,
     output_dir: &Path,
     config_yaml: &str,
-    dist: Option<&crate::dist::Distributed>,
+    dist: Option<&crate::comm::Distributed>,
 ) -> anyhow::Result<Summary> {
     check_supported(exp)?; // also checked before the run directory is made; kept for library callers
     let Some(cfg) = finder_config(exp)? else {
@@ -617,7 +617,7 @@ fn fit_with(
     output_dir: &Path,
     config_yaml: &str,
     finding: Option<crate::callbacks::batch_size_finder::Finding>,
-    dist: Option<&crate::dist::Distributed>,
+    dist: Option<&crate::comm::Distributed>,
 ) -> anyhow::Result<Summary> {
     let started = Instant::now();
     // Distributed: every rank trains; only rank 0 (the leader) writes logs, checkpoints and the summary.
@@ -626,7 +626,7 @@ fn fit_with(
     let (rank, world) = dist.map_or((0, 1), |d| (d.rank, d.world_size));
     let global = |stats: StepStats| -> anyhow::Result<StepStats> {
         match comm {
-            Some(c) => crate::dist::collective::sum_stats(c, &stats),
+            Some(c) => crate::comm::collective::sum_stats(c, &stats),
             None => Ok(stats),
         }
     };
@@ -643,7 +643,7 @@ fn fit_with(
     // Ranks' clocks differ: a stop decision taken on one rank's clock (the Timer) is taken by all, at the
     // same step, so none is left waiting in a collective.
     let agree = |here: bool| match comm {
-        Some(c) => crate::dist::collective::any(c, here),
+        Some(c) => crate::comm::collective::any(c, here),
         None => Ok(here),
     };
     reset_peak_rss();
@@ -783,7 +783,7 @@ fn fit_with(
         let c = comm.context("trainer.strategy=fsdp runs as ranks of a process group")?;
         // Every rank shards rank 0's initial model; later loads (pretrained, resume) read the same file
         // on every rank, or each rank its own shard.
-        crate::dist::collective::broadcast_state(c, engine.as_mut())
+        crate::comm::collective::broadcast_state(c, engine.as_mut())
             .context("broadcasting rank 0's model to every rank")?;
         engine = Box::new(crate::strategy::fsdp::ShardedEngine::new(exp, engine, c)?);
     }
@@ -843,7 +843,7 @@ fn fit_with(
     }
     if let Some(c) = comm.filter(|_| t.strategy == Strategy::Ddp) {
         // DDP starts every replica from rank 0's weights, buffers and optimizer state.
-        crate::dist::collective::broadcast_state(c, engine.as_mut())
+        crate::comm::collective::broadcast_state(c, engine.as_mut())
             .context("broadcasting rank 0's model to every rank")?;
     }
 
@@ -1225,7 +1225,7 @@ fn fit_with(
     let train_samples = match comm {
         Some(c) => {
             let mut n = [train_samples as f64];
-            c.all_reduce_f64(&mut n, crate::dist::collective::ReduceOp::Sum)?;
+            c.all_reduce_f64(&mut n, crate::comm::collective::ReduceOp::Sum)?;
             n[0] as u64
         }
         None => train_samples,
@@ -1241,7 +1241,7 @@ fn fit_with(
         mine.unsharded_peak as f64,
     ]);
     if let Some(c) = comm {
-        c.all_reduce_f64(&mut bytes, crate::dist::collective::ReduceOp::Sum)?;
+        c.all_reduce_f64(&mut bytes, crate::comm::collective::ReduceOp::Sum)?;
     }
     let state_bytes_per_rank = bytes
         .chunks(FIELDS)

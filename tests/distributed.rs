@@ -116,7 +116,7 @@ fn run_fsdp(root: &Path, sharding: &str, extra: &[&str]) -> PathBuf {
 }
 
 /// Model and optimizer state (optimizer.* included, counters excluded) of a run's last checkpoint.
-fn full_state(run: &Path) -> trainyard::backend::StateDict {
+fn full_state(run: &Path) -> trainyard::tensor::StateDict {
     checkpoint::load(&run.join("checkpoints/last.safetensors"))
         .unwrap()
         .state
@@ -243,7 +243,7 @@ fn fsdp_16_mixed_skips_and_steps_as_ddp(#[case] sharding: &str) {
     );
     let fsdp = run_fsdp(p.path(), sharding, &common);
     let (a, b) = (full_state(&fsdp), full_state(&ddp));
-    let scale = |s: &trainyard::backend::StateDict| s["optimizer.grad_scaler.scale"].data[0];
+    let scale = |s: &trainyard::tensor::StateDict| s["optimizer.grad_scaler.scale"].data[0];
     assert!(
         scale(&b) < 16777216.0,
         "the first steps overflowed and lowered the scale: {}",
@@ -380,8 +380,8 @@ fn sync_batchnorm_matches_one_process_with_the_same_global_batch(#[case] backend
     let mut by_tensor: Vec<(f64, &String)> = got
         .iter()
         .map(|(k, v)| {
-            let one = |t: &trainyard::backend::HostTensor| {
-                std::iter::once((k.clone(), t.clone())).collect::<trainyard::backend::StateDict>()
+            let one = |t: &trainyard::tensor::HostTensor| {
+                std::iter::once((k.clone(), t.clone())).collect::<trainyard::tensor::StateDict>()
             };
             (worst_relative_difference(&one(v), &one(&reference[k])), k)
         })

@@ -9,11 +9,12 @@ mod common;
 use common::{real_project, summary, train};
 use trainyard::backend::candle::CandleEngine;
 use trainyard::backend::torch::TchEngine;
-use trainyard::backend::{Engine, StateDict};
+use trainyard::backend::Engine;
 use trainyard::checkpoint::{self, TrainingState};
 use trainyard::data::loader::Batch;
 use trainyard::rng::Rng;
 use trainyard::schema::Experiment;
+use trainyard::tensor::StateDict;
 
 fn experiment(model: &str, optimizer: &str, image: usize) -> Experiment {
     experiment_in(model, optimizer, image, "32-true", "{}")

@@ -3,35 +3,13 @@
 //! checkpoint format). Candle is the default engine; tch plugs in behind the same trait (feature `torch`).
 
 pub mod candle;
-pub mod flat;
-pub mod init;
-pub mod optim;
-pub mod pos_embed;
-pub mod schedule;
 #[cfg(feature = "torch")]
 pub mod torch;
 pub mod units;
 
 use crate::data::loader::Batch;
 use crate::schema::Experiment;
-use std::collections::BTreeMap;
-
-/// A tensor on the host, in row-major `f32`: the currency of checkpoints and cross-backend tests.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HostTensor {
-    pub shape: Vec<usize>,
-    pub data: Vec<f32>,
-}
-
-impl HostTensor {
-    pub fn numel(&self) -> usize {
-        self.shape.iter().product()
-    }
-}
-
-/// Named tensors in a stable order: model weights under their torchvision/timm names, optimizer state
-/// under `optimizer.<param>.<slot>`.
-pub type StateDict = BTreeMap<String, HostTensor>;
+use crate::tensor::{Flat, FlatHome, StateDict};
 
 /// What one forward pass measured (sums, so batches of different sizes combine exactly).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -125,7 +103,7 @@ pub trait Engine {
     /// same point (the first armed pass may rebuild buckets with a collective).
     fn arm_gradient_sync(
         &mut self,
-        _comm: &dyn crate::dist::collective::Collective,
+        _comm: &dyn crate::comm::collective::Collective,
         _sync: &crate::strategy::ddp::GradSync,
     ) -> anyhow::Result<bool> {
         Ok(false)
@@ -135,7 +113,7 @@ pub trait Engine {
     /// `sync.find_unused_parameters`, which makes it zero.
     fn all_reduce_gradients(
         &mut self,
-        comm: &dyn crate::dist::collective::Collective,
+        comm: &dyn crate::comm::collective::Collective,
         sync: &crate::strategy::ddp::GradSync,
     ) -> anyhow::Result<()>;
 
@@ -146,15 +124,15 @@ pub trait Engine {
     fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)>;
     /// Where sharded data parallel keeps this engine's flat slices: on its device, so the collectives
     /// and the sharded optimizer never leave it.
-    fn flat_home(&self) -> flat::FlatHome {
-        flat::FlatHome::Host
+    fn flat_home(&self) -> FlatHome {
+        FlatHome::Host
     }
     /// Give the parameters in `layout` these values (`flat`, concatenated in layout order), as fresh
     /// tensors: a parameter released by `release_parameters` comes back.
     fn set_parameters(
         &mut self,
         layout: &[(String, Vec<usize>)],
-        flat: &flat::Flat,
+        flat: &Flat,
     ) -> anyhow::Result<()>;
     /// Free the parameters' (and their gradients') storage until the next `set_parameters`: between
     /// steps a sharded rank holds only its shard.
@@ -164,7 +142,7 @@ pub trait Engine {
     fn take_gradients(
         &mut self,
         layout: &[(String, Vec<usize>)],
-    ) -> anyhow::Result<(flat::Flat, Vec<String>)>;
+    ) -> anyhow::Result<(Flat, Vec<String>)>;
     /// Bytes of parameters, gradients and optimizer state this rank keeps for training (what sharding
     /// divides), as of now.
     fn state_bytes(&self) -> StateBytes;
@@ -175,7 +153,7 @@ pub trait Engine {
     }
     /// FSDP units (`backend::units`): the model's stages with their parameters, from the current
     /// parameter shapes (so ask while the parameters are whole). Default: the whole model is one unit.
-    fn units(&self) -> anyhow::Result<units::UnitLayouts> {
+    fn units(&self) -> anyhow::Result<crate::model::stages::StageLayouts> {
         Ok(vec![self.parameter_shapes()])
     }
     /// A training forward and backward unit by unit (`FULL_SHARD`): each unit's parameters come from
@@ -198,18 +176,6 @@ pub trait Engine {
     }
 }
 
-/// Where each named tensor of a flat layout sits in the flat buffer (in layout order): the one walk
-/// that FSDP's flattening and the engines' `set_parameters`/`take_gradients` share.
-pub fn layout_ranges(
-    layout: &[(String, Vec<usize>)],
-) -> impl Iterator<Item = (&str, &[usize], std::ops::Range<usize>)> {
-    layout.iter().scan(0usize, |at, (name, shape)| {
-        let start = *at;
-        *at += shape.iter().product::<usize>();
-        Some((name.as_str(), shape.as_slice(), start..*at))
-    })
-}
-
 /// Per-rank training memory, by kind (the numbers FSDP's sharding cuts).
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StateBytes {
@@ -228,77 +194,9 @@ impl StateBytes {
     }
 }
 
-/// A model tensor as the pretrained-weight loader sees it.
-pub struct Slot<'a> {
-    pub name: &'a str,
-    pub shape: Vec<usize>,
-    /// Parameters of the classifier head may be missing or shaped differently (a new `num_classes`).
-    pub trainable: bool,
-}
-
-/// What `plan_pretrained` decided: tensors to set (by name), and names left as initialised.
-pub struct PretrainedPlan {
-    pub set: Vec<(String, HostTensor)>,
-    pub kept: Vec<String>,
-}
-
-/// Match published weights to a model, the same way for every backend: every parameter and buffer must be
-/// present with its shape, except the classifier head (`fc.*`, `head.*`), which is left as initialised when
-/// its shape differs; a ViT `pos_embed` for another image size is resampled as timm does; tensors the model
-/// does not have are an error. Returns what to set, and the names left as they were.
-pub fn plan_pretrained(slots: &[Slot], state: &StateDict) -> anyhow::Result<PretrainedPlan> {
-    let is_head = |name: &str| name.starts_with("fc.") || name.starts_with("head.");
-    let mut set = Vec::new();
-    let mut kept = Vec::new();
-    let mut problems = Vec::new();
-    for slot in slots {
-        let mut found = state.get(slot.name).cloned();
-        if let (Some(t), "pos_embed") = (&found, slot.name) {
-            let dims = &slot.shape;
-            if t.shape.len() == 3 && t.shape[2] == dims[2] && t.shape[1] != dims[1] {
-                let grid = ((dims[1] - 1) as f64).sqrt().round() as usize;
-                found = Some(pos_embed::resample(t, 1, grid)?);
-            }
-        }
-        match found {
-            Some(t) if t.shape == slot.shape => set.push((slot.name.to_string(), t)),
-            _ if slot.trainable && is_head(slot.name) => kept.push(slot.name.to_string()),
-            Some(t) => problems.push(format!(
-                "{}: file has shape {:?}, model has {:?}",
-                slot.name, t.shape, slot.shape
-            )),
-            None => problems.push(format!("{}: missing from the file", slot.name)),
-        }
-    }
-    let known: std::collections::BTreeSet<&str> = slots.iter().map(|s| s.name).collect();
-    let unexpected: Vec<&String> = state
-        .keys()
-        .filter(|k| !k.starts_with("optimizer.") && !known.contains(k.as_str()))
-        .collect();
-    if !unexpected.is_empty() {
-        problems.push(format!(
-            "{} tensors the model does not have, e.g. {}",
-            unexpected.len(),
-            unexpected
-                .iter()
-                .take(3)
-                .map(|s| s.as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ));
-    }
-    if !problems.is_empty() {
-        anyhow::bail!(
-            "the pretrained weights do not fit this model:\n    - {}",
-            problems.join("\n    - ")
-        );
-    }
-    Ok(PretrainedPlan { set, kept })
-}
-
 /// Build the engine the experiment asks for, on this process's device.
 pub fn build(exp: &Experiment) -> anyhow::Result<Box<dyn Engine>> {
-    Ok(build_replica(exp, crate::dist::local_device_index())?)
+    Ok(build_replica(exp, crate::comm::local_device_index())?)
 }
 
 /// Build the engine on CUDA device `device_index` when the run is on CUDA (DataParallel puts replica r on

@@ -14,57 +14,15 @@
 //! and more parameters whole at once. The backends supply the stage arithmetic (`StagedCompute`); the strategy supplies
 //! the collectives (`UnitExchange`); `train_by_unit` is the schedule both share.
 
-use super::flat::{Flat, FlatHome};
+use crate::model::stages::StageLayouts;
 use crate::rng::Rng;
-
-/// One named-parameter layout per unit, in forward order.
-pub type UnitLayouts = Vec<Vec<(String, Vec<usize>)>>;
-
-/// The stages of a plain stack of numbered blocks (`<block>.0`, `<block>.1`, ...) between a stem with no
-/// parameters and a `head`: the small zoo models.
-pub fn numbered_stages(block: &str, count: usize, head: &[&str]) -> Vec<Vec<String>> {
-    let mut stages = vec![Vec::new()];
-    stages.extend((0..count).map(|i| vec![format!("{block}.{i}")]));
-    stages.push(head.iter().map(|s| s.to_string()).collect());
-    stages
-}
-
-/// Does the parameter `name` live under `prefix` (the prefix itself, or `prefix.` followed by more)?
-fn under(name: &str, prefix: &str) -> bool {
-    name == prefix
-        || name
-            .strip_prefix(prefix)
-            .is_some_and(|rest| rest.starts_with('.'))
-}
-
-/// Split `params` into the stages' units (each in `params`' order). Every parameter must fall in exactly
-/// one stage: anything else is a model description that disagrees with its own forward pass.
-pub fn unit_layouts(
-    stages: &[Vec<String>],
-    params: &[(String, Vec<usize>)],
-) -> anyhow::Result<UnitLayouts> {
-    let mut units: UnitLayouts = vec![Vec::new(); stages.len()];
-    for (name, shape) in params {
-        let owners: Vec<usize> = stages
-            .iter()
-            .enumerate()
-            .filter(|(_, prefixes)| prefixes.iter().any(|p| under(name, p)))
-            .map(|(i, _)| i)
-            .collect();
-        match owners[..] {
-            [unit] => units[unit].push((name.clone(), shape.clone())),
-            [] => anyhow::bail!("FSDP units: parameter '{name}' belongs to no stage of the model"),
-            _ => anyhow::bail!("FSDP units: parameter '{name}' belongs to stages {owners:?}"),
-        }
-    }
-    Ok(units)
-}
+use crate::tensor::{Flat, FlatHome};
 
 /// FSDP's size-based wrap policy over a model's stages (their parameter layouts, in forward order):
 /// consecutive stages join a unit until it holds at least `min_num_params` parameters; a smaller
 /// remainder joins the last unit. `None`: one unit per stage. Returns the stages of each unit.
 pub fn group_stages(
-    stages: &UnitLayouts,
+    stages: &StageLayouts,
     min_num_params: Option<usize>,
 ) -> Vec<std::ops::Range<usize>> {
     let Some(min) = min_num_params else {
@@ -96,7 +54,7 @@ pub fn group_stages(
 
 /// The parameter layout of a unit spanning `stages`: theirs, concatenated in order.
 pub fn unit_layout(
-    layouts: &UnitLayouts,
+    layouts: &StageLayouts,
     stages: std::ops::Range<usize>,
 ) -> Vec<(String, Vec<usize>)> {
     layouts[stages].concat()
@@ -105,7 +63,7 @@ pub fn unit_layout(
 /// What the sharding strategy does for an engine computing unit by unit.
 pub trait UnitExchange {
     /// Each stage's parameters (name, shape) in flat order: fixed when the model was sharded.
-    fn layouts(&self) -> &UnitLayouts;
+    fn layouts(&self) -> &StageLayouts;
     /// The stages each unit spans, in forward order (one each unless a wrap policy grouped them).
     fn units(&self) -> &[std::ops::Range<usize>];
     /// The unit's whole parameters, flat in its layout order (`unit_layout`; FSDP's unshard: an
@@ -235,7 +193,7 @@ pub fn train_by_unit<E: StagedCompute>(
 /// parameter gradients in stage order.
 fn backward_through<E: StagedCompute>(
     engine: &mut E,
-    layouts: &UnitLayouts,
+    layouts: &StageLayouts,
     inputs: &mut Vec<E::Act>,
     streams: &[Rng],
     stages: std::ops::Range<usize>,
@@ -306,12 +264,8 @@ mod tests {
     use super::*;
     use rstest::rstest;
 
-    fn shapes(names: &[&str]) -> Vec<(String, Vec<usize>)> {
-        names.iter().map(|n| (n.to_string(), vec![1])).collect()
-    }
-
     /// Stages of 0, 5, 5, 20 and 2 parameters.
-    fn sized_stages() -> UnitLayouts {
+    fn sized_stages() -> StageLayouts {
         [0usize, 5, 5, 20, 2]
             .iter()
             .enumerate()
@@ -333,77 +287,20 @@ mod tests {
     ) {
         assert_eq!(group_stages(&sized_stages(), min), expected);
     }
-
-    #[test]
-    fn parameters_fall_in_the_stage_of_their_prefix() {
-        let stages = vec![
-            vec!["conv1".to_string(), "bn1".to_string()],
-            vec!["layer1.0".to_string()],
-            vec!["layer1.1".to_string()],
-            vec!["fc".to_string()],
-        ];
-        let units = unit_layouts(
-            &stages,
-            &shapes(&[
-                "bn1.weight",
-                "conv1.weight",
-                "fc.bias",
-                "layer1.0.conv1.weight",
-                "layer1.1.bn2.bias",
-            ]),
-        )
-        .unwrap();
-        let names: Vec<Vec<&str>> = units
-            .iter()
-            .map(|u| u.iter().map(|(n, _)| n.as_str()).collect())
-            .collect();
-        assert_eq!(
-            names,
-            vec![
-                vec!["bn1.weight", "conv1.weight"],
-                vec!["layer1.0.conv1.weight"],
-                vec!["layer1.1.bn2.bias"],
-                vec!["fc.bias"],
-            ]
-        );
-    }
-
-    #[rstest]
-    #[case::orphan(&["head.weight", "stray.weight"], "'stray.weight' belongs to no stage")]
-    #[case::prefix_is_not_a_name_prefix(&["blocks.10.w"], "'blocks.10.w' belongs to no stage")]
-    fn a_parameter_outside_every_stage_is_an_error(#[case] names: &[&str], #[case] want: &str) {
-        let stages = numbered_stages("blocks", 2, &["head"]);
-        let e = unit_layouts(&stages, &shapes(names))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains(want), "{e}");
-    }
-
-    #[test]
-    fn numbered_stages_have_an_empty_stem_and_a_head() {
-        assert_eq!(
-            numbered_stages("layers", 2, &["head"]),
-            vec![
-                vec![],
-                vec!["layers.0".to_string()],
-                vec!["layers.1".to_string()],
-                vec!["head".to_string()]
-            ]
-        );
-    }
 }
 
 /// The schedule against the whole pass, on both backends' engines.
 #[cfg(test)]
 mod engine_tests {
-    use super::{Flat, FlatHome, UnitExchange, UnitLayouts};
-    use crate::backend::{Engine, HostTensor, StateDict};
+    use super::{Flat, FlatHome, StageLayouts, UnitExchange};
+    use crate::backend::Engine;
     use crate::schema::Backend;
+    use crate::tensor::{HostTensor, StateDict};
     use rstest::rstest;
 
     /// One rank's exchange: the whole parameters are at hand; gradients are summed by name.
     struct Whole {
-        layouts: UnitLayouts,
+        layouts: StageLayouts,
         units: Vec<std::ops::Range<usize>>,
         params: StateDict,
         grads: StateDict,
@@ -430,7 +327,7 @@ mod engine_tests {
     }
 
     impl UnitExchange for Whole {
-        fn layouts(&self) -> &UnitLayouts {
+        fn layouts(&self) -> &StageLayouts {
             &self.layouts
         }
         fn units(&self) -> &[std::ops::Range<usize>] {
@@ -453,7 +350,7 @@ mod engine_tests {
             );
             let grad = grad.to_vec()?;
             let layout = super::unit_layout(&self.layouts, self.units[unit].clone());
-            for (name, shape, range) in crate::backend::layout_ranges(&layout) {
+            for (name, shape, range) in crate::tensor::layout_ranges(&layout) {
                 let t = self.grads.entry(name.to_string()).or_insert(HostTensor {
                     shape: shape.to_vec(),
                     data: vec![0.0; range.len()],
@@ -536,7 +433,7 @@ mod engine_tests {
         let (grads, missing) = whole.take_gradients(&layout).unwrap();
         let grads = grads.to_vec().unwrap();
         assert!(missing.is_empty(), "{missing:?}");
-        for (name, _, range) in crate::backend::layout_ranges(&layout) {
+        for (name, _, range) in crate::tensor::layout_ranges(&layout) {
             let w = worst(&ex.grads[name].data, &grads[range]);
             assert!(w < 1e-4, "{name}: gradient differs by {w:e}");
         }

@@ -1,11 +1,11 @@
 //! DistributedDataParallel's contract: every rank starts from rank 0's model (broadcast), trains on its own
 //! shard of each batch, and before every optimizer step the gradients are averaged across ranks, bucket by
 //! bucket (`trainer.ddp.bucket_cap_mb`), so every rank takes the same step. Where the engine can (tch on a
-//! c10d group: `dist::reducer`), each bucket is reduced during the backward pass as soon as it is ready;
+//! c10d group: `comm::reducer`), each bucket is reduced during the backward pass as soon as it is ready;
 //! otherwise (Candle, which has no autograd hooks) after it, with the helpers here. A parameter that got no gradient
 //! is an error unless `find_unused_parameters` is set (then it counts as zero), as in PyTorch.
 
-use crate::dist::collective::{Collective, ReduceOp};
+use crate::comm::collective::{Collective, ReduceOp};
 use crate::schema::Experiment;
 
 /// The gradient-averaging settings of `trainer.ddp`.

@@ -5,7 +5,7 @@
 //! full batch's mean gradient, and every replica takes the same optimizer step.
 //!
 //! The combination reuses each engine's DDP gradient averaging over an in-process group
-//! (`dist::local`): replica r scales its loss by N·len(r)/B, so the mean over N replicas is
+//! (`comm::local`): replica r scales its loss by N·len(r)/B, so the mean over N replicas is
 //! Σ len(r)/B · grad(r), the full batch's mean. A replica without rows contributes zero gradients. tch
 //! replicas average their gradient buckets device to device through that group; Candle's go through the host.
 //!
@@ -14,10 +14,11 @@
 //! returns, and the others take replica 0's buffers before they evaluate.
 
 use super::scatter::scatter;
-use crate::backend::{self, Engine, StateDict, StepStats};
+use crate::backend::{self, Engine, StepStats};
+use crate::comm::local::{self, LocalCollective};
 use crate::data::loader::Batch;
-use crate::dist::local::{self, LocalCollective};
 use crate::schema::{Experiment, Strategy};
+use crate::tensor::StateDict;
 
 pub struct DataParallelEngine {
     replicas: Vec<Box<dyn Engine + Send>>,
@@ -69,7 +70,7 @@ pub fn check_placement(
 impl DataParallelEngine {
     /// `trainer.devices` replicas of the experiment's engine, replica r on device r.
     pub fn build(exp: &Experiment) -> anyhow::Result<Self> {
-        let n = crate::dist::devices_per_node(exp);
+        let n = crate::comm::devices_per_node(exp);
         let replicas = (0..n)
             .map(|r| backend::build_replica(exp, r))
             .collect::<anyhow::Result<Vec<_>>>()?;
@@ -273,7 +274,7 @@ impl Engine for DataParallelEngine {
     fn set_parameters(
         &mut self,
         _layout: &[(String, Vec<usize>)],
-        _flat: &crate::backend::flat::Flat,
+        _flat: &crate::tensor::Flat,
     ) -> anyhow::Result<()> {
         anyhow::bail!(
             "trainer.strategy=dp keeps whole replicas; it cannot be sharded (use trainer=fsdp)"
@@ -289,7 +290,7 @@ impl Engine for DataParallelEngine {
     fn take_gradients(
         &mut self,
         _layout: &[(String, Vec<usize>)],
-    ) -> anyhow::Result<(crate::backend::flat::Flat, Vec<String>)> {
+    ) -> anyhow::Result<(crate::tensor::Flat, Vec<String>)> {
         anyhow::bail!(
             "trainer.strategy=dp keeps whole replicas; it cannot be sharded (use trainer=fsdp)"
         )
@@ -310,7 +311,7 @@ impl Engine for DataParallelEngine {
 
     fn all_reduce_gradients(
         &mut self,
-        _comm: &dyn crate::dist::collective::Collective,
+        _comm: &dyn crate::comm::collective::Collective,
         _sync: &super::ddp::GradSync,
     ) -> anyhow::Result<()> {
         anyhow::bail!(
@@ -509,7 +510,7 @@ mod tests {
         }
         fn all_reduce_gradients(
             &mut self,
-            _: &dyn crate::dist::collective::Collective,
+            _: &dyn crate::comm::collective::Collective,
             _: &crate::strategy::ddp::GradSync,
         ) -> anyhow::Result<()> {
             std::thread::sleep(std::time::Duration::from_millis(50)); // replica 0 is waiting by now
@@ -521,7 +522,7 @@ mod tests {
         fn set_parameters(
             &mut self,
             l: &[(String, Vec<usize>)],
-            f: &crate::backend::flat::Flat,
+            f: &crate::tensor::Flat,
         ) -> anyhow::Result<()> {
             self.0.set_parameters(l, f)
         }
@@ -531,7 +532,7 @@ mod tests {
         fn take_gradients(
             &mut self,
             l: &[(String, Vec<usize>)],
-        ) -> anyhow::Result<(crate::backend::flat::Flat, Vec<String>)> {
+        ) -> anyhow::Result<(crate::tensor::Flat, Vec<String>)> {
             self.0.take_gradients(l)
         }
         fn state_bytes(&self) -> crate::backend::StateBytes {

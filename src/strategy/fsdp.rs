@@ -25,13 +25,15 @@
 //! (NCCL for CUDA tensors, Gloo for host ones) and the sharded optimizer updates in place of the
 //! device's memory, as PyTorch FSDP's flat parameters do.
 
-use crate::backend::flat::{Flat, FlatHome};
-use crate::backend::optim::{OptTensor, Optimizer};
-use crate::backend::units::{UnitExchange, UnitLayouts};
-use crate::backend::{Engine, HostTensor, StateBytes, StateDict, StepStats};
+use crate::backend::units::UnitExchange;
+use crate::backend::{Engine, StateBytes, StepStats};
+use crate::comm::collective::{Collective, ReduceOp};
 use crate::data::loader::Batch;
-use crate::dist::collective::{Collective, ReduceOp};
+use crate::model::stages::StageLayouts;
+use crate::optim::{OptTensor, Optimizer};
 use crate::schema::{Experiment, ShardingStrategy, StateDictType};
+use crate::tensor::{Flat, FlatHome};
+use crate::tensor::{HostTensor, StateDict};
 use anyhow::Context;
 
 /// Where each parameter sits in the flat vector, and which slice is this rank's.
@@ -106,7 +108,7 @@ impl FlatLayout {
 
     /// The inverse of `flatten`: named tensors from a flat vector (padding ignored).
     pub fn unflatten(&self, flat: &[f32], prefix: &str, suffix: &str) -> StateDict {
-        crate::backend::layout_ranges(&self.params)
+        crate::tensor::layout_ranges(&self.params)
             .map(|(name, shape, range)| {
                 let t = HostTensor {
                     shape: shape.to_vec(),
@@ -249,7 +251,7 @@ impl Comms<'_> {
     fn on_device<'f>(
         &self,
         flat: &'f Flat,
-    ) -> Option<(&crate::dist::c10d::ProcessGroup, &'f tch::Tensor)> {
+    ) -> Option<(&crate::comm::c10d::ProcessGroup, &'f tch::Tensor)> {
         let Flat::Tch(t) = flat else { return None };
         let group = self.comm.process_group()?;
         group.runs_on(t.device()).then_some((group, t))
@@ -269,7 +271,7 @@ impl Unit {
 /// What the engine asks of the strategy while it computes unit by unit (`FULL_SHARD`).
 struct Exchange<'s> {
     units: &'s mut [Unit],
-    named: &'s UnitLayouts,
+    named: &'s StageLayouts,
     groups: &'s [std::ops::Range<usize>],
     comms: Comms<'s>,
     /// The most parameter bytes held whole at once.
@@ -277,7 +279,7 @@ struct Exchange<'s> {
 }
 
 impl UnitExchange for Exchange<'_> {
-    fn layouts(&self) -> &UnitLayouts {
+    fn layouts(&self) -> &StageLayouts {
         self.named
     }
 
@@ -308,7 +310,7 @@ pub struct ShardedEngine<'a> {
     state_dict_type: StateDictType,
     units: Vec<Unit>,
     /// The model's stages' named layouts, as the engine computes over them.
-    named: UnitLayouts,
+    named: StageLayouts,
     /// The stages each unit spans (`trainer.fsdp.min_num_params`; one each by default).
     groups: Vec<std::ops::Range<usize>>,
     optimizer: Optimizer<Flat>,
@@ -959,7 +961,7 @@ mod tests {
         fn run<T: Send>(self, job: impl Fn(usize, &dyn Collective) -> T + Sync) -> Vec<T> {
             match self {
                 Ranks::CandleInProcess => {
-                    let comms = crate::dist::local::group(2);
+                    let comms = crate::comm::local::group(2);
                     let job = &job;
                     std::thread::scope(|s| {
                         let handles: Vec<_> = comms

@@ -4,7 +4,7 @@
 //! batch of N x B. The trainer turns it on for its thread for the whole run; each backend's BatchNorm
 //! reads it when the model runs. A thread-local rather than a parameter threaded through every model.
 
-use crate::dist::collective::Collective;
+use crate::comm::collective::Collective;
 use std::cell::RefCell;
 use std::sync::Arc;
 
@@ -53,14 +53,14 @@ mod tests {
         fn all_reduce_f32(
             &self,
             _: &mut [f32],
-            _: crate::dist::collective::ReduceOp,
+            _: crate::comm::collective::ReduceOp,
         ) -> anyhow::Result<()> {
             Ok(())
         }
         fn all_reduce_f64(
             &self,
             _: &mut [f64],
-            _: crate::dist::collective::ReduceOp,
+            _: crate::comm::collective::ReduceOp,
         ) -> anyhow::Result<()> {
             Ok(())
         }

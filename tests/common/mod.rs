@@ -83,7 +83,7 @@ pub fn run_in(root: &Path, dir: &str, extra: &[&str]) -> PathBuf {
 }
 
 /// The weights and buffers (no optimizer state) of a run's last checkpoint.
-pub fn weights(run: &Path) -> trainyard::backend::StateDict {
+pub fn weights(run: &Path) -> trainyard::tensor::StateDict {
     trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors"))
         .unwrap()
         .state
@@ -94,8 +94,8 @@ pub fn weights(run: &Path) -> trainyard::backend::StateDict {
 
 /// ‖a − b‖ / ‖b‖ over every tensor, worst case.
 pub fn worst_relative_difference(
-    a: &trainyard::backend::StateDict,
-    b: &trainyard::backend::StateDict,
+    a: &trainyard::tensor::StateDict,
+    b: &trainyard::tensor::StateDict,
 ) -> f64 {
     assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
     a.iter()

@@ -179,7 +179,7 @@ fn channel_stats(data: &[f32], n: usize, c: usize, hw: usize) -> ChannelStats {
 
 /// SyncBatchNorm's statistics: the global count, sum and (two-pass) variance over every rank's batch.
 fn global_channel_stats(
-    group: &dyn crate::dist::collective::Collective,
+    group: &dyn crate::comm::collective::Collective,
     data: &[f32],
     n: usize,
     c: usize,
@@ -187,7 +187,7 @@ fn global_channel_stats(
 ) -> Result<ChannelStats> {
     let reduce = |v: &mut [f64]| {
         group
-            .all_reduce_f64(v, crate::dist::collective::ReduceOp::Sum)
+            .all_reduce_f64(v, crate::comm::collective::ReduceOp::Sum)
             .map_err(|e| candle_core::Error::Msg(format!("SyncBatchNorm: {e:#}")))
     };
     let mut sums: Vec<f64> = (0..c)
@@ -220,7 +220,7 @@ struct BatchNorm {
     batch_stats: bool,
     /// SyncBatchNorm: the group the backward's sums are reduced over, and the global element count per
     /// channel.
-    sync: Option<(Arc<dyn crate::dist::collective::Collective>, usize)>,
+    sync: Option<(Arc<dyn crate::comm::collective::Collective>, usize)>,
     /// A ReLU applied to the output (its gradient is masked where the output is zero).
     relu: bool,
 }
@@ -309,7 +309,7 @@ impl CustomOp3 for BatchNorm {
                             let mut both: Vec<f64> =
                                 dbeta.iter().chain(&dgamma).map(|&v| f64::from(v)).collect();
                             group
-                                .all_reduce_f64(&mut both, crate::dist::collective::ReduceOp::Sum)
+                                .all_reduce_f64(&mut both, crate::comm::collective::ReduceOp::Sum)
                                 .map_err(|e| {
                                     candle_core::Error::Msg(format!("SyncBatchNorm: {e:#}"))
                                 })?;

@@ -12,19 +12,22 @@ pub mod resnet;
 pub mod staged;
 pub mod vit;
 
-use super::optim::{clip_factor, OptTensor, Optimizer};
-use super::{init, topk_hits, Engine, HostTensor, StateDict, StepStats};
+use super::{topk_hits, Engine, StepStats};
 use crate::data::loader::Batch;
+use crate::model::init;
+use crate::model::Architecture;
+use crate::optim::{clip_factor, Optimizer};
 use crate::rng::Rng;
 use crate::schema::Experiment;
+use crate::tensor::{HostTensor, StateDict};
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor, Var};
-use models::{Buffers, CandleModel, Params};
+use models::{Buffers, Params};
 use std::collections::BTreeMap;
 
 pub struct CandleEngine {
     device: Device,
-    model: Box<dyn CandleModel>,
+    model: Architecture,
     params: Params,
     buffers: Buffers,
     grads: BTreeMap<String, Tensor>,
@@ -53,7 +56,7 @@ fn to_host(t: &Tensor) -> anyhow::Result<HostTensor> {
 impl CandleEngine {
     pub fn new(exp: &Experiment) -> anyhow::Result<Self> {
         let device = Device::Cpu;
-        let model = models::build(&exp.model, exp.data.channels, exp.data.image_size)?;
+        let model = Architecture::new(&exp.model, exp.data.channels, exp.data.image_size)?;
         let mut params = Params::new();
         for spec in model.specs() {
             let host = spec.initial_value(exp.seed);
@@ -142,37 +145,6 @@ impl CandleEngine {
     }
 }
 
-/// Candle tensors under the shared optimizer rules.
-impl OptTensor for Tensor {
-    fn duplicate(&self) -> Self {
-        self.clone()
-    }
-    fn owned_copy(&self) -> anyhow::Result<Self> {
-        Ok(self.clone()) // Candle tensors are immutable: no buffer is ever written in place
-    }
-    fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
-        Ok(Tensor::affine(self, mul, add)?)
-    }
-    fn plus(&self, other: &Self) -> anyhow::Result<Self> {
-        Ok((self + other)?)
-    }
-    fn minus(&self, other: &Self) -> anyhow::Result<Self> {
-        Ok((self - other)?)
-    }
-    fn divide(&self, other: &Self) -> anyhow::Result<Self> {
-        Ok(self.div(other)?)
-    }
-    fn square(&self) -> anyhow::Result<Self> {
-        Ok(self.sqr()?)
-    }
-    fn root(&self) -> anyhow::Result<Self> {
-        Ok(self.sqrt()?)
-    }
-    fn sum_of_squares(&self) -> anyhow::Result<f64> {
-        Ok(self.sqr()?.sum_all()?.to_scalar::<f32>()? as f64)
-    }
-}
-
 impl Engine for CandleEngine {
     fn forward_backward(&mut self, batch: &Batch, grad_scale: f64) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
@@ -180,8 +152,14 @@ impl Engine for CandleEngine {
         self.forward_calls += 1;
         let logits = {
             let _autocast = autocast::bf16(self.autocast_bf16);
-            self.model
-                .forward(&self.params, &mut self.buffers, &x, true, &mut rng)?
+            models::forward(
+                &self.model,
+                &self.params,
+                &mut self.buffers,
+                &x,
+                true,
+                &mut rng,
+            )?
         };
         let loss = self.training_loss(&logits, &y)?;
         let grads = loss.affine(grad_scale, 0.0)?.backward()?;
@@ -221,7 +199,7 @@ impl Engine for CandleEngine {
 
     fn all_reduce_gradients(
         &mut self,
-        comm: &dyn crate::dist::collective::Collective,
+        comm: &dyn crate::comm::collective::Collective,
         sync: &crate::strategy::ddp::GradSync,
     ) -> anyhow::Result<()> {
         let missing: Vec<String> = self
@@ -260,8 +238,8 @@ impl Engine for CandleEngine {
         Ok(())
     }
 
-    fn units(&self) -> anyhow::Result<super::units::UnitLayouts> {
-        super::units::unit_layouts(&self.model.stages(), &self.parameter_shapes())
+    fn units(&self) -> anyhow::Result<crate::model::stages::StageLayouts> {
+        crate::model::stages::unit_layouts(&self.model.stages(), &self.parameter_shapes())
     }
 
     fn forward_backward_by_unit(
@@ -308,9 +286,15 @@ impl Engine for CandleEngine {
         let mut rng = Rng::new(0);
         let logits = {
             let _autocast = autocast::bf16(self.autocast_bf16);
-            self.model
-                .forward(&self.params, &mut self.buffers, &x, false, &mut rng)?
-                .detach()
+            models::forward(
+                &self.model,
+                &self.params,
+                &mut self.buffers,
+                &x,
+                false,
+                &mut rng,
+            )?
+            .detach()
         };
         let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         self.stats(&logits, &loss, batch)
@@ -384,21 +368,26 @@ impl Engine for CandleEngine {
     }
 
     fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>> {
-        let slots: Vec<super::Slot> = self
+        let slots: Vec<crate::model::pretrained::Slot> = self
             .params
             .iter()
-            .map(|(name, var)| super::Slot {
+            .map(|(name, var)| crate::model::pretrained::Slot {
                 name,
                 shape: var.dims().to_vec(),
                 trainable: true,
             })
-            .chain(self.buffers.iter().map(|(name, t)| super::Slot {
-                name,
-                shape: t.dims().to_vec(),
-                trainable: false,
-            }))
+            .chain(
+                self.buffers
+                    .iter()
+                    .map(|(name, t)| crate::model::pretrained::Slot {
+                        name,
+                        shape: t.dims().to_vec(),
+                        trainable: false,
+                    }),
+            )
             .collect();
-        let super::PretrainedPlan { set, kept } = super::plan_pretrained(&slots, state)?;
+        let crate::model::pretrained::PretrainedPlan { set, kept } =
+            crate::model::pretrained::plan_pretrained(&slots, state)?;
         for (name, t) in set {
             let value = to_candle(&t, &self.device)?;
             match self.params.get(&name) {
@@ -425,10 +414,10 @@ impl Engine for CandleEngine {
     fn set_parameters(
         &mut self,
         layout: &[(String, Vec<usize>)],
-        flat: &super::flat::Flat,
+        flat: &crate::tensor::Flat,
     ) -> anyhow::Result<()> {
         let flat = flat.host_values()?;
-        for (name, shape, range) in super::layout_ranges(layout) {
+        for (name, shape, range) in crate::tensor::layout_ranges(layout) {
             let values = flat
                 .get(range)
                 .context("set_parameters: the flat buffer is shorter than the layout")?;
@@ -452,14 +441,14 @@ impl Engine for CandleEngine {
     fn take_gradients(
         &mut self,
         layout: &[(String, Vec<usize>)],
-    ) -> anyhow::Result<(super::flat::Flat, Vec<String>)> {
+    ) -> anyhow::Result<(crate::tensor::Flat, Vec<String>)> {
         let numel = layout
             .iter()
             .map(|(_, s)| s.iter().product::<usize>())
             .sum();
         let mut flat = vec![0.0f32; numel];
         let mut missing = Vec::new();
-        for (name, _, range) in super::layout_ranges(layout) {
+        for (name, _, range) in crate::tensor::layout_ranges(layout) {
             let dst = &mut flat[range];
             match self.grads.remove(name) {
                 Some(g) => {
@@ -472,7 +461,7 @@ impl Engine for CandleEngine {
             }
         }
         self.grads.clear();
-        Ok((super::flat::Flat::Host(flat), missing))
+        Ok((crate::tensor::Flat::Host(flat), missing))
     }
 
     fn state_bytes(&self) -> super::StateBytes {
@@ -515,7 +504,7 @@ mod tests {
             "{name: mlp, num_classes: 4, hidden: [8]}",
             "{name: sgd, lr: 0.1, momentum: 0.9}",
         );
-        let comms = crate::dist::local::group(2);
+        let comms = crate::comm::local::group(2);
         let sync = crate::strategy::ddp::GradSync {
             bucket_cap_bytes: 1 << 20,
             find_unused_parameters: true,

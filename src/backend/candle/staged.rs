@@ -2,11 +2,11 @@
 //! time, forward without keeping the stage's graph, backward by running the stage again from its saved
 //! input.
 
-use super::models::Buffers;
+use super::models::{Buffers, CandleForward};
 use super::CandleEngine;
-use crate::backend::flat::Flat;
 use crate::backend::units::StagedCompute;
 use crate::rng::Rng;
+use crate::tensor::Flat;
 use candle_core::{backprop::GradStore, DType, Tensor, Var};
 
 /// The engine with the batch's labels, for the loss stage.
@@ -64,8 +64,8 @@ impl StagedCompute for Staged<'_> {
         self.engine.model.stages().len()
     }
 
-    fn home(&self) -> crate::backend::flat::FlatHome {
-        crate::backend::flat::FlatHome::Host
+    fn home(&self) -> crate::tensor::FlatHome {
+        crate::tensor::FlatHome::Host
     }
 
     fn install(&mut self, layout: &Layout, flat: &Flat) -> anyhow::Result<()> {

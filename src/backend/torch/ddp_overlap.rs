@@ -1,11 +1,11 @@
 //! The tch engine's side of DDP with overlap: when a c10d group is there, libtorch's reducer
-//! (`dist::reducer`) averages gradients bucket by bucket during the backward pass of the micro-batch that
+//! (`comm::reducer`) averages gradients bucket by bucket during the backward pass of the micro-batch that
 //! ends an accumulation window. This keeps the reducer's life cycle: built on the first armed pass over
 //! the parameter tensors of that moment (with that run's fixed `trainer.ddp` settings), dropped whenever
 //! the engine replaces those tensors.
 
-use crate::dist::collective::Collective;
-use crate::dist::reducer::{Reducer, ReducerOptions};
+use crate::comm::collective::Collective;
+use crate::comm::reducer::{Reducer, ReducerOptions};
 use crate::strategy::ddp::GradSync;
 use std::collections::BTreeMap;
 use tch::Tensor;

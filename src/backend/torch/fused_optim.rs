@@ -7,7 +7,7 @@
 //! path against it). After the step the gradients are dropped, not zeroed, as PyTorch's
 //! `zero_grad(set_to_none=True)`.
 
-use crate::backend::optim::Optimizer;
+use crate::optim::Optimizer;
 use crate::schema::OptimizerName;
 use tch::Tensor;
 

@@ -11,12 +11,14 @@ mod fused_optim;
 mod models;
 mod staged;
 
-use super::flat::{Flat, FlatHome};
-use super::optim::{clip_factor, OptTensor, Optimizer};
-use super::{init, topk_hits, Engine, HostTensor, StateDict, StepStats};
+use super::{topk_hits, Engine, StepStats};
 use crate::data::loader::Batch;
+use crate::model::init;
+use crate::optim::{clip_factor, Optimizer};
 use crate::rng::Rng;
 use crate::schema::{Accelerator, Experiment};
+use crate::tensor::{Flat, FlatHome};
+use crate::tensor::{HostTensor, StateDict};
 use anyhow::Context;
 use std::collections::BTreeMap;
 use tch::{Device, Kind, Tensor};
@@ -145,7 +147,7 @@ fn cuda(index: usize) -> anyhow::Result<Device> {
 impl TchEngine {
     /// On this process's device (a distributed worker's local rank on CUDA).
     pub fn new(exp: &Experiment) -> anyhow::Result<Self> {
-        Self::build(exp, crate::dist::local_device_index(), true)
+        Self::build(exp, crate::comm::local_device_index(), true)
     }
 
     /// On CUDA device `index` when the run is on CUDA (DataParallel's replica r is on cuda:r), else the CPU.
@@ -191,12 +193,12 @@ impl TchEngine {
                 t.f_to_kind(mode.storage())?
             })
         };
-        let zoo = crate::backend::candle::models::build(
+        let arch = models::Arch(crate::model::Architecture::new(
             &exp.model,
             exp.data.channels,
             exp.data.image_size,
-        )?;
-        let arch = models::Arch::new(&exp.model, exp.data.channels, exp.data.image_size)?;
+        )?);
+        let zoo = &arch.0;
         let mut params = BTreeMap::new();
         let param_order = zoo.specs().iter().map(|s| s.name.clone()).collect();
         for spec in zoo.specs() {
@@ -269,7 +271,7 @@ impl TchEngine {
 /// Average `grads` in place through a collective without a c10d group (DataParallel's in-process one):
 /// through host buffers, as the Candle engine does.
 fn average_on_host(
-    comm: &dyn crate::dist::collective::Collective,
+    comm: &dyn crate::comm::collective::Collective,
     grads: &[Tensor],
     sync: &crate::strategy::ddp::GradSync,
 ) -> anyhow::Result<()> {
@@ -287,47 +289,6 @@ fn average_on_host(
         }
         Ok(())
     })
-}
-
-/// libtorch tensors under the shared optimizer rules.
-impl OptTensor for Tensor {
-    fn duplicate(&self) -> Self {
-        self.shallow_clone()
-    }
-    fn owned_copy(&self) -> anyhow::Result<Self> {
-        Ok(self.f_detach_copy()?)
-    }
-    fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
-        // One kernel where one does: the optimizer calls this with add = 0 (or mul = 1) almost always.
-        Ok(match (mul == 1.0, add == 0.0) {
-            (true, true) => self.shallow_clone(),
-            (false, true) => self.f_mul_scalar(mul)?,
-            (true, false) => self.f_add_scalar(add)?,
-            (false, false) => self.f_mul_scalar(mul)?.f_add_scalar(add)?,
-        })
-    }
-    fn plus(&self, other: &Self) -> anyhow::Result<Self> {
-        Ok(self.f_add(other)?)
-    }
-    fn minus(&self, other: &Self) -> anyhow::Result<Self> {
-        Ok(self.f_sub(other)?)
-    }
-    fn divide(&self, other: &Self) -> anyhow::Result<Self> {
-        Ok(self.f_div(other)?)
-    }
-    fn square(&self) -> anyhow::Result<Self> {
-        Ok(self.f_square()?)
-    }
-    fn root(&self) -> anyhow::Result<Self> {
-        Ok(self.f_sqrt()?)
-    }
-    fn sum_of_squares(&self) -> anyhow::Result<f64> {
-        Ok(self
-            .f_to_kind(Kind::Double)?
-            .f_square()?
-            .f_sum(Kind::Double)?
-            .f_double_value(&[])?)
-    }
 }
 
 impl Engine for TchEngine {
@@ -414,7 +375,7 @@ impl Engine for TchEngine {
 
     fn arm_gradient_sync(
         &mut self,
-        comm: &dyn crate::dist::collective::Collective,
+        comm: &dyn crate::comm::collective::Collective,
         sync: &crate::strategy::ddp::GradSync,
     ) -> anyhow::Result<bool> {
         self.overlap
@@ -423,7 +384,7 @@ impl Engine for TchEngine {
 
     fn all_reduce_gradients(
         &mut self,
-        comm: &dyn crate::dist::collective::Collective,
+        comm: &dyn crate::comm::collective::Collective,
         sync: &crate::strategy::ddp::GradSync,
     ) -> anyhow::Result<()> {
         // The last layers first (their gradients are ready first).
@@ -442,7 +403,7 @@ impl Engine for TchEngine {
                 .collect();
             return Err(crate::strategy::ddp::unused_parameters_error(&missing));
         }
-        // Averaged during the backward pass already (`dist::reducer`).
+        // Averaged during the backward pass already (`comm::reducer`).
         if reduced? {
             return Ok(());
         }
@@ -505,7 +466,7 @@ impl Engine for TchEngine {
         };
         let mut in_flight = Vec::with_capacity(flats.len());
         for flat in &flats {
-            in_flight.push(pg.all_reduce(&[flat], crate::dist::collective::ReduceOp::Sum)?);
+            in_flight.push(pg.all_reduce(&[flat], crate::comm::collective::ReduceOp::Sum)?);
         }
         let mut works = in_flight.into_iter();
         for (range, flat) in ranges.into_iter().zip(&flats) {
@@ -520,8 +481,8 @@ impl Engine for TchEngine {
         Ok(())
     }
 
-    fn units(&self) -> anyhow::Result<super::units::UnitLayouts> {
-        super::units::unit_layouts(&self.arch.stages(), &self.parameter_shapes())
+    fn units(&self) -> anyhow::Result<crate::model::stages::StageLayouts> {
+        crate::model::stages::unit_layouts(&self.arch.0.stages(), &self.parameter_shapes())
     }
 
     fn forward_backward_by_unit(
@@ -652,21 +613,26 @@ impl Engine for TchEngine {
     }
 
     fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>> {
-        let slots: Vec<super::Slot> = self
+        let slots: Vec<crate::model::pretrained::Slot> = self
             .params
             .iter()
-            .map(|(name, t)| super::Slot {
+            .map(|(name, t)| crate::model::pretrained::Slot {
                 name,
                 shape: dims(t),
                 trainable: true,
             })
-            .chain(self.buffers.iter().map(|(name, t)| super::Slot {
-                name,
-                shape: dims(t),
-                trainable: false,
-            }))
+            .chain(
+                self.buffers
+                    .iter()
+                    .map(|(name, t)| crate::model::pretrained::Slot {
+                        name,
+                        shape: dims(t),
+                        trainable: false,
+                    }),
+            )
             .collect();
-        let super::PretrainedPlan { set, kept } = super::plan_pretrained(&slots, state)?;
+        let crate::model::pretrained::PretrainedPlan { set, kept } =
+            crate::model::pretrained::plan_pretrained(&slots, state)?;
         for (name, value) in set {
             let target = self
                 .params
@@ -726,7 +692,7 @@ impl Engine for TchEngine {
             "set_parameters: the flat buffer holds {} values, the layout {numel}",
             flat.numel()
         );
-        for (name, shape, range) in super::layout_ranges(layout) {
+        for (name, shape, range) in crate::tensor::layout_ranges(layout) {
             let shape: Vec<i64> = shape.iter().map(|&d| d as i64).collect();
             let t = flat
                 .f_narrow(0, range.start as i64, range.len() as i64)?
@@ -808,7 +774,7 @@ mod tests {
     #[test]
     fn unused_everywhere_keeps_no_gradient_unused_somewhere_counts_zero() {
         let exp = experiment();
-        let comms = crate::dist::local::group(2);
+        let comms = crate::comm::local::group(2);
         let sync = crate::strategy::ddp::GradSync {
             bucket_cap_bytes: 1 << 20,
             find_unused_parameters: true,

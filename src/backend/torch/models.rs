@@ -1,11 +1,11 @@
 //! Forward passes of the model zoo on libtorch ops, over the same named parameters as the Candle models
 //! (torchvision/timm names); the architectures' shapes come from the shared zoo descriptions.
 
-use crate::backend::candle::models::dropout_mask;
-use crate::backend::candle::resnet::ResNet;
-use crate::backend::candle::vit::Vit;
+use crate::model::dropout::dropout_mask;
+use crate::model::resnet::ResNet;
+use crate::model::vit::Vit;
+use crate::model::Architecture;
 use crate::rng::Rng;
-use crate::schema::{ModelConfig, ModelName};
 use anyhow::Context;
 use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
@@ -15,45 +15,10 @@ type Named = BTreeMap<String, Tensor>;
 const BN_EPS: f64 = 1e-5;
 const BN_MOMENTUM: f64 = 0.1;
 
-/// What the forward pass needs to know about the architecture.
-pub enum Arch {
-    Mlp { depth: usize, dropout: f64 },
-    Cnn { blocks: usize, dropout: f64 },
-    ResNet(ResNet),
-    Vit(Vit),
-}
+/// The forward passes on libtorch, over `model::Architecture`'s stages.
+pub struct Arch(pub Architecture);
 
 impl Arch {
-    pub fn new(cfg: &ModelConfig, channels: usize, image_size: usize) -> anyhow::Result<Arch> {
-        Ok(match cfg.name {
-            ModelName::Mlp => Arch::Mlp {
-                depth: cfg.hidden.as_ref().map(Vec::len).unwrap_or(2),
-                dropout: cfg.dropout,
-            },
-            ModelName::Cnn => Arch::Cnn {
-                blocks: cfg.channels.as_ref().map(Vec::len).unwrap_or(3),
-                dropout: cfg.dropout,
-            },
-            ModelName::Resnet18
-            | ModelName::Resnet34
-            | ModelName::Resnet50
-            | ModelName::Resnet101
-            | ModelName::Resnet152 => Arch::ResNet(ResNet::new(cfg, channels)),
-            ModelName::Vit => Arch::Vit(Vit::new(cfg, channels, image_size)?),
-        })
-    }
-
-    /// The forward pass's stages (FSDP units, `backend::units`): each stage's parameter name prefixes.
-    pub fn stages(&self) -> Vec<Vec<String>> {
-        use crate::backend::units::numbered_stages;
-        match self {
-            Arch::Mlp { depth, .. } => numbered_stages("layers", *depth, &["head"]),
-            Arch::Cnn { blocks, .. } => numbered_stages("blocks", *blocks, &["head"]),
-            Arch::ResNet(net) => net.stages(),
-            Arch::Vit(vit) => vit.stages(),
-        }
-    }
-
     /// The whole forward pass: the stages in order.
     pub fn forward(
         &self,
@@ -64,7 +29,7 @@ impl Arch {
         rng: &mut Rng,
     ) -> anyhow::Result<Tensor> {
         let mut h = x.shallow_clone();
-        for k in 0..self.stages().len() {
+        for k in 0..self.0.stages().len() {
             h = self.forward_stage(k, p, b, &h, train, rng)?;
         }
         Ok(h)
@@ -80,18 +45,18 @@ impl Arch {
         train: bool,
         rng: &mut Rng,
     ) -> anyhow::Result<Tensor> {
-        Ok(match self {
-            Arch::Mlp { depth, dropout } => match k {
+        Ok(match &self.0 {
+            Architecture::Mlp(mlp) => match k {
                 0 => x.f_flatten(1, -1)?,
-                k if k <= *depth => {
+                k if k <= mlp.depth() => {
                     let h = linear(p, &format!("layers.{}", k - 1), x)?.f_relu()?;
-                    drop(&h, *dropout, train, rng)?
+                    drop(&h, mlp.dropout, train, rng)?
                 }
                 _ => linear(p, "head", x)?,
             },
-            Arch::Cnn { blocks, dropout } => match k {
+            Architecture::Cnn(cnn) => match k {
                 0 => x.shallow_clone(),
-                k if k <= *blocks => {
+                k if k <= cnn.blocks() => {
                     let name = format!("blocks.{}.conv", k - 1);
                     let h = x
                         .f_conv2d(
@@ -112,11 +77,11 @@ impl Arch {
                 }
                 _ => {
                     let pooled = global_avg_pool(x)?;
-                    linear(p, "head", &drop(&pooled, *dropout, train, rng)?)?
+                    linear(p, "head", &drop(&pooled, cnn.dropout, train, rng)?)?
                 }
             },
-            Arch::ResNet(net) => resnet_stage(net, k, p, b, x, train)?,
-            Arch::Vit(vit) => vit_stage(vit, k, p, x, train, rng)?,
+            Architecture::ResNet(net) => resnet_stage(net, k, p, b, x, train)?,
+            Architecture::Vit(vit) => vit_stage(vit, k, p, x, train, rng)?,
         })
     }
 }
@@ -322,8 +287,8 @@ fn vit_stage(
     train: bool,
     rng: &mut Rng,
 ) -> anyhow::Result<Tensor> {
-    let (dim, depth, heads, patch, dropout) = vit.shape();
-    let (dim, patch) = (dim as i64, patch as i64);
+    let (depth, heads, dropout) = (vit.depth, vit.heads, vit.dropout);
+    let (dim, patch) = (vit.dim as i64, vit.patch as i64);
     if k == 0 {
         let batch = x.size()[0];
         let patches = x.f_conv2d(

@@ -4,9 +4,9 @@
 //! it for its recomputation: backward passes run outside it, as in the whole-model step.
 
 use super::TchEngine;
-use crate::backend::flat::{Flat, FlatHome};
 use crate::backend::units::StagedCompute;
 use crate::rng::Rng;
+use crate::tensor::{Flat, FlatHome};
 use std::collections::BTreeMap;
 use tch::Tensor;
 
@@ -42,7 +42,7 @@ impl StagedCompute for Staged<'_> {
     type Out = (Tensor, Tensor);
 
     fn stage_count(&self) -> usize {
-        self.engine.arch.stages().len()
+        self.engine.arch.0.stages().len()
     }
 
     fn home(&self) -> FlatHome {
@@ -89,7 +89,7 @@ impl StagedCompute for Staged<'_> {
         let (logits, loss) = {
             let _autocast = self.autocast()?;
             let e = &mut *self.engine;
-            let k = e.arch.stages().len() - 1;
+            let k = e.arch.0.stages().len() - 1;
             let logits = e
                 .arch
                 .forward_stage(k, &e.params, &mut e.buffers, &input, true, rng)?;

@@ -1,4 +1,4 @@
-//! ProcessGroupNCCL for runs on CUDA (feature `torch`). The NCCL shim (`src/dist/nccl_shim.cpp`) is a
+//! ProcessGroupNCCL for runs on CUDA (feature `torch`). The NCCL shim (`src/comm/nccl_shim.cpp`) is a
 //! shared library of its own: it needs libtorch's CUDA library, which a CPU machine cannot load, so
 //! `train` carries its bytes (built by build.rs where the CUDA and NCCL headers are; scripts/
 //! install-libtorch.sh fetches them) and loads it from memory only when a run asks for NCCL, after

@@ -3,7 +3,7 @@
 //! with PyTorch's anti-aliased bicubic filter (`F.interpolate(mode="bicubic", antialias=True)`).
 //! Backend-neutral: works on host tensors before they are handed to an engine.
 
-use super::HostTensor;
+use crate::tensor::HostTensor;
 
 /// `pos_embed` (1, prefix + old², D) → (1, prefix + new², D).
 pub fn resample(pos: &HostTensor, prefix: usize, new_grid: usize) -> anyhow::Result<HostTensor> {

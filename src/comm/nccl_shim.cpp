@@ -1,5 +1,5 @@
 // PyTorch's ProcessGroupNCCL behind a C ABI, built as a shared library of its own (build.rs) and embedded
-// in `train`, which loads it only for a run on CUDA with the NCCL backend (src/dist/nccl.rs). It needs
+// in `train`, which loads it only for a run on CUDA with the NCCL backend (src/comm/nccl.rs). It needs
 // libtorch_cuda.so, whose CUDA and NCCL libraries a CPU machine lacks: linking it into `train` would
 // stop `train` from starting there. The backend it returns joins the Gloo group's ProcessGroup front as
 // the backend for CUDA tensors (c10d_shim.cpp), as torch.distributed's "cpu:gloo,cuda:nccl" does.

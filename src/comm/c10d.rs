@@ -1,5 +1,5 @@
 //! libtorch's c10d from Rust (feature `torch`): the TCPStore that ranks rendezvous on, and a Gloo process
-//! group whose collectives run on tch tensors in place (`src/dist/c10d_shim.cpp`). Every call can fail with
+//! group whose collectives run on tch tensors in place (`src/comm/c10d_shim.cpp`). Every call can fail with
 //! c10d's own message (a peer that died, a timeout); nothing here blocks longer than the timeouts given.
 
 use super::collective::{Collective, ReduceOp};

@@ -1,11 +1,12 @@
 //! What the strategies need from a communication library, in one trait: reductions, broadcast,
 //! all-gather, reduce-scatter and a barrier over host buffers (any backend), plus, with the `torch`
 //! feature, the c10d process group itself so the tch engine can reduce its tensors in place. Between
-//! processes the implementation is c10d's (`dist::c10d`): collectives are PyTorch's own, never home-made.
-//! Between the threads of one process (DataParallel's replicas) it is `dist::local`, which moves nothing
+//! processes the implementation is c10d's (`comm::c10d`): collectives are PyTorch's own, never home-made.
+//! Between the threads of one process (DataParallel's replicas) it is `comm::local`, which moves nothing
 //! over a network.
 
-use crate::backend::{Engine, HostTensor, StateDict, StepStats};
+use crate::backend::{Engine, StepStats};
+use crate::tensor::{HostTensor, StateDict};
 
 /// Reduction of a collective (values match the shim's codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

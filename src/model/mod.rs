@@ -1,0 +1,70 @@
+//! The model zoo, described once for every backend: each architecture's parameters (torchvision/timm
+//! names, shapes, starting values), its BatchNorm buffers and its stages. The backends' forward passes
+//! (`backend::candle`, `backend::torch`) read these descriptions; neither backend reads the other.
+//! Also here: host-side dropout masks shared by the backends, and matching published weights to a model.
+
+pub mod cnn;
+pub mod dropout;
+pub mod init;
+pub mod mlp;
+pub mod pos_embed;
+pub mod pretrained;
+pub mod resnet;
+pub mod spec;
+pub mod stages;
+pub mod vit;
+
+use crate::schema::{ModelConfig, ModelName};
+use spec::ParamSpec;
+
+/// One of the zoo's architectures, sized for the data set's images.
+pub enum Architecture {
+    Mlp(mlp::Mlp),
+    Cnn(cnn::Cnn),
+    ResNet(resnet::ResNet),
+    Vit(vit::Vit),
+}
+
+impl Architecture {
+    /// The architecture `cfg` names, for `channels`-channel `image_size` inputs.
+    pub fn new(cfg: &ModelConfig, channels: usize, image_size: usize) -> anyhow::Result<Self> {
+        Ok(match cfg.name {
+            ModelName::Mlp => Architecture::Mlp(mlp::Mlp::new(cfg, channels, image_size)),
+            ModelName::Cnn => Architecture::Cnn(cnn::Cnn::new(cfg, channels)),
+            ModelName::Resnet18
+            | ModelName::Resnet34
+            | ModelName::Resnet50
+            | ModelName::Resnet101
+            | ModelName::Resnet152 => Architecture::ResNet(resnet::ResNet::new(cfg, channels)),
+            ModelName::Vit => Architecture::Vit(vit::Vit::new(cfg, channels, image_size)?),
+        })
+    }
+
+    /// Trainable parameters, in the order the model defines them.
+    pub fn specs(&self) -> Vec<ParamSpec> {
+        match self {
+            Architecture::Mlp(m) => m.specs(),
+            Architecture::Cnn(m) => m.specs(),
+            Architecture::ResNet(m) => m.specs(),
+            Architecture::Vit(m) => m.specs(),
+        }
+    }
+
+    /// Buffers (BatchNorm running statistics) with their starting values: (name, shape, value).
+    pub fn buffers(&self) -> Vec<(String, Vec<usize>, f32)> {
+        match self {
+            Architecture::ResNet(m) => m.buffers(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The forward pass's stages, each by its parameter name prefixes (`stages`).
+    pub fn stages(&self) -> Vec<Vec<String>> {
+        match self {
+            Architecture::Mlp(m) => m.stages(),
+            Architecture::Cnn(m) => m.stages(),
+            Architecture::ResNet(m) => m.stages(),
+            Architecture::Vit(m) => m.stages(),
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! The optimizer rules' tensor interface on each kind of tensor the engines and the sharded strategy keep
+//! parameters in: Candle tensors, libtorch tensors and flat vectors (`tensor::Flat`).
+
+use super::OptTensor;
+use crate::tensor::flat::{Flat, Pair};
+
+/// Candle tensors under the shared optimizer rules.
+impl OptTensor for candle_core::Tensor {
+    fn duplicate(&self) -> Self {
+        self.clone()
+    }
+    fn owned_copy(&self) -> anyhow::Result<Self> {
+        Ok(self.clone()) // Candle tensors are immutable: no buffer is ever written in place
+    }
+    fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
+        Ok(candle_core::Tensor::affine(self, mul, add)?)
+    }
+    fn plus(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok((self + other)?)
+    }
+    fn minus(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok((self - other)?)
+    }
+    fn divide(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok(self.div(other)?)
+    }
+    fn square(&self) -> anyhow::Result<Self> {
+        Ok(self.sqr()?)
+    }
+    fn root(&self) -> anyhow::Result<Self> {
+        Ok(self.sqrt()?)
+    }
+    fn sum_of_squares(&self) -> anyhow::Result<f64> {
+        Ok(self.sqr()?.sum_all()?.to_scalar::<f32>()? as f64)
+    }
+}
+
+#[cfg(feature = "torch")]
+/// libtorch tensors under the shared optimizer rules.
+impl OptTensor for tch::Tensor {
+    fn duplicate(&self) -> Self {
+        self.shallow_clone()
+    }
+    fn owned_copy(&self) -> anyhow::Result<Self> {
+        Ok(self.f_detach_copy()?)
+    }
+    fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
+        // One kernel where one does: the optimizer calls this with add = 0 (or mul = 1) almost always.
+        Ok(match (mul == 1.0, add == 0.0) {
+            (true, true) => self.shallow_clone(),
+            (false, true) => self.f_mul_scalar(mul)?,
+            (true, false) => self.f_add_scalar(add)?,
+            (false, false) => self.f_mul_scalar(mul)?.f_add_scalar(add)?,
+        })
+    }
+    fn plus(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok(self.f_add(other)?)
+    }
+    fn minus(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok(self.f_sub(other)?)
+    }
+    fn divide(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok(self.f_div(other)?)
+    }
+    fn square(&self) -> anyhow::Result<Self> {
+        Ok(self.f_square()?)
+    }
+    fn root(&self) -> anyhow::Result<Self> {
+        Ok(self.f_sqrt()?)
+    }
+    fn sum_of_squares(&self) -> anyhow::Result<f64> {
+        Ok(self
+            .f_to_kind(tch::Kind::Double)?
+            .f_square()?
+            .f_sum(tch::Kind::Double)?
+            .f_double_value(&[])?)
+    }
+}
+
+fn zip_host(a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) -> Flat {
+    Flat::Host(a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect())
+}
+
+fn map_host(a: &[f32], f: impl Fn(f32) -> f32) -> Flat {
+    Flat::Host(a.iter().map(|&x| f(x)).collect())
+}
+
+/// The shared optimizer rules on a flat vector: element-wise f32 in both places, so sharded and
+/// unsharded runs take the same steps.
+impl OptTensor for Flat {
+    fn duplicate(&self) -> Self {
+        match self {
+            Flat::Host(v) => Flat::Host(v.clone()),
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) => Flat::Tch(t.shallow_clone()),
+        }
+    }
+    fn owned_copy(&self) -> anyhow::Result<Self> {
+        match self {
+            Flat::Host(v) => Ok(Flat::Host(v.clone())),
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) => Ok(Flat::Tch(OptTensor::owned_copy(t)?)),
+        }
+    }
+    fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
+        match self {
+            Flat::Host(v) => {
+                let (m, a) = (mul as f32, add as f32);
+                Ok(map_host(v, |x| x * m + a))
+            }
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) => Ok(Flat::Tch(OptTensor::affine(t, mul, add)?)),
+        }
+    }
+    fn plus(&self, other: &Self) -> anyhow::Result<Self> {
+        match self.pair(other)? {
+            Pair::Host(a, b) => Ok(zip_host(a, b, |x, y| x + y)),
+            #[cfg(feature = "torch")]
+            Pair::Tch(a, b) => Ok(Flat::Tch(OptTensor::plus(a, b)?)),
+        }
+    }
+    fn minus(&self, other: &Self) -> anyhow::Result<Self> {
+        match self.pair(other)? {
+            Pair::Host(a, b) => Ok(zip_host(a, b, |x, y| x - y)),
+            #[cfg(feature = "torch")]
+            Pair::Tch(a, b) => Ok(Flat::Tch(OptTensor::minus(a, b)?)),
+        }
+    }
+    fn divide(&self, other: &Self) -> anyhow::Result<Self> {
+        match self.pair(other)? {
+            Pair::Host(a, b) => Ok(zip_host(a, b, |x, y| x / y)),
+            #[cfg(feature = "torch")]
+            Pair::Tch(a, b) => Ok(Flat::Tch(OptTensor::divide(a, b)?)),
+        }
+    }
+    fn square(&self) -> anyhow::Result<Self> {
+        match self {
+            Flat::Host(v) => Ok(map_host(v, |x| x * x)),
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) => Ok(Flat::Tch(OptTensor::square(t)?)),
+        }
+    }
+    fn root(&self) -> anyhow::Result<Self> {
+        match self {
+            Flat::Host(v) => Ok(map_host(v, f32::sqrt)),
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) => Ok(Flat::Tch(OptTensor::root(t)?)),
+        }
+    }
+    fn sum_of_squares(&self) -> anyhow::Result<f64> {
+        match self {
+            Flat::Host(v) => Ok(v.iter().map(|&a| f64::from(a) * f64::from(a)).sum()),
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) => OptTensor::sum_of_squares(t),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(feature = "torch")]
+    use crate::tensor::FlatHome;
+
+    fn host(v: &[f32]) -> Flat {
+        Flat::Host(v.to_vec())
+    }
+
+    #[test]
+    fn host_vectors_follow_the_optimizer_rules() {
+        let (a, b) = (host(&[1.0, 4.0]), host(&[2.0, 2.0]));
+        assert_eq!(a.plus(&b).unwrap().to_vec().unwrap(), vec![3.0, 6.0]);
+        assert_eq!(a.minus(&b).unwrap().to_vec().unwrap(), vec![-1.0, 2.0]);
+        assert_eq!(a.divide(&b).unwrap().to_vec().unwrap(), vec![0.5, 2.0]);
+        assert_eq!(a.root().unwrap().to_vec().unwrap(), vec![1.0, 2.0]);
+        assert_eq!(
+            a.affine(2.0, 1.0).unwrap().to_vec().unwrap(),
+            vec![3.0, 9.0]
+        );
+        assert_eq!(a.sum_of_squares().unwrap(), 17.0);
+        let e = a.plus(&host(&[1.0])).err().unwrap().to_string();
+        assert!(e.contains("2 and 1 values"), "{e}");
+    }
+
+    /// A device vector gives the host vector's values, operation by operation.
+    #[cfg(feature = "torch")]
+    #[test]
+    fn tch_vectors_give_the_host_vectors_values() {
+        let home = FlatHome::Tch(tch::Device::Cpu);
+        let (a, b) = ([1.5f32, -4.0, 9.0], [2.0f32, 0.5, 3.0]);
+        let (ha, hb) = (host(&a), host(&b));
+        let (ta, tb) = (
+            home.place(a.to_vec()).unwrap(),
+            home.place(b.to_vec()).unwrap(),
+        );
+        assert!(matches!(ta, Flat::Tch(_)));
+        let same = |x: Flat, y: Flat| assert_eq!(x.to_vec().unwrap(), y.to_vec().unwrap());
+        same(ha.plus(&hb).unwrap(), ta.plus(&tb).unwrap());
+        same(ha.minus(&hb).unwrap(), ta.minus(&tb).unwrap());
+        same(ha.divide(&hb).unwrap(), ta.divide(&tb).unwrap());
+        same(ha.square().unwrap(), ta.square().unwrap());
+        same(ha.affine(0.5, 0.0).unwrap(), ta.affine(0.5, 0.0).unwrap());
+        same(
+            ha.duplicate().padded(5).unwrap(),
+            ta.duplicate().padded(5).unwrap(),
+        );
+        same(ha.slice(1..3).unwrap(), ta.slice(1..3).unwrap());
+        same(
+            ha.duplicate().truncated(2).unwrap(),
+            ta.duplicate().truncated(2).unwrap(),
+        );
+        assert_eq!(ha.sum_of_squares().unwrap(), ta.sum_of_squares().unwrap());
+        let parts = vec![ta.duplicate(), host(&[7.0])];
+        let cat = Flat::concat(parts, home).unwrap();
+        assert_eq!(cat.home(), home);
+        assert_eq!(cat.to_vec().unwrap(), vec![1.5, -4.0, 9.0, 7.0]);
+        let e = ta.plus(&hb).err().unwrap().to_string();
+        assert!(e.contains("host vector and a device tensor"), "{e}");
+        assert!(!ta.has_non_finite().unwrap());
+        assert!(home
+            .place(vec![f32::INFINITY])
+            .unwrap()
+            .has_non_finite()
+            .unwrap());
+    }
+}
