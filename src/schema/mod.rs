@@ -1,0 +1,79 @@
+//! The typed experiment: what training reads, extracted from the resolved config tree by figment and checked
+//! strictly (unknown keys, wrong types, bad choices). Every error names the dotted key, the value, where it
+//! was set (file:line or the override) and a fix.
+
+mod callbacks;
+mod data;
+mod logger;
+mod model;
+mod optim;
+mod trainer;
+mod validate;
+
+pub use callbacks::*;
+pub use data::*;
+pub use logger::*;
+pub use model::*;
+pub use optim::*;
+pub use trainer::*;
+pub use validate::extract;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    pub task_name: String,
+    pub seed: u64,
+    #[serde(default)]
+    pub backend: Backend,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// `last`, `best` or a checkpoint file to resume from.
+    #[serde(default)]
+    pub ckpt_path: Option<String>,
+    pub model: ModelConfig,
+    pub data: DataConfig,
+    pub optimizer: OptimizerConfig,
+    pub scheduler: SchedulerConfig,
+    pub trainer: TrainerConfig,
+    /// `callbacks: null` (as the Lightning-Hydra template's debug configs write it) means none.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub callbacks: CallbacksConfig,
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub logger: LoggerConfig,
+    pub paths: PathsConfig,
+}
+
+fn null_as_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(
+    d: D,
+) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Pure Rust (Candle); the default build.
+    #[default]
+    Candle,
+    /// libtorch through tch (cargo feature `torch`).
+    Tch,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PathsConfig {
+    pub root_dir: String,
+    pub data_dir: String,
+    pub log_dir: String,
+    pub output_dir: String,
+}
+
+/// `1` (serde's default for counters that start at one).
+fn one_u64() -> u64 {
+    1
+}
+
+#[cfg(test)]
+mod tests;

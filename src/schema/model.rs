@@ -1,0 +1,59 @@
+//! `model:`: which architecture, its size and its classifier head.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelName {
+    Mlp,
+    Cnn,
+    Resnet18,
+    Resnet34,
+    Resnet50,
+    Resnet101,
+    Resnet152,
+    Vit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VitVariant {
+    Tiny,
+    Small,
+    Base,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub name: ModelName,
+    pub num_classes: usize,
+    /// mlp: hidden layer widths.
+    #[serde(default)]
+    pub hidden: Option<Vec<usize>>,
+    /// cnn: channels of each conv block.
+    #[serde(default)]
+    pub channels: Option<Vec<usize>>,
+    #[serde(default)]
+    pub dropout: f64,
+    /// resnet: 3x3 stride-1 stem without max-pool, for 32x32 images.
+    #[serde(default)]
+    pub cifar_stem: bool,
+    #[serde(default)]
+    pub zero_init_residual: bool,
+    /// vit: tiny | small | base.
+    #[serde(default)]
+    pub variant: Option<VitVariant>,
+    /// vit: side of a square patch (16 or 32 for the published weights); must divide the image size.
+    #[serde(default)]
+    pub patch_size: Option<usize>,
+    /// vit: input resolution (position embeddings are interpolated when loading other sizes).
+    #[serde(default)]
+    pub image_size: Option<usize>,
+    /// A safetensors file with torchvision/timm parameter names.
+    #[serde(default)]
+    pub pretrained: Option<String>,
+    /// Cross-entropy label smoothing in [0, 1), as `nn.CrossEntropyLoss(label_smoothing=...)`.
+    #[serde(default)]
+    pub label_smoothing: f64,
+}

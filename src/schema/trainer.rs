@@ -1,0 +1,302 @@
+//! `trainer:`: strategy, devices, precision, limits and the distributed settings (Lightning's `Trainer`
+//! arguments).
+
+use crate::config::errors::did_you_mean;
+use serde::de::{self, Deserializer};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Strategy {
+    Single,
+    Dp,
+    Ddp,
+    Fsdp,
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Strategy::Single => "single",
+            Strategy::Dp => "dp",
+            Strategy::Ddp => "ddp",
+            Strategy::Fsdp => "fsdp",
+        };
+        f.write_str(s)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accelerator {
+    Cpu,
+    Gpu,
+    Cuda,
+    Auto,
+}
+
+/// `devices: 2` or `devices: auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Devices {
+    Count(usize),
+    Auto,
+}
+
+impl<'de> Deserialize<'de> for Devices {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(usize),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(0) => Err(de::Error::custom("devices must be at least 1 (or 'auto')")),
+            Raw::N(n) => Ok(Devices::Count(n)),
+            Raw::S(s) if s == "auto" => Ok(Devices::Auto),
+            Raw::S(s) => Err(de::Error::custom(format!(
+                "devices must be a number or 'auto', got '{s}'"
+            ))),
+        }
+    }
+}
+
+/// Lightning's precision names; `32`, `16` and `bf16` are accepted as aliases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Precision {
+    #[serde(rename = "32-true")]
+    Full,
+    #[serde(rename = "16-mixed")]
+    Mixed16,
+    #[serde(rename = "bf16-mixed")]
+    MixedBf16,
+    #[serde(rename = "bf16-true")]
+    TrueBf16,
+    #[serde(rename = "16-true")]
+    True16,
+}
+
+impl<'de> Deserialize<'de> for Precision {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(i64),
+            S(String),
+        }
+        let text = match Raw::deserialize(d)? {
+            Raw::N(n) => n.to_string(),
+            Raw::S(s) => s,
+        };
+        match text.as_str() {
+            "32" | "32-true" => Ok(Precision::Full),
+            "16" | "16-mixed" => Ok(Precision::Mixed16),
+            "bf16" | "bf16-mixed" => Ok(Precision::MixedBf16),
+            "bf16-true" => Ok(Precision::TrueBf16),
+            "16-true" => Ok(Precision::True16),
+            other => {
+                let names = ["32-true", "16-mixed", "bf16-mixed", "bf16-true", "16-true"];
+                let hint = did_you_mean(other, names)
+                    .map(|s| format!(" (did you mean '{s}'?)"))
+                    .unwrap_or_default();
+                Err(de::Error::custom(format!(
+                    "unknown precision '{other}'{hint}; expected one of {} (or the aliases 32, 16, bf16)",
+                    names.join(", ")
+                )))
+            }
+        }
+    }
+}
+
+/// `limit_train_batches: 10` (batches) or `0.25` (fraction of the epoch).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Limit {
+    Batches(u64),
+    Fraction(f64),
+}
+
+impl Default for Limit {
+    fn default() -> Self {
+        Limit::Fraction(1.0)
+    }
+}
+
+/// `fast_dev_run: true` (one batch) or a number of batches.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum FastDevRun {
+    Flag(bool),
+    Batches(u64),
+}
+
+impl Default for FastDevRun {
+    fn default() -> Self {
+        FastDevRun::Flag(false)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchScaleMode {
+    Power,
+    Binsearch,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProcessGroupBackend {
+    Gloo,
+    Nccl,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct DdpConfig {
+    #[serde(default = "default_bucket_mb")]
+    pub bucket_cap_mb: f64,
+    #[serde(default)]
+    pub find_unused_parameters: bool,
+    #[serde(default)]
+    pub gradient_as_bucket_view: bool,
+}
+
+fn default_bucket_mb() -> f64 {
+    25.0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum ShardingStrategy {
+    #[serde(rename = "FULL_SHARD")]
+    FullShard,
+    #[serde(rename = "SHARD_GRAD_OP")]
+    ShardGradOp,
+    #[serde(rename = "NO_SHARD")]
+    NoShard,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StateDictType {
+    Full,
+    Sharded,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsdpConfig {
+    pub sharding_strategy: ShardingStrategy,
+    pub state_dict_type: StateDictType,
+    /// The size-based wrap policy: consecutive blocks are grouped into FSDP units of at least this many
+    /// parameters (fewer, larger units: fewer collectives, more held whole at once). Unset: one unit
+    /// per block.
+    #[serde(default)]
+    pub min_num_params: Option<usize>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainerConfig {
+    pub strategy: Strategy,
+    pub accelerator: Accelerator,
+    pub devices: Devices,
+    #[serde(default = "one")]
+    pub num_nodes: usize,
+    pub precision: Precision,
+    pub max_epochs: u64,
+    #[serde(default = "minus_one")]
+    pub max_steps: i64,
+    #[serde(default)]
+    pub limit_train_batches: Limit,
+    #[serde(default)]
+    pub limit_val_batches: Limit,
+    #[serde(default)]
+    pub val_check_interval: Limit,
+    #[serde(default = "super::one_u64")]
+    pub check_val_every_n_epoch: u64,
+    #[serde(default)]
+    pub fast_dev_run: FastDevRun,
+    #[serde(default)]
+    pub overfit_batches: Limit0,
+    #[serde(default)]
+    pub gradient_clip_val: Option<f64>,
+    #[serde(default = "super::one_u64")]
+    pub accumulate_grad_batches: u64,
+    #[serde(default)]
+    pub deterministic: bool,
+    #[serde(default)]
+    pub sync_batchnorm: bool,
+    #[serde(default)]
+    pub cudnn_benchmark: bool,
+    #[serde(default)]
+    pub auto_scale_batch_size: Option<BatchScaleMode>,
+    #[serde(default = "fifty")]
+    pub log_every_n_steps: u64,
+    #[serde(default)]
+    pub process_group_backend: Option<ProcessGroupBackend>,
+    #[serde(default = "rendezvous_timeout")]
+    pub rendezvous_timeout_s: u64,
+    #[serde(default = "collective_timeout")]
+    pub collective_timeout_s: u64,
+    #[serde(default)]
+    pub ddp: Option<DdpConfig>,
+    #[serde(default)]
+    pub fsdp: Option<FsdpConfig>,
+    /// Dynamic loss scaling for `precision: 16-mixed` (torch.amp.GradScaler's settings and defaults).
+    #[serde(default)]
+    pub grad_scaler: GradScalerConfig,
+}
+
+/// `trainer.grad_scaler`: the loss is multiplied by `init_scale` before backward; a step whose gradients
+/// hold inf/NaN is skipped and the scale multiplied by `backoff_factor`; after `growth_interval` clean
+/// steps in a row it is multiplied by `growth_factor`. Used by `16-mixed` only.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GradScalerConfig {
+    pub init_scale: f64,
+    pub growth_factor: f64,
+    pub backoff_factor: f64,
+    pub growth_interval: u64,
+}
+
+impl Default for GradScalerConfig {
+    fn default() -> Self {
+        GradScalerConfig {
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+        }
+    }
+}
+
+/// `overfit_batches: 0` (off), a batch count, or a fraction.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Limit0 {
+    Batches(u64),
+    Fraction(f64),
+}
+
+impl Default for Limit0 {
+    fn default() -> Self {
+        Limit0::Batches(0)
+    }
+}
+
+fn one() -> usize {
+    1
+}
+fn minus_one() -> i64 {
+    -1
+}
+fn fifty() -> u64 {
+    50
+}
+fn rendezvous_timeout() -> u64 {
+    300
+}
+fn collective_timeout() -> u64 {
+    1800
+}

@@ -1,0 +1,344 @@
+//! From the resolved config tree to the typed `Experiment`: figment extracts it, and every error names the
+//! dotted key, the value, where it was set (file:line or the override) and a fix; then the checks serde
+//! cannot express (ranges, combinations).
+
+use super::*;
+use crate::config::errors::{at, did_you_mean, ConfigError};
+use crate::config::tree::Node;
+use figment::error::Kind;
+use figment::providers::Serialized;
+use figment::Figment;
+
+/// Extract the typed experiment from a resolved config, or say exactly what is wrong and where.
+///
+/// The top-level `hydra` node (sweeper params, run directories) belongs to Hydra, not to the job, and is
+/// ignored. `???` values still present are errors.
+pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
+    let mut job = config.clone();
+    if let Some(map) = job.as_map_mut() {
+        map.shift_remove("hydra");
+    }
+    check_no_missing(&job)?;
+    let figment = Figment::from(Serialized::defaults(job.to_json()));
+    let experiment: Experiment = figment.extract().map_err(|e| describe(&job, e))?;
+    validate(&job, &experiment)?;
+    Ok(experiment)
+}
+
+fn check_no_missing(config: &Node) -> Result<(), ConfigError> {
+    let mut missing = None;
+    let mut path = String::new();
+    config.walk(&mut path, &mut |p, n| {
+        if missing.is_none() && n.is_missing() {
+            missing = Some((p.to_string(), n.source.clone()));
+        }
+    });
+    match missing {
+        Some((key, source)) => Err(ConfigError::Schema(format!(
+            "Missing mandatory value: {key}{}\n    Set it with {key}=<value>",
+            at(&source)
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// The node an error is about: the node at `path`, else its deepest ancestor below the root.
+fn locate<'a>(config: &'a Node, path: &[String]) -> Option<&'a Node> {
+    (1..=path.len())
+        .rev()
+        .find_map(|n| config.get(&path[..n].join(".")))
+}
+
+/// A value as the user wrote it, on one line: ` = 64`, ` = {"size": 32}`.
+fn shown(node: Option<&Node>) -> String {
+    let Some(node) = node else {
+        return String::new();
+    };
+    let text = match node.to_json() {
+        serde_json::Value::String(s) => s,
+        other => other.to_string(),
+    };
+    let text = if text.chars().count() > 80 {
+        format!("{}...", text.chars().take(77).collect::<String>())
+    } else {
+        text
+    };
+    format!(" = {text}")
+}
+
+/// Turn a figment error into ours: key path, value, source, fix.
+fn describe(config: &Node, error: figment::Error) -> ConfigError {
+    let key = error.path.join(".");
+    let node = locate(config, &error.path);
+    let place = node.map(|n| at(&n.source)).unwrap_or_default();
+    let exact = config.get(&key).filter(|_| !key.is_empty());
+    let shown = shown(exact);
+    let msg = match &error.kind {
+        Kind::UnknownField(field, expected) => {
+            // figment's path ends with the unknown key itself; be robust if it does not.
+            let parent = match error.path.last() {
+                Some(last) if last == field => error.path[..error.path.len() - 1].join("."),
+                _ => key.clone(),
+            };
+            let full = if parent.is_empty() {
+                field.clone()
+            } else {
+                format!("{parent}.{field}")
+            };
+            let node = config.get(&full);
+            let place = node.map(|n| at(&n.source)).unwrap_or_default();
+            let mut m = format!("Error in config key '{full}': unknown key{place}");
+            match did_you_mean(field, expected.iter().copied()) {
+                Some(s) => {
+                    let fix = if parent.is_empty() {
+                        s
+                    } else {
+                        format!("{parent}.{s}")
+                    };
+                    m.push_str(&format!("\n    Did you mean '{fix}'?"));
+                }
+                None => m.push_str(&format!("\n    Known keys here: {}", expected.join(", "))),
+            }
+            m
+        }
+        Kind::UnknownVariant(variant, expected) => {
+            let mut m =
+                format!("Error in config key '{key}': '{variant}' is not a valid choice{place}");
+            if let Some(s) = did_you_mean(variant, expected.iter().copied()) {
+                m.push_str(&format!("\n    Did you mean '{s}'?"));
+            }
+            m.push_str(&format!("\n    Valid choices: {}", expected.join(", ")));
+            m
+        }
+        Kind::MissingField(field) => {
+            let full = if key.is_empty() {
+                field.to_string()
+            } else {
+                format!("{key}.{field}")
+            };
+            format!(
+                "Error in config key '{full}': missing{}\n    Set it in the config group or with +{full}=<value>",
+                if key.is_empty() { String::new() } else { node.map(|n| at(&n.source)).unwrap_or_default() }
+            )
+        }
+        Kind::InvalidType(actual, expected) => format!(
+            "Error in config key '{key}'{shown}: expected {expected}, found {actual}{place}"
+        ),
+        Kind::InvalidValue(actual, expected) => format!(
+            "Error in config key '{key}'{shown}: expected {expected}, found {actual}{place}"
+        ),
+        Kind::InvalidLength(len, expected) => format!(
+            "Error in config key '{key}'{shown}: expected {expected}, found {len} items{place}"
+        ),
+        Kind::Message(text) => format!("Error in config key '{key}'{shown}: {text}{place}"),
+        other => format!("Error in config key '{key}'{shown}: {other}{place}"),
+    };
+    ConfigError::Schema(msg)
+}
+
+const RESNETS: &[&str] = &["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"];
+
+/// Keys of `model` that only some models read: (key, the `model.name`s that use it).
+const MODEL_ONLY: &[(&str, &[&str])] = &[
+    ("hidden", &["mlp"]),
+    ("channels", &["cnn"]),
+    ("cifar_stem", RESNETS),
+    ("zero_init_residual", RESNETS),
+    ("variant", &["vit"]),
+    ("patch_size", &["vit"]),
+    ("image_size", &["vit"]),
+];
+const DATA_ONLY: &[(&str, &[&str])] =
+    &[("train_size", &["synthetic"]), ("val_size", &["synthetic"])];
+const OPTIMIZER_ONLY: &[(&str, &[&str])] = &[
+    ("momentum", &["sgd"]),
+    ("nesterov", &["sgd"]),
+    ("betas", &["adam", "adamw"]),
+    ("eps", &["adam", "adamw"]),
+];
+const SCHEDULER_ONLY: &[(&str, &[&str])] = &[
+    ("max_lr", &["onecycle"]),
+    ("pct_start", &["onecycle"]),
+    ("div_factor", &["onecycle"]),
+    ("final_div_factor", &["onecycle"]),
+    ("warmup_epochs", &["cosine"]),
+    ("min_lr", &["cosine"]),
+    ("step_size", &["step"]),
+    ("gamma", &["step"]),
+];
+
+/// A key set (not null) in `section` that its chosen `name` does not read is a mistake, typically left over
+/// from a config written for another model, optimizer or schedule: say so rather than silently ignore it.
+fn check_applies(
+    config: &Node,
+    section: &str,
+    table: &[(&str, &[&str])],
+) -> Result<(), ConfigError> {
+    let Some(name) = config
+        .get(&format!("{section}.name"))
+        .and_then(|n| n.as_str())
+    else {
+        return Ok(());
+    };
+    for (key, users) in table {
+        let full = format!("{section}.{key}");
+        let Some(node) = config.get(&full) else {
+            continue;
+        };
+        if matches!(node.value, crate::config::tree::Value::Null) || users.contains(&name) {
+            continue;
+        }
+        return Err(ConfigError::Schema(format!(
+            "Error in config key '{full}'{}: {section} '{name}' does not use this key (only {} do){}\n    \
+             Remove it, or set it to null",
+            shown(Some(node)),
+            users.join(", "),
+            at(&node.source)
+        )));
+    }
+    Ok(())
+}
+
+/// Checks serde cannot express: fields that only make sense for some models or strategies.
+fn validate(config: &Node, e: &Experiment) -> Result<(), ConfigError> {
+    let fail = |key: &str, msg: String| {
+        let place = config.get(key).map(|n| at(&n.source)).unwrap_or_default();
+        Err(ConfigError::Schema(format!(
+            "Error in config key '{key}': {msg}{place}"
+        )))
+    };
+    let m = &e.model;
+    for (section, table) in [
+        ("model", MODEL_ONLY),
+        ("optimizer", OPTIMIZER_ONLY),
+        ("scheduler", SCHEDULER_ONLY),
+        ("data", DATA_ONLY),
+    ] {
+        check_applies(config, section, table)?;
+    }
+    if m.name == ModelName::Vit {
+        if m.variant.is_none() {
+            return fail(
+                "model.variant",
+                "a vit needs a variant: tiny, small or base".into(),
+            );
+        }
+        let image = m.image_size.unwrap_or(e.data.image_size);
+        match m.patch_size {
+            Some(p) if p > 0 && image.is_multiple_of(p) => {}
+            Some(p) => {
+                return fail(
+                    "model.patch_size",
+                    format!(
+                        "patch size {p} must divide the image size {image} (e.g. 4 or 8 for 32px CIFAR images, \
+                         16 or 32 for 224px)"
+                    ),
+                )
+            }
+            None => {
+                return fail(
+                    "model.patch_size",
+                    "a vit needs patch_size (16 or 32 for the published weights)".into(),
+                )
+            }
+        }
+    }
+    let gs = &e.trainer.grad_scaler;
+    for (key, ok, rule) in [
+        (
+            "init_scale",
+            gs.init_scale > 0.0,
+            "must be > 0 (default 65536.0)",
+        ),
+        (
+            "growth_factor",
+            gs.growth_factor > 1.0,
+            "must be > 1 (default 2.0)",
+        ),
+        (
+            "backoff_factor",
+            gs.backoff_factor > 0.0 && gs.backoff_factor < 1.0,
+            "must be in (0, 1) (default 0.5)",
+        ),
+        (
+            "growth_interval",
+            gs.growth_interval >= 1,
+            "must be at least 1 (default 2000)",
+        ),
+    ] {
+        if !ok {
+            return fail(&format!("trainer.grad_scaler.{key}"), rule.into());
+        }
+    }
+    if !(0.0..1.0).contains(&m.label_smoothing) {
+        return fail(
+            "model.label_smoothing",
+            format!("{} is outside [0, 1): use e.g. 0.1", m.label_smoothing),
+        );
+    }
+    if m.name == ModelName::Mlp && m.hidden.as_ref().is_none_or(|h| h.contains(&0)) {
+        return fail(
+            "model.hidden",
+            "an mlp needs hidden: a list of layer widths, each at least 1 (e.g. [512, 256])".into(),
+        );
+    }
+    if m.channels
+        .as_ref()
+        .is_some_and(|c| c.is_empty() || c.contains(&0))
+    {
+        return fail(
+            "model.channels",
+            "channels must be a non-empty list of widths, each at least 1".into(),
+        );
+    }
+    if e.optimizer.nesterov && e.optimizer.momentum <= 0.0 {
+        return fail(
+            "optimizer.nesterov",
+            "Nesterov momentum needs momentum > 0; set optimizer.momentum=0.9 or optimizer.nesterov=false"
+                .into(),
+        );
+    }
+    if m.num_classes != e.data.num_classes {
+        return fail(
+            "model.num_classes",
+            format!(
+                "the model predicts {} classes but the data set has {}; set model.num_classes=${{data.num_classes}}",
+                m.num_classes, e.data.num_classes
+            ),
+        );
+    }
+    if !(0.0..1.0).contains(&m.dropout) {
+        return fail(
+            "model.dropout",
+            format!("dropout must be in [0, 1), got {}", m.dropout),
+        );
+    }
+    if e.data.batch_size == 0 {
+        return fail("data.batch_size", "batch size must be at least 1".into());
+    }
+    if e.optimizer.lr <= 0.0 {
+        return fail(
+            "optimizer.lr",
+            format!("learning rate must be positive, got {}", e.optimizer.lr),
+        );
+    }
+    let t = &e.trainer;
+    if t.strategy == Strategy::Fsdp && t.fsdp.is_none() {
+        return fail(
+            "trainer.fsdp",
+            "strategy fsdp needs trainer.fsdp.{sharding_strategy,state_dict_type}".into(),
+        );
+    }
+    if t.strategy == Strategy::Single
+        && (t.num_nodes > 1 || matches!(t.devices, Devices::Count(n) if n > 1))
+    {
+        return fail(
+            "trainer.strategy",
+            "strategy single runs one process on one device; use trainer=ddp (or dp) for more devices or nodes".into(),
+        );
+    }
+    if t.num_nodes == 0 {
+        return fail("trainer.num_nodes", "num_nodes must be at least 1".into());
+    }
+    Ok(())
+}
