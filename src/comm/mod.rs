@@ -7,7 +7,7 @@
 
 pub mod collective;
 pub mod env;
-pub mod launch;
+
 pub mod local;
 
 #[cfg(feature = "torch")]

@@ -4,6 +4,7 @@ pub mod compose;
 pub mod defaults;
 pub mod errors;
 pub mod grammar;
+pub mod hydra;
 pub mod interpolate;
 pub mod repository;
 pub mod sweep;

@@ -2,7 +2,11 @@
 //! (this same binary, same arguments, torchrun's environment variables), watch them, and on the first
 //! failure stop the others and report which rank died, how, and the end of its log.
 
-use super::env::Cluster;
+use super::job::JobOutcome;
+use crate::comm::env::Cluster;
+use crate::config::errors::ConfigError;
+use crate::config::interpolate::ResolveContext;
+use crate::records;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
@@ -104,7 +108,7 @@ pub fn run_node(launch: &NodeLaunch) -> anyhow::Result<()> {
             .env("NODE_RANK", c.node_rank.to_string())
             .env("MASTER_ADDR", &c.master_addr)
             .env("MASTER_PORT", port.to_string())
-            .env(super::NOW_ENV, &launch.now);
+            .env(crate::comm::NOW_ENV, &launch.now);
         for pool in ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"] {
             if std::env::var_os(pool).is_none() {
                 cmd.env(pool, &threads);
@@ -184,4 +188,53 @@ pub fn run_node(launch: &NodeLaunch) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// The node launcher's side of a distributed job: start this node's workers, wait, and report.
+pub fn launch_node(
+    cluster: crate::comm::env::Cluster,
+    output_dir: &Path,
+    ctx: &ResolveContext,
+) -> Result<JobOutcome, ConfigError> {
+    let exe = std::env::current_exe()
+        .map_err(|e| ConfigError::Io(format!("cannot find this program to start workers: {e}")))?;
+    let node = cluster.node_rank;
+    let launch = NodeLaunch {
+        exe,
+        args: std::env::args_os().skip(1).collect(),
+        now: ctx.now.to_rfc3339(),
+        run_dir: output_dir.to_path_buf(),
+        cluster,
+    };
+    let started = std::time::Instant::now();
+    run_node(&launch).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
+    let summary = std::fs::read_to_string(output_dir.join("summary.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let message = match &summary {
+        Some(s) => format!(
+            "{}: {} after {} epochs ({} steps) on {} process(es) in {:.1}s; {}\nRun directory: {}",
+            s["task_name"].as_str().unwrap_or("?"),
+            s["status"].as_str().unwrap_or("?"),
+            s["epochs_completed"],
+            s["global_step"],
+            s["devices"].as_u64().unwrap_or(1) * s["num_nodes"].as_u64().unwrap_or(1),
+            started.elapsed().as_secs_f64(),
+            match s["final_metrics"]["val/acc1"].as_f64() {
+                Some(a) => format!("val/acc1 {a:.4}"),
+                None => "no validation".to_string(),
+            },
+            records::display(output_dir)
+        ),
+        // Other nodes: rank 0 (on node 0) writes the run's records.
+        None => format!(
+            "node {node}: all workers finished in {:.1}s (rank 0 writes the run records on node 0)",
+            started.elapsed().as_secs_f64()
+        ),
+    };
+    Ok(JobOutcome {
+        main_metric: summary.and_then(|s| s["final_metrics"]["val/acc1"].as_f64()),
+        message,
+        output_dir: output_dir.to_path_buf(),
+    })
 }

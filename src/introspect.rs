@@ -1,0 +1,197 @@
+//! Looking without running: `--cfg job|hydra|all` (the composed config, optionally resolved and cut to a
+//! package), `--info` (search path, defaults tree and list, config), `--help`'s list of config groups, and
+//! shell completion (`--shell-completion`, `--complete WORD`).
+
+use crate::cli::{CfgKind, Cli, InfoKind, Shell};
+use crate::config::compose::RunMode;
+use crate::config::errors::ConfigError;
+use crate::config::grammar::Override;
+use crate::config::hydra::{compose_with_hydra, split_hydra};
+use crate::config::interpolate::{resolve_all, ResolveContext};
+use crate::config::repository::Repository;
+use crate::config::tree::Node;
+use crate::config::{defaults, yaml};
+use crate::launcher::place::place_job;
+use crate::project::Setup;
+
+pub fn print_cfg(
+    cli: &Cli,
+    setup: &Setup,
+    kind: CfgKind,
+    full: &Node,
+    num: usize,
+    ctx: &ResolveContext,
+) -> Result<(), ConfigError> {
+    let (job, hydra) = split_hydra(full.clone());
+    let ctx = &if cli.resolve {
+        let sweep_dir = cli
+            .multirun
+            .then(|| setup.project_root.join("logs").join("<sweep>"));
+        place_job(setup, &job, hydra.clone(), num, sweep_dir.as_deref(), ctx)?.ctx
+    } else {
+        ctx.clone()
+    };
+    let mut node = match kind {
+        CfgKind::Job => job,
+        CfgKind::Hydra => {
+            let mut m = Node::empty_map();
+            if let Some(map) = m.as_map_mut() {
+                map.insert("hydra".into(), hydra);
+            }
+            m
+        }
+        CfgKind::All => full.clone(),
+    };
+    if cli.resolve {
+        node = resolve_all(&node, ctx)?;
+    }
+    if let Some(key) = &cli.package {
+        node = node.get(key).cloned().ok_or_else(|| {
+            ConfigError::composition(format!("--package: no key '{key}' in the composed config"))
+        })?;
+        let mut wrapped = Node::empty_map();
+        if let Some(map) = wrapped.as_map_mut() {
+            map.insert(key.clone(), node);
+        }
+        node = wrapped;
+    }
+    print!("{}", yaml::to_yaml(&node));
+    Ok(())
+}
+
+pub fn print_info(
+    setup: &Setup,
+    overrides: &[Override],
+    kind: InfoKind,
+    multirun: bool,
+) -> Result<(), ConfigError> {
+    let all = kind == InfoKind::All;
+    if all || kind == InfoKind::Searchpath {
+        println!(
+            "Config search path\n------------------\n{}\n",
+            setup.repo.describe()
+        );
+    }
+    let mode = if multirun {
+        RunMode::Multirun
+    } else {
+        RunMode::Run
+    };
+    let composed = compose_with_hydra(&setup.repo, &setup.config_name, overrides, mode)?;
+    if all || kind == InfoKind::DefaultsTree {
+        println!(
+            "Defaults Tree\n-------------\n{}",
+            defaults::render_tree(&composed.defaults.tree)
+        );
+    }
+    if all || kind == InfoKind::Defaults {
+        println!("Defaults List\n-------------");
+        println!(
+            "| {:<40} | {:<24} | {:<24} |",
+            "Config path", "Package", "Parent"
+        );
+        for d in &composed.defaults.defaults {
+            println!(
+                "| {:<40} | {:<24} | {:<24} |",
+                d.config_path,
+                d.package,
+                d.parent.clone().unwrap_or_default()
+            );
+        }
+        println!();
+    }
+    if all || kind == InfoKind::Config {
+        let (job, _) = split_hydra(composed.config);
+        println!("Config\n------\n{}", yaml::to_yaml(&job));
+    }
+    Ok(())
+}
+
+/// The `--help` footer: every config group and its options.
+pub fn groups_help(repo: &Repository) -> String {
+    let mut out = String::from("Config groups (override with GROUP=OPTION):\n");
+    let mut stack: Vec<String> = repo.list_groups("");
+    stack.sort();
+    let mut groups = Vec::new();
+    while let Some(g) = stack.pop() {
+        for sub in repo.list_groups(&g) {
+            stack.push(format!("{g}/{sub}"));
+        }
+        groups.push(g);
+    }
+    groups.sort();
+    for g in groups {
+        let options = repo.group_options(&g);
+        if !options.is_empty() {
+            out.push_str(&format!("  {g}: {}\n", options.join(", ")));
+        }
+    }
+    out.push_str("\nPrint the composed config with --cfg job; sweep with -m key=a,b.");
+    out
+}
+
+/// Candidates for the word being completed: `group=`, `group=option`, `key.path=`.
+pub fn complete(setup: &Setup, word: &str) -> Vec<String> {
+    let prefix: String = word
+        .chars()
+        .take_while(|c| matches!(c, '+' | '~'))
+        .collect();
+    let body = &word[prefix.len()..];
+    if let Some((key, partial)) = body.split_once('=') {
+        if setup.repo.group_exists(key) {
+            return setup
+                .repo
+                .group_options(key)
+                .into_iter()
+                .filter(|o| o.starts_with(partial))
+                .map(|o| format!("{prefix}{key}={o}"))
+                .collect();
+        }
+        return Vec::new();
+    }
+    let mut out: Vec<String> = Vec::new();
+    let mut groups = setup.repo.list_groups("");
+    groups.sort();
+    for g in groups {
+        out.push(format!("{prefix}{g}="));
+    }
+    if let Ok(composed) =
+        compose_with_hydra(&setup.repo, &setup.config_name, &[], RunMode::Multirun)
+    {
+        let (job, _) = split_hydra(composed.config);
+        for p in job.all_paths() {
+            out.push(format!("{prefix}{p}="));
+        }
+    }
+    out.retain(|c| c.starts_with(word));
+    out.sort();
+    out.dedup();
+    out
+}
+
+pub fn completion_script(shell: Shell) -> String {
+    match shell {
+        Shell::Bash => r#"# bash completion for train: eval "$(train --shell-completion bash)"
+_train_complete() {
+    local cur="${COMP_WORDS[COMP_CWORD]}"
+    COMPREPLY=($(train --complete "$cur" 2>/dev/null))
+    compopt -o nospace 2>/dev/null
+}
+complete -F _train_complete train
+"#
+        .into(),
+        Shell::Zsh => r#"# zsh completion for train: eval "$(train --shell-completion zsh)"
+_train() {
+    local -a candidates
+    candidates=(${(f)"$(train --complete "${words[CURRENT]}" 2>/dev/null)"})
+    compadd -S '' -- $candidates
+}
+compdef _train train
+"#
+        .into(),
+        Shell::Fish => r#"# fish completion for train: train --shell-completion fish | source
+complete -c train -f -a '(train --complete (commandline -ct) 2>/dev/null)'
+"#
+        .into(),
+    }
+}

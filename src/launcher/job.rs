@@ -1,0 +1,203 @@
+//! One job, from its composed config to its records: place it, resolve and type its config, write
+//! `.hydra/`, then train in this process, as one rank of a distributed run, or start this node's workers.
+
+use super::logs::{with_rank_log, with_run_log};
+use super::node::launch_node;
+use super::place::place_job;
+use crate::config::compose::Composed;
+use crate::config::errors::ConfigError;
+use crate::config::hydra::split_hydra;
+use crate::config::interpolate::{resolve_all, ResolveContext};
+use crate::config::yaml;
+use crate::project::Setup;
+use crate::records::{self, JobInfo};
+use std::path::{Path, PathBuf};
+
+/// What one job did.
+pub struct JobOutcome {
+    pub output_dir: PathBuf,
+    pub message: String,
+    /// Final `val/acc1`, shown in the sweep table.
+    pub main_metric: Option<f64>,
+}
+
+/// Run one composed job: resolve, validate against the schema, write its records.
+pub fn run_job(
+    setup: &Setup,
+    composed: Composed,
+    overrides: &[String],
+    num: usize,
+    sweep_dir: Option<&Path>,
+    ctx: &ResolveContext,
+) -> Result<JobOutcome, ConfigError> {
+    let (job_cfg, hydra) = split_hydra(composed.config);
+    let mut place = place_job(setup, &job_cfg, hydra.clone(), num, sweep_dir, ctx)?;
+    let mut resolved = resolve_all(&job_cfg, &place.ctx)?;
+    let mut experiment = crate::schema::extract(&resolved)?;
+    let run_error = |e: anyhow::Error| ConfigError::Run(format!("{e:#}"));
+    crate::trainer::check_supported(&experiment).map_err(run_error)?;
+    let mut dist = None;
+    if matches!(
+        experiment.trainer.strategy,
+        crate::schema::Strategy::Ddp | crate::schema::Strategy::Fsdp
+    ) {
+        let cluster = crate::comm::env::detect_from_process(
+            crate::comm::devices_per_node(&experiment),
+            experiment.trainer.num_nodes,
+        )
+        .map_err(run_error)?;
+        if cluster.worker.is_none() {
+            if sweep_dir.is_some() {
+                return Err(ConfigError::Run(
+                    "a multirun of distributed jobs: launch each job on its own (without -m), or sweep with \
+                     trainer=single"
+                        .into(),
+                ));
+            }
+            return launch_node(cluster, &place.output_dir, &place.ctx);
+        }
+        let now = place.ctx.now.to_rfc3339();
+        let (joined, agreed) = crate::comm::join(&cluster, &experiment, &now).map_err(run_error)?;
+        if agreed != now {
+            // Another node launched this run: use rank 0's launch time, so every rank has one run directory.
+            let mut agreed_ctx = ctx.clone();
+            agreed_ctx.now = parse_now(&agreed).ok_or_else(|| {
+                ConfigError::Run(format!("rank 0 sent a bad launch time '{agreed}'"))
+            })?;
+            place = place_job(setup, &job_cfg, hydra, num, sweep_dir, &agreed_ctx)?;
+            resolved = resolve_all(&job_cfg, &place.ctx)?;
+            experiment = crate::schema::extract(&resolved)?;
+        }
+        dist = Some(joined);
+    }
+    let output_dir = place.output_dir.clone();
+    if let Some(d) = dist.as_ref().filter(|d| !d.is_leader()) {
+        // Ranks other than 0 train and log to their own file; rank 0 writes the run's records.
+        std::fs::create_dir_all(&output_dir).map_err(|e| {
+            ConfigError::Io(format!("could not create {}: {e}", output_dir.display()))
+        })?;
+        let config_yaml = yaml::to_yaml(&resolved);
+        with_rank_log(&output_dir, d.rank, || {
+            crate::trainer::fit_on(&experiment, &output_dir, &config_yaml, Some(d))
+        })?
+        .map_err(|e| ConfigError::Run(format!("rank {}: {e:#}", d.rank)))?;
+        return Ok(JobOutcome {
+            output_dir,
+            message: String::new(),
+            main_metric: None,
+        });
+    }
+    let info = JobInfo {
+        name: place.task_name,
+        config_name: setup.config_name.clone(),
+        num,
+        mode: if sweep_dir.is_some() {
+            "MULTIRUN"
+        } else {
+            "RUN"
+        },
+        output_dir: output_dir.clone(),
+        overrides: overrides.to_vec(),
+        choices: composed.choices.into_iter().collect(),
+        resolved_hydra: place.hydra,
+    };
+    records::write_job_records(&info, &job_cfg, &resolved).map_err(|e| {
+        ConfigError::Io(format!(
+            "could not write run records in {}: {e}",
+            output_dir.display()
+        ))
+    })?;
+    let config_yaml = yaml::to_yaml(&resolved);
+    if sweep_dir.is_none() {
+        print!("{config_yaml}");
+    }
+    let run_state = records::RunState::started();
+    let record_state = |state: &records::RunState| {
+        state.write(&output_dir).map_err(|e| {
+            ConfigError::Io(format!(
+                "could not write {}: {e}",
+                output_dir.join("run.json").display()
+            ))
+        })
+    };
+    record_state(&run_state)?;
+    let summary = match &dist {
+        Some(d) => with_rank_log(&output_dir, d.rank, || {
+            crate::trainer::fit_on(&experiment, &output_dir, &config_yaml, Some(d))
+        })?,
+        None => {
+            let log_file = std::fs::File::create(output_dir.join("train.log")).map_err(|e| {
+                ConfigError::Io(format!(
+                    "could not create {}: {e}",
+                    output_dir.join("train.log").display()
+                ))
+            })?;
+            with_run_log(log_file, || {
+                crate::trainer::fit(&experiment, &output_dir, &config_yaml)
+            })
+        }
+    };
+    record_state(&run_state.ended(summary.as_ref().err().map(|e| format!("{e:#}"))))?;
+    // Under our node launcher, the launcher reports the run (once); rank 0 stays quiet.
+    let launched_here = dist.is_some() && std::env::var_os(crate::comm::NOW_ENV).is_some();
+    let summary = summary.map_err(|e| {
+        ConfigError::Run(format!(
+            "{e:#}\n    (run directory: {})",
+            records::display(&output_dir)
+        ))
+    })?;
+    if launched_here {
+        return Ok(JobOutcome {
+            message: String::new(),
+            main_metric: summary.final_metrics.get("val/acc1").copied(),
+            output_dir,
+        });
+    }
+    Ok(JobOutcome {
+        message: format!(
+            "{}: {} after {} epochs ({} steps) in {:.1}s; {}\nRun directory: {}",
+            summary.task_name,
+            summary.status,
+            summary.epochs_completed,
+            summary.global_step,
+            summary.wall_time_s,
+            match summary.final_metrics.get("val/acc1") {
+                Some(a) => format!("val/acc1 {a:.4}"),
+                None => "no validation".to_string(),
+            },
+            records::display(&output_dir)
+        ),
+        main_metric: summary.final_metrics.get("val/acc1").copied(),
+        output_dir,
+    })
+}
+
+/// A launch time from the launcher or rank 0, in its own offset (not converted to this node's zone).
+pub fn parse_now(text: &str) -> Option<chrono::DateTime<chrono::FixedOffset>> {
+    chrono::DateTime::parse_from_rfc3339(text).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker on a node in another time zone resolves `${now:...}` at rank 0's wall-clock time, as rank
+    /// 0 wrote it (so both nodes name the same run directory), not converted to its own zone.
+    #[test]
+    fn a_launch_time_keeps_the_offset_it_was_taken_in() {
+        let mut ctx = ResolveContext::from_process();
+        for sent in ["2026-11-23T10:05:00+09:00", "2026-11-23T10:05:00-05:00"] {
+            ctx.now = parse_now(sent).unwrap();
+            let root = crate::config::yaml::parse("dir: ${now:%Y-%m-%d_%H-%M}", "t.yaml")
+                .unwrap()
+                .unwrap();
+            let out = crate::config::interpolate::resolve_all(&root, &ctx).unwrap();
+            assert_eq!(
+                out.get("dir").unwrap().to_json(),
+                "2026-11-23_10-05",
+                "{sent}"
+            );
+        }
+        assert!(parse_now("yesterday").is_none());
+    }
+}

@@ -1,0 +1,177 @@
+//! Hydra's BasicSweeper with its BasicLauncher: expand the sweep into jobs (leftmost override slowest), write
+//! `multirun.yaml` and the plan (`sweep.json`), run the jobs one after another, and end with a table and
+//! the sweep's logbook section.
+
+use super::job::run_job;
+use crate::cli::{CfgKind, Cli};
+use crate::config::compose::RunMode;
+use crate::config::errors::ConfigError;
+use crate::config::grammar::Override;
+use crate::config::hydra::{compose_with_hydra, parse_overrides, split_hydra};
+use crate::config::interpolate::{resolve_path, ResolveContext};
+use crate::config::sweep;
+use crate::config::tree::{Node, Value};
+use crate::config::yaml;
+use crate::introspect::print_cfg;
+use crate::project::Setup;
+use crate::records;
+use std::process::ExitCode;
+
+pub fn run_sweep(
+    cli: &Cli,
+    setup: &Setup,
+    overrides: &[Override],
+    ctx: &ResolveContext,
+) -> Result<ExitCode, ConfigError> {
+    let master = compose_with_hydra(
+        &setup.repo,
+        &setup.config_name,
+        overrides,
+        RunMode::Multirun,
+    )?;
+    let params: Vec<String> = match master.config.get("hydra.sweeper.params").map(|n| &n.value) {
+        Some(Value::Map(m)) => m
+            .iter()
+            .map(|(k, v)| format!("{k}={}", scalar_for_override(v)))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let jobs = sweep::expand(&setup.repo, &params, overrides)?;
+    if cli.cfg.is_some() {
+        for (i, job) in jobs.iter().enumerate() {
+            let parsed = parse_overrides(job)?;
+            let composed =
+                compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)?;
+            if i > 0 {
+                println!("---");
+            }
+            print_cfg(
+                cli,
+                setup,
+                cli.cfg.unwrap_or(CfgKind::Job),
+                &composed.config,
+                i,
+                ctx,
+            )?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (_, hydra) = split_hydra(master.config.clone());
+    let (job_cfg, _) = split_hydra(master.config.clone());
+    let task_name = match job_cfg.get("task_name") {
+        Some(_) => resolve_path(&job_cfg, "task_name", ctx)?
+            .value
+            .display_python(),
+        None => setup.config_name.clone(),
+    };
+    let stamp = ctx.now.format("%Y-%m-%d_%H-%M-%S").to_string();
+    let sweep_dir = match hydra.get("sweep.dir").and_then(Node::as_str) {
+        Some(d) => setup.project_root.join(d),
+        None => setup
+            .project_root
+            .join("logs")
+            .join(&task_name)
+            .join("multiruns")
+            .join(&stamp),
+    };
+    std::fs::create_dir_all(&sweep_dir)
+        .map_err(|e| ConfigError::Io(format!("could not create {}: {e}", sweep_dir.display())))?;
+    let mut multirun = Node::empty_map();
+    if let Some(m) = multirun.as_map_mut() {
+        m.insert("hydra".into(), hydra);
+    }
+    records::write_atomic(
+        &sweep_dir.join("multirun.yaml"),
+        yaml::to_yaml(&job_cfg).as_bytes(),
+    )
+    .map_err(|e| ConfigError::Io(e.to_string()))?;
+    // The plan, before any job runs: the logbook lists every job from it, started or not.
+    let mut record = records::SweepRecord::plan(&task_name, &jobs);
+    let save = |record: &records::SweepRecord| {
+        record.write(&sweep_dir).map_err(|e| {
+            ConfigError::Io(format!(
+                "could not write {}: {e}",
+                sweep_dir.join(records::SweepRecord::FILE).display()
+            ))
+        })
+    };
+    save(&record)?;
+    eprintln!(
+        "Launching {} jobs into {}",
+        jobs.len(),
+        records::display(&sweep_dir)
+    );
+    let mut rows = Vec::new();
+    let mut failed = 0;
+    let mut stopped_because = None;
+    for (num, job) in jobs.iter().enumerate() {
+        eprintln!("#{num} : {}", job.join(" "));
+        record.set_job(num, "running", None);
+        save(&record)?;
+        let outcome = parse_overrides(job)
+            .and_then(|parsed| {
+                compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)
+            })
+            .and_then(|composed| run_job(setup, composed, job, num, Some(&sweep_dir), ctx));
+        record.set_job(
+            num,
+            if outcome.is_ok() {
+                "completed"
+            } else {
+                "failed"
+            },
+            outcome.as_ref().err().map(|e| e.to_string()),
+        );
+        save(&record)?;
+        match outcome {
+            Ok(outcome) => rows.push((
+                num,
+                job.join(" "),
+                "ok".to_string(),
+                outcome
+                    .main_metric
+                    .map(|m| format!("val/acc1 {m:.4}"))
+                    .unwrap_or_else(|| "-".into()),
+            )),
+            Err(e) => {
+                failed += 1;
+                eprintln!("Error in job #{num}: {e}");
+                rows.push((num, job.join(" "), "FAILED".to_string(), "-".to_string()));
+                if cli.fail_fast {
+                    eprintln!("--fail-fast: stopping after the first failed job");
+                    stopped_because = Some(format!("--fail-fast: job #{num} failed"));
+                    break;
+                }
+            }
+        }
+    }
+    record.end(stopped_because);
+    save(&record)?;
+    println!("| job | overrides | status | main metric |");
+    println!("|---|---|---|---|");
+    for (num, ov, status, metric) in &rows {
+        println!("| {num} | {ov} | {status} | {metric} |");
+    }
+    println!("{} of {} jobs failed", failed, jobs.len());
+    match crate::logbook::write_sweep_section(&sweep_dir) {
+        Ok(w) => println!("Logbook section: {}", records::display(&w.markdown)),
+        Err(e) => eprintln!("warning: could not write the sweep's logbook section: {e:#}"),
+    }
+    Ok(if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A YAML value of `hydra.sweeper.params` as override text (`32,64,128` stays a sweep).
+fn scalar_for_override(v: &Node) -> String {
+    match &v.value {
+        Value::Str(s) => s.clone(),
+        other => other
+            .display_python()
+            .replace("True", "true")
+            .replace("False", "false")
+            .replace("None", "null"),
+    }
+}
