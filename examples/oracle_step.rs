@@ -26,7 +26,8 @@ fn main() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("empty spec"))?;
     let exp = trainyard::schema::extract(&node)?;
     let mut engine = OracleEngine::new(&exp)?;
-    let kept = engine.load_pretrained(&checkpoint::load(Path::new(weights))?.state)?;
+    let published = checkpoint::load(Path::new(weights))?.state;
+    let kept = trainyard::backend::load_pretrained(&mut *engine, &published)?;
     anyhow::ensure!(
         kept.is_empty(),
         "the oracle's weights must cover the head too (missing {kept:?})"

@@ -262,23 +262,25 @@ fn resnet_ops(n: usize) -> anyhow::Result<()> {
     let beta = Var::from_tensor(&rand(&[64])?)?;
     let (g, b) = (gamma.as_tensor().clone(), beta.as_tensor().clone());
     op("batchnorm 64x64x32x32", n, &x, |x| {
-        Ok(batchnorm::train(x, &g, &b, 1e-5, batchnorm::Then::Nothing)?
-            .expect("cpu")
-            .0)
+        Ok(
+            batchnorm::train(x, &g, &b, 1e-5, batchnorm::Then::Nothing, None)?
+                .expect("cpu")
+                .0,
+        )
     })?;
     op("relu 64x64x32x32", n, &x, fused::relu)?;
     let idt = id.as_tensor().clone();
     op("add 64x64x32x32", n, &x, |x| x + &idt)?;
     op("bn+relu 64x64x32x32", n, &x, |x| {
         fused::relu(
-            &batchnorm::train(x, &g, &b, 1e-5, batchnorm::Then::Nothing)?
+            &batchnorm::train(x, &g, &b, 1e-5, batchnorm::Then::Nothing, None)?
                 .expect("cpu")
                 .0,
         )
     })?;
     op("bn+add+relu 64x64x32x32", n, &x, |x| {
         fused::relu(
-            &(batchnorm::train(x, &g, &b, 1e-5, batchnorm::Then::Nothing)?
+            &(batchnorm::train(x, &g, &b, 1e-5, batchnorm::Then::Nothing, None)?
                 .expect("cpu")
                 .0
                 + &idt)?,

@@ -8,6 +8,8 @@ pub mod checkpoint;
 pub mod cli;
 pub mod comm;
 pub mod config;
+#[cfg(feature = "torch")]
+pub mod cuda;
 pub mod data;
 pub mod introspect;
 pub mod launcher;
@@ -16,6 +18,7 @@ pub mod loggers;
 pub mod memory;
 pub mod model;
 pub mod optim;
+pub mod plan;
 pub mod project;
 pub mod records;
 pub mod rng;

@@ -51,6 +51,17 @@ pub fn loopback_port() -> u16 {
 pub fn on_two_ranks<T: Send>(
     job: impl Fn(usize, &crate::comm::c10d::ProcessGroup) -> T + Sync,
 ) -> Vec<T> {
+    on_two_shared_ranks(|rank, group| {
+        let pg = crate::comm::c10d::ProcessGroup::of(group.as_ref()).expect("a c10d group");
+        job(rank, pg)
+    })
+}
+
+/// `on_two_ranks` with the group as a shared collective, for what keeps one (a strategy).
+#[cfg(feature = "torch")]
+pub fn on_two_shared_ranks<T: Send>(
+    job: impl Fn(usize, std::sync::Arc<dyn crate::comm::collective::Collective>) -> T + Sync,
+) -> Vec<T> {
     use crate::comm::c10d::{ProcessGroup, Store};
     let port = loopback_port();
     let timeout = std::time::Duration::from_secs(30);
@@ -63,7 +74,7 @@ pub fn on_two_ranks<T: Send>(
                     let group =
                         ProcessGroup::gloo(&store, "test", rank, 2, "127.0.0.1", timeout, None)
                             .unwrap();
-                    job(rank, &group)
+                    job(rank, std::sync::Arc::new(group))
                 })
             })
             .collect();

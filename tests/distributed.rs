@@ -431,7 +431,7 @@ fn torchrun_worker(root: &Path, rank: usize, world: usize, args: &[&str]) -> std
 #[case::with_candle(&["backend=candle"], "needs backend=tch")]
 #[case::on_a_gpu_that_is_not_there(&["backend=tch", "trainer.accelerator=gpu"], "finds no GPU: libtorch's CUDA library")]
 fn nccl_where_it_cannot_run_is_refused_by_name(#[case] extra: &[&str], #[case] says: &str) {
-    if trainyard::backend::torch::cuda_runtime::is_available() {
+    if trainyard::cuda::is_available() {
         eprintln!("SKIPPED: this machine has a CUDA device, so NCCL is not refused here");
         return;
     }

@@ -1,15 +1,24 @@
-//! The backend boundary. The trainer loop speaks only `Engine`: feed a batch forward and backward, take an
-//! optimizer step at a learning rate, evaluate, and move state in and out as named host tensors (the
-//! checkpoint format). Candle is the default engine; tch plugs in behind the same trait (feature `torch`).
+//! The backend boundary: an `Engine` computes and holds state, a model with its optimizer on one device.
+//! It feeds batches forward and backward, hands its accumulated gradients out as values and takes them
+//! back, steps its optimizer, and moves its state in and out as named host tensors (the checkpoint
+//! format). It does not know how many replicas or ranks there are: a strategy (`crate::strategy`) places
+//! engines and combines their gradients. What only some engines can do is an optional capability
+//! (`capabilities`): sharding (FSDP), averaging during the backward pass (DDP on libtorch's reducer) and
+//! dynamic loss scaling (`16-mixed`). Candle is the default engine; tch plugs in behind the same trait
+//! (feature `torch`). Neither imports the other; both read the model zoo from `crate::model`.
 
 pub mod candle;
+pub mod capabilities;
 #[cfg(feature = "torch")]
 pub mod torch;
 pub mod units;
 
+use crate::comm::collective::Collective;
 use crate::data::loader::Batch;
 use crate::schema::Experiment;
 use crate::tensor::{Flat, FlatHome, StateDict};
+pub use capabilities::{BackwardOverlap, LossScaler, Sharding};
+use std::sync::Arc;
 
 /// What one forward pass measured (sums, so batches of different sizes combine exactly).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -52,128 +61,137 @@ pub fn topk_hits(logits: &[f32], classes: usize, labels: &[u32]) -> (u64, u64) {
     (top1, top5)
 }
 
-/// A model with its optimizer, on some device.
-pub trait Engine {
-    /// Forward and backward on a batch; gradients accumulate (scaled by `grad_scale`) until `optimizer_step`.
+/// A model with its optimizer, on one device.
+pub trait Engine: Send {
+    /// Forward and backward on a batch; gradients accumulate (scaled by `grad_scale`) until they are
+    /// taken or the optimizer steps.
     fn forward_backward(&mut self, batch: &Batch, grad_scale: f64) -> anyhow::Result<StepStats>;
+    /// Forward only, in eval mode.
+    fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats>;
+    /// Move the accumulated gradients out (the engine then holds none), in the order its backward pass
+    /// produces them. A device engine may hand out views of its own gradient storage: writing into them
+    /// and putting them back costs no copy.
+    fn take_gradients(&mut self) -> anyhow::Result<Gradients>;
+    /// Install gradients (those `take_gradients` gave, possibly changed); a parameter whose entry has no
+    /// value keeps no gradient, and the optimizer leaves it alone.
+    fn put_gradients(&mut self, grads: Gradients) -> anyhow::Result<()>;
     /// Clip (if asked), apply the optimizer at this learning rate/momentum, then clear the gradients.
     /// Returns the gradient norm before clipping; an engine may return NaN when `clip_norm` is `None`
-    /// rather than take an extra pass over every gradient (tch does; nothing reads it then).
+    /// rather than take an extra pass over every gradient (tch does; nothing reads it then), and
+    /// infinity for a `16-mixed` step it skipped because the gradients overflowed.
     fn optimizer_step(
         &mut self,
         lr: f64,
         momentum: Option<f64>,
         clip_norm: Option<f64>,
     ) -> anyhow::Result<f64>;
-    /// Forward only, in eval mode.
-    fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats>;
-    /// A rank whose share of the validation set is used up while others still evaluate: take part in
-    /// whatever collectives evaluating a batch would (FSDP's gathers), so validation shares can be uneven
-    /// and every image counted once. Nothing for an engine whose evaluation is local.
-    fn evaluate_idle(&mut self) -> anyhow::Result<()> {
-        Ok(())
-    }
-    /// Weights, buffers and optimizer state.
+    /// Weights, buffers and optimizer state (with the loss scaler's, when there is one).
     fn state_dict(&self) -> anyhow::Result<StateDict>;
     /// Restore what `state_dict` returned (optimizer entries optional: weights alone load too).
     fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()>;
-    /// Start from published weights (torchvision/timm names): every parameter and buffer must be present
-    /// with its shape, except the classifier head, which is kept freshly initialised when its shape differs
-    /// (a different `num_classes`). Returns the names that were not loaded.
-    fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>>;
-    /// Trainable parameter count.
-    fn num_parameters(&self) -> usize;
-    /// The loss scale of dynamic loss scaling (`16-mixed`), when the engine uses one.
-    fn loss_scale(&self) -> Option<f64> {
-        None
-    }
-    /// `16-mixed` under a sharded strategy, which unscales its own gradient slices: once every rank agrees
-    /// whether any of them overflowed, advance the loss scale as the engine's own step would have
-    /// (PyTorch's ShardedGradScaler.update).
-    fn update_loss_scale(&mut self, _found_inf: bool) -> anyhow::Result<()> {
-        anyhow::bail!("this engine has no dynamic loss scaler (trainer.precision is not 16-mixed)")
-    }
-    /// Model replicas this engine trains in this process (DataParallel's devices; 1 otherwise).
-    fn replicas(&self) -> usize {
-        1
-    }
-    /// DDP: the next `forward_backward` ends an accumulation window. An engine that can average gradients
-    /// during its backward pass (tch over a c10d group) arms that here and returns true; the following
-    /// `all_reduce_gradients` then only checks that the reduction finished. Every rank calls it at the
-    /// same point (the first armed pass may rebuild buckets with a collective).
-    fn arm_gradient_sync(
-        &mut self,
-        _comm: &dyn crate::comm::collective::Collective,
-        _sync: &crate::strategy::ddp::GradSync,
-    ) -> anyhow::Result<bool> {
-        Ok(false)
-    }
-    /// Data parallel: replace the accumulated gradients by their mean over all ranks (before
-    /// `optimizer_step`), in buckets. A parameter without a gradient is an error unless
-    /// `sync.find_unused_parameters`, which makes it zero.
-    fn all_reduce_gradients(
-        &mut self,
-        comm: &dyn crate::comm::collective::Collective,
-        sync: &crate::strategy::ddp::GradSync,
-    ) -> anyhow::Result<()>;
-
-    // What sharded data parallel (`strategy::fsdp`) needs: the engine computes, the strategy owns the
-    // parameters between steps.
-
     /// Trainable parameters by name, with their shapes, in name order.
     fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)>;
-    /// Where sharded data parallel keeps this engine's flat slices: on its device, so the collectives
-    /// and the sharded optimizer never leave it.
-    fn flat_home(&self) -> FlatHome {
-        FlatHome::Host
-    }
-    /// Give the parameters in `layout` these values (`flat`, concatenated in layout order), as fresh
-    /// tensors: a parameter released by `release_parameters` comes back.
-    fn set_parameters(
-        &mut self,
-        layout: &[(String, Vec<usize>)],
-        flat: &Flat,
-    ) -> anyhow::Result<()>;
-    /// Free the parameters' (and their gradients') storage until the next `set_parameters`: between
-    /// steps a sharded rank holds only its shard.
-    fn release_parameters(&mut self) -> anyhow::Result<()>;
-    /// Move the accumulated gradients out, flat in layout order (zero where a parameter got none; in
-    /// `flat_home`), and clear them. Also returns the names that had no gradient.
-    fn take_gradients(
-        &mut self,
-        layout: &[(String, Vec<usize>)],
-    ) -> anyhow::Result<(Flat, Vec<String>)>;
-    /// Bytes of parameters, gradients and optimizer state this rank keeps for training (what sharding
-    /// divides), as of now.
+    /// Bytes of parameters, gradients and optimizer state this engine keeps for training, as of now.
     fn state_bytes(&self) -> StateBytes;
-    /// Is `state_dict` a collective (every rank must call it, at the same point)? True for a sharded
-    /// model consolidated for a full checkpoint.
-    fn state_dict_is_collective(&self) -> bool {
-        false
+    /// Sharded data parallel's needs (FSDP), when this engine can be sharded.
+    fn sharding(&mut self) -> Option<&mut dyn Sharding> {
+        None
     }
-    /// FSDP units (`backend::units`): the model's stages with their parameters, from the current
-    /// parameter shapes (so ask while the parameters are whole). Default: the whole model is one unit.
-    fn units(&self) -> anyhow::Result<crate::model::stages::StageLayouts> {
-        Ok(vec![self.parameter_shapes()])
+    /// Gradient averaging during the backward pass (DDP), when this engine can do it.
+    fn overlap(&mut self) -> Option<&mut dyn BackwardOverlap> {
+        None
     }
-    /// A training forward and backward unit by unit (`FULL_SHARD`): each unit's parameters come from
-    /// `exchange` when needed and its gradient goes back to it; nothing accumulates in the engine.
-    fn forward_backward_by_unit(
-        &mut self,
-        _batch: &Batch,
-        _grad_scale: f64,
-        _exchange: &mut dyn units::UnitExchange,
-    ) -> anyhow::Result<StepStats> {
-        anyhow::bail!("this engine cannot compute unit by unit (FSDP FULL_SHARD)")
+    /// The dynamic loss scaler (`16-mixed`), when the engine uses one.
+    fn loss_scaler(&mut self) -> Option<&mut dyn LossScaler> {
+        None
     }
-    /// An evaluation forward pass unit by unit.
-    fn evaluate_by_unit(
-        &mut self,
-        _batch: &Batch,
-        _exchange: &mut dyn units::UnitExchange,
-    ) -> anyhow::Result<StepStats> {
-        anyhow::bail!("this engine cannot compute unit by unit (FSDP FULL_SHARD)")
+}
+
+/// One parameter's accumulated gradient, flat.
+pub struct Gradient {
+    pub name: String,
+    pub numel: usize,
+    /// `None`: the parameter took no part in the loss.
+    pub value: Option<Flat>,
+}
+
+/// The gradients an engine hands out, in the order its backward pass produces them (the last layers
+/// first, as DDP's buckets fill), and where a missing one would live (`home`, with the gradients' dtype).
+pub struct Gradients {
+    pub entries: Vec<Gradient>,
+    pub home: FlatHome,
+}
+
+impl Gradients {
+    /// The names of the parameters without a gradient.
+    pub fn missing(&self) -> Vec<String> {
+        self.entries
+            .iter()
+            .filter(|g| g.value.is_none())
+            .map(|g| g.name.clone())
+            .collect()
     }
+}
+
+/// Where an engine runs, as the strategy that builds it decides.
+#[derive(Clone, Default)]
+pub struct Placement {
+    /// The CUDA device index when the run is on CUDA (a worker's local rank; DataParallel's replica).
+    pub device_index: usize,
+    /// This process works on that one device, which becomes its current CUDA device (as
+    /// `torch.cuda.set_device(local_rank)`); DataParallel's replicas share their process and do not.
+    pub owns_device: bool,
+    /// SyncBatchNorm: BatchNorm layers in training normalise with the statistics of every rank's batch,
+    /// reduced over this group.
+    pub sync_batchnorm: Option<Arc<dyn Collective>>,
+}
+
+impl Placement {
+    /// A process of its own on device 0, without SyncBatchNorm: a single-device run.
+    pub fn single() -> Placement {
+        Placement {
+            owns_device: true,
+            ..Placement::default()
+        }
+    }
+}
+
+/// Trainable parameter count of `engine`.
+pub fn num_parameters(engine: &dyn Engine) -> usize {
+    engine
+        .parameter_shapes()
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>())
+        .sum()
+}
+
+/// Start `engine` from published weights (torchvision/timm names): every parameter and buffer must be
+/// present with its shape, except the classifier head, which is kept freshly initialised when its shape
+/// differs (a different `num_classes`; `model::pretrained`). Returns the names that were not loaded.
+pub fn load_pretrained(
+    engine: &mut dyn Engine,
+    published: &StateDict,
+) -> anyhow::Result<Vec<String>> {
+    let mut state = engine.state_dict()?;
+    let params: std::collections::BTreeSet<String> = engine
+        .parameter_shapes()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    let slots: Vec<crate::model::pretrained::Slot> = state
+        .iter()
+        .filter(|(name, _)| !name.starts_with("optimizer."))
+        .map(|(name, t)| crate::model::pretrained::Slot {
+            name,
+            shape: t.shape.clone(),
+            trainable: params.contains(name.as_str()),
+        })
+        .collect();
+    let crate::model::pretrained::PretrainedPlan { set, kept } =
+        crate::model::pretrained::plan_pretrained(&slots, published)?;
+    state.extend(set);
+    engine.load_state_dict(&state)?;
+    Ok(kept)
 }
 
 /// Per-rank training memory, by kind (the numbers FSDP's sharding cuts).
@@ -194,25 +212,12 @@ impl StateBytes {
     }
 }
 
-/// Build the engine the experiment asks for, on this process's device.
-pub fn build(exp: &Experiment) -> anyhow::Result<Box<dyn Engine>> {
-    Ok(build_replica(exp, crate::comm::local_device_index())?)
-}
-
-/// Build the engine on CUDA device `device_index` when the run is on CUDA (DataParallel puts replica r on
-/// cuda:r); `Send`, so replicas can run in threads of their own.
-pub fn build_replica(
-    exp: &Experiment,
-    device_index: usize,
-) -> anyhow::Result<Box<dyn Engine + Send>> {
-    let _ = device_index; // Candle runs on the CPU only
+/// Build the engine the experiment asks for, placed as `placement` says.
+pub fn build(exp: &Experiment, placement: &Placement) -> anyhow::Result<Box<dyn Engine>> {
     match exp.backend {
-        crate::schema::Backend::Candle => Ok(Box::new(candle::CandleEngine::new(exp)?)),
+        crate::schema::Backend::Candle => Ok(Box::new(candle::CandleEngine::placed(exp, placement)?)),
         #[cfg(feature = "torch")]
-        crate::schema::Backend::Tch => Ok(Box::new(torch::TchEngine::on_device(
-            exp,
-            device_index,
-        )?)),
+        crate::schema::Backend::Tch => Ok(Box::new(torch::TchEngine::placed(exp, placement)?)),
         #[cfg(not(feature = "torch"))]
         crate::schema::Backend::Tch => anyhow::bail!(
             "backend=tch needs a build with the `torch` feature (libtorch); this build has only candle.\n    \

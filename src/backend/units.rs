@@ -14,51 +14,9 @@
 //! and more parameters whole at once. The backends supply the stage arithmetic (`StagedCompute`); the strategy supplies
 //! the collectives (`UnitExchange`); `train_by_unit` is the schedule both share.
 
-use crate::model::stages::StageLayouts;
+use crate::model::stages::{unit_layout, StageLayouts};
 use crate::rng::Rng;
 use crate::tensor::{Flat, FlatHome};
-
-/// FSDP's size-based wrap policy over a model's stages (their parameter layouts, in forward order):
-/// consecutive stages join a unit until it holds at least `min_num_params` parameters; a smaller
-/// remainder joins the last unit. `None`: one unit per stage. Returns the stages of each unit.
-pub fn group_stages(
-    stages: &StageLayouts,
-    min_num_params: Option<usize>,
-) -> Vec<std::ops::Range<usize>> {
-    let Some(min) = min_num_params else {
-        return (0..stages.len()).map(|k| k..k + 1).collect();
-    };
-    let numel = |k: usize| -> usize {
-        stages[k]
-            .iter()
-            .map(|(_, s)| s.iter().product::<usize>())
-            .sum()
-    };
-    let mut units: Vec<std::ops::Range<usize>> = Vec::new();
-    let (mut start, mut count) = (0, 0);
-    for k in 0..stages.len() {
-        count += numel(k);
-        if count >= min.max(1) {
-            units.push(start..k + 1);
-            (start, count) = (k + 1, 0);
-        }
-    }
-    if start < stages.len() {
-        match units.last_mut() {
-            Some(last) => last.end = stages.len(),
-            None => units.push(start..stages.len()),
-        }
-    }
-    units
-}
-
-/// The parameter layout of a unit spanning `stages`: theirs, concatenated in order.
-pub fn unit_layout(
-    layouts: &StageLayouts,
-    stages: std::ops::Range<usize>,
-) -> Vec<(String, Vec<usize>)> {
-    layouts[stages].concat()
-}
 
 /// What the sharding strategy does for an engine computing unit by unit.
 pub trait UnitExchange {
@@ -259,41 +217,12 @@ pub fn evaluate_by_unit<E: StagedCompute>(
     Ok(h)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use rstest::rstest;
-
-    /// Stages of 0, 5, 5, 20 and 2 parameters.
-    fn sized_stages() -> StageLayouts {
-        [0usize, 5, 5, 20, 2]
-            .iter()
-            .enumerate()
-            .map(|(k, &n)| match n {
-                0 => Vec::new(),
-                n => vec![(format!("s{k}"), vec![n])],
-            })
-            .collect()
-    }
-
-    #[rstest]
-    #[case::one_per_stage(None, vec![0..1, 1..2, 2..3, 3..4, 4..5])]
-    #[case::grouped_remainder_joins_the_last(Some(10), vec![0..3, 3..5])]
-    #[case::each_stage_enough(Some(1), vec![0..2, 2..3, 3..4, 4..5])]
-    #[case::more_than_the_model(Some(1000), vec![0..5])]
-    fn the_size_policy_groups_consecutive_stages(
-        #[case] min: Option<usize>,
-        #[case] expected: Vec<std::ops::Range<usize>>,
-    ) {
-        assert_eq!(group_stages(&sized_stages(), min), expected);
-    }
-}
-
 /// The schedule against the whole pass, on both backends' engines.
 #[cfg(test)]
 mod engine_tests {
     use super::{Flat, FlatHome, StageLayouts, UnitExchange};
-    use crate::backend::Engine;
+    use crate::backend::{Engine, Placement};
+    use crate::model::stages::{group_stages, unit_layout};
     use crate::schema::Backend;
     use crate::tensor::{HostTensor, StateDict};
     use rstest::rstest;
@@ -312,16 +241,18 @@ mod engine_tests {
 
     impl Whole {
         fn of(engine: &mut dyn Engine) -> Whole {
-            let layouts = engine.units().unwrap();
+            let params = engine.state_dict().unwrap();
+            let sharding = engine.sharding().unwrap();
+            let layouts = sharding.stage_layouts().unwrap();
             let whole = Whole {
-                units: super::group_stages(&layouts, None),
+                units: group_stages(&layouts, None),
                 layouts,
-                params: engine.state_dict().unwrap(),
+                params,
                 grads: StateDict::new(),
                 unshards: 0,
-                home: engine.flat_home(),
+                home: sharding.flat_home(),
             };
-            engine.release_parameters().unwrap();
+            sharding.release_parameters().unwrap();
             whole
         }
     }
@@ -336,7 +267,7 @@ mod engine_tests {
         fn unshard(&mut self, unit: usize) -> anyhow::Result<Flat> {
             self.unshards += 1;
             self.home.place(
-                super::unit_layout(&self.layouts, self.units[unit].clone())
+                unit_layout(&self.layouts, self.units[unit].clone())
                     .iter()
                     .flat_map(|(n, _)| self.params[n].data.clone())
                     .collect(),
@@ -349,7 +280,7 @@ mod engine_tests {
                 "a gradient away from the engine's home"
             );
             let grad = grad.to_vec()?;
-            let layout = super::unit_layout(&self.layouts, self.units[unit].clone());
+            let layout = unit_layout(&self.layouts, self.units[unit].clone());
             for (name, shape, range) in crate::tensor::layout_ranges(&layout) {
                 let t = self.grads.entry(name.to_string()).or_insert(HostTensor {
                     shape: shape.to_vec(),
@@ -372,7 +303,7 @@ mod engine_tests {
             4,
         );
         exp.backend = backend;
-        crate::backend::build(&exp).unwrap()
+        crate::backend::build(&exp, &Placement::single()).unwrap()
     }
 
     use crate::testing::batch;
@@ -406,7 +337,7 @@ mod engine_tests {
         let (mut whole, mut staged) = (engine(backend, model), engine(backend, model));
         let mut ex = Whole::of(staged.as_mut());
         assert!(ex.layouts.len() >= 3, "{} stages", ex.layouts.len());
-        ex.units = super::group_stages(&ex.layouts, min_num_params);
+        ex.units = group_stages(&ex.layouts, min_num_params);
         if min_num_params.is_some() {
             assert!(
                 ex.units.len() < ex.layouts.len() && ex.units.iter().any(|u| u.len() > 1),
@@ -417,6 +348,8 @@ mod engine_tests {
         for seed in [1, 2] {
             let a = whole.forward_backward(&batch(seed), 0.5).unwrap();
             let b = staged
+                .sharding()
+                .unwrap()
                 .forward_backward_by_unit(&batch(seed), 0.5, &mut ex)
                 .unwrap();
             assert_eq!((a.correct1, a.count), (b.correct1, b.count));
@@ -429,13 +362,12 @@ mod engine_tests {
         }
         // Each unit gathered twice per step (forward, backward) except the head, gathered once.
         assert_eq!(ex.unshards, 2 * (2 * ex.units.len() - 1));
-        let layout = whole.parameter_shapes();
-        let (grads, missing) = whole.take_gradients(&layout).unwrap();
-        let grads = grads.to_vec().unwrap();
-        assert!(missing.is_empty(), "{missing:?}");
-        for (name, _, range) in crate::tensor::layout_ranges(&layout) {
-            let w = worst(&ex.grads[name].data, &grads[range]);
-            assert!(w < 1e-4, "{name}: gradient differs by {w:e}");
+        let grads = whole.take_gradients().unwrap();
+        assert!(grads.missing().is_empty(), "{:?}", grads.missing());
+        for g in &grads.entries {
+            let value = g.value.as_ref().unwrap().to_vec().unwrap();
+            let w = worst(&ex.grads[&g.name].data, &value);
+            assert!(w < 1e-4, "{}: gradient differs by {w:e}", g.name);
         }
         // Buffers moved once per micro-batch, as in the whole pass.
         let (sa, sb) = (whole.state_dict().unwrap(), staged.state_dict().unwrap());
@@ -461,7 +393,11 @@ mod engine_tests {
         staged.forward_backward(&batch(1), 1.0).unwrap();
         let mut ex = Whole::of(staged.as_mut());
         let a = whole.evaluate(&batch(5)).unwrap();
-        let b = staged.evaluate_by_unit(&batch(5), &mut ex).unwrap();
+        let b = staged
+            .sharding()
+            .unwrap()
+            .evaluate_by_unit(&batch(5), &mut ex)
+            .unwrap();
         assert_eq!((a.correct1, a.correct5), (b.correct1, b.correct5));
         assert!((a.loss() - b.loss()).abs() < 1e-5);
         assert_eq!(ex.unshards, ex.layouts.len());

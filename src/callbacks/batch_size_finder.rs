@@ -24,10 +24,10 @@
 //! gradients or optimizer state, so it cannot make a size that trains fail.
 
 use crate::schema::{BatchScaleMode, BatchSizeFinder};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What one trial measured.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Trial {
     pub batch_size: usize,
     /// Peak memory of the trial above what was in use before it (heap bytes on CPU).
@@ -36,7 +36,7 @@ pub struct Trial {
 }
 
 /// The finder's outcome, recorded in `summary.json`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Finding {
     pub mode: BatchScaleMode,
     /// The batch size the run uses (after `margin` in binsearch mode).

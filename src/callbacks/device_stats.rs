@@ -4,7 +4,7 @@
 //! there the GPU fields are absent, never zero. The trainer reads per-epoch mean/max into its metrics and the
 //! whole run's figures into `summary.json`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -102,7 +102,7 @@ impl Aggregate {
 }
 
 /// The run's figures in `summary.json`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeviceStatsSummary {
     pub samples: usize,
     pub sample_every_ms: u64,
@@ -114,7 +114,7 @@ pub struct DeviceStatsSummary {
     pub gpu: Option<GpuSummary>,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuSummary {
     /// NVML's index of the GPU (PCI bus order, as `nvidia-smi` numbers them).
     pub index: u32,

@@ -4,7 +4,7 @@
 //! only keeps time and says why.
 
 use crate::schema::Interval;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
 /// `DD:HH:MM:SS` (Lightning's Timer format) in seconds; each field a non-negative number.
@@ -34,7 +34,7 @@ pub fn parse_max_time(text: &str) -> anyhow::Result<f64> {
 }
 
 /// What `summary.json` records about the timer.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TimerSummary {
     pub max_time: String,
     pub max_time_s: f64,

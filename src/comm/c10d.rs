@@ -2,7 +2,8 @@
 //! group whose collectives run on tch tensors in place (`src/comm/c10d_shim.cpp`). Every call can fail with
 //! c10d's own message (a peer that died, a timeout); nothing here blocks longer than the timeouts given.
 
-use super::collective::{Collective, ReduceOp};
+use super::collective::{through_host, Collective, ReduceOp};
+use crate::tensor::Flat;
 use anyhow::Context;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::time::Duration;
@@ -501,8 +502,92 @@ impl Collective for ProcessGroup {
         // SAFETY: a live group.
         pending(unsafe { trainyard_barrier(self.ptr) }, "barrier")?.wait()
     }
-    fn process_group(&self) -> Option<&ProcessGroup> {
-        Some(self)
+    fn gather_flat(&self, shard: &Flat) -> anyhow::Result<Flat> {
+        let Some(t) = self.on_device(shard) else {
+            return through_host::gather(self, shard);
+        };
+        let full = Tensor::f_empty(
+            [t.numel() as i64 * self.world_size as i64],
+            (t.kind(), t.device()),
+        )?;
+        self.all_gather(&full, t)?.wait()?;
+        Ok(Flat::Tch(full))
+    }
+    fn reduce_scatter_flat(&self, full: Flat) -> anyhow::Result<Flat> {
+        let Some(t) = self.on_device(&full) else {
+            return through_host::reduce_scatter(self, full);
+        };
+        let n = t.numel() / self.world_size;
+        anyhow::ensure!(
+            n * self.world_size == t.numel(),
+            "reduce_scatter: {} values do not split into {} equal chunks",
+            t.numel(),
+            self.world_size
+        );
+        let mine = Tensor::f_empty([n as i64], (t.kind(), t.device()))?;
+        self.reduce_scatter(&mine, t, ReduceOp::Sum)?.wait()?;
+        Ok(Flat::Tch(mine))
+    }
+    fn all_reduce_flat(&self, flat: Flat) -> anyhow::Result<Flat> {
+        let Some(t) = self.on_device(&flat) else {
+            return through_host::all_reduce(self, flat);
+        };
+        self.all_reduce(&[t], ReduceOp::Sum)?.wait()?;
+        Ok(flat)
+    }
+    /// Every buffer's all-reduce is started before the first is waited for, so flattening the next
+    /// bucket overlaps with the reduction of the last. Device tensors stay where they are (NCCL for
+    /// CUDA where the group has it; Gloo copies CUDA tensors through the host itself).
+    fn average_flats(&self, mut flats: Vec<Flat>) -> anyhow::Result<Vec<Flat>> {
+        let reduced = (|| -> anyhow::Result<()> {
+            let tensors: Vec<Tensor> = flats
+                .iter_mut()
+                .filter(|f| !f.is_empty())
+                .map(|f| match f {
+                    Flat::Tch(t) => t.shallow_clone(),
+                    Flat::Host(v) => borrow_f32(v),
+                })
+                .collect();
+            let mut in_flight = Vec::with_capacity(tensors.len());
+            for t in &tensors {
+                in_flight.push(self.all_reduce(&[t], ReduceOp::Sum)?);
+            }
+            let mut pending = in_flight.into_iter();
+            while let Some(work) = pending.next() {
+                if let Err(e) = work.wait() {
+                    // A peer is gone: do not sit through the timeout once per remaining bucket.
+                    pending.for_each(|w| w.abandon());
+                    return Err(e);
+                }
+            }
+            Ok(())
+        })();
+        if let Err(e) = reduced {
+            // Abandoned collectives may still write into host buffers they borrowed: those stay
+            // allocated (the run is ending with this error).
+            std::mem::forget(flats);
+            return Err(e);
+        }
+        for f in &mut flats {
+            f.divide_in_place(self.world_size as f64)?;
+        }
+        Ok(flats)
+    }
+}
+
+impl ProcessGroup {
+    /// The c10d group under `comm`, when it is one (for engines that hand their tensors to libtorch's own
+    /// reducer or SyncBatchNorm).
+    pub fn of(comm: &dyn Collective) -> Option<&ProcessGroup> {
+        (comm as &dyn std::any::Any).downcast_ref::<ProcessGroup>()
+    }
+
+    /// `flat` as a tensor a collective can take where it is: a tensor on a device this group serves.
+    fn on_device<'f>(&self, flat: &'f Flat) -> Option<&'f Tensor> {
+        match flat {
+            Flat::Tch(t) if self.runs_on(t.device()) => Some(t),
+            _ => None,
+        }
     }
 }
 

@@ -1,12 +1,11 @@
-//! What the strategies need from a communication library, in one trait: reductions, broadcast,
-//! all-gather, reduce-scatter and a barrier over host buffers (any backend), plus, with the `torch`
-//! feature, the c10d process group itself so the tch engine can reduce its tensors in place. Between
-//! processes the implementation is c10d's (`comm::c10d`): collectives are PyTorch's own, never home-made.
-//! Between the threads of one process (DataParallel's replicas) it is `comm::local`, which moves nothing
-//! over a network.
+//! What strategies need from a communication library, in one trait: reductions, broadcast, all-gather,
+//! reduce-scatter and a barrier, over host buffers and over `Flat` vectors (host or device: gradient
+//! buckets, FSDP slices). Between processes the implementation is c10d's (`comm::c10d`): collectives are
+//! PyTorch's own, never home-made, and device tensors stay on their device (NCCL for CUDA). Between the
+//! threads of one process (DataParallel's replicas) it is `comm::local`, which moves nothing over a network.
+//! The `Flat` collectives have host-memory defaults; an implementation that can do better overrides them.
 
-use crate::backend::{Engine, StepStats};
-use crate::tensor::{HostTensor, StateDict};
+use crate::tensor::{Flat, HostTensor, StateDict};
 
 /// Reduction of a collective (values match the shim's codes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,7 +16,10 @@ pub enum ReduceOp {
     Min = 2,
 }
 
-pub trait Collective: Send + Sync {
+/// A group of ranks that reduce, gather and broadcast together. Every rank must make the same calls in
+/// the same order. `Any`: an engine that can hand its tensors to the library itself (libtorch's DDP
+/// reducer, SyncBatchNorm) asks whether the group is a c10d one (`c10d::ProcessGroup::of`).
+pub trait Collective: std::any::Any + Send + Sync {
     fn rank(&self) -> usize;
     fn world_size(&self) -> usize;
     /// Reduce `data` in place across ranks; every rank ends with the result.
@@ -53,41 +55,66 @@ pub trait Collective: Send + Sync {
         output.copy_from_slice(&input[self.rank() * n..(self.rank() + 1) * n]);
         Ok(())
     }
-    /// The c10d group under this collective, for engines that pass their tensors without host copies.
-    #[cfg(feature = "torch")]
-    fn process_group(&self) -> Option<&super::c10d::ProcessGroup> {
-        None
+    /// Every rank's `shard`, in rank order (world × its length), where `shard` lives.
+    fn gather_flat(&self, shard: &Flat) -> anyhow::Result<Flat> {
+        through_host::gather(self, shard)
     }
-    /// Are the ranks threads of this process that average libtorch tensors where they are
-    /// (`mean_in_process`: DataParallel's replicas)?
-    #[cfg(feature = "torch")]
-    fn averages_tensors_in_process(&self) -> bool {
-        false
+    /// `full` (world × n values) summed across ranks; this rank's chunk of n, where `full` lived.
+    fn reduce_scatter_flat(&self, full: Flat) -> anyhow::Result<Flat> {
+        through_host::reduce_scatter(self, full)
     }
-    /// The mean of `tensor` over those ranks in f32, device to device: one tensor on rank 0's device
-    /// that every rank reads (and none may write). Rank 0's `tensor`, when f32, becomes it.
-    #[cfg(feature = "torch")]
-    fn mean_in_process(&self, _tensor: &tch::Tensor) -> anyhow::Result<tch::Tensor> {
-        anyhow::bail!("this group's ranks are processes: its tensors go through the process group")
+    /// `flat` summed across ranks, where it lived.
+    fn all_reduce_flat(&self, flat: Flat) -> anyhow::Result<Flat> {
+        through_host::all_reduce(self, flat)
+    }
+    /// The mean over ranks of each buffer (DDP's buckets). An implementation may keep every buffer in
+    /// flight at once, and the means may share storage with the inputs or with other ranks' means: read
+    /// them, never write into them.
+    fn average_flats(&self, flats: Vec<Flat>) -> anyhow::Result<Vec<Flat>> {
+        flats
+            .into_iter()
+            .map(|f| through_host::average(self, f))
+            .collect()
     }
 }
 
-/// Step statistics summed over ranks: every rank then reports the global loss and accuracy
-/// (Lightning's `sync_dist=True`).
-pub fn sum_stats(comm: &dyn Collective, stats: &StepStats) -> anyhow::Result<StepStats> {
-    let mut v = [
-        stats.loss_sum,
-        stats.correct1 as f64,
-        stats.correct5 as f64,
-        stats.count as f64,
-    ];
-    comm.all_reduce_f64(&mut v, ReduceOp::Sum)?;
-    Ok(StepStats {
-        loss_sum: v[0],
-        correct1: v[1].round() as u64,
-        correct5: v[2].round() as u64,
-        count: v[3].round() as u64,
-    })
+/// The `Flat` collectives through host memory and the host-buffer collectives: what every group can do.
+pub mod through_host {
+    use super::{Collective, ReduceOp};
+    use crate::tensor::Flat;
+
+    pub fn gather<C: Collective + ?Sized>(comm: &C, shard: &Flat) -> anyhow::Result<Flat> {
+        let mut full = vec![0.0; shard.len() * comm.world_size()];
+        comm.all_gather_f32(&shard.host_values()?, &mut full)?;
+        shard.home().place(full)
+    }
+
+    pub fn reduce_scatter<C: Collective + ?Sized>(comm: &C, full: Flat) -> anyhow::Result<Flat> {
+        let world = comm.world_size();
+        anyhow::ensure!(
+            full.len().is_multiple_of(world),
+            "reduce_scatter: {} values do not split into {world} equal chunks",
+            full.len()
+        );
+        let home = full.home();
+        let mut input = full.into_host()?;
+        let mut mine = vec![0.0f32; input.len() / world];
+        comm.reduce_scatter_f32(&mut input, &mut mine)?;
+        home.place(mine)
+    }
+
+    pub fn all_reduce<C: Collective + ?Sized>(comm: &C, flat: Flat) -> anyhow::Result<Flat> {
+        let home = flat.home();
+        let mut values = flat.into_host()?;
+        comm.all_reduce_f32(&mut values, ReduceOp::Sum)?;
+        home.place(values)
+    }
+
+    pub fn average<C: Collective + ?Sized>(comm: &C, flat: Flat) -> anyhow::Result<Flat> {
+        let mut sum = all_reduce(comm, flat)?;
+        sum.divide_in_place(comm.world_size() as f64)?;
+        Ok(sum)
+    }
 }
 
 /// Does any rank say yes? (A stop decision taken on one rank's clock must be taken by all.)
@@ -97,11 +124,10 @@ pub fn any(comm: &dyn Collective, flag: bool) -> anyhow::Result<bool> {
     Ok(v[0] > 0.0)
 }
 
-/// Make every rank's model (weights, buffers, optimizer state) rank 0's, as DDP does when it wraps a
-/// module. The keys must agree across ranks; their sizes are checked first so a mismatch is an error, not
-/// a scrambled model.
-pub fn broadcast_state(comm: &dyn Collective, engine: &mut dyn Engine) -> anyhow::Result<()> {
-    let state = engine.state_dict()?;
+/// Rank 0's `state` on every rank (weights, buffers, optimizer state), as DDP makes every replica rank 0's
+/// when it wraps a module. The keys must agree across ranks; their sizes are checked first so a mismatch
+/// is an error, not a scrambled model.
+pub fn broadcast_state(comm: &dyn Collective, state: StateDict) -> anyhow::Result<StateDict> {
     let total: usize = state.values().map(HostTensor::numel).sum();
     let mut sizes = [total as f64, state.len() as f64];
     let mut lowest = sizes;
@@ -133,5 +159,5 @@ pub fn broadcast_state(comm: &dyn Collective, engine: &mut dyn Engine) -> anyhow
         );
         at += n;
     }
-    engine.load_state_dict(&out)
+    Ok(out)
 }

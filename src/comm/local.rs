@@ -3,11 +3,12 @@
 //! for all. Reductions fold the ranks' buffers in rank order, so every rank receives the same bits whatever
 //! the order of arrival. A rank that fails aborts the group, so no other waits for it forever.
 //!
-//! With the `torch` feature the ranks also average libtorch tensors where they are (`mean_in_process`): the
+//! With the `torch` feature the ranks also average libtorch tensors where they are (`average_flats`): the
 //! last to arrive adds them up in rank order on rank 0's device and divides once, and each rank reads the
 //! mean from there, as `nn.DataParallel`'s reduce-add and broadcast do, device to device without the host.
 
-use super::collective::{Collective, ReduceOp};
+use super::collective::{through_host, Collective, ReduceOp};
+use crate::tensor::Flat;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// What one rank brings to a call.
@@ -262,18 +263,24 @@ impl Collective for LocalCollective {
         self.meet(Call::Barrier, Values::F32(Vec::new()))
             .map(|_| ())
     }
-    #[cfg(feature = "torch")]
-    fn averages_tensors_in_process(&self) -> bool {
-        true
-    }
-    #[cfg(feature = "torch")]
-    fn mean_in_process(&self, tensor: &tch::Tensor) -> anyhow::Result<tch::Tensor> {
-        let mine = Values::Tch(SharedTensor(tensor.shallow_clone()));
-        let mean = self.meet(Call::Mean, mine)?;
-        let Values::Tch(mean) = &*mean else {
-            anyhow::bail!("an in-process tensor mean came back as host values")
-        };
-        Ok(mean.0.shallow_clone())
+    /// Host buffers are summed in rank order and divided; libtorch tensors are averaged where they are:
+    /// the last rank to arrive adds them up in rank order on rank 0's device, in f32, and divides once,
+    /// and every rank reads that one mean (nn.DataParallel's reduce-add and broadcast).
+    fn average_flats(&self, flats: Vec<Flat>) -> anyhow::Result<Vec<Flat>> {
+        flats
+            .into_iter()
+            .map(|f| match f {
+                #[cfg(feature = "torch")]
+                Flat::Tch(t) => {
+                    let mean = self.meet(Call::Mean, Values::Tch(SharedTensor(t)))?;
+                    let Values::Tch(mean) = &*mean else {
+                        anyhow::bail!("an in-process tensor mean came back as host values")
+                    };
+                    Ok(Flat::Tch(mean.0.shallow_clone()))
+                }
+                host => through_host::average(self, host),
+            })
+            .collect()
     }
 }
 
@@ -334,21 +341,23 @@ mod tests {
         let values = [1e8f32, 1.0, -1e8, 0.5];
         let want = (((values[0] + values[1]) + values[2]) + values[3]) / 4.0;
         let out = on_ranks(4, |c| {
-            assert!(c.averages_tensors_in_process());
             let t = tch::Tensor::from_slice(&[values[c.rank()], c.rank() as f32]);
-            let mean = c.mean_in_process(&t).unwrap();
+            let mean = c.average_flats(vec![Flat::Tch(t.shallow_clone())]).unwrap();
             if c.rank() > 0 {
                 let mine = Vec::<f32>::try_from(&t).unwrap();
                 assert_eq!(mine, vec![values[c.rank()], c.rank() as f32]);
             }
-            Vec::<f32>::try_from(&mean).unwrap()
+            mean[0].to_vec().unwrap()
         });
         for v in out {
             assert_eq!((v[0].to_bits(), v[1]), (want.to_bits(), 1.5));
         }
         let e = on_ranks(2, |c| {
             let t = tch::Tensor::zeros([c.rank() as i64 + 1], tch::kind::FLOAT_CPU);
-            c.mean_in_process(&t).unwrap_err().to_string()
+            c.average_flats(vec![Flat::Tch(t)])
+                .err()
+                .expect("tensors of different lengths")
+                .to_string()
         });
         assert!(
             e.iter().all(|e| e.contains("different collectives")),

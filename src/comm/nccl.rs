@@ -2,11 +2,10 @@
 //! shared library of its own: it needs libtorch's CUDA library, which a CPU machine cannot load, so
 //! `train` carries its bytes (built by build.rs where the CUDA and NCCL headers are; scripts/
 //! install-libtorch.sh fetches them) and loads it from memory only when a run asks for NCCL, after
-//! `cuda_runtime::load` has put libtorch_cuda.so in place. The backend it makes joins the Gloo group as
+//! `cuda::load` has put libtorch_cuda.so in place. The backend it makes joins the Gloo group as
 //! the backend for CUDA tensors (`c10d::ProcessGroup::gloo`).
 
 use super::c10d::{c_string, Store};
-use crate::backend::torch::cuda_runtime;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -57,9 +56,9 @@ fn shim() -> anyhow::Result<&'static Shim> {
                  nvidia/nccl/include) and rebuild"
                     .to_string()
             })?;
-            cuda_runtime::load().map_err(|why| format!("libtorch's CUDA library did not load: {why}"))?;
+            crate::cuda::load().map_err(|why| format!("libtorch's CUDA library did not load: {why}"))?;
             let path = in_memory_file("trainyard_nccl", bytes)?;
-            let handle = cuda_runtime::open_library(&path, libc::RTLD_NOW | libc::RTLD_LOCAL)
+            let handle = crate::cuda::open_library(&path, libc::RTLD_NOW | libc::RTLD_LOCAL)
                 .map_err(|e| format!("loading the NCCL shim: {e}"))?;
             let symbol = |name: &CStr| -> Result<*mut c_void, String> {
                 // SAFETY: a live handle and a NUL-terminated name.
@@ -161,7 +160,7 @@ mod tests {
     fn bytes_in_memory_open_as_a_library_path() {
         let path = in_memory_file("trainyard_test", b"not an ELF file").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"not an ELF file");
-        let err = cuda_runtime::open_library(&path, libc::RTLD_NOW).unwrap_err();
+        let err = crate::cuda::open_library(&path, libc::RTLD_NOW).unwrap_err();
         assert!(
             err.contains("invalid ELF header") || err.contains("too short"),
             "{err}"
@@ -176,7 +175,7 @@ mod tests {
         let port = crate::testing::loopback_port();
         let store = Store::connect("127.0.0.1", port, true, 1, Duration::from_secs(10)).unwrap();
         let made = NcclBackend::new(&store, "test/nccl", 0, 1, 0, Duration::from_secs(10));
-        match (built(), cuda_runtime::load(), made) {
+        match (built(), crate::cuda::load(), made) {
             (false, _, Err(e)) => assert!(e.to_string().contains("no NCCL shim"), "{e:#}"),
             (true, Err(_), Err(e)) => {
                 assert!(e.to_string().contains("libtorch_cuda.so"), "{e:#}")

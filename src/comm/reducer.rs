@@ -6,6 +6,7 @@
 //! returns. Unarmed backward passes (the first micro-batches of gradient accumulation, DDP's
 //! `no_sync`) only accumulate locally.
 
+use super::buckets::GradSync;
 use super::c10d::{c_string, check, last_error, ProcessGroup};
 use std::ffi::{c_char, c_int, c_void};
 use tch::Tensor;
@@ -30,14 +31,6 @@ extern "C" {
     fn trainyard_reducer_check_finalized(reducer: *mut c_void) -> c_int;
 }
 
-/// How the reducer buckets and treats gradients (`trainer.ddp`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ReducerOptions {
-    pub bucket_cap_bytes: usize,
-    pub find_unused_parameters: bool,
-    pub gradient_as_bucket_view: bool,
-}
-
 /// A live reducer over one model's parameters. The parameter tensors must stay the ones it was built
 /// with (it holds their gradient accumulators): an engine that replaces its parameters drops it first.
 pub struct Reducer {
@@ -54,7 +47,7 @@ impl Reducer {
     pub fn new(
         group: &ProcessGroup,
         params: &[(&str, &Tensor)],
-        options: ReducerOptions,
+        options: GradSync,
     ) -> anyhow::Result<Reducer> {
         let names: Vec<std::ffi::CString> = params
             .iter()
@@ -148,7 +141,7 @@ mod tests {
             let mut reducer = Reducer::new(
                 group,
                 &[("a", &a), ("b", &b)],
-                ReducerOptions {
+                GradSync {
                     bucket_cap_bytes: 25 << 20,
                     find_unused_parameters: true,
                     gradient_as_bucket_view: false,

@@ -4,13 +4,16 @@
 use super::logs::{with_rank_log, with_run_log};
 use super::node::launch_node;
 use super::place::place_job;
+use crate::comm::Distributed;
 use crate::config::compose::Composed;
 use crate::config::errors::ConfigError;
 use crate::config::hydra::split_hydra;
 use crate::config::interpolate::{resolve_all, ResolveContext};
 use crate::config::yaml;
+use crate::plan::{Machine, RunPlan};
 use crate::project::Setup;
 use crate::records::{self, JobInfo};
+use crate::trainer::{Job, Summary};
 use std::path::{Path, PathBuf};
 
 /// What one job did.
@@ -21,7 +24,8 @@ pub struct JobOutcome {
     pub main_metric: Option<f64>,
 }
 
-/// Run one composed job: resolve, validate against the schema, write its records.
+/// Run one composed job: resolve, type and plan it, then start this node's workers, or join the run's
+/// process group, or train here; rank 0 (or the only process) writes the job's records.
 pub fn run_job(
     setup: &Setup,
     composed: Composed,
@@ -34,30 +38,20 @@ pub fn run_job(
     let mut place = place_job(setup, &job_cfg, hydra.clone(), num, sweep_dir, ctx)?;
     let mut resolved = resolve_all(&job_cfg, &place.ctx)?;
     let mut experiment = crate::schema::extract(&resolved)?;
-    let run_error = |e: anyhow::Error| ConfigError::Run(format!("{e:#}"));
-    crate::trainer::check_supported(&experiment).map_err(run_error)?;
-    let mut dist = None;
-    if matches!(
-        experiment.trainer.strategy,
-        crate::schema::Strategy::Ddp | crate::schema::Strategy::Fsdp
-    ) {
-        let cluster = crate::comm::env::detect_from_process(
-            crate::comm::devices_per_node(&experiment),
-            experiment.trainer.num_nodes,
-        )
-        .map_err(run_error)?;
-        if cluster.worker.is_none() {
+    let plan = RunPlan::new(&experiment, &Machine::probe(&experiment), &|k| {
+        std::env::var(k).ok()
+    })
+    .map_err(run_error)?;
+    let mut group = None;
+    if let Some(cluster) = &plan.cluster {
+        if plan.launches_workers() {
             if sweep_dir.is_some() {
-                return Err(ConfigError::Run(
-                    "a multirun of distributed jobs: launch each job on its own (without -m), or sweep with \
-                     trainer=single"
-                        .into(),
-                ));
+                plan.check_sweepable().map_err(run_error)?;
             }
-            return launch_node(cluster, &place.output_dir, &place.ctx);
+            return launch_node(cluster.clone(), &place.output_dir, &place.ctx);
         }
         let now = place.ctx.now.to_rfc3339();
-        let (joined, agreed) = crate::comm::join(&cluster, &experiment, &now).map_err(run_error)?;
+        let (joined, agreed) = crate::comm::join(cluster, &plan.join, &now).map_err(run_error)?;
         if agreed != now {
             // Another node launched this run: use rank 0's launch time, so every rank has one run directory.
             let mut agreed_ctx = ctx.clone();
@@ -68,19 +62,23 @@ pub fn run_job(
             resolved = resolve_all(&job_cfg, &place.ctx)?;
             experiment = crate::schema::extract(&resolved)?;
         }
-        dist = Some(joined);
+        group = Some(joined);
     }
     let output_dir = place.output_dir.clone();
-    if let Some(d) = dist.as_ref().filter(|d| !d.is_leader()) {
+    let config_yaml = yaml::to_yaml(&resolved);
+    let job = Job {
+        exp: &experiment,
+        plan: &plan,
+        output_dir: &output_dir,
+        config_yaml: &config_yaml,
+    };
+    if let Some(rank) = group.as_ref().map(|g| g.rank).filter(|&r| r > 0) {
         // Ranks other than 0 train and log to their own file; rank 0 writes the run's records.
         std::fs::create_dir_all(&output_dir).map_err(|e| {
             ConfigError::Io(format!("could not create {}: {e}", output_dir.display()))
         })?;
-        let config_yaml = yaml::to_yaml(&resolved);
-        with_rank_log(&output_dir, d.rank, || {
-            crate::trainer::fit_on(&experiment, &output_dir, &config_yaml, Some(d))
-        })?
-        .map_err(|e| ConfigError::Run(format!("rank {}: {e:#}", d.rank)))?;
+        with_rank_log(&output_dir, rank, || crate::trainer::fit(&job, group))?
+            .map_err(|e| ConfigError::Run(format!("rank {rank}: {e:#}")))?;
         return Ok(JobOutcome {
             output_dir,
             message: String::new(),
@@ -107,13 +105,23 @@ pub fn run_job(
             output_dir.display()
         ))
     })?;
-    let config_yaml = yaml::to_yaml(&resolved);
     if sweep_dir.is_none() {
         print!("{config_yaml}");
     }
+    train_and_record(&job, group)
+}
+
+fn run_error(e: anyhow::Error) -> ConfigError {
+    ConfigError::Run(format!("{e:#}"))
+}
+
+/// Train as the run's only process or its rank 0, recording in `run.json` that the job runs and how it
+/// ended; the report for the console.
+fn train_and_record(job: &Job, group: Option<Distributed>) -> Result<JobOutcome, ConfigError> {
+    let output_dir = job.output_dir;
     let run_state = records::RunState::started();
     let record_state = |state: &records::RunState| {
-        state.write(&output_dir).map_err(|e| {
+        state.write(output_dir).map_err(|e| {
             ConfigError::Io(format!(
                 "could not write {}: {e}",
                 output_dir.join("run.json").display()
@@ -121,10 +129,9 @@ pub fn run_job(
         })
     };
     record_state(&run_state)?;
-    let summary = match &dist {
-        Some(d) => with_rank_log(&output_dir, d.rank, || {
-            crate::trainer::fit_on(&experiment, &output_dir, &config_yaml, Some(d))
-        })?,
+    let distributed = group.is_some();
+    let summary = match group {
+        Some(g) => with_rank_log(output_dir, 0, || crate::trainer::fit(job, Some(g)))?,
         None => {
             let log_file = std::fs::File::create(output_dir.join("train.log")).map_err(|e| {
                 ConfigError::Io(format!(
@@ -132,44 +139,46 @@ pub fn run_job(
                     output_dir.join("train.log").display()
                 ))
             })?;
-            with_run_log(log_file, || {
-                crate::trainer::fit(&experiment, &output_dir, &config_yaml)
-            })
+            with_run_log(log_file, || crate::trainer::fit(job, None))
         }
     };
     record_state(&run_state.ended(summary.as_ref().err().map(|e| format!("{e:#}"))))?;
-    // Under our node launcher, the launcher reports the run (once); rank 0 stays quiet.
-    let launched_here = dist.is_some() && std::env::var_os(crate::comm::NOW_ENV).is_some();
     let summary = summary.map_err(|e| {
         ConfigError::Run(format!(
             "{e:#}\n    (run directory: {})",
-            records::display(&output_dir)
+            records::display(output_dir)
         ))
     })?;
-    if launched_here {
-        return Ok(JobOutcome {
-            message: String::new(),
-            main_metric: summary.final_metrics.get("val/acc1").copied(),
-            output_dir,
-        });
-    }
+    // Under our node launcher, the launcher reports the run (once); rank 0 stays quiet.
+    let launched_here = distributed && std::env::var_os(crate::comm::NOW_ENV).is_some();
     Ok(JobOutcome {
-        message: format!(
-            "{}: {} after {} epochs ({} steps) in {:.1}s; {}\nRun directory: {}",
-            summary.task_name,
-            summary.status,
-            summary.epochs_completed,
-            summary.global_step,
-            summary.wall_time_s,
-            match summary.final_metrics.get("val/acc1") {
-                Some(a) => format!("val/acc1 {a:.4}"),
-                None => "no validation".to_string(),
-            },
-            records::display(&output_dir)
-        ),
-        main_metric: summary.final_metrics.get("val/acc1").copied(),
-        output_dir,
+        message: match launched_here {
+            true => String::new(),
+            false => report(&summary, output_dir, None),
+        },
+        main_metric: summary.main_metric(),
+        output_dir: output_dir.to_path_buf(),
     })
+}
+
+/// The console's report of a finished job (`processes`: how many trained it, when more than one).
+pub fn report(summary: &Summary, output_dir: &Path, processes: Option<(usize, f64)>) -> String {
+    let (on, seconds) = match processes {
+        Some((n, s)) => (format!(" on {n} process(es)"), s),
+        None => (String::new(), summary.wall_time_s),
+    };
+    format!(
+        "{}: {} after {} epochs ({} steps){on} in {seconds:.1}s; {}\nRun directory: {}",
+        summary.task_name,
+        summary.status,
+        summary.epochs_completed,
+        summary.global_step,
+        match summary.main_metric() {
+            Some(a) => format!("val/acc1 {a:.4}"),
+            None => "no validation".to_string(),
+        },
+        records::display(output_dir)
+    )
 }
 
 /// A launch time from the launcher or rank 0, in its own offset (not converted to this node's zone).

@@ -2,11 +2,11 @@
 //! (this same binary, same arguments, torchrun's environment variables), watch them, and on the first
 //! failure stop the others and report which rank died, how, and the end of its log.
 
-use super::job::JobOutcome;
+use super::job::{report, JobOutcome};
 use crate::comm::env::Cluster;
 use crate::config::errors::ConfigError;
 use crate::config::interpolate::ResolveContext;
-use crate::records;
+use crate::trainer::Summary;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
@@ -208,32 +208,17 @@ pub fn launch_node(
     };
     let started = std::time::Instant::now();
     run_node(&launch).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
-    let summary = std::fs::read_to_string(output_dir.join("summary.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+    let summary = Summary::read(output_dir).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
+    let seconds = started.elapsed().as_secs_f64();
     let message = match &summary {
-        Some(s) => format!(
-            "{}: {} after {} epochs ({} steps) on {} process(es) in {:.1}s; {}\nRun directory: {}",
-            s["task_name"].as_str().unwrap_or("?"),
-            s["status"].as_str().unwrap_or("?"),
-            s["epochs_completed"],
-            s["global_step"],
-            s["devices"].as_u64().unwrap_or(1) * s["num_nodes"].as_u64().unwrap_or(1),
-            started.elapsed().as_secs_f64(),
-            match s["final_metrics"]["val/acc1"].as_f64() {
-                Some(a) => format!("val/acc1 {a:.4}"),
-                None => "no validation".to_string(),
-            },
-            records::display(output_dir)
-        ),
+        Some(s) => report(s, output_dir, Some((s.devices * s.num_nodes.max(1), seconds))),
         // Other nodes: rank 0 (on node 0) writes the run's records.
         None => format!(
-            "node {node}: all workers finished in {:.1}s (rank 0 writes the run records on node 0)",
-            started.elapsed().as_secs_f64()
+            "node {node}: all workers finished in {seconds:.1}s (rank 0 writes the run records on node 0)"
         ),
     };
     Ok(JobOutcome {
-        main_metric: summary.and_then(|s| s["final_metrics"]["val/acc1"].as_f64()),
+        main_metric: summary.as_ref().and_then(Summary::main_metric),
         message,
         output_dir: output_dir.to_path_buf(),
     })

@@ -60,7 +60,8 @@ impl CsvLogger {
         Ok(logger)
     }
 
-    pub fn log(&mut self, values: &BTreeMap<&str, f64>) -> std::io::Result<()> {
+    /// Write one row: `values` by column (`epoch` and `step` among them).
+    pub fn write_row(&mut self, values: &BTreeMap<&str, f64>) -> std::io::Result<()> {
         let row: Vec<String> = self
             .columns
             .iter()
@@ -85,6 +86,16 @@ impl CsvLogger {
             self.file.flush()?;
         }
         Ok(())
+    }
+}
+
+/// Every row, with its epoch and step.
+impl super::MetricSink for CsvLogger {
+    fn log(&mut self, row: &super::Row) -> anyhow::Result<()> {
+        let mut values: BTreeMap<&str, f64> = row.values.iter().copied().collect();
+        values.insert("epoch", row.epoch as f64);
+        values.insert("step", row.step as f64);
+        Ok(self.write_row(&values)?)
     }
 }
 
@@ -120,7 +131,7 @@ mod tests {
             if *epoch_end {
                 row.insert("epoch_time_s", 2.0);
             }
-            csv.log(&row).unwrap();
+            csv.write_row(&row).unwrap();
             assert_eq!(rows_on_disk(dir.path()), *expected, "after step {step}");
         }
         drop(csv);

@@ -1,4 +1,40 @@
-//! Where metrics go: `metrics.csv` now; TensorBoard and the console bar plug in beside it.
+//! Where metrics go, behind one trait: `metrics.csv` (`csv`), TensorBoard event files (`tensorboard`) and
+//! the console's lines (`console`). The training loop hands every row to each sink it was given; a sink
+//! keeps what it records. A new logger is one more `MetricSink`.
 
+pub mod console;
 pub mod csv;
 pub mod tensorboard;
+
+/// When a row is logged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowKind {
+    /// Every `log_every_n_steps` optimizer steps: the window's training loss and accuracy.
+    Step,
+    /// A validation in the middle of an epoch (`val_check_interval`), after this many of its batches.
+    MidEpochValidation { batches_done: usize },
+    /// An epoch's end: its training metrics, validation, time, throughput and device statistics.
+    Epoch,
+}
+
+/// One row of metrics at a point of training.
+#[derive(Debug, Clone, Copy)]
+pub struct Row<'a> {
+    pub kind: RowKind,
+    /// The epoch in progress (0-based).
+    pub epoch: u64,
+    /// Optimizer steps taken so far.
+    pub step: u64,
+    pub values: &'a [(&'a str, f64)],
+}
+
+impl Row<'_> {
+    pub fn get(&self, key: &str) -> Option<f64> {
+        self.values.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+}
+
+/// A destination for metric rows.
+pub trait MetricSink {
+    fn log(&mut self, row: &Row) -> anyhow::Result<()>;
+}

@@ -106,6 +106,28 @@ impl TensorBoardWriter {
     }
 }
 
+/// TensorBoard as a metric sink: every row's scalars at its step. With the learning rate logged per
+/// step (`LearningRateMonitor(logging_interval="step")`), an epoch row's `lr` would repeat the last
+/// step's value and is left out.
+pub struct TensorBoardSink {
+    pub writer: TensorBoardWriter,
+    pub lr_each_step: bool,
+}
+
+impl super::MetricSink for TensorBoardSink {
+    fn log(&mut self, row: &super::Row) -> anyhow::Result<()> {
+        let values: Vec<(&str, f64)> = row
+            .values
+            .iter()
+            .filter(|(k, _)| {
+                !(self.lr_each_step && row.kind == super::RowKind::Epoch && *k == "lr")
+            })
+            .copied()
+            .collect();
+        Ok(self.writer.scalars(row.step, &values)?)
+    }
+}
+
 /// Read an event file back, checking every CRC (for tests and the logbook).
 pub fn read_events(path: &Path) -> anyhow::Result<Vec<Event>> {
     let bytes = std::fs::read(path)?;

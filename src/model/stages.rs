@@ -45,6 +45,48 @@ pub fn unit_layouts(
     Ok(units)
 }
 
+/// The parameter layout of a unit spanning `stages`: theirs, concatenated in order.
+pub fn unit_layout(
+    layouts: &StageLayouts,
+    stages: std::ops::Range<usize>,
+) -> Vec<(String, Vec<usize>)> {
+    layouts[stages].concat()
+}
+
+/// FSDP's size-based wrap policy over a model's stages (their parameter layouts, in forward order):
+/// consecutive stages join a unit until it holds at least `min_num_params` parameters; a smaller
+/// remainder joins the last unit. `None`: one unit per stage. Returns the stages of each unit.
+pub fn group_stages(
+    stages: &StageLayouts,
+    min_num_params: Option<usize>,
+) -> Vec<std::ops::Range<usize>> {
+    let Some(min) = min_num_params else {
+        return (0..stages.len()).map(|k| k..k + 1).collect();
+    };
+    let numel = |k: usize| -> usize {
+        stages[k]
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum()
+    };
+    let mut units: Vec<std::ops::Range<usize>> = Vec::new();
+    let (mut start, mut count) = (0, 0);
+    for k in 0..stages.len() {
+        count += numel(k);
+        if count >= min.max(1) {
+            units.push(start..k + 1);
+            (start, count) = (k + 1, 0);
+        }
+    }
+    if start < stages.len() {
+        match units.last_mut() {
+            Some(last) => last.end = stages.len(),
+            None => units.push(start..stages.len()),
+        }
+    }
+    units
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +152,28 @@ mod tests {
                 vec!["head".to_string()]
             ]
         );
+    }
+
+    fn sized_stages() -> StageLayouts {
+        [0usize, 5, 5, 20, 2]
+            .iter()
+            .enumerate()
+            .map(|(k, &n)| match n {
+                0 => Vec::new(),
+                n => vec![(format!("s{k}"), vec![n])],
+            })
+            .collect()
+    }
+
+    #[rstest]
+    #[case::one_per_stage(None, vec![0..1, 1..2, 2..3, 3..4, 4..5])]
+    #[case::grouped_remainder_joins_the_last(Some(10), vec![0..3, 3..5])]
+    #[case::each_stage_enough(Some(1), vec![0..2, 2..3, 3..4, 4..5])]
+    #[case::more_than_the_model(Some(1000), vec![0..5])]
+    fn the_size_policy_groups_consecutive_stages(
+        #[case] min: Option<usize>,
+        #[case] expected: Vec<std::ops::Range<usize>>,
+    ) {
+        assert_eq!(group_stages(&sized_stages(), min), expected);
     }
 }

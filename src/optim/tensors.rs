@@ -89,11 +89,7 @@ fn map_host(a: &[f32], f: impl Fn(f32) -> f32) -> Flat {
 /// unsharded runs take the same steps.
 impl OptTensor for Flat {
     fn duplicate(&self) -> Self {
-        match self {
-            Flat::Host(v) => Flat::Host(v.clone()),
-            #[cfg(feature = "torch")]
-            Flat::Tch(t) => Flat::Tch(t.shallow_clone()),
-        }
+        self.handle()
     }
     fn owned_copy(&self) -> anyhow::Result<Self> {
         match self {
@@ -186,7 +182,7 @@ mod tests {
     #[cfg(feature = "torch")]
     #[test]
     fn tch_vectors_give_the_host_vectors_values() {
-        let home = FlatHome::Tch(tch::Device::Cpu);
+        let home = FlatHome::Tch(tch::Device::Cpu, tch::Kind::Float);
         let (a, b) = ([1.5f32, -4.0, 9.0], [2.0f32, 0.5, 3.0]);
         let (ha, hb) = (host(&a), host(&b));
         let (ta, tb) = (

@@ -14,84 +14,56 @@
 //! returns, and the others take replica 0's buffers before they evaluate.
 
 use super::scatter::scatter;
-use crate::backend::{self, Engine, StepStats};
+use super::{Ranks, Strategy};
+use crate::backend::{self, Engine, Placement, StateBytes, StepStats};
+use crate::comm::buckets::GradSync;
 use crate::comm::local::{self, LocalCollective};
 use crate::data::loader::Batch;
-use crate::schema::{Experiment, Strategy};
+use crate::schema::Experiment;
 use crate::tensor::StateDict;
 
-pub struct DataParallelEngine {
-    replicas: Vec<Box<dyn Engine + Send>>,
+pub struct DataParallel {
+    replicas: Vec<Box<dyn Engine>>,
     comms: Vec<LocalCollective>,
+    /// One process: rank 0 of 1 (the replicas are not ranks).
+    ranks: Ranks,
     /// DDP's buckets; parameters without a gradient count as zero (a replica may get no rows, and
     /// DataParallel has no unused-parameter check).
-    sync: super::ddp::GradSync,
+    sync: GradSync,
     /// The model has BatchNorm running statistics (decided once).
     has_buffers: bool,
     /// Replicas other than 0 hold running statistics of their own chunks since the last training pass.
     buffers_stale: bool,
 }
 
-/// `trainer.strategy=dp` is one process on one node: refuse several nodes, and refuse being one of several
-/// processes started by an external launcher (each would train alone on the whole data set). `get` reads
-/// the environment.
-pub fn check_placement(
-    exp: &Experiment,
-    get: &dyn Fn(&str) -> Option<String>,
-) -> anyhow::Result<()> {
-    if exp.trainer.strategy != Strategy::Dp {
-        return Ok(());
-    }
-    anyhow::ensure!(
-        exp.trainer.num_nodes <= 1,
-        "trainer.strategy=dp with trainer.num_nodes={}: DataParallel runs in one process on one node; set \
-         trainer.num_nodes=1, or use trainer=ddp to train across nodes",
-        exp.trainer.num_nodes
-    );
-    let number = |key: &str| get(key).and_then(|v| v.trim().parse::<usize>().ok());
-    let interactive_slurm = matches!(
-        get("SLURM_JOB_NAME").as_deref(),
-        Some("bash" | "interactive")
-    );
-    let launched = match (number("WORLD_SIZE"), number("SLURM_NTASKS")) {
-        (Some(n), _) if n > 1 && get("RANK").is_some() => Some(("WORLD_SIZE", n, "torchrun")),
-        (_, Some(n)) if n > 1 && !interactive_slurm => Some(("SLURM_NTASKS", n, "srun")),
-        _ => None,
-    };
-    if let Some((key, n, launcher)) = launched {
-        anyhow::bail!(
-            "trainer.strategy=dp runs every replica in one process, but this process is one of {n} ({key}={n}): \
-             start `train ... trainer=dp` once, without {launcher}, or use trainer=ddp for one process per device"
-        );
-    }
-    Ok(())
-}
-
-impl DataParallelEngine {
-    /// `trainer.devices` replicas of the experiment's engine, replica r on device r.
-    pub fn build(exp: &Experiment) -> anyhow::Result<Self> {
-        let n = crate::comm::devices_per_node(exp);
-        let replicas = (0..n)
-            .map(|r| backend::build_replica(exp, r))
+impl DataParallel {
+    /// `devices` replicas of the experiment's engine, replica r on device r.
+    pub fn build(exp: &Experiment, devices: usize) -> anyhow::Result<Self> {
+        let replicas = (0..devices)
+            .map(|r| {
+                let placement = Placement {
+                    device_index: r,
+                    ..Placement::default()
+                };
+                backend::build(exp, &placement)
+            })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let mut sync = super::ddp::GradSync::of(exp);
+        let mut sync = super::ddp::grad_sync(exp);
         sync.find_unused_parameters = true;
         Self::new(replicas, sync)
     }
 
     /// Replicas that start alike: every one is made replica 0's copy.
-    pub fn new(
-        replicas: Vec<Box<dyn Engine + Send>>,
-        sync: super::ddp::GradSync,
-    ) -> anyhow::Result<Self> {
+    pub fn new(replicas: Vec<Box<dyn Engine>>, sync: GradSync) -> anyhow::Result<Self> {
         anyhow::ensure!(
             !replicas.is_empty(),
             "trainer.strategy=dp needs at least one device: set trainer.devices"
         );
         let state = replicas[0].state_dict()?;
         let has_buffers = state.keys().any(|k| k.contains("running_"));
-        let mut engine = DataParallelEngine {
+        let mut engine = DataParallel {
             comms: local::group(replicas.len()),
+            ranks: Ranks::single(),
             replicas,
             sync,
             has_buffers,
@@ -115,7 +87,7 @@ impl DataParallelEngine {
     /// fails (or panics) stops the group, so no other is left waiting for it in a collective.
     fn on_all<T: Send>(
         &mut self,
-        job: impl Fn(usize, &mut (dyn Engine + Send), &LocalCollective) -> anyhow::Result<T> + Sync,
+        job: impl Fn(usize, &mut dyn Engine, &LocalCollective) -> anyhow::Result<T> + Sync,
     ) -> anyhow::Result<Vec<T>> {
         /// Aborts the group if the replica's job did not succeed: on an error and on a panic alike.
         struct AbortUnlessDone<'a> {
@@ -184,7 +156,7 @@ impl DataParallelEngine {
     fn on_chunks(
         &mut self,
         batch: &Batch,
-        job: impl Fn(&mut (dyn Engine + Send), &Batch) -> anyhow::Result<StepStats> + Sync,
+        job: impl Fn(&mut dyn Engine, &Batch) -> anyhow::Result<StepStats> + Sync,
     ) -> anyhow::Result<StepStats> {
         let parts = scatter(batch, self.replicas.len());
         let stats = self.on_all(|r, engine, _| match parts.get(r) {
@@ -199,8 +171,21 @@ impl DataParallelEngine {
     }
 }
 
-impl Engine for DataParallelEngine {
-    fn forward_backward(&mut self, batch: &Batch, grad_scale: f64) -> anyhow::Result<StepStats> {
+impl Strategy for DataParallel {
+    fn ranks(&self) -> &Ranks {
+        &self.ranks
+    }
+
+    fn replicas(&self) -> usize {
+        self.replicas.len()
+    }
+
+    fn forward_backward(
+        &mut self,
+        batch: &Batch,
+        grad_scale: f64,
+        _ends_window: bool,
+    ) -> anyhow::Result<StepStats> {
         let (n, rows) = (self.replicas.len(), batch.len());
         let stats = self.on_chunks(batch, |engine, part| {
             // Averaging over n replicas then gives Σ len/B · grad(chunk): the full batch's mean.
@@ -211,6 +196,8 @@ impl Engine for DataParallelEngine {
         Ok(stats)
     }
 
+    /// Every replica averages its gradients with the others' (DDP's mean over the in-process group)
+    /// and takes the same step.
     fn optimizer_step(
         &mut self,
         lr: f64,
@@ -219,7 +206,9 @@ impl Engine for DataParallelEngine {
     ) -> anyhow::Result<f64> {
         let sync = self.sync;
         let norms = self.on_all(|_, engine, comm| {
-            engine.all_reduce_gradients(comm, &sync)?;
+            let mut grads = engine.take_gradients()?;
+            super::ddp::average_gradients(comm, &mut grads, &sync)?;
+            engine.put_gradients(grads)?;
             engine.optimizer_step(lr, momentum, clip_norm)
         })?;
         Ok(norms[0])
@@ -245,60 +234,24 @@ impl Engine for DataParallelEngine {
         Ok(())
     }
 
-    fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>> {
-        let kept = self.replicas[0].load_pretrained(state)?;
-        for (r, replica) in self.replicas.iter_mut().enumerate().skip(1) {
-            replica
-                .load_pretrained(state)
-                .map_err(|e| e.context(format!("dp replica {r}")))?;
-        }
+    fn load_pretrained(&mut self, published: &StateDict) -> anyhow::Result<Vec<String>> {
+        let kept = backend::load_pretrained(self.replicas[0].as_mut(), published)?;
+        let state = self.replicas[0].state_dict()?;
+        self.load_into_others(&state)?;
         Ok(kept)
     }
 
+    fn loss_scale(&mut self) -> Option<f64> {
+        self.replicas[0].loss_scaler().and_then(|s| s.scale().ok())
+    }
+
     fn num_parameters(&self) -> usize {
-        self.replicas[0].num_parameters()
-    }
-
-    fn loss_scale(&self) -> Option<f64> {
-        self.replicas[0].loss_scale()
-    }
-
-    fn replicas(&self) -> usize {
-        self.replicas.len()
-    }
-
-    fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        self.replicas[0].parameter_shapes()
-    }
-
-    fn set_parameters(
-        &mut self,
-        _layout: &[(String, Vec<usize>)],
-        _flat: &crate::tensor::Flat,
-    ) -> anyhow::Result<()> {
-        anyhow::bail!(
-            "trainer.strategy=dp keeps whole replicas; it cannot be sharded (use trainer=fsdp)"
-        )
-    }
-
-    fn release_parameters(&mut self) -> anyhow::Result<()> {
-        anyhow::bail!(
-            "trainer.strategy=dp keeps whole replicas; it cannot be sharded (use trainer=fsdp)"
-        )
-    }
-
-    fn take_gradients(
-        &mut self,
-        _layout: &[(String, Vec<usize>)],
-    ) -> anyhow::Result<(crate::tensor::Flat, Vec<String>)> {
-        anyhow::bail!(
-            "trainer.strategy=dp keeps whole replicas; it cannot be sharded (use trainer=fsdp)"
-        )
+        backend::num_parameters(self.replicas[0].as_ref())
     }
 
     /// Every replica's, together: what this one process holds.
-    fn state_bytes(&self) -> crate::backend::StateBytes {
-        let mut total = crate::backend::StateBytes::default();
+    fn state_bytes(&self) -> StateBytes {
+        let mut total = StateBytes::default();
         for replica in &self.replicas {
             let b = replica.state_bytes();
             total.parameters += b.parameters;
@@ -307,17 +260,6 @@ impl Engine for DataParallelEngine {
             total.unsharded_peak += b.unsharded_peak;
         }
         total
-    }
-
-    fn all_reduce_gradients(
-        &mut self,
-        _comm: &dyn crate::comm::collective::Collective,
-        _sync: &super::ddp::GradSync,
-    ) -> anyhow::Result<()> {
-        anyhow::bail!(
-            "trainer.strategy=dp reduces its replicas' gradients inside one process and does not join a \
-             process group; use trainer=ddp for several processes"
-        )
     }
 }
 
@@ -356,15 +298,15 @@ mod tests {
         }
     }
 
-    fn one(exp: &Experiment) -> Box<dyn Engine + Send> {
-        backend::build_replica(exp, 0).unwrap()
+    fn one(exp: &Experiment) -> Box<dyn Engine> {
+        backend::build(exp, &Placement::single()).unwrap()
     }
 
-    fn data_parallel(exp: &Experiment, n: usize) -> DataParallelEngine {
+    fn data_parallel(exp: &Experiment, n: usize) -> DataParallel {
         let replicas = (0..n).map(|_| one(exp)).collect();
-        let mut sync = crate::strategy::ddp::GradSync::of(exp);
+        let mut sync = crate::strategy::ddp::grad_sync(exp);
         sync.find_unused_parameters = true;
-        DataParallelEngine::new(replicas, sync).unwrap()
+        DataParallel::new(replicas, sync).unwrap()
     }
 
     /// ‖a − b‖ / ‖b‖, worst tensor.
@@ -400,7 +342,7 @@ mod tests {
             for micro in 0..2 {
                 let b = batch(rows, step * 2 + micro);
                 let s1 = one.forward_backward(&b, 0.5).unwrap();
-                let sn = dp.forward_backward(&b, 0.5).unwrap();
+                let sn = dp.forward_backward(&b, 0.5, micro == 1).unwrap();
                 assert_eq!(sn.count, s1.count);
                 assert!((sn.loss_sum - s1.loss_sum).abs() < 1e-5 * s1.loss_sum.abs().max(1.0));
             }
@@ -438,7 +380,7 @@ mod tests {
         let mut dp = data_parallel(&exp, 2);
         let mut chunk0 = one(&exp);
         let b = batch(4, 1);
-        dp.forward_backward(&b, 1.0).unwrap();
+        dp.forward_backward(&b, 1.0, true).unwrap();
         chunk0.forward_backward(&scatter(&b, 2)[0], 1.0).unwrap();
         let (got, want) = (dp.state_dict().unwrap(), chunk0.state_dict().unwrap());
         let running: Vec<&String> = want.keys().filter(|k| k.contains("running_")).collect();
@@ -466,24 +408,34 @@ mod tests {
         let mut dp = data_parallel(&exp, 2);
         let mut bad = batch(4, 1);
         bad.labels[3] = 99; // out of range for 4 classes: only replica 1 (rows 2..4) sees it
-        let err = dp.forward_backward(&bad, 1.0).unwrap_err();
+        let err = dp.forward_backward(&bad, 1.0, true).unwrap_err();
         assert!(format!("{err:#}").contains("dp replica 1"), "{err:#}");
         // Replica 0 waits in the gradient reduction for replica 1, which fails before it: the step
         // fails with replica 1's error, not with replica 0's release from the wait.
         let mut dp = data_parallel(&exp, 2);
         let second = dp.replicas.pop().unwrap();
         dp.replicas.push(Box::new(FailsToReduce(second)));
-        dp.forward_backward(&batch(4, 1), 1.0).unwrap();
+        dp.forward_backward(&batch(4, 1), 1.0, true).unwrap();
         let err = format!("{:#}", dp.optimizer_step(0.1, None, None).unwrap_err());
         assert!(err.contains("dp replica 1: no gradients today"), "{err}");
     }
 
-    /// An engine whose gradient reduction fails before it reaches the collective.
-    struct FailsToReduce(Box<dyn Engine + Send>);
+    /// An engine whose gradients fail to come out, after replica 0 has reached the reduction.
+    struct FailsToReduce(Box<dyn Engine>);
 
     impl Engine for FailsToReduce {
         fn forward_backward(&mut self, b: &Batch, s: f64) -> anyhow::Result<StepStats> {
             self.0.forward_backward(b, s)
+        }
+        fn evaluate(&mut self, b: &Batch) -> anyhow::Result<StepStats> {
+            self.0.evaluate(b)
+        }
+        fn take_gradients(&mut self) -> anyhow::Result<crate::backend::Gradients> {
+            std::thread::sleep(std::time::Duration::from_millis(50)); // replica 0 is waiting by now
+            anyhow::bail!("no gradients today")
+        }
+        fn put_gradients(&mut self, g: crate::backend::Gradients) -> anyhow::Result<()> {
+            self.0.put_gradients(g)
         }
         fn optimizer_step(
             &mut self,
@@ -493,79 +445,17 @@ mod tests {
         ) -> anyhow::Result<f64> {
             self.0.optimizer_step(lr, m, c)
         }
-        fn evaluate(&mut self, b: &Batch) -> anyhow::Result<StepStats> {
-            self.0.evaluate(b)
-        }
         fn state_dict(&self) -> anyhow::Result<StateDict> {
             self.0.state_dict()
         }
         fn load_state_dict(&mut self, s: &StateDict) -> anyhow::Result<()> {
             self.0.load_state_dict(s)
         }
-        fn load_pretrained(&mut self, s: &StateDict) -> anyhow::Result<Vec<String>> {
-            self.0.load_pretrained(s)
-        }
-        fn num_parameters(&self) -> usize {
-            self.0.num_parameters()
-        }
-        fn all_reduce_gradients(
-            &mut self,
-            _: &dyn crate::comm::collective::Collective,
-            _: &crate::strategy::ddp::GradSync,
-        ) -> anyhow::Result<()> {
-            std::thread::sleep(std::time::Duration::from_millis(50)); // replica 0 is waiting by now
-            anyhow::bail!("no gradients today")
-        }
         fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
             self.0.parameter_shapes()
         }
-        fn set_parameters(
-            &mut self,
-            l: &[(String, Vec<usize>)],
-            f: &crate::tensor::Flat,
-        ) -> anyhow::Result<()> {
-            self.0.set_parameters(l, f)
-        }
-        fn release_parameters(&mut self) -> anyhow::Result<()> {
-            self.0.release_parameters()
-        }
-        fn take_gradients(
-            &mut self,
-            l: &[(String, Vec<usize>)],
-        ) -> anyhow::Result<(crate::tensor::Flat, Vec<String>)> {
-            self.0.take_gradients(l)
-        }
-        fn state_bytes(&self) -> crate::backend::StateBytes {
+        fn state_bytes(&self) -> StateBytes {
             self.0.state_bytes()
-        }
-    }
-
-    #[rstest]
-    #[case::torchrun(&[("RANK", "1"), ("WORLD_SIZE", "2")], 1, Some("WORLD_SIZE=2"))]
-    #[case::srun(&[("SLURM_NTASKS", "4")], 1, Some("SLURM_NTASKS=4"))]
-    #[case::interactive_allocation(&[("SLURM_NTASKS", "4"), ("SLURM_JOB_NAME", "bash")], 1, None)]
-    #[case::torchrun_with_one_process(&[("RANK", "0"), ("WORLD_SIZE", "1")], 1, None)]
-    #[case::several_nodes(&[], 2, Some("trainer.num_nodes=2"))]
-    #[case::plain(&[], 1, None)]
-    fn placement_is_one_process_on_one_node(
-        #[case] env: &[(&str, &str)],
-        #[case] nodes: usize,
-        #[case] refused_for: Option<&str>,
-    ) {
-        let mut exp = experiment("{name: mlp, num_classes: 4, hidden: [8]}");
-        exp.trainer.num_nodes = nodes;
-        let get = |k: &str| {
-            env.iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| v.to_string())
-        };
-        match (check_placement(&exp, &get), refused_for) {
-            (Ok(()), None) => {}
-            (Err(e), Some(key)) => {
-                let e = e.to_string();
-                assert!(e.contains(key) && e.contains("trainer=ddp"), "{e}");
-            }
-            (got, want) => panic!("{got:?} but expected refusal for {want:?}"),
         }
     }
 }

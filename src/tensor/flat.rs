@@ -1,22 +1,25 @@
-//! Flat f32 vectors where sharded data parallel keeps a unit's parameters, gradients and optimizer slots
-//! (`strategy::fsdp`), placed where the engine computes: host memory for Candle, a 1-D tensor on the
-//! engine's device for tch. On a GPU the slices, the all-gathers and reduce-scatters (NCCL) and the
-//! sharded optimizer's arithmetic then stay on the device, as PyTorch FSDP's flat parameters do; a
-//! unit crosses to the host only for a checkpoint.
+//! Flat vectors, placed where the engine computes: host memory for Candle, a 1-D tensor on the engine's
+//! device for tch. They are what moves between an engine, a strategy and the collectives: the gradients
+//! DDP averages (in buckets), and the unit slices, gradients and optimizer slots FSDP keeps. On a GPU the
+//! values, the collectives (NCCL) and the sharded optimizer's arithmetic then stay on the device, as
+//! PyTorch's DDP buckets and FSDP's flat parameters do; they cross to the host only for a checkpoint.
+//!
+//! The values are f32, except gradients of models stored in 16 bits (`bf16-true`, `16-true`), which keep
+//! their dtype as libtorch's DDP reduces them.
 
-/// A flat f32 vector, in host memory or on a tch device.
+/// A flat vector, in host memory or on a tch device.
 pub enum Flat {
     Host(Vec<f32>),
     #[cfg(feature = "torch")]
     Tch(tch::Tensor),
 }
 
-/// Where an engine wants its flat vectors (`Engine::flat_home`).
+/// Where flat vectors live: host memory, or a tch device with the vectors' dtype.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlatHome {
     Host,
     #[cfg(feature = "torch")]
-    Tch(tch::Device),
+    Tch(tch::Device, tch::Kind),
 }
 
 impl FlatHome {
@@ -25,9 +28,11 @@ impl FlatHome {
         match self {
             FlatHome::Host => Ok(Flat::Host(values)),
             #[cfg(feature = "torch")]
-            FlatHome::Tch(device) => {
-                Ok(Flat::Tch(tch::Tensor::f_from_slice(&values)?.f_to(device)?))
-            }
+            FlatHome::Tch(device, kind) => Ok(Flat::Tch(
+                tch::Tensor::f_from_slice(&values)?
+                    .f_to_kind(kind)?
+                    .f_to(device)?,
+            )),
         }
     }
 
@@ -36,9 +41,9 @@ impl FlatHome {
         match self {
             FlatHome::Host => Ok(Flat::Host(vec![0.0; len])),
             #[cfg(feature = "torch")]
-            FlatHome::Tch(device) => Ok(Flat::Tch(tch::Tensor::f_zeros(
+            FlatHome::Tch(device, kind) => Ok(Flat::Tch(tch::Tensor::f_zeros(
                 [len as i64],
-                (tch::Kind::Float, device),
+                (kind, device),
             )?)),
         }
     }
@@ -68,7 +73,7 @@ impl Flat {
         match self {
             Flat::Host(_) => FlatHome::Host,
             #[cfg(feature = "torch")]
-            Flat::Tch(t) => FlatHome::Tch(t.device()),
+            Flat::Tch(t) => FlatHome::Tch(t.device(), t.kind()),
         }
     }
 
@@ -146,7 +151,14 @@ impl Flat {
 
     /// The parts one after the other; `home` when there are none.
     pub fn concat(parts: Vec<Flat>, home: FlatHome) -> anyhow::Result<Flat> {
-        let mut parts = parts.into_iter().filter(|p| !p.is_empty()).peekable();
+        let refs: Vec<&Flat> = parts.iter().collect();
+        Flat::concat_refs(&refs, home)
+    }
+
+    /// The parts one after the other (a new vector; the parts are left as they are), in the place and
+    /// dtype of the first non-empty part; `home` when there are none.
+    pub fn concat_refs(parts: &[&Flat], home: FlatHome) -> anyhow::Result<Flat> {
+        let mut parts = parts.iter().filter(|p| !p.is_empty()).peekable();
         let Some(first) = parts.peek() else {
             return home.zeros(0);
         };
@@ -154,20 +166,80 @@ impl Flat {
             FlatHome::Host => {
                 let mut all = Vec::new();
                 for p in parts {
-                    all.extend(p.into_host()?);
+                    all.extend_from_slice(&p.host_values()?);
                 }
                 Ok(Flat::Host(all))
             }
             #[cfg(feature = "torch")]
-            FlatHome::Tch(device) => {
+            FlatHome::Tch(device, kind) => {
                 let tensors = parts
                     .map(|p| match p {
-                        Flat::Tch(t) => Ok(t),
-                        Flat::Host(v) => Ok(tch::Tensor::f_from_slice(&v)?.f_to(device)?),
+                        Flat::Tch(t) => Ok(t.shallow_clone()),
+                        Flat::Host(v) => Ok(tch::Tensor::f_from_slice(v)?
+                            .f_to_kind(kind)?
+                            .f_to(device)?),
                     })
                     .collect::<anyhow::Result<Vec<_>>>()?;
                 Ok(Flat::Tch(tch::Tensor::f_cat(&tensors, 0)?))
             }
+        }
+    }
+
+    /// Another handle on the values: the same device tensor, or a copy of a host vector.
+    pub fn handle(&self) -> Flat {
+        match self {
+            Flat::Host(v) => Flat::Host(v.clone()),
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) => Flat::Tch(t.shallow_clone()),
+        }
+    }
+
+    /// Overwrite the values with `src`'s, in place (a device tensor converts `src` to its dtype and
+    /// device: every view of it sees the new values).
+    pub fn copy_from(&mut self, src: &Flat) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.len() == src.len(),
+            "copying {} values into a flat vector of {}",
+            src.len(),
+            self.len()
+        );
+        match self {
+            Flat::Host(dst) => dst.copy_from_slice(&src.host_values()?),
+            #[cfg(feature = "torch")]
+            Flat::Tch(dst) => {
+                let src = match src {
+                    Flat::Tch(t) => t.shallow_clone(),
+                    Flat::Host(v) => tch::Tensor::f_from_slice(v)?,
+                };
+                tch::no_grad(|| dst.f_copy_(&src))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Divide every value by `divisor`, in place.
+    pub fn divide_in_place(&mut self, divisor: f64) -> anyhow::Result<()> {
+        match self {
+            Flat::Host(v) => {
+                let d = divisor as f32;
+                v.iter_mut().for_each(|x| *x /= d);
+            }
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) => {
+                let _ = tch::no_grad(|| t.f_div_scalar_(divisor))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The same values in f32 (no copy when they are f32 already).
+    pub fn into_f32(self) -> anyhow::Result<Flat> {
+        match self {
+            Flat::Host(v) => Ok(Flat::Host(v)),
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) if t.kind() == tch::Kind::Float => Ok(Flat::Tch(t)),
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) => Ok(Flat::Tch(t.f_to_kind(tch::Kind::Float)?)),
         }
     }
 

@@ -1,66 +1,82 @@
 //! `trainer.precision=bf16-mixed` on the Candle CPU path: PyTorch autocast's numerics without its kernels.
-//! Inside an autocast scope the operands and results of convolutions and matrix products are rounded to
+//! Under bf16 autocast the operands and results of convolutions and matrix products are rounded to
 //! bfloat16 (round-to-nearest-even), products accumulate in f32, and everything else (normalisation, softmax,
 //! loss, optimizer, master weights) stays f32 — the split PyTorch's autocast makes. The cast's backward rounds
 //! gradients to bf16 too, as autocast's bf16 ops do. CPUs without bf16 arithmetic gain no speed from this;
 //! it reproduces the accuracy a user will see with bf16 autocast.
 //!
-//! The switch is thread-local (as `torch.autocast` is): the engine opens a scope around each forward pass.
+//! Where `torch.autocast` is a thread-local switch, here the mode is a value each forward pass carries
+//! (`models::Pass`), so nothing outside the call decides how it computes.
 
 use candle_core::{DType, Result, Tensor};
-use std::cell::Cell;
 
-thread_local! {
-    static BF16: Cell<bool> = const { Cell::new(false) };
+/// The autocast mode of one forward pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Autocast {
+    /// bf16 rounding of matrix products' and convolutions' operands and results.
+    pub bf16: bool,
 }
 
-/// Restores the previous autocast state when dropped.
-#[must_use = "autocast ends when the guard is dropped"]
-pub struct Scope(bool);
+impl Autocast {
+    /// No autocast: every op in f32.
+    pub const OFF: Autocast = Autocast { bf16: false };
 
-/// Enter (or, with `false`, leave) bf16 autocast until the returned scope is dropped.
-pub fn bf16(enabled: bool) -> Scope {
-    Scope(BF16.with(|c| c.replace(enabled)))
-}
-
-impl Drop for Scope {
-    fn drop(&mut self) {
-        BF16.with(|c| c.set(self.0));
+    /// `t` rounded to bf16 and back when autocast is on (differentiable); `t` itself otherwise.
+    pub fn round(self, t: &Tensor) -> Result<Tensor> {
+        if self.bf16 && t.dtype() == DType::F32 {
+            t.to_dtype(DType::BF16)?.to_dtype(DType::F32)
+        } else {
+            Ok(t.clone())
+        }
     }
-}
 
-pub fn enabled() -> bool {
-    BF16.with(|c| c.get())
-}
-
-/// `t` rounded to bf16 and back when autocast is on (differentiable); `t` itself otherwise.
-pub fn round(t: &Tensor) -> Result<Tensor> {
-    if enabled() && t.dtype() == DType::F32 {
-        t.to_dtype(DType::BF16)?.to_dtype(DType::F32)
-    } else {
-        Ok(t.clone())
+    /// `a @ b` (batched, broadcasting) under autocast's rules.
+    pub fn matmul(self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        if !self.bf16 {
+            return a.broadcast_matmul(b);
+        }
+        self.round(&self.round(a)?.broadcast_matmul(&self.round(b)?)?)
     }
-}
 
-/// `a @ b` (batched, broadcasting) under autocast's rules.
-pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if !enabled() {
-        return a.broadcast_matmul(b);
+    /// `x @ wᵀ + b` (PyTorch's `nn.Linear`): under autocast, bf16 operands (bias included), one rounding
+    /// of the f32-accumulated result, as a bf16 `addmm` does.
+    pub fn linear(self, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+        if !self.bf16 {
+            return x.broadcast_matmul(&w.t()?)?.broadcast_add(b);
+        }
+        self.round(
+            &self
+                .round(x)?
+                .broadcast_matmul(&self.round(w)?.t()?)?
+                .broadcast_add(&self.round(b)?)?,
+        )
     }
-    round(&round(a)?.broadcast_matmul(&round(b)?)?)
-}
 
-/// `x @ wᵀ + b` (PyTorch's `nn.Linear`): under autocast, bf16 operands (bias included), one rounding of the
-/// f32-accumulated result, as a bf16 `addmm` does.
-pub fn linear(x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
-    if !enabled() {
-        return x.broadcast_matmul(&w.t()?)?.broadcast_add(b);
+    /// `conv2d(x, w)` (`conv::conv2d`): under autocast, bf16 operands and one rounding of the result.
+    pub fn conv2d(self, x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+        if !self.bf16 {
+            return super::conv::conv2d(x, w, stride, padding);
+        }
+        let y = super::conv::conv2d(&self.round(x)?, &self.round(w)?, stride, padding)?;
+        self.round(&y)
     }
-    round(
-        &round(x)?
-            .broadcast_matmul(&round(w)?.t()?)?
-            .broadcast_add(&round(b)?)?,
-    )
+
+    /// `relu(conv2d(x, w) + bias)`: the fused op, or under autocast (which rounds the conv's result) the
+    /// composition of the separate ops.
+    pub fn conv2d_bias_relu(
+        self,
+        x: &Tensor,
+        w: &Tensor,
+        bias: &Tensor,
+        stride: usize,
+        padding: usize,
+    ) -> Result<Tensor> {
+        if !self.bf16 {
+            return super::conv_relu::conv2d_bias_relu(x, w, bias, stride, padding);
+        }
+        let y = self.conv2d(x, w, stride, padding)?;
+        super::fused::relu(&super::fused::add_channel_bias(&y, bias)?)
+    }
 }
 
 #[cfg(test)]
@@ -75,27 +91,34 @@ mod tests {
     }
 
     #[test]
-    fn matmul_rounds_operands_and_result_only_inside_the_scope() {
+    fn matmul_rounds_operands_and_result_only_under_autocast() {
         let a = Tensor::new(&[[1.0f32 + 1.0 / 512.0, 3.0]], &Device::Cpu).unwrap();
         let b = Tensor::new(&[[1.0f32], [1.0 / 3.0]], &Device::Cpu).unwrap();
-        let full = matmul(&a, &b).unwrap().to_vec2::<f32>().unwrap()[0][0];
+        let full = Autocast::OFF
+            .matmul(&a, &b)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap()[0][0];
         assert_eq!(full, (1.0f32 + 1.0 / 512.0) + 3.0 * (1.0 / 3.0));
-        let mixed = {
-            let _scope = bf16(true);
-            matmul(&a, &b).unwrap().to_vec2::<f32>().unwrap()[0][0]
-        };
+        let mixed = Autocast { bf16: true }
+            .matmul(&a, &b)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap()[0][0];
         let expected = bf16_round(bf16_round(1.0 + 1.0 / 512.0) + 3.0 * bf16_round(1.0 / 3.0));
         assert_eq!(mixed, expected);
         assert_ne!(mixed, full);
-        assert!(!enabled(), "the scope restores the previous state");
     }
 
     #[test]
     fn gradients_flow_through_the_rounding() {
         let w = Var::new(&[[0.1f32, 0.2], [0.3, 0.4]], &Device::Cpu).unwrap();
         let x = Tensor::new(&[[1.0f32, 2.0]], &Device::Cpu).unwrap();
-        let _scope = bf16(true);
-        let loss = matmul(&x, w.as_tensor()).unwrap().sum_all().unwrap();
+        let loss = Autocast { bf16: true }
+            .matmul(&x, w.as_tensor())
+            .unwrap()
+            .sum_all()
+            .unwrap();
         let g = loss.backward().unwrap();
         let gw = g.get(w.as_tensor()).unwrap().to_vec2::<f32>().unwrap();
         assert_eq!(gw, vec![vec![1.0, 1.0], vec![2.0, 2.0]]);

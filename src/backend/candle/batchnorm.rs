@@ -5,6 +5,7 @@
 //! Per-channel sums run in a fixed order (one task per channel, f64 accumulators), so results are
 //! bit-identical across runs and thread counts.
 
+use crate::comm::collective::Collective;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -27,21 +28,23 @@ pub enum Then {
     Relu,
 }
 
-/// Training-mode BatchNorm: normalise with the batch's statistics, returned for the running averages.
-/// Falls back to `None` off the CPU / for non-f32 tensors, where the caller uses basic ops.
+/// Training-mode BatchNorm: normalise with the batch's statistics, returned for the running averages;
+/// with a `sync` group (SyncBatchNorm), the statistics of every rank's batch, reduced over it in the
+/// forward pass and again in the backward pass. Falls back to `None` off the CPU / for non-f32 tensors,
+/// where the caller uses basic ops.
 pub fn train(
     x: &Tensor,
     gamma: &Tensor,
     beta: &Tensor,
     eps: f64,
     then: Then,
+    sync: Option<&Arc<dyn Collective>>,
 ) -> Result<Option<(Tensor, ChannelStats)>> {
     if !fast(x) {
         return Ok(None);
     }
     let x = x.contiguous()?;
     let (n, c, h, w) = x.dims4()?;
-    let sync = crate::strategy::sync_batchnorm::group();
     let stats = with_f32(&x, |data| match &sync {
         Some(group) => global_channel_stats(group.as_ref(), data, n, c, h * w),
         None => Ok(channel_stats(data, n, c, h * w)),
@@ -55,7 +58,7 @@ pub fn train(
         mean: Arc::new(stats.mean.clone()),
         invstd: Arc::new(invstd),
         batch_stats: true,
-        sync: sync.map(|group| (group, stats.count)),
+        sync: sync.map(|group| (group.clone(), stats.count)),
         relu: then == Then::Relu,
     };
     Ok(Some((x.apply_op3(gamma, beta, op)?, stats)))
@@ -220,7 +223,7 @@ struct BatchNorm {
     batch_stats: bool,
     /// SyncBatchNorm: the group the backward's sums are reduced over, and the global element count per
     /// channel.
-    sync: Option<(Arc<dyn crate::comm::collective::Collective>, usize)>,
+    sync: Option<(Arc<dyn Collective>, usize)>,
     /// A ReLU applied to the output (its gradient is masked where the output is zero).
     relu: bool,
 }
@@ -430,7 +433,7 @@ mod tests {
         let gamma = Var::from_tensor(&seeded(&[4], 2)).unwrap();
         let beta = Var::from_tensor(&seeded(&[4], 3)).unwrap();
         let probe = seeded(&[3, 4, 5, 6], 4);
-        let (ours, stats) = train(&x, &gamma, &beta, 1e-5, Then::Nothing)
+        let (ours, stats) = train(&x, &gamma, &beta, 1e-5, Then::Nothing, None)
             .unwrap()
             .unwrap();
         let theirs = reference(&x, &gamma, &beta);
@@ -445,7 +448,9 @@ mod tests {
         let gamma = Var::from_tensor(&seeded(&[4], 12)).unwrap();
         let beta = Var::from_tensor(&seeded(&[4], 13)).unwrap();
         let probe = seeded(&[3, 4, 5, 6], 14);
-        let (fused, _) = train(&x, &gamma, &beta, 1e-5, Then::Relu).unwrap().unwrap();
+        let (fused, _) = train(&x, &gamma, &beta, 1e-5, Then::Relu, None)
+            .unwrap()
+            .unwrap();
         let theirs = reference(&x, &gamma, &beta).relu().unwrap();
         assert!(max_abs(&fused, &theirs) < 1e-5);
         let zeros = fused

@@ -55,17 +55,8 @@ impl Geometry {
 }
 
 /// `x` (N, C, H, W) convolved with `w` (O, C, K, K); falls back to Candle's own kernels off the CPU or
-/// for other dtypes.
-/// Under bf16 autocast the operands and the result are rounded to bf16 (see `autocast`).
+/// for other dtypes. (Under bf16 autocast: `autocast::Autocast::conv2d`.)
 pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
-    if super::autocast::enabled() {
-        let (x, w) = (super::autocast::round(x)?, super::autocast::round(w)?);
-        let y = {
-            let _off = super::autocast::bf16(false);
-            conv2d(&x, &w, stride, padding)?
-        };
-        return super::autocast::round(&y);
-    }
     if !handles(x, w)? {
         return x.conv2d(w, padding, stride, 1, 1);
     }

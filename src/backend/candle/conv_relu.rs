@@ -10,7 +10,7 @@ use super::conv;
 use super::cpu::{f32_slice as slice, with_f32};
 
 /// `relu(conv2d(x, w, stride, padding) + bias)`, `bias` per output channel. Off the fused kernel's domain
-/// (and under autocast, which rounds the conv's result) it is the composition of the separate ops.
+/// it is the composition of the separate ops (under autocast: `autocast::Autocast::conv2d_bias_relu`).
 pub fn conv2d_bias_relu(
     x: &Tensor,
     w: &Tensor,
@@ -18,7 +18,7 @@ pub fn conv2d_bias_relu(
     stride: usize,
     padding: usize,
 ) -> Result<Tensor> {
-    if super::autocast::enabled() || !conv::handles(x, w)? || !super::cpu::is_cpu_f32(bias) {
+    if !conv::handles(x, w)? || !super::cpu::is_cpu_f32(bias) {
         let y = conv::conv2d(x, w, stride, padding)?;
         return super::fused::relu(&super::fused::add_channel_bias(&y, bias)?);
     }

@@ -12,18 +12,21 @@ pub mod resnet;
 pub mod staged;
 pub mod vit;
 
-use super::{topk_hits, Engine, StepStats};
+use super::{topk_hits, Engine, Gradient, Gradients, Placement, Sharding, StepStats};
+use crate::comm::collective::Collective;
 use crate::data::loader::Batch;
 use crate::model::init;
 use crate::model::Architecture;
 use crate::optim::{clip_factor, Optimizer};
 use crate::rng::Rng;
 use crate::schema::Experiment;
-use crate::tensor::{HostTensor, StateDict};
+use crate::tensor::{Flat, FlatHome, HostTensor, StateDict};
 use anyhow::Context;
+use autocast::Autocast;
 use candle_core::{DType, Device, Tensor, Var};
-use models::{Buffers, Params};
+use models::{Buffers, Params, Pass};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub struct CandleEngine {
     device: Device,
@@ -38,8 +41,10 @@ pub struct CandleEngine {
     last_logits: Option<Tensor>,
     seed: u64,
     forward_calls: u64,
-    /// `bf16-mixed`: forward passes run inside a bf16 autocast scope.
-    autocast_bf16: bool,
+    /// `bf16-mixed`: forward passes round as bf16 autocast does.
+    autocast: Autocast,
+    /// SyncBatchNorm's group (`Placement::sync_batchnorm`).
+    sync_batchnorm: Option<Arc<dyn Collective>>,
 }
 
 fn to_candle(t: &HostTensor, device: &Device) -> candle_core::Result<Tensor> {
@@ -54,7 +59,14 @@ fn to_host(t: &Tensor) -> anyhow::Result<HostTensor> {
 }
 
 impl CandleEngine {
+    /// A single-device engine (`Placement::single`).
     pub fn new(exp: &Experiment) -> anyhow::Result<Self> {
+        Self::placed(exp, &Placement::single())
+    }
+
+    /// An engine placed as a strategy decided (Candle runs on the CPU: only SyncBatchNorm's group
+    /// matters).
+    pub fn placed(exp: &Experiment, placement: &Placement) -> anyhow::Result<Self> {
         let device = Device::Cpu;
         let model = Architecture::new(&exp.model, exp.data.channels, exp.data.image_size)?;
         let mut params = Params::new();
@@ -70,7 +82,9 @@ impl CandleEngine {
             buffers.insert(name, to_candle(&init::constant(&shape, value), &device)?);
         }
         Ok(CandleEngine {
-            autocast_bf16: exp.trainer.precision == crate::schema::Precision::MixedBf16,
+            autocast: Autocast {
+                bf16: exp.trainer.precision == crate::schema::Precision::MixedBf16,
+            },
             device,
             model,
             params,
@@ -82,6 +96,7 @@ impl CandleEngine {
             last_logits: None,
             seed: exp.seed,
             forward_calls: 0,
+            sync_batchnorm: placement.sync_batchnorm.clone(),
         })
     }
 
@@ -151,15 +166,13 @@ impl Engine for CandleEngine {
         let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
         self.forward_calls += 1;
         let logits = {
-            let _autocast = autocast::bf16(self.autocast_bf16);
-            models::forward(
-                &self.model,
-                &self.params,
-                &mut self.buffers,
-                &x,
-                true,
-                &mut rng,
-            )?
+            let mut pass = Pass {
+                train: true,
+                rng: &mut rng,
+                sync_batchnorm: self.sync_batchnorm.as_ref(),
+                autocast: self.autocast,
+            };
+            models::forward(&self.model, &self.params, &mut self.buffers, &x, &mut pass)?
         };
         let loss = self.training_loss(&logits, &y)?;
         let grads = loss.affine(grad_scale, 0.0)?.backward()?;
@@ -197,104 +210,53 @@ impl Engine for CandleEngine {
         Ok(norm)
     }
 
-    fn all_reduce_gradients(
-        &mut self,
-        comm: &dyn crate::comm::collective::Collective,
-        sync: &crate::strategy::ddp::GradSync,
-    ) -> anyhow::Result<()> {
-        let missing: Vec<String> = self
-            .params
-            .keys()
-            .filter(|n| !self.grads.contains_key(*n))
-            .cloned()
-            .collect();
-        if !missing.is_empty() && !sync.find_unused_parameters {
-            return Err(crate::strategy::ddp::unused_parameters_error(&missing));
-        }
-        // Candle's tensors go through host buffers; the last layers first, as DDP's buckets do.
-        let mut names: Vec<String> = self.params.keys().rev().cloned().collect();
-        if sync.find_unused_parameters {
-            let here: Vec<bool> = names.iter().map(|n| self.grads.contains_key(n)).collect();
-            let used = crate::strategy::ddp::used_anywhere(comm, &here)?;
-            names = names
-                .into_iter()
-                .zip(used)
-                .filter_map(|(n, u)| u.then_some(n))
-                .collect();
-        }
-        let mut host = Vec::with_capacity(names.len());
-        for name in &names {
-            host.push(match self.grads.get(name) {
-                Some(g) => g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
-                None => vec![0.0; self.params[name].as_tensor().elem_count()],
+    /// Host copies, the last layers first (reverse name order), as DDP's buckets fill.
+    fn take_gradients(&mut self) -> anyhow::Result<Gradients> {
+        let mut entries = Vec::with_capacity(self.params.len());
+        for (name, var) in self.params.iter().rev() {
+            let value = match self.grads.remove(name) {
+                Some(g) => Some(Flat::Host(
+                    g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+                )),
+                None => None,
+            };
+            entries.push(Gradient {
+                name: name.clone(),
+                numel: var.as_tensor().elem_count(),
+                value,
             });
         }
-        crate::strategy::ddp::average_on_host(comm, &mut host, sync)?;
-        for (name, data) in names.into_iter().zip(host) {
-            let shape = self.params[&name].as_tensor().dims().to_vec();
-            let g = Tensor::from_vec(data, shape.as_slice(), &self.device)?;
-            self.grads.insert(name, g);
+        self.grads.clear();
+        Ok(Gradients {
+            entries,
+            home: FlatHome::Host,
+        })
+    }
+
+    fn put_gradients(&mut self, grads: Gradients) -> anyhow::Result<()> {
+        for g in grads.entries {
+            let Some(value) = g.value else { continue };
+            let var = self.params.get(&g.name).with_context(|| {
+                format!("put_gradients: the model has no parameter '{}'", g.name)
+            })?;
+            let shape = var.as_tensor().dims().to_vec();
+            let t = Tensor::from_vec(value.into_host()?, shape.as_slice(), &self.device)?;
+            self.grads.insert(g.name, t);
         }
         Ok(())
-    }
-
-    fn units(&self) -> anyhow::Result<crate::model::stages::StageLayouts> {
-        crate::model::stages::unit_layouts(&self.model.stages(), &self.parameter_shapes())
-    }
-
-    fn forward_backward_by_unit(
-        &mut self,
-        batch: &Batch,
-        grad_scale: f64,
-        exchange: &mut dyn super::units::UnitExchange,
-    ) -> anyhow::Result<StepStats> {
-        let (x, labels) = self.inputs(batch)?;
-        let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
-        self.forward_calls += 1;
-        let (logits, loss) = {
-            let _autocast = autocast::bf16(self.autocast_bf16);
-            let mut staged = staged::Staged {
-                engine: self,
-                labels,
-            };
-            super::units::train_by_unit(&mut staged, x, grad_scale, exchange, &mut rng)?
-        };
-        self.last_logits = Some(logits.clone());
-        self.stats(&logits, &loss, batch)
-    }
-
-    fn evaluate_by_unit(
-        &mut self,
-        batch: &Batch,
-        exchange: &mut dyn super::units::UnitExchange,
-    ) -> anyhow::Result<StepStats> {
-        let (x, labels) = self.inputs(batch)?;
-        let logits = {
-            let _autocast = autocast::bf16(self.autocast_bf16);
-            let mut staged = staged::Staged {
-                engine: self,
-                labels: labels.clone(),
-            };
-            super::units::evaluate_by_unit(&mut staged, x, exchange)?
-        };
-        let loss = candle_nn::loss::cross_entropy(&logits, &labels)?;
-        self.stats(&logits, &loss, batch)
     }
 
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
         let mut rng = Rng::new(0);
         let logits = {
-            let _autocast = autocast::bf16(self.autocast_bf16);
-            models::forward(
-                &self.model,
-                &self.params,
-                &mut self.buffers,
-                &x,
-                false,
-                &mut rng,
-            )?
-            .detach()
+            let mut pass = Pass {
+                train: false,
+                rng: &mut rng,
+                sync_batchnorm: self.sync_batchnorm.as_ref(),
+                autocast: self.autocast,
+            };
+            models::forward(&self.model, &self.params, &mut self.buffers, &x, &mut pass)?.detach()
         };
         let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         self.stats(&logits, &loss, batch)
@@ -367,48 +329,37 @@ impl Engine for CandleEngine {
         Ok(())
     }
 
-    fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>> {
-        let slots: Vec<crate::model::pretrained::Slot> = self
-            .params
-            .iter()
-            .map(|(name, var)| crate::model::pretrained::Slot {
-                name,
-                shape: var.dims().to_vec(),
-                trainable: true,
-            })
-            .chain(
-                self.buffers
-                    .iter()
-                    .map(|(name, t)| crate::model::pretrained::Slot {
-                        name,
-                        shape: t.dims().to_vec(),
-                        trainable: false,
-                    }),
-            )
-            .collect();
-        let crate::model::pretrained::PretrainedPlan { set, kept } =
-            crate::model::pretrained::plan_pretrained(&slots, state)?;
-        for (name, t) in set {
-            let value = to_candle(&t, &self.device)?;
-            match self.params.get(&name) {
-                Some(var) => var.set(&value)?,
-                None => {
-                    self.buffers.insert(name, value);
-                }
-            }
-        }
-        Ok(kept)
-    }
-
-    fn num_parameters(&self) -> usize {
-        self.params.values().map(|v| v.elem_count()).sum()
-    }
-
     fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
         self.params
             .iter()
             .map(|(name, var)| (name.clone(), var.dims().to_vec()))
             .collect()
+    }
+
+    fn sharding(&mut self) -> Option<&mut dyn Sharding> {
+        Some(self)
+    }
+
+    fn state_bytes(&self) -> super::StateBytes {
+        let bytes = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as u64;
+        let parameters: u64 = self.params.values().map(|v| bytes(v.as_tensor())).sum();
+        super::StateBytes {
+            parameters,
+            // Gradients exist for every parameter from the first backward pass to each step.
+            gradients: parameters,
+            optimizer_state: self.optimizer.state.values().map(bytes).sum(),
+            unsharded_peak: parameters,
+        }
+    }
+}
+
+impl Sharding for CandleEngine {
+    fn flat_home(&self) -> FlatHome {
+        FlatHome::Host
+    }
+
+    fn stage_layouts(&self) -> anyhow::Result<crate::model::stages::StageLayouts> {
+        crate::model::stages::unit_layouts(&self.model.stages(), &self.parameter_shapes())
     }
 
     fn set_parameters(
@@ -438,42 +389,41 @@ impl Engine for CandleEngine {
         Ok(())
     }
 
-    fn take_gradients(
+    fn forward_backward_by_unit(
         &mut self,
-        layout: &[(String, Vec<usize>)],
-    ) -> anyhow::Result<(crate::tensor::Flat, Vec<String>)> {
-        let numel = layout
-            .iter()
-            .map(|(_, s)| s.iter().product::<usize>())
-            .sum();
-        let mut flat = vec![0.0f32; numel];
-        let mut missing = Vec::new();
-        for (name, _, range) in crate::tensor::layout_ranges(layout) {
-            let dst = &mut flat[range];
-            match self.grads.remove(name) {
-                Some(g) => {
-                    dst.copy_from_slice(&g.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
-                }
-                None => {
-                    dst.fill(0.0);
-                    missing.push(name.to_string());
-                }
-            }
-        }
-        self.grads.clear();
-        Ok((crate::tensor::Flat::Host(flat), missing))
+        batch: &Batch,
+        grad_scale: f64,
+        exchange: &mut dyn super::units::UnitExchange,
+    ) -> anyhow::Result<StepStats> {
+        let (x, labels) = self.inputs(batch)?;
+        let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
+        self.forward_calls += 1;
+        let (logits, loss) = {
+            let mut staged = staged::Staged {
+                engine: self,
+                labels,
+            };
+            super::units::train_by_unit(&mut staged, x, grad_scale, exchange, &mut rng)?
+        };
+        self.last_logits = Some(logits.clone());
+        self.stats(&logits, &loss, batch)
     }
 
-    fn state_bytes(&self) -> super::StateBytes {
-        let bytes = |t: &Tensor| (t.elem_count() * t.dtype().size_in_bytes()) as u64;
-        let parameters: u64 = self.params.values().map(|v| bytes(v.as_tensor())).sum();
-        super::StateBytes {
-            parameters,
-            // Gradients exist for every parameter from the first backward pass to each step.
-            gradients: parameters,
-            optimizer_state: self.optimizer.state.values().map(bytes).sum(),
-            unsharded_peak: parameters,
-        }
+    fn evaluate_by_unit(
+        &mut self,
+        batch: &Batch,
+        exchange: &mut dyn super::units::UnitExchange,
+    ) -> anyhow::Result<StepStats> {
+        let (x, labels) = self.inputs(batch)?;
+        let logits = {
+            let mut staged = staged::Staged {
+                engine: self,
+                labels: labels.clone(),
+            };
+            super::units::evaluate_by_unit(&mut staged, x, exchange)?
+        };
+        let loss = candle_nn::loss::cross_entropy(&logits, &labels)?;
+        self.stats(&logits, &loss, batch)
     }
 }
 
@@ -493,88 +443,6 @@ mod tests {
 
     fn batch() -> Batch {
         crate::testing::batch(1)
-    }
-
-    /// DDP with `find_unused_parameters`: a parameter without a gradient on every rank keeps none (the
-    /// optimizer leaves it, momentum and all, as PyTorch's reducer does); one without a gradient on one
-    /// rank only counts as zero there.
-    #[test]
-    fn unused_everywhere_keeps_no_gradient_unused_somewhere_counts_zero() {
-        let exp = experiment(
-            "{name: mlp, num_classes: 4, hidden: [8]}",
-            "{name: sgd, lr: 0.1, momentum: 0.9}",
-        );
-        let comms = crate::comm::local::group(2);
-        let sync = crate::strategy::ddp::GradSync {
-            bucket_cap_bytes: 1 << 20,
-            find_unused_parameters: true,
-            gradient_as_bucket_view: false,
-        };
-        let names: Vec<String> = CandleEngine::new(&exp)
-            .unwrap()
-            .params
-            .keys()
-            .cloned()
-            .collect();
-        let (everywhere, somewhere) = (names[0].clone(), names[names.len() - 1].clone());
-        let results: Vec<(CandleEngine, Tensor)> = std::thread::scope(|s| {
-            let handles: Vec<_> = comms
-                .iter()
-                .enumerate()
-                .map(|(rank, comm)| {
-                    let (exp, everywhere, somewhere) = (&exp, &everywhere, &somewhere);
-                    s.spawn(move || {
-                        let mut e = CandleEngine::new(exp).unwrap();
-                        e.forward_backward(&batch(), 1.0).unwrap();
-                        e.grads.remove(everywhere);
-                        let kept = e.grads[somewhere].clone();
-                        if rank == 0 {
-                            e.grads.remove(somewhere);
-                        }
-                        e.all_reduce_gradients(comm, &sync).unwrap();
-                        (e, kept)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        for (e, _) in &results {
-            assert!(!e.grads.contains_key(&everywhere));
-        }
-        // Rank 1's gradient averaged with rank 0's zero.
-        let expected = results[1].1.affine(0.5, 0.0).unwrap();
-        let got = &results[0].0.grads[&somewhere];
-        let diff = (got - &expected)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        assert!(diff < 1e-7, "{diff}");
-        let mut e = results.into_iter().next().unwrap().0;
-        let before = e.params[&everywhere]
-            .as_tensor()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
-        e.optimizer_step(0.1, None, None).unwrap();
-        assert_eq!(
-            e.params[&everywhere]
-                .as_tensor()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap(),
-            before
-        );
-        assert!(!e
-            .optimizer
-            .state
-            .keys()
-            .any(|k| k.starts_with(&format!("{everywhere}."))));
     }
 
     /// Every trainable parameter of every zoo model must receive a non-zero gradient.
@@ -664,7 +532,7 @@ mod tests {
         target_exp.seed = 99;
         let mut target = CandleEngine::new(&target_exp).unwrap();
         let fresh_head = target.state_dict().unwrap()["fc.weight"].clone();
-        let kept = target.load_pretrained(&published).unwrap();
+        let kept = crate::backend::load_pretrained(&mut target, &published).unwrap();
         assert_eq!(kept, vec!["fc.bias".to_string(), "fc.weight".to_string()]);
         let loaded = target.state_dict().unwrap();
         assert_eq!(
@@ -678,9 +546,7 @@ mod tests {
             "{name: mlp, num_classes: 4, hidden: [8]}",
             "{name: sgd, lr: 0.1}",
         ));
-        let err = mlp
-            .unwrap()
-            .load_pretrained(&published)
+        let err = crate::backend::load_pretrained(&mut mlp.unwrap(), &published)
             .unwrap_err()
             .to_string();
         assert!(

@@ -1,6 +1,8 @@
 //! The Candle forward passes of the model zoo (`crate::model` describes the architectures): each stage
 //! over named variables, with PyTorch's `state_dict()` names.
 
+use super::autocast::Autocast;
+use crate::comm::collective::Collective;
 use crate::model::cnn::Cnn;
 use crate::model::dropout::dropout_mask;
 use crate::model::mlp::Mlp;
@@ -8,23 +10,34 @@ use crate::model::Architecture;
 use crate::rng::Rng;
 use candle_core::{Result, Tensor, Var, D};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub type Params = BTreeMap<String, Var>;
 /// Non-trainable state (BatchNorm running statistics), saved in checkpoints but never optimised.
 pub type Buffers = BTreeMap<String, Tensor>;
 
+/// How one forward pass runs, besides its parameters and input.
+pub struct Pass<'a> {
+    /// Training mode: dropout on, BatchNorm with batch statistics (updating the running ones).
+    pub train: bool,
+    /// Drives dropout masks in training mode (deterministic, seeded per step).
+    pub rng: &'a mut Rng,
+    /// SyncBatchNorm's group: training-mode BatchNorm reduces its statistics over these ranks.
+    pub sync_batchnorm: Option<&'a Arc<dyn Collective>>,
+    /// `bf16-mixed`: autocast's rounding of matrix products and convolutions.
+    pub autocast: Autocast,
+}
+
 /// A model's forward pass on Candle, one stage at a time (the stages of its description).
 pub trait CandleForward {
-    /// Stage `k` of the forward pass. `rng` drives dropout masks in train mode (deterministic, seeded per
-    /// step); train mode updates `buffers`.
+    /// Stage `k` of the forward pass; training mode updates `buffers`.
     fn forward_stage(
         &self,
         k: usize,
         p: &Params,
         buffers: &mut Buffers,
         x: &Tensor,
-        train: bool,
-        rng: &mut Rng,
+        pass: &mut Pass,
     ) -> Result<Tensor>;
 }
 
@@ -35,14 +48,13 @@ impl CandleForward for Architecture {
         p: &Params,
         buffers: &mut Buffers,
         x: &Tensor,
-        train: bool,
-        rng: &mut Rng,
+        pass: &mut Pass,
     ) -> Result<Tensor> {
         match self {
-            Architecture::Mlp(m) => m.forward_stage(k, p, buffers, x, train, rng),
-            Architecture::Cnn(m) => m.forward_stage(k, p, buffers, x, train, rng),
-            Architecture::ResNet(m) => m.forward_stage(k, p, buffers, x, train, rng),
-            Architecture::Vit(m) => m.forward_stage(k, p, buffers, x, train, rng),
+            Architecture::Mlp(m) => m.forward_stage(k, p, buffers, x, pass),
+            Architecture::Cnn(m) => m.forward_stage(k, p, buffers, x, pass),
+            Architecture::ResNet(m) => m.forward_stage(k, p, buffers, x, pass),
+            Architecture::Vit(m) => m.forward_stage(k, p, buffers, x, pass),
         }
     }
 }
@@ -53,12 +65,11 @@ pub fn forward(
     p: &Params,
     buffers: &mut Buffers,
     x: &Tensor,
-    train: bool,
-    rng: &mut Rng,
+    pass: &mut Pass,
 ) -> Result<Tensor> {
     let mut h = x.clone();
     for k in 0..arch.stages().len() {
-        h = arch.forward_stage(k, p, buffers, &h, train, rng)?;
+        h = arch.forward_stage(k, p, buffers, &h, pass)?;
     }
     Ok(h)
 }
@@ -73,25 +84,25 @@ pub fn param<'a>(p: &'a Params, name: &str) -> Result<&'a Tensor> {
     get(p, name).map(|v| v.as_tensor())
 }
 
-fn linear(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
+fn linear(p: &Params, prefix: &str, x: &Tensor, autocast: Autocast) -> Result<Tensor> {
     let w = get(p, &format!("{prefix}.weight"))?;
     let b = get(p, &format!("{prefix}.bias"))?;
-    super::autocast::linear(x, w, b)
+    autocast.linear(x, w, b)
 }
 
 /// `relu(conv3x3(x) + bias)`, fused.
-fn conv3x3_relu(p: &Params, prefix: &str, x: &Tensor) -> Result<Tensor> {
+fn conv3x3_relu(p: &Params, prefix: &str, x: &Tensor, autocast: Autocast) -> Result<Tensor> {
     let w = get(p, &format!("{prefix}.weight"))?;
     let b = get(p, &format!("{prefix}.bias"))?;
-    super::conv_relu::conv2d_bias_relu(x, w, b, 1, 1)
+    autocast.conv2d_bias_relu(x, w, b, 1, 1)
 }
 
 /// Inverted dropout with a host-generated mask, so runs are reproducible.
-pub fn dropout(x: &Tensor, prob: f64, train: bool, rng: &mut Rng) -> Result<Tensor> {
-    if !train || prob <= 0.0 {
+pub fn dropout(x: &Tensor, prob: f64, pass: &mut Pass) -> Result<Tensor> {
+    if !pass.train || prob <= 0.0 {
         return Ok(x.clone());
     }
-    let mask = dropout_mask(x.elem_count(), prob, rng);
+    let mask = dropout_mask(x.elem_count(), prob, pass.rng);
     x.mul(&Tensor::from_vec(mask, x.shape(), x.device())?)
 }
 
@@ -102,17 +113,21 @@ impl CandleForward for Mlp {
         p: &Params,
         _buffers: &mut Buffers,
         x: &Tensor,
-        train: bool,
-        rng: &mut Rng,
+        pass: &mut Pass,
     ) -> Result<Tensor> {
         let layers = self.depth();
         match k {
             0 => x.flatten_from(1),
             k if k <= layers => {
-                let h = super::fused::relu(&linear(p, &format!("layers.{}", k - 1), x)?)?;
-                dropout(&h, self.dropout, train, rng)
+                let h = super::fused::relu(&linear(
+                    p,
+                    &format!("layers.{}", k - 1),
+                    x,
+                    pass.autocast,
+                )?)?;
+                dropout(&h, self.dropout, pass)
             }
-            _ => linear(p, "head", x),
+            _ => linear(p, "head", x, pass.autocast),
         }
     }
 }
@@ -124,13 +139,12 @@ impl CandleForward for Cnn {
         p: &Params,
         _buffers: &mut Buffers,
         x: &Tensor,
-        train: bool,
-        rng: &mut Rng,
+        pass: &mut Pass,
     ) -> Result<Tensor> {
         match k {
             0 => Ok(x.clone()),
             k if k <= self.blocks() => {
-                let h = conv3x3_relu(p, &format!("blocks.{}.conv", k - 1), x)?;
+                let h = conv3x3_relu(p, &format!("blocks.{}.conv", k - 1), x, pass.autocast)?;
                 if h.dim(2)? < 2 || h.dim(3)? < 2 {
                     Ok(h)
                 } else if matches!(h.device(), candle_core::Device::Cpu) {
@@ -141,8 +155,8 @@ impl CandleForward for Cnn {
             }
             _ => {
                 let pooled = x.mean(D::Minus1)?.mean(D::Minus1)?;
-                let pooled = dropout(&pooled, self.dropout, train, rng)?;
-                linear(p, "head", &pooled)
+                let pooled = dropout(&pooled, self.dropout, pass)?;
+                linear(p, "head", &pooled, pass.autocast)
             }
         }
     }

@@ -4,17 +4,25 @@
 //! stem's 3x3/2 max-pool is the maximum of nine strided views (Candle's pool backward needs kernel == stride).
 //! `cifar_stem`: a 3x3 stride-1 first conv and no max-pool, for 32x32 images.
 
+use super::autocast::Autocast;
 use super::batchnorm::{self, Then};
-use super::models::{param, Buffers, CandleForward, Params};
+use super::models::{param, Buffers, CandleForward, Params, Pass};
+use crate::comm::collective::Collective;
 use crate::model::resnet::ResNet;
-use crate::rng::Rng;
 use candle_core::{Result, Tensor, D};
+use std::sync::Arc;
 
 const BN_EPS: f64 = 1e-5;
 const BN_MOMENTUM: f64 = 0.1;
 
-fn conv(p: &Params, name: &str, x: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
-    super::conv::conv2d(x, param(p, &format!("{name}.weight"))?, stride, padding)
+fn conv(
+    (p, autocast): (&Params, Autocast),
+    name: &str,
+    x: &Tensor,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    autocast.conv2d(x, param(p, &format!("{name}.weight"))?, stride, padding)
 }
 
 /// BatchNorm2d: batch statistics in train mode (running stats updated with the unbiased variance, as
@@ -23,7 +31,7 @@ fn batch_norm(
     p: &Params,
     b: &mut Buffers,
     (name, x): (&str, &Tensor),
-    train: bool,
+    (train, sync): (bool, Option<&Arc<dyn Collective>>),
     then: Then,
 ) -> Result<Tensor> {
     let c = x.dim(1)?;
@@ -37,7 +45,7 @@ fn batch_norm(
         if let Some(y) = batchnorm::eval(x, gamma, beta, (&b[&rm], &b[&rv]), BN_EPS, then)? {
             return Ok(y);
         }
-    } else if let Some((y, stats)) = batchnorm::train(x, gamma, beta, BN_EPS, then)? {
+    } else if let Some((y, stats)) = batchnorm::train(x, gamma, beta, BN_EPS, then, sync)? {
         let n = stats.count as f64;
         let dev = x.device();
         let mean = Tensor::from_vec(stats.mean, c, dev)?;
@@ -155,17 +163,18 @@ impl CandleForward for ResNet {
         p: &Params,
         b: &mut Buffers,
         x: &Tensor,
-        train: bool,
-        _rng: &mut Rng,
+        pass: &mut Pass,
     ) -> Result<Tensor> {
+        let mode = (pass.train, pass.sync_batchnorm);
+        let pa = (p, pass.autocast);
         let layout = self.layout();
         if k == 0 {
             let h = if self.cifar_stem() {
-                conv(p, "conv1", x, 1, 1)?
+                conv(pa, "conv1", x, 1, 1)?
             } else {
-                conv(p, "conv1", x, 2, 3)?
+                conv(pa, "conv1", x, 2, 3)?
             };
-            let h = batch_norm(p, b, ("bn1", &h), train, Then::Relu)?;
+            let h = batch_norm(p, b, ("bn1", &h), mode, Then::Relu)?;
             return if self.cifar_stem() {
                 Ok(h)
             } else {
@@ -175,34 +184,34 @@ impl CandleForward for ResNet {
         let Some((name, c_in, width, stride)) = layout.get(k - 1) else {
             let pooled = x.mean(D::Minus1)?.mean(D::Minus1)?;
             let w = param(p, "fc.weight")?;
-            return super::autocast::linear(&pooled, w, param(p, "fc.bias")?);
+            return pass.autocast.linear(&pooled, w, param(p, "fc.bias")?);
         };
         let (h, stride) = (x, *stride);
         let c_out = width * self.expansion();
         let identity = if stride != 1 || *c_in != c_out {
-            let d = conv(p, &format!("{name}.downsample.0"), h, stride, 0)?;
+            let d = conv(pa, &format!("{name}.downsample.0"), h, stride, 0)?;
             batch_norm(
                 p,
                 b,
                 (&format!("{name}.downsample.1"), &d),
-                train,
+                mode,
                 Then::Nothing,
             )?
         } else {
             h.clone()
         };
         let out = if self.bottleneck() {
-            let o = conv(p, &format!("{name}.conv1"), h, 1, 0)?;
-            let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), train, Then::Relu)?;
-            let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
-            let o = batch_norm(p, b, (&format!("{name}.bn2"), &o), train, Then::Relu)?;
-            let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
-            batch_norm(p, b, (&format!("{name}.bn3"), &o), train, Then::Nothing)?
+            let o = conv(pa, &format!("{name}.conv1"), h, 1, 0)?;
+            let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), mode, Then::Relu)?;
+            let o = conv(pa, &format!("{name}.conv2"), &o, stride, 1)?;
+            let o = batch_norm(p, b, (&format!("{name}.bn2"), &o), mode, Then::Relu)?;
+            let o = conv(pa, &format!("{name}.conv3"), &o, 1, 0)?;
+            batch_norm(p, b, (&format!("{name}.bn3"), &o), mode, Then::Nothing)?
         } else {
-            let o = conv(p, &format!("{name}.conv1"), h, stride, 1)?;
-            let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), train, Then::Relu)?;
-            let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
-            batch_norm(p, b, (&format!("{name}.bn2"), &o), train, Then::Nothing)?
+            let o = conv(pa, &format!("{name}.conv1"), h, stride, 1)?;
+            let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), mode, Then::Relu)?;
+            let o = conv(pa, &format!("{name}.conv2"), &o, 1, 1)?;
+            batch_norm(p, b, (&format!("{name}.bn2"), &o), mode, Then::Nothing)?
         };
         super::fused::add_relu(&out, &identity)
     }
@@ -211,6 +220,7 @@ impl CandleForward for ResNet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rng::Rng;
     use candle_core::Device;
 
     #[test]

@@ -2,7 +2,7 @@
 //! time, forward without keeping the stage's graph, backward by running the stage again from its saved
 //! input.
 
-use super::models::{Buffers, CandleForward};
+use super::models::{Buffers, CandleForward, Pass};
 use super::CandleEngine;
 use crate::backend::units::StagedCompute;
 use crate::rng::Rng;
@@ -69,7 +69,7 @@ impl StagedCompute for Staged<'_> {
     }
 
     fn install(&mut self, layout: &Layout, flat: &Flat) -> anyhow::Result<()> {
-        crate::backend::Engine::set_parameters(self.engine, layout, flat)
+        crate::backend::Sharding::set_parameters(self.engine, layout, flat)
     }
 
     fn release(&mut self, layout: &Layout) -> anyhow::Result<()> {
@@ -91,8 +91,14 @@ impl StagedCompute for Staged<'_> {
         rng: &mut Rng,
     ) -> anyhow::Result<Tensor> {
         let e = &mut *self.engine;
+        let mut pass = Pass {
+            train,
+            rng,
+            sync_batchnorm: e.sync_batchnorm.as_ref(),
+            autocast: e.autocast,
+        };
         Ok(e.model
-            .forward_stage(k, &e.params, &mut e.buffers, x, train, rng)?
+            .forward_stage(k, &e.params, &mut e.buffers, x, &mut pass)?
             .detach())
     }
 
@@ -106,9 +112,15 @@ impl StagedCompute for Staged<'_> {
         let (input, var) = Self::leaf(x, true)?;
         let e = &mut *self.engine;
         let k = e.model.stages().len() - 1;
+        let mut pass = Pass {
+            train: true,
+            rng,
+            sync_batchnorm: e.sync_batchnorm.as_ref(),
+            autocast: e.autocast,
+        };
         let logits = e
             .model
-            .forward_stage(k, &e.params, &mut e.buffers, &input, true, rng)?;
+            .forward_stage(k, &e.params, &mut e.buffers, &input, &mut pass)?;
         let loss = e.training_loss(&logits, &self.labels)?;
         let grads = loss.affine(grad_scale, 0.0)?.backward()?;
         let grad_in = Self::input_gradient(&var, &grads)?
@@ -133,9 +145,15 @@ impl StagedCompute for Staged<'_> {
         // The forward pass already moved the running statistics: this run's updates are dropped.
         let mut scratch: Buffers = self.engine.buffers.clone();
         let e = &*self.engine;
+        let mut pass = Pass {
+            train: true,
+            rng,
+            sync_batchnorm: e.sync_batchnorm.as_ref(),
+            autocast: e.autocast,
+        };
         let y = e
             .model
-            .forward_stage(k, &e.params, &mut scratch, &input, true, rng)?;
+            .forward_stage(k, &e.params, &mut scratch, &input, &mut pass)?;
         // d(sum(y * g))/dy = g exactly: backpropagates `grad_out` through the stage.
         let g = grad_out.to_dtype(y.dtype())?;
         let grads = (y * g)?.sum_all()?.backward()?;

@@ -3,18 +3,18 @@
 //! Softmax and LayerNorm are written from basic ops on purpose: candle-nn's fused `softmax_last_dim` and
 //! `layer_norm` have no backward pass, so gradients would silently stop before them.
 
-use super::models::{param, Buffers, CandleForward, Params};
+use super::autocast::Autocast;
+use super::models::{param, Buffers, CandleForward, Params, Pass};
 use crate::model::vit::Vit;
-use crate::rng::Rng;
 use candle_core::{Result, Tensor, D};
 
 /// timm's ViT LayerNorm epsilon.
 const LN_EPS: f64 = 1e-6;
 
-fn linear(p: &Params, name: &str, x: &Tensor) -> Result<Tensor> {
+fn linear(p: &Params, name: &str, x: &Tensor, autocast: Autocast) -> Result<Tensor> {
     let w = param(p, &format!("{name}.weight"))?;
     let b = param(p, &format!("{name}.bias"))?;
-    super::autocast::linear(x, w, b)
+    autocast.linear(x, w, b)
 }
 
 /// LayerNorm over the last dimension from basic ops (differentiable).
@@ -36,24 +36,20 @@ pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
 }
 
-impl Vit {
-    fn attention(&self, p: &Params, name: &str, x: &Tensor) -> Result<Tensor> {
-        let (b, n, d) = x.dims3()?;
-        let hd = d / self.heads;
-        let qkv = linear(p, &format!("{name}.qkv"), x)?
-            .reshape((b, n, 3, self.heads, hd))?
-            .permute((2, 0, 3, 1, 4))?;
-        let q = qkv.get(0)?.contiguous()?;
-        let k = qkv.get(1)?.contiguous()?;
-        let v = qkv.get(2)?.contiguous()?;
-        let scores =
-            (super::autocast::matmul(&q, &k.t()?.contiguous()?)? * (1.0 / (hd as f64).sqrt()))?;
-        let attn = softmax_last_dim(&scores)?;
-        let out = super::autocast::matmul(&attn, &v)?
-            .transpose(1, 2)?
-            .reshape((b, n, d))?;
-        linear(p, &format!("{name}.proj"), &out)
-    }
+/// Multi-head self-attention of block `name` (`vit.heads` heads).
+fn attention(vit: &Vit, p: &Params, name: &str, x: &Tensor, ac: Autocast) -> Result<Tensor> {
+    let (b, n, d) = x.dims3()?;
+    let hd = d / vit.heads;
+    let qkv = linear(p, &format!("{name}.qkv"), x, ac)?
+        .reshape((b, n, 3, vit.heads, hd))?
+        .permute((2, 0, 3, 1, 4))?;
+    let q = qkv.get(0)?.contiguous()?;
+    let k = qkv.get(1)?.contiguous()?;
+    let v = qkv.get(2)?.contiguous()?;
+    let scores = (ac.matmul(&q, &k.t()?.contiguous()?)? * (1.0 / (hd as f64).sqrt()))?;
+    let attn = softmax_last_dim(&scores)?;
+    let out = ac.matmul(&attn, &v)?.transpose(1, 2)?.reshape((b, n, d))?;
+    linear(p, &format!("{name}.proj"), &out, ac)
 }
 
 impl CandleForward for Vit {
@@ -63,45 +59,50 @@ impl CandleForward for Vit {
         p: &Params,
         _b: &mut Buffers,
         x: &Tensor,
-        train: bool,
-        rng: &mut Rng,
+        pass: &mut Pass,
     ) -> Result<Tensor> {
         if k == 0 {
             let batch = x.dim(0)?;
             let w = param(p, "patch_embed.proj.weight")?;
-            let patches = super::conv::conv2d(x, w, self.patch, 0)?
+            let patches = pass
+                .autocast
+                .conv2d(x, w, self.patch, 0)?
                 .broadcast_add(&param(p, "patch_embed.proj.bias")?.reshape((1, self.dim, 1, 1))?)?;
             // (B, D, g, g) -> (B, g*g, D)
             let tokens = patches.flatten_from(2)?.transpose(1, 2)?;
             let cls = param(p, "cls_token")?.broadcast_as((batch, 1, self.dim))?;
             let h = Tensor::cat(&[&cls, &tokens], 1)?.broadcast_add(param(p, "pos_embed")?)?;
-            return super::models::dropout(&h, self.dropout, train, rng);
+            return super::models::dropout(&h, self.dropout, pass);
         }
         if k > self.depth {
             let h = layer_norm(p, "norm", x)?;
             // timm's default global_pool='token': the class token.
             let cls = h.narrow(1, 0, 1)?.squeeze(1)?;
-            return linear(p, "head", &cls);
+            return linear(p, "head", &cls, pass.autocast);
         }
         let blk = format!("blocks.{}", k - 1);
-        let a = self.attention(
+        let a = attention(
+            self,
             p,
             &format!("{blk}.attn"),
             &layer_norm(p, &format!("{blk}.norm1"), x)?,
+            pass.autocast,
         )?;
-        let h = (x + super::models::dropout(&a, self.dropout, train, rng)?)?;
+        let h = (x + super::models::dropout(&a, self.dropout, pass)?)?;
         let m = linear(
             p,
             &format!("{blk}.mlp.fc1"),
             &layer_norm(p, &format!("{blk}.norm2"), &h)?,
+            pass.autocast,
         )?
         .gelu_erf()?;
         let m = linear(
             p,
             &format!("{blk}.mlp.fc2"),
-            &super::models::dropout(&m, self.dropout, train, rng)?,
+            &super::models::dropout(&m, self.dropout, pass)?,
+            pass.autocast,
         )?;
-        h + super::models::dropout(&m, self.dropout, train, rng)?
+        h + super::models::dropout(&m, self.dropout, pass)?
     }
 }
 

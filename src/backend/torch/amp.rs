@@ -152,3 +152,14 @@ impl GradScaler {
         Ok(())
     }
 }
+
+/// The engine's loss scaler as sharded strategies drive it (`backend::LossScaler`).
+impl crate::backend::LossScaler for GradScaler {
+    fn scale(&self) -> anyhow::Result<f64> {
+        GradScaler::scale(self)
+    }
+
+    fn update(&mut self, found_inf: bool) -> anyhow::Result<()> {
+        GradScaler::update(self, found_inf)
+    }
+}

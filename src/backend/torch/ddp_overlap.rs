@@ -4,9 +4,9 @@
 //! the parameter tensors of that moment (with that run's fixed `trainer.ddp` settings), dropped whenever
 //! the engine replaces those tensors.
 
-use crate::comm::collective::Collective;
-use crate::comm::reducer::{Reducer, ReducerOptions};
-use crate::strategy::ddp::GradSync;
+use crate::comm::buckets::GradSync;
+use crate::comm::c10d::ProcessGroup;
+use crate::comm::reducer::Reducer;
 use std::collections::BTreeMap;
 use tch::Tensor;
 
@@ -20,26 +20,19 @@ pub struct Overlap {
 }
 
 impl Overlap {
-    /// Arm the next backward pass (see `Engine::arm_gradient_sync`); false without a c10d group.
-    /// `order` is the model's definition order, which the first buckets follow.
+    /// Arm the next backward pass (`BackwardOverlap::arm`). `order` is the model's definition order,
+    /// which the first buckets follow.
     pub fn arm(
         &mut self,
-        comm: &dyn Collective,
+        group: &ProcessGroup,
         sync: &GradSync,
         order: &[String],
         params: &BTreeMap<String, Tensor>,
-    ) -> anyhow::Result<bool> {
-        let Some(group) = comm.process_group() else {
-            return Ok(false);
-        };
+    ) -> anyhow::Result<()> {
         let reducer = match &mut self.reducer {
             Some(r) => r,
             None => {
-                let options = ReducerOptions {
-                    bucket_cap_bytes: sync.bucket_cap_bytes,
-                    find_unused_parameters: sync.find_unused_parameters,
-                    gradient_as_bucket_view: sync.gradient_as_bucket_view,
-                };
+                let options = *sync;
                 let named: Vec<(&str, &Tensor)> =
                     order.iter().map(|n| (n.as_str(), &params[n])).collect();
                 tracing::info!(
@@ -54,7 +47,7 @@ impl Overlap {
         };
         reducer.prepare_forward()?;
         self.armed = true;
-        Ok(true)
+        Ok(())
     }
 
     /// Between the armed forward pass and its backward pass (`outputs`: what the loss came from).
@@ -82,89 +75,5 @@ impl Overlap {
     /// The parameter tensors are being replaced: the reducer's hooks would point at the old ones.
     pub fn forget(&mut self) {
         *self = Overlap::default();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::TchEngine;
-    use crate::backend::Engine;
-    use crate::strategy::ddp::GradSync;
-    use rstest::rstest;
-    use tch::Tensor;
-
-    fn grads(e: &TchEngine) -> Vec<Tensor> {
-        e.param_order
-            .iter()
-            .map(|n| e.params[n].grad().copy())
-            .collect()
-    }
-
-    fn max_diff(a: &[Tensor], b: &[Tensor]) -> f64 {
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs().max().double_value(&[]))
-            .fold(0.0, f64::max)
-    }
-
-    /// On two ranks over a real Gloo group, the reducer's way (armed, averaged inside backward) gives,
-    /// step after step, the gradients and weights of the post-backward bucketed all-reduce, with two
-    /// accumulated micro-batches per step (only the second is armed: DDP's `no_sync`). The gradients are
-    /// averaged already when `forward_backward` returns, and `all_reduce_gradients` then leaves them.
-    #[rstest]
-    #[case::one_bucket(25 << 20, false, false)]
-    #[case::small_buckets_rebuilt(2048, false, false)]
-    #[case::find_unused(2048, true, false)]
-    #[case::gradient_as_bucket_view(2048, false, true)]
-    fn armed_backward_averages_as_the_post_backward_all_reduce(
-        #[case] bucket_cap_bytes: usize,
-        #[case] find_unused_parameters: bool,
-        #[case] gradient_as_bucket_view: bool,
-    ) {
-        let exp = crate::testing::experiment(
-            "{name: mlp, num_classes: 4, hidden: [16, 16]}",
-            "{name: sgd, lr: 0.1, momentum: 0.9}",
-            "{strategy: ddp, devices: 2}",
-            4,
-        );
-        let sync = GradSync {
-            bucket_cap_bytes,
-            find_unused_parameters,
-            gradient_as_bucket_view,
-        };
-        crate::testing::on_two_ranks(|rank, group| {
-            let mut armed = TchEngine::new(&exp).unwrap();
-            let mut reference = TchEngine::new(&exp).unwrap();
-            for step in 0..3u64 {
-                let micro = |m: u64| crate::testing::batch(100 * step + 10 * m + rank as u64);
-                armed.forward_backward(&micro(0), 0.5).unwrap();
-                assert!(armed.arm_gradient_sync(group, &sync).unwrap());
-                armed.forward_backward(&micro(1), 0.5).unwrap();
-                let averaged_in_backward = grads(&armed);
-                reference.forward_backward(&micro(0), 0.5).unwrap();
-                reference.forward_backward(&micro(1), 0.5).unwrap();
-                let local = grads(&reference);
-                reference.all_reduce_gradients(group, &sync).unwrap();
-                let expected = grads(&reference);
-                assert!(
-                    max_diff(&local, &expected) > 1e-4,
-                    "the ranks' batches differ, so averaging must change the gradients"
-                );
-                let diff = max_diff(&averaged_in_backward, &expected);
-                assert!(diff < 1e-6, "rank {rank} step {step}: {diff}");
-                armed.all_reduce_gradients(group, &sync).unwrap();
-                assert!(max_diff(&grads(&armed), &expected) < 1e-6, "reduced twice");
-                armed.optimizer_step(0.1, Some(0.9), None).unwrap();
-                reference.optimizer_step(0.1, Some(0.9), None).unwrap();
-            }
-            let weights = |e: &TchEngine| -> Vec<Tensor> {
-                e.param_order.iter().map(|n| e.params[n].copy()).collect()
-            };
-            let diff = max_diff(&weights(&armed), &weights(&reference));
-            assert!(
-                diff < 1e-5,
-                "rank {rank}: weights after 3 steps differ by {diff}"
-            );
-        });
     }
 }

@@ -13,6 +13,10 @@ use tch::Tensor;
 
 extern "C" {
     fn trainyard_grad_reset(t: *mut std::ffi::c_void) -> std::os::raw::c_int;
+    fn trainyard_grad_set(
+        t: *mut std::ffi::c_void,
+        g: *const std::ffi::c_void,
+    ) -> std::os::raw::c_int;
 }
 
 /// `p.grad = None`: the next backward hands its gradient buffer over instead of adding it into a zeroed
@@ -21,6 +25,19 @@ pub fn clear_grad(p: &mut Tensor) -> anyhow::Result<()> {
     // SAFETY: `p` is a live tch handle, i.e. a `torch::Tensor*`; the shim catches C++ exceptions.
     let status = unsafe { trainyard_grad_reset(p.as_mut_ptr().cast()) };
     anyhow::ensure!(status == 0, "libtorch refused to drop a gradient");
+    Ok(())
+}
+
+/// `p.grad = g` (`g` of `p`'s shape; it becomes the gradient, no copy).
+pub fn set_grad(p: &mut Tensor, g: &Tensor) -> anyhow::Result<()> {
+    // SAFETY: live tch handles (`torch::Tensor*`); the shim checks the shapes and catches C++ exceptions.
+    let status = unsafe { trainyard_grad_set(p.as_mut_ptr().cast(), g.as_ptr().cast()) };
+    anyhow::ensure!(
+        status == 0,
+        "libtorch refused a gradient of shape {:?} for a parameter of shape {:?}",
+        g.size(),
+        p.size()
+    );
     Ok(())
 }
 

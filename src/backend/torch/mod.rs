@@ -5,20 +5,24 @@
 //! the same seeded host generator — so the two backends start from the same weights and take the same steps.
 
 pub mod amp;
-pub mod cuda_runtime;
 mod ddp_overlap;
 mod fused_optim;
 mod models;
 mod staged;
 
-use super::{topk_hits, Engine, StepStats};
+use super::{
+    topk_hits, BackwardOverlap, Engine, Gradient, Gradients, LossScaler, Placement, Sharding,
+    StepStats,
+};
+use crate::comm::buckets::GradSync;
+use crate::comm::c10d::ProcessGroup;
+use crate::comm::collective::Collective;
 use crate::data::loader::Batch;
 use crate::model::init;
 use crate::optim::{clip_factor, Optimizer};
 use crate::rng::Rng;
 use crate::schema::{Accelerator, Experiment};
-use crate::tensor::{Flat, FlatHome};
-use crate::tensor::{HostTensor, StateDict};
+use crate::tensor::{Flat, FlatHome, HostTensor, StateDict};
 use anyhow::Context;
 use std::collections::BTreeMap;
 use tch::{Device, Kind, Tensor};
@@ -67,34 +71,6 @@ fn to_host(t: &Tensor) -> anyhow::Result<HostTensor> {
     Ok(HostTensor { shape, data })
 }
 
-/// The gradients `grad_of` gives for `layout`'s parameters, flat in layout order on `device` as f32
-/// (zeros for an undefined gradient).
-fn flat_gradients(
-    layout: &[(String, Vec<usize>)],
-    device: Device,
-    mut grad_of: impl FnMut(&str) -> anyhow::Result<Tensor>,
-) -> anyhow::Result<Flat> {
-    let mut parts = Vec::with_capacity(layout.len());
-    for (name, shape) in layout {
-        let g = grad_of(name)?;
-        parts.push(if g.defined() {
-            g.f_detach()?
-                .f_to_kind(Kind::Float)?
-                .f_to(device)?
-                .f_reshape([-1])?
-        } else {
-            Tensor::f_zeros(
-                [shape.iter().product::<usize>() as i64],
-                (Kind::Float, device),
-            )?
-        });
-    }
-    if parts.is_empty() {
-        return Ok(Flat::Tch(Tensor::f_zeros([0], (Kind::Float, device))?));
-    }
-    Ok(Flat::Tch(Tensor::f_cat(&parts, 0)?))
-}
-
 fn dims(t: &Tensor) -> Vec<usize> {
     t.size().iter().map(|&d| d as usize).collect()
 }
@@ -135,7 +111,7 @@ fn apply_determinism(t: &crate::schema::TrainerConfig) -> anyhow::Result<()> {
 
 /// CUDA device `index` checked against what libtorch sees (a clear error instead of a CUDA one later).
 fn cuda(index: usize) -> anyhow::Result<Device> {
-    let count = cuda_runtime::device_count();
+    let count = crate::cuda::device_count();
     anyhow::ensure!(
         index < count,
         "cuda:{index} does not exist: libtorch sees {count} CUDA device(s); set trainer.devices to at most \
@@ -145,37 +121,35 @@ fn cuda(index: usize) -> anyhow::Result<Device> {
 }
 
 impl TchEngine {
-    /// On this process's device (a distributed worker's local rank on CUDA).
+    /// A single-device engine (`Placement::single`).
     pub fn new(exp: &Experiment) -> anyhow::Result<Self> {
-        Self::build(exp, crate::comm::local_device_index(), true)
+        Self::placed(exp, &Placement::single())
     }
 
-    /// On CUDA device `index` when the run is on CUDA (DataParallel's replica r is on cuda:r), else the CPU.
-    pub fn on_device(exp: &Experiment, index: usize) -> anyhow::Result<Self> {
-        Self::build(exp, index, false)
-    }
-
-    /// `make_current`: this process works on that one device, which becomes the current CUDA device (as
-    /// `torch.cuda.set_device(local_rank)`), so nothing lands on cuda:0 by default (cuBLAS handles, NCCL
-    /// streams). DataParallel's replicas share the process and keep the default.
-    fn build(exp: &Experiment, index: usize, make_current: bool) -> anyhow::Result<Self> {
+    /// On CUDA device `placement.device_index` when the run is on CUDA (a worker's local rank;
+    /// DataParallel's replica r is on cuda:r), else the CPU. A placement that owns its device makes it
+    /// the current CUDA device (as `torch.cuda.set_device(local_rank)`), so nothing lands on cuda:0 by
+    /// default (cuBLAS handles, NCCL streams); DataParallel's replicas share the process and keep the
+    /// default.
+    pub fn placed(exp: &Experiment, placement: &Placement) -> anyhow::Result<Self> {
+        let (index, make_current) = (placement.device_index, placement.owns_device);
         apply_determinism(&exp.trainer)?;
         let device = match exp.trainer.accelerator {
             Accelerator::Cpu => Device::Cpu,
             Accelerator::Gpu | Accelerator::Cuda => {
                 anyhow::ensure!(
-                    cuda_runtime::is_available(),
+                    crate::cuda::is_available(),
                     "trainer.accelerator={}: {}; or set trainer.accelerator=cpu",
                     format!("{:?}", exp.trainer.accelerator).to_lowercase(),
-                    cuda_runtime::why_unavailable()
+                    crate::cuda::why_unavailable()
                 );
                 cuda(index)?
             }
-            Accelerator::Auto if cuda_runtime::is_available() => cuda(index)?,
+            Accelerator::Auto if crate::cuda::is_available() => cuda(index)?,
             Accelerator::Auto => Device::Cpu,
         };
         if make_current && device.is_cuda() {
-            cuda_runtime::set_current_device(index)?;
+            crate::cuda::set_current_device(index)?;
         }
         if exp.trainer.cudnn_benchmark {
             if device.is_cuda() {
@@ -193,12 +167,15 @@ impl TchEngine {
                 t.f_to_kind(mode.storage())?
             })
         };
-        let arch = models::Arch(crate::model::Architecture::new(
-            &exp.model,
-            exp.data.channels,
-            exp.data.image_size,
-        )?);
-        let zoo = &arch.0;
+        let arch = models::Arch {
+            arch: crate::model::Architecture::new(
+                &exp.model,
+                exp.data.channels,
+                exp.data.image_size,
+            )?,
+            sync_batchnorm: placement.sync_batchnorm.clone(),
+        };
+        let zoo = &arch.arch;
         let mut params = BTreeMap::new();
         let param_order = zoo.specs().iter().map(|s| s.name.clone()).collect();
         for spec in zoo.specs() {
@@ -266,29 +243,6 @@ impl TchEngine {
     pub fn last_logits(&self) -> anyhow::Result<Option<HostTensor>> {
         self.last_logits.as_ref().map(to_host).transpose()
     }
-}
-
-/// Average `grads` in place through a collective without a c10d group (DataParallel's in-process one):
-/// through host buffers, as the Candle engine does.
-fn average_on_host(
-    comm: &dyn crate::comm::collective::Collective,
-    grads: &[Tensor],
-    sync: &crate::strategy::ddp::GradSync,
-) -> anyhow::Result<()> {
-    let mut host: Vec<Vec<f32>> = grads
-        .iter()
-        .map(|g| to_host(g).map(|h| h.data))
-        .collect::<anyhow::Result<_>>()?;
-    crate::strategy::ddp::average_on_host(comm, &mut host, sync)?;
-    tch::no_grad(|| -> anyhow::Result<()> {
-        for (g, data) in grads.iter().zip(&host) {
-            let mean = Tensor::f_from_slice(data)?
-                .f_to_kind(g.kind())?
-                .f_to(g.device())?;
-            g.f_reshape([-1])?.f_copy_(&mean)?;
-        }
-        Ok(())
-    })
 }
 
 impl Engine for TchEngine {
@@ -373,158 +327,64 @@ impl Engine for TchEngine {
         Ok(norm)
     }
 
-    fn arm_gradient_sync(
-        &mut self,
-        comm: &dyn crate::comm::collective::Collective,
-        sync: &crate::strategy::ddp::GradSync,
-    ) -> anyhow::Result<bool> {
-        self.overlap
-            .arm(comm, sync, &self.param_order, &self.params)
-    }
-
-    fn all_reduce_gradients(
-        &mut self,
-        comm: &dyn crate::comm::collective::Collective,
-        sync: &crate::strategy::ddp::GradSync,
-    ) -> anyhow::Result<()> {
-        // The last layers first (their gradients are ready first).
-        let order: Vec<String> = self.param_order.iter().rev().cloned().collect();
-        let here: Vec<bool> = order
-            .iter()
-            .map(|n| self.params[n].grad().defined())
-            .collect();
-        let reduced = self.overlap.take_reduced();
-        if here.contains(&false) && !sync.find_unused_parameters {
-            let missing: Vec<String> = order
-                .iter()
-                .zip(&here)
-                .filter(|(_, &h)| !h)
-                .map(|(n, _)| n.clone())
-                .collect();
-            return Err(crate::strategy::ddp::unused_parameters_error(&missing));
-        }
-        // Averaged during the backward pass already (`comm::reducer`).
-        if reduced? {
-            return Ok(());
-        }
-        let used = if sync.find_unused_parameters {
-            crate::strategy::ddp::used_anywhere(comm, &here)?
-        } else {
-            vec![true; order.len()]
-        };
-        // Used elsewhere but not here: a zero gradient, so every rank reduces the same tensors.
-        for ((name, &h), &u) in order.iter().zip(&here).zip(&used) {
-            if u && !h {
-                self.params[name]
-                    .f_mul_scalar(0.0)?
-                    .f_sum(Kind::Float)?
-                    .f_backward()?;
-            }
-        }
-        let grads: Vec<Tensor> = order
-            .iter()
-            .zip(&used)
-            .filter(|(_, &u)| u)
-            .map(|(n, _)| self.params[n].grad())
-            .collect();
-        // Across processes c10d reduces the buckets (all started before the first is waited for, so
-        // flattening the next bucket overlaps with the reduction of the last); across the threads of
-        // one process (DataParallel) they are averaged device to device; else through host memory.
-        let pg = comm.process_group();
-        if pg.is_none() && !comm.averages_tensors_in_process() {
-            return average_on_host(comm, &grads, sync);
-        }
-        let numels: Vec<usize> = grads.iter().map(|g| g.numel()).collect();
-        let world = comm.world_size() as f64;
-        let ranges = crate::strategy::ddp::buckets(&numels, sync.bucket_cap_bytes);
-        let mut flats = Vec::with_capacity(ranges.len());
-        for range in &ranges {
-            let views: Vec<Tensor> = grads[range.clone()]
-                .iter()
-                .map(|g| g.f_reshape([-1]))
-                .collect::<Result<_, _>>()?;
-            flats.push(Tensor::f_cat(&views, 0)?);
-        }
-        // The bucket's mean into its gradients (any device and dtype: `copy_` converts).
-        let write_back = |range: std::ops::Range<usize>, mean: &Tensor| -> anyhow::Result<()> {
-            tch::no_grad(|| {
-                let mut at = 0i64;
-                for g in &grads[range] {
-                    let n = g.numel() as i64;
-                    g.f_reshape([-1])?.f_copy_(&mean.f_narrow(0, at, n)?)?;
-                    at += n;
-                }
-                Ok(())
-            })
-        };
-        let Some(pg) = pg else {
-            for (range, flat) in ranges.into_iter().zip(&flats) {
-                // Averaged in f32 (as on the host), cast once into the gradients.
-                write_back(range, &comm.mean_in_process(flat)?)?;
-            }
-            return Ok(());
-        };
-        let mut in_flight = Vec::with_capacity(flats.len());
-        for flat in &flats {
-            in_flight.push(pg.all_reduce(&[flat], crate::comm::collective::ReduceOp::Sum)?);
-        }
-        let mut works = in_flight.into_iter();
-        for (range, flat) in ranges.into_iter().zip(&flats) {
-            let work = works.next().context("one pending all-reduce per bucket")?;
-            if let Err(e) = work.wait() {
-                // A peer is gone: do not sit through the timeout once per remaining bucket.
-                works.for_each(|w| w.abandon());
-                return Err(e);
-            }
-            write_back(range, &flat.f_div_scalar(world)?)?;
-        }
-        Ok(())
-    }
-
-    fn units(&self) -> anyhow::Result<crate::model::stages::StageLayouts> {
-        crate::model::stages::unit_layouts(&self.arch.0.stages(), &self.parameter_shapes())
-    }
-
-    fn forward_backward_by_unit(
-        &mut self,
-        batch: &Batch,
-        grad_scale: f64,
-        exchange: &mut dyn super::units::UnitExchange,
-    ) -> anyhow::Result<StepStats> {
-        let (x, labels) = self.inputs(batch)?;
-        let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
-        self.forward_calls += 1;
-        // Autocast is entered around each stage's forward computation (`staged`), not the backward passes.
-        let (logits, loss) = {
-            let mut staged = staged::Staged {
-                engine: self,
-                labels,
+    /// Views of the `.grad` tensors (reshaped flat, no copy), the last layers first (reverse definition
+    /// order, as DDP's buckets fill); the parameters' `.grad` are cleared.
+    fn take_gradients(&mut self) -> anyhow::Result<Gradients> {
+        let mut entries = Vec::with_capacity(self.param_order.len());
+        for name in self.param_order.iter().rev() {
+            let p = self
+                .params
+                .get_mut(name)
+                .context("a parameter of the model's order is missing")?;
+            let g = p.grad();
+            let value = match g.defined() {
+                true => Some(Flat::Tch(g.f_reshape([-1])?)),
+                false => None,
             };
-            super::units::train_by_unit(&mut staged, x, grad_scale, exchange, &mut rng)?
-        };
-        let stats = self.stats(&logits, &loss, batch)?;
-        self.last_logits = Some(logits);
-        Ok(stats)
+            fused_optim::clear_grad(p)?;
+            entries.push(Gradient {
+                name: name.clone(),
+                numel: p.numel(),
+                value,
+            });
+        }
+        Ok(Gradients {
+            entries,
+            home: FlatHome::Tch(self.device, self.mode.storage()),
+        })
     }
 
-    fn evaluate_by_unit(
-        &mut self,
-        batch: &Batch,
-        exchange: &mut dyn super::units::UnitExchange,
-    ) -> anyhow::Result<StepStats> {
-        let (x, labels) = self.inputs(batch)?;
-        let logits = {
-            let mut staged = staged::Staged {
-                engine: self,
-                labels: labels.shallow_clone(),
-            };
-            super::units::evaluate_by_unit(&mut staged, x, exchange)?
-        };
-        let loss = {
-            let _autocast = amp::autocast(self.mode, self.device)?; // as `evaluate` computes it
-            logits.f_cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0)?
-        };
-        self.stats(&logits, &loss, batch)
+    /// Each value becomes its parameter's `.grad` (a view of it, when it is one already: no copy).
+    fn put_gradients(&mut self, grads: Gradients) -> anyhow::Result<()> {
+        tch::no_grad(|| -> anyhow::Result<()> {
+            for g in grads.entries {
+                let Some(value) = g.value else { continue };
+                let p = self.params.get_mut(&g.name).with_context(|| {
+                    format!("put_gradients: the model has no parameter '{}'", g.name)
+                })?;
+                let value = match value {
+                    Flat::Tch(t) => t.f_to_kind(p.kind())?.f_to(p.device())?,
+                    host @ Flat::Host(_) => Tensor::f_from_slice(&host.into_host()?)?
+                        .f_to_kind(p.kind())?
+                        .f_to(p.device())?,
+                };
+                let shaped = value.f_view(p.size().as_slice())?;
+                fused_optim::set_grad(p, &shaped)?;
+            }
+            Ok(())
+        })
+    }
+
+    fn sharding(&mut self) -> Option<&mut dyn Sharding> {
+        Some(self)
+    }
+
+    fn overlap(&mut self) -> Option<&mut dyn BackwardOverlap> {
+        Some(self)
+    }
+
+    fn loss_scaler(&mut self) -> Option<&mut dyn LossScaler> {
+        self.scaler.as_mut().map(|s| s as &mut dyn LossScaler)
     }
 
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
@@ -612,54 +472,6 @@ impl Engine for TchEngine {
         Ok(())
     }
 
-    fn load_pretrained(&mut self, state: &StateDict) -> anyhow::Result<Vec<String>> {
-        let slots: Vec<crate::model::pretrained::Slot> = self
-            .params
-            .iter()
-            .map(|(name, t)| crate::model::pretrained::Slot {
-                name,
-                shape: dims(t),
-                trainable: true,
-            })
-            .chain(
-                self.buffers
-                    .iter()
-                    .map(|(name, t)| crate::model::pretrained::Slot {
-                        name,
-                        shape: dims(t),
-                        trainable: false,
-                    }),
-            )
-            .collect();
-        let crate::model::pretrained::PretrainedPlan { set, kept } =
-            crate::model::pretrained::plan_pretrained(&slots, state)?;
-        for (name, value) in set {
-            let target = self
-                .params
-                .get(&name)
-                .or_else(|| self.buffers.get(&name))
-                .context("planned a tensor the model lacks")?;
-            let value = to_tch(&value, self.device)?;
-            tch::no_grad(|| target.detach().f_copy_(&value))?;
-        }
-        Ok(kept)
-    }
-
-    fn num_parameters(&self) -> usize {
-        self.params.values().map(|t| t.numel()).sum()
-    }
-
-    fn loss_scale(&self) -> Option<f64> {
-        self.scaler.as_ref().and_then(|s| s.scale().ok())
-    }
-
-    fn update_loss_scale(&mut self, found_inf: bool) -> anyhow::Result<()> {
-        self.scaler
-            .as_mut()
-            .context("update_loss_scale: trainer.precision is not 16-mixed")?
-            .update(found_inf)
-    }
-
     fn parameter_shapes(&self) -> Vec<(String, Vec<usize>)> {
         self.params
             .iter()
@@ -667,8 +479,25 @@ impl Engine for TchEngine {
             .collect()
     }
 
+    fn state_bytes(&self) -> super::StateBytes {
+        let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
+        let parameters: u64 = self.params.values().map(bytes).sum();
+        super::StateBytes {
+            parameters,
+            gradients: parameters,
+            optimizer_state: self.optimizer.state.values().map(bytes).sum(),
+            unsharded_peak: parameters,
+        }
+    }
+}
+
+impl Sharding for TchEngine {
     fn flat_home(&self) -> FlatHome {
-        FlatHome::Tch(self.device)
+        FlatHome::Tch(self.device, Kind::Float)
+    }
+
+    fn stage_layouts(&self) -> anyhow::Result<crate::model::stages::StageLayouts> {
+        crate::model::stages::unit_layouts(&self.arch.arch.stages(), &self.parameter_shapes())
     }
 
     /// Each parameter becomes a fresh leaf over its range of `flat` (a view when `flat` is already an
@@ -717,112 +546,61 @@ impl Engine for TchEngine {
         Ok(())
     }
 
-    fn take_gradients(
+    fn forward_backward_by_unit(
         &mut self,
-        layout: &[(String, Vec<usize>)],
-    ) -> anyhow::Result<(Flat, Vec<String>)> {
-        let mut missing = Vec::new();
-        let flat = flat_gradients(layout, self.device, |name| {
-            let g = self
-                .params
-                .get(name)
-                .with_context(|| format!("take_gradients: the model has no parameter '{name}'"))?
-                .grad();
-            if !g.defined() {
-                missing.push(name.to_string());
-            }
-            Ok(g)
-        })?;
-        for (name, _) in layout {
-            fused_optim::clear_grad(self.params.get_mut(name).expect("checked above"))?;
-        }
-        Ok((flat, missing))
+        batch: &Batch,
+        grad_scale: f64,
+        exchange: &mut dyn super::units::UnitExchange,
+    ) -> anyhow::Result<StepStats> {
+        let (x, labels) = self.inputs(batch)?;
+        let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
+        self.forward_calls += 1;
+        // Autocast is entered around each stage's forward computation (`staged`), not the backward passes.
+        let (logits, loss) = {
+            let mut staged = staged::Staged {
+                engine: self,
+                labels,
+            };
+            super::units::train_by_unit(&mut staged, x, grad_scale, exchange, &mut rng)?
+        };
+        let stats = self.stats(&logits, &loss, batch)?;
+        self.last_logits = Some(logits);
+        Ok(stats)
     }
 
-    fn state_bytes(&self) -> super::StateBytes {
-        let bytes = |t: &Tensor| (t.numel() * t.kind().elt_size_in_bytes()) as u64;
-        let parameters: u64 = self.params.values().map(bytes).sum();
-        super::StateBytes {
-            parameters,
-            gradients: parameters,
-            optimizer_state: self.optimizer.state.values().map(bytes).sum(),
-            unsharded_peak: parameters,
-        }
+    fn evaluate_by_unit(
+        &mut self,
+        batch: &Batch,
+        exchange: &mut dyn super::units::UnitExchange,
+    ) -> anyhow::Result<StepStats> {
+        let (x, labels) = self.inputs(batch)?;
+        let logits = {
+            let mut staged = staged::Staged {
+                engine: self,
+                labels: labels.shallow_clone(),
+            };
+            super::units::evaluate_by_unit(&mut staged, x, exchange)?
+        };
+        let loss = {
+            let _autocast = amp::autocast(self.mode, self.device)?; // as `evaluate` computes it
+            logits.f_cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0)?
+        };
+        self.stats(&logits, &loss, batch)
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn experiment() -> Experiment {
-        crate::testing::experiment(
-            "{name: mlp, num_classes: 4, hidden: [8]}",
-            "{name: sgd, lr: 0.1, momentum: 0.9}",
-            "{strategy: ddp, devices: 2}",
-            4,
-        )
-    }
-
-    fn batch() -> Batch {
-        crate::testing::batch(1)
-    }
-
-    /// DDP with `find_unused_parameters` on tch: a parameter without a gradient on every rank keeps none
-    /// (the optimizer leaves it, as PyTorch's reducer does); one without a gradient on one rank only
-    /// counts as zero there.
-    #[test]
-    fn unused_everywhere_keeps_no_gradient_unused_somewhere_counts_zero() {
-        let exp = experiment();
-        let comms = crate::comm::local::group(2);
-        let sync = crate::strategy::ddp::GradSync {
-            bucket_cap_bytes: 1 << 20,
-            find_unused_parameters: true,
-            gradient_as_bucket_view: false,
+/// DDP on libtorch's reducer (`ddp_overlap`), over a c10d group.
+impl BackwardOverlap for TchEngine {
+    fn arm(&mut self, group: &dyn Collective, sync: &GradSync) -> anyhow::Result<bool> {
+        let Some(group) = ProcessGroup::of(group) else {
+            return Ok(false);
         };
-        let names: Vec<String> = TchEngine::new(&exp)
-            .unwrap()
-            .params
-            .keys()
-            .cloned()
-            .collect();
-        let (everywhere, somewhere) = (names[0].clone(), names[names.len() - 1].clone());
-        let results: Vec<(TchEngine, Tensor)> = std::thread::scope(|s| {
-            let handles: Vec<_> = comms
-                .iter()
-                .enumerate()
-                .map(|(rank, comm)| {
-                    let (exp, everywhere, somewhere) = (&exp, &everywhere, &somewhere);
-                    s.spawn(move || {
-                        let mut e = TchEngine::new(exp).unwrap();
-                        e.forward_backward(&batch(), 1.0).unwrap();
-                        fused_optim::clear_grad(e.params.get_mut(everywhere).unwrap()).unwrap();
-                        let kept = e.params[somewhere].grad().copy();
-                        if rank == 0 {
-                            fused_optim::clear_grad(e.params.get_mut(somewhere).unwrap()).unwrap();
-                        }
-                        e.all_reduce_gradients(comm, &sync).unwrap();
-                        (e, kept)
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        for (e, _) in &results {
-            assert!(!e.params[&everywhere].grad().defined());
-        }
-        let expected = results[1].1.shallow_clone() * 0.5;
-        let got = results[0].0.params[&somewhere].grad();
-        let diff = (&got - &expected).abs().max().double_value(&[]);
-        assert!(diff < 1e-7, "{diff}");
-        let mut e = results.into_iter().next().unwrap().0;
-        let before = e.params[&everywhere].copy();
-        e.optimizer_step(0.1, None, None).unwrap();
-        assert!(e.params[&everywhere].equal(&before));
-        assert!(!e
-            .optimizer
-            .state
-            .keys()
-            .any(|k| k.starts_with(&format!("{everywhere}."))));
+        self.overlap
+            .arm(group, sync, &self.param_order, &self.params)?;
+        Ok(true)
+    }
+
+    fn take_reduced(&mut self) -> anyhow::Result<bool> {
+        self.overlap.take_reduced()
     }
 }

@@ -1,6 +1,8 @@
 //! Forward passes of the model zoo on libtorch ops, over the same named parameters as the Candle models
 //! (torchvision/timm names); the architectures' shapes come from the shared zoo descriptions.
 
+use crate::comm::c10d::ProcessGroup;
+use crate::comm::collective::Collective;
 use crate::model::dropout::dropout_mask;
 use crate::model::resnet::ResNet;
 use crate::model::vit::Vit;
@@ -8,6 +10,7 @@ use crate::model::Architecture;
 use crate::rng::Rng;
 use anyhow::Context;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use tch::{Kind, Tensor};
 
 type Named = BTreeMap<String, Tensor>;
@@ -16,9 +19,26 @@ const BN_EPS: f64 = 1e-5;
 const BN_MOMENTUM: f64 = 0.1;
 
 /// The forward passes on libtorch, over `model::Architecture`'s stages.
-pub struct Arch(pub Architecture);
+pub struct Arch {
+    pub arch: Architecture,
+    /// SyncBatchNorm's group: libtorch's SyncBatchNorm reduces over it, so it must be a c10d group.
+    pub sync_batchnorm: Option<Arc<dyn Collective>>,
+}
 
 impl Arch {
+    /// How BatchNorm runs in this pass: training mode (with SyncBatchNorm's c10d group, when on), or
+    /// evaluation with the running statistics.
+    fn norm(&self, train: bool) -> anyhow::Result<Norm<'_>> {
+        Ok(match (train, &self.sync_batchnorm) {
+            (false, _) => Norm::Eval,
+            (true, None) => Norm::Train(None),
+            (true, Some(group)) => Norm::Train(Some(
+                ProcessGroup::of(group.as_ref())
+                    .context("SyncBatchNorm on backend=tch reduces over a c10d process group")?,
+            )),
+        })
+    }
+
     /// The whole forward pass: the stages in order.
     pub fn forward(
         &self,
@@ -29,7 +49,7 @@ impl Arch {
         rng: &mut Rng,
     ) -> anyhow::Result<Tensor> {
         let mut h = x.shallow_clone();
-        for k in 0..self.0.stages().len() {
+        for k in 0..self.arch.stages().len() {
             h = self.forward_stage(k, p, b, &h, train, rng)?;
         }
         Ok(h)
@@ -45,7 +65,7 @@ impl Arch {
         train: bool,
         rng: &mut Rng,
     ) -> anyhow::Result<Tensor> {
-        Ok(match &self.0 {
+        Ok(match &self.arch {
             Architecture::Mlp(mlp) => match k {
                 0 => x.f_flatten(1, -1)?,
                 k if k <= mlp.depth() => {
@@ -80,7 +100,7 @@ impl Arch {
                     linear(p, "head", &drop(&pooled, cnn.dropout, train, rng)?)?
                 }
             },
-            Architecture::ResNet(net) => resnet_stage(net, k, p, b, x, train)?,
+            Architecture::ResNet(net) => resnet_stage(net, k, p, b, x, self.norm(train)?)?,
             Architecture::Vit(vit) => vit_stage(vit, k, p, x, train, rng)?,
         })
     }
@@ -127,6 +147,14 @@ fn conv(p: &Named, name: &str, x: &Tensor, stride: i64, padding: i64) -> anyhow:
     )?)
 }
 
+/// How a pass runs BatchNorm.
+#[derive(Clone, Copy)]
+enum Norm<'a> {
+    Eval,
+    /// Batch statistics; with SyncBatchNorm, reduced over this group.
+    Train(Option<&'a ProcessGroup>),
+}
+
 /// BatchNorm2d through libtorch (running statistics updated in place in train mode, with PyTorch's
 /// momentum and unbiased variance), counting batches as `nn.BatchNorm2d` does.
 fn batch_norm(
@@ -134,13 +162,11 @@ fn batch_norm(
     b: &mut Named,
     name: &str,
     x: &Tensor,
-    train: bool,
+    norm: Norm,
 ) -> anyhow::Result<Tensor> {
     let key = |s: &str| format!("{name}.{s}");
-    if let Some(group) = crate::strategy::sync_batchnorm::group().filter(|_| train) {
-        let pg = group
-            .process_group()
-            .context("SyncBatchNorm on backend=tch reduces over a c10d process group")?;
+    let train = matches!(norm, Norm::Train(_));
+    if let Norm::Train(Some(pg)) = norm {
         let y = pg.sync_batch_norm(
             x,
             get(p, &key("weight"))?,
@@ -180,7 +206,7 @@ fn resnet_stage(
     p: &Named,
     b: &mut Named,
     x: &Tensor,
-    train: bool,
+    norm: Norm,
 ) -> anyhow::Result<Tensor> {
     if k == 0 {
         let h = if net.cifar_stem() {
@@ -188,7 +214,7 @@ fn resnet_stage(
         } else {
             conv(p, "conv1", x, 2, 3)?
         };
-        let h = relu_(batch_norm(p, b, "bn1", &h, train)?)?;
+        let h = relu_(batch_norm(p, b, "bn1", &h, norm)?)?;
         return Ok(if net.cifar_stem() {
             h
         } else {
@@ -203,22 +229,22 @@ fn resnet_stage(
     let c_out = width * net.expansion();
     let identity = if stride != 1 || *c_in != c_out {
         let d = conv(p, &format!("{name}.downsample.0"), h, stride, 0)?;
-        batch_norm(p, b, &format!("{name}.downsample.1"), &d, train)?
+        batch_norm(p, b, &format!("{name}.downsample.1"), &d, norm)?
     } else {
         h.shallow_clone()
     };
     let out = if net.bottleneck() {
         let o = conv(p, &format!("{name}.conv1"), h, 1, 0)?;
-        let o = relu_(batch_norm(p, b, &format!("{name}.bn1"), &o, train)?)?;
+        let o = relu_(batch_norm(p, b, &format!("{name}.bn1"), &o, norm)?)?;
         let o = conv(p, &format!("{name}.conv2"), &o, stride, 1)?;
-        let o = relu_(batch_norm(p, b, &format!("{name}.bn2"), &o, train)?)?;
+        let o = relu_(batch_norm(p, b, &format!("{name}.bn2"), &o, norm)?)?;
         let o = conv(p, &format!("{name}.conv3"), &o, 1, 0)?;
-        batch_norm(p, b, &format!("{name}.bn3"), &o, train)?
+        batch_norm(p, b, &format!("{name}.bn3"), &o, norm)?
     } else {
         let o = conv(p, &format!("{name}.conv1"), h, stride, 1)?;
-        let o = relu_(batch_norm(p, b, &format!("{name}.bn1"), &o, train)?)?;
+        let o = relu_(batch_norm(p, b, &format!("{name}.bn1"), &o, norm)?)?;
         let o = conv(p, &format!("{name}.conv2"), &o, 1, 1)?;
-        batch_norm(p, b, &format!("{name}.bn2"), &o, train)?
+        batch_norm(p, b, &format!("{name}.bn2"), &o, norm)?
     };
     relu_(add_(out, &identity)?)
 }

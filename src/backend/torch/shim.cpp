@@ -57,6 +57,18 @@ int trainyard_grad_reset(at::Tensor* t) {
   }
 }
 
+// `t.grad = g` (a gradient handed back after DDP averaged it): `g` must have `t`'s shape. Both are tch
+// tensor handles. 0 on success.
+int trainyard_grad_set(at::Tensor* t, const at::Tensor* g) {
+  try {
+    if (g->sizes() != t->sizes()) return 1;
+    t->mutable_grad() = *g;
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
 // torch.cuda.set_device(index) for this thread, without linking CUDA: through the device guard that
 // libtorch_cuda.so registers when it is loaded. 0 on success.
 int trainyard_cuda_set_device(int index) {

@@ -8,7 +8,7 @@ use crate::backend::units::StagedCompute;
 use crate::rng::Rng;
 use crate::tensor::{Flat, FlatHome};
 use std::collections::BTreeMap;
-use tch::Tensor;
+use tch::{Device, Kind, Tensor};
 
 /// The engine with the batch's labels, for the loss stage.
 pub struct Staged<'a> {
@@ -23,7 +23,7 @@ impl Staged<'_> {
     /// engine's device.
     fn flat_gradient(&self, layout: &Layout) -> anyhow::Result<Flat> {
         let e = &*self.engine;
-        super::flat_gradients(layout, e.device, |name| Ok(e.params[name].grad()))
+        flat_gradients(layout, e.device, |name| Ok(e.params[name].grad()))
     }
 
     /// Autocast for the engine's precision (nothing at 32 bits), around a forward computation.
@@ -42,15 +42,15 @@ impl StagedCompute for Staged<'_> {
     type Out = (Tensor, Tensor);
 
     fn stage_count(&self) -> usize {
-        self.engine.arch.0.stages().len()
+        self.engine.arch.arch.stages().len()
     }
 
     fn home(&self) -> FlatHome {
-        FlatHome::Tch(self.engine.device)
+        FlatHome::Tch(self.engine.device, tch::Kind::Float)
     }
 
     fn install(&mut self, layout: &Layout, flat: &Flat) -> anyhow::Result<()> {
-        crate::backend::Engine::set_parameters(self.engine, layout, flat)
+        crate::backend::Sharding::set_parameters(self.engine, layout, flat)
     }
 
     fn release(&mut self, layout: &Layout) -> anyhow::Result<()> {
@@ -89,7 +89,7 @@ impl StagedCompute for Staged<'_> {
         let (logits, loss) = {
             let _autocast = self.autocast()?;
             let e = &mut *self.engine;
-            let k = e.arch.0.stages().len() - 1;
+            let k = e.arch.arch.stages().len() - 1;
             let logits = e
                 .arch
                 .forward_stage(k, &e.params, &mut e.buffers, &input, true, rng)?;
@@ -154,4 +154,32 @@ impl StagedCompute for Staged<'_> {
         };
         Ok((grad_in, self.flat_gradient(layout)?))
     }
+}
+
+/// The gradients `grad_of` gives for `layout`'s parameters, flat in layout order on `device` as f32
+/// (zeros for an undefined gradient).
+fn flat_gradients(
+    layout: &[(String, Vec<usize>)],
+    device: Device,
+    mut grad_of: impl FnMut(&str) -> anyhow::Result<Tensor>,
+) -> anyhow::Result<Flat> {
+    let mut parts = Vec::with_capacity(layout.len());
+    for (name, shape) in layout {
+        let g = grad_of(name)?;
+        parts.push(if g.defined() {
+            g.f_detach()?
+                .f_to_kind(Kind::Float)?
+                .f_to(device)?
+                .f_reshape([-1])?
+        } else {
+            Tensor::f_zeros(
+                [shape.iter().product::<usize>() as i64],
+                (Kind::Float, device),
+            )?
+        });
+    }
+    if parts.is_empty() {
+        return Ok(Flat::Tch(Tensor::f_zeros([0], (Kind::Float, device))?));
+    }
+    Ok(Flat::Tch(Tensor::f_cat(&parts, 0)?))
 }

@@ -1,0 +1,78 @@
+//! One engine on one device: the loop's batches go straight to it.
+
+use super::{Ranks, Strategy};
+use crate::backend::{self, Engine, Placement, StateBytes, StepStats};
+use crate::data::loader::Batch;
+use crate::schema::Experiment;
+use crate::tensor::StateDict;
+
+pub struct Single {
+    engine: Box<dyn Engine>,
+    ranks: Ranks,
+}
+
+impl Single {
+    pub fn new(exp: &Experiment) -> anyhow::Result<Self> {
+        Ok(Single::of(backend::build(exp, &Placement::single())?))
+    }
+
+    /// A strategy around an engine built elsewhere.
+    pub fn of(engine: Box<dyn Engine>) -> Self {
+        Single {
+            engine,
+            ranks: Ranks::single(),
+        }
+    }
+}
+
+impl Strategy for Single {
+    fn ranks(&self) -> &Ranks {
+        &self.ranks
+    }
+
+    fn forward_backward(
+        &mut self,
+        batch: &Batch,
+        grad_scale: f64,
+        _ends_window: bool,
+    ) -> anyhow::Result<StepStats> {
+        self.engine.forward_backward(batch, grad_scale)
+    }
+
+    fn optimizer_step(
+        &mut self,
+        lr: f64,
+        momentum: Option<f64>,
+        clip_norm: Option<f64>,
+    ) -> anyhow::Result<f64> {
+        self.engine.optimizer_step(lr, momentum, clip_norm)
+    }
+
+    fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
+        self.engine.evaluate(batch)
+    }
+
+    fn state_dict(&self) -> anyhow::Result<StateDict> {
+        self.engine.state_dict()
+    }
+
+    fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()> {
+        self.engine.load_state_dict(state)
+    }
+
+    fn load_pretrained(&mut self, published: &StateDict) -> anyhow::Result<Vec<String>> {
+        backend::load_pretrained(self.engine.as_mut(), published)
+    }
+
+    fn loss_scale(&mut self) -> Option<f64> {
+        self.engine.loss_scaler().and_then(|s| s.scale().ok())
+    }
+
+    fn num_parameters(&self) -> usize {
+        backend::num_parameters(self.engine.as_ref())
+    }
+
+    fn state_bytes(&self) -> StateBytes {
+        self.engine.state_bytes()
+    }
+}

@@ -1,0 +1,338 @@
+//! Checkpoints in and out of a run: ModelCheckpoint and EarlyStopping after every validation (`Keeper`),
+//! where checkpoints are kept (the run's `checkpoints/`, uploaded to an `s3://` dirpath), and where a
+//! run starts from (`model.pretrained`, `ckpt_path`, resolved locally or on S3). Which ranks write which
+//! files is the strategy's (`Strategy::save_checkpoint`, `Strategy::checkpoint_file`).
+
+use super::summary::RunStatus;
+use crate::checkpoint::{self, TrainingState};
+use crate::schema::{EarlyStopping, Experiment, Mode, ModelCheckpoint};
+use crate::strategy::Strategy;
+use anyhow::Context;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Where checkpoints end up: the local file itself, or an `s3://` prefix they are uploaded to.
+pub struct Storage {
+    remote: Option<crate::s3::S3Url>,
+}
+
+impl Storage {
+    /// `callbacks.model_checkpoint.dirpath` when it is an `s3://` prefix; local otherwise.
+    pub fn of(exp: &Experiment) -> anyhow::Result<Storage> {
+        Ok(Storage {
+            remote: remote_checkpoint_prefix(exp)?,
+        })
+    }
+
+    /// Fail before training, not at the first checkpoint, when the bucket cannot be reached.
+    pub fn check_reachable(&self) -> anyhow::Result<()> {
+        if let Some(prefix) = &self.remote {
+            crate::s3::exists(&prefix.join("last.safetensors"))
+                .with_context(|| format!("callbacks.model_checkpoint.dirpath={prefix}"))?;
+        }
+        Ok(())
+    }
+
+    /// The folder checkpoints are written to (atomically): the run's `checkpoints/` for a remote
+    /// dirpath, which they are uploaded from.
+    pub fn local_dir(&self, cfg: &ModelCheckpoint, output_dir: &Path) -> PathBuf {
+        match &self.remote {
+            Some(_) => output_dir.join("checkpoints"),
+            None => PathBuf::from(&cfg.dirpath),
+        }
+    }
+
+    /// Upload a written checkpoint (to an `s3://` dirpath) and say where it is.
+    pub fn publish(&self, path: &Path) -> anyhow::Result<String> {
+        let Some(prefix) = &self.remote else {
+            return Ok(path.display().to_string());
+        };
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let url = prefix.join(&name);
+        let started = Instant::now();
+        crate::s3::upload(path, &url)?;
+        tracing::info!(
+            "uploaded {url} ({} bytes) in {:.1}s",
+            std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
+            started.elapsed().as_secs_f64()
+        );
+        Ok(url.to_string())
+    }
+
+    /// Remove a replaced checkpoint, locally and remotely.
+    pub fn unpublish(&self, path: &Path) {
+        let _ = std::fs::remove_file(path);
+        if let (Some(prefix), Some(name)) = (&self.remote, path.file_name()) {
+            if let Err(e) = crate::s3::delete(&prefix.join(&name.to_string_lossy())) {
+                tracing::warn!("could not delete the replaced checkpoint: {e:#}");
+            }
+        }
+    }
+}
+
+/// A checkpoint written: the file this rank wrote and, for rank 0's, where it went.
+#[derive(Debug, Clone, Default)]
+pub struct Saved {
+    pub written: Option<PathBuf>,
+    pub location: Option<String>,
+}
+
+/// ModelCheckpoint and EarlyStopping, run after every validation (mid-epoch ones included, as
+/// Lightning's `on_validation_end`) and at each epoch's end: did the monitored metric improve, which
+/// checkpoints to write or replace, and whether to stop.
+pub struct Keeper<'a> {
+    pub ckpt_cfg: Option<&'a ModelCheckpoint>,
+    pub stop_cfg: Option<&'a EarlyStopping>,
+    pub dir: Option<PathBuf>,
+    pub config_yaml: &'a str,
+    pub storage: Storage,
+    pub best: Option<Saved>,
+    pub last: Option<Saved>,
+}
+
+impl Keeper<'_> {
+    /// Update the best value and the patience count, write the due checkpoints; returns why to stop when
+    /// EarlyStopping's patience ran out.
+    pub fn on_validation_end(
+        &mut self,
+        strategy: &mut dyn Strategy,
+        state: &mut TrainingState,
+        epoch: u64,
+    ) -> anyhow::Result<Option<RunStatus>> {
+        // ModelCheckpoint and EarlyStopping share the "did the monitored metric improve" question.
+        let monitor = self
+            .ckpt_cfg
+            .and_then(|c| c.monitor.clone().map(|m| (m, c.mode)))
+            .or_else(|| self.stop_cfg.map(|s| (s.monitor.clone(), s.mode)));
+        let mut improved = false;
+        if let Some((name, mode)) = &monitor {
+            if let Some(&value) = state.metrics.get(name.as_str()) {
+                let min_delta = self.stop_cfg.map(|s| s.min_delta).unwrap_or(0.0);
+                improved = state
+                    .best
+                    .is_none_or(|(b, _)| better(*mode, value, b, min_delta));
+                if improved {
+                    state.best = Some((value, epoch));
+                    state.epochs_without_improvement = 0;
+                } else {
+                    state.epochs_without_improvement += 1;
+                }
+            }
+        }
+        self.save_checkpoints(strategy, state, epoch, improved)?;
+        Ok(self.stop_cfg.and_then(|stop| {
+            (state.metrics.contains_key(stop.monitor.as_str())
+                && state.epochs_without_improvement >= stop.patience)
+                .then(|| RunStatus::early_stopped(&stop.monitor, stop.patience))
+        }))
+    }
+
+    fn save_checkpoints(
+        &mut self,
+        strategy: &mut dyn Strategy,
+        state: &TrainingState,
+        epoch: u64,
+        improved: bool,
+    ) -> anyhow::Result<()> {
+        let (Some(cfg), Some(dir)) = (self.ckpt_cfg, self.dir.clone()) else {
+            return Ok(());
+        };
+        let mut save = |path: &Path| -> anyhow::Result<Saved> {
+            // Every rank calls it: the strategy decides who writes what (and gathers a sharded model).
+            let written = strategy.save_checkpoint(path, state, self.config_yaml)?;
+            let location = match &written {
+                Some(file) => Some(self.storage.publish(file)?),
+                None => None,
+            };
+            Ok(Saved { written, location })
+        };
+        // `every_n_epochs` counts the epoch in progress, as Lightning's (current_epoch + 1).
+        let due = (epoch + 1).is_multiple_of(cfg.every_n_epochs.max(1));
+        if due && cfg.save_top_k != 0 && (improved || cfg.monitor.is_none()) {
+            let name = crate::callbacks::checkpoint_name(
+                &cfg.filename,
+                epoch,
+                state.global_step,
+                &state.metrics,
+            );
+            let saved = save(&dir.join(format!("{name}.safetensors")))?;
+            let replaced = self.best.replace(saved.clone());
+            if cfg.save_top_k == 1 {
+                if let Some(old) = replaced.and_then(|old| old.written) {
+                    if Some(&old) != saved.written.as_ref() {
+                        self.storage.unpublish(&old);
+                    }
+                }
+            }
+        }
+        if cfg.save_last {
+            self.last = Some(save(&dir.join("last.safetensors"))?);
+        }
+        Ok(())
+    }
+
+    /// Where the best and the last checkpoint are (URLs for an `s3://` dirpath).
+    pub fn locations(&self) -> (Option<String>, Option<String>) {
+        let location = |s: &Option<Saved>| {
+            s.as_ref().and_then(|s| {
+                s.location
+                    .clone()
+                    .or_else(|| s.written.as_ref().map(|p| p.display().to_string()))
+            })
+        };
+        (location(&self.best), location(&self.last))
+    }
+}
+
+fn better(mode: Mode, new: f64, old: f64, min_delta: f64) -> bool {
+    match mode {
+        Mode::Max => new > old + min_delta,
+        Mode::Min => new < old - min_delta,
+    }
+}
+
+/// Load what the run starts from: published weights (`model.pretrained`, every rank reads the file),
+/// then a checkpoint to resume (`ckpt_path`: each rank its own part of it). Returns the training state
+/// to resume at and where the checkpoint came from.
+pub fn restore(
+    exp: &Experiment,
+    strategy: &mut dyn Strategy,
+    output_dir: &Path,
+) -> anyhow::Result<(Option<TrainingState>, Option<String>)> {
+    if let Some(file) = &exp.model.pretrained {
+        let loaded = checkpoint::load(Path::new(file))
+            .with_context(|| format!("model.pretrained={file}"))?;
+        let kept = strategy
+            .load_pretrained(&loaded.state)
+            .with_context(|| format!("model.pretrained={file}"))?;
+        tracing::info!(
+            "loaded pretrained weights from {file}; newly initialised: {}",
+            if kept.is_empty() {
+                "none".into()
+            } else {
+                kept.join(", ")
+            }
+        );
+    }
+    let Some(ckpt) = &exp.ckpt_path else {
+        return Ok((None, None));
+    };
+    let path = resolve_ckpt_path(ckpt, exp, output_dir, &|name| {
+        strategy.checkpoint_file(name)
+    })?;
+    let loaded = checkpoint::load(&path)?;
+    strategy
+        .load_state_dict(&loaded.state)
+        .with_context(|| format!("loading {}", path.display()))?;
+    let training = loaded.training;
+    if let Some(t) = &training {
+        tracing::info!(
+            "Resumed from {} (epoch {}, step {})",
+            path.display(),
+            t.epoch,
+            t.global_step
+        );
+    }
+    Ok((training, Some(checkpoint_origin(&path, output_dir, exp))))
+}
+
+/// Where `ckpt_path` points for this rank: a file, `last` (the newest `last.safetensors` among this task's
+/// runs, or under an `s3://` dirpath), or an `s3://` URL; `part` names this rank's file of a checkpoint
+/// (`Strategy::checkpoint_file`).
+pub fn resolve_ckpt_path(
+    ckpt: &str,
+    exp: &Experiment,
+    output_dir: &Path,
+    part: &dyn Fn(&str) -> String,
+) -> anyhow::Result<PathBuf> {
+    let mine = |url: crate::s3::S3Url| {
+        let name = part(url.file_name());
+        url.with_file_name(&name)
+    };
+    if crate::s3::is_s3(ckpt) {
+        return fetch_remote_checkpoint(&mine(crate::s3::S3Url::parse(ckpt)?), output_dir);
+    }
+    if ckpt == "last" {
+        if let Some(prefix) = remote_checkpoint_prefix(exp)? {
+            let last = prefix.join("last.safetensors");
+            if crate::s3::exists(&last)? {
+                return fetch_remote_checkpoint(&mine(last), output_dir);
+            }
+        }
+    }
+    let local = resolve_local_checkpoint(ckpt, exp, output_dir)?;
+    let name = local
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    Ok(local.with_file_name(part(&name)))
+}
+
+/// `ckpt_path` on this machine: a file, or `last` (the newest run's `checkpoints/last.safetensors`).
+fn resolve_local_checkpoint(
+    ckpt: &str,
+    exp: &Experiment,
+    output_dir: &Path,
+) -> anyhow::Result<PathBuf> {
+    if ckpt != "last" {
+        let p = PathBuf::from(ckpt);
+        anyhow::ensure!(p.is_file(), "ckpt_path={ckpt}: no such checkpoint file");
+        return Ok(p);
+    }
+    let runs = output_dir
+        .parent()
+        .context("the run directory has no parent")?;
+    let mut candidates: Vec<PathBuf> = std::fs::read_dir(runs)
+        .map(|r| {
+            r.flatten()
+                .map(|e| e.path().join("checkpoints").join("last.safetensors"))
+                .filter(|p| p.is_file())
+                .collect()
+        })
+        .unwrap_or_default();
+    candidates.sort();
+    candidates.pop().with_context(|| {
+        format!(
+            "ckpt_path=last: no checkpoints/last.safetensors in any earlier run of '{}' under {}",
+            exp.task_name,
+            runs.display()
+        )
+    })
+}
+
+/// `callbacks.model_checkpoint.dirpath` when it is an `s3://` prefix.
+fn remote_checkpoint_prefix(exp: &Experiment) -> anyhow::Result<Option<crate::s3::S3Url>> {
+    match &exp.callbacks.model_checkpoint {
+        Some(c) if crate::s3::is_s3(&c.dirpath) => Ok(Some(crate::s3::S3Url::parse(&c.dirpath)?)),
+        _ => Ok(None),
+    }
+}
+
+/// Where a resumed run came from: the remote URL for checkpoints fetched from S3, else the file.
+fn checkpoint_origin(path: &Path, output_dir: &Path, exp: &Experiment) -> String {
+    if path.starts_with(output_dir.join(".resume")) {
+        if let Some(ckpt) = exp.ckpt_path.as_deref().filter(|c| crate::s3::is_s3(c)) {
+            return ckpt.to_string();
+        }
+        if let Ok(Some(prefix)) = remote_checkpoint_prefix(exp) {
+            return prefix.join("last.safetensors").to_string();
+        }
+    }
+    path.display().to_string()
+}
+
+/// Download a checkpoint from S3 into the run directory (`.resume/`) for loading.
+fn fetch_remote_checkpoint(url: &crate::s3::S3Url, output_dir: &Path) -> anyhow::Result<PathBuf> {
+    let name = url
+        .key
+        .rsplit('/')
+        .next()
+        .unwrap_or("checkpoint.safetensors");
+    let local = output_dir.join(".resume").join(name);
+    tracing::info!("downloading {url}");
+    crate::s3::download(url, &local).with_context(|| format!("ckpt_path={url}"))?;
+    Ok(local)
+}

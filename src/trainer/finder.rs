@@ -1,0 +1,64 @@
+//! The batch-size finder's runs (Lightning's `BatchSizeFinder`, `callbacks/batch_size_finder.rs` has its
+//! search rules): real trials of `steps_per_trial` training steps on the training set, each with a fresh
+//! strategy, measuring the heap's peak above what was in use before the trial.
+
+use crate::callbacks::batch_size_finder::{search, Finding};
+use crate::data::loader::{EpochLoader, LoaderSpec};
+use crate::data::sampler::DistributedSampler;
+use crate::data::{self, Split};
+use crate::plan::RunPlan;
+use crate::schema::{BatchSizeFinder, Experiment};
+use std::sync::Arc;
+
+/// Search for the largest batch size that fits (the run plan has checked the budget is measurable).
+pub fn find_batch_size(
+    exp: &Experiment,
+    plan: &RunPlan,
+    cfg: &BatchSizeFinder,
+) -> anyhow::Result<Finding> {
+    data::download::ensure(&exp.data)?;
+    let train_set = data::open(&exp.data, Split::Train, exp.seed)?;
+    let sampler = DistributedSampler::single(train_set.len(), true, exp.seed);
+    let indices = sampler.indices(0);
+    let steps = cfg.steps_per_trial.max(1) as usize;
+    let finding = search(cfg, train_set.len(), |b| {
+        let mut trial_exp = exp.clone();
+        trial_exp.data.batch_size = b;
+        let before = crate::memory::reset_peak();
+        {
+            let mut strategy = crate::strategy::build(&trial_exp, plan, None)?;
+            let spec = LoaderSpec {
+                dataset: train_set.clone(),
+                transforms: Arc::new(exp.data.train_transforms.clone()),
+                batch_size: b,
+                drop_last: false,
+                num_workers: exp.data.num_workers,
+                prefetch: 2,
+                seed: exp.seed,
+            };
+            // Exactly `steps` steps, into further epochs when one has fewer batches.
+            let mut done = 0;
+            for epoch in 0.. {
+                for batch in EpochLoader::new(&spec, epoch, &indices).take(steps - done) {
+                    strategy.forward_backward(&batch?, 1.0, true)?;
+                    strategy.optimizer_step(exp.optimizer.lr, None, None)?;
+                    done += 1;
+                }
+                if done >= steps {
+                    break;
+                }
+            }
+        }
+        Ok(crate::memory::peak().saturating_sub(before) as u64)
+    })?;
+    tracing::info!(
+        "batch size finder ({}): batch size {} ({}; {} trials)",
+        serde_json::to_value(finding.mode)?
+            .as_str()
+            .unwrap_or_default(),
+        finding.found,
+        finding.stopped_because,
+        finding.trials.len()
+    );
+    Ok(finding)
+}

@@ -1,0 +1,570 @@
+//! The fit loop: epochs of training batches in accumulation windows, an optimizer step at each window's
+//! end, validation mid-epoch and at epoch ends, ModelCheckpoint and EarlyStopping after every validation,
+//! the Timer, and a row of metrics to every sink. It executes the `LoopPlan`; what a step does on the
+//! devices is the strategy's.
+
+use super::checkpointing::{Keeper, Storage};
+use super::summary::{median, peak_rss_bytes, BestMetric, RunStatus, Summary};
+use super::{DataSets, Job};
+use crate::backend::{StateBytes, StepStats};
+use crate::callbacks::batch_size_finder::Finding;
+use crate::callbacks::device_stats::DeviceStatsMonitor;
+use crate::callbacks::timer::Timer;
+use crate::checkpoint::TrainingState;
+use crate::data::loader::EpochLoader;
+use crate::loggers::{MetricSink, Row, RowKind};
+use crate::optim::schedule::Schedule;
+use crate::plan::LoopPlan;
+use crate::schema::{Accelerator, Experiment, Interval, Precision};
+use crate::strategy::{Ranks, Strategy};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+pub struct FitLoop<'a> {
+    exp: &'a Experiment,
+    output_dir: &'a std::path::Path,
+    plan: &'a LoopPlan,
+    data: &'a DataSets,
+    strategy: Box<dyn Strategy>,
+    ranks: Ranks,
+    schedule: Schedule,
+    sinks: Vec<Box<dyn MetricSink>>,
+    keeper: Keeper<'a>,
+    timer: Option<Timer>,
+    device_stats: Option<DeviceStatsMonitor>,
+    /// LearningRateMonitor: `lr` on epoch rows always, on step rows with `logging_interval: step`.
+    lr_each_step: bool,
+    lr_each_epoch: bool,
+    /// The learning rate of the last optimizer step (an epoch row's `lr`).
+    lr_now: f64,
+    pub state: TrainingState,
+    pub status: RunStatus,
+    /// A mid-epoch validation stopped the run (EarlyStopping): the epoch ends without another.
+    stopped_mid_epoch: Option<RunStatus>,
+    /// Seconds spent in training epochs (validation included, as Lightning's epoch time).
+    train_time: f64,
+    /// Samples this rank trained on.
+    train_samples: u64,
+    /// Each optimizer step's compute (forward, backward, update), without data loading.
+    step_times: Vec<f64>,
+    last_train: StepStats,
+    last_val: Option<StepStats>,
+}
+
+/// How an epoch's batch loop ended.
+enum EpochEnd {
+    /// Every batch of the epoch was trained (or the Timer cut it short: the epoch still ends normally).
+    Batches(StepStats),
+    /// `max_steps` reached: training ends here, without the epoch's validation.
+    MaxSteps,
+}
+
+impl<'a> FitLoop<'a> {
+    pub fn new(
+        exp: &'a Experiment,
+        job: &Job<'a>,
+        plan: &'a LoopPlan,
+        data: &'a DataSets,
+        strategy: Box<dyn Strategy>,
+        resumed: Option<TrainingState>,
+    ) -> anyhow::Result<Self> {
+        let ranks = strategy.ranks().clone();
+        let lead = ranks.is_global_zero();
+        let resuming = resumed.is_some();
+        let callbacks = &exp.callbacks;
+        let ckpt_cfg = callbacks
+            .model_checkpoint
+            .as_ref()
+            .filter(|_| plan.callbacks_on);
+        let storage = Storage::of(exp)?;
+        if ckpt_cfg.is_some() && lead {
+            storage.check_reachable()?;
+        }
+        let lr_each_step = matches!(
+            &callbacks.lr_monitor,
+            Some(m) if m.logging_interval == Interval::Step
+        );
+        let mut timer = Timer::from_config(callbacks.timer.as_ref())?;
+        if let Some(t) = timer.as_mut() {
+            t.start();
+        }
+        Ok(FitLoop {
+            schedule: Schedule::new(
+                &exp.scheduler,
+                exp.optimizer.lr,
+                plan.total_steps,
+                plan.steps_per_epoch,
+            ),
+            sinks: sinks(exp, job, plan, lead, resuming, lr_each_step)?,
+            keeper: Keeper {
+                dir: ckpt_cfg.map(|c| storage.local_dir(c, job.output_dir)),
+                ckpt_cfg,
+                stop_cfg: callbacks
+                    .early_stopping
+                    .as_ref()
+                    .filter(|_| plan.callbacks_on),
+                config_yaml: job.config_yaml,
+                storage,
+                best: None,
+                last: None,
+            },
+            // DeviceStatsMonitor: the GPU is sampled only when the run is on one (NVML index 0 of the
+            // visible set).
+            device_stats: callbacks.device_stats.as_ref().filter(|_| lead).map(|d| {
+                DeviceStatsMonitor::start(
+                    std::time::Duration::from_millis(d.sample_every_ms.max(1)),
+                    matches!(
+                        exp.trainer.accelerator,
+                        Accelerator::Gpu | Accelerator::Cuda
+                    )
+                    .then_some(0),
+                )
+            }),
+            timer,
+            lr_each_step,
+            lr_each_epoch: callbacks.lr_monitor.is_some(),
+            state: resumed.unwrap_or(TrainingState {
+                epoch: 0,
+                global_step: 0,
+                metrics: HashMap::new(),
+                best: None,
+                epochs_without_improvement: 0,
+                batches_done: 0,
+            }),
+            status: RunStatus::Completed,
+            stopped_mid_epoch: None,
+            train_time: 0.0,
+            train_samples: 0,
+            step_times: Vec::new(),
+            last_train: StepStats::default(),
+            last_val: None,
+            lr_now: exp.optimizer.lr,
+            output_dir: job.output_dir,
+            exp,
+            plan,
+            data,
+            strategy,
+            ranks,
+        })
+    }
+
+    /// Train until `max_epochs`, `max_steps`, EarlyStopping or the Timer ends it.
+    pub fn run(mut self) -> anyhow::Result<Self> {
+        while self.state.epoch < self.plan.max_epochs {
+            let epoch = self.state.epoch;
+            let epoch_start = Instant::now();
+            let end = self.train_epoch(epoch, epoch_start)?;
+            let epoch_time = epoch_start.elapsed().as_secs_f64();
+            self.train_time += epoch_time;
+            self.state.epoch += 1;
+            let stats = match end {
+                EpochEnd::MaxSteps => {
+                    self.status = RunStatus::MaxStepsReached;
+                    break;
+                }
+                EpochEnd::Batches(stats) => stats,
+            };
+            if let Some(status) = self.end_epoch(epoch, stats, epoch_time)? {
+                self.status = status;
+                break;
+            }
+        }
+        Ok(self)
+    }
+
+    /// The epoch's training batches. Resumed from a mid-epoch checkpoint, the epoch's first batches are
+    /// trained already: the sampler's order and the augmentation (keyed by sample) are the same, so
+    /// skipping them is exact.
+    fn train_epoch(&mut self, epoch: u64, epoch_start: Instant) -> anyhow::Result<EpochEnd> {
+        let plan = self.plan;
+        let skip = std::mem::take(&mut self.state.batches_done) as usize;
+        let all_indices = self.data.train_sampler.indices(epoch);
+        let batch_size = self.exp.data.batch_size;
+        let indices = &all_indices[(skip * batch_size).min(all_indices.len())..];
+        let mut epoch_stats = StepStats::default();
+        let mut window = StepStats::default();
+        let mut step_compute = 0.0;
+        self.lr_now = self.schedule.at(self.state.global_step).lr;
+        let bar = progress_bar(self.exp, plan.train_batches, epoch, plan.max_epochs)
+            .filter(|_| self.ranks.is_global_zero());
+        let batches = EpochLoader::new(&self.data.train_spec, epoch, indices)
+            .take(plan.train_batches.saturating_sub(skip));
+        for (i, batch) in batches.enumerate() {
+            let i = i + skip;
+            let batch = batch?;
+            let ends_window = plan.ends_window(i);
+            let step_start = Instant::now();
+            let stats = self.strategy.forward_backward(
+                &batch,
+                1.0 / plan.accumulate as f64,
+                ends_window,
+            )?;
+            step_compute += step_start.elapsed().as_secs_f64();
+            anyhow::ensure!(
+                stats.loss().is_finite(),
+                "the training loss became {} at epoch {epoch}, step {}; lower optimizer.lr or set trainer.gradient_clip_val",
+                stats.loss(),
+                self.state.global_step
+            );
+            epoch_stats.add(&stats);
+            window.add(&stats);
+            self.train_samples += batch.len() as u64;
+            if let Some(bar) = &bar {
+                bar.inc(1);
+                bar.set_message(format!(
+                    "loss {:.4}  {:.0} img/s",
+                    stats.loss(),
+                    epoch_stats.count as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9)
+                ));
+            }
+            if !ends_window {
+                continue;
+            }
+            let point = self.schedule.at(self.state.global_step);
+            self.lr_now = point.lr;
+            let update_start = Instant::now();
+            self.strategy.optimizer_step(
+                point.lr,
+                point.momentum,
+                self.exp.trainer.gradient_clip_val,
+            )?;
+            self.step_times
+                .push(step_compute + update_start.elapsed().as_secs_f64());
+            step_compute = 0.0;
+            self.state.global_step += 1;
+            if self
+                .state
+                .global_step
+                .is_multiple_of(plan.log_every_n_steps)
+            {
+                self.log_step(epoch, std::mem::take(&mut window), point.lr)?;
+            }
+            if plan.validates_after_batch(epoch, i) {
+                if let Some(stop) = self.validate_mid_epoch(epoch, i + 1)? {
+                    self.stopped_mid_epoch = Some(stop);
+                    break;
+                }
+            }
+            if plan
+                .max_steps
+                .is_some_and(|max| self.state.global_step >= max)
+            {
+                self.last_train = self.ranks.sum_stats(epoch_stats)?;
+                return Ok(EpochEnd::MaxSteps);
+            }
+            // Timer: out of time mid-epoch; the epoch ends here (validation, checkpoint, then stop).
+            let ranks = &self.ranks;
+            if let Some(t) = self.timer.as_mut() {
+                if t.stop_after_step(|here| ranks.any(here))? {
+                    break;
+                }
+            }
+        }
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        Ok(EpochEnd::Batches(epoch_stats))
+    }
+
+    /// A step row: the window's loss and accuracy over every rank, the learning rate and loss scale.
+    fn log_step(&mut self, epoch: u64, window: StepStats, lr: f64) -> anyhow::Result<()> {
+        let all = self.ranks.sum_stats(window)?;
+        let mut values = vec![("train/loss", all.loss()), ("train/acc1", all.acc1())];
+        if self.lr_each_step {
+            values.push(("lr", lr));
+        }
+        if let Some(scale) = self.strategy.loss_scale() {
+            values.push(("loss_scale", scale));
+        }
+        self.log(RowKind::Step, epoch, &values)
+    }
+
+    /// Validation after `batches_done` batches of the epoch, then (Lightning's on_validation_end)
+    /// checkpoints and early stopping, so a checkpoint here records how far into the epoch it was taken.
+    fn validate_mid_epoch(
+        &mut self,
+        epoch: u64,
+        batches_done: usize,
+    ) -> anyhow::Result<Option<RunStatus>> {
+        let v = self.validate()?;
+        let values = [
+            ("val/loss", v.loss()),
+            ("val/acc1", v.acc1()),
+            ("val/acc5", v.acc5()),
+        ];
+        self.log(RowKind::MidEpochValidation { batches_done }, epoch, &values)?;
+        for (name, value) in values {
+            self.state.metrics.insert(name.into(), value);
+        }
+        self.state.batches_done = batches_done as u64;
+        let stop = self
+            .keeper
+            .on_validation_end(self.strategy.as_mut(), &mut self.state, epoch)?;
+        self.state.batches_done = 0;
+        Ok(stop)
+    }
+
+    /// The epoch's end: validation (unless a mid-epoch one just stopped the run), the epoch row,
+    /// ModelCheckpoint and EarlyStopping, the Timer. Returns why to stop, if the run stops here.
+    fn end_epoch(
+        &mut self,
+        epoch: u64,
+        stats: StepStats,
+        epoch_time: f64,
+    ) -> anyhow::Result<Option<RunStatus>> {
+        let stats = self.ranks.sum_stats(stats)?;
+        self.last_train = stats;
+        let val = match self.stopped_mid_epoch.is_none()
+            && self.plan.validates_at_epoch_end(self.state.epoch)
+        {
+            true => Some(self.validate()?),
+            false => None,
+        };
+        let throughput = stats.count as f64 / epoch_time.max(1e-9);
+        let mut row = BTreeMap::from([
+            ("train/loss", stats.loss()),
+            ("train/acc1", stats.acc1()),
+            ("epoch_time_s", epoch_time),
+            ("samples_per_s", throughput),
+        ]);
+        if self.lr_each_epoch {
+            row.insert("lr", self.lr_now);
+        }
+        if let Some(v) = val {
+            row.insert("val/loss", v.loss());
+            row.insert("val/acc1", v.acc1());
+            row.insert("val/acc5", v.acc5());
+        }
+        for key in [
+            "train/loss",
+            "train/acc1",
+            "val/loss",
+            "val/acc1",
+            "val/acc5",
+        ] {
+            if let Some(&value) = row.get(key) {
+                self.state.metrics.insert(key.into(), value);
+            }
+        }
+        if let Some(scale) = self.strategy.loss_scale() {
+            row.insert("loss_scale", scale);
+        }
+        if let Some(monitor) = self.device_stats.as_mut() {
+            row.extend(monitor.epoch_metrics());
+        }
+        let values: Vec<(&str, f64)> = row.into_iter().collect();
+        self.log(RowKind::Epoch, epoch, &values)?;
+        // ModelCheckpoint + EarlyStopping, unless they already ran on this point (a mid-epoch validation
+        // that stopped the run).
+        let early_stop = match self.stopped_mid_epoch.take() {
+            Some(why) => Some(why),
+            None => {
+                self.keeper
+                    .on_validation_end(self.strategy.as_mut(), &mut self.state, epoch)?
+            }
+        };
+        let ranks = &self.ranks;
+        if let Some(t) = self.timer.as_mut() {
+            if let Some(why) = t.stop_at_epoch_end(|here| ranks.any(here))? {
+                return Ok(Some(RunStatus::TimeLimit(why)));
+            }
+        }
+        Ok(early_stop)
+    }
+
+    /// One pass over the validation set (the same batches every time): this rank's batches, then, while
+    /// other ranks still have batches (the plan's rounds), its part in their collectives; the metrics are
+    /// summed over ranks.
+    fn validate(&mut self) -> anyhow::Result<StepStats> {
+        self.strategy.before_validation()?;
+        let indices = self.data.val_sampler.indices(0);
+        let mut v = StepStats::default();
+        for batch in EpochLoader::new(&self.data.val_spec, 0, &indices).take(self.plan.val_batches)
+        {
+            v.add(&self.strategy.evaluate(&batch?)?);
+        }
+        for _ in self.plan.val_batches..self.plan.val_rounds {
+            self.strategy.evaluate_idle()?;
+        }
+        let v = self.ranks.sum_stats(v)?;
+        self.last_val = Some(v);
+        Ok(v)
+    }
+
+    fn log(&mut self, kind: RowKind, epoch: u64, values: &[(&str, f64)]) -> anyhow::Result<()> {
+        let row = Row {
+            kind,
+            epoch,
+            step: self.state.global_step,
+            values,
+        };
+        for sink in &mut self.sinks {
+            sink.log(&row)?;
+        }
+        Ok(())
+    }
+
+    /// What the run measured, with every rank's contribution (a collective: every rank calls it).
+    pub fn summary(
+        self,
+        exp: &Experiment,
+        ranks: &Ranks,
+        status: RunStatus,
+        started: Instant,
+        resumed_from: Option<String>,
+        finding: Option<Finding>,
+    ) -> anyhow::Result<Summary> {
+        let mut final_metrics: BTreeMap<String, f64> = self
+            .state
+            .metrics
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+        if self.last_val.is_none() && self.last_train.count > 0 {
+            final_metrics.insert("train/loss".into(), self.last_train.loss());
+        }
+        let monitor = self
+            .keeper
+            .ckpt_cfg
+            .and_then(|c| c.monitor.clone())
+            .or_else(|| self.keeper.stop_cfg.map(|s| s.monitor.clone()));
+        let mut samples = [self.train_samples as f64];
+        ranks.sum(&mut samples)?;
+        let train_samples = samples[0] as u64;
+        let state_bytes_per_rank = state_bytes_per_rank(ranks, self.strategy.state_bytes())?;
+        let (best_checkpoint, last_checkpoint) = self.keeper.locations();
+        let t = &exp.trainer;
+        let accumulate = t.accumulate_grad_batches.max(1) as usize;
+        Ok(Summary {
+            state_bytes_per_rank,
+            task_name: exp.task_name.clone(),
+            status,
+            backend: format!("{:?}", exp.backend).to_lowercase(),
+            model: format!("{:?}", exp.model.name).to_lowercase(),
+            data: format!("{:?}", exp.data.name).to_lowercase(),
+            strategy: t.strategy.to_string(),
+            precision: serde_json::to_value(t.precision)?
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            num_nodes: ranks.num_nodes,
+            devices: ranks.world_size / ranks.num_nodes.max(1) * self.strategy.replicas(),
+            batch_size: exp.data.batch_size,
+            global_batch_size: exp.data.batch_size * accumulate * ranks.world_size,
+            num_parameters: self.strategy.num_parameters(),
+            epochs_completed: self.state.epoch,
+            global_step: self.state.global_step,
+            best: match (monitor, self.state.best) {
+                (Some(monitor), Some((value, epoch))) => Some(BestMetric {
+                    monitor,
+                    value,
+                    epoch,
+                }),
+                _ => None,
+            },
+            final_metrics,
+            wall_time_s: started.elapsed().as_secs_f64(),
+            train_time_s: self.train_time,
+            train_samples_per_s: train_samples as f64 / self.train_time.max(1e-9),
+            median_step_time_s: median(&self.step_times),
+            peak_rss_bytes: peak_rss_bytes(),
+            best_checkpoint,
+            last_checkpoint,
+            resumed_from,
+            batch_size_finder: finding,
+            // Before device stats, whose sampler thread may take a sampling period to stop.
+            timer: self.timer.map(|t| t.summary()),
+            device_stats: self.device_stats.and_then(|m| m.finish(self.output_dir)),
+        })
+    }
+}
+
+/// Each rank's training memory, every rank's row filled by its owner (the sum leaves each in place).
+fn state_bytes_per_rank(ranks: &Ranks, mine: StateBytes) -> anyhow::Result<Vec<StateBytes>> {
+    const FIELDS: usize = 4;
+    let mut bytes = vec![0.0f64; FIELDS * ranks.world_size];
+    bytes[FIELDS * ranks.rank..FIELDS * (ranks.rank + 1)].copy_from_slice(&[
+        mine.parameters as f64,
+        mine.gradients as f64,
+        mine.optimizer_state as f64,
+        mine.unsharded_peak as f64,
+    ]);
+    ranks.sum(&mut bytes)?;
+    Ok(bytes
+        .chunks(FIELDS)
+        .map(|r| StateBytes {
+            parameters: r[0] as u64,
+            gradients: r[1] as u64,
+            optimizer_state: r[2] as u64,
+            unsharded_peak: r[3] as u64,
+        })
+        .collect())
+}
+
+/// The run's metric sinks: `metrics.csv` and TensorBoard on rank 0 (not under `fast_dev_run`), and the
+/// console's lines on every rank (each into its own log).
+fn sinks(
+    exp: &Experiment,
+    job: &Job,
+    plan: &LoopPlan,
+    lead: bool,
+    resuming: bool,
+    lr_each_step: bool,
+) -> anyhow::Result<Vec<Box<dyn MetricSink>>> {
+    let mut sinks: Vec<Box<dyn MetricSink>> =
+        vec![Box::new(crate::loggers::console::ConsoleLines {
+            max_epochs: plan.max_epochs,
+            train_batches: plan.train_batches,
+        })];
+    if !(plan.callbacks_on && lead) {
+        return Ok(sinks);
+    }
+    if let Some(csv) = &exp.logger.csv {
+        let mut extra: Vec<&'static str> = Vec::new();
+        if exp.trainer.precision == Precision::Mixed16 {
+            extra.push("loss_scale");
+        }
+        if exp.callbacks.device_stats.is_some() {
+            extra.extend(crate::callbacks::device_stats::COLUMNS);
+        }
+        sinks.push(Box::new(crate::loggers::csv::CsvLogger::open(
+            job.output_dir,
+            resuming,
+            &extra,
+            csv.flush_every_n_steps,
+        )?));
+    }
+    if let Some(tb) = &exp.logger.tensorboard {
+        sinks.push(Box::new(crate::loggers::tensorboard::TensorBoardSink {
+            writer: crate::loggers::tensorboard::TensorBoardWriter::create(
+                &job.output_dir.join(&tb.dir),
+            )?,
+            lr_each_step,
+        }));
+    }
+    Ok(sinks)
+}
+
+/// The console logger's bar (batches, ETA, loss, throughput) when stdout is a terminal and the logger is
+/// not in plain mode; otherwise none, and the per-epoch lines are the console output.
+fn progress_bar(
+    exp: &Experiment,
+    batches: usize,
+    epoch: u64,
+    max_epochs: u64,
+) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    let console = exp.logger.console.as_ref()?;
+    if console.plain || !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(batches as u64);
+    let style = indicatif::ProgressStyle::with_template(
+        "epoch {prefix} [{bar:30}] {pos}/{len} ETA {eta} {msg}",
+    )
+    .ok()?
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(format!("{}/{max_epochs}", epoch + 1));
+    Some(bar)
+}

@@ -1,0 +1,184 @@
+//! The one training loop (fit + validate) for every strategy and backend, as burn-train's learner and
+//! Lightning's fit loop: it executes the run plan (`plan::LoopPlan`) through a `strategy::Strategy` and
+//! knows nothing of devices, ranks' collectives or backends.
+//! - `fit_loop`: epochs, steps, accumulation, validation, stopping;
+//! - `checkpointing`: ModelCheckpoint/EarlyStopping, where checkpoints go (S3 too), resuming;
+//! - `finder`: the batch-size finder's trial runs;
+//! - `summary`: `summary.json`, typed both ways.
+//!
+//! Metrics go to `loggers::MetricSink`s (CSV, TensorBoard, the console).
+
+pub mod checkpointing;
+pub mod finder;
+mod fit_loop;
+pub mod summary;
+
+pub use summary::{RunStatus, Summary};
+
+use crate::callbacks::batch_size_finder::Finding;
+use crate::comm::Distributed;
+use crate::data::loader::LoaderSpec;
+use crate::data::sampler::DistributedSampler;
+use crate::data::{self, Dataset, Split};
+use crate::plan::{LoopPlan, RunPlan};
+use crate::schema::{Experiment, Transform};
+use crate::strategy::Ranks;
+use anyhow::Context;
+use std::path::Path;
+use std::sync::Arc;
+
+/// One job's training, as the launcher hands it over.
+pub struct Job<'a> {
+    pub exp: &'a Experiment,
+    pub plan: &'a RunPlan,
+    pub output_dir: &'a Path,
+    /// The resolved config, stored in checkpoints.
+    pub config_yaml: &'a str,
+}
+
+/// Train and validate as the experiment says, as this process's part of the run (`group`: its process
+/// group, for DDP and FSDP), writing everything under the job's directory. With a batch-size finder
+/// configured, the batch size is found first and the run trains with it.
+pub fn fit(job: &Job, group: Option<Distributed>) -> anyhow::Result<Summary> {
+    for warning in &job.plan.warnings {
+        tracing::warn!("{warning}");
+    }
+    let Some(cfg) = &job.plan.batch_size_finder else {
+        return fit_with(job.exp, job, None, group);
+    };
+    let finding = finder::find_batch_size(job.exp, job.plan, cfg)?;
+    let mut tuned = job.exp.clone();
+    tuned.data.batch_size = finding.found;
+    if !cfg.fit_after {
+        tuned.trainer.max_epochs = 0;
+    }
+    fit_with(&tuned, job, Some(finding), group)
+}
+
+fn fit_with(
+    exp: &Experiment,
+    job: &Job,
+    finding: Option<Finding>,
+    group: Option<Distributed>,
+) -> anyhow::Result<Summary> {
+    let started = std::time::Instant::now();
+    let ranks = group.as_ref().map_or_else(Ranks::single, Ranks::of);
+    summary::reset_peak_rss();
+    let data = DataSets::open(exp, &ranks)?;
+    let plan = LoopPlan::new(
+        exp,
+        ranks.rank,
+        ranks.world_size,
+        data.train.len(),
+        data.val.len(),
+    )?;
+    let mut strategy = crate::strategy::build(exp, job.plan, group)?;
+    if let Some(ms) = exp
+        .callbacks
+        .model_summary
+        .as_ref()
+        .filter(|_| ranks.is_global_zero())
+    {
+        print_model_summary(exp, ms.max_depth)?;
+    }
+    let (resumed_state, resumed_from) =
+        checkpointing::restore(exp, strategy.as_mut(), job.output_dir)?;
+    strategy.start()?;
+    let outcome = fit_loop::FitLoop::new(exp, job, &plan, &data, strategy, resumed_state)?.run()?;
+    let mut status = outcome.status.clone();
+    if exp.trainer.max_epochs == 0 && finding.is_some() {
+        status = RunStatus::BatchSizeOnly;
+    }
+    let summary = outcome.summary(exp, &ranks, status, started, resumed_from, finding)?;
+    if ranks.is_global_zero() {
+        summary.write(job.output_dir)?;
+    }
+    Ok(summary)
+}
+
+/// The data sets a run trains and validates on, with their loaders' settings and this rank's samplers.
+pub struct DataSets {
+    pub train: Arc<dyn Dataset>,
+    pub val: Arc<dyn Dataset>,
+    pub train_spec: LoaderSpec,
+    pub val_spec: LoaderSpec,
+    /// PyTorch's DistributedSampler: this rank takes every world-th index (padded to equal shares).
+    pub train_sampler: DistributedSampler,
+    /// Validation sees every sample exactly once, so distributed metrics equal one device's (Lightning
+    /// repeats samples to even out the shares); a rank whose share runs out first keeps taking part in
+    /// the others' collectives.
+    pub val_sampler: DistributedSampler,
+}
+
+impl DataSets {
+    /// One download per run: rank 0 fetches, the others wait for it and then only check the files.
+    fn open(exp: &Experiment, ranks: &Ranks) -> anyhow::Result<DataSets> {
+        if ranks.is_global_zero() {
+            data::download::ensure(&exp.data)?;
+        }
+        ranks
+            .barrier()
+            .context("waiting for rank 0 to fetch the data set")?;
+        if !ranks.is_global_zero() {
+            data::download::ensure(&exp.data)?;
+        }
+        let overfit = crate::plan::overfit_limit(exp).is_some();
+        let train = data::open(&exp.data, Split::Train, exp.seed)?;
+        let val = match overfit {
+            true => train.clone(),
+            false => data::open(&exp.data, Split::Val, exp.seed)?,
+        };
+        let spec = |set: Arc<dyn Dataset>, transforms: &[Transform], drop_last: bool| LoaderSpec {
+            dataset: set,
+            transforms: Arc::new(transforms.to_vec()),
+            batch_size: exp.data.batch_size,
+            drop_last,
+            num_workers: exp.data.num_workers,
+            prefetch: 2,
+            seed: exp.seed,
+        };
+        let sampler = |len: usize, shuffle: bool| DistributedSampler {
+            num_replicas: ranks.world_size,
+            rank: ranks.rank,
+            ..DistributedSampler::single(len, shuffle, exp.seed)
+        };
+        Ok(DataSets {
+            train_spec: spec(
+                train.clone(),
+                &exp.data.train_transforms,
+                exp.data.drop_last,
+            ),
+            val_spec: spec(val.clone(), &exp.data.val_transforms, false),
+            train_sampler: sampler(train.len(), !overfit),
+            val_sampler: DistributedSampler {
+                pad: false,
+                ..sampler(val.len(), false)
+            },
+            train,
+            val,
+        })
+    }
+}
+
+/// Print parameters (and buffers) per module and the total (the ModelSummary callback), from the model's
+/// description: no engine, so no rank waits for a sharded model to be gathered.
+fn print_model_summary(exp: &Experiment, max_depth: u64) -> anyhow::Result<()> {
+    let arch = crate::model::Architecture::new(&exp.model, exp.data.channels, exp.data.image_size)?;
+    let mut groups = std::collections::BTreeMap::<String, usize>::new();
+    let sized = arch
+        .specs()
+        .into_iter()
+        .map(|s| (s.name, s.shape))
+        .chain(arch.buffers().into_iter().map(|(n, s, _)| (n, s)));
+    for (name, shape) in sized {
+        let key: Vec<&str> = name.split('.').take(max_depth.max(1) as usize).collect();
+        *groups.entry(key.join(".")).or_default() += shape.iter().product::<usize>();
+    }
+    let total: usize = groups.values().sum();
+    tracing::info!("{:<32} {:>12}", "module", "params");
+    for (name, n) in &groups {
+        tracing::info!("{name:<32} {n:>12}");
+    }
+    tracing::info!("{:<32} {total:>12}", "total trainable");
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! `summary.json`: what a finished (or stopped) run records, written from `Summary` and read back into it
+//! (by the logbook and the launcher's report), so writer and readers cannot drift apart. Every field has
+//! a default, so a summary from an older version still reads.
+
+use crate::backend::StateBytes;
+use crate::callbacks::batch_size_finder::Finding;
+use crate::callbacks::device_stats::DeviceStatsSummary;
+use crate::callbacks::timer::TimerSummary;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// What `summary.json` records about a finished (or stopped) run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Summary {
+    pub task_name: String,
+    pub status: RunStatus,
+    pub backend: String,
+    pub model: String,
+    pub data: String,
+    pub strategy: String,
+    pub precision: String,
+    pub num_nodes: usize,
+    pub devices: usize,
+    pub batch_size: usize,
+    pub global_batch_size: usize,
+    pub num_parameters: usize,
+    pub epochs_completed: u64,
+    pub global_step: u64,
+    pub best: Option<BestMetric>,
+    pub final_metrics: BTreeMap<String, f64>,
+    pub wall_time_s: f64,
+    pub train_time_s: f64,
+    pub train_samples_per_s: f64,
+    /// Median time of one optimizer step's compute (forward, backward, update), excluding data loading.
+    pub median_step_time_s: Option<f64>,
+    pub peak_rss_bytes: Option<u64>,
+    pub best_checkpoint: Option<String>,
+    pub last_checkpoint: Option<String>,
+    pub resumed_from: Option<String>,
+    /// What the batch-size finder tried and chose, when it ran.
+    pub batch_size_finder: Option<Finding>,
+    /// DeviceStatsMonitor's figures for the whole run, when it ran.
+    pub device_stats: Option<DeviceStatsSummary>,
+    /// The Timer callback's limit and the training time it measured, when it ran.
+    pub timer: Option<TimerSummary>,
+    /// Parameter, gradient and optimizer-state bytes each rank keeps for training, by rank (what
+    /// FSDP's sharding divides).
+    pub state_bytes_per_rank: Vec<StateBytes>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BestMetric {
+    pub monitor: String,
+    pub value: f64,
+    pub epoch: u64,
+}
+
+impl Summary {
+    pub const FILE: &'static str = "summary.json";
+
+    /// The run's summary in `run_dir`, if it has one (`Err`: it is there but does not read).
+    pub fn read(run_dir: &Path) -> anyhow::Result<Option<Summary>> {
+        let path = run_dir.join(Self::FILE);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return Ok(None);
+        };
+        let summary = serde_json::from_str(&text)
+            .map_err(|e| anyhow::anyhow!("{}: not a summary ({e})", path.display()))?;
+        Ok(Some(summary))
+    }
+
+    /// Written atomically.
+    pub fn write(&self, run_dir: &Path) -> anyhow::Result<()> {
+        crate::records::write_atomic(
+            &run_dir.join(Self::FILE),
+            serde_json::to_string_pretty(self)?.as_bytes(),
+        )?;
+        Ok(())
+    }
+
+    /// The final `val/acc1`, the sweep table's main metric.
+    pub fn main_metric(&self) -> Option<f64> {
+        self.final_metrics.get("val/acc1").copied()
+    }
+}
+
+/// How a run ended. In `summary.json` it is the sentence the console shows (`completed`, `max_steps
+/// reached`, `early stopped: …`, `stopped by the timer …`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum RunStatus {
+    #[default]
+    Completed,
+    MaxStepsReached,
+    /// EarlyStopping's patience ran out: why, in its words.
+    EarlyStopped(String),
+    /// The Timer's `max_time` ran out: when, in its words.
+    TimeLimit(String),
+    /// The batch-size finder ran with `fit_after: false`.
+    BatchSizeOnly,
+}
+
+const COMPLETED: &str = "completed";
+const MAX_STEPS: &str = "max_steps reached";
+const BATCH_SIZE_ONLY: &str = "batch size found; not trained (fit_after=false)";
+const EARLY_STOPPED: &str = "early stopped";
+const TIMER: &str = "stopped by the timer";
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RunStatus::Completed => COMPLETED,
+            RunStatus::MaxStepsReached => MAX_STEPS,
+            RunStatus::EarlyStopped(why) | RunStatus::TimeLimit(why) => why,
+            RunStatus::BatchSizeOnly => BATCH_SIZE_ONLY,
+        })
+    }
+}
+
+impl From<RunStatus> for String {
+    fn from(status: RunStatus) -> String {
+        status.to_string()
+    }
+}
+
+impl TryFrom<String> for RunStatus {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<RunStatus, String> {
+        Ok(match text.as_str() {
+            COMPLETED => RunStatus::Completed,
+            MAX_STEPS => RunStatus::MaxStepsReached,
+            BATCH_SIZE_ONLY => RunStatus::BatchSizeOnly,
+            t if t.starts_with(EARLY_STOPPED) => RunStatus::EarlyStopped(text),
+            t if t.starts_with(TIMER) => RunStatus::TimeLimit(text),
+            _ => return Err(format!("unknown run status '{text}'")),
+        })
+    }
+}
+
+impl RunStatus {
+    /// EarlyStopping's reason for stopping.
+    pub fn early_stopped(monitor: &str, patience: u64) -> RunStatus {
+        RunStatus::EarlyStopped(format!(
+            "{EARLY_STOPPED}: {monitor} did not improve for {patience} validation checks"
+        ))
+    }
+}
+
+/// The process's peak resident memory (Linux `VmHWM`).
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Start a new peak for `peak_rss_bytes` (Linux: writing 5 to `/proc/self/clear_refs` resets `VmHWM`), so
+/// each job of an in-process sweep reports its own peak, not the largest of every job before it.
+pub fn reset_peak_rss() {
+    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
+        tracing::debug!("could not reset the peak RSS (/proc/self/clear_refs): {e}");
+    }
+}
+
+/// The median of measured step times (forward, backward and optimizer step; no data loading).
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    (!v.is_empty()).then(|| v[v.len() / 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    /// The peak RSS can be reset: after touching 512 MiB and freeing it, a reset brings the peak back
+    /// well under it (what keeps a sweep's jobs from inheriting each other's peaks). The margin is wide
+    /// because other tests run in the same process.
+    #[test]
+    fn peak_rss_resets() {
+        let big = vec![1u8; 512 << 20];
+        std::hint::black_box(&big);
+        let before = peak_rss_bytes().unwrap();
+        assert!(before >= 512 << 20, "{before}");
+        drop(big);
+        reset_peak_rss();
+        let after = peak_rss_bytes().unwrap();
+        assert!(
+            after < before - (128 << 20),
+            "peak {before} -> {after} after reset"
+        );
+    }
+
+    #[rstest]
+    #[case::completed(RunStatus::Completed)]
+    #[case::max_steps(RunStatus::MaxStepsReached)]
+    #[case::early(RunStatus::early_stopped("val/loss", 3))]
+    #[case::timer(RunStatus::TimeLimit("stopped by the timer after 1.0s (max_time=00:00:00:01)".into()))]
+    #[case::finder(RunStatus::BatchSizeOnly)]
+    fn statuses_read_back_as_written(#[case] status: RunStatus) {
+        let summary = Summary {
+            status: status.clone(),
+            ..Summary::default()
+        };
+        let text = serde_json::to_string(&summary).unwrap();
+        let back: Summary = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.status, status);
+        let e = serde_json::from_str::<Summary>(r#"{"status": "vanished"}"#).unwrap_err();
+        assert!(
+            e.to_string().contains("unknown run status 'vanished'"),
+            "{e}"
+        );
+    }
+
+    /// An older summary without the newer fields reads, with their defaults.
+    #[test]
+    fn an_older_summary_reads() {
+        let s: Summary =
+            serde_json::from_str(r#"{"task_name": "t", "status": "completed", "global_step": 7}"#)
+                .unwrap();
+        assert_eq!((s.task_name.as_str(), s.global_step), ("t", 7));
+        assert!(s.state_bytes_per_rank.is_empty() && s.best.is_none());
+    }
+}
