@@ -132,12 +132,33 @@ mod tests {
     }
 }
 
+/// How far a job got (in `run.json`, and for every job of a sweep's plan in `sweep.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    /// In a sweep's plan, not started yet.
+    Planned,
+    Running,
+    Completed,
+    Failed,
+}
+
+/// How far a sweep got (in `sweep.json`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SweepState {
+    Running,
+    /// Every job was tried.
+    Completed,
+    /// The sweep ended before every job was tried (`stopped_because` says why).
+    Stopped,
+}
+
 /// `run.json`: whether a job is running, finished or failed. Written when the job starts and again when it
 /// ends, so a reader (the logbook) can tell a crashed run (state `running`, process gone) from a live one.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunState {
-    /// `running`, `completed` or `failed`.
-    pub state: String,
+    pub state: JobState,
     pub pid: u32,
     pub host: String,
     pub started_at: String,
@@ -150,7 +171,7 @@ pub struct RunState {
 impl RunState {
     pub fn started() -> Self {
         RunState {
-            state: "running".into(),
+            state: JobState::Running,
             pid: std::process::id(),
             host: hostname(),
             started_at: chrono::Local::now().to_rfc3339(),
@@ -162,12 +183,10 @@ impl RunState {
     /// The same record, ended: `completed`, or `failed` with the error.
     pub fn ended(&self, error: Option<String>) -> Self {
         RunState {
-            state: if error.is_some() {
-                "failed"
-            } else {
-                "completed"
-            }
-            .into(),
+            state: match error {
+                Some(_) => JobState::Failed,
+                None => JobState::Completed,
+            },
             ended_at: Some(chrono::Local::now().to_rfc3339()),
             error,
             ..self.clone()
@@ -199,8 +218,7 @@ pub fn hostname() -> String {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SweepRecord {
     pub task_name: String,
-    /// `running`, `completed` (every job was tried) or `stopped` (see `stopped_because`).
-    pub state: String,
+    pub state: SweepState,
     pub pid: u32,
     pub host: String,
     pub started_at: String,
@@ -216,8 +234,7 @@ pub struct SweepRecord {
 pub struct PlannedJob {
     pub num: usize,
     pub overrides: Vec<String>,
-    /// `planned`, `running`, `completed` or `failed`.
-    pub state: String,
+    pub state: JobState,
     #[serde(default)]
     pub error: Option<String>,
 }
@@ -229,7 +246,7 @@ impl SweepRecord {
     pub fn plan(task_name: &str, jobs: &[Vec<String>]) -> Self {
         SweepRecord {
             task_name: task_name.to_string(),
-            state: "running".into(),
+            state: SweepState::Running,
             pid: std::process::id(),
             host: hostname(),
             started_at: chrono::Local::now().to_rfc3339(),
@@ -241,7 +258,7 @@ impl SweepRecord {
                 .map(|(num, overrides)| PlannedJob {
                     num,
                     overrides: overrides.clone(),
-                    state: "planned".into(),
+                    state: JobState::Planned,
                     error: None,
                 })
                 .collect(),
@@ -249,21 +266,19 @@ impl SweepRecord {
     }
 
     /// Mark job `num` as `state` (with the error of a failed job).
-    pub fn set_job(&mut self, num: usize, state: &str, error: Option<String>) {
+    pub fn set_job(&mut self, num: usize, state: JobState, error: Option<String>) {
         if let Some(job) = self.jobs.iter_mut().find(|j| j.num == num) {
-            job.state = state.to_string();
+            job.state = state;
             job.error = error;
         }
     }
 
     /// The sweep is over: `completed`, or `stopped` with the reason.
     pub fn end(&mut self, stopped_because: Option<String>) {
-        self.state = if stopped_because.is_some() {
-            "stopped"
-        } else {
-            "completed"
-        }
-        .into();
+        self.state = match stopped_because {
+            Some(_) => SweepState::Stopped,
+            None => SweepState::Completed,
+        };
         self.stopped_because = stopped_because;
         self.ended_at = Some(chrono::Local::now().to_rfc3339());
     }
@@ -300,13 +315,13 @@ mod sweep_record_tests {
         let dir = tempfile::tempdir().unwrap();
         let jobs = vec![vec!["a=1".to_string()], vec!["a=2".to_string()]];
         let mut rec = SweepRecord::plan("t", &jobs);
-        assert!(rec.jobs.iter().all(|j| j.state == "planned"));
-        rec.set_job(1, "failed", Some("boom".into()));
+        assert!(rec.jobs.iter().all(|j| j.state == JobState::Planned));
+        rec.set_job(1, JobState::Failed, Some("boom".into()));
         rec.end(Some("--fail-fast".into()));
         rec.write(dir.path()).unwrap();
         let back = SweepRecord::read(dir.path()).unwrap().unwrap();
         assert_eq!(back, rec);
-        assert_eq!(back.state, "stopped");
+        assert_eq!(back.state, SweepState::Stopped);
         assert_eq!(back.jobs[1].error.as_deref(), Some("boom"));
         assert_eq!(process_alive(&back.host, back.pid), Some(true));
         std::fs::write(dir.path().join(SweepRecord::FILE), "{").unwrap();

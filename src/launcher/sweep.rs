@@ -106,7 +106,7 @@ pub fn run_sweep(
     let mut stopped_because = None;
     for (num, job) in jobs.iter().enumerate() {
         eprintln!("#{num} : {}", job.join(" "));
-        record.set_job(num, "running", None);
+        record.set_job(num, records::JobState::Running, None);
         save(&record)?;
         let outcome = parse_overrides(job)
             .and_then(|parsed| {
@@ -115,10 +115,9 @@ pub fn run_sweep(
             .and_then(|composed| run_job(setup, composed, job, num, Some(&sweep_dir), ctx));
         record.set_job(
             num,
-            if outcome.is_ok() {
-                "completed"
-            } else {
-                "failed"
+            match outcome {
+                Ok(_) => records::JobState::Completed,
+                Err(_) => records::JobState::Failed,
             },
             outcome.as_ref().err().map(|e| e.to_string()),
         );

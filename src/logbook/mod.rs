@@ -159,50 +159,58 @@ impl Page {
                 text(r.config_str("trainer.strategy")),
                 format!(
                     "{}×{}",
-                    text(r.summary_at("num_nodes").map(|v| v.to_string())),
-                    text(r.summary_at("devices").map(|v| v.to_string()))
+                    text(r.summary.as_ref().map(|s| s.num_nodes.to_string())),
+                    text(r.summary.as_ref().map(|s| s.devices.to_string()))
                 ),
+                text(r.summary.as_ref().map(|s| s.precision.clone())),
                 text(
-                    r.summary_at("precision")
-                        .and_then(|v| v.as_str().map(String::from)),
-                ),
-                text(
-                    r.summary_at("global_batch_size")
-                        .map(|v| v.to_string())
+                    r.summary
+                        .as_ref()
+                        .map(|s| s.global_batch_size.to_string())
                         .or_else(|| r.config_str("data.batch_size")),
                 ),
-                match (r.summary_at("epochs_completed"), r.planned_only) {
-                    (Some(e), _) => e.to_string(),
+                match (r.summary.as_ref(), r.planned_only) {
+                    (Some(s), _) => s.epochs_completed.to_string(),
                     (None, true) => "–".into(),
                     (None, false) => format!("{} so far", r.epochs_logged),
                 },
                 num(best_top1(r), 4),
                 num(best_top5(r), 4),
-                num(r.summary_f64("final_metrics.val/acc1"), 4),
-                num(r.summary_f64("final_metrics.val/acc5"), 4),
-                num(r.summary_f64("final_metrics.val/loss"), 4),
-                num(r.summary_f64("final_metrics.train/loss"), 4),
-                r.summary_f64("wall_time_s")
+                num(r.final_metric("val/acc1"), 4),
+                num(r.final_metric("val/acc5"), 4),
+                num(r.final_metric("val/loss"), 4),
+                num(r.final_metric("train/loss"), 4),
+                r.summary
+                    .as_ref()
+                    .map(|s| s.wall_time_s)
                     .map(duration)
                     .unwrap_or_else(|| "–".into()),
                 throughput(r)
                     .map(|t| format!("{t:.1} img/s"))
                     .unwrap_or_else(|| "–".into()),
                 speedup.unwrap_or_else(|| "–".into()),
-                bytes(r.summary_f64("device_stats.gpu.memory_used_bytes_peak")),
-                bytes(r.summary_f64("device_stats.gpu.memory_used_bytes_mean")),
-                r.summary_f64("device_stats.gpu.utilization_percent_mean")
+                bytes(gpu(r).map(|g| g.memory_used_bytes_peak as f64)),
+                bytes(gpu(r).map(|g| g.memory_used_bytes_mean as f64)),
+                gpu(r)
+                    .map(|g| g.utilization_percent_mean)
                     .map(|u| format!("{u:.0}%"))
                     .unwrap_or_else(|| "–".into()),
                 text(
-                    r.summary_at("batch_size_finder.found")
-                        .map(|v| v.to_string()),
+                    r.summary
+                        .as_ref()
+                        .and_then(|s| s.batch_size_finder.as_ref())
+                        .map(|f| f.found.to_string()),
                 ),
-                bytes(r.summary_f64("peak_rss_bytes")),
+                bytes(
+                    r.summary
+                        .as_ref()
+                        .and_then(|s| s.peak_rss_bytes)
+                        .map(|b| b as f64),
+                ),
                 bytes(state_per_rank(r)),
-                r.summary_at("best_checkpoint")
-                    .or_else(|| r.summary_at("last_checkpoint"))
-                    .and_then(|v| v.as_str())
+                r.summary
+                    .as_ref()
+                    .and_then(|s| s.best_checkpoint.as_ref().or(s.last_checkpoint.as_ref()))
                     .map(|p| checkpoint_cell(self, p))
                     .unwrap_or_else(|| "–".into()),
                 r.tensorboard_dir
@@ -224,11 +232,13 @@ impl Page {
                 let label = format!(
                     "{} {}×{} {}",
                     r.config_str("trainer.strategy").unwrap_or_default(),
-                    r.summary_at("num_nodes")
-                        .map(|v| v.to_string())
+                    r.summary
+                        .as_ref()
+                        .map(|s| s.num_nodes.to_string())
                         .unwrap_or_default(),
-                    r.summary_at("devices")
-                        .map(|v| v.to_string())
+                    r.summary
+                        .as_ref()
+                        .map(|s| s.devices.to_string())
                         .unwrap_or_default(),
                     r.label()
                 );
@@ -340,9 +350,11 @@ impl Page {
                     .map(|t| format!("{t:.1} img/s"))
                     .unwrap_or_else(|| "–".into()),
                 peak_memory(r),
-                num(r.summary_f64("final_metrics.val/acc1"), 4),
-                num(r.summary_f64("final_metrics.val/loss"), 4),
-                r.summary_f64("wall_time_s")
+                num(r.final_metric("val/acc1"), 4),
+                num(r.final_metric("val/loss"), 4),
+                r.summary
+                    .as_ref()
+                    .map(|s| s.wall_time_s)
                     .map(duration)
                     .unwrap_or_else(|| "–".into()),
             ]);
@@ -368,7 +380,7 @@ impl Page {
                 .max_by(|a, b| a.1.total_cmp(&b.1))
         };
         let _ = writeln!(self.md);
-        if let Some((r, v)) = best_by(&|r| r.summary_f64("final_metrics.val/acc1")) {
+        if let Some((r, v)) = best_by(&|r| r.final_metric("val/acc1")) {
             let _ = writeln!(self.md, "- Best val top-1: **{v:.4}**, {}", describe(r));
         }
         if let Some((r, v)) = best_by(&throughput) {
@@ -418,7 +430,7 @@ fn best_top1(r: &Run) -> Option<f64> {
         .iter()
         .filter_map(|p| p.val_acc1)
         .reduce(f64::max)
-        .or_else(|| r.summary_f64("final_metrics.val/acc1"))
+        .or_else(|| r.final_metric("val/acc1"))
 }
 
 /// The highest validation top-5 the run logged, like `best_top1`.
@@ -427,34 +439,38 @@ fn best_top5(r: &Run) -> Option<f64> {
         .iter()
         .filter_map(|p| p.val_acc5)
         .reduce(f64::max)
-        .or_else(|| r.summary_f64("final_metrics.val/acc5"))
+        .or_else(|| r.final_metric("val/acc5"))
 }
 
 /// Training images per second; none for runs that trained nothing.
 fn throughput(r: &Run) -> Option<f64> {
-    r.summary_f64("train_samples_per_s").filter(|t| *t > 0.0)
+    r.summary
+        .as_ref()
+        .map(|s| s.train_samples_per_s)
+        .filter(|t| *t > 0.0)
+}
+
+/// The run's GPU figures, when DeviceStatsMonitor sampled a GPU.
+fn gpu(r: &Run) -> Option<&crate::callbacks::device_stats::GpuSummary> {
+    r.summary.as_ref()?.device_stats.as_ref()?.gpu.as_ref()
 }
 
 /// Parameters + gradients + optimizer state kept by the largest rank (what FSDP's sharding divides).
 fn state_per_rank(r: &Run) -> Option<f64> {
-    r.summary_at("state_bytes_per_rank")?
-        .as_array()?
+    r.summary
+        .as_ref()?
+        .state_bytes_per_rank
         .iter()
-        .filter_map(|row| {
-            ["parameters", "gradients", "optimizer_state"]
-                .iter()
-                .map(|k| row.get(k).and_then(Value::as_f64))
-                .sum::<Option<f64>>()
-        })
+        .map(|b| b.total() as f64)
         .reduce(f64::max)
 }
 
 /// GPU peak when the run had a GPU, else the process's peak RSS.
 fn peak_memory(r: &Run) -> String {
-    match r.summary_f64("device_stats.gpu.memory_used_bytes_peak") {
-        Some(b) => format!("{} (GPU)", bytes(Some(b))),
-        None => match r.summary_f64("peak_rss_bytes") {
-            Some(b) => format!("{} (RSS)", bytes(Some(b))),
+    match gpu(r) {
+        Some(g) => format!("{} (GPU)", bytes(Some(g.memory_used_bytes_peak as f64))),
+        None => match r.summary.as_ref().and_then(|s| s.peak_rss_bytes) {
+            Some(b) => format!("{} (RSS)", bytes(Some(b as f64))),
             None => "–".into(),
         },
     }
@@ -469,9 +485,9 @@ fn baseline<'a>(group: &[&'a Run], r: &Run) -> Option<&'a Run> {
         .find(|b| {
             b.status.is_finished()
                 && b.config_str("trainer.strategy").as_deref() == Some("single")
-                && b.summary_f64("num_nodes").unwrap_or(1.0)
-                    * b.summary_f64("devices").unwrap_or(1.0)
-                    == 1.0
+                && b.summary
+                    .as_ref()
+                    .is_none_or(|s| s.num_nodes.max(1) * s.devices.max(1) == 1)
                 && b.config_str("model.name") == r.config_str("model.name")
                 && b.config_str("data.name") == r.config_str("data.name")
                 && b.config_str("data.batch_size") == r.config_str("data.batch_size")
@@ -643,11 +659,14 @@ mod tests {
             config: serde_json::json!({}),
             overrides: vec![],
             // The checkpoint monitored val/loss: `best.value` is a loss, not an accuracy.
-            summary: Some(serde_json::json!({
-                "best": {"monitor": "val/loss", "value": 0.31},
-                "final_metrics": {"val/acc1": 0.7, "val/acc5": 0.9}
-            })),
-            status: Status::Finished("completed".into()),
+            summary: Some(
+                serde_json::from_value(serde_json::json!({
+                    "best": {"monitor": "val/loss", "value": 0.31},
+                    "final_metrics": {"val/acc1": 0.7, "val/acc5": 0.9}
+                }))
+                .unwrap(),
+            ),
+            status: Status::Finished(crate::trainer::RunStatus::Completed),
             // top-5 peaks at a different epoch than top-1.
             curve: vec![
                 point(1.0, 0.6, 0.97),

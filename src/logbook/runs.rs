@@ -4,7 +4,8 @@
 //! A sweep's plan (`sweep.json`) adds the jobs that have no run directory: failed before it was made, or
 //! never started because the sweep stopped or was killed.
 
-use crate::records::{PlannedJob, RunState, SweepRecord};
+use crate::records::{JobState, PlannedJob, RunState, SweepRecord, SweepState};
+use crate::trainer::{RunStatus, Summary};
 use anyhow::Context;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -12,8 +13,8 @@ use std::path::{Path, PathBuf};
 /// How a run ended, or that it has not.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Status {
-    /// `summary.json` written; its status text (`completed`, `max_steps reached`, `early stopping ...`).
-    Finished(String),
+    /// `summary.json` written: how the run ended.
+    Finished(RunStatus),
     /// The job reported an error.
     Failed(String),
     /// `run.json` says running and its process is alive on this machine.
@@ -33,7 +34,7 @@ impl Status {
 
     pub fn label(&self) -> String {
         match self {
-            Status::Finished(s) => s.clone(),
+            Status::Finished(s) => s.to_string(),
             Status::Failed(e) => format!("FAILED: {}", e.lines().next().unwrap_or("")),
             Status::Running => "running".into(),
             Status::Crashed(why) => format!("CRASHED ({why})"),
@@ -62,7 +63,7 @@ pub struct Run {
     /// `.hydra/resolved.yaml` as JSON.
     pub config: Value,
     pub overrides: Vec<String>,
-    pub summary: Option<Value>,
+    pub summary: Option<Summary>,
     pub status: Status,
     pub curve: Vec<CurvePoint>,
     /// Epochs with a row in metrics.csv (progress of unfinished runs).
@@ -73,13 +74,9 @@ pub struct Run {
 }
 
 impl Run {
-    /// A value from the summary by dotted path.
-    pub fn summary_at(&self, path: &str) -> Option<&Value> {
-        at(self.summary.as_ref()?, path)
-    }
-
-    pub fn summary_f64(&self, path: &str) -> Option<f64> {
-        self.summary_at(path).and_then(Value::as_f64)
+    /// A final metric of the run (`val/acc1`, `train/loss`, ...), from its summary.
+    pub fn final_metric(&self, name: &str) -> Option<f64> {
+        self.summary.as_ref()?.final_metrics.get(name).copied()
     }
 
     /// A value from the resolved config by dotted path.
@@ -191,22 +188,24 @@ fn planned_run(
 /// How far a planned job without a run directory got, from its sweep's record and whether the sweep's
 /// process is alive (`None`: it ran on another machine).
 pub fn planned_status(record: &SweepRecord, job: &PlannedJob, sweep_alive: Option<bool>) -> Status {
-    let sweep_over = record.state != "running";
+    let sweep_over = record.state != SweepState::Running;
     let gone = format!("sweep process {} is gone", record.pid);
-    match job.state.as_str() {
-        "failed" => Status::Failed(format!(
+    match job.state {
+        JobState::Failed => Status::Failed(format!(
             "before its run directory was made: {}",
             job.error.as_deref().unwrap_or("no error recorded")
         )),
-        "completed" => Status::Unknown("completed, but its run directory is missing".into()),
-        "running" if sweep_over || sweep_alive == Some(false) => {
+        JobState::Completed => {
+            Status::Unknown("completed, but its run directory is missing".into())
+        }
+        JobState::Running if sweep_over || sweep_alive == Some(false) => {
             Status::Crashed(format!("{gone} and the job never made its run directory"))
         }
-        "running" if sweep_alive.is_none() => Status::Unknown(format!(
+        JobState::Running if sweep_alive.is_none() => Status::Unknown(format!(
             "starting on {} (process {})",
             record.host, record.pid
         )),
-        "running" => Status::Running,
+        JobState::Running => Status::Running,
         _ if sweep_over => Status::NotStarted(match &record.stopped_because {
             Some(why) => format!("sweep stopped: {why}"),
             None => "sweep ended without it".into(),
@@ -261,14 +260,7 @@ pub fn read_run(dir: &Path) -> anyhow::Result<Run> {
             .collect(),
         Err(_) => Vec::new(),
     };
-    let summary_path = dir.join("summary.json");
-    let summary: Option<Value> = match std::fs::read_to_string(&summary_path) {
-        Ok(text) => Some(
-            serde_json::from_str(&text)
-                .with_context(|| format!("{}: not valid JSON", summary_path.display()))?,
-        ),
-        Err(_) => None,
-    };
+    let summary = Summary::read(dir)?;
     let status = status_of(dir, summary.as_ref());
     let (curve, epochs_logged) = read_curve(&dir.join("metrics.csv"))?;
     let sweep = sweep_of(dir);
@@ -309,18 +301,14 @@ fn sweep_of(dir: &Path) -> Option<(PathBuf, usize)> {
     Some((sweep_dir.to_path_buf(), num))
 }
 
-fn status_of(dir: &Path, summary: Option<&Value>) -> Status {
+fn status_of(dir: &Path, summary: Option<&Summary>) -> Status {
     let state = RunState::read(dir);
     if let Some(s) = summary {
-        let text = s
-            .get("status")
-            .and_then(Value::as_str)
-            .unwrap_or("finished");
-        return Status::Finished(text.to_string());
+        return Status::Finished(s.status.clone());
     }
     match state {
-        Some(st) if st.state == "failed" => Status::Failed(st.error.unwrap_or_default()),
-        Some(st) if st.state == "running" => {
+        Some(st) if st.state == JobState::Failed => Status::Failed(st.error.unwrap_or_default()),
+        Some(st) if st.state == JobState::Running => {
             match crate::records::process_alive(&st.host, st.pid) {
                 None => Status::Unknown(format!("running on {} as process {}", st.host, st.pid)),
                 Some(true) => Status::Running,
@@ -329,7 +317,7 @@ fn status_of(dir: &Path, summary: Option<&Value>) -> Status {
                 }
             }
         }
-        Some(st) => Status::Unknown(format!("run.json state {}", st.state)),
+        Some(st) => Status::Unknown(format!("run.json state {:?}", st.state)),
         None => Status::Unknown("no summary.json or run.json".into()),
     }
 }
@@ -417,10 +405,11 @@ mod tests {
     fn record(sweep_state: &str, job_state: &str) -> (SweepRecord, PlannedJob) {
         let mut rec = SweepRecord::plan("t", &[vec!["a=1".into()], vec!["a=2".into()]]);
         rec.pid = 4_000_000;
+        let state: JobState = serde_json::from_value(serde_json::json!(job_state)).unwrap();
         rec.set_job(
             1,
-            job_state,
-            (job_state == "failed").then(|| "bad key".into()),
+            state,
+            (state == JobState::Failed).then(|| "bad key".into()),
         );
         if sweep_state != "running" {
             rec.end((sweep_state == "stopped").then(|| "--fail-fast: job #0 failed".into()));
@@ -505,7 +494,7 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         rec.pid = child.id();
         child.wait().unwrap();
-        rec.set_job(0, "running", None);
+        rec.set_job(0, JobState::Running, None);
         rec.write(&sweep).unwrap();
         let runs = discover(&[dir.path().to_path_buf()]).unwrap();
         let got: Vec<(String, String, bool)> = runs
