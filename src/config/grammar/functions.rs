@@ -270,265 +270,288 @@ pub(super) fn call_function(
     };
     let args: Vec<Val> = args.into_iter().map(unquote).collect();
     let kwargs: Vec<(String, Val)> = kwargs.into_iter().map(|(k, v)| (k, unquote(v))).collect();
-    let mut b = bind(&sig, args, kwargs)?;
+    let b = bind(&sig, args, kwargs)?;
     match name {
-        "int" | "float" | "str" | "bool" => {
-            let value = match (b.var_args.len(), b.take(0)) {
-                (n, Some(_)) if n > 0 => {
-                    return type_error("cannot use both position and named arguments")
-                }
-                (_, Some(v)) => v,
-                (0, None) => return type_error("No positional args or value specified"),
-                (1, None) => b.var_args.pop().unwrap_or(Val::Elem(Element::Null)),
-                (_, None) => Val::Sweep(Sweep::Choice {
-                    list: simple_choice(b.var_args)?,
-                    simple_form: true,
-                    shuffle: false,
-                }),
-            };
-            cast(name, value)
-        }
-        "choice" => {
-            let args = b.var_args;
-            if args.is_empty() {
-                return value_error("empty choice is not legal");
-            }
-            if let [Val::Sweep(Sweep::Choice {
-                list,
-                simple_form,
-                shuffle,
-            })] = args.as_slice()
-            {
-                if !*simple_form {
-                    return value_error("nesting choices is not supported");
-                }
-                return Ok(Val::Sweep(Sweep::Choice {
-                    list: list.clone(),
-                    simple_form: false,
-                    shuffle: *shuffle,
-                }));
-            }
-            Ok(Val::Sweep(Sweep::Choice {
-                list: simple_choice(args)?,
-                simple_form: false,
-                shuffle: false,
-            }))
-        }
-        "range" => {
-            let num = |v: Val| match v {
-                Val::Elem(Element::Int(i)) => Num::Int(i),
-                Val::Elem(Element::Bool(x)) => Num::Int(i64::from(x)),
-                Val::Elem(Element::Float(x)) => Num::Float(x),
-                _ => Num::Int(0), // excluded by the signature
-            };
-            let first = b.take(0).map(num).unwrap_or(Num::Int(0));
-            let (start, stop) = match b.take(1).map(num) {
-                Some(stop) => (first, stop),
-                None => (Num::Int(0), first),
-            };
-            let step = b.take(2).map(num).unwrap_or(Num::Int(1));
-            Ok(Val::Sweep(Sweep::Range {
-                start,
-                stop,
-                step,
-                shuffle: false,
-            }))
-        }
-        "interval" => {
-            let f = |v: Option<Val>| match v {
-                Some(Val::Elem(Element::Int(i))) => i as f64,
-                Some(Val::Elem(Element::Bool(x))) => f64::from(u8::from(x)),
-                Some(Val::Elem(Element::Float(x))) => x,
-                _ => 0.0, // excluded by the signature
-            };
-            let start = f(b.take(0));
-            let end = f(b.take(1));
-            Ok(Val::Sweep(Sweep::Interval { start, end }))
-        }
-        "tag" => {
-            let mut all = std::mem::take(&mut b.var_args);
-            if let Some(s) = b.take(0) {
-                if all.is_empty() {
-                    return value_error("Not enough arguments to tag, must take at least a sweep");
-                }
-                all.push(s);
-            }
-            match all.pop() {
-                Some(Val::Sweep(s)) => {
-                    if let Some(t) = all.iter().find(|t| !matches!(t, Val::Elem(Element::Str { .. }))) {
-                        return value_error(format!(
-                            "tag arguments type must be string, got {}",
-                            type_name(t)
-                        ));
-                    }
-                    Ok(Val::Sweep(s))
-                }
-                Some(_) => value_error(
-                    "Last argument to tag() must be a choice(), range() or interval(), got NoneType",
-                ),
-                None => value_error("Not enough arguments to tag, must take at least a sweep"),
-            }
-        }
-        "shuffle" => {
-            let mut args = std::mem::take(&mut b.var_args);
-            let single = match (b.take(1), b.take(0)) {
-                (Some(list), _) => list,
-                (None, Some(sweep)) => sweep,
-                (None, None) if args.len() == 1 => args.pop().unwrap_or(Val::Elem(Element::Null)),
-                (None, None) => {
-                    return Ok(Val::Sweep(Sweep::Choice {
-                        list: simple_choice(args)?,
-                        simple_form: true,
-                        shuffle: true,
-                    }))
-                }
-            };
-            Ok(match single {
-                Val::Sweep(Sweep::Choice {
-                    list, simple_form, ..
-                }) => Val::Sweep(Sweep::Choice {
-                    list,
-                    simple_form,
-                    shuffle: true,
-                }),
-                Val::Sweep(Sweep::Range {
-                    start, stop, step, ..
-                }) => Val::Sweep(Sweep::Range {
-                    start,
-                    stop,
-                    step,
-                    shuffle: true,
-                }),
-                Val::Elem(Element::List(mut l)) => {
-                    permute(&mut l);
-                    Val::Elem(Element::List(l))
-                }
-                Val::Elem(e) => Val::Elem(Element::List(vec![e])),
-                Val::Sweep(_) => return type_error("shuffle() does not support interval or glob"),
-            })
-        }
-        "sort" => {
-            let reverse = matches!(b.take(2), Some(Val::Elem(Element::Bool(true))));
-            let mut args = std::mem::take(&mut b.var_args);
-            let single = match (b.take(1), b.take(0)) {
-                (Some(list), _) => list,
-                (None, Some(sweep)) => sweep,
-                (None, None) if args.len() == 1 => args.pop().unwrap_or(Val::Elem(Element::Null)),
-                (None, None) => {
-                    if args.iter().any(|a| {
-                        !matches!(
-                            a,
-                            Val::Elem(
-                                Element::Int(_)
-                                    | Element::Float(_)
-                                    | Element::Bool(_)
-                                    | Element::Str { .. }
-                            )
-                        )
-                    }) {
-                        return type_error(
-                            "Invalid arguments: sort() takes primitives, a list or a sweep",
-                        );
-                    }
-                    if args.is_empty() {
-                        return value_error("empty sort input");
-                    }
-                    Val::Sweep(Sweep::Choice {
-                        list: simple_choice(args)?,
-                        simple_form: true,
-                        shuffle: false,
-                    })
-                }
-            };
-            match single {
-                Val::Sweep(Sweep::Choice {
-                    list,
-                    simple_form,
-                    shuffle,
-                }) => Ok(Val::Sweep(Sweep::Choice {
-                    list: py_sorted(list, reverse)?,
-                    simple_form,
-                    shuffle,
-                })),
-                Val::Sweep(Sweep::Range {
-                    start,
-                    stop,
-                    step,
-                    shuffle,
-                }) => {
-                    let flip = if reverse {
-                        start.as_f64() < stop.as_f64()
-                    } else {
-                        start.as_f64() > stop.as_f64()
-                    };
-                    if !flip {
-                        return Ok(Val::Sweep(Sweep::Range {
-                            start,
-                            stop,
-                            step,
-                            shuffle,
-                        }));
-                    }
-                    // Hydra flips the direction, shifting start/stop by one step.
-                    let abs_step = match step {
-                        Num::Int(i) => Num::Int(i.saturating_abs()),
-                        Num::Float(x) => Num::Float(x.abs()),
-                    };
-                    let shift = |a: Num| match (a, abs_step) {
-                        (Num::Int(x), Num::Int(y)) => Num::Int(if reverse {
-                            x.saturating_sub(y)
-                        } else {
-                            x.saturating_add(y)
-                        }),
-                        _ if reverse => Num::Float(a.as_f64() - abs_step.as_f64()),
-                        _ => Num::Float(a.as_f64() + abs_step.as_f64()),
-                    };
-                    let neg_step = match step {
-                        Num::Int(i) => Num::Int(i.saturating_neg()),
-                        Num::Float(x) => Num::Float(-x),
-                    };
-                    Ok(Val::Sweep(Sweep::Range {
-                        start: shift(stop),
-                        stop: shift(start),
-                        step: neg_step,
-                        shuffle,
-                    }))
-                }
-                Val::Elem(Element::List(l)) => Ok(Val::Elem(Element::List(py_sorted(l, reverse)?))),
-                Val::Elem(e) => Ok(Val::Elem(e)),
-                Val::Sweep(_) => type_error("sort() does not support interval or glob"),
-            }
-        }
-        "glob" => {
-            let strings = |v: Option<Val>| -> Result<Vec<String>, FnError> {
-                match v {
-                    None => Ok(vec![]),
-                    Some(Val::Elem(Element::Str { value, .. })) => Ok(vec![value]),
-                    Some(Val::Elem(Element::List(l))) => l
-                        .into_iter()
-                        .map(|e| match e {
-                            Element::Str { value, .. } => Ok(value),
-                            other => type_error(format!(
-                                "glob() patterns must be strings, got {}",
-                                other.to_override_string()
-                            )),
-                        })
-                        .collect(),
-                    Some(other) => type_error(format!(
-                        "glob() patterns must be strings, got {}",
-                        type_name(&other)
-                    )),
-                }
-            };
-            let include = strings(b.take(0))?;
-            let exclude = strings(b.take(1))?;
-            Ok(Val::Sweep(Sweep::Glob { include, exclude }))
-        }
+        "int" | "float" | "str" | "bool" => cast_call(name, b),
+        "choice" => choice_call(b),
+        "range" => range_call(b),
+        "interval" => interval_call(b),
+        "tag" => tag_call(b),
+        "shuffle" => shuffle_call(b),
+        "sort" => sort_call(b),
+        "glob" => glob_call(b),
         _ => Err(FnError(
             "HydraException",
             format!("Unknown function '{name}'"),
         )),
     }
+}
+
+/// `int()`, `float()`, `str()`, `bool()`: Python's casts of one value, a list, or a simple sweep.
+fn cast_call(name: &str, mut b: Bound) -> Result<Val, FnError> {
+    let value = match (b.var_args.len(), b.take(0)) {
+        (n, Some(_)) if n > 0 => return type_error("cannot use both position and named arguments"),
+        (_, Some(v)) => v,
+        (0, None) => return type_error("No positional args or value specified"),
+        (1, None) => b.var_args.pop().unwrap_or(Val::Elem(Element::Null)),
+        (_, None) => Val::Sweep(Sweep::Choice {
+            list: simple_choice(b.var_args)?,
+            simple_form: true,
+            shuffle: false,
+        }),
+    };
+    cast(name, value)
+}
+
+/// `choice(...)`: an explicit sweep over the values.
+fn choice_call(b: Bound) -> Result<Val, FnError> {
+    let args = b.var_args;
+    if args.is_empty() {
+        return value_error("empty choice is not legal");
+    }
+    if let [Val::Sweep(Sweep::Choice {
+        list,
+        simple_form,
+        shuffle,
+    })] = args.as_slice()
+    {
+        if !*simple_form {
+            return value_error("nesting choices is not supported");
+        }
+        return Ok(Val::Sweep(Sweep::Choice {
+            list: list.clone(),
+            simple_form: false,
+            shuffle: *shuffle,
+        }));
+    }
+    Ok(Val::Sweep(Sweep::Choice {
+        list: simple_choice(args)?,
+        simple_form: false,
+        shuffle: false,
+    }))
+}
+
+/// `range(start, stop, step)`: Python's range as a sweep (ints stay ints).
+fn range_call(mut b: Bound) -> Result<Val, FnError> {
+    let num = |v: Val| match v {
+        Val::Elem(Element::Int(i)) => Num::Int(i),
+        Val::Elem(Element::Bool(x)) => Num::Int(i64::from(x)),
+        Val::Elem(Element::Float(x)) => Num::Float(x),
+        _ => Num::Int(0), // excluded by the signature
+    };
+    let first = b.take(0).map(num).unwrap_or(Num::Int(0));
+    let (start, stop) = match b.take(1).map(num) {
+        Some(stop) => (first, stop),
+        None => (Num::Int(0), first),
+    };
+    let step = b.take(2).map(num).unwrap_or(Num::Int(1));
+    Ok(Val::Sweep(Sweep::Range {
+        start,
+        stop,
+        step,
+        shuffle: false,
+    }))
+}
+
+/// `interval(start, end)`: a continuous range (for search sweepers).
+fn interval_call(mut b: Bound) -> Result<Val, FnError> {
+    let f = |v: Option<Val>| match v {
+        Some(Val::Elem(Element::Int(i))) => i as f64,
+        Some(Val::Elem(Element::Bool(x))) => f64::from(u8::from(x)),
+        Some(Val::Elem(Element::Float(x))) => x,
+        _ => 0.0, // excluded by the signature
+    };
+    let start = f(b.take(0));
+    let end = f(b.take(1));
+    Ok(Val::Sweep(Sweep::Interval { start, end }))
+}
+
+/// `tag(t1, ..., sweep)`: tags on a sweep (string tags).
+fn tag_call(mut b: Bound) -> Result<Val, FnError> {
+    let mut all = std::mem::take(&mut b.var_args);
+    if let Some(s) = b.take(0) {
+        if all.is_empty() {
+            return value_error("Not enough arguments to tag, must take at least a sweep");
+        }
+        all.push(s);
+    }
+    match all.pop() {
+        Some(Val::Sweep(s)) => {
+            if let Some(t) = all
+                .iter()
+                .find(|t| !matches!(t, Val::Elem(Element::Str { .. })))
+            {
+                return value_error(format!(
+                    "tag arguments type must be string, got {}",
+                    type_name(t)
+                ));
+            }
+            Ok(Val::Sweep(s))
+        }
+        Some(_) => value_error(
+            "Last argument to tag() must be a choice(), range() or interval(), got NoneType",
+        ),
+        None => value_error("Not enough arguments to tag, must take at least a sweep"),
+    }
+}
+
+/// `shuffle(...)`: a sweep or list in random order.
+fn shuffle_call(mut b: Bound) -> Result<Val, FnError> {
+    let mut args = std::mem::take(&mut b.var_args);
+    let single = match (b.take(1), b.take(0)) {
+        (Some(list), _) => list,
+        (None, Some(sweep)) => sweep,
+        (None, None) if args.len() == 1 => args.pop().unwrap_or(Val::Elem(Element::Null)),
+        (None, None) => {
+            return Ok(Val::Sweep(Sweep::Choice {
+                list: simple_choice(args)?,
+                simple_form: true,
+                shuffle: true,
+            }))
+        }
+    };
+    Ok(match single {
+        Val::Sweep(Sweep::Choice {
+            list, simple_form, ..
+        }) => Val::Sweep(Sweep::Choice {
+            list,
+            simple_form,
+            shuffle: true,
+        }),
+        Val::Sweep(Sweep::Range {
+            start, stop, step, ..
+        }) => Val::Sweep(Sweep::Range {
+            start,
+            stop,
+            step,
+            shuffle: true,
+        }),
+        Val::Elem(Element::List(mut l)) => {
+            permute(&mut l);
+            Val::Elem(Element::List(l))
+        }
+        Val::Elem(e) => Val::Elem(Element::List(vec![e])),
+        Val::Sweep(_) => return type_error("shuffle() does not support interval or glob"),
+    })
+}
+
+/// `sort(..., reverse=...)`: a sweep or list in Python's order.
+fn sort_call(mut b: Bound) -> Result<Val, FnError> {
+    let reverse = matches!(b.take(2), Some(Val::Elem(Element::Bool(true))));
+    let mut args = std::mem::take(&mut b.var_args);
+    let single = match (b.take(1), b.take(0)) {
+        (Some(list), _) => list,
+        (None, Some(sweep)) => sweep,
+        (None, None) if args.len() == 1 => args.pop().unwrap_or(Val::Elem(Element::Null)),
+        (None, None) => {
+            if args.iter().any(|a| {
+                !matches!(
+                    a,
+                    Val::Elem(
+                        Element::Int(_)
+                            | Element::Float(_)
+                            | Element::Bool(_)
+                            | Element::Str { .. }
+                    )
+                )
+            }) {
+                return type_error("Invalid arguments: sort() takes primitives, a list or a sweep");
+            }
+            if args.is_empty() {
+                return value_error("empty sort input");
+            }
+            Val::Sweep(Sweep::Choice {
+                list: simple_choice(args)?,
+                simple_form: true,
+                shuffle: false,
+            })
+        }
+    };
+    match single {
+        Val::Sweep(Sweep::Choice {
+            list,
+            simple_form,
+            shuffle,
+        }) => Ok(Val::Sweep(Sweep::Choice {
+            list: py_sorted(list, reverse)?,
+            simple_form,
+            shuffle,
+        })),
+        Val::Sweep(Sweep::Range {
+            start,
+            stop,
+            step,
+            shuffle,
+        }) => {
+            let flip = if reverse {
+                start.as_f64() < stop.as_f64()
+            } else {
+                start.as_f64() > stop.as_f64()
+            };
+            if !flip {
+                return Ok(Val::Sweep(Sweep::Range {
+                    start,
+                    stop,
+                    step,
+                    shuffle,
+                }));
+            }
+            // Hydra flips the direction, shifting start/stop by one step.
+            let abs_step = match step {
+                Num::Int(i) => Num::Int(i.saturating_abs()),
+                Num::Float(x) => Num::Float(x.abs()),
+            };
+            let shift = |a: Num| match (a, abs_step) {
+                (Num::Int(x), Num::Int(y)) => Num::Int(if reverse {
+                    x.saturating_sub(y)
+                } else {
+                    x.saturating_add(y)
+                }),
+                _ if reverse => Num::Float(a.as_f64() - abs_step.as_f64()),
+                _ => Num::Float(a.as_f64() + abs_step.as_f64()),
+            };
+            let neg_step = match step {
+                Num::Int(i) => Num::Int(i.saturating_neg()),
+                Num::Float(x) => Num::Float(-x),
+            };
+            Ok(Val::Sweep(Sweep::Range {
+                start: shift(stop),
+                stop: shift(start),
+                step: neg_step,
+                shuffle,
+            }))
+        }
+        Val::Elem(Element::List(l)) => Ok(Val::Elem(Element::List(py_sorted(l, reverse)?))),
+        Val::Elem(e) => Ok(Val::Elem(e)),
+        Val::Sweep(_) => type_error("sort() does not support interval or glob"),
+    }
+}
+
+/// `glob(include, exclude)`: the options of a group that match shell patterns.
+fn glob_call(mut b: Bound) -> Result<Val, FnError> {
+    let strings = |v: Option<Val>| -> Result<Vec<String>, FnError> {
+        match v {
+            None => Ok(vec![]),
+            Some(Val::Elem(Element::Str { value, .. })) => Ok(vec![value]),
+            Some(Val::Elem(Element::List(l))) => l
+                .into_iter()
+                .map(|e| match e {
+                    Element::Str { value, .. } => Ok(value),
+                    other => type_error(format!(
+                        "glob() patterns must be strings, got {}",
+                        other.to_override_string()
+                    )),
+                })
+                .collect(),
+            Some(other) => type_error(format!(
+                "glob() patterns must be strings, got {}",
+                type_name(&other)
+            )),
+        }
+    };
+    let include = strings(b.take(0))?;
+    let exclude = strings(b.take(1))?;
+    Ok(Val::Sweep(Sweep::Glob { include, exclude }))
 }
 
 pub(super) fn simple_choice(args: Vec<Val>) -> Result<Vec<Element>, FnError> {
