@@ -1,0 +1,139 @@
+//! The layering of `src/`, checked: each layer uses the ones below it and never names the ones that
+//! drive it (`README.md`, "Source map"). A `use crate::…` or `crate::…::` path to a layer above is an
+//! error naming the file and line, so an import circle cannot come back unnoticed.
+
+use std::path::{Path, PathBuf};
+
+/// (files under this path, the modules they must not name, why).
+const RULES: &[(&str, &[&str], &str)] = &[
+    (
+        "src/tensor",
+        &[
+            "comm", "model", "optim", "backend", "strategy", "plan", "trainer", "launcher", "config",
+            "schema", "data",
+        ],
+        "the bottom layer: tensors only",
+    ),
+    (
+        "src/comm",
+        &["model", "optim", "backend", "strategy", "plan", "trainer", "launcher"],
+        "the communication layer names neither engines nor strategies",
+    ),
+    (
+        "src/model",
+        &["comm", "backend", "strategy", "plan", "trainer", "launcher"],
+        "the model zoo is described once, below every backend",
+    ),
+    (
+        "src/optim",
+        &["comm", "backend", "strategy", "plan", "trainer", "launcher"],
+        "the optimizer rules are below every backend",
+    ),
+    (
+        "src/backend",
+        &["strategy", "plan", "trainer", "launcher", "app", "introspect"],
+        "an engine never names a strategy (or what drives strategies)",
+    ),
+    (
+        "src/backend/candle",
+        &["backend::torch"],
+        "the backends never import each other",
+    ),
+    (
+        "src/backend/torch",
+        &["backend::candle"],
+        "the backends never import each other",
+    ),
+    (
+        "src/strategy",
+        &["plan::LoopPlan", "trainer", "launcher", "app", "introspect"],
+        "a strategy never names the loop that drives it",
+    ),
+    (
+        "src/plan.rs",
+        &["strategy", "trainer", "launcher", "app"],
+        "the plan is made before anything runs",
+    ),
+    (
+        "src/trainer",
+        &["launcher", "app", "introspect"],
+        "the loop never names the launcher that starts it",
+    ),
+    (
+        "src/config",
+        &[
+            "tensor", "comm", "model", "optim", "backend", "strategy", "plan", "trainer", "launcher",
+            "data", "schema",
+        ],
+        "the config engine knows nothing of machine learning",
+    ),
+];
+
+fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
+    if path.is_file() {
+        out.push(path.to_path_buf());
+        return;
+    }
+    for entry in std::fs::read_dir(path).unwrap().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The lines of `text` that name `crate::<module>` (in a `use` or a path).
+fn naming(text: &str, module: &str) -> Vec<(usize, String)> {
+    let needle = format!("crate::{module}");
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let code = line.split("//").next().unwrap_or("");
+            code.match_indices(&needle).any(|(at, _)| {
+                let next = code[at + needle.len()..].chars().next();
+                !next.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            })
+        })
+        .map(|(n, line)| (n + 1, line.trim().to_string()))
+        .collect()
+}
+
+#[test]
+fn no_layer_names_the_layers_above_it() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    for (under, forbidden, why) in RULES {
+        let mut files = Vec::new();
+        rust_files(&root.join(under), &mut files);
+        assert!(!files.is_empty(), "{under}: no source files");
+        for file in files {
+            let text = std::fs::read_to_string(&file).unwrap();
+            checked += 1;
+            for module in *forbidden {
+                for (line, code) in naming(&text, module) {
+                    problems.push(format!(
+                        "{}:{line}: names crate::{module} ({why}): {code}",
+                        file.strip_prefix(root).unwrap().display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(checked > 40, "only {checked} files checked");
+    assert!(
+        problems.is_empty(),
+        "layering broken:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The check itself finds what it must: a path to a forbidden module, not a longer name or a comment.
+#[test]
+fn the_check_sees_paths_not_prefixes_or_comments() {
+    let text = "use crate::strategy::Ranks;\n// crate::strategy in a comment\nuse crate::strategyx;\n";
+    assert_eq!(naming(text, "strategy").len(), 1);
+    assert_eq!(naming("let x = crate::trainer::fit();", "trainer")[0].0, 1);
+}
