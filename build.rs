@@ -13,6 +13,8 @@ fn main() {
     println!("cargo:rerun-if-changed=src/comm/c10d_shim.cpp");
     println!("cargo:rerun-if-changed=src/comm/nccl_shim.cpp");
     println!("cargo:rerun-if-env-changed=TRAINYARD_CUDA_HEADERS");
+    println!("cargo:rerun-if-env-changed=TRAINYARD_NCCL");
+    println!("cargo:rerun-if-env-changed=TRAINYARD_GLOO_INCLUDE");
     println!("cargo::rustc-check-cfg=cfg(trainyard_nccl)");
     if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
         return;
@@ -47,8 +49,20 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|_| root.clone())
         .join("include");
-    cc::Build::new()
-        .cpp(true)
+    let Some(gloo) = gloo_include() else {
+        // One line instead of a page of C++ errors from c10d's ProcessGroupGloo.hpp.
+        println!(
+            "cargo::error=the torch build needs gloo's headers (gloo/config.h), which libtorch's wheel \
+             does not ship: install Debian's libgloo-dev (apt-get install libgloo-dev), or set \
+             TRAINYARD_GLOO_INCLUDE=<folder holding gloo/>"
+        );
+        return;
+    };
+    let mut shim = cc::Build::new();
+    if let Some(dir) = gloo {
+        shim.include(dir);
+    }
+    shim.cpp(true)
         .file("src/backend/torch/shim.cpp")
         .file("src/comm/c10d_shim.cpp")
         .include(&include)
@@ -61,6 +75,20 @@ fn main() {
         .warnings(false)
         .compile("trainyard_torch_shim");
     build_nccl_shim(&root, &include);
+}
+
+/// Where gloo's headers are: `Some(None)` in the compiler's own search path (Debian's libgloo-dev puts
+/// them in /usr/include), `Some(Some(dir))` under TRAINYARD_GLOO_INCLUDE, `None` nowhere.
+fn gloo_include() -> Option<Option<PathBuf>> {
+    if let Ok(dir) = std::env::var("TRAINYARD_GLOO_INCLUDE") {
+        let dir = PathBuf::from(dir);
+        return dir.join("gloo/config.h").is_file().then_some(Some(dir));
+    }
+    let standard = ["/usr/include", "/usr/local/include"];
+    standard
+        .iter()
+        .any(|d| std::path::Path::new(d).join("gloo/config.h").is_file())
+        .then_some(None)
 }
 
 /// The folders of CUDA's and NCCL's headers that ProcessGroupNCCL's header includes, laid out as NVIDIA's
@@ -97,22 +125,31 @@ fn cuda_header_dirs(torch_root: &std::path::Path) -> Result<Vec<PathBuf>, String
 }
 
 /// Build `src/comm/nccl_shim.cpp` into `$OUT_DIR/libtrainyard_nccl.so` (src/comm/nccl.rs embeds it and sets
-/// cfg `trainyard_nccl`) when libtorch has its CUDA library and the headers are there; else say why the
-/// binary will refuse NCCL.
+/// cfg `trainyard_nccl`) when libtorch has its CUDA library. Its CUDA and NCCL headers must then be there
+/// (one line naming the wheels that carry them stops the build otherwise), unless `TRAINYARD_NCCL=off`
+/// asks for a build without NCCL. A libtorch without CUDA builds without it, saying so.
 fn build_nccl_shim(torch_root: &std::path::Path, include: &std::path::Path) {
     let lib = torch_root.join("lib");
-    let headers = if lib.join("libtorch_cuda.so").exists() {
-        cuda_header_dirs(torch_root)
-    } else {
-        Err(format!(
-            "{} is missing",
+    if !lib.join("libtorch_cuda.so").exists() {
+        println!(
+            "cargo:warning=no NCCL in this build: this libtorch has no CUDA library ({} is missing)",
             lib.join("libtorch_cuda.so").display()
-        ))
-    };
-    let headers = match headers {
+        );
+        return;
+    }
+    if std::env::var("TRAINYARD_NCCL").is_ok_and(|v| v == "off") {
+        println!("cargo:warning=no NCCL in this build (TRAINYARD_NCCL=off)");
+        return;
+    }
+    let headers = match cuda_header_dirs(torch_root) {
         Ok(dirs) => dirs,
         Err(why) => {
-            println!("cargo:warning=no NCCL in this build ({why}); scripts/install-libtorch.sh fetches the headers");
+            println!(
+                "cargo::error=the NCCL shim needs the CUDA and NCCL headers ({why}): `eval \"$(scripts/install-libtorch.sh)\"` \
+                 fetches them from PyPI's nvidia-cuda-runtime, nvidia-cuda-crt, nvidia-cuda-cccl, nvidia-cublas, \
+                 nvidia-cusparse, nvidia-cusolver and nvidia-nccl-cu13 wheels (TRAINYARD_CUDA_HEADERS=<folder> points \
+                 elsewhere); or build without NCCL with TRAINYARD_NCCL=off"
+            );
             return;
         }
     };

@@ -16,7 +16,8 @@ fi
 # Headers only (no libraries) of the CUDA and NCCL wheels torch 2.11 was built with: build.rs compiles
 # ProcessGroupNCCL's shim against them (src/comm/nccl_shim.cpp; TRAINYARD_CUDA_HEADERS names the folder).
 # The wheels are large; only their include/ folders are kept.
-# Without them the build goes on without NCCL (build.rs says so), so a failed download is not fatal.
+# build.rs stops a CUDA libtorch's build without them; when they cannot be downloaded, this script says
+# so and exports TRAINYARD_NCCL=off, so the build goes on without NCCL.
 if [ ! -f "$DEST/nvidia/.headers-done" ]; then
     tmp="$(mktemp -d)"
     if python3 -m pip download -q --no-deps -d "$tmp" \
@@ -36,6 +37,9 @@ PY
     rm -rf "$tmp"
 fi
 echo "export TRAINYARD_CUDA_HEADERS=$DEST"
+if [ ! -f "$DEST/nvidia/.headers-done" ]; then
+    echo "export TRAINYARD_NCCL=off"
+fi
 if [ "${LIBTORCH_USE_PYTORCH:-}" = "1" ]; then
     echo "export LIBTORCH_USE_PYTORCH=1"
 else
