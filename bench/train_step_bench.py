@@ -92,7 +92,7 @@ def torch_steps(model_name: str, batch: int, steps: int, threads: int, device: s
 
 
 def summary_median(times) -> float:
-    """The statistic summary.json's `median_step_time_s` is (src/trainer.rs `median`): over every step of
+    """The statistic summary.json's `median_step_time_s` is (src/trainer/summary.rs `median`): over every step of
     the run, the first included, the upper middle value for an even count. Ours runs steps + 1 steps, so
     PyTorch's figure is taken the same way over its steps + 1."""
     return sorted(times)[len(times) // 2]

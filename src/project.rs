@@ -7,9 +7,9 @@ use crate::config::repository::{Repository, SearchRoot};
 use std::path::{Path, PathBuf};
 
 /// The file whose presence marks a project root (searched from the current directory upward).
-pub const PROJECT_MARKER: &str = "conf/train.yaml";
+const PROJECT_MARKER: &str = "conf/train.yaml";
 
-pub const DEFAULT_CONFIG_NAME: &str = "train";
+const DEFAULT_CONFIG_NAME: &str = "train";
 
 /// Where configs come from and where outputs go.
 pub struct Setup {

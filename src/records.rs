@@ -49,7 +49,7 @@ fn map(items: Vec<(&str, Node)>) -> Node {
 }
 
 /// `key=value` pairs joined the way Hydra's `override_dirname` does (sorted, `,`-separated).
-pub fn override_dirname(overrides: &[String]) -> String {
+fn override_dirname(overrides: &[String]) -> String {
     let mut sorted = overrides.to_vec();
     sorted.sort();
     sorted.join(",")

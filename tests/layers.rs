@@ -9,14 +9,16 @@ const RULES: &[(&str, &[&str], &str)] = &[
     (
         "src/tensor",
         &[
-            "comm", "model", "optim", "backend", "strategy", "plan", "trainer", "launcher", "config",
-            "schema", "data",
+            "comm", "model", "optim", "backend", "strategy", "plan", "trainer", "launcher",
+            "config", "schema", "data",
         ],
         "the bottom layer: tensors only",
     ),
     (
         "src/comm",
-        &["model", "optim", "backend", "strategy", "plan", "trainer", "launcher"],
+        &[
+            "model", "optim", "backend", "strategy", "plan", "trainer", "launcher",
+        ],
         "the communication layer names neither engines nor strategies",
     ),
     (
@@ -31,7 +33,14 @@ const RULES: &[(&str, &[&str], &str)] = &[
     ),
     (
         "src/backend",
-        &["strategy", "plan", "trainer", "launcher", "app", "introspect"],
+        &[
+            "strategy",
+            "plan",
+            "trainer",
+            "launcher",
+            "app",
+            "introspect",
+        ],
         "an engine never names a strategy (or what drives strategies)",
     ),
     (
@@ -62,8 +71,8 @@ const RULES: &[(&str, &[&str], &str)] = &[
     (
         "src/config",
         &[
-            "tensor", "comm", "model", "optim", "backend", "strategy", "plan", "trainer", "launcher",
-            "data", "schema",
+            "tensor", "comm", "model", "optim", "backend", "strategy", "plan", "trainer",
+            "launcher", "data", "schema",
         ],
         "the config engine knows nothing of machine learning",
     ),
@@ -133,7 +142,8 @@ fn no_layer_names_the_layers_above_it() {
 /// The check itself finds what it must: a path to a forbidden module, not a longer name or a comment.
 #[test]
 fn the_check_sees_paths_not_prefixes_or_comments() {
-    let text = "use crate::strategy::Ranks;\n// crate::strategy in a comment\nuse crate::strategyx;\n";
+    let text =
+        "use crate::strategy::Ranks;\n// crate::strategy in a comment\nuse crate::strategyx;\n";
     assert_eq!(naming(text, "strategy").len(), 1);
     assert_eq!(naming("let x = crate::trainer::fit();", "trainer")[0].0, 1);
 }

@@ -38,7 +38,7 @@ pub trait StagedCompute {
     /// What the loss stage reports (logits and loss, for the step's statistics).
     type Out;
     fn stage_count(&self) -> usize;
-    /// Where the engine's flat gradients live (`Engine::flat_home`).
+    /// Where the engine's flat gradients live (`Sharding::flat_home`).
     fn home(&self) -> FlatHome;
     /// Give a unit's parameters (`layout`) these values (layout order).
     fn install(&mut self, layout: &[(String, Vec<usize>)], flat: &Flat) -> anyhow::Result<()>;

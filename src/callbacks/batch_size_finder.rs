@@ -51,7 +51,7 @@ pub struct Finding {
 
 /// Whether an error is the device running out of memory (CUDA's "out of memory", libtorch's
 /// `OutOfMemoryError`): the finder treats it as "does not fit" and carries on, as Lightning does.
-pub fn is_out_of_memory(e: &anyhow::Error) -> bool {
+fn is_out_of_memory(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         let text = c.to_string().to_ascii_lowercase();
         text.contains("out of memory") || text.contains("outofmemoryerror")

@@ -140,7 +140,7 @@ pub enum NvmlSelector {
 /// is read as CUDA reads it: comma-separated indices or UUIDs, the list ending at the first entry that is
 /// neither (so `0,-1,1` is just `0`). Without it CUDA's ordinal is taken as NVML's index, which holds when
 /// `CUDA_DEVICE_ORDER=PCI_BUS_ID` or the GPUs are all of one kind (CUDA's default order puts the fastest first).
-pub fn nvml_selector(ordinal: u32, visible: Option<&str>) -> Result<NvmlSelector, String> {
+fn nvml_selector(ordinal: u32, visible: Option<&str>) -> Result<NvmlSelector, String> {
     let Some(visible) = visible else {
         return Ok(NvmlSelector::Index(ordinal));
     };

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use std::time::Instant;
 
 /// `DD:HH:MM:SS` (Lightning's Timer format) in seconds; each field a non-negative number.
-pub fn parse_max_time(text: &str) -> anyhow::Result<f64> {
+fn parse_max_time(text: &str) -> anyhow::Result<f64> {
     let parts: Vec<&str> = text.split(':').collect();
     anyhow::ensure!(
         parts.len() == 4,

@@ -74,7 +74,7 @@ fn required<T: std::str::FromStr>(
 }
 
 /// The first host of a SLURM node list: `node[003-005,7],gpu1` → `node003`.
-pub fn first_slurm_host(list: &str) -> String {
+fn first_slurm_host(list: &str) -> String {
     let first = match list.find(['[', ',']) {
         Some(i) if list.as_bytes()[i] == b'[' => {
             let prefix = &list[..i];
@@ -234,11 +234,6 @@ pub fn detect(
         master_port,
         worker: None,
     })
-}
-
-/// `detect` over this process's environment.
-pub fn detect_from_process(devices: usize, num_nodes: usize) -> anyhow::Result<Cluster> {
-    detect(&|k| std::env::var(k).ok(), devices, num_nodes)
 }
 
 #[cfg(test)]

@@ -244,7 +244,7 @@ pub fn element_to_node(e: &Element, source: &Source) -> Node {
 }
 
 /// Apply one config override (`k=v`, `+k=v`, `++k=v`, `~k`) with Hydra's rules and messages.
-pub fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ConfigError> {
+fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ConfigError> {
     let key = o.key.key_or_group.as_str();
     if o.key.package.is_some() {
         return Err(ConfigError::composition(format!(

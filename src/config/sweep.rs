@@ -8,7 +8,7 @@ use super::repository::Repository;
 use indexmap::IndexMap;
 
 /// The key as Hydra prints it in a job's override: `+a.b`, `~c`, `db@backup`.
-pub fn key_element(o: &Override) -> String {
+fn key_element(o: &Override) -> String {
     let prefix = match o.kind {
         OverrideKind::Change => "",
         OverrideKind::Add => "+",

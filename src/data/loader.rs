@@ -42,7 +42,7 @@ pub struct LoaderSpec {
 }
 
 /// Build one batch from sample indices (augmentation keyed by seed, epoch and sample index).
-pub fn make_batch(spec: &LoaderSpec, epoch: u64, indices: &[usize]) -> Result<Batch, DataError> {
+fn make_batch(spec: &LoaderSpec, epoch: u64, indices: &[usize]) -> Result<Batch, DataError> {
     let mut images = Vec::new();
     let mut labels = Vec::with_capacity(indices.len());
     let mut shape = None;
@@ -76,7 +76,7 @@ pub fn make_batch(spec: &LoaderSpec, epoch: u64, indices: &[usize]) -> Result<Ba
 }
 
 /// Split this epoch's indices into batches.
-pub fn batches_of(indices: &[usize], batch_size: usize, drop_last: bool) -> Vec<Vec<usize>> {
+fn batches_of(indices: &[usize], batch_size: usize, drop_last: bool) -> Vec<Vec<usize>> {
     let mut out: Vec<Vec<usize>> = indices
         .chunks(batch_size.max(1))
         .map(<[usize]>::to_vec)

@@ -101,7 +101,8 @@ impl Dataset for Mnist {
 }
 
 /// Write an IDX image/label pair (tests use it to make tiny real files).
-pub fn write_idx(
+#[cfg(test)]
+fn write_idx(
     root: &Path,
     prefix: &str,
     rows: usize,

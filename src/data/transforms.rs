@@ -146,7 +146,7 @@ fn flip(img: &Image) -> Image {
 }
 
 /// `img` resized to `h`×`w` (see `resize_region`).
-pub fn resize_exact(img: &Image, h: usize, w: usize) -> Image {
+fn resize_exact(img: &Image, h: usize, w: usize) -> Image {
     resize_region(img, (0, 0, img.height, img.width), h, w)
 }
 
@@ -159,7 +159,7 @@ thread_local! {
 /// widens its support when shrinking (antialiasing) — what torchvision's PIL path and `antialias=True` do.
 /// The region is cut out first, as torchvision's `resized_crop` does, so the filter never reads pixels
 /// outside it.
-pub fn resize_region(
+fn resize_region(
     img: &Image,
     (top, left, rh, rw): (usize, usize, usize, usize),
     h: usize,

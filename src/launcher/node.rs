@@ -85,7 +85,7 @@ fn stop_all(children: &mut [(usize, Child)]) {
 }
 
 /// Start this node's workers and wait for them. Ok when every worker succeeded.
-pub fn run_node(launch: &NodeLaunch) -> anyhow::Result<()> {
+fn run_node(launch: &NodeLaunch) -> anyhow::Result<()> {
     let c = &launch.cluster;
     let port = match c.master_port {
         Some(p) => p,

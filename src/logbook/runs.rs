@@ -187,7 +187,7 @@ fn planned_run(
 
 /// How far a planned job without a run directory got, from its sweep's record and whether the sweep's
 /// process is alive (`None`: it ran on another machine).
-pub fn planned_status(record: &SweepRecord, job: &PlannedJob, sweep_alive: Option<bool>) -> Status {
+fn planned_status(record: &SweepRecord, job: &PlannedJob, sweep_alive: Option<bool>) -> Status {
     let sweep_over = record.state != SweepState::Running;
     let gone = format!("sweep process {} is gone", record.pid);
     match job.state {
@@ -242,7 +242,7 @@ fn find_run_dirs(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
 }
 
 /// Read one run directory.
-pub fn read_run(dir: &Path) -> anyhow::Result<Run> {
+fn read_run(dir: &Path) -> anyhow::Result<Run> {
     let resolved = dir.join(".hydra").join("resolved.yaml");
     let text = std::fs::read_to_string(&resolved)
         .with_context(|| format!("{}: cannot read", resolved.display()))?;

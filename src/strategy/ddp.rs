@@ -31,7 +31,7 @@ pub fn grad_sync(exp: &Experiment) -> GradSync {
 }
 
 /// Without `find_unused_parameters`, every parameter must have a gradient.
-pub fn check_unused(grads: &Gradients, sync: &GradSync) -> anyhow::Result<()> {
+fn check_unused(grads: &Gradients, sync: &GradSync) -> anyhow::Result<()> {
     let missing = grads.missing();
     if missing.is_empty() || sync.find_unused_parameters {
         return Ok(());
@@ -42,7 +42,7 @@ pub fn check_unused(grads: &Gradients, sync: &GradSync) -> anyhow::Result<()> {
 /// With `find_unused_parameters`: which parameters (by position) got a gradient on at least one rank. One
 /// unused everywhere keeps no gradient, so the optimizer leaves it alone (no momentum, no weight decay),
 /// as PyTorch's reducer does; one unused on some ranks only counts as zero there.
-pub fn used_anywhere(comm: &dyn Collective, here: &[bool]) -> anyhow::Result<Vec<bool>> {
+fn used_anywhere(comm: &dyn Collective, here: &[bool]) -> anyhow::Result<Vec<bool>> {
     let mut flags: Vec<f32> = here.iter().map(|&u| f32::from(u8::from(u))).collect();
     comm.all_reduce_f32(&mut flags, ReduceOp::Max)?;
     Ok(flags.into_iter().map(|f| f > 0.0).collect())

@@ -4,7 +4,7 @@
 //! runs forward and backward on its chunk at the same time, the gradients are combined into exactly the
 //! full batch's mean gradient, and every replica takes the same optimizer step.
 //!
-//! The combination reuses each engine's DDP gradient averaging over an in-process group
+//! The combination is DDP's gradient mean (`ddp::average_gradients`) over an in-process group
 //! (`comm::local`): replica r scales its loss by N·len(r)/B, so the mean over N replicas is
 //! Σ len(r)/B · grad(r), the full batch's mean. A replica without rows contributes zero gradients. tch
 //! replicas average their gradient buckets device to device through that group; Candle's go through the host.

@@ -5,7 +5,7 @@
 use crate::data::loader::Batch;
 
 /// The row counts of `torch.chunk(batch, n)` for a batch of `rows` rows.
-pub fn chunk_lengths(rows: usize, n: usize) -> Vec<usize> {
+fn chunk_lengths(rows: usize, n: usize) -> Vec<usize> {
     if rows == 0 || n == 0 {
         return Vec::new();
     }

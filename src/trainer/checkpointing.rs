@@ -242,7 +242,7 @@ pub fn restore(
 /// Where `ckpt_path` points for this rank: a file, `last` (the newest `last.safetensors` among this task's
 /// runs, or under an `s3://` dirpath), or an `s3://` URL; `part` names this rank's file of a checkpoint
 /// (`Strategy::checkpoint_file`).
-pub fn resolve_ckpt_path(
+fn resolve_ckpt_path(
     ckpt: &str,
     exp: &Experiment,
     output_dir: &Path,

@@ -7,10 +7,10 @@ pub mod conv;
 pub mod conv_relu;
 pub mod cpu;
 pub mod fused;
-pub mod models;
-pub mod resnet;
-pub mod staged;
-pub mod vit;
+mod models;
+mod resnet;
+mod staged;
+mod vit;
 
 use super::{topk_hits, Engine, Gradient, Gradients, Placement, Sharding, StepStats};
 use crate::comm::collective::Collective;

@@ -30,7 +30,7 @@ pub fn layer_norm(p: &Params, name: &str, x: &Tensor) -> Result<Tensor> {
 
 /// Softmax over the last dimension from basic ops (differentiable). The max is a constant shift, so
 /// it is detached.
-pub fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
     let shifted = x.broadcast_sub(&x.max_keepdim(D::Minus1)?.detach())?;
     let e = shifted.exp()?;
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)

@@ -1,9 +1,9 @@
-//! The optimizer rules of `backend::optim`, applied in place on libtorch tensors: the same operations on
+//! The optimizer rules of `optim`, applied in place on libtorch tensors: the same operations on
 //! the same operands in the same order (so the same numbers, bit for bit), but written into the
 //! optimizer state, the gradient (a scratch buffer once the step has read it) and the parameter instead of
 //! allocating a new tensor per operation. The generic rules allocate four or five parameter-sized tensors
 //! per parameter and step, which on ResNet-18 is a few hundred MB of fresh memory a step; PyTorch's SGD
-//! updates in place too. `backend::optim` stays the reference (Candle uses it; the tests below check this
+//! updates in place too. `optim` stays the reference (Candle uses it; the tests below check this
 //! path against it). After the step the gradients are dropped, not zeroed, as PyTorch's
 //! `zero_grad(set_to_none=True)`.
 

@@ -1,7 +1,7 @@
 //! The tch (libtorch) engine, `backend=tch` (cargo feature `torch`): PyTorch's own kernels behind the same
 //! `Engine` trait as Candle. Everything that is not a kernel is shared with the Candle engine: parameter
 //! names, shapes and host-side seeded initialisation come from the model zoo's specs, the optimizer rules
-//! from `backend::optim`, pretrained-weight matching from `backend::plan_pretrained`, dropout masks from
+//! from `optim`, pretrained-weight matching from `model::pretrained`, dropout masks from
 //! the same seeded host generator — so the two backends start from the same weights and take the same steps.
 
 pub mod amp;

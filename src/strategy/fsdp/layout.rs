@@ -98,7 +98,7 @@ pub fn unit_key(u: usize) -> String {
 pub fn shard_key(u: usize) -> String {
     format!("fsdp.units.{u}.flat_param")
 }
-/// Optimizer slot names the rules use (`backend::optim`).
+/// Optimizer slot names the rules use (`optim`).
 pub const SLOTS: &[&str] = &["momentum_buffer", "exp_avg", "exp_avg_sq"];
 
 /// The file name of rank `rank`'s part of a sharded checkpoint whose rank-0 file is `name`
