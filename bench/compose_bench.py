@@ -14,7 +14,6 @@ Usage (from the repo root; needs hydra-core 1.3.2 in the Python you name):
 import argparse
 import datetime
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -23,6 +22,9 @@ import tempfile
 import time
 
 import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import machine  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OVERRIDES = ["experiment=cifar", "trainer.num_nodes=2"]
@@ -99,7 +101,7 @@ def main() -> None:
         row = (
             f"| {datetime.date.today()} | compose `{' '.join(OVERRIDES)} --cfg job --resolve`, whole process "
             f"| {m_ours * 1000:.2f} ms | hydra-core 1.3.2 app: {m_theirs * 1000:.1f} ms | **{ratio:.0f}x** "
-            f"| {platform.machine()}, {os.cpu_count()} cores | `.venv-oracle/bin/python bench/compose_bench.py --runs {args.runs} --record` |\n"
+            f"| {machine()} | `.venv-oracle/bin/python bench/compose_bench.py --runs {args.runs} --record` |\n"
         )
         path = os.path.join(ROOT, "bench", "RESULTS.md")
         with open(path, "a") as f:

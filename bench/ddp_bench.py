@@ -15,12 +15,11 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results import record  # noqa: E402
+from results import record, machine  # noqa: E402
 from steps import median_step_time, ours_summary  # noqa: E402
 from train_step_bench import MODELS  # noqa: E402
 from allreduce_bench import launch  # noqa: E402
@@ -91,7 +90,7 @@ def main():
                 f"| {datetime.date.today()} | {name}, {a.world} DDP processes vs 1, batch {a.batch} per process, "
                 f"1 thread each, Gloo | efficiency {ours_eff:.2f} ({a.world * a.batch / m['oursN']:.1f} img/s "
                 f"vs {a.batch / m['ours1']:.1f}) | PyTorch DDP: {torch_eff:.2f} ({a.world * a.batch / m['torchN']:.1f} "
-                f"vs {a.batch / m['torch1']:.1f} img/s) | **{ratio:.2f}x** | {platform.machine()}, {os.cpu_count()} cores "
+                f"vs {a.batch / m['torch1']:.1f} img/s) | **{ratio:.2f}x** | {machine()} "
                 f"| `.venv-torch/bin/python bench/ddp_bench.py --train {a.train} --models {name} --batch {a.batch} "
                 f"--world {a.world} --rounds {a.rounds} --record` |",
             )

@@ -16,13 +16,12 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results import record  # noqa: E402
+from results import record, machine  # noqa: E402
 from steps import median_step_time, ours_summary  # noqa: E402
 from train_step_bench import MODELS  # noqa: E402
 
@@ -81,7 +80,7 @@ def main():
                 f"| {datetime.date.today()} | {name}, global batch {a.batch}, {a.replicas} replicas (1 thread "
                 f"each) vs nn.DataParallel ({a.replicas} threads; on a CPU it runs the module whole): step time "
                 f"| {o:.3f} s ({a.batch / o:.1f} img/s) | {t:.3f} s ({a.batch / t:.1f} img/s) | **{ratio:.2f}x** "
-                f"| {platform.machine()}, {os.cpu_count()} cores, `cargo build --release --features s3,torch` "
+                f"| {machine()}, `cargo build --release --features s3,torch` "
                 f"| `.venv-torch/bin/python bench/dp_bench.py --train {a.train} --models {name} --batch {a.batch} "
                 f"--replicas {a.replicas} --rounds {a.rounds} --record` |",
             )

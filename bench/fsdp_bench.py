@@ -23,12 +23,11 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results import record  # noqa: E402
+from results import record, machine  # noqa: E402
 from steps import median_step_time, ours_summary  # noqa: E402
 from train_step_bench import MODELS  # noqa: E402
 from allreduce_bench import launch  # noqa: E402
@@ -149,7 +148,7 @@ def main():
                     f"{b_ours / 2**20:.1f} MiB/rank (NO_SHARD {whole / 2**20:.1f}); {w_ours / 2**20:.1f} MiB whole "
                     f"| PyTorch FSDP2 ({described}): {a.world * a.batch / t_torch:.1f} img/s{extra}; "
                     f"{b_torch / 2**20:.1f} MiB/rank | **{ratio:.2f}x** "
-                    f"| {platform.machine()}, {os.cpu_count()} cores, `cargo build --release --features s3,torch` "
+                    f"| {machine()}, `cargo build --release --features s3,torch` "
                     f"| `.venv-torch/bin/python bench/fsdp_bench.py --train {a.train} --models {name} "
                     f"--batch {a.batch} --world {a.world} --rounds {a.rounds} --strategies {strategy} --record` |",
                 )

@@ -12,7 +12,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -26,7 +25,7 @@ import torchvision.transforms as T
 from PIL import Image
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results import ROOT, record  # noqa: E402
+from results import ROOT, record, machine  # noqa: E402
 
 OURS = os.path.join(ROOT, "target", "release", "examples", "loader_bench")
 
@@ -92,7 +91,7 @@ def main() -> None:
                     f"| {datetime.date.today()} | {args.images} JPEGs 500x375, RandomResizedCrop 224 + flip + "
                     f"normalize, batch {args.batch}, {w} worker(s), median of {args.rounds} epochs | "
                     f"{o:.1f} img/s | torchvision {torchvision.__version__} DataLoader {t:.1f} img/s | "
-                    f"{o / t:.2f}x | {platform.machine()}, {os.cpu_count()} cores | {cmd} |",
+                    f"{o / t:.2f}x | {machine()} | {cmd} |",
                 )
 
 

@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import random
 import re
 import shutil
@@ -31,7 +30,7 @@ import time
 import matplotlib
 import pandas
 
-from results import record
+from results import record, machine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
@@ -193,7 +192,7 @@ def main():
             f"| {datetime.date.today()} | logbook of {args.runs} run directories ({args.epochs}-epoch metrics.csv, "
             f"4 experiments, 2 of them sweeps): markdown tables + SVG curves and throughput charts, whole process "
             f"| {m_ours * 1000:.0f} ms | {reference}: {m_ref * 1000:.0f} ms | **{ratio:.1f}x** "
-            f"| {platform.machine()}, {os.cpu_count()} cores "
+            f"| {machine()} "
             f"| `.venv-bench/bin/python bench/logbook_bench.py --runs {args.runs} --epochs {args.epochs} "
             f"--rounds {args.rounds}{' --no-plots' if args.no_plots else ''} --record` |",
         )

@@ -28,7 +28,7 @@ import torchvision
 from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results import ROOT, record  # noqa: E402
+from results import ROOT, record, machine  # noqa: E402
 
 TOL = 1e-4
 TOL_TCH = 1e-5
@@ -207,7 +207,7 @@ def main():
             section,
             f"| {datetime.date.today()} | {what} | max rel. error {worst:.1e} "
             f"| PyTorch {torch.__version__}, torchvision, timm | tolerance {tol:g}: **{'pass' if not failed else 'FAIL'}** "
-            f"| {os.uname().machine}, {os.cpu_count()} cores | {command} |",
+            f"| {machine()} | {command} |",
         )
     if failed:
         raise SystemExit(f"outside {tol}: {failed}")

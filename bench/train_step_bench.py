@@ -17,7 +17,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results import ROOT, record  # noqa: E402
+from results import ROOT, record, machine  # noqa: E402
 
 TRAIN = os.environ.get("TRAIN", os.path.join(ROOT, "target", "release", "train"))
 
@@ -142,13 +141,13 @@ def main() -> None:
         if args.record:
             if args.device == "cuda":
                 section = "Train step throughput, CUDA, backend=tch (issue: distributed / GPU)"
-                machine = torch.cuda.get_device_name(0)
+                where = torch.cuda.get_device_name(0)
             elif args.backend == "candle":
                 section = "Train step throughput, CPU (issue: training core)"
-                machine = f"{platform.machine()}, {os.cpu_count()} cores"
+                where = machine()
             else:
                 section = "Train step throughput, CPU, backend=tch (issue: tch backend)"
-                machine = f"{platform.machine()}, {os.cpu_count()} cores"
+                where = machine()
             extra = "" if args.device == "cpu" else f" --device {args.device}"
             extra += "" if args.precision == "32-true" else f" --precision {args.precision}"
             record(
@@ -156,7 +155,7 @@ def main() -> None:
                 f"| {datetime.date.today()} | {name} train step (fwd+bwd+SGD), backend={args.backend}, "
                 f"{args.precision}, batch {args.batch}, {args.threads} threads "
                 f"| {args.batch / o:.1f} img/s | PyTorch {torch.__version__} eager: {args.batch / t:.1f} img/s "
-                f"| **{ratio:.2f}x** | {machine} "
+                f"| **{ratio:.2f}x** | {where} "
                 f"| `python bench/train_step_bench.py --models {name} --threads {args.threads} "
                 f"--rounds {args.rounds} --steps {args.steps} --backend {args.backend}{extra} --record` |",
             )
