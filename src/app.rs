@@ -97,6 +97,15 @@ fn logbook_entry(args: &[OsString]) -> ExitCode {
     }
 }
 
+/// The `hydra.mode` a composed config sets, if any.
+fn configured_mode(config: &crate::config::tree::Node) -> Option<RunMode> {
+    match config.get("hydra.mode").and_then(|n| n.as_str()) {
+        Some("RUN") => Some(RunMode::Run),
+        Some("MULTIRUN") => Some(RunMode::Multirun),
+        _ => None,
+    }
+}
+
 fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
     if let Some(shell) = cli.shell_completion {
         print!("{}", completion_script(shell));
@@ -122,10 +131,55 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         print_info(&setup, &overrides, info, cli.multirun)?;
         return Ok(ExitCode::SUCCESS);
     }
-    if cli.multirun {
-        return run_sweep(cli, &setup, &overrides, &ctx);
+    let mut overrides = overrides;
+    // Hydra's `hydra.mode`: a config may make every run a sweep (`hydra.mode: MULTIRUN`, as Optuna presets
+    // do); `--multirun` wins over `RUN`. The mode is recorded as a Hydra override, as Hydra does.
+    let single = match cli.multirun {
+        true => Err(None),
+        false => {
+            match compose_with_hydra(&setup.repo, &setup.config_name, &overrides, RunMode::Run) {
+                Ok(c) if configured_mode(&c.config) == Some(RunMode::Multirun) => Err(None),
+                Ok(c) => Ok(c),
+                Err(e) => Err(Some(e)),
+            }
+        }
+    };
+    let composed = match single {
+        Ok(composed) => composed,
+        Err(error) => {
+            let configured = compose_with_hydra(
+                &setup.repo,
+                &setup.config_name,
+                &overrides,
+                RunMode::Multirun,
+            )
+            .ok()
+            .and_then(|c| configured_mode(&c.config));
+            let multirun = match (configured, cli.multirun) {
+                (Some(RunMode::Run), true) => {
+                    eprintln!(
+                        "warning: running with --multirun, overriding the config's hydra.mode=RUN"
+                    );
+                    true
+                }
+                (Some(mode), _) => mode == RunMode::Multirun,
+                (None, multirun) => multirun,
+            };
+            match (multirun, error) {
+                (true, _) => {
+                    overrides.extend(parse_overrides(&["hydra.mode=MULTIRUN".to_string()])?);
+                    return run_sweep(cli, &setup, &overrides, &ctx);
+                }
+                (false, Some(e)) => return Err(e),
+                (false, None) => unreachable!("a single run composed or failed"),
+            }
+        }
+    };
+    let mut composed = composed;
+    if configured_mode(&composed.config).is_none() {
+        // What composing with `hydra.mode=RUN` appended would give, without composing twice.
+        crate::config::hydra::runtime::record_mode(&mut composed.config, RunMode::Run);
     }
-    let composed = compose_with_hydra(&setup.repo, &setup.config_name, &overrides, RunMode::Run)?;
     if let Some(kind) = cli.cfg {
         print_cfg(cli, &setup, kind, &composed.config, 0, &ctx)?;
         return Ok(ExitCode::SUCCESS);

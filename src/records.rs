@@ -23,21 +23,15 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
-/// What `.hydra/hydra.yaml` records about a job.
+/// What `.hydra/` records about a job besides its config.
 #[derive(Debug, Clone)]
 pub struct JobInfo {
-    pub name: String,
-    pub config_name: String,
-    pub num: usize,
-    pub mode: &'static str,
     pub output_dir: PathBuf,
+    /// The job's overrides (`.hydra/overrides.yaml`).
     pub overrides: Vec<String>,
-    pub choices: Vec<(String, Option<String>)>,
-    pub resolved_hydra: Node,
-}
-
-fn s(v: &str) -> Node {
-    Node::new(Value::Str(v.to_string()), Source::Internal)
+    /// The job's `hydra` node with its run-time fields filled (`.hydra/hydra.yaml`, unresolved as Hydra
+    /// writes it).
+    pub hydra: Node,
 }
 
 fn map(items: Vec<(&str, Node)>) -> Node {
@@ -46,13 +40,6 @@ fn map(items: Vec<(&str, Node)>) -> Node {
         m.insert(k.to_string(), v);
     }
     Node::new(Value::Map(m), Source::Internal)
-}
-
-/// `key=value` pairs joined the way Hydra's `override_dirname` does (sorted, `,`-separated).
-fn override_dirname(overrides: &[String]) -> String {
-    let mut sorted = overrides.to_vec();
-    sorted.sort();
-    sorted.join(",")
 }
 
 /// Write `.hydra/config.yaml` (as composed), `.hydra/resolved.yaml`, `.hydra/overrides.yaml`, `.hydra/hydra.yaml`.
@@ -64,50 +51,19 @@ pub fn write_job_records(job: &JobInfo, config: &Node, resolved: &Node) -> std::
         yaml::to_yaml(resolved).as_bytes(),
     )?;
     let overrides = Node::new(
-        Value::List(job.overrides.iter().map(|o| s(o)).collect()),
+        Value::List(
+            job.overrides
+                .iter()
+                .map(|o| Node::new(Value::Str(o.clone()), Source::Internal))
+                .collect(),
+        ),
         Source::Internal,
     );
     write_atomic(
         &dir.join("overrides.yaml"),
         yaml::to_yaml(&overrides).as_bytes(),
     )?;
-
-    let mut choices = Map::new();
-    for (k, v) in &job.choices {
-        let value = match v {
-            Some(v) => s(v),
-            None => Node::new(Value::Null, Source::Internal),
-        };
-        choices.insert(k.clone(), value);
-    }
-    let cwd = std::env::current_dir().unwrap_or_default();
-    let mut hydra = job.resolved_hydra.clone();
-    hydra.merge(map(vec![
-        ("mode", s(job.mode)),
-        (
-            "job",
-            map(vec![
-                ("name", s(&job.name)),
-                ("config_name", s(&job.config_name)),
-                (
-                    "num",
-                    Node::new(Value::Int(job.num as i64), Source::Internal),
-                ),
-                ("override_dirname", s(&override_dirname(&job.overrides))),
-            ]),
-        ),
-        (
-            "runtime",
-            map(vec![
-                ("version", s(env!("CARGO_PKG_VERSION"))),
-                ("cwd", s(&cwd.display().to_string())),
-                ("output_dir", s(&job.output_dir.display().to_string())),
-                ("choices", Node::new(Value::Map(choices), Source::Internal)),
-            ]),
-        ),
-        ("overrides", map(vec![("task", overrides.clone())])),
-    ]));
-    let doc = map(vec![("hydra", hydra)]);
+    let doc = map(vec![("hydra", job.hydra.clone())]);
     write_atomic(&dir.join("hydra.yaml"), yaml::to_yaml(&doc).as_bytes())
 }
 

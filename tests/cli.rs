@@ -221,8 +221,11 @@ fn quickstart_run_writes_hydra_records() {
     for needle in [
         "experiment: quickstart",
         "model: cnn",
-        "num: 0",
+        // A single run has no job number (Hydra leaves `hydra.job.num` unset outside a sweep).
+        "num: ???",
         "mode: RUN",
+        "- hydra.mode=RUN",
+        "cwd:",
         "output_dir:",
     ] {
         assert!(
@@ -449,4 +452,76 @@ fn no_project_is_a_clear_error() {
         "{}",
         stderr(&out)
     );
+}
+
+/// Bad YAML fails fast and names the file and line (an alias bomb must not hang `train`; a syntax error names
+/// where the broken construct began), and dict keys keep their YAML type as Hydra prints them.
+#[rstest]
+#[case::alias_bomb("", &[], false, &["bad.yaml:6:", "alias expansion exceeds 100000 nodes: a YAML alias bomb?"])]
+#[case::unclosed_flow_sequence(
+    "name: x\nwidth: [1, 2\nother: 3\n",
+    &[],
+    false,
+    &["bad.yaml:3:", "while parsing a flow sequence that began at", "bad.yaml:2:8"]
+)]
+#[case::null_key_in_file("name: x\nwidth:\n  null: 1\n", &[], false, &["bad.yaml:3:", "Incompatible key type 'NoneType'\n    full_key: width"])]
+#[case::typed_keys(
+    "name: x\nwidth: {1: a, '2': b}\n",
+    &["+x={123: 1, 1.5: c}"],
+    true,
+    &["  width:\n    1: a\n    '2': b\n", "x:\n  123: 1\n  1.5: c\n"]
+)]
+#[case::null_key_in_override(
+    "name: x\n",
+    &["+x={a: {null: 1}}"],
+    false,
+    &["Error merging override +x={a: {null: 1}}\nIncompatible key type 'NoneType'\n    full_key: x.a"]
+)]
+fn bad_yaml_fails_fast_with_file_and_line_and_keys_keep_their_type(
+    #[case] yaml: &str,
+    #[case] extra: &[&str],
+    #[case] ok: bool,
+    #[case] expected: &[&str],
+) {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let p = project();
+    let yaml = if yaml.is_empty() {
+        // Nine levels of nine aliases: 387 million nodes if expanded.
+        let mut text = String::from("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+        for (prev, name) in "abcdefgh".chars().zip("bcdefghi".chars()) {
+            let items = vec![format!("*{prev}"); 9].join(", ");
+            text.push_str(&format!("{name}: &{name} [{items}]\n"));
+        }
+        text
+    } else {
+        yaml.to_string()
+    };
+    std::fs::write(p.path().join("conf/model/bad.yaml"), yaml).unwrap();
+    let mut args = vec!["--cfg", "job", "model=bad"];
+    args.extend_from_slice(extra);
+    let mut child = Command::new(TRAIN)
+        .args(&args)
+        .current_dir(p.path())
+        .env_remove("TRAIN_CONFIG_PATH")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The parser itself is timed in yaml.rs (< 1 s); here a generous bound only tells a hang from a slow machine.
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(10) {
+            child.kill().ok();
+            panic!("train {args:?} still running after 10 s");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.success(), ok, "{}", stderr(&out));
+    let text = if ok { stdout(&out) } else { stderr(&out) };
+    for part in expected {
+        assert!(text.contains(part), "{part:?} not in:\n{text}");
+    }
+    assert!(!text.contains("panicked"), "{text}");
 }

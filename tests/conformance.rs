@@ -9,10 +9,12 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use trainyard::config::compose::RunMode;
 use trainyard::config::errors::ConfigError;
-use trainyard::config::hydra::{compose_with_hydra, parse_overrides, split_hydra};
+use trainyard::config::hydra::{compose_with_hydra, parse_overrides, split_hydra, HydraSettings};
 use trainyard::config::interpolate::{resolve_all, ResolveContext};
 use trainyard::config::repository::{Repository, SearchRoot};
 use trainyard::config::sweep;
+use trainyard::config::tree::{Node, Value};
+use trainyard::config::yaml;
 
 fn repo_for(tree: &str) -> Repository {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -29,6 +31,9 @@ fn context(case: &J) -> ResolveContext {
     let mut ctx = ResolveContext::from_process();
     if let Some(env) = case.get("env").and_then(J::as_object) {
         for (k, v) in env {
+            // `hydra.job.env_copy` reads the process environment while composing. Every case that sets a
+            // variable sets it to the same value, so cases running side by side agree.
+            std::env::set_var(k, v.as_str().unwrap_or_default());
             ctx.env
                 .insert(k.clone(), v.as_str().unwrap_or_default().to_string());
         }
@@ -48,7 +53,10 @@ fn check_error(name: &str, ours: &ConfigError, expect: &J) {
     let theirs = essential(expect["error"].as_str().unwrap_or_default());
     let ours_text = ours.to_string();
     // Our messages add provenance and hints after Hydra's text; the first line must be Hydra's.
-    let their_first = theirs.lines().next().unwrap_or_default();
+    let their_first = theirs
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_default();
     assert!(
         ours_text.contains(their_first),
         "case {name}: error differs\n  hydra: {theirs}\n  ours:  {ours_text}"
@@ -80,18 +88,33 @@ fn run_case(case: &J) {
             return;
         }
     };
-    let run_mode = if mode == "multirun" {
+    let run_mode = if mode == "multirun" || case["run_mode"] == "multirun" {
         RunMode::Multirun
     } else {
         RunMode::Run
     };
     let composed = compose_with_hydra(&repo, config_name, &overrides, run_mode);
+    if let Some(why) = case["hydra_quirk"].as_str() {
+        assert!(
+            composed.is_ok(),
+            "case {name}: hydra-core fails here by accident ({why}); we must compose: {:?}",
+            composed.err()
+        );
+        return;
+    }
+    if let Some(why) = case["deliberate_difference"].as_str() {
+        assert!(
+            composed.is_err(),
+            "case {name}: a deliberate difference ({why}) but we composed"
+        );
+        return;
+    }
 
     if mode == "multirun" {
         let result = composed.and_then(|master| {
             let params: Vec<String> =
                 match master.config.get("hydra.sweeper.params").map(|n| &n.value) {
-                    Some(trainyard::config::tree::Value::Map(m)) => m
+                    Some(Value::Map(m)) => m
                         .iter()
                         .map(|(k, v)| {
                             format!(
@@ -104,15 +127,26 @@ fn run_case(case: &J) {
                         .collect(),
                     _ => vec![],
                 };
-            sweep::expand(&repo, &params, &overrides)
+            let (_, hydra) = split_hydra(master.config);
+            let batch = HydraSettings::read(&hydra)?.max_batch_size;
+            sweep::expand(&repo, &params, &overrides).map(|jobs| (jobs, batch))
         });
         match (result, expect.get("jobs")) {
-            (Ok(jobs), Some(expected)) => {
+            (Ok((jobs, batch)), Some(expected)) => {
                 let expected: Vec<Vec<String>> = serde_json::from_value(expected.clone()).unwrap();
                 assert_eq!(jobs, expected, "case {name}: sweep jobs differ");
+                if let Some(batches) = expect.get("batches") {
+                    let ours: Vec<Vec<Vec<String>>> = match batch {
+                        Some(n) => jobs.chunks(n).map(|c| c.to_vec()).collect(),
+                        None => vec![jobs.clone()],
+                    };
+                    let theirs: Vec<Vec<Vec<String>>> =
+                        serde_json::from_value(batches.clone()).unwrap();
+                    assert_eq!(ours, theirs, "case {name}: sweep batches differ");
+                }
             }
             (Err(e), None) => check_error(name, &e, expect),
-            (Ok(jobs), None) => panic!(
+            (Ok((jobs, _)), None) => panic!(
                 "case {name}: hydra failed ({}) but we launched {jobs:?}",
                 expect["error"]
             ),
@@ -123,10 +157,12 @@ fn run_case(case: &J) {
 
     match (composed, expect.get("config")) {
         (Ok(composed), Some(expected)) => {
-            let (job, _) = split_hydra(composed.config);
+            let (job, hydra) = split_hydra(composed.config);
+            check_hydra_node(name, &hydra, expect);
+            check_cfg_job_text(name, &job, expect);
             assert_eq!(
-                &job.to_json(),
-                expected,
+                job.to_json(),
+                python_keys_as_ours(expected),
                 "case {name}: composed config differs"
             );
             if let Some(choices) = expect.get("choices").and_then(J::as_object) {
@@ -142,11 +178,26 @@ fn run_case(case: &J) {
                     .collect();
                 assert_eq!(ours, theirs, "case {name}: group choices differ");
             }
+            if let Some(all) = expect.get("hydra_choices").and_then(J::as_object) {
+                let ours: HashMap<String, J> = composed
+                    .choices
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone().map(J::String).unwrap_or(J::Null)))
+                    .collect();
+                let theirs: HashMap<String, J> =
+                    all.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                assert_eq!(
+                    ours, theirs,
+                    "case {name}: choices (Hydra's groups included) differ"
+                );
+            }
+            let mut ctx = ctx;
+            ctx.hydra = Some(pinned_hydra(&hydra, expect));
             let resolved = resolve_all(&job, &ctx);
             match (resolved, expect.get("resolved").filter(|v| !v.is_null())) {
                 (Ok(r), Some(expected)) => assert_eq!(
-                    &r.to_json(),
-                    expected,
+                    r.to_json(),
+                    python_keys_as_ours(expected),
                     "case {name}: resolved config differs"
                 ),
                 (Err(e), None) => {
@@ -177,6 +228,108 @@ fn run_case(case: &J) {
         ),
         (Err(e), Some(_)) => panic!("case {name}: hydra composed but we failed: {e}"),
     }
+}
+
+/// The oracle's JSON writes a bool dict key as Python's `str(True)`; ours as YAML's `true` (key types are
+/// compared through the `--cfg job` text instead).
+fn python_keys_as_ours(v: &J) -> J {
+    match v {
+        J::Object(m) => J::Object(
+            m.iter()
+                .map(|(k, v)| {
+                    let key = match k.as_str() {
+                        "True" => "true".to_string(),
+                        "False" => "false".to_string(),
+                        other => other.to_string(),
+                    };
+                    (key, python_keys_as_ours(v))
+                })
+                .collect(),
+        ),
+        J::Array(items) => J::Array(items.iter().map(python_keys_as_ours).collect()),
+        other => other.clone(),
+    }
+}
+
+/// The `hydra` node as the oracle records it: run-time values that differ by machine removed, and the job's
+/// name (Hydra's compose API calls every job `app`; trainyard names it after the primary config).
+fn comparable_hydra(hydra: &Node) -> J {
+    let mut json = hydra.to_json();
+    if let Some(runtime) = json.get_mut("runtime").and_then(J::as_object_mut) {
+        for key in ["version", "cwd", "config_sources", "output_dir"] {
+            runtime.remove(key);
+        }
+    }
+    if let Some(job) = json.get_mut("job").and_then(J::as_object_mut) {
+        job.remove("name");
+    }
+    json
+}
+
+fn check_hydra_node(name: &str, hydra: &Node, expect: &J) {
+    let Some(theirs) = expect.get("hydra") else {
+        return;
+    };
+    let mut theirs = theirs.clone();
+    if let Some(job) = theirs.get_mut("job").and_then(J::as_object_mut) {
+        job.remove("name");
+    }
+    assert_eq!(
+        comparable_hydra(hydra),
+        theirs,
+        "case {name}: the hydra node differs"
+    );
+}
+
+/// `--cfg job` as Hydra printed it and as we print it, both read back with types (key types included, which
+/// the JSON of `config` cannot show).
+fn check_cfg_job_text(name: &str, job: &Node, expect: &J) {
+    let Some(theirs) = expect.get("cfg_job").and_then(J::as_str) else {
+        return;
+    };
+    let ours_text = yaml::to_yaml(job);
+    let read = |text: &str, what: &str| {
+        yaml::parse(text, what)
+            .unwrap_or_else(|e| panic!("case {name}: {what} --cfg job does not parse: {e}\n{text}"))
+            .map(|n| yaml::to_yaml(&n))
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        read(&ours_text, "our"),
+        read(theirs, "hydra's"),
+        "case {name}: --cfg job differs\n  ours:\n{ours_text}\n  hydra's:\n{theirs}"
+    );
+}
+
+/// Our `hydra` node with the oracle's pinned run-time values, so `${hydra:runtime.cwd}` and friends resolve
+/// to the same text.
+fn pinned_hydra(hydra: &Node, expect: &J) -> Node {
+    let mut hydra = hydra.clone();
+    let Some(pinned) = expect.get("pinned").and_then(J::as_object) else {
+        return hydra;
+    };
+    // Hydra's compose API names every job `app` (trainyard: the primary config's name).
+    if let (Some(job), Some(name)) = (
+        hydra.get_mut("job").and_then(Node::as_map_mut),
+        expect.pointer("/hydra/job/name").and_then(J::as_str),
+    ) {
+        job.insert(
+            "name".into(),
+            Node::new(Value::Str(name.to_string()), Default::default()),
+        );
+    }
+    if let Some(runtime) = hydra.get_mut("runtime").and_then(Node::as_map_mut) {
+        for (key, value) in pinned {
+            runtime.insert(
+                key.clone(),
+                Node::new(
+                    Value::Str(value.as_str().unwrap_or_default().to_string()),
+                    Default::default(),
+                ),
+            );
+        }
+    }
+    hydra
 }
 
 #[rstest]

@@ -2,7 +2,7 @@
 //! for a value parses back to the same value. Case counts are bounded so this runs in seconds in CI.
 
 use proptest::prelude::*;
-use trainyard::config::grammar::{parse_override, Element, ParsedValue};
+use trainyard::config::grammar::{parse_override, DictKey, Element, ParsedValue, Quote};
 
 /// Strings made mostly of the characters the grammar gives meaning to.
 fn grammar_soup() -> impl Strategy<Value = String> {
@@ -56,12 +56,22 @@ fn leaf() -> impl Strategy<Value = Element> {
         (-1e12f64..1e12).prop_map(Element::Float),
         "[a-zA-Z_][a-zA-Z0-9_ ,:=()\\[\\]{}-]{0,8}[a-zA-Z0-9_]".prop_map(|value| Element::Str {
             value,
-            quoted: false
+            quote: Quote::None
         }),
         "[a-zA-Z0-9 ,'\"\\\\]{0,10}".prop_map(|value| Element::Str {
             value,
-            quoted: true
+            quote: Quote::Single
         }),
+    ]
+}
+
+/// Dict keys keep their type (`{1: a}` has the int key 1), so generate typed keys too.
+fn dict_key() -> impl Strategy<Value = DictKey> {
+    prop_oneof![
+        "[a-z][a-z0-9_]{0,5}".prop_map(DictKey::Str),
+        any::<i64>().prop_map(DictKey::Int),
+        any::<bool>().prop_map(DictKey::Bool),
+        (-1e12f64..1e12).prop_map(DictKey::Float),
     ]
 }
 
@@ -69,15 +79,15 @@ fn element() -> impl Strategy<Value = Element> {
     leaf().prop_recursive(3, 16, 4, |inner| {
         prop_oneof![
             proptest::collection::vec(inner.clone(), 0..4).prop_map(Element::List),
-            proptest::collection::vec(("[a-z][a-z0-9_]{0,5}", inner), 0..4).prop_map(|items| {
-                // Dict keys are unique (a later duplicate replaces an earlier one when parsed).
-                let mut seen = std::collections::HashSet::new();
-                Element::Dict(
-                    items
-                        .into_iter()
-                        .filter(|(k, _)| seen.insert(k.clone()))
-                        .collect(),
-                )
+            proptest::collection::vec((dict_key(), inner), 0..4).prop_map(|items| {
+                // Dict keys are unique as Python compares them (a later duplicate replaces an earlier one).
+                let mut kept: Vec<(DictKey, Element)> = Vec::new();
+                for (k, v) in items {
+                    if !kept.iter().any(|(seen, _)| seen.same_key(&k)) {
+                        kept.push((k, v));
+                    }
+                }
+                Element::Dict(kept)
             }),
         ]
     })
@@ -95,10 +105,15 @@ fn same(a: &Element, b: &Element) -> bool {
             x.len() == y.len()
                 && x.iter()
                     .zip(y)
-                    .all(|((ka, va), (kb, vb))| ka == kb && same(va, vb))
+                    .all(|((ka, va), (kb, vb))| same_key(ka, kb) && same(va, vb))
         }
         _ => a == b,
     }
+}
+
+/// As `same` for keys: an unquoted string key that reads back as a number, bool or null is Hydra's doing.
+fn same_key(a: &DictKey, b: &DictKey) -> bool {
+    a == b || (matches!(a, DictKey::Str(_)) && !matches!(b, DictKey::Str(_)))
 }
 
 proptest! {
@@ -127,7 +142,7 @@ proptest! {
         match parsed.value {
             Some(ParsedValue::Element(back)) => {
                 // Unquoted strings may read back as numbers/bools (Hydra does the same); skip those.
-                let ambiguous = matches!(&e, Element::Str { quoted: false, .. }) && !matches!(back, Element::Str { .. });
+                let ambiguous = matches!(&e, Element::Str { quote: Quote::None, .. }) && !matches!(back, Element::Str { .. });
                 prop_assert!(ambiguous || same(&e, &back), "{text}: {e:?} != {back:?}");
             }
             other => prop_assert!(false, "{text} parsed as {other:?}"),

@@ -33,16 +33,16 @@ pub fn compose(
     overrides: &[Override],
     mode: RunMode,
 ) -> Result<Composed, ConfigError> {
-    compose_over(Node::empty_map(), repo, config_name, overrides, mode)
+    compose_over(repo, config_name, overrides, mode, false)
 }
 
-/// `compose` on top of `base` (the built-in `hydra` node), so command-line overrides can set keys of `base`.
+/// `compose`, optionally with Hydra's own `hydra/config` composed first (its groups, the `hydra` node).
 pub fn compose_over(
-    base: Node,
     repo: &Repository,
     config_name: &str,
     overrides: &[Override],
     mode: RunMode,
+    with_hydra: bool,
 ) -> Result<Composed, ConfigError> {
     validate_sweeps(overrides, mode)?;
     let (group_overrides, config_overrides) = split_overrides(repo, overrides)?;
@@ -51,8 +51,9 @@ pub fn compose_over(
         config_name,
         group_overrides,
         mode == RunMode::Multirun,
+        with_hydra,
     )?;
-    let mut config = base;
+    let mut config = Node::empty_map();
     for item in &defaults.defaults {
         let Some(loaded) = repo.load(&item.config_path)? else {
             return Err(ConfigError::MissingConfig(format!(
@@ -60,6 +61,18 @@ pub fn compose_over(
                 item.config_path
             )));
         };
+        if matches!(loaded.body.value, Value::List(_)) && (item.primary || item.package.is_empty())
+        {
+            let what = if item.primary {
+                format!("primary config '{}'", item.config_path)
+            } else {
+                format!("config '{}' (merged at the top level)", item.config_path)
+            };
+            return Err(ConfigError::composition(format!(
+                "{what} must be a DictConfig, got ListConfig\n    ({})",
+                super::repository::display_path(&loaded.file)
+            )));
+        }
         let body = loaded.body.clone().wrap_in_package(&item.package);
         config.try_merge(body).map_err(|e| {
             ConfigError::composition(format!(
@@ -234,8 +247,12 @@ pub fn element_to_node(e: &Element, source: &Source) -> Node {
         }
         Element::Dict(items) => {
             let mut map = Map::new();
+            // A `null` key is refused before this (`Element::null_key`); left here, it is the text "null".
             for (k, v) in items {
-                map.insert(k.clone(), element_to_node(v, source));
+                let (text, kind) = k
+                    .tree_key()
+                    .unwrap_or(("null".into(), super::tree::KeyKind::Str));
+                map.insert(text, element_to_node(v, source).keyed(kind));
             }
             Value::Map(map)
         }
@@ -253,6 +270,20 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ConfigError> {
         )));
     }
     let source = Source::Override(Arc::from(o.input.as_str()));
+    // OmegaConf refuses a `null` dict key when the value is merged (Hydra: "Error merging override").
+    let merged_value = match (&o.kind, &o.value) {
+        (OverrideKind::Delete, _) => None,
+        (_, Some(ParsedValue::Element(e))) => Some(e),
+        _ => None,
+    };
+    if let Some(e) = merged_value {
+        if let Some(full_key) = e.null_key(key) {
+            return Err(ConfigError::composition(format!(
+                "Error merging override {}\nIncompatible key type 'NoneType'\n    full_key: {full_key}\n    object_type=dict",
+                o.input
+            )));
+        }
+    }
     let value = match &o.value {
         Some(ParsedValue::Element(e)) => Some(element_to_node(e, &source)),
         Some(ParsedValue::Sweep(_)) => return Ok(()),

@@ -29,24 +29,72 @@ impl ResolveContext {
 
 /// Resolve every interpolation in `root`, returning a new tree. `???` values stay `???`.
 pub fn resolve_all(root: &Node, ctx: &ResolveContext) -> Result<Node, ConfigError> {
+    let (combined, hydra_from_ctx) = with_hydra(root, ctx);
     let mut r = Resolver {
-        root,
+        root: &combined,
         ctx,
         cache: HashMap::new(),
         stack: Vec::new(),
+        hydra_from_ctx,
     };
     r.resolve_node("", root)
 }
 
 /// Resolve the node at `path` only.
 pub fn resolve_path(root: &Node, path: &str, ctx: &ResolveContext) -> Result<Node, ConfigError> {
+    let (combined, hydra_from_ctx) = with_hydra(root, ctx);
     let mut r = Resolver {
-        root,
+        root: &combined,
         ctx,
         cache: HashMap::new(),
         stack: Vec::new(),
+        hydra_from_ctx,
     };
     r.resolve_at(path, &Source::Internal, path)
+}
+
+/// Resolve `hydra.<key>` for the job whose config is `job_cfg` (`ctx.hydra` holds the `hydra` node), as
+/// `${hydra:<key>}` would.
+pub fn resolve_hydra_key(
+    job_cfg: &Node,
+    key: &str,
+    ctx: &ResolveContext,
+) -> Result<Node, ConfigError> {
+    let (combined, hydra_from_ctx) = with_hydra(job_cfg, ctx);
+    let mut r = Resolver {
+        root: &combined,
+        ctx,
+        cache: HashMap::new(),
+        stack: Vec::new(),
+        hydra_from_ctx,
+    };
+    let source = Source::Internal;
+    r.call(
+        "hydra",
+        vec![Node::new(Value::Str(key.to_string()), source.clone())],
+        &format!("hydra.{key}"),
+        &source,
+    )
+}
+
+/// The tree `${hydra:...}` reads from: the job's config with the context's `hydra` node beside it (so
+/// `hydra.run.dir: ${paths.log_dir}/...` sees the job's keys, as under Hydra), resolved lazily: a field
+/// nobody reads (`hydra.job.num` in a single run) may stay `???`.
+fn with_hydra<'a>(root: &'a Node, ctx: &ResolveContext) -> (std::borrow::Cow<'a, Node>, bool) {
+    match (&ctx.hydra, root.child("hydra")) {
+        (Some(hydra), None) if root.as_map().is_some() => {
+            let mut combined = root.clone();
+            if let Some(m) = combined.as_map_mut() {
+                m.insert("hydra".into(), hydra.clone());
+            }
+            (std::borrow::Cow::Owned(combined), true)
+        }
+        _ => (std::borrow::Cow::Borrowed(root), false),
+    }
+}
+
+fn is_hydra_path(path: &str) -> bool {
+    path == "hydra" || path.starts_with("hydra.")
 }
 
 struct Resolver<'a> {
@@ -54,6 +102,9 @@ struct Resolver<'a> {
     ctx: &'a ResolveContext,
     cache: HashMap<String, Node>,
     stack: Vec<String>,
+    /// The `hydra` node came from the context: the job's own keys may reach it only through
+    /// `${hydra:...}` (under Hydra the job's config has no `hydra` key).
+    hydra_from_ctx: bool,
 }
 
 /// A parsed piece of a string: literal text or a `${...}` expression.
@@ -123,7 +174,10 @@ impl Resolver<'_> {
             )));
         }
         let root = self.root;
-        let Some(node) = root.get(path) else {
+        let hidden = self.hydra_from_ctx
+            && is_hydra_path(path)
+            && !self.stack.iter().any(|p| is_hydra_path(p));
+        let Some(node) = root.get(path).filter(|_| !hidden) else {
             return Err(ConfigError::Interpolation(format!(
                 "Interpolation key '{path}' not found\n    full_key: {origin}{}",
                 at(source)
@@ -253,7 +307,9 @@ impl Resolver<'_> {
                             Ok(Node::new(Value::Null, source.clone()))
                         }
                         Some(d) => Ok(Node::new(Value::Str(text(d)), source.clone())),
-                        None => Err(err(format!("Environment variable '{var}' not found"))),
+                        None => Err(err(format!(
+                            "KeyError raised while resolving interpolation: \"Environment variable '{var}' not found\""
+                        ))),
                     },
                 }
             }
@@ -303,14 +359,25 @@ impl Resolver<'_> {
             }
             "hydra" => {
                 let key = args.first().map(text).unwrap_or_default();
-                match self.ctx.hydra.as_ref().and_then(|h| h.get(&key)) {
-                    Some(node) => Ok(node.clone()),
-                    None if self.ctx.hydra.is_none() => Err(err(format!(
+                if self.root.child("hydra").is_none() {
+                    return Err(err(format!(
                         "ValueError raised while resolving interpolation: HydraConfig was not set\n    \
                          ${{hydra:{key}}} is known once a job is placed (a run, or --cfg with --resolve)"
-                    ))),
-                    None => Err(err(format!("Interpolation key 'hydra.{key}' not found"))),
+                    )));
                 }
+                let target = format!("hydra.{key}");
+                if self.root.get(&target).is_none() {
+                    return Err(err(format!("Interpolation key 'hydra.{key}' not found")));
+                }
+                // Entering the `hydra` node: its own `${hydra.job.num}`-style keys are visible from here.
+                self.stack.push("hydra".into());
+                let node = self.resolve_at(&target, source, path);
+                self.stack.pop();
+                let node = node?;
+                if node.is_missing() {
+                    return Err(missing_error(&target, path, source));
+                }
+                Ok(node)
             }
             "now" => {
                 let fmt = args.first().map(text).unwrap_or_default();

@@ -1,8 +1,10 @@
 //! Where configs live: an ordered search path of directories, each mounted at a group prefix
-//! (`conf/` at the root, `experiments/` as the `experiment` group). Loads each file once.
+//! (`conf/` at the root, `experiments/` as the `experiment` group), with Hydra's own groups (`hydra/...`,
+//! built in) before and after them as Hydra orders its search path. Loads each config once.
 
 use super::defaults::{parse_defaults_list, InputDefault};
 use super::errors::ConfigError;
+use super::hydra::builtin::{BuiltinConfig, BUILTIN};
 use super::tree::{Node, Value};
 use super::yaml;
 use std::cell::RefCell;
@@ -61,7 +63,25 @@ impl Repository {
         out
     }
 
-    /// The file holding `config_path` (`db/mysql` → `<root>/db/mysql.yaml`), first match in the search path.
+    /// Where `config_path` lives: Hydra's own YAML first, then the user's directories (`db/mysql` →
+    /// `<root>/db/mysql.yaml`), then plugin and structured configs; the first match wins.
+    fn locate(&self, config_path: &str) -> Option<Located> {
+        let path = config_path
+            .strip_suffix(".yaml")
+            .or_else(|| config_path.strip_suffix(".yml"))
+            .unwrap_or(config_path);
+        let builtin = |before_user: bool| {
+            BUILTIN
+                .iter()
+                .find(|b| b.source.before_user == before_user && b.config_path == path)
+                .map(Located::Builtin)
+        };
+        builtin(true)
+            .or_else(|| self.find_file(config_path).map(Located::File))
+            .or_else(|| builtin(false))
+    }
+
+    /// The file in the user's directories holding `config_path`, first match in the search path.
     pub fn find_file(&self, config_path: &str) -> Option<PathBuf> {
         let (group, name) = match config_path.rfind('/') {
             Some(i) => (&config_path[..i], &config_path[i + 1..]),
@@ -79,16 +99,24 @@ impl Repository {
     }
 
     pub fn config_exists(&self, config_path: &str) -> bool {
-        self.find_file(config_path).is_some()
+        self.locate(config_path).is_some()
     }
 
     pub fn group_exists(&self, group: &str) -> bool {
-        !group.is_empty() && self.dirs_for(group).iter().any(|d| d.is_dir())
+        !group.is_empty()
+            && (builtin_in_group(group).next().is_some()
+                || self.dirs_for(group).iter().any(|d| d.is_dir()))
     }
 
     /// Config names in a group, sorted and unique across the search path.
     pub fn group_options(&self, group: &str) -> Vec<String> {
         let mut names = BTreeSet::new();
+        for b in builtin_in_group(group) {
+            let name = &b.config_path[group.len() + 1..];
+            if !name.contains('/') {
+                names.insert(name.to_string());
+            }
+        }
         for dir in self.dirs_for(group) {
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
@@ -113,6 +141,18 @@ impl Repository {
     /// Sub-groups of `parent` (`""` for top-level groups), sorted and unique.
     pub fn list_groups(&self, parent: &str) -> Vec<String> {
         let mut names = BTreeSet::new();
+        for b in BUILTIN {
+            let rest = match parent {
+                "" => Some(b.config_path),
+                p => b
+                    .config_path
+                    .strip_prefix(p)
+                    .and_then(|r| r.strip_prefix('/')),
+            };
+            if let Some((group, _)) = rest.and_then(|r| r.split_once('/')) {
+                names.insert(group.to_string());
+            }
+        }
         for root in &self.roots {
             if parent.is_empty() && !root.mount.is_empty() {
                 if root.dir.is_dir() {
@@ -142,9 +182,13 @@ impl Repository {
         if let Some(hit) = self.cache.borrow().get(config_path) {
             return Ok(hit.clone());
         }
-        let loaded = match self.find_file(config_path) {
+        let loaded = match self.locate(config_path) {
             None => None,
-            Some(file) => Some(Rc::new(load_file(config_path, &file)?)),
+            Some(Located::File(file)) => Some(Rc::new(load_file(config_path, &file)?)),
+            Some(Located::Builtin(b)) => {
+                let shown = format!("{}/{}.yaml", b.source.path, b.config_path);
+                Some(Rc::new(load_text(config_path, b.text, &shown, &shown)?))
+            }
         };
         self.cache
             .borrow_mut()
@@ -152,32 +196,78 @@ impl Repository {
         Ok(loaded)
     }
 
-    /// The search path, as `--info searchpath` and error messages print it.
+    /// The search path, as `--info searchpath` and error messages print it (Hydra's order: its own
+    /// configs, the user's, then plugins and structured configs).
     pub fn describe(&self) -> String {
-        self.roots
-            .iter()
-            .map(|r| {
-                let mount = if r.mount.is_empty() {
-                    String::new()
-                } else {
-                    format!(" (as group '{}')", r.mount)
-                };
-                format!(
-                    "\tprovider={}, path=file://{}{}",
-                    r.provider,
-                    r.dir.display(),
-                    mount
-                )
-            })
+        let builtin = |before_user: bool| {
+            let mut seen: Vec<String> = Vec::new();
+            for b in BUILTIN
+                .iter()
+                .filter(|b| b.source.before_user == before_user)
+            {
+                let line = format!("\tprovider={}, path={}", b.source.provider, b.source.path);
+                if !seen.contains(&line) {
+                    seen.push(line);
+                }
+            }
+            seen
+        };
+        let users = self.roots.iter().map(|r| {
+            let mount = if r.mount.is_empty() {
+                String::new()
+            } else {
+                format!(" (as group '{}')", r.mount)
+            };
+            format!(
+                "\tprovider={}, path=file://{}{}",
+                r.provider,
+                r.dir.display(),
+                mount
+            )
+        });
+        builtin(true)
+            .into_iter()
+            .chain(users)
+            .chain(builtin(false))
             .collect::<Vec<_>>()
             .join("\n")
     }
 }
 
+/// Where a config was found.
+enum Located {
+    File(PathBuf),
+    Builtin(&'static BuiltinConfig),
+}
+
+/// Built-in configs below `group` (at any depth).
+fn builtin_in_group(group: &str) -> impl Iterator<Item = &'static BuiltinConfig> + '_ {
+    BUILTIN.iter().filter(move |b| {
+        b.config_path
+            .strip_prefix(group)
+            .is_some_and(|rest| rest.starts_with('/'))
+    })
+}
+
 fn load_file(config_path: &str, file: &Path) -> Result<LoadedConfig, ConfigError> {
     let text = std::fs::read_to_string(file)
         .map_err(|e| ConfigError::Io(format!("Could not read '{}': {e}", file.display())))?;
-    let shown = display_path(file);
+    load_text(
+        config_path,
+        &text,
+        &display_path(file),
+        &file.display().to_string(),
+    )
+}
+
+fn load_text(
+    config_path: &str,
+    text: &str,
+    shown: &str,
+    file: &str,
+) -> Result<LoadedConfig, ConfigError> {
+    let shown = shown.to_string();
+    let text = text.to_string();
     let package_header = yaml::package_header(&text)
         .map_err(|e| ConfigError::composition(format!("In '{config_path}' ({shown}): {e}")))?;
     let mut body = yaml::parse(&text, &shown)?.unwrap_or_else(Node::empty_map);
@@ -186,19 +276,31 @@ fn load_file(config_path: &str, file: &Path) -> Result<LoadedConfig, ConfigError
             Some(list) => parse_defaults_list(config_path, &list)?,
             None => Vec::new(),
         },
+        // A group option may be a list (placed at its package); a primary config may not (checked when
+        // composing, as Hydra does).
+        Value::List(_) => Vec::new(),
+        // OmegaConf reads a file holding one plain string `s` as `{s: null}`.
+        Value::Str(s) => {
+            let key = s.clone();
+            let mut map = super::tree::Map::new();
+            map.insert(key, Node::new(Value::Null, body.source.clone()));
+            body.value = Value::Map(map);
+            Vec::new()
+        }
         _ => {
             return Err(ConfigError::composition(format!(
-                "In '{config_path}' ({shown}): a config file must hold a mapping at the top, found a {}",
+                "In '{config_path}' ({shown}): a config file must hold a mapping or a list at the top, found a {}",
                 body.type_name()
             )))
         }
     };
-    let has_content = body
-        .as_map()
-        .is_some_and(|m| m.values().any(|v| !v.is_missing()));
+    let has_content = match &body.value {
+        Value::Map(m) => m.values().any(|v| !v.is_missing()),
+        _ => true,
+    };
     Ok(LoadedConfig {
         config_path: config_path.to_string(),
-        file: file.to_path_buf(),
+        file: PathBuf::from(file),
         body,
         defaults,
         package_header,

@@ -3,7 +3,7 @@
 //! then the cartesian product with the leftmost override varying slowest.
 
 use super::errors::ConfigError;
-use super::grammar::{parse_override, Element, Override, OverrideKind, ParsedValue, Sweep};
+use super::grammar::{parse_override, Element, Override, OverrideKind, ParsedValue, Quote, Sweep};
 use super::repository::Repository;
 use indexmap::IndexMap;
 
@@ -21,7 +21,9 @@ fn key_element(o: &Override) -> String {
     }
 }
 
-/// Each job's overrides, in launch order.
+/// Each job's overrides, in launch order. Overrides of Hydra's own config (`hydra.*`, `hydra/*`) are not
+/// part of a job's overrides (the launcher composes every job with them, as Hydra's `load_sweep_config`
+/// does), and sweeping over them is refused as Hydra refuses it.
 pub fn expand(
     repo: &Repository,
     yaml_params: &[String],
@@ -34,7 +36,18 @@ pub fn expand(
                 .map_err(|e| ConfigError::Parse(format!("{e}\n    (in hydra.sweeper.params)")))?,
         );
     }
-    parsed.extend(cli.iter().cloned());
+    for o in cli {
+        if crate::config::hydra::runtime::is_hydra_override(o) {
+            if o.is_sweep() {
+                return Err(ConfigError::composition(format!(
+                    "Sweeping over Hydra's configuration is not supported : '{}'",
+                    o.input
+                )));
+            }
+            continue;
+        }
+        parsed.push(o.clone());
+    }
     let mut lists: IndexMap<String, Vec<String>> = IndexMap::new();
     for o in &parsed {
         let key = key_element(o);
@@ -82,7 +95,7 @@ fn sweep_values(
                 .into_iter()
                 .map(|n| Element::Str {
                     value: n,
-                    quoted: false,
+                    quote: Quote::None,
                 })
                 .collect())
         }

@@ -49,7 +49,62 @@ impl fmt::Display for Source {
     }
 }
 
+/// A mapping, keyed by each key's text (so `map.get("a")` and dotted paths work whatever the key's type).
+/// The type the key was written with is kept on the child node ([`Node::key_kind`]).
 pub type Map = IndexMap<String, Node>;
+
+/// The YAML type of the key a node sits under in its parent mapping. OmegaConf keeps dict keys typed:
+/// `{123: 1}` has the int key 123 and prints `123: 1`, `{'123': 1}` has the string key '123' and prints
+/// `'123': 1`. trainyard keys its maps by the key's text; the type travels with the child node, as
+/// OmegaConf keeps a node's key in the node's own metadata, and only the writers (`to_yaml`,
+/// `display_python`) read it. Two keys whose text is the same but whose types differ (`1` and `'1'`) cannot
+/// both be kept: the YAML reader refuses them, OmegaConf would keep both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum KeyKind {
+    #[default]
+    Str,
+    Int,
+    Float,
+    Bool,
+}
+
+impl KeyKind {
+    /// A scalar's text as a key (ints in decimal, floats as Python's `repr`, bools as `true`/`false`) and its
+    /// key type. `None` for what cannot be a key: null (OmegaConf: "Incompatible key type 'NoneType'") and
+    /// containers (PyYAML: "found unhashable key").
+    pub fn key_of(value: &Value) -> Option<(String, KeyKind)> {
+        Some(match value {
+            Value::Str(s) => (s.clone(), KeyKind::Str),
+            Value::Missing => ("???".to_string(), KeyKind::Str),
+            Value::Int(i) => (i.to_string(), KeyKind::Int),
+            Value::Float(x) => (python_float_repr(*x), KeyKind::Float),
+            Value::Bool(b) => (if *b { "true" } else { "false" }.to_string(), KeyKind::Bool),
+            Value::Null | Value::List(_) | Value::Map(_) => return None,
+        })
+    }
+
+    /// The key back as the typed scalar it was written as; `None` when the text does not read as that type
+    /// (the key was renamed, or a node moved under another key), which is then treated as a string.
+    pub fn typed(self, key: &str) -> Option<Value> {
+        match self {
+            KeyKind::Str => None,
+            KeyKind::Int => key.parse::<i64>().ok().map(Value::Int),
+            KeyKind::Float => match key {
+                "inf" => Some(f64::INFINITY),
+                "-inf" => Some(f64::NEG_INFINITY),
+                "nan" => Some(f64::NAN),
+                _ if key.contains(['.', 'e']) => key.parse::<f64>().ok(),
+                _ => None,
+            }
+            .map(Value::Float),
+            KeyKind::Bool => match key {
+                "true" => Some(Value::Bool(true)),
+                "false" => Some(Value::Bool(false)),
+                _ => None,
+            },
+        }
+    }
+}
 
 /// A config value. Strings that contain `${` are interpolations, resolved later by `interpolate`.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,11 +124,22 @@ pub enum Value {
 pub struct Node {
     pub value: Value,
     pub source: Source,
+    /// The type of the key this node sits under in its parent mapping (`Str` for list items and the root).
+    pub key_kind: KeyKind,
 }
 
 impl Node {
     pub fn new(value: Value, source: Source) -> Self {
-        Node { value, source }
+        Node {
+            value,
+            source,
+            key_kind: KeyKind::Str,
+        }
+    }
+    /// This node, to be placed under a key of type `kind`.
+    pub fn keyed(mut self, kind: KeyKind) -> Self {
+        self.key_kind = kind;
+        self
     }
     pub fn map(source: Source) -> Self {
         Node::new(Value::Map(Map::new()), source)
@@ -237,7 +303,7 @@ impl Node {
         let mut node = self;
         for part in package.rsplit('.') {
             let mut map = Map::new();
-            map.insert(part.to_string(), node);
+            map.insert(part.to_string(), node.keyed(KeyKind::Str));
             node = Node::new(Value::Map(map), Source::Internal);
         }
         node
@@ -301,7 +367,13 @@ impl Value {
             Value::Map(m) => {
                 let items: Vec<String> = m
                     .iter()
-                    .map(|(k, v)| format!("'{k}': {}", v.value.repr_python()))
+                    .map(|(k, v)| {
+                        let key = match v.key_kind.typed(k) {
+                            Some(typed) => typed.repr_python(),
+                            None => format!("'{k}'"),
+                        };
+                        format!("{key}: {}", v.value.repr_python())
+                    })
                     .collect();
                 format!("{{{}}}", items.join(", "))
             }

@@ -1,14 +1,15 @@
 //! One job, from its composed config to its records: place it, resolve and type its config, write
 //! `.hydra/`, then train in this process, as one rank of a distributed run, or start this node's workers.
 
-use super::logs::{with_rank_log, with_run_log};
+use super::logs::{with_rank_log, with_run_log, LogSetup};
 use super::node::launch_node;
 use super::place::place_job;
 use crate::comm::Distributed;
 use crate::config::compose::Composed;
 use crate::config::errors::ConfigError;
-use crate::config::hydra::split_hydra;
-use crate::config::interpolate::{resolve_all, ResolveContext};
+use crate::config::hydra::{split_hydra, HydraSettings};
+use crate::config::interpolate::{resolve_all, resolve_hydra_key, ResolveContext};
+use crate::config::tree::{Node, Value};
 use crate::config::yaml;
 use crate::plan::{Machine, RunPlan};
 use crate::project::Setup;
@@ -35,6 +36,14 @@ pub fn run_job(
     ctx: &ResolveContext,
 ) -> Result<JobOutcome, ConfigError> {
     let (job_cfg, hydra) = split_hydra(composed.config);
+    let settings = HydraSettings::read(&hydra)?;
+    // `hydra.job.env_set` holds for the job: its config reads it (`${oc.env:...}`), its workers inherit it.
+    let mut ctx = ctx.clone();
+    for (k, v) in &settings.env_set {
+        ctx.env.insert(k.clone(), v.clone());
+        std::env::set_var(k, v);
+    }
+    let ctx = &ctx;
     let mut place = place_job(setup, &job_cfg, hydra.clone(), num, sweep_dir, ctx)?;
     let mut resolved = resolve_all(&job_cfg, &place.ctx)?;
     let mut experiment = crate::schema::extract(&resolved)?;
@@ -65,6 +74,11 @@ pub fn run_job(
         group = Some(joined);
     }
     let output_dir = place.output_dir.clone();
+    let logging = log_setup(&settings, &job_cfg, &place.ctx, &output_dir)?;
+    let _cwd = settings
+        .chdir
+        .then(|| WorkingDir::enter(&output_dir))
+        .transpose()?;
     let config_yaml = yaml::to_yaml(&resolved);
     let job = Job {
         exp: &experiment,
@@ -77,8 +91,10 @@ pub fn run_job(
         std::fs::create_dir_all(&output_dir).map_err(|e| {
             ConfigError::Io(format!("could not create {}: {e}", output_dir.display()))
         })?;
-        with_rank_log(&output_dir, rank, || crate::trainer::fit(&job, group))?
-            .map_err(|e| ConfigError::Run(format!("rank {rank}: {e:#}")))?;
+        with_rank_log(&output_dir, rank, &logging, || {
+            crate::trainer::fit(&job, group)
+        })?
+        .map_err(|e| ConfigError::Run(format!("rank {rank}: {e:#}")))?;
         return Ok(JobOutcome {
             output_dir,
             message: String::new(),
@@ -86,18 +102,9 @@ pub fn run_job(
         });
     }
     let info = JobInfo {
-        name: place.task_name,
-        config_name: setup.config_name.clone(),
-        num,
-        mode: if sweep_dir.is_some() {
-            "MULTIRUN"
-        } else {
-            "RUN"
-        },
         output_dir: output_dir.clone(),
         overrides: overrides.to_vec(),
-        choices: composed.choices.into_iter().collect(),
-        resolved_hydra: place.hydra,
+        hydra: place.hydra,
     };
     records::write_job_records(&info, &job_cfg, &resolved).map_err(|e| {
         ConfigError::Io(format!(
@@ -108,7 +115,70 @@ pub fn run_job(
     if sweep_dir.is_none() {
         print!("{config_yaml}");
     }
-    train_and_record(&job, group)
+    train_and_record(&job, group, &logging)
+}
+
+/// The job's logging from its `hydra/job_logging` option: the style, the file its file handler names
+/// (relative names are relative to the run directory), the root level (or DEBUG with `hydra.verbose`).
+fn log_setup(
+    settings: &HydraSettings,
+    job_cfg: &Node,
+    ctx: &ResolveContext,
+    output_dir: &Path,
+) -> Result<LogSetup, ConfigError> {
+    let lookup = |key: &str| match resolve_hydra_key(job_cfg, key, ctx) {
+        Ok(node) => Ok(Some(node)),
+        Err(ConfigError::Interpolation(m)) if m.contains("not found") => Ok(None),
+        Err(e) => Err(e),
+    };
+    let file = match lookup("job_logging.handlers.file.filename")? {
+        Some(Node {
+            value: Value::Str(name),
+            ..
+        }) => Some(output_dir.join(name)),
+        _ => None,
+    };
+    let level = match lookup("job_logging.root.level")?.map(|n| n.value) {
+        _ if settings.verbose => tracing::Level::DEBUG,
+        Some(Value::Str(l)) => match l.to_ascii_uppercase().as_str() {
+            "DEBUG" | "NOTSET" => tracing::Level::DEBUG,
+            "WARNING" | "WARN" => tracing::Level::WARN,
+            "ERROR" | "CRITICAL" | "FATAL" => tracing::Level::ERROR,
+            _ => tracing::Level::INFO,
+        },
+        _ => tracing::Level::INFO,
+    };
+    Ok(LogSetup {
+        style: settings.job_logging.clone(),
+        file,
+        level,
+    })
+}
+
+/// `hydra.job.chdir=true`: the job runs in its output directory; the previous directory comes back when
+/// the job ends (a sweep's next job starts where the sweep started).
+struct WorkingDir(PathBuf);
+
+impl WorkingDir {
+    fn enter(dir: &Path) -> Result<WorkingDir, ConfigError> {
+        let previous = std::env::current_dir()
+            .map_err(|e| ConfigError::Io(format!("no current directory: {e}")))?;
+        std::fs::create_dir_all(dir)
+            .and_then(|_| std::env::set_current_dir(dir))
+            .map_err(|e| {
+                ConfigError::Io(format!(
+                    "hydra.job.chdir: could not enter {}: {e}",
+                    dir.display()
+                ))
+            })?;
+        Ok(WorkingDir(previous))
+    }
+}
+
+impl Drop for WorkingDir {
+    fn drop(&mut self) {
+        let _ = std::env::set_current_dir(&self.0);
+    }
 }
 
 fn run_error(e: anyhow::Error) -> ConfigError {
@@ -117,7 +187,11 @@ fn run_error(e: anyhow::Error) -> ConfigError {
 
 /// Train as the run's only process or its rank 0, recording in `run.json` that the job runs and how it
 /// ended; the report for the console.
-fn train_and_record(job: &Job, group: Option<Distributed>) -> Result<JobOutcome, ConfigError> {
+fn train_and_record(
+    job: &Job,
+    group: Option<Distributed>,
+    logging: &LogSetup,
+) -> Result<JobOutcome, ConfigError> {
     let output_dir = job.output_dir;
     let run_state = records::RunState::started();
     let record_state = |state: &records::RunState| {
@@ -131,16 +205,8 @@ fn train_and_record(job: &Job, group: Option<Distributed>) -> Result<JobOutcome,
     record_state(&run_state)?;
     let distributed = group.is_some();
     let summary = match group {
-        Some(g) => with_rank_log(output_dir, 0, || crate::trainer::fit(job, Some(g)))?,
-        None => {
-            let log_file = std::fs::File::create(output_dir.join("train.log")).map_err(|e| {
-                ConfigError::Io(format!(
-                    "could not create {}: {e}",
-                    output_dir.join("train.log").display()
-                ))
-            })?;
-            with_run_log(log_file, || crate::trainer::fit(job, None))
-        }
+        Some(g) => with_rank_log(output_dir, 0, logging, || crate::trainer::fit(job, Some(g)))?,
+        None => with_run_log(logging, || crate::trainer::fit(job, None))?,
     };
     record_state(&run_state.ended(summary.as_ref().err().map(|e| format!("{e:#}"))))?;
     let summary = summary.map_err(|e| {

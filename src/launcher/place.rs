@@ -1,16 +1,17 @@
-//! Where a job writes, decided before anything is written: its output directory (`hydra.run.dir`, a sweep's
-//! `hydra.sweep.subdir`, or `logs/<task_name>/runs/<date_time>`), its resolved `hydra` node and the resolve
-//! context that serves `${hydra:runtime.output_dir}` and friends to the job's config.
+//! Where a job writes, decided before anything is written: its output directory (`hydra.run.dir`, or a
+//! sweep's directory joined with `hydra.sweep.subdir`), its `hydra` node with the run-time fields filled,
+//! and the resolve context that serves `${hydra:runtime.output_dir}` and friends to the job's config.
 
+use crate::config::compose::RunMode;
 use crate::config::errors::ConfigError;
-use crate::config::interpolate::{resolve_all, resolve_path, ResolveContext};
+use crate::config::hydra::runtime::{fill_job, JobRuntime};
+use crate::config::interpolate::{resolve_hydra_key, resolve_path, ResolveContext};
 use crate::config::tree::{Node, Value};
-use crate::config::yaml;
 use crate::project::Setup;
 use std::path::{Path, PathBuf};
 
-/// A job's place: its output directory, its resolved `hydra` node, and the resolve context that serves
-/// `${hydra:runtime.output_dir}` and friends to the job's config.
+/// A job's place: its output directory, its `hydra` node (run-time fields filled, as `.hydra/hydra.yaml`
+/// records it), and the resolve context that serves `${hydra:...}` to the job's config.
 pub struct JobPlace {
     pub output_dir: PathBuf,
     pub task_name: String,
@@ -19,6 +20,7 @@ pub struct JobPlace {
 }
 
 /// Work out where a job writes, before anything is written (also used by `--cfg --resolve` to preview it).
+/// `sweep_dir` is the sweep's resolved directory when the job is part of one (`num` is then its number).
 pub fn place_job(
     setup: &Setup,
     job_cfg: &Node,
@@ -33,56 +35,64 @@ pub fn place_job(
             .display_python(),
         None => setup.config_name.clone(),
     };
-    let mut with_task = Node::empty_map();
-    if let Some(m) = with_task.as_map_mut() {
-        m.insert("hydra".into(), hydra);
-        m.insert(
-            "task_name".into(),
-            Node::new(Value::Str(task_name.clone()), Default::default()),
-        );
-    }
-    let mut resolved_hydra = resolve_all(&with_task, ctx)?
-        .get("hydra")
-        .cloned()
-        .unwrap_or_else(Node::empty_map);
-    let stamp = ctx.now.format("%Y-%m-%d_%H-%M-%S").to_string();
-    let output_dir = match sweep_dir {
-        Some(dir) => {
-            let sub = resolved_hydra
-                .get("sweep.subdir")
-                .filter(|n| n.value != Value::Null)
-                .map(|n| n.value.display_python())
-                .unwrap_or_else(|| num.to_string());
-            dir.join(sub)
-        }
-        None => match resolved_hydra.get("run.dir").and_then(Node::as_str) {
-            Some(dir) => setup.project_root.join(dir),
-            None => setup
-                .project_root
-                .join("logs")
-                .join(&task_name)
-                .join("runs")
-                .join(&stamp),
-        },
+    let mode = match sweep_dir {
+        Some(_) => RunMode::Multirun,
+        None => RunMode::Run,
     };
-    let runtime = yaml::parse(
-        &format!(
-            "runtime:\n  output_dir: {}\njob:\n  name: {}\n  num: {num}\n  config_name: {}\n",
-            yaml::quote_if_needed(&output_dir.display().to_string()),
-            yaml::quote_if_needed(&task_name),
-            yaml::quote_if_needed(&setup.config_name)
-        ),
-        "<job runtime>",
-    )
-    .map_err(ConfigError::from)?
-    .unwrap_or_else(Node::empty_map);
-    resolved_hydra.merge(runtime);
+    let mut runtime = JobRuntime {
+        output_dir: None,
+        num: sweep_dir.map(|_| num),
+        mode,
+    };
+    // The job's number (and mode) first: `hydra.sweep.subdir` is `${hydra.job.num}` by default.
+    let mut hydra = hydra;
+    fill_job(&mut hydra, &runtime);
     let mut job_ctx = ctx.clone();
-    job_ctx.hydra = Some(resolved_hydra.clone());
+    job_ctx.hydra = Some(hydra.clone());
+    let dir_text = |key: &str| -> Result<String, ConfigError> {
+        let node = resolve_hydra_key(job_cfg, key, &job_ctx)?;
+        match node.value {
+            Value::Str(s) => Ok(s),
+            Value::Null => Err(ConfigError::composition(format!(
+                "hydra.{key} is null: set it to the directory a job writes to{}",
+                crate::config::errors::at(&node.source)
+            ))),
+            other => Ok(other.display_python()),
+        }
+    };
+    let output_dir = match sweep_dir {
+        Some(dir) => dir.join(dir_text("sweep.subdir")?),
+        None => setup.project_root.join(dir_text("run.dir")?),
+    };
+    runtime.output_dir = Some(output_dir.clone());
+    fill_job(&mut hydra, &runtime);
+    job_ctx.hydra = Some(hydra.clone());
     Ok(JobPlace {
         output_dir,
         task_name,
-        hydra: resolved_hydra,
+        hydra,
         ctx: job_ctx,
     })
+}
+
+/// A sweep's directory (`hydra.sweep.dir`, resolved against the master config; relative to the project).
+pub fn sweep_dir(
+    setup: &Setup,
+    job_cfg: &Node,
+    hydra: &Node,
+    ctx: &ResolveContext,
+) -> Result<PathBuf, ConfigError> {
+    let mut master_ctx = ctx.clone();
+    let mut hydra = hydra.clone();
+    fill_job(
+        &mut hydra,
+        &JobRuntime {
+            output_dir: None,
+            num: None,
+            mode: RunMode::Multirun,
+        },
+    );
+    master_ctx.hydra = Some(hydra);
+    let node = resolve_hydra_key(job_cfg, "sweep.dir", &master_ctx)?;
+    Ok(setup.project_root.join(node.value.display_python()))
 }

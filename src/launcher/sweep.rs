@@ -7,7 +7,8 @@ use crate::cli::{CfgKind, Cli};
 use crate::config::compose::RunMode;
 use crate::config::errors::ConfigError;
 use crate::config::grammar::Override;
-use crate::config::hydra::{compose_with_hydra, parse_overrides, split_hydra};
+use crate::config::hydra::runtime::is_hydra_override;
+use crate::config::hydra::{compose_with_hydra, parse_overrides, split_hydra, HydraSettings};
 use crate::config::interpolate::{resolve_path, ResolveContext};
 use crate::config::sweep;
 use crate::config::tree::{Node, Value};
@@ -37,9 +38,19 @@ pub fn run_sweep(
         _ => Vec::new(),
     };
     let jobs = sweep::expand(&setup.repo, &params, overrides)?;
+    // Every job is composed with the sweep's Hydra overrides first, then its own (Hydra's load_sweep_config).
+    let hydra_overrides: Vec<String> = overrides
+        .iter()
+        .filter(|o| is_hydra_override(o))
+        .map(|o| o.input.clone())
+        .collect();
+    let job_overrides = |job: &[String]| {
+        let texts: Vec<String> = hydra_overrides.iter().chain(job).cloned().collect();
+        parse_overrides(&texts)
+    };
     if cli.cfg.is_some() {
         for (i, job) in jobs.iter().enumerate() {
-            let parsed = parse_overrides(job)?;
+            let parsed = job_overrides(job)?;
             let composed =
                 compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)?;
             if i > 0 {
@@ -56,24 +67,16 @@ pub fn run_sweep(
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let (_, hydra) = split_hydra(master.config.clone());
-    let (job_cfg, _) = split_hydra(master.config.clone());
+    let (job_cfg, hydra) = split_hydra(master.config.clone());
+    let settings = HydraSettings::read(&hydra)?;
+    check_sweeper(&settings)?;
     let task_name = match job_cfg.get("task_name") {
         Some(_) => resolve_path(&job_cfg, "task_name", ctx)?
             .value
             .display_python(),
         None => setup.config_name.clone(),
     };
-    let stamp = ctx.now.format("%Y-%m-%d_%H-%M-%S").to_string();
-    let sweep_dir = match hydra.get("sweep.dir").and_then(Node::as_str) {
-        Some(d) => setup.project_root.join(d),
-        None => setup
-            .project_root
-            .join("logs")
-            .join(&task_name)
-            .join("multiruns")
-            .join(&stamp),
-    };
+    let sweep_dir = super::place::sweep_dir(setup, &job_cfg, &hydra, ctx)?;
     std::fs::create_dir_all(&sweep_dir)
         .map_err(|e| ConfigError::Io(format!("could not create {}: {e}", sweep_dir.display())))?;
     let mut multirun = Node::empty_map();
@@ -108,7 +111,7 @@ pub fn run_sweep(
         eprintln!("#{num} : {}", job.join(" "));
         record.set_job(num, records::JobState::Running, None);
         save(&record)?;
-        let outcome = parse_overrides(job)
+        let outcome = job_overrides(job)
             .and_then(|parsed| {
                 compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)
             })
@@ -161,6 +164,26 @@ pub fn run_sweep(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Only Hydra's basic sweeper and launcher run here so far; another choice is refused before any job runs.
+fn check_sweeper(settings: &HydraSettings) -> Result<(), ConfigError> {
+    if settings.sweeper != "basic" {
+        return Err(ConfigError::composition(format!(
+            "hydra/sweeper={}: trainyard runs Hydra's basic sweeper (grid sweeps over `a=1,2 b=x,y` and \
+             hydra.sweeper.params); the {} sweeper is not supported yet. Use `override hydra/sweeper: basic` \
+             or sweep with comma lists.",
+            settings.sweeper, settings.sweeper
+        )));
+    }
+    if settings.launcher != "basic" {
+        return Err(ConfigError::composition(format!(
+            "hydra/launcher={}: trainyard launches a sweep's jobs one after another (Hydra's basic launcher); \
+             the {} launcher is not supported yet.",
+            settings.launcher, settings.launcher
+        )));
+    }
+    Ok(())
 }
 
 /// A YAML value of `hydra.sweeper.params` as override text (`32,64,128` stays a sweep).

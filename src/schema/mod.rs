@@ -7,6 +7,7 @@ mod data;
 mod logger;
 mod model;
 mod optim;
+mod targets;
 mod trainer;
 mod validate;
 
@@ -68,6 +69,9 @@ pub struct PathsConfig {
     pub data_dir: String,
     pub log_dir: String,
     pub output_dir: String,
+    /// lightning-hydra-template's `${hydra:runtime.cwd}`: where the run was launched from.
+    #[serde(default)]
+    pub work_dir: Option<String>,
 }
 
 /// `1` (serde's default for counters that start at one).

@@ -190,8 +190,9 @@ fn errors_name_key_place_and_fix(
 /// The shipped `conf/` and `experiments/` trees, composed and resolved by the real config engine, extract.
 mod shipped {
     use super::*;
-    use crate::config::compose::{compose, RunMode};
+    use crate::config::compose::RunMode;
     use crate::config::grammar::parse_override;
+    use crate::config::hydra::{compose_with_hydra, split_hydra};
     use crate::config::interpolate::{resolve_all, ResolveContext};
     use crate::config::repository::{Repository, SearchRoot};
     use crate::config::yaml;
@@ -220,11 +221,14 @@ mod shipped {
             .iter()
             .map(|o| parse_override(o).unwrap_or_else(|e| panic!("{o}: {e}")))
             .collect();
-        let composed = compose(&repo, "train", &overrides, RunMode::Run)?;
+        let composed = compose_with_hydra(&repo, "train", &overrides, RunMode::Run)?;
+        let (job, mut hydra) = split_hydra(composed.config);
+        let pinned = yaml::parse("runtime:\n  output_dir: /tmp/run\n", "<test>").unwrap();
+        hydra.merge(pinned.unwrap());
         let mut ctx = ResolveContext::from_process();
         ctx.env.remove("PROJECT_ROOT");
-        ctx.hydra = yaml::parse("runtime:\n  output_dir: /tmp/run\n", "<test>").unwrap();
-        extract(&resolve_all(&composed.config, &ctx)?)
+        ctx.hydra = Some(hydra);
+        extract(&resolve_all(&job, &ctx)?)
     }
 
     fn run(overrides: &[&str]) -> Result<Experiment, ConfigError> {

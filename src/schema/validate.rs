@@ -18,6 +18,7 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     if let Some(map) = job.as_map_mut() {
         map.shift_remove("hydra");
     }
+    super::targets::translate(&mut job)?;
     check_no_missing(&job)?;
     let figment = Figment::from(Serialized::defaults(job.to_json()));
     let experiment: Experiment = figment.extract().map_err(|e| describe(&job, e))?;

@@ -40,6 +40,7 @@ pub struct Job<'a> {
 /// group, for DDP and FSDP), writing everything under the job's directory. With a batch-size finder
 /// configured, the batch size is found first and the run trains with it.
 pub fn fit(job: &Job, group: Option<Distributed>) -> anyhow::Result<Summary> {
+    tracing::debug!("run plan: {:?}", job.plan);
     for warning in &job.plan.warnings {
         tracing::warn!("{warning}");
     }

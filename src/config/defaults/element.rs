@@ -385,6 +385,13 @@ pub fn parse_defaults_list(
             }
             Value::Str(s) => {
                 let (path, package) = split_group(s);
+                if path == "_self_" && package.is_some() {
+                    return Err(ConfigError::composition(format!(
+                        "_self_@PACKAGE is not supported: in '{config_path}', `{s}` (_self_ always merges \
+                         at the config's own package; set the package in the config's header instead){}",
+                        at(&item.source)
+                    )));
+                }
                 if path.split('/').any(|part| part == "..") {
                     check_option_names(
                         config_path,

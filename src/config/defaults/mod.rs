@@ -55,11 +55,14 @@ pub struct DefaultsList {
 }
 
 /// Build the defaults list of `config_name` under the group overrides (Hydra's `create_defaults_list`).
+/// With `prepend_hydra`, Hydra's own `hydra/config` comes first under a virtual root, as under Hydra; the
+/// primary config is walked before it, so its `override hydra/...` entries steer Hydra's groups.
 pub fn create_defaults_list(
     repo: &Repository,
     config_name: &str,
     mut overrides: GroupOverrides,
     skip_missing: bool,
+    prepend_hydra: bool,
 ) -> Result<DefaultsList, ConfigError> {
     let mut primary = InputDefault::config(config_name, None, Source::Internal);
     primary.primary = true;
@@ -72,7 +75,26 @@ pub fn create_defaults_list(
         overrides: &mut overrides,
         skip_missing,
     };
-    let tree = walker.create_tree(root, true, false, None)?;
+    let primary_tree = walker.create_tree(root, true, false, None)?;
+    let tree = if prepend_hydra {
+        let mut hydra = InputDefault::config(HYDRA_CONFIG, None, Source::Internal);
+        hydra.update_parent("", "");
+        let hydra_tree = walker.create_tree(
+            TreeNode {
+                node: hydra,
+                children: None,
+            },
+            false,
+            false,
+            None,
+        )?;
+        TreeNode {
+            node: InputDefault::config(VIRTUAL_ROOT, None, Source::Internal),
+            children: Some(vec![Child::Tree(hydra_tree), Child::Tree(primary_tree)]),
+        }
+    } else {
+        primary_tree
+    };
     let mut defaults = Vec::new();
     tree_to_list(&tree, None, &mut defaults);
     ensure_no_duplicates(&defaults)?;
@@ -84,6 +106,11 @@ pub fn create_defaults_list(
         known_choices: overrides.known_choices,
     })
 }
+
+/// Hydra's own config, composed under every primary config (its `HydraConf` and defaults list).
+pub const HYDRA_CONFIG: &str = "hydra/config";
+/// The label of the root that holds `hydra/config` and the primary config side by side.
+const VIRTUAL_ROOT: &str = "<root>";
 
 fn tree_to_list(tree: &TreeNode, parent: Option<&TreeNode>, out: &mut Vec<ResultDefault>) {
     fn visit(owner: Option<&TreeNode>, node: &InputDefault, out: &mut Vec<ResultDefault>) {

@@ -34,6 +34,8 @@ pub struct GroupOverrides {
     /// Chosen option of every group seen, by override key (`hydra.runtime.choices`).
     pub known_choices: IndexMap<String, Option<String>>,
     known_choices_per_group: HashMap<String, BTreeSet<String>>,
+    /// Where each known choice was made, for the "Multiple values" error.
+    known_choice_sources: HashMap<String, Source>,
 }
 
 impl GroupOverrides {
@@ -158,10 +160,23 @@ impl GroupOverrides {
         match self.known_choices.get(&key) {
             None => {
                 self.known_choices.insert(key.clone(), name);
+                self.known_choice_sources
+                    .insert(key.clone(), d.source.clone());
             }
             Some(prev) if *prev != name => {
+                let first = self
+                    .known_choice_sources
+                    .get(&key)
+                    .filter(|s| !s.is_internal())
+                    .map(|s| {
+                        format!(
+                            "\n    (first chosen{})",
+                            at(s).trim_start_matches("\n    (set")
+                        )
+                    })
+                    .unwrap_or_default();
                 return Err(ConfigError::composition(format!(
-                    "Multiple values for {key}. To override a value use 'override {key}: {}'{}",
+                    "Multiple values for {key}. To override a value use 'override {key}: {}'{first}{}",
                     prev.clone().unwrap_or_else(|| "None".into()),
                     at(&d.source)
                 )));

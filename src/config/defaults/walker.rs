@@ -108,6 +108,8 @@ impl Walker<'_> {
                         d.source.clone(),
                     );
                     node.optional = d.optional;
+                    // An option the user named is not dropped silently when it is missing.
+                    node.overridden = d.overridden;
                     node.update_parent(&parent_group, &parent_package);
                     self.add_child(&mut children, node, interpolated_subtree, &path)?;
                 }
@@ -329,43 +331,74 @@ pub(super) fn validate_self(
     Ok(!has_self)
 }
 
-/// `${group}` in an option name, looked up among the choices already made.
+/// `${group}` in an option name, resolved against the choices already made (Hydra resolves it with
+/// OmegaConf, so resolvers work too: `${oc.decode:file1}`).
 pub(super) fn resolve_default_interpolation(
     d: &mut InputDefault,
     known: &HashMap<String, String>,
 ) -> Result<(), ConfigError> {
+    use crate::config::interpolate::{resolve_path, ResolveContext};
+    use crate::config::tree::{Node, Value};
     let text = match &d.entry {
         Entry::Config { .. } => d.get_config_path(),
         _ => d.get_name().unwrap_or_default(),
     };
-    let mut out = String::new();
-    let mut rest = text.as_str();
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let Some(end) = rest[start..].find('}') else {
-            break;
-        };
-        let key = rest[start + 2..start + end].trim();
-        match known.get(key) {
-            Some(v) => out.push_str(v),
-            None => {
-                let mut options: Vec<&String> = known.keys().collect();
-                options.sort();
-                let msg =
-                    if options.is_empty() {
-                        format!("Error resolving interpolation '{text}'")
-                    } else {
-                        format!(
-                        "Error resolving interpolation '{text}', possible interpolation keys: {}",
-                        options.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
-                    )
-                    };
-                return Err(ConfigError::composition(format!("{msg}{}", at(&d.source))));
-            }
-        }
-        rest = &rest[start + end + 1..];
+    let legacy = text
+        .strip_prefix("${defaults.")
+        .and_then(|rest| {
+            rest.chars()
+                .next()
+                .filter(char::is_ascii_digit)
+                .map(|_| &rest[1..])
+        })
+        .is_some_and(|rest| rest.starts_with('.'));
+    if legacy {
+        return Err(ConfigError::composition(format!(
+            "Defaults list element '{}={text}' is using a deprecated interpolation form.\n\
+             See http://hydra.cc/docs/1.1/upgrades/1.0_to_1.1/defaults_list_interpolation for migration \
+             information.{}",
+            d.get_override_key(),
+            at(&d.source)
+        )));
     }
-    out.push_str(rest);
+    let mut root = Node::empty_map();
+    if let Some(m) = root.as_map_mut() {
+        for (k, v) in known {
+            m.insert(
+                k.clone(),
+                Node::new(Value::Str(v.clone()), Source::Internal),
+            );
+        }
+        m.insert(
+            "_dummy_".into(),
+            Node::new(Value::Str(text.clone()), d.source.clone()),
+        );
+    }
+    let out = match resolve_path(&root, "_dummy_", &ResolveContext::from_process()) {
+        Ok(Node {
+            value: Value::Str(s),
+            ..
+        }) => s,
+        Ok(other) => other.value.display_python(),
+        Err(ConfigError::Interpolation(m)) if m.contains("not found") => {
+            let mut options: Vec<&String> = known.keys().collect();
+            options.sort();
+            let msg = if options.is_empty() {
+                format!("Error resolving interpolation '{text}'")
+            } else {
+                format!(
+                    "Error resolving interpolation '{text}', possible interpolation keys: {}",
+                    options
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            return Err(ConfigError::composition(format!("{msg}{}", at(&d.source))));
+        }
+        Err(e) => return Err(e),
+    };
     match &mut d.entry {
         Entry::Config { path } => *path = out,
         Entry::Group { value, .. } => *value = GroupValue::Name(Some(out)),

@@ -27,8 +27,10 @@ pub(super) fn type_name(v: &Val) -> &'static str {
         Val::Elem(Element::Bool(_)) => "bool",
         Val::Elem(Element::Int(_)) => "int",
         Val::Elem(Element::Float(_)) => "float",
-        Val::Elem(Element::Str { quoted: false, .. }) => "str",
-        Val::Elem(Element::Str { quoted: true, .. }) => "QuotedString",
+        Val::Elem(Element::Str {
+            quote: Quote::None, ..
+        }) => "str",
+        Val::Elem(Element::Str { .. }) => "QuotedString",
         Val::Elem(Element::List(_)) => "list",
         Val::Elem(Element::Dict(_)) => "dict",
         Val::Sweep(Sweep::Choice { .. }) => "ChoiceSweep",
@@ -264,7 +266,7 @@ pub(super) fn call_function(
     let unquote = |v: Val| match v {
         Val::Elem(Element::Str { value, .. }) => Val::Elem(Element::Str {
             value,
-            quoted: false,
+            quote: Quote::None,
         }),
         other => other,
     };
@@ -700,7 +702,7 @@ pub(super) fn cast_element(name: &str, e: Element) -> Result<Element, FnError> {
             "float" => Element::Float(i as f64),
             "str" => Element::Str {
                 value: i.to_string(),
-                quoted: false,
+                quote: Quote::None,
             },
             _ => Element::Bool(i != 0),
         }),
@@ -709,7 +711,7 @@ pub(super) fn cast_element(name: &str, e: Element) -> Result<Element, FnError> {
             "float" => Element::Float(x),
             "str" => Element::Str {
                 value: crate::config::tree::python_float_repr(x),
-                quoted: false,
+                quote: Quote::None,
             },
             _ => Element::Bool(x != 0.0),
         }),
@@ -718,7 +720,7 @@ pub(super) fn cast_element(name: &str, e: Element) -> Result<Element, FnError> {
             "float" => Element::Float(f64::from(u8::from(b))),
             "str" => Element::Str {
                 value: b.to_string(),
-                quoted: false,
+                quote: Quote::None,
             },
             _ => Element::Bool(b),
         }),
@@ -733,7 +735,7 @@ pub(super) fn cast_element(name: &str, e: Element) -> Result<Element, FnError> {
             },
             "str" => Ok(Element::Str {
                 value,
-                quoted: false,
+                quote: Quote::None,
             }),
             _ => match value.to_ascii_lowercase().as_str() {
                 "true" => Ok(Element::Bool(true)),
@@ -758,11 +760,11 @@ pub(super) fn py_cmp(a: &Element, b: &Element) -> Result<std::cmp::Ordering, FnE
         (
             Element::Str {
                 value: x,
-                quoted: false,
+                quote: Quote::None,
             },
             Element::Str {
                 value: y,
-                quoted: false,
+                quote: Quote::None,
             },
         ) => Ok(x.cmp(y)),
         (Element::List(x), Element::List(y)) => {

@@ -12,6 +12,7 @@ mod lexer;
 mod parser;
 mod text;
 
+use crate::config::tree::{python_float_repr, KeyKind};
 pub use parser::parse_override;
 use std::fmt;
 
@@ -38,14 +39,128 @@ pub enum Element {
     Bool(bool),
     Int(i64),
     Float(f64),
-    /// `quoted`: written inside `'..'` or `".."` (then `quote` says which). `${..}` stays in the text.
+    /// `quote`: written bare, inside `'..'` or inside `".."` (Hydra writes a quoted value back with the
+    /// quotes it was given). `${..}` stays in the text.
     Str {
         value: String,
-        quoted: bool,
+        quote: Quote,
     },
     List(Vec<Element>),
-    /// Insertion order kept.
-    Dict(Vec<(String, Element)>),
+    /// Insertion order kept; keys are unique as Python compares them (`1`, `1.0` and `true` are one key).
+    Dict(Vec<(DictKey, Element)>),
+}
+
+/// How a string value was written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quote {
+    None,
+    Single,
+    Double,
+}
+
+/// A dict key, typed as Hydra types it (its `dictKey` rule goes through `_createPrimitive`): `{1: a}` has the
+/// int key 1, `{1.5: a}` the float 1.5, `{true: a}` the bool, `{a b: 1}` the string `a b`. The grammar has no
+/// quoted keys. A `null` key parses; OmegaConf refuses it when the override is applied.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DictKey {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+impl From<&str> for DictKey {
+    fn from(s: &str) -> Self {
+        DictKey::Str(s.to_string())
+    }
+}
+
+impl From<String> for DictKey {
+    fn from(s: String) -> Self {
+        DictKey::Str(s)
+    }
+}
+
+impl DictKey {
+    /// The key as its own element (a string key unquoted).
+    pub fn to_element(&self) -> Element {
+        match self {
+            DictKey::Null => Element::Null,
+            DictKey::Bool(b) => Element::Bool(*b),
+            DictKey::Int(i) => Element::Int(*i),
+            DictKey::Float(x) => Element::Float(*x),
+            DictKey::Str(s) => Element::Str {
+                value: s.clone(),
+                quote: Quote::None,
+            },
+        }
+    }
+
+    /// The text a config map is keyed by and the key's type (`None` for a `null` key, which OmegaConf
+    /// refuses: see [`Element::null_key`]).
+    pub fn tree_key(&self) -> Option<(String, KeyKind)> {
+        match self {
+            DictKey::Null => None,
+            DictKey::Bool(b) => Some((b.to_string(), KeyKind::Bool)),
+            DictKey::Int(i) => Some((i.to_string(), KeyKind::Int)),
+            DictKey::Float(x) => Some((python_float_repr(*x), KeyKind::Float)),
+            DictKey::Str(s) => Some((s.clone(), KeyKind::Str)),
+        }
+    }
+
+    /// Python's `==` between dict keys: numbers and bools compare by value (`1 == 1.0 == True`), strings by
+    /// text, and a string never equals a number.
+    pub fn same_key(&self, other: &DictKey) -> bool {
+        fn number(k: &DictKey) -> Option<f64> {
+            match k {
+                DictKey::Bool(b) => Some(*b as i64 as f64),
+                DictKey::Int(i) => Some(*i as f64),
+                DictKey::Float(x) => Some(*x),
+                _ => None,
+            }
+        }
+        match (self, other) {
+            (DictKey::Int(a), DictKey::Int(b)) => a == b,
+            (DictKey::Str(a), DictKey::Str(b)) => a == b,
+            (DictKey::Null, DictKey::Null) => true,
+            _ => match (number(self), number(other)) {
+                (Some(a), Some(b)) => a == b,
+                _ => false,
+            },
+        }
+    }
+}
+
+impl Element {
+    /// Where a `null` dict key sits in this value, as OmegaConf's `full_key` names it when it refuses the key
+    /// ("Incompatible key type 'NoneType'"), with `key` the override's key: `x` for `x={null: 1}`,
+    /// `x.a` for `x={a: {null: 1}}`, and (OmegaConf's quirk) `x0` for `x=[{null: 1}]`.
+    pub fn null_key(&self, key: &str) -> Option<String> {
+        match self {
+            Element::Dict(items) => {
+                if items.iter().any(|(k, _)| *k == DictKey::Null) {
+                    return Some(key.to_string());
+                }
+                items.iter().find_map(|(k, v)| {
+                    let (text, _) = k.tree_key()?;
+                    let child = if key.is_empty() {
+                        text
+                    } else {
+                        format!("{key}.{text}")
+                    };
+                    v.null_key(&child)
+                })
+            }
+            Element::List(items) => items.iter().enumerate().find_map(|(i, v)| match v {
+                Element::Dict(entries) if entries.iter().any(|(k, _)| *k == DictKey::Null) => {
+                    Some(format!("{key}{i}"))
+                }
+                _ => v.null_key(&format!("{key}[{i}]")),
+            }),
+            _ => None,
+        }
+    }
 }
 
 /// A number in a `range()`: ints stay ints so `range(1,4)` sweeps 1, 2, 3.
@@ -140,13 +255,13 @@ mod tests {
     fn s(v: &str) -> Element {
         Element::Str {
             value: v.into(),
-            quoted: false,
+            quote: Quote::None,
         }
     }
     fn q(v: &str) -> Element {
         Element::Str {
             value: v.into(),
-            quoted: true,
+            quote: Quote::Single,
         }
     }
     fn value(text: &str) -> ParsedValue {
@@ -195,7 +310,7 @@ mod tests {
     #[case("\\(x\\)", s("(x)"))]
     #[case("\\\\", s("\\"))]
     #[case("'a,b'", q("a,b"))]
-    #[case("\"hello world\"", q("hello world"))]
+    #[case("\"hello world\"", Element::Str { value: "hello world".into(), quote: Quote::Double })]
     #[case("'1'", q("1"))]
     #[case("'${x}'", q("${x}"))]
     #[case("'abc\\'def'", q("abc'def"))]
@@ -209,6 +324,10 @@ mod tests {
     #[case("{}", Element::Dict(vec![]))]
     #[case("{a: 1, b: {c: 2}}", Element::Dict(vec![("a".into(), Element::Int(1)), ("b".into(), Element::Dict(vec![("c".into(), Element::Int(2))]))]))]
     #[case("{a:1,a:2}", Element::Dict(vec![("a".into(), Element::Int(2))]))]
+    #[case("{1: a}", Element::Dict(vec![(DictKey::Int(1), s("a"))]))]
+    #[case("{1.5: a, TRUE: b, null: c}", Element::Dict(vec![(DictKey::Float(1.5), s("a")), (DictKey::Bool(true), s("b")), (DictKey::Null, s("c"))]))]
+    #[case("{1: a, 1.0: b, true: c}", Element::Dict(vec![(DictKey::Int(1), s("c"))]))]
+    #[case("{a b : 1, 0x10: 2}", Element::Dict(vec![("a b".into(), Element::Int(1)), ("0x10".into(), Element::Int(2))]))]
     #[case("int(3.7)", Element::Int(3))]
     #[case("int('10')", Element::Int(10))]
     #[case("float(1)", Element::Float(1.0))]
@@ -322,6 +441,7 @@ mod tests {
     #[case("a/b.c=1", "invalid key")]
     #[case("a=1,", "expecting a value")]
     #[case("a= ", "")]
+    #[case("a={'1': 2}", "missing dictionary key")]
     fn errors(#[case] text: &str, #[case] reason: &str) {
         match parse_override(text) {
             Err(e) => {
@@ -347,6 +467,7 @@ mod tests {
     #[case(Element::Float(2.0), "2.0")]
     #[case(Element::List(vec![Element::Int(1), s("x")]), "[1,x]")]
     #[case(Element::Dict(vec![("a".into(), Element::Int(1))]), "{a:1}")]
+    #[case(Element::Dict(vec![(DictKey::Int(1), s("a")), (DictKey::Bool(true), Element::Null), (DictKey::Float(1.5), q("x y"))]), "{1:a,True:null,1.5:'x y'}")]
     #[case(Element::Null, "null")]
     fn override_strings(#[case] e: Element, #[case] expected: &str) {
         assert_eq!(e.to_override_string(), expected);

@@ -49,7 +49,7 @@ pub fn parse_override(input: &str) -> Result<Override, ParseError> {
         // `key=` is the empty string
         Some(ParsedValue::Element(Element::Str {
             value: String::new(),
-            quoted: false,
+            quote: Quote::None,
         }))
     } else {
         let mut p = Parser {
@@ -222,10 +222,11 @@ impl Parser<'_> {
                 let t = &self.tokens[self.pos];
                 self.pos += 1;
                 let value = unescape_quoted(&t.text);
-                Ok(Val::Elem(Element::Str {
-                    value,
-                    quoted: true,
-                }))
+                let quote = match t.text.starts_with('"') {
+                    true => Quote::Double,
+                    false => Quote::Single,
+                };
+                Ok(Val::Elem(Element::Str { value, quote }))
             }
             Some(
                 Tok::Id
@@ -307,11 +308,11 @@ impl Parser<'_> {
                 Tok::Bool => Element::Bool(t.text.eq_ignore_ascii_case("true")),
                 Tok::Esc => Element::Str {
                     value: unescape_esc(&t.text),
-                    quoted: false,
+                    quote: Quote::None,
                 },
                 _ => Element::Str {
                     value: t.text.clone(),
-                    quoted: false,
+                    quote: Quote::None,
                 },
             });
         }
@@ -327,7 +328,7 @@ impl Parser<'_> {
             .collect();
         Ok(Element::Str {
             value,
-            quoted: false,
+            quote: Quote::None,
         })
     }
 
@@ -358,22 +359,27 @@ impl Parser<'_> {
 
     fn dict(&mut self) -> Result<Element, ParseError> {
         self.expect(Tok::BraceOpen, "'{'")?;
-        let mut items: Vec<(String, Element)> = Vec::new();
+        let mut items: Vec<(DictKey, Element)> = Vec::new();
         if self.peek() != Some(Tok::BraceClose) {
             loop {
                 let key_col = self.col();
-                let key = self.primitive(false)?;
-                let key = match key {
-                    Element::Str { value, .. } => value,
-                    other => other.to_override_string(),
+                // Typed as Hydra's `_createPrimitive` types a key: `{1: a}` has the int key 1.
+                let key = match self.primitive(false)? {
+                    Element::Null => DictKey::Null,
+                    Element::Bool(b) => DictKey::Bool(b),
+                    Element::Int(i) => DictKey::Int(i),
+                    Element::Float(x) => DictKey::Float(x),
+                    Element::Str { value, .. } if value.is_empty() => {
+                        return fail(self.input, key_col, "missing dictionary key");
+                    }
+                    Element::Str { value, .. } => DictKey::Str(value),
+                    other => DictKey::Str(other.to_override_string()),
                 };
-                if key.is_empty() {
-                    return fail(self.input, key_col, "missing dictionary key");
-                }
                 self.expect(Tok::Colon, "':'")?;
                 let v = self.element()?;
                 let v = self.plain(v)?;
-                if let Some(slot) = items.iter_mut().find(|(k, _)| *k == key) {
+                // A later duplicate replaces the value and keeps the first key, as a Python dict does.
+                if let Some(slot) = items.iter_mut().find(|(k, _)| k.same_key(&key)) {
                     slot.1 = v;
                 } else {
                     items.push((key, v));

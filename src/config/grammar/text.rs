@@ -27,12 +27,9 @@ impl Element {
             Element::Float(x) => crate::config::tree::python_float_repr(*x),
             Element::Str {
                 value,
-                quoted: true,
-            } => with_quotes(value),
-            Element::Str {
-                value,
-                quoted: false,
+                quote: Quote::None,
             } => escape_special(value),
+            Element::Str { value, quote } => with_quotes(value, *quote),
             Element::List(items) => {
                 format!(
                     "[{}]",
@@ -47,7 +44,11 @@ impl Element {
                 "{{{}}}",
                 items
                     .iter()
-                    .map(|(k, v)| format!("{}:{}", escape_special(k), v.to_override_string()))
+                    .map(|(k, v)| format!(
+                        "{}:{}",
+                        k.to_element().to_override_string(),
+                        v.to_override_string()
+                    ))
                     .collect::<Vec<_>>()
                     .join(",")
             ),
@@ -55,9 +56,13 @@ impl Element {
     }
 }
 
-/// Re-quote a string (single quotes), escaping quotes and the backslashes that precede them.
-pub(super) fn with_quotes(text: &str) -> String {
-    let q = '\'';
+/// Re-quote a string with the quotes it was written in, escaping them and the backslashes that precede
+/// them (Hydra's `QuotedString.with_quotes`).
+pub(super) fn with_quotes(text: &str, quote: Quote) -> String {
+    let q = match quote {
+        Quote::Double => '"',
+        _ => '\'',
+    };
     let mut out = String::from(q);
     let chars: Vec<char> = text.chars().collect();
     let mut i = 0;

@@ -1,0 +1,766 @@
+//! Hydra `_target_` nodes as Lightning + Hydra projects write them (lightning-hydra-template's `trainer/`,
+//! `callbacks/`, `logger/`, `torch.optim.*`, `timm.create_model`) translated onto trainyard's schema before
+//! it is typed. Keyword arguments keep their Lightning/torch names where the schema has them; a few are
+//! renamed; the ones that only configure Lightning's own console are accepted as documented no-ops; any other
+//! is left for the schema to refuse (naming the key, its file:line and the keys known there), or refused
+//! here with the reason when trainyard cannot honour the value. A `_target_` outside the known set is an
+//! error naming it; a project's own Python class cannot run here, and the error says so.
+//!
+//! The README's "Lightning and torch `_target_`s" table documents every mapping below.
+
+use crate::config::errors::{at, ConfigError};
+use crate::config::tree::{Map, Node, Source, Value};
+
+/// Translate every known `_target_` node of a resolved job config in place.
+pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
+    if let Some(trainer) = job.child_mut("trainer") {
+        if let Some(target) = take_target(trainer)? {
+            trainer_target(trainer, &target)?;
+        }
+    }
+    for section in ["callbacks", "logger"] {
+        if let Some(node) = job.child_mut(section) {
+            translate_entries(node, section)?;
+        }
+    }
+    if let Some(opt) = job.child_mut("optimizer") {
+        if let Some(target) = take_target(opt)? {
+            optimizer_target(opt, &target)?;
+        }
+    }
+    if let Some(sched) = job.child_mut("scheduler") {
+        if let Some(target) = take_target(sched)? {
+            scheduler_target(sched, &target)?;
+        }
+    }
+    if let Some(model) = job.child_mut("model") {
+        if let Some(target) = take_target(model)? {
+            model_target(model, &target)?;
+        }
+    }
+    if let Some(data) = job.child("data") {
+        if let Some(t) = data.child("_target_") {
+            return Err(user_code("data", t));
+        }
+    }
+    Ok(())
+}
+
+/// A `_target_` read and removed (with `_partial_`, which only matters to Python), or `None`.
+fn take_target(node: &mut Node) -> Result<Option<Node>, ConfigError> {
+    let Some(map) = node.as_map_mut() else {
+        return Ok(None);
+    };
+    let Some(target) = map.shift_remove("_target_") else {
+        return Ok(None);
+    };
+    map.shift_remove("_partial_");
+    match &target.value {
+        Value::Str(_) => Ok(Some(target)),
+        other => Err(ConfigError::Schema(format!(
+            "_target_ must name a class, got {}{}",
+            other.display_python(),
+            at(&target.source)
+        ))),
+    }
+}
+
+fn target_text(t: &Node) -> &str {
+    t.as_str().unwrap_or_default()
+}
+
+/// The class name of a target, when its module is one of `modules` (`lightning.pytorch.callbacks`, …).
+fn class_in<'a>(target: &'a str, modules: &[&str]) -> Option<&'a str> {
+    let (module, class) = target.rsplit_once('.')?;
+    modules
+        .iter()
+        .any(|m| module == *m || module.starts_with(&format!("{m}.")))
+        .then_some(class)
+}
+
+fn unknown_target(section: &str, target: &Node, known: &[&str]) -> ConfigError {
+    ConfigError::Schema(format!(
+        "{section}: _target_ {} is not one trainyard knows.\n    Known here (module lightning.pytorch.*, or pytorch_lightning.*): {}{}",
+        target_text(target),
+        known.join(", "),
+        at(&target.source)
+    ))
+}
+
+/// A project's own Python class (its LightningModule or DataModule) named as a target.
+fn user_code(section: &str, target: &Node) -> ConfigError {
+    ConfigError::Schema(format!(
+        "{section}: _target_ {} is Python code of your project; trainyard runs no Python, so it cannot build \
+         it. Choose one of trainyard's built-in {section} configs instead (`{section}=<option>`, see \
+         `train --help` for the options of conf/{section}/){}",
+        target_text(target),
+        at(&target.source)
+    ))
+}
+
+/// Refuse `key` unless its value is one of the accepted no-op values (checked with `ok`), with the reason.
+fn refuse_unless(
+    map: &mut Map,
+    section: &str,
+    key: &str,
+    ok: fn(&Value) -> bool,
+    why: &str,
+) -> Result<(), ConfigError> {
+    if let Some(node) = map.get(key) {
+        if !ok(&node.value) {
+            return Err(ConfigError::Schema(format!(
+                "{section}.{key}={}: {why}{}",
+                node.value.display_python(),
+                at(&node.source)
+            )));
+        }
+        map.shift_remove(key);
+    }
+    Ok(())
+}
+
+fn is_null(v: &Value) -> bool {
+    matches!(v, Value::Null)
+}
+fn is_false_or_null(v: &Value) -> bool {
+    matches!(v, Value::Null | Value::Bool(false))
+}
+fn is_true_or_null(v: &Value) -> bool {
+    matches!(v, Value::Null | Value::Bool(true))
+}
+fn anything(_: &Value) -> bool {
+    true
+}
+fn empty_or_null(v: &Value) -> bool {
+    matches!(v, Value::Null) || matches!(v, Value::Str(s) if s.is_empty())
+}
+
+fn rename(map: &mut Map, from: &str, to: &str) {
+    if let Some(v) = map.shift_remove(from) {
+        map.insert(to.to_string(), v);
+    }
+}
+
+/// Drop `key` when it is null (Lightning's "use the default"), so the schema's default applies.
+fn drop_null(map: &mut Map, key: &str) {
+    if map.get(key).is_some_and(|n| is_null(&n.value)) {
+        map.shift_remove(key);
+    }
+}
+
+fn set_default(map: &mut Map, key: &str, value: Value, source: &Source) {
+    if map.get(key).is_none_or(|n| is_null(&n.value)) {
+        map.insert(key.to_string(), Node::new(value, source.clone()));
+    }
+}
+
+const TRAINER_MODULES: &[&str] = &[
+    "lightning.pytorch.trainer",
+    "lightning.pytorch",
+    "lightning",
+    "pytorch_lightning.trainer",
+    "pytorch_lightning",
+];
+
+fn trainer_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
+    if class_in(target_text(target), TRAINER_MODULES) != Some("Trainer") {
+        return Err(unknown_target(
+            "trainer",
+            target,
+            &[
+                "lightning.pytorch.trainer.Trainer",
+                "pytorch_lightning.Trainer",
+            ],
+        ));
+    }
+    let src = target.source.clone();
+    let Some(map) = node.as_map_mut() else {
+        return Ok(());
+    };
+    let s = "trainer";
+    // Lightning's console and directories: the run directory is `hydra.run.dir`, the console is ours.
+    for key in [
+        "default_root_dir",
+        "enable_progress_bar",
+        "enable_model_summary",
+        "num_sanity_val_steps",
+        "limit_test_batches",
+        "limit_predict_batches",
+        "logger",
+    ] {
+        map.shift_remove(key);
+    }
+    refuse_unless(map, s, "min_epochs", |v| matches!(v, Value::Null | Value::Int(0 | 1)),
+        "trainyard has no minimum epoch count (EarlyStopping may stop after the first epoch); remove it, or raise callbacks.early_stopping.patience")?;
+    refuse_unless(map, s, "detect_anomaly", is_false_or_null,
+        "anomaly detection is not available here; remove it (a NaN loss already stops the run with an error)")?;
+    refuse_unless(map, s, "profiler", is_null,
+        "Lightning's profilers are not available here; remove it (summary.json records step times and throughput)")?;
+    refuse_unless(map, s, "enable_checkpointing", is_true_or_null,
+        "to train without checkpoints, remove the ModelCheckpoint callback (callbacks.model_checkpoint=null)")?;
+    refuse_unless(
+        map,
+        s,
+        "min_steps",
+        |v| matches!(v, Value::Null | Value::Int(0 | -1)),
+        "trainyard has no minimum step count; remove it",
+    )?;
+    refuse_unless(map, s, "inference_mode", anything, "")?;
+    refuse_unless(
+        map,
+        s,
+        "use_distributed_sampler",
+        is_true_or_null,
+        "trainyard always shards the data between processes; remove it",
+    )?;
+    refuse_unless(map, s, "barebones", is_false_or_null, "remove it")?;
+    rename(map, "benchmark", "cudnn_benchmark");
+    drop_null(map, "benchmark");
+    drop_null(map, "cudnn_benchmark");
+    for key in [
+        "max_steps",
+        "gradient_clip_val",
+        "accumulate_grad_batches",
+        "log_every_n_steps",
+    ] {
+        drop_null(map, key);
+    }
+    if let Some(Value::Str(algo)) = map.get("gradient_clip_algorithm").map(|n| n.value.clone()) {
+        if algo != "norm" {
+            return Err(ConfigError::Schema(format!(
+                "trainer.gradient_clip_algorithm={algo}: trainyard clips by norm only; remove it{}",
+                at(&map["gradient_clip_algorithm"].source)
+            )));
+        }
+    }
+    map.shift_remove("gradient_clip_algorithm");
+    // Lightning's defaults for what its Trainer does not require.
+    set_default(map, "accelerator", Value::Str("auto".into()), &src);
+    set_default(map, "devices", Value::Str("auto".into()), &src);
+    set_default(map, "precision", Value::Str("32-true".into()), &src);
+    set_default(map, "max_epochs", Value::Int(1000), &src);
+    let devices_one = matches!(map.get("devices").map(|n| &n.value), Some(Value::Int(1)));
+    let nodes_one = map
+        .get("num_nodes")
+        .is_none_or(|n| matches!(n.value, Value::Int(1) | Value::Null));
+    let strategy = map.get("strategy").map(|n| n.value.clone());
+    let mapped = match strategy {
+        None | Some(Value::Null) => Some("auto".to_string()),
+        Some(Value::Str(s)) => Some(
+            match s.as_str() {
+                "auto" => "auto",
+                "ddp"
+                | "ddp_spawn"
+                | "ddp_fork"
+                | "ddp_notebook"
+                | "ddp_find_unused_parameters_true"
+                | "ddp_find_unused_parameters_false" => "ddp",
+                "dp" => "dp",
+                "fsdp" => "fsdp",
+                "single_device" => "single",
+                other => other,
+            }
+            .to_string(),
+        ),
+        _ => None,
+    };
+    if let Some(name) = mapped {
+        let value = match name.as_str() {
+            // Lightning's "auto": one process per device, DDP when there is more than one.
+            "auto" if devices_one && nodes_one => "single",
+            "auto" => "ddp",
+            other => other,
+        };
+        map.insert("strategy".into(), Node::new(Value::Str(value.into()), src));
+    }
+    Ok(())
+}
+
+const CALLBACK_MODULES: &[&str] = &["lightning.pytorch.callbacks", "pytorch_lightning.callbacks"];
+const LOGGER_MODULES: &[&str] = &["lightning.pytorch.loggers", "pytorch_lightning.loggers"];
+
+/// `callbacks:` / `logger:` entries with a `_target_`, each moved to trainyard's key for it.
+fn translate_entries(node: &mut Node, section: &str) -> Result<(), ConfigError> {
+    let Some(map) = node.as_map_mut() else {
+        return Ok(());
+    };
+    let entries: Vec<String> = map.keys().cloned().collect();
+    let mut out = Map::new();
+    for name in entries {
+        let mut entry = map.shift_remove(&name).expect("key listed above");
+        let Some(target) = take_target(&mut entry)? else {
+            out.insert(name, entry);
+            continue;
+        };
+        let key = match section {
+            "callbacks" => callback_target(&mut entry, &target)?,
+            _ => logger_target(&mut entry, &target)?,
+        };
+        let Some(key) = key else { continue };
+        if out.contains_key(key) {
+            return Err(ConfigError::Schema(format!(
+                "{section}.{name}: a second {} ({key} is already configured){}",
+                target_text(&target),
+                at(&target.source)
+            )));
+        }
+        out.insert(key.to_string(), entry);
+    }
+    *map = out;
+    Ok(())
+}
+
+/// One callback: its trainyard key (`None` when it is Lightning's console only).
+fn callback_target(entry: &mut Node, target: &Node) -> Result<Option<&'static str>, ConfigError> {
+    const KNOWN: [&str; 10] = [
+        "ModelCheckpoint",
+        "EarlyStopping",
+        "ModelSummary",
+        "RichModelSummary",
+        "LearningRateMonitor",
+        "DeviceStatsMonitor",
+        "Timer",
+        "BatchSizeFinder",
+        "RichProgressBar",
+        "TQDMProgressBar",
+    ];
+    let class = class_in(target_text(target), CALLBACK_MODULES);
+    let Some(map) = entry.as_map_mut() else {
+        return Ok(None);
+    };
+    let key = match class {
+        Some("ModelCheckpoint") => {
+            let s = "callbacks.model_checkpoint";
+            map.shift_remove("verbose");
+            refuse_unless(map, s, "auto_insert_metric_name", is_false_or_null,
+                "trainyard formats `filename` as written (`epoch_{epoch:03d}` → epoch_007) and does not insert `epoch=`; set it to False")?;
+            refuse_unless(
+                map,
+                s,
+                "save_weights_only",
+                is_false_or_null,
+                "checkpoints hold the optimizer state too (exact resume); remove it",
+            )?;
+            for k in [
+                "every_n_train_steps",
+                "train_time_interval",
+                "save_on_train_epoch_end",
+                "enable_version_counter",
+            ] {
+                refuse_unless(
+                    map,
+                    s,
+                    k,
+                    |v| matches!(v, Value::Null | Value::Bool(true)),
+                    "checkpoints are taken after each validation only; remove it",
+                )?;
+            }
+            if map.get("save_last").is_some_and(|n| is_null(&n.value)) {
+                map.insert(
+                    "save_last".into(),
+                    Node::new(Value::Bool(false), target.source.clone()),
+                );
+            }
+            drop_null(map, "every_n_epochs");
+            drop_null(map, "filename");
+            set_default(
+                map,
+                "dirpath",
+                Value::Str("checkpoints".into()),
+                &target.source,
+            );
+            "model_checkpoint"
+        }
+        Some("EarlyStopping") => {
+            let s = "callbacks.early_stopping";
+            for k in ["verbose", "strict", "check_finite", "log_rank_zero_only"] {
+                map.shift_remove(k);
+            }
+            for k in [
+                "stopping_threshold",
+                "divergence_threshold",
+                "check_on_train_epoch_end",
+            ] {
+                refuse_unless(map, s, k, is_null, "not available here; remove it")?;
+            }
+            "early_stopping"
+        }
+        Some("ModelSummary" | "RichModelSummary") => {
+            // Lightning's -1 is "every depth".
+            if let Some(n) = map.get_mut("max_depth") {
+                if matches!(n.value, Value::Int(i) if i < 0) {
+                    n.value = Value::Int(100);
+                }
+            }
+            "model_summary"
+        }
+        Some("LearningRateMonitor") => {
+            let s = "callbacks.lr_monitor";
+            drop_null(map, "logging_interval");
+            for k in ["log_momentum", "log_weight_decay"] {
+                refuse_unless(
+                    map,
+                    s,
+                    k,
+                    is_false_or_null,
+                    "only the learning rate is logged; remove it",
+                )?;
+            }
+            "lr_monitor"
+        }
+        Some("DeviceStatsMonitor") => {
+            map.shift_remove("cpu_stats");
+            "device_stats"
+        }
+        Some("Timer") => {
+            refuse_unless(
+                map,
+                "callbacks.timer",
+                "duration",
+                is_null,
+                "give the limit as max_time: \"DD:HH:MM:SS\"",
+            )?;
+            "timer"
+        }
+        Some("BatchSizeFinder") => "batch_size_finder",
+        // The console shows a progress line of its own.
+        Some("RichProgressBar" | "TQDMProgressBar") => return Ok(None),
+        _ => {
+            return Err(unknown_target(
+                "callbacks",
+                target,
+                &KNOWN
+                    .map(|c| c.to_string())
+                    .join(", ")
+                    .split("\0")
+                    .collect::<Vec<_>>(),
+            ))
+        }
+    };
+    Ok(Some(key))
+}
+
+/// One logger: its trainyard key.
+fn logger_target(entry: &mut Node, target: &Node) -> Result<Option<&'static str>, ConfigError> {
+    let class = class_in(target_text(target), LOGGER_MODULES);
+    let Some(map) = entry.as_map_mut() else {
+        return Ok(None);
+    };
+    let key = match class {
+        Some("CSVLogger") => {
+            let s = "logger.csv";
+            // metrics.csv is written in the run directory.
+            for k in ["save_dir", "name", "version"] {
+                map.shift_remove(k);
+            }
+            refuse_unless(map, s, "prefix", empty_or_null, "metric names keep trainyard's `train/`, `val/` prefixes; remove it")?;
+            rename(map, "flush_logs_every_n_steps", "flush_every_n_steps");
+            "csv"
+        }
+        Some("TensorBoardLogger") => {
+            let s = "logger.tensorboard";
+            rename(map, "save_dir", "dir");
+            for k in ["name", "version", "default_hp_metric", "sub_dir"] {
+                map.shift_remove(k);
+            }
+            refuse_unless(map, s, "log_graph", is_false_or_null, "the model graph is not written; remove it")?;
+            refuse_unless(map, s, "prefix", empty_or_null, "metric names keep trainyard's prefixes; remove it")?;
+            "tensorboard"
+        }
+        Some(other @ ("WandbLogger" | "MLFlowLogger" | "CometLogger" | "NeptuneLogger")) => {
+            return Err(ConfigError::Schema(format!(
+                "logger: {other} ({}) is not supported yet (Weights & Biases and MLflow are planned). \
+                 Log with logger=csv or logger=tensorboard{}",
+                target_text(target),
+                at(&target.source)
+            )))
+        }
+        _ if target_text(target).starts_with("aim.") => {
+            return Err(ConfigError::Schema(format!(
+                "logger: {} is not supported; log with logger=csv or logger=tensorboard{}",
+                target_text(target),
+                at(&target.source)
+            )))
+        }
+        _ => {
+            return Err(unknown_target(
+                "logger",
+                target,
+                &[
+                    "lightning.pytorch.loggers.csv_logs.CSVLogger",
+                    "lightning.pytorch.loggers.tensorboard.TensorBoardLogger",
+                ],
+            ))
+        }
+    };
+    Ok(Some(key))
+}
+
+fn optimizer_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
+    let name = match class_in(target_text(target), &["torch.optim"]) {
+        Some("SGD") => "sgd",
+        Some("Adam") => "adam",
+        Some("AdamW") => "adamw",
+        _ => {
+            return Err(unknown_target(
+                "optimizer",
+                target,
+                &["torch.optim.SGD", "torch.optim.Adam", "torch.optim.AdamW"],
+            ))
+        }
+    };
+    if let Some(map) = node.as_map_mut() {
+        refuse_unless(
+            map,
+            "optimizer",
+            "amsgrad",
+            is_false_or_null,
+            "AMSGrad is not available; remove it",
+        )?;
+        for k in [
+            "foreach",
+            "fused",
+            "capturable",
+            "differentiable",
+            "maximize",
+            "dampening",
+        ] {
+            refuse_unless(
+                map,
+                "optimizer",
+                k,
+                |v| matches!(v, Value::Null | Value::Bool(false) | Value::Int(0)),
+                "not available here; remove it",
+            )?;
+        }
+        map.insert(
+            "name".into(),
+            Node::new(Value::Str(name.into()), target.source.clone()),
+        );
+    }
+    Ok(())
+}
+
+fn scheduler_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
+    let class = class_in(target_text(target), &["torch.optim.lr_scheduler"]);
+    let Some(map) = node.as_map_mut() else {
+        return Ok(());
+    };
+    let name = match class {
+        Some("OneCycleLR") => {
+            // The total step count comes from the run; torch needs it spelled out.
+            for k in [
+                "total_steps",
+                "epochs",
+                "steps_per_epoch",
+                "anneal_strategy",
+                "three_phase",
+                "cycle_momentum",
+                "base_momentum",
+                "max_momentum",
+            ] {
+                map.shift_remove(k);
+            }
+            "onecycle"
+        }
+        Some("CosineAnnealingLR") => {
+            map.shift_remove("T_max");
+            rename(map, "eta_min", "min_lr");
+            "cosine"
+        }
+        Some("StepLR") => "step",
+        Some("ConstantLR")
+            if map.get("factor").is_none_or(|n| {
+                matches!(n.value, Value::Float(f) if f == 1.0) || matches!(n.value, Value::Int(1))
+            }) =>
+        {
+            map.shift_remove("factor");
+            map.shift_remove("total_iters");
+            "constant"
+        }
+        _ => {
+            return Err(unknown_target(
+                "scheduler",
+                target,
+                &[
+                    "torch.optim.lr_scheduler.OneCycleLR",
+                    "torch.optim.lr_scheduler.CosineAnnealingLR",
+                    "torch.optim.lr_scheduler.StepLR",
+                    "torch.optim.lr_scheduler.ConstantLR (factor 1)",
+                ],
+            ))
+        }
+    };
+    map.shift_remove("last_epoch");
+    map.shift_remove("verbose");
+    map.insert(
+        "name".into(),
+        Node::new(Value::Str(name.into()), target.source.clone()),
+    );
+    Ok(())
+}
+
+/// `timm.create_model` for the architectures trainyard builds; anything else at `model:` is the project's
+/// own LightningModule.
+fn model_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
+    if target_text(target) != "timm.create_model" {
+        return Err(user_code("model", target));
+    }
+    let Some(map) = node.as_map_mut() else {
+        return Ok(());
+    };
+    let Some(name) = map.shift_remove("model_name") else {
+        return Err(ConfigError::Schema(format!(
+            "model: timm.create_model needs model_name{}",
+            at(&target.source)
+        )));
+    };
+    let timm = name.value.display_python();
+    let (ours, variant, patch) = match timm.as_str() {
+        "resnet18" | "resnet34" | "resnet50" | "resnet101" | "resnet152" => {
+            (timm.as_str(), None, None)
+        }
+        "vit_tiny_patch16_224" => ("vit", Some("tiny"), Some(16)),
+        "vit_small_patch16_224" => ("vit", Some("small"), Some(16)),
+        "vit_small_patch32_224" => ("vit", Some("small"), Some(32)),
+        "vit_base_patch16_224" => ("vit", Some("base"), Some(16)),
+        "vit_base_patch32_224" => ("vit", Some("base"), Some(32)),
+        _ => {
+            return Err(ConfigError::Schema(format!(
+                "model: timm model '{timm}' is not one trainyard builds (resnet18/34/50/101/152, \
+                 vit_{{tiny,small,base}}_patch{{16,32}}_224){}",
+                at(&name.source)
+            )))
+        }
+    };
+    if let Some(p) = map.shift_remove("pretrained") {
+        if p.value == Value::Bool(true) {
+            return Err(ConfigError::Schema(format!(
+                "model.pretrained=True: trainyard does not download timm weights; convert them to a \
+                 safetensors file and give its path (model.pretrained=/path/to/weights.safetensors){}",
+                at(&p.source)
+            )));
+        }
+        if let Value::Str(_) = p.value {
+            map.insert("pretrained".into(), p);
+        }
+    }
+    rename(map, "drop_rate", "dropout");
+    let src = target.source.clone();
+    map.insert(
+        "name".into(),
+        Node::new(Value::Str(ours.into()), src.clone()),
+    );
+    if let Some(v) = variant {
+        map.insert(
+            "variant".into(),
+            Node::new(Value::Str(v.into()), src.clone()),
+        );
+    }
+    if let Some(p) = patch {
+        map.insert("patch_size".into(), Node::new(Value::Int(p), src.clone()));
+        map.entry("image_size".to_string())
+            .or_insert_with(|| Node::new(Value::Int(224), src));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::yaml;
+    use rstest::rstest;
+
+    fn translated(text: &str) -> Result<serde_json::Value, ConfigError> {
+        let mut node = yaml::parse(text, "t.yaml").unwrap().unwrap();
+        translate(&mut node)?;
+        Ok(node.to_json())
+    }
+
+    #[rstest]
+    #[case::trainer_defaults(
+        "trainer: {_target_: lightning.pytorch.trainer.Trainer, default_root_dir: /x, min_epochs: 1, max_epochs: 3, devices: 1}",
+        "trainer",
+        r#"{"max_epochs":3,"devices":1,"accelerator":"auto","precision":"32-true","strategy":"single"}"#
+    )]
+    #[case::trainer_ddp_spawn(
+        "trainer: {_target_: pytorch_lightning.Trainer, strategy: ddp_spawn, devices: 2, max_epochs: 1, benchmark: true}",
+        "trainer",
+        r#"{"strategy":"ddp","devices":2,"max_epochs":1,"cudnn_benchmark":true,"accelerator":"auto","precision":"32-true"}"#
+    )]
+    #[case::callbacks_renamed(
+        "callbacks: {ckpt: {_target_: lightning.pytorch.callbacks.ModelCheckpoint, dirpath: null, verbose: false, save_last: null, monitor: val/acc1}, bar: {_target_: lightning.pytorch.callbacks.RichProgressBar}, summary: {_target_: lightning.pytorch.callbacks.RichModelSummary, max_depth: -1}}",
+        "callbacks",
+        r#"{"model_checkpoint":{"monitor":"val/acc1","save_last":false,"dirpath":"checkpoints"},"model_summary":{"max_depth":100}}"#
+    )]
+    #[case::csv_logger(
+        "logger: {csv: {_target_: lightning.pytorch.loggers.csv_logs.CSVLogger, save_dir: /out, name: csv/, prefix: ''}}",
+        "logger",
+        r#"{"csv":{}}"#
+    )]
+    #[case::adam(
+        "optimizer: {_target_: torch.optim.Adam, _partial_: true, lr: 0.001, weight_decay: 0.0}",
+        "optimizer",
+        r#"{"lr":0.001,"weight_decay":0.0,"name":"adam"}"#
+    )]
+    #[case::cosine(
+        "scheduler: {_target_: torch.optim.lr_scheduler.CosineAnnealingLR, T_max: 10, eta_min: 0.0001}",
+        "scheduler",
+        r#"{"min_lr":0.0001,"name":"cosine"}"#
+    )]
+    #[case::timm_vit(
+        "model: {_target_: timm.create_model, model_name: vit_base_patch32_224, num_classes: 10}",
+        "model",
+        r#"{"num_classes":10,"name":"vit","variant":"base","patch_size":32,"image_size":224}"#
+    )]
+    fn known_targets_map_onto_the_schema(
+        #[case] text: &str,
+        #[case] section: &str,
+        #[case] expected: &str,
+    ) {
+        let out = translated(text).unwrap();
+        let expected: serde_json::Value = serde_json::from_str(expected).unwrap();
+        assert_eq!(out[section], expected);
+    }
+
+    #[rstest]
+    #[case::user_model(
+        "model: {_target_: src.models.mnist_module.MNISTLitModule}\n",
+        "is Python code of your project"
+    )]
+    #[case::user_data(
+        "data: {_target_: src.data.mnist_datamodule.MNISTDataModule}\n",
+        "is Python code of your project"
+    )]
+    #[case::unknown_trainer(
+        "trainer: {_target_: my.Trainer}\n",
+        "my.Trainer is not one trainyard knows"
+    )]
+    #[case::unknown_callback(
+        "callbacks: {x: {_target_: lightning.pytorch.callbacks.Foo}}\n",
+        "Known here"
+    )]
+    #[case::mlflow(
+        "logger: {m: {_target_: lightning.pytorch.loggers.mlflow.MLFlowLogger}}\n",
+        "not supported yet"
+    )]
+    #[case::min_epochs(
+        "trainer: {_target_: lightning.pytorch.trainer.Trainer, min_epochs: 10}\n",
+        "trainer.min_epochs=10"
+    )]
+    #[case::weights_only("callbacks: {c: {_target_: lightning.pytorch.callbacks.ModelCheckpoint, save_weights_only: true}}\n", "optimizer state")]
+    #[case::plateau(
+        "scheduler: {_target_: torch.optim.lr_scheduler.ReduceLROnPlateau}\n",
+        "ReduceLROnPlateau is not one"
+    )]
+    #[case::timm_download(
+        "model: {_target_: timm.create_model, model_name: resnet50, pretrained: true}\n",
+        "does not download"
+    )]
+    #[case::two_checkpoints("callbacks: {a: {_target_: lightning.pytorch.callbacks.ModelCheckpoint}, b: {_target_: lightning.pytorch.callbacks.ModelCheckpoint}}\n", "already configured")]
+    fn refused_targets_name_the_line(#[case] text: &str, #[case] expected: &str) {
+        let err = translated(text).unwrap_err().to_string();
+        assert!(err.contains(expected), "{err}");
+        assert!(err.contains("t.yaml:1:"), "file and line: {err}");
+    }
+}

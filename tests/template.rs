@@ -1,0 +1,131 @@
+//! A user copies lightning-hydra-template's `trainer/`, `callbacks/`, `logger/` and `paths/` groups (Hydra
+//! `_target_` nodes naming Lightning's classes) into a trainyard project and trains with them.
+
+use rstest::rstest;
+mod common;
+use common::{copy_dir, real_project, summary};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// This repository's conf/ and experiments/ with the template's groups laid over them.
+fn project_with_template_groups() -> tempfile::TempDir {
+    let p = real_project();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/template");
+    for group in ["trainer", "callbacks", "logger", "paths"] {
+        copy_dir(&fixtures.join(group), &p.path().join("conf").join(group));
+    }
+    p
+}
+
+fn train(root: &Path, args: &[&str]) -> Output {
+    Command::new(common::TRAIN)
+        .args(args)
+        .current_dir(root)
+        .env_remove("TRAIN_CONFIG_PATH")
+        .env("PROJECT_ROOT", root)
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+/// The template monitors its own module's `val/acc`; trainyard logs `val/acc1`.
+const MONITOR: &[&str] = &[
+    "callbacks.model_checkpoint.monitor=val/acc1",
+    "data.train_size=128",
+    "data.val_size=64",
+    "model.channels=[4]",
+];
+
+fn only_run(root: &Path) -> PathBuf {
+    let runs: Vec<PathBuf> = std::fs::read_dir(root.join("logs/quickstart/runs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    runs[0].clone()
+}
+
+#[test]
+fn trains_with_the_template_trainer_callbacks_and_csv_logger() {
+    let p = project_with_template_groups();
+    let mut args = vec![
+        "experiment=quickstart",
+        "trainer=cpu",
+        "callbacks=default",
+        "logger=csv",
+        "trainer.max_epochs=3",
+    ];
+    args.extend_from_slice(MONITOR);
+    let out = train(p.path(), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = only_run(p.path());
+    let s = summary(&run);
+    assert_eq!(s["epochs_completed"], 3, "trainer.max_epochs honoured: {s}");
+    // ModelCheckpoint's dirpath is `${paths.output_dir}/checkpoints`, its filename `epoch_{epoch:03d}`.
+    let ckpts: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().to_string())
+        .collect();
+    assert!(ckpts.iter().any(|c| c.starts_with("epoch_0")), "{ckpts:?}");
+    assert!(
+        ckpts.iter().any(|c| c.starts_with("last")),
+        "save_last: {ckpts:?}"
+    );
+    let csv = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
+    assert!(csv.lines().count() > 3, "{csv}");
+    // paths.work_dir is `${hydra:runtime.cwd}`: where the run was launched.
+    let resolved = std::fs::read_to_string(run.join(".hydra/resolved.yaml")).unwrap();
+    assert!(resolved.contains("work_dir: /"), "{resolved}");
+}
+
+#[test]
+fn early_stopping_from_the_template_stops_the_run() {
+    let p = project_with_template_groups();
+    // EarlyStopping with patience 0 on a metric that cannot improve after the first epoch (lr 0).
+    let mut args = vec![
+        "experiment=quickstart",
+        "trainer=cpu",
+        "callbacks=default",
+        "logger=csv",
+        "trainer.max_epochs=5",
+        "optimizer.lr=1e-9",
+        "scheduler=constant",
+        "+callbacks.early_stopping={_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val/loss, patience: 0, mode: min, min_delta: 0.5}",
+    ];
+    args.extend_from_slice(MONITOR);
+    let out = train(p.path(), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let s = summary(&only_run(p.path()));
+    assert!(
+        s["epochs_completed"].as_u64().unwrap() < 5,
+        "stopped early: {s}"
+    );
+}
+
+#[rstest]
+#[case::wandb(&["logger=wandb"], "WandbLogger")]
+#[case::user_module(&["+model._target_=src.models.mnist_module.MNISTLitModule"], "is Python code of your project")]
+#[case::unknown_callback(&["+callbacks.swa._target_=lightning.pytorch.callbacks.StochasticWeightAveraging"], "StochasticWeightAveraging is not one trainyard knows")]
+#[case::profiler(&["+trainer.profiler=simple"], "trainer.profiler=simple")]
+#[case::unknown_trainer_key(&["+trainer.reload_dataloaders_every_n_epochs=1"], "reload_dataloaders_every_n_epochs")]
+fn what_cannot_run_is_refused_with_the_reason(#[case] extra: &[&str], #[case] expected: &str) {
+    let p = project_with_template_groups();
+    let mut args = vec![
+        "experiment=quickstart",
+        "trainer=cpu",
+        "callbacks=default",
+        "logger=csv",
+    ];
+    args.extend_from_slice(MONITOR);
+    args.extend_from_slice(extra);
+    let out = train(p.path(), &args);
+    assert!(!out.status.success(), "{extra:?} ran");
+    let err = stderr(&out);
+    assert!(err.contains(expected), "{extra:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
