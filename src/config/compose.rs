@@ -69,8 +69,8 @@ pub fn compose_over(
                 format!("config '{}' (merged at the top level)", item.config_path)
             };
             return Err(ConfigError::composition(format!(
-                "{what} must be a DictConfig, got ListConfig\n    ({})",
-                super::repository::display_path(&loaded.file)
+                "{what} must be a DictConfig, got ListConfig{}",
+                at(&loaded.body.source)
             )));
         }
         let body = loaded.body.clone().wrap_in_package(&item.package);
