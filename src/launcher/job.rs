@@ -41,8 +41,8 @@ pub fn run_job(
     let mut ctx = ctx.clone();
     for (k, v) in &settings.env_set {
         ctx.env.insert(k.clone(), v.clone());
-        std::env::set_var(k, v);
     }
+    let _env = JobEnv::set(&settings.env_set);
     let ctx = &ctx;
     let mut place = place_job(setup, &job_cfg, hydra.clone(), num, sweep_dir, ctx)?;
     let mut resolved = resolve_all(&job_cfg, &place.ctx)?;
@@ -153,6 +153,36 @@ fn log_setup(
         file,
         level,
     })
+}
+
+/// `hydra.job.env_set` for the length of one job (Hydra's `env_override`): the previous values come back
+/// when the job ends, so a sweep's next job starts from the launching environment.
+struct JobEnv(Vec<(String, Option<std::ffi::OsString>)>);
+
+impl JobEnv {
+    fn set(vars: &std::collections::BTreeMap<String, String>) -> JobEnv {
+        let previous = vars
+            .iter()
+            .map(|(k, v)| {
+                let old = std::env::var_os(k);
+                // Set before any worker thread or process of this job exists.
+                std::env::set_var(k, v);
+                (k.clone(), old)
+            })
+            .collect();
+        JobEnv(previous)
+    }
+}
+
+impl Drop for JobEnv {
+    fn drop(&mut self) {
+        for (k, old) in &self.0 {
+            match old {
+                Some(v) => std::env::set_var(k, v),
+                None => std::env::remove_var(k),
+            }
+        }
+    }
 }
 
 /// `hydra.job.chdir=true`: the job runs in its output directory; the previous directory comes back when
