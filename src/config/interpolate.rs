@@ -29,28 +29,12 @@ impl ResolveContext {
 
 /// Resolve every interpolation in `root`, returning a new tree. `???` values stay `???`.
 pub fn resolve_all(root: &Node, ctx: &ResolveContext) -> Result<Node, ConfigError> {
-    let (combined, hydra_from_ctx) = with_hydra(root, ctx);
-    let mut r = Resolver {
-        root: &combined,
-        ctx,
-        cache: HashMap::new(),
-        stack: Vec::new(),
-        hydra_from_ctx,
-    };
-    r.resolve_node("", root)
+    with_resolver(root, ctx, |r| r.resolve_node("", root))
 }
 
 /// Resolve the node at `path` only.
 pub fn resolve_path(root: &Node, path: &str, ctx: &ResolveContext) -> Result<Node, ConfigError> {
-    let (combined, hydra_from_ctx) = with_hydra(root, ctx);
-    let mut r = Resolver {
-        root: &combined,
-        ctx,
-        cache: HashMap::new(),
-        stack: Vec::new(),
-        hydra_from_ctx,
-    };
-    r.resolve_at(path, &Source::Internal, path)
+    with_resolver(root, ctx, |r| r.resolve_at(path, &Source::Internal, path))
 }
 
 /// Resolve `hydra.<key>` for the job whose config is `job_cfg` (`ctx.hydra` holds the `hydra` node), as
@@ -60,7 +44,16 @@ pub fn resolve_hydra_key(
     key: &str,
     ctx: &ResolveContext,
 ) -> Result<Node, ConfigError> {
-    let (combined, hydra_from_ctx) = with_hydra(job_cfg, ctx);
+    let source = Source::Internal;
+    let arg = Node::new(Value::Str(key.to_string()), source.clone());
+    with_resolver(job_cfg, ctx, |r| {
+        r.call("hydra", vec![arg], &format!("hydra.{key}"), &source)
+    })
+}
+
+/// A resolver over `root` (with the context's `hydra` node beside it), for one call.
+fn with_resolver<T>(root: &Node, ctx: &ResolveContext, f: impl FnOnce(&mut Resolver) -> T) -> T {
+    let (combined, hydra_from_ctx) = with_hydra(root, ctx);
     let mut r = Resolver {
         root: &combined,
         ctx,
@@ -68,13 +61,7 @@ pub fn resolve_hydra_key(
         stack: Vec::new(),
         hydra_from_ctx,
     };
-    let source = Source::Internal;
-    r.call(
-        "hydra",
-        vec![Node::new(Value::Str(key.to_string()), source.clone())],
-        &format!("hydra.{key}"),
-        &source,
-    )
+    f(&mut r)
 }
 
 /// The tree `${hydra:...}` reads from: the job's config with the context's `hydra` node beside it (so
