@@ -120,12 +120,26 @@ pub fn groups_help(repo: &Repository) -> String {
         groups.push(g);
     }
     groups.sort();
-    for g in groups {
-        let options = repo.group_options(&g);
-        if !options.is_empty() {
-            out.push_str(&format!("  {g}: {}\n", options.join(", ")));
+    // As Hydra's help does: the application's groups, then Hydra's own (`hydra/...`; `hydra/config` is
+    // Hydra's node itself, not a choice).
+    let (hydra, app): (Vec<String>, Vec<String>) = groups
+        .into_iter()
+        .partition(|g| g == "hydra" || g.starts_with("hydra/"));
+    let list = |groups: &[String], out: &mut String| {
+        for g in groups {
+            let options: Vec<String> = repo
+                .group_options(g)
+                .into_iter()
+                .filter(|o| !(g == "hydra" && o == "config"))
+                .collect();
+            if !options.is_empty() {
+                out.push_str(&format!("  {g}: {}\n", options.join(", ")));
+            }
         }
-    }
+    };
+    list(&app, &mut out);
+    out.push_str("\nHydra's own groups (override with hydra/GROUP=OPTION, or `override hydra/GROUP: OPTION`):\n");
+    list(&hydra, &mut out);
     out.push_str("\nPrint the composed config with --cfg job; sweep with -m key=a,b.");
     out
 }
