@@ -196,42 +196,69 @@ impl Repository {
         Ok(loaded)
     }
 
-    /// The search path, as `--info searchpath` and error messages print it (Hydra's order: its own
-    /// configs, the user's, then plugins and structured configs).
-    pub fn describe(&self) -> String {
+    /// The search path in Hydra's order (its own configs, the user's, then plugins and structured
+    /// configs), as `hydra.runtime.config_sources` lists it.
+    pub fn sources(&self) -> Vec<ConfigSource> {
         let builtin = |before_user: bool| {
-            let mut seen: Vec<String> = Vec::new();
+            let mut seen: Vec<ConfigSource> = Vec::new();
             for b in BUILTIN
                 .iter()
                 .filter(|b| b.source.before_user == before_user)
             {
-                let line = format!("\tprovider={}, path={}", b.source.provider, b.source.path);
-                if !seen.contains(&line) {
-                    seen.push(line);
+                let (schema, path) = b.source.path.split_once("://").unwrap_or(("file", ""));
+                let source = ConfigSource {
+                    provider: b.source.provider.to_string(),
+                    schema: schema.to_string(),
+                    path: path.to_string(),
+                    mount: String::new(),
+                };
+                if !seen.contains(&source) {
+                    seen.push(source);
                 }
             }
             seen
         };
-        let users = self.roots.iter().map(|r| {
-            let mount = if r.mount.is_empty() {
-                String::new()
-            } else {
-                format!(" (as group '{}')", r.mount)
-            };
-            format!(
-                "\tprovider={}, path=file://{}{}",
-                r.provider,
-                r.dir.display(),
-                mount
-            )
+        let users = self.roots.iter().map(|r| ConfigSource {
+            provider: r.provider.clone(),
+            schema: "file".into(),
+            path: r.dir.display().to_string(),
+            mount: r.mount.clone(),
         });
         builtin(true)
             .into_iter()
             .chain(users)
             .chain(builtin(false))
+            .collect()
+    }
+
+    /// The search path, as `--info searchpath` and error messages print it.
+    pub fn describe(&self) -> String {
+        self.sources()
+            .iter()
+            .map(|s| {
+                let mount = match s.mount.as_str() {
+                    "" => String::new(),
+                    m => format!(" (as group '{m}')"),
+                };
+                format!(
+                    "\tprovider={}, path={}://{}{mount}",
+                    s.provider, s.schema, s.path
+                )
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// One entry of the search path.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigSource {
+    pub provider: String,
+    /// `file`, `pkg` or `structured`.
+    pub schema: String,
+    pub path: String,
+    /// The group a directory is mounted as (`experiment` for `experiments/`), or empty.
+    pub mount: String,
 }
 
 /// Where a config was found.

@@ -195,23 +195,15 @@ fn copy_env(cfg: &mut Node) -> Result<(), ConfigError> {
 
 /// `hydra.runtime.config_sources`, as Hydra lists its search path (`path`, `schema`, `provider`).
 fn config_sources(repo: &Repository) -> Value {
-    let entries = repo.describe();
-    let items = entries
-        .lines()
-        .filter_map(|line| {
-            let line = line.trim();
-            let provider = line.strip_prefix("provider=")?.split(", path=").next()?;
-            let full = line.split(", path=").nth(1)?;
-            let full = full.split(" (as group").next().unwrap_or(full);
-            let (schema, path) = full.split_once("://").unwrap_or(("file", full));
+    let items = repo
+        .sources()
+        .into_iter()
+        .map(|s| {
             let mut m = Map::new();
-            m.insert("path".into(), internal(Value::Str(path.to_string())));
-            m.insert("schema".into(), internal(Value::Str(schema.to_string())));
-            m.insert(
-                "provider".into(),
-                internal(Value::Str(provider.to_string())),
-            );
-            Some(internal(Value::Map(m)))
+            m.insert("path".into(), internal(Value::Str(s.path)));
+            m.insert("schema".into(), internal(Value::Str(s.schema)));
+            m.insert("provider".into(), internal(Value::Str(s.provider)));
+            internal(Value::Map(m))
         })
         .collect();
     Value::List(items)
