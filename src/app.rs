@@ -97,6 +97,45 @@ fn logbook_entry(args: &[OsString]) -> ExitCode {
     }
 }
 
+/// What a launch runs: one job (already composed), or a sweep.
+enum Launch {
+    Single(crate::config::compose::Composed),
+    Sweep,
+}
+
+/// Hydra's `get_mode` and `_run_app`: a config may make every launch a sweep (`hydra.mode: MULTIRUN`, as
+/// Optuna presets do); `--multirun` wins over a configured `RUN`, with a warning. A single run is composed
+/// once; only a run that fails to compose (a sweep override without `-m`) or asks for a sweep is composed
+/// again as a sweep's master config.
+fn decide_launch(
+    cli: &Cli,
+    setup: &Setup,
+    overrides: &[crate::config::grammar::Override],
+) -> Result<Launch, ConfigError> {
+    let configured = || {
+        compose_with_hydra(
+            &setup.repo,
+            &setup.config_name,
+            overrides,
+            RunMode::Multirun,
+        )
+        .ok()
+        .and_then(|c| configured_mode(&c.config))
+    };
+    if cli.multirun {
+        if configured() == Some(RunMode::Run) {
+            eprintln!("warning: running with --multirun, overriding the config's hydra.mode=RUN");
+        }
+        return Ok(Launch::Sweep);
+    }
+    match compose_with_hydra(&setup.repo, &setup.config_name, overrides, RunMode::Run) {
+        Ok(c) if configured_mode(&c.config) == Some(RunMode::Multirun) => Ok(Launch::Sweep),
+        Ok(c) => Ok(Launch::Single(c)),
+        Err(_) if configured() == Some(RunMode::Multirun) => Ok(Launch::Sweep),
+        Err(e) => Err(e),
+    }
+}
+
 /// The `hydra.mode` a composed config sets, if any.
 fn configured_mode(config: &crate::config::tree::Node) -> Option<RunMode> {
     match config.get("hydra.mode").and_then(|n| n.as_str()) {
@@ -131,51 +170,14 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         print_info(&setup, &overrides, info, cli.multirun)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let mut overrides = overrides;
-    // Hydra's `hydra.mode`: a config may make every run a sweep (`hydra.mode: MULTIRUN`, as Optuna presets
-    // do); `--multirun` wins over `RUN`. The mode is recorded as a Hydra override, as Hydra does.
-    let single = match cli.multirun {
-        true => Err(None),
-        false => {
-            match compose_with_hydra(&setup.repo, &setup.config_name, &overrides, RunMode::Run) {
-                Ok(c) if configured_mode(&c.config) == Some(RunMode::Multirun) => Err(None),
-                Ok(c) => Ok(c),
-                Err(e) => Err(Some(e)),
-            }
+    let mut composed = match decide_launch(cli, &setup, &overrides)? {
+        Launch::Single(composed) => composed,
+        Launch::Sweep => {
+            let mut overrides = overrides;
+            overrides.extend(parse_overrides(&["hydra.mode=MULTIRUN".to_string()])?);
+            return run_sweep(cli, &setup, &overrides, &ctx);
         }
     };
-    let composed = match single {
-        Ok(composed) => composed,
-        Err(error) => {
-            let configured = compose_with_hydra(
-                &setup.repo,
-                &setup.config_name,
-                &overrides,
-                RunMode::Multirun,
-            )
-            .ok()
-            .and_then(|c| configured_mode(&c.config));
-            let multirun = match (configured, cli.multirun) {
-                (Some(RunMode::Run), true) => {
-                    eprintln!(
-                        "warning: running with --multirun, overriding the config's hydra.mode=RUN"
-                    );
-                    true
-                }
-                (Some(mode), _) => mode == RunMode::Multirun,
-                (None, multirun) => multirun,
-            };
-            match (multirun, error) {
-                (true, _) => {
-                    overrides.extend(parse_overrides(&["hydra.mode=MULTIRUN".to_string()])?);
-                    return run_sweep(cli, &setup, &overrides, &ctx);
-                }
-                (false, Some(e)) => return Err(e),
-                (false, None) => unreachable!("a single run composed or failed"),
-            }
-        }
-    };
-    let mut composed = composed;
     if configured_mode(&composed.config).is_none() {
         // What composing with `hydra.mode=RUN` appended would give, without composing twice.
         crate::config::hydra::runtime::record_mode(&mut composed.config, RunMode::Run);
