@@ -99,7 +99,7 @@ fn logbook_entry(args: &[OsString]) -> ExitCode {
 
 /// What a launch runs: one job (already composed), or a sweep.
 enum Launch {
-    Single(crate::config::compose::Composed),
+    Single(Box<crate::config::compose::Composed>),
     Sweep,
 }
 
@@ -130,7 +130,7 @@ fn decide_launch(
     }
     match compose_with_hydra(&setup.repo, &setup.config_name, overrides, RunMode::Run) {
         Ok(c) if configured_mode(&c.config) == Some(RunMode::Multirun) => Ok(Launch::Sweep),
-        Ok(c) => Ok(Launch::Single(c)),
+        Ok(c) => Ok(Launch::Single(Box::new(c))),
         Err(_) if configured() == Some(RunMode::Multirun) => Ok(Launch::Sweep),
         Err(e) => Err(e),
     }
@@ -171,7 +171,7 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut composed = match decide_launch(cli, &setup, &overrides)? {
-        Launch::Single(composed) => composed,
+        Launch::Single(composed) => *composed,
         Launch::Sweep => {
             let mut overrides = overrides;
             overrides.extend(parse_overrides(&["hydra.mode=MULTIRUN".to_string()])?);
