@@ -166,6 +166,9 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
     {
         ctx.now = now;
     }
+    if let (Some(num), Some(dir)) = (cli.sweep_job, &cli.sweep_dir) {
+        return crate::launcher::sweep_job::run_sweep_job(&setup, num, dir, &cli.overrides, &ctx);
+    }
     if let Some(info) = cli.info {
         print_info(&setup, &overrides, info, cli.multirun)?;
         return Ok(ExitCode::SUCCESS);
@@ -186,7 +189,7 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         print_cfg(cli, &setup, kind, &composed.config, 0, &ctx)?;
         return Ok(ExitCode::SUCCESS);
     }
-    let job = run_job(&setup, composed, &cli.overrides, 0, None, &ctx)?;
+    let job = run_job(&setup, composed, &cli.overrides, None, &ctx)?;
     if !job.message.is_empty() {
         println!("{}", job.message);
     }

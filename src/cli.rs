@@ -88,6 +88,19 @@ pub struct Cli {
     )]
     pub complete: Option<String>,
 
+    /// Set by the parallel and SLURM launchers: run job NUM of the sweep in `--sweep-dir` in this process.
+    #[arg(
+        long = "sweep-job",
+        hide = true,
+        value_name = "NUM",
+        requires = "sweep_dir"
+    )]
+    pub sweep_job: Option<usize>,
+
+    /// With `--sweep-job`: the sweep's directory.
+    #[arg(long = "sweep-dir", hide = true, value_name = "DIR")]
+    pub sweep_dir: Option<PathBuf>,
+
     /// Overrides: `key=value`, `group=option`, `+key=value`, `++key=value`, `~key`; sweeps with `-m`: `a=1,2`.
     #[arg(value_name = "OVERRIDE", allow_hyphen_values = false)]
     pub overrides: Vec<String>,

@@ -97,6 +97,8 @@ pub enum JobState {
     Running,
     Completed,
     Failed,
+    /// Stopped by the cluster's warning signal at a checkpoint and requeued: it resumes from there.
+    Preempted,
 }
 
 /// How far a sweep got (in `sweep.json`).
@@ -149,6 +151,15 @@ impl RunState {
         }
     }
 
+    /// The same record, stopped at a checkpoint by the cluster's warning signal and requeued.
+    pub fn preempted(&self) -> Self {
+        RunState {
+            state: JobState::Preempted,
+            ended_at: Some(chrono::Local::now().to_rfc3339()),
+            ..self.clone()
+        }
+    }
+
     pub fn write(&self, run_dir: &Path) -> std::io::Result<()> {
         let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
         write_atomic(&run_dir.join("run.json"), text.as_bytes())
@@ -193,6 +204,15 @@ pub struct PlannedJob {
     pub state: JobState,
     #[serde(default)]
     pub error: Option<String>,
+    /// Where the job wrote (known once it ran).
+    #[serde(default)]
+    pub output_dir: Option<PathBuf>,
+    /// Its final `val/acc1`, for the sweep's table when a resumed sweep skips it.
+    #[serde(default)]
+    pub main_metric: Option<f64>,
+    /// The launcher's name for it (a SLURM job id such as `123_4`), so a resumed sweep can find it.
+    #[serde(default)]
+    pub launch_id: Option<String>,
 }
 
 impl SweepRecord {
@@ -216,6 +236,9 @@ impl SweepRecord {
                     overrides: overrides.clone(),
                     state: JobState::Planned,
                     error: None,
+                    output_dir: None,
+                    main_metric: None,
+                    launch_id: None,
                 })
                 .collect(),
         }

@@ -23,6 +23,20 @@ pub struct JobOutcome {
     pub message: String,
     /// Final `val/acc1`, shown in the sweep table.
     pub main_metric: Option<f64>,
+    /// This process's rank in the run (0 for a run of one process): rank 0 reports the job.
+    pub rank: usize,
+    /// The cluster's warning signal stopped the job at a checkpoint; it was requeued to resume.
+    pub preempted: bool,
+}
+
+/// A job's place in a sweep: the sweep's directory and the job's number.
+#[derive(Clone, Copy)]
+pub struct SweepSlot<'a> {
+    pub dir: &'a Path,
+    pub num: usize,
+    /// The job runs in a process of its own (a parallel or SLURM launcher), not inside the sweep's: it
+    /// may start workers of its own.
+    pub own_process: bool,
 }
 
 /// Run one composed job: resolve, type and plan it, then start this node's workers, or join the run's
@@ -31,10 +45,11 @@ pub fn run_job(
     setup: &Setup,
     composed: Composed,
     overrides: &[String],
-    num: usize,
-    sweep_dir: Option<&Path>,
+    slot: Option<SweepSlot>,
     ctx: &ResolveContext,
 ) -> Result<JobOutcome, ConfigError> {
+    let num = slot.map_or(0, |s| s.num);
+    let sweep_dir = slot.map(|s| s.dir);
     let (job_cfg, hydra) = split_hydra(composed.config);
     let settings = HydraSettings::read(&hydra)?;
     // `hydra.job.env_set` holds for the job: its config reads it (`${oc.env:...}`), its workers inherit it.
@@ -54,7 +69,7 @@ pub fn run_job(
     let mut group = None;
     if let Some(cluster) = &plan.cluster {
         if plan.launches_workers() {
-            if sweep_dir.is_some() {
+            if slot.is_some_and(|s| !s.own_process) {
                 plan.check_sweepable().map_err(run_error)?;
             }
             return launch_node(cluster.clone(), &place.output_dir, &place.ctx);
@@ -85,7 +100,10 @@ pub fn run_job(
         plan: &plan,
         output_dir: &output_dir,
         config_yaml: &config_yaml,
+        // A sweep's job directory is its own (numbered): a checkpoint in it is from an earlier attempt.
+        resume_own: sweep_dir.is_some(),
     };
+    super::requeue::arm_if_slurm_batch();
     if let Some(rank) = group.as_ref().map(|g| g.rank).filter(|&r| r > 0) {
         // Ranks other than 0 train and log to their own file; rank 0 writes the run's records.
         std::fs::create_dir_all(&output_dir).map_err(|e| {
@@ -99,6 +117,8 @@ pub fn run_job(
             output_dir,
             message: String::new(),
             main_metric: None,
+            rank,
+            preempted: false,
         });
     }
     let info = JobInfo {
@@ -238,7 +258,24 @@ fn train_and_record(
         Some(g) => with_rank_log(output_dir, 0, logging, || crate::trainer::fit(job, Some(g)))?,
         None => with_run_log(logging, || crate::trainer::fit(job, None))?,
     };
-    record_state(&run_state.ended(summary.as_ref().err().map(|e| format!("{e:#}"))))?;
+    let preempted =
+        matches!(&summary, Ok(s) if matches!(s.status, crate::trainer::RunStatus::Preempted(_)));
+    let ended = match preempted {
+        true => run_state.preempted(),
+        false => run_state.ended(summary.as_ref().err().map(|e| format!("{e:#}"))),
+    };
+    record_state(&ended)?;
+    if preempted {
+        // Only rank 0 asks SLURM to requeue the job; every rank stops at the same step.
+        let requeued = super::requeue::requeue_this_job().map_err(ConfigError::Run)?;
+        return Ok(JobOutcome {
+            message: requeued,
+            main_metric: None,
+            output_dir: output_dir.to_path_buf(),
+            rank: 0,
+            preempted: true,
+        });
+    }
     let summary = summary.map_err(|e| {
         ConfigError::Run(format!(
             "{e:#}\n    (run directory: {})",
@@ -254,6 +291,8 @@ fn train_and_record(
         },
         main_metric: summary.main_metric(),
         output_dir: output_dir.to_path_buf(),
+        rank: 0,
+        preempted: false,
     })
 }
 

@@ -221,5 +221,7 @@ pub fn launch_node(
         main_metric: summary.as_ref().and_then(Summary::main_metric),
         message,
         output_dir: output_dir.to_path_buf(),
+        rank: 0,
+        preempted: false,
     })
 }

@@ -82,6 +82,17 @@ pub fn sweep_dir(
     hydra: &Node,
     ctx: &ResolveContext,
 ) -> Result<PathBuf, ConfigError> {
+    let node = master_key(job_cfg, hydra, "sweep.dir", ctx)?;
+    Ok(setup.project_root.join(node.value.display_python()))
+}
+
+/// A key of the sweep's `hydra` node, resolved against the master config (no job number yet).
+pub fn master_key(
+    job_cfg: &Node,
+    hydra: &Node,
+    key: &str,
+    ctx: &ResolveContext,
+) -> Result<Node, ConfigError> {
     let mut master_ctx = ctx.clone();
     let mut hydra = hydra.clone();
     fill_job(
@@ -93,6 +104,5 @@ pub fn sweep_dir(
         },
     );
     master_ctx.hydra = Some(hydra);
-    let node = resolve_hydra_key(job_cfg, "sweep.dir", &master_ctx)?;
-    Ok(setup.project_root.join(node.value.display_python()))
+    resolve_hydra_key(job_cfg, key, &master_ctx)
 }

@@ -1,8 +1,11 @@
-//! Hydra's BasicSweeper with its BasicLauncher: expand the sweep into jobs (leftmost override slowest), write
-//! `multirun.yaml` and the plan (`sweep.json`), run the jobs one after another, and end with a table and
-//! the sweep's logbook section.
+//! Hydra's BasicSweeper: expand the sweep into jobs (leftmost override slowest), write `multirun.yaml` and
+//! the plan (`sweep.json`, or resume the one already in the sweep's directory), hand the jobs to the
+//! launcher (basic: one after another in this process; joblib/submitit_local: processes on this machine;
+//! submitit_slurm: a SLURM array), and end with a table and the sweep's logbook section.
 
-use super::job::run_job;
+use super::job::{run_job, SweepSlot};
+use super::local::{joblib_n_jobs, JobCommand, LocalLauncher, SweepJob};
+use super::sweep_job::JobResult;
 use crate::cli::{CfgKind, Cli};
 use crate::config::compose::RunMode;
 use crate::config::errors::ConfigError;
@@ -16,6 +19,7 @@ use crate::config::yaml;
 use crate::introspect::print_cfg;
 use crate::project::Setup;
 use crate::records;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 pub fn run_sweep(
@@ -79,6 +83,7 @@ pub fn run_sweep(
     let sweep_dir = super::place::sweep_dir(setup, &job_cfg, &hydra, ctx)?;
     std::fs::create_dir_all(&sweep_dir)
         .map_err(|e| ConfigError::Io(format!("could not create {}: {e}", sweep_dir.display())))?;
+    let launcher = super::place::master_key(&job_cfg, &hydra, "launcher", ctx)?;
     let mut multirun = Node::empty_map();
     if let Some(m) = multirun.as_map_mut() {
         m.insert("hydra".into(), hydra);
@@ -88,82 +93,273 @@ pub fn run_sweep(
         yaml::to_yaml(&job_cfg).as_bytes(),
     )
     .map_err(|e| ConfigError::Io(e.to_string()))?;
-    // The plan, before any job runs: the logbook lists every job from it, started or not.
-    let mut record = records::SweepRecord::plan(&task_name, &jobs);
-    let save = |record: &records::SweepRecord| {
-        record.write(&sweep_dir).map_err(|e| {
-            ConfigError::Io(format!(
-                "could not write {}: {e}",
-                sweep_dir.join(records::SweepRecord::FILE).display()
-            ))
-        })
+    // The plan, before any job runs: the logbook lists every job from it, started or not. An earlier
+    // record of the same sweep in this directory is resumed.
+    let (record, resumed) = super::resume::plan_or_resume(&sweep_dir, &task_name, &jobs)?;
+    let mut tally = Tally {
+        sweep_dir: sweep_dir.clone(),
+        record,
+        fail_fast: cli.fail_fast,
+        failed: 0,
+        stopped_because: None,
     };
-    save(&record)?;
-    eprintln!(
-        "Launching {} jobs into {}",
-        jobs.len(),
-        records::display(&sweep_dir)
-    );
-    let mut rows = Vec::new();
-    let mut failed = 0;
-    let mut stopped_because = None;
-    for (num, job) in jobs.iter().enumerate() {
-        eprintln!("#{num} : {}", job.join(" "));
-        record.set_job(num, records::JobState::Running, None);
-        save(&record)?;
-        let outcome = job_overrides(job)
-            .and_then(|parsed| {
-                compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)
-            })
-            .and_then(|composed| run_job(setup, composed, job, num, Some(&sweep_dir), ctx));
-        record.set_job(
-            num,
-            match outcome {
-                Ok(_) => records::JobState::Completed,
-                Err(_) => records::JobState::Failed,
-            },
-            outcome.as_ref().err().map(|e| e.to_string()),
+    tally.save()?;
+    let todo: Vec<SweepJob> = tally
+        .record
+        .jobs
+        .iter()
+        .filter(|j| j.state != records::JobState::Completed)
+        .map(|j| SweepJob {
+            num: j.num,
+            overrides: j.overrides.clone(),
+            previous_launch_id: j.launch_id.clone(),
+        })
+        .collect();
+    if resumed {
+        eprintln!(
+            "Resuming the sweep in {}: {} of {} jobs completed earlier; running {}",
+            records::display(&sweep_dir),
+            jobs.len() - todo.len(),
+            jobs.len(),
+            todo.iter()
+                .map(|j| format!("#{}", j.num))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
-        save(&record)?;
-        match outcome {
-            Ok(outcome) => rows.push((
-                num,
-                job.join(" "),
-                "ok".to_string(),
-                outcome
-                    .main_metric
-                    .map(|m| format!("val/acc1 {m:.4}"))
-                    .unwrap_or_else(|| "-".into()),
-            )),
-            Err(e) => {
-                failed += 1;
-                eprintln!("Error in job #{num}: {e}");
-                rows.push((num, job.join(" "), "FAILED".to_string(), "-".to_string()));
-                if cli.fail_fast {
-                    eprintln!("--fail-fast: stopping after the first failed job");
-                    stopped_because = Some(format!("--fail-fast: job #{num} failed"));
+    } else {
+        eprintln!(
+            "Launching {} jobs into {}",
+            jobs.len(),
+            records::display(&sweep_dir)
+        );
+    }
+    let command = JobCommand {
+        exe: std::env::current_exe()
+            .map_err(|e| ConfigError::Io(format!("cannot find this program to start jobs: {e}")))?,
+        config_flags: config_flags(cli),
+        hydra_overrides: hydra_overrides.clone(),
+        sweep_dir: sweep_dir.clone(),
+        now: ctx.now.to_rfc3339(),
+        cwd: std::env::current_dir()
+            .map_err(|e| ConfigError::Io(format!("no current directory: {e}")))?,
+    };
+    match settings.launcher.as_str() {
+        "joblib" | "submitit_local" => {
+            let local = local_launcher(&settings.launcher, &launcher, &sweep_dir)?;
+            for job in &todo {
+                tally.start(job);
+            }
+            tally.save()?;
+            local.launch(&command, &todo, &mut |result| tally.done(result))?;
+        }
+        "submitit_slurm" => {
+            let shapes = |job: &SweepJob| {
+                job_shape(
+                    setup,
+                    &job_overrides(&job.overrides)?,
+                    job.num,
+                    &sweep_dir,
+                    ctx,
+                )
+            };
+            super::slurm_sweep::run(&launcher, &command, &todo, &shapes, &mut tally)?;
+        }
+        _ => {
+            for job in &todo {
+                eprintln!("#{} : {}", job.num, job.overrides.join(" "));
+                tally.start(job);
+                tally.save()?;
+                let slot = SweepSlot {
+                    dir: &sweep_dir,
+                    num: job.num,
+                    own_process: false,
+                };
+                let outcome = job_overrides(&job.overrides)
+                    .and_then(|parsed| {
+                        compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)
+                    })
+                    .and_then(|composed| run_job(setup, composed, &job.overrides, Some(slot), ctx));
+                let result = match outcome {
+                    Ok(o) => JobResult {
+                        num: job.num,
+                        state: records::JobState::Completed,
+                        output_dir: Some(o.output_dir),
+                        main_metric: o.main_metric,
+                        error: None,
+                    },
+                    Err(e) => JobResult::failed(job.num, e.to_string()),
+                };
+                if !tally.done(result)? {
                     break;
                 }
             }
         }
     }
-    record.end(stopped_because);
-    save(&record)?;
-    println!("| job | overrides | status | main metric |");
-    println!("|---|---|---|---|");
-    for (num, ov, status, metric) in &rows {
-        println!("| {num} | {ov} | {status} | {metric} |");
+    tally.finish(jobs.len())
+}
+
+/// How far the sweep got: its record (saved as each job starts and ends), failures, and whether it
+/// stopped early.
+pub struct Tally {
+    sweep_dir: PathBuf,
+    pub record: records::SweepRecord,
+    fail_fast: bool,
+    failed: usize,
+    stopped_because: Option<String>,
+}
+
+impl Tally {
+    pub fn save(&self) -> Result<(), ConfigError> {
+        self.record.write(&self.sweep_dir).map_err(|e| {
+            ConfigError::Io(format!(
+                "could not write {}: {e}",
+                self.sweep_dir.join(records::SweepRecord::FILE).display()
+            ))
+        })
     }
-    println!("{} of {} jobs failed", failed, jobs.len());
-    match crate::logbook::write_sweep_section(&sweep_dir) {
-        Ok(w) => println!("Logbook section: {}", records::display(&w.markdown)),
-        Err(e) => eprintln!("warning: could not write the sweep's logbook section: {e:#}"),
+
+    /// Job `job` is about to run (or was submitted as `launch_id`).
+    pub fn start(&mut self, job: &SweepJob) {
+        self.record
+            .set_job(job.num, records::JobState::Running, None);
     }
-    Ok(if failed > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
+
+    /// Remember the launcher's id for job `num` (a resumed sweep looks for it).
+    pub fn launched(&mut self, num: usize, launch_id: &str) {
+        if let Some(j) = self.record.jobs.iter_mut().find(|j| j.num == num) {
+            j.launch_id = Some(launch_id.to_string());
+        }
+    }
+
+    /// A job ended; false when the sweep must stop (`--fail-fast`).
+    pub fn done(&mut self, result: JobResult) -> Result<bool, ConfigError> {
+        let num = result.num;
+        self.record.set_job(num, result.state, result.error.clone());
+        if let Some(j) = self.record.jobs.iter_mut().find(|j| j.num == num) {
+            j.output_dir = result.output_dir.clone();
+            j.main_metric = result.main_metric;
+        }
+        self.save()?;
+        if result.state == records::JobState::Completed {
+            return Ok(true);
+        }
+        self.failed += 1;
+        eprintln!(
+            "Error in job #{num}: {}",
+            result.error.as_deref().unwrap_or("failed")
+        );
+        if self.fail_fast {
+            eprintln!("--fail-fast: stopping after the first failed job");
+            self.stopped_because = Some(format!("--fail-fast: job #{num} failed"));
+            return Ok(false);
+        }
+        Ok(true)
+    }
+
+    /// End the sweep: its record, the table of every job (earlier attempts' included), the logbook.
+    fn finish(mut self, total: usize) -> Result<ExitCode, ConfigError> {
+        self.record.end(self.stopped_because.take());
+        self.save()?;
+        println!("| job | overrides | status | main metric |");
+        println!("|---|---|---|---|");
+        let mut failed = 0;
+        for j in &self.record.jobs {
+            let status = match j.state {
+                records::JobState::Completed => "ok",
+                records::JobState::Failed => "FAILED",
+                records::JobState::Planned => "not run",
+                _ => "unfinished",
+            };
+            if j.state != records::JobState::Completed {
+                failed += 1;
+            }
+            let metric = j
+                .main_metric
+                .map(|m| format!("val/acc1 {m:.4}"))
+                .unwrap_or_else(|| "-".into());
+            println!(
+                "| {} | {} | {status} | {metric} |",
+                j.num,
+                j.overrides.join(" ")
+            );
+        }
+        println!("{failed} of {total} jobs failed");
+        match crate::logbook::write_sweep_section(&self.sweep_dir) {
+            Ok(w) => println!("Logbook section: {}", records::display(&w.markdown)),
+            Err(e) => eprintln!("warning: could not write the sweep's logbook section: {e:#}"),
+        }
+        Ok(if failed > 0 {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        })
+    }
+}
+
+/// The config flags the sweep was started with, for its jobs' command lines.
+fn config_flags(cli: &Cli) -> Vec<std::ffi::OsString> {
+    let mut flags = Vec::new();
+    if let Some(p) = &cli.config_path {
+        flags.extend(["--config-path".into(), p.clone().into_os_string()]);
+    }
+    if let Some(n) = &cli.config_name {
+        flags.extend(["--config-name".into(), n.into()]);
+    }
+    for d in &cli.config_dir {
+        flags.extend(["--config-dir".into(), d.clone().into_os_string()]);
+    }
+    flags
+}
+
+/// The joblib launcher (`n_jobs`, `timeout` in seconds) or submitit's local one (every job at once,
+/// `timeout_min`), from the resolved `hydra.launcher` node.
+fn local_launcher(name: &str, node: &Node, sweep_dir: &Path) -> Result<LocalLauncher, ConfigError> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let number = |k: &str| match node.get(k).map(|n| &n.value) {
+        Some(Value::Int(i)) => Some(*i as f64),
+        Some(Value::Float(f)) => Some(*f),
+        _ => None,
+    };
+    Ok(match name {
+        "joblib" => LocalLauncher {
+            n_jobs: joblib_n_jobs(number("n_jobs").unwrap_or(-1.0) as i64, cores)?,
+            timeout: number("timeout").map(std::time::Duration::from_secs_f64),
+            log_dir: sweep_dir.join(".jobs"),
+        },
+        _ => LocalLauncher {
+            n_jobs: usize::MAX,
+            timeout: number("timeout_min").map(|m| std::time::Duration::from_secs_f64(m * 60.0)),
+            log_dir: match node.get("submitit_folder").and_then(Node::as_str) {
+                Some(f) => super::local::folder_of(f).to_path_buf(),
+                None => sweep_dir.join(".submitit"),
+            },
+        },
     })
+}
+
+/// The allocation a job needs: (nodes, tasks per node), from its typed config: `trainer.num_nodes`, and
+/// one task per device for DDP/FSDP (SLURM then starts every rank).
+fn job_shape(
+    setup: &Setup,
+    overrides: &[Override],
+    num: usize,
+    sweep_dir: &Path,
+    ctx: &ResolveContext,
+) -> Result<(usize, usize), ConfigError> {
+    let composed = compose_with_hydra(&setup.repo, &setup.config_name, overrides, RunMode::Run)?;
+    let (job_cfg, hydra) = split_hydra(composed.config);
+    let place = super::place::place_job(setup, &job_cfg, hydra, num, Some(sweep_dir), ctx)?;
+    let resolved = crate::config::interpolate::resolve_all(&job_cfg, &place.ctx)?;
+    let exp = crate::schema::extract(&resolved)?;
+    let t = &exp.trainer;
+    let tasks = match (t.strategy, t.devices) {
+        (
+            crate::schema::Strategy::Ddp | crate::schema::Strategy::Fsdp,
+            crate::schema::Devices::Count(n),
+        ) => n.max(1),
+        _ => 1,
+    };
+    Ok((t.num_nodes.max(1), tasks))
 }
 
 /// Only Hydra's basic sweeper and launcher run here so far; another choice is refused before any job runs.
@@ -176,10 +372,14 @@ fn check_sweeper(settings: &HydraSettings) -> Result<(), ConfigError> {
             settings.sweeper, settings.sweeper
         )));
     }
-    if settings.launcher != "basic" {
+    if !matches!(
+        settings.launcher.as_str(),
+        "basic" | "joblib" | "submitit_local" | "submitit_slurm"
+    ) {
         return Err(ConfigError::composition(format!(
-            "hydra/launcher={}: trainyard launches a sweep's jobs one after another (Hydra's basic launcher); \
-             the {} launcher is not supported yet.",
+            "hydra/launcher={}: trainyard runs a sweep's jobs with Hydra's basic launcher (one after \
+             another), joblib (several at once on this machine), submitit_local or submitit_slurm; it \
+             cannot run the {} launcher.",
             settings.launcher, settings.launcher
         )));
     }

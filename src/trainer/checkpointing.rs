@@ -201,6 +201,7 @@ pub fn restore(
     exp: &Experiment,
     strategy: &mut dyn Strategy,
     output_dir: &Path,
+    resume_own: bool,
 ) -> anyhow::Result<(Option<TrainingState>, Option<String>)> {
     if let Some(file) = &exp.model.pretrained {
         let loaded = checkpoint::load(Path::new(file))
@@ -217,12 +218,19 @@ pub fn restore(
             }
         );
     }
-    let Some(ckpt) = &exp.ckpt_path else {
-        return Ok((None, None));
-    };
-    let path = resolve_ckpt_path(ckpt, exp, output_dir, &|name| {
+    let path = match own_checkpoint(exp, output_dir, resume_own, &|name| {
         strategy.checkpoint_file(name)
-    })?;
+    })? {
+        Some(path) => path,
+        None => {
+            let Some(ckpt) = &exp.ckpt_path else {
+                return Ok((None, None));
+            };
+            resolve_ckpt_path(ckpt, exp, output_dir, &|name| {
+                strategy.checkpoint_file(name)
+            })?
+        }
+    };
     let loaded = checkpoint::load(&path)?;
     strategy
         .load_state_dict(&loaded.state)
@@ -237,6 +245,46 @@ pub fn restore(
         );
     }
     Ok((training, Some(checkpoint_origin(&path, output_dir, exp))))
+}
+
+/// The checkpoint written when the cluster's warning signal came (Lightning's `hpc_ckpt`): in the run's
+/// own directory, so the requeued job finds it.
+pub fn preemption_checkpoint(output_dir: &Path) -> PathBuf {
+    output_dir.join("checkpoints").join("hpc_ckpt.safetensors")
+}
+
+/// A checkpoint of this very job written by an earlier attempt of it, which wins over `ckpt_path`: the
+/// preemption checkpoint (always, as Lightning's hpc checkpoint), then, for a job that is resumed
+/// (`resume_own`: a sweep's job rerun in its own directory), its ModelCheckpoint `last` file.
+fn own_checkpoint(
+    exp: &Experiment,
+    output_dir: &Path,
+    resume_own: bool,
+    part: &dyn Fn(&str) -> String,
+) -> anyhow::Result<Option<PathBuf>> {
+    let mine = |path: PathBuf| {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        path.with_file_name(part(&name))
+    };
+    let hpc = mine(preemption_checkpoint(output_dir));
+    if hpc.is_file() {
+        return Ok(Some(hpc));
+    }
+    if !resume_own {
+        return Ok(None);
+    }
+    let Some(cfg) = exp.callbacks.model_checkpoint.as_ref() else {
+        return Ok(None);
+    };
+    let last = mine(
+        Storage::of(exp)?
+            .local_dir(cfg, output_dir)
+            .join("last.safetensors"),
+    );
+    Ok(last.is_file().then_some(last))
 }
 
 /// Where `ckpt_path` points for this rank: a file, `last` (the newest `last.safetensors` among this task's

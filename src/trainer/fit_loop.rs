@@ -57,6 +57,8 @@ enum EpochEnd {
     Batches(StepStats),
     /// `max_steps` reached: training ends here, without the epoch's validation.
     MaxSteps,
+    /// The cluster's warning signal: a checkpoint of this point was written; the run stops here.
+    Preempted(RunStatus),
 }
 
 impl<'a> FitLoop<'a> {
@@ -156,8 +158,13 @@ impl<'a> FitLoop<'a> {
             let end = self.train_epoch(epoch, epoch_start)?;
             let epoch_time = epoch_start.elapsed().as_secs_f64();
             self.train_time += epoch_time;
+            if let EpochEnd::Preempted(status) = end {
+                self.status = status;
+                break;
+            }
             self.state.epoch += 1;
             let stats = match end {
+                EpochEnd::Preempted(_) => unreachable!("handled above"),
                 EpochEnd::MaxSteps => {
                     self.status = RunStatus::MaxStepsReached;
                     break;
@@ -252,6 +259,11 @@ impl<'a> FitLoop<'a> {
                 self.last_train = self.ranks.sum_stats(epoch_stats)?;
                 return Ok(EpochEnd::MaxSteps);
             }
+            if crate::signals::preemption_armed()
+                && self.ranks.any(crate::signals::preemption_requested())?
+            {
+                return self.preempt(epoch, i + 1).map(EpochEnd::Preempted);
+            }
             // Timer: out of time mid-epoch; the epoch ends here (validation, checkpoint, then stop).
             let ranks = &self.ranks;
             if let Some(t) = self.timer.as_mut() {
@@ -264,6 +276,21 @@ impl<'a> FitLoop<'a> {
             bar.finish_and_clear();
         }
         Ok(EpochEnd::Batches(epoch_stats))
+    }
+
+    /// The cluster warned that it stops the job: write the resume checkpoint of this point (every rank
+    /// takes part: a sharded model is gathered) and stop.
+    fn preempt(&mut self, epoch: u64, batches_done: usize) -> anyhow::Result<RunStatus> {
+        let path = super::checkpointing::preemption_checkpoint(self.output_dir);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        self.state.batches_done = batches_done as u64;
+        self.strategy
+            .save_checkpoint(&path, &self.state, self.keeper.config_yaml)?;
+        let status = RunStatus::preempted(epoch, self.state.global_step, &path);
+        tracing::warn!("{status}");
+        Ok(status)
     }
 
     /// A step row: the window's loss and accuracy over every rank, the learning rate and loss scale.

@@ -34,6 +34,9 @@ pub struct Job<'a> {
     pub output_dir: &'a Path,
     /// The resolved config, stored in checkpoints.
     pub config_yaml: &'a str,
+    /// The job runs again in its own directory (a resumed sweep): it continues from its own last
+    /// checkpoint, if an earlier attempt wrote one.
+    pub resume_own: bool,
 }
 
 /// Train and validate as the experiment says, as this process's part of the run (`group`: its process
@@ -83,7 +86,7 @@ fn fit_with(
         print_model_summary(exp, ms.max_depth)?;
     }
     let (resumed_state, resumed_from) =
-        checkpointing::restore(exp, strategy.as_mut(), job.output_dir)?;
+        checkpointing::restore(exp, strategy.as_mut(), job.output_dir, job.resume_own)?;
     strategy.start()?;
     let outcome = fit_loop::FitLoop::new(exp, job, &plan, &data, strategy, resumed_state)?.run()?;
     let mut status = outcome.status.clone();

@@ -101,6 +101,9 @@ pub enum RunStatus {
     TimeLimit(String),
     /// The batch-size finder ran with `fit_after: false`.
     BatchSizeOnly,
+    /// The cluster's warning signal came (time limit or preemption): a checkpoint was written to resume
+    /// from; in its words.
+    Preempted(String),
 }
 
 const COMPLETED: &str = "completed";
@@ -108,13 +111,16 @@ const MAX_STEPS: &str = "max_steps reached";
 const BATCH_SIZE_ONLY: &str = "batch size found; not trained (fit_after=false)";
 const EARLY_STOPPED: &str = "early stopped";
 const TIMER: &str = "stopped by the timer";
+const PREEMPTED: &str = "preempted";
 
 impl std::fmt::Display for RunStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             RunStatus::Completed => COMPLETED,
             RunStatus::MaxStepsReached => MAX_STEPS,
-            RunStatus::EarlyStopped(why) | RunStatus::TimeLimit(why) => why,
+            RunStatus::EarlyStopped(why)
+            | RunStatus::TimeLimit(why)
+            | RunStatus::Preempted(why) => why,
             RunStatus::BatchSizeOnly => BATCH_SIZE_ONLY,
         })
     }
@@ -136,12 +142,21 @@ impl TryFrom<String> for RunStatus {
             BATCH_SIZE_ONLY => RunStatus::BatchSizeOnly,
             t if t.starts_with(EARLY_STOPPED) => RunStatus::EarlyStopped(text),
             t if t.starts_with(TIMER) => RunStatus::TimeLimit(text),
+            t if t.starts_with(PREEMPTED) => RunStatus::Preempted(text),
             _ => return Err(format!("unknown run status '{text}'")),
         })
     }
 }
 
 impl RunStatus {
+    /// Stopped by the cluster's warning signal, with the checkpoint written to resume from.
+    pub fn preempted(epoch: u64, step: u64, checkpoint: &std::path::Path) -> RunStatus {
+        RunStatus::Preempted(format!(
+            "{PREEMPTED} at epoch {epoch}, step {step}: resumes from {}",
+            checkpoint.display()
+        ))
+    }
+
     /// EarlyStopping's reason for stopping.
     pub fn early_stopped(monitor: &str, patience: u64) -> RunStatus {
         RunStatus::EarlyStopped(format!(

@@ -123,6 +123,21 @@ pub static BUILTIN: &[BuiltinConfig] = &[
         text: "_target_: hydra._internal.core_plugins.basic_launcher.BasicLauncher\n",
     },
     BuiltinConfig {
+        config_path: "hydra/launcher/submitit_slurm",
+        source: &STRUCTURED,
+        text: SUBMITIT_SLURM,
+    },
+    BuiltinConfig {
+        config_path: "hydra/launcher/submitit_local",
+        source: &STRUCTURED,
+        text: SUBMITIT_LOCAL,
+    },
+    BuiltinConfig {
+        config_path: "hydra/launcher/joblib",
+        source: &STRUCTURED,
+        text: JOBLIB,
+    },
+    BuiltinConfig {
         config_path: "hydra/sweeper/basic",
         source: &STRUCTURED,
         text: "_target_: hydra._internal.core_plugins.basic_sweeper.BasicSweeper\n\
@@ -416,3 +431,63 @@ search_space: null
 params: null
 custom_search_space: null
 "#;
+
+/// hydra-submitit-launcher 1.2's `SlurmQueueConf` (its `BaseQueueConf` fields first, as Hydra prints them).
+const SUBMITIT_SLURM: &str = "\
+submitit_folder: ${hydra.sweep.dir}/.submitit/%j
+timeout_min: 60
+cpus_per_task: null
+gpus_per_node: null
+tasks_per_node: 1
+mem_gb: null
+nodes: 1
+name: ${hydra.job.name}
+stderr_to_stdout: false
+_target_: hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher
+partition: null
+qos: null
+comment: null
+constraint: null
+exclude: null
+gres: null
+cpus_per_gpu: null
+gpus_per_task: null
+mem_per_gpu: null
+mem_per_cpu: null
+account: null
+signal_delay_s: 120
+max_num_timeout: 0
+additional_parameters: {}
+array_parallelism: 256
+setup: null
+";
+
+/// hydra-submitit-launcher 1.2's `LocalQueueConf`.
+const SUBMITIT_LOCAL: &str = "\
+submitit_folder: ${hydra.sweep.dir}/.submitit/%j
+timeout_min: 60
+cpus_per_task: null
+gpus_per_node: null
+tasks_per_node: 1
+mem_gb: null
+nodes: 1
+name: ${hydra.job.name}
+stderr_to_stdout: false
+_target_: hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher
+";
+
+/// hydra-joblib-launcher 1.2's `JobLibLauncherConf`.
+const JOBLIB: &str = "\
+_target_: hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher
+n_jobs: -1
+backend: null
+prefer: processes
+require: null
+verbose: 0
+timeout: null
+pre_dispatch: 2*n_jobs
+batch_size: auto
+temp_folder: null
+max_nbytes: null
+mmap_mode: r
+";

@@ -10,6 +10,7 @@ use super::super::tree::{Node, Source, Value};
 use std::collections::BTreeMap;
 
 /// The shape of `HydraConf` (hydra/conf/__init__.py): a field's type, or a nested struct.
+#[derive(Clone, Copy)]
 enum Field {
     Str,
     OptStr,
@@ -22,6 +23,8 @@ enum Field {
     /// `RUN`, `MULTIRUN` or null.
     Mode,
     StrList,
+    /// `Optional[List[str]]`.
+    OptStrList,
     StrMap,
     /// Free-form (`Any`, `Dict[str, Any]`): logging configs, sweeper and launcher nodes, choices.
     Any,
@@ -105,6 +108,52 @@ const BASIC_SWEEPER: &[(&str, Field)] = &[
     ("params", Any),
 ];
 const BASIC_LAUNCHER: &[(&str, Field)] = &[("_target_", Str)];
+/// hydra-submitit-launcher's `BaseQueueConf` fields, shared by its local and SLURM launchers.
+const SUBMITIT_BASE: &[(&str, Field)] = &[
+    ("_target_", Str),
+    ("submitit_folder", Str),
+    ("timeout_min", Int),
+    ("cpus_per_task", OptInt),
+    ("gpus_per_node", OptInt),
+    ("tasks_per_node", Int),
+    ("mem_gb", OptInt),
+    ("nodes", Int),
+    ("name", Str),
+    ("stderr_to_stdout", OptBool),
+];
+const SUBMITIT_SLURM: &[(&str, Field)] = &[
+    ("partition", OptStr),
+    ("qos", OptStr),
+    ("comment", OptStr),
+    ("constraint", OptStr),
+    ("exclude", OptStr),
+    ("gres", OptStr),
+    ("cpus_per_gpu", OptInt),
+    ("gpus_per_task", OptInt),
+    ("mem_per_gpu", OptStr),
+    ("mem_per_cpu", OptStr),
+    ("account", OptStr),
+    ("signal_delay_s", Int),
+    ("max_num_timeout", Int),
+    ("additional_parameters", Dict),
+    ("array_parallelism", Int),
+    ("setup", OptStrList),
+    ("srun_args", OptStrList),
+];
+const JOBLIB_LAUNCHER: &[(&str, Field)] = &[
+    ("_target_", Str),
+    ("n_jobs", Int),
+    ("backend", OptStr),
+    ("prefer", Str),
+    ("require", OptStr),
+    ("verbose", Int),
+    ("timeout", Any),
+    ("pre_dispatch", Str),
+    ("batch_size", Str),
+    ("temp_folder", OptStr),
+    ("max_nbytes", OptStr),
+    ("mmap_mode", Str),
+];
 const OPTUNA_SWEEPER: &[(&str, Field)] = &[
     ("_target_", Str),
     ("sampler", Any),
@@ -143,16 +192,20 @@ pub fn check_schema(
     if let (Some((name, fields)), Some(node)) = (sweeper, hydra.child_mut("sweeper")) {
         check_struct(node, "hydra.sweeper", name, fields, owner)?;
     }
-    if choice("hydra/launcher").as_deref() == Some("basic") {
-        if let Some(node) = hydra.child_mut("launcher") {
-            check_struct(
-                node,
-                "hydra.launcher",
-                "BasicLauncherConf",
-                BASIC_LAUNCHER,
-                owner,
-            )?;
-        }
+    let slurm: Vec<(&str, Field)> = SUBMITIT_BASE
+        .iter()
+        .chain(SUBMITIT_SLURM)
+        .copied()
+        .collect();
+    let launcher: Option<(&str, &[(&str, Field)])> = match choice("hydra/launcher").as_deref() {
+        Some("basic") => Some(("BasicLauncherConf", BASIC_LAUNCHER)),
+        Some("submitit_slurm") => Some(("SlurmQueueConf", &slurm)),
+        Some("submitit_local") => Some(("LocalQueueConf", SUBMITIT_BASE)),
+        Some("joblib") => Some(("JobLibLauncherConf", JOBLIB_LAUNCHER)),
+        _ => None,
+    };
+    if let (Some((name, fields)), Some(node)) = (launcher, hydra.child_mut("launcher")) {
+        check_struct(node, "hydra.launcher", name, fields, owner)?;
     }
     Ok(())
 }
@@ -215,7 +268,8 @@ fn check_field(
     }
     let src = node.source.clone();
     match (field, &mut node.value) {
-        (StrList, Value::List(items)) => {
+        (OptStrList, Value::Null) => return Ok(()),
+        (StrList | OptStrList, Value::List(items)) => {
             for (i, item) in items.iter_mut().enumerate() {
                 check_field(item, &format!("{path}[{i}]"), &Str, owner)?;
             }
@@ -276,7 +330,7 @@ fn check_field(
             );
             return Err(schema_error("ValidationError", msg, &src, owner));
         }
-        (StrList, v) => return Err(type_error(path, v, "a list of strings", &src)),
+        (StrList | OptStrList, v) => return Err(type_error(path, v, "a list of strings", &src)),
         (StrMap | Dict, v) => return Err(type_error(path, v, "a mapping", &src)),
         (Str | OptStr | Float, v) => return Err(type_error(path, v, "a scalar", &src)),
     };

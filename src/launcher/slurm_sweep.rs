@@ -1,0 +1,101 @@
+//! A sweep through `submitit_slurm`: group the jobs by the allocation they need, write one array script
+//! per group, submit them, wait, and record each job's result (a resumed sweep first waits for jobs an
+//! earlier attempt submitted that SLURM still runs, instead of submitting them twice).
+
+use super::local::{JobCommand, SweepJob};
+use super::slurm::{self, ArrayGroup, SlurmConf, Submitted};
+use super::sweep::Tally;
+use super::sweep_job::JobResult;
+use crate::config::errors::ConfigError;
+use crate::config::tree::Node;
+use std::collections::BTreeMap;
+
+/// Submit `jobs` and wait for them; `shape` gives each job's (nodes, tasks per node).
+pub fn run(
+    launcher: &Node,
+    cmd: &JobCommand,
+    jobs: &[SweepJob],
+    shape: &dyn Fn(&SweepJob) -> Result<(usize, usize), ConfigError>,
+    tally: &mut Tally,
+) -> Result<(), ConfigError> {
+    let conf = SlurmConf::read(launcher)?;
+    let folder = conf.folder();
+    std::fs::create_dir_all(&folder)
+        .map_err(|e| ConfigError::Io(format!("could not create {}: {e}", folder.display())))?;
+    let mut submitted = Vec::new();
+    let mut groups: BTreeMap<(usize, usize), Vec<SweepJob>> = BTreeMap::new();
+    for job in jobs {
+        if let Some(id) = &job.previous_launch_id {
+            if slurm::still_alive(id)? {
+                eprintln!(
+                    "#{} : still in SLURM's queue as job {id}; waiting for it",
+                    job.num
+                );
+                submitted.push(Submitted {
+                    job: job.clone(),
+                    id: id.clone(),
+                    script: folder.join("unknown.sbatch"),
+                });
+                continue;
+            }
+        }
+        // A job whose config does not type is still submitted: it fails on the cluster with the same error,
+        // recorded as that job's failure, while the sweep's other jobs run.
+        let (nodes, tasks) = shape(job).unwrap_or((1, 1));
+        let key = (
+            nodes.max(conf.nodes as usize),
+            tasks.max(conf.tasks_per_node as usize),
+        );
+        groups.entry(key).or_default().push(job.clone());
+    }
+    for (n, ((nodes, tasks_per_node), jobs)) in groups.into_iter().enumerate() {
+        let group = ArrayGroup {
+            nodes,
+            tasks_per_node,
+            jobs,
+        };
+        let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S%.3f");
+        let script = folder.join(format!("array-{stamp}-{n}.sbatch"));
+        let text = slurm::sbatch_script(&conf, &group, cmd, &script);
+        crate::records::write_atomic(&script, text.as_bytes())
+            .map_err(|e| ConfigError::Io(format!("could not write {}: {e}", script.display())))?;
+        for job in &group.jobs {
+            JobResult::clear(&cmd.sweep_dir, job.num);
+        }
+        let array = slurm::submit(&conf, &script)?;
+        eprintln!(
+            "Submitted SLURM array job {array} ({} job(s), {nodes} node(s) × {tasks_per_node} task(s) each): {}",
+            group.jobs.len(),
+            script.display()
+        );
+        for (i, job) in group.jobs.into_iter().enumerate() {
+            let id = format!("{array}_{i}");
+            eprintln!(
+                "#{} : {} (SLURM job {id})",
+                job.num,
+                job.overrides.join(" ")
+            );
+            tally.start(&job);
+            tally.launched(job.num, &id);
+            submitted.push(Submitted {
+                job,
+                id,
+                script: script.clone(),
+            });
+        }
+        tally.save()?;
+    }
+    slurm::wait(&conf, &cmd.sweep_dir, submitted, &mut |mut result, job| {
+        if let Some(dir) = &result.output_dir {
+            slurm::record_beside_job(&conf, job, dir);
+        }
+        if let Some(error) = result.error.as_mut().filter(|e| !e.contains("_log.")) {
+            error.push_str(&format!(
+                "\n    (SLURM job {}; its log: {})",
+                job.id,
+                slurm::log_file(&conf, job).display()
+            ));
+        }
+        tally.done(result)
+    })
+}
