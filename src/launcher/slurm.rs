@@ -289,7 +289,7 @@ pub fn submit(conf: &SlurmConf, script: &Path) -> Result<String, ConfigError> {
         .find(|(k, _)| lower.contains(k) || (*k == "exclude" && lower.contains("node")));
         let blame = match key {
             Some((k, Some(v))) => format!("hydra.launcher.{k}={v}: "),
-            Some((k, None)) if k == "partition" => {
+            Some(("partition", None)) => {
                 "hydra.launcher.partition (not set: the cluster's default partition): ".into()
             }
             _ => String::new(),

@@ -10,12 +10,15 @@ use crate::config::errors::ConfigError;
 use crate::config::tree::Node;
 use std::collections::BTreeMap;
 
-/// Submit `jobs` and wait for them; `shape` gives each job's (nodes, tasks per node).
+/// The allocation a job needs: (nodes, tasks per node).
+pub type JobShape<'a> = &'a dyn Fn(&SweepJob) -> Result<(usize, usize), ConfigError>;
+
+/// Submit `jobs` and wait for them; `shape` gives each job's allocation.
 pub fn run(
     launcher: &Node,
     cmd: &JobCommand,
     jobs: &[SweepJob],
-    shape: &dyn Fn(&SweepJob) -> Result<(usize, usize), ConfigError>,
+    shape: JobShape,
     tally: &mut Tally,
 ) -> Result<(), ConfigError> {
     let conf = SlurmConf::read(launcher)?;
