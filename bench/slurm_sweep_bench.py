@@ -33,13 +33,17 @@ JOB = ["experiment=quickstart", "data.train_size=256", "data.val_size=64", "trai
 JOBS = 16
 
 HYDRA_APP = """
-import json, subprocess, sys, time
+import json, os, subprocess, sys, time
 import hydra
+from hydra.core.hydra_config import HydraConfig
 @hydra.main(version_base="1.3", config_path=None, config_name=None)
 def main(cfg):
     start = time.time()
-    out = subprocess.run([TRAIN, *JOB, f"seed={cfg.seed}", "hydra.run.dir=."], capture_output=True)
-    json.dump({"start": start, "end": time.time(), "rc": out.returncode}, open("bench.json", "w"))
+    out_dir = HydraConfig.get().runtime.output_dir
+    out = subprocess.run([TRAIN, *JOB, f"seed={cfg.seed}", f"hydra.run.dir={out_dir}/run"], cwd=ROOT,
+                         capture_output=True)
+    json.dump({"start": start, "end": time.time(), "rc": out.returncode},
+              open(os.path.join(out_dir, "bench.json"), "w"))
     assert out.returncode == 0, out.stderr.decode()
 main()
 """
@@ -87,7 +91,7 @@ def main():
     env = dict(os.environ, SLURM_CONF=start_cluster(state), RAYON_NUM_THREADS="1", OMP_NUM_THREADS="1")
     app = os.path.join(work, "app.py")
     with open(app, "w") as f:
-        f.write(f"TRAIN = {TRAIN!r}\nJOB = {JOB!r}\n" + HYDRA_APP)
+        f.write(f"TRAIN = {TRAIN!r}\nJOB = {JOB!r}\nROOT = {ROOT!r}\n" + HYDRA_APP)
     results = {"trainyard": [], "hydra": []}
     try:
         for _ in range(args.rounds):
