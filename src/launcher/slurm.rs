@@ -356,7 +356,8 @@ fn queue_states(ids: &[&str]) -> Result<BTreeMap<String, String>, ConfigError> {
 pub struct Submitted {
     pub job: SweepJob,
     pub id: String,
-    pub script: PathBuf,
+    /// The array script it was submitted with; unknown for a job an earlier attempt submitted.
+    pub script: Option<PathBuf>,
 }
 
 impl Submitted {
@@ -440,7 +441,9 @@ pub fn log_file(conf: &SlurmConf, job: &Submitted) -> PathBuf {
 /// Keep the generated script and the SLURM ids and log files beside the job's run directory.
 pub fn record_beside_job(conf: &SlurmConf, submitted: &Submitted, output_dir: &Path) {
     let folder = conf.folder();
-    let _ = std::fs::copy(&submitted.script, output_dir.join("slurm.sbatch"));
+    if let Some(script) = &submitted.script {
+        let _ = std::fs::copy(script, output_dir.join("slurm.sbatch"));
+    }
     let info = serde_json::json!({
         "job_id": submitted.id,
         "script": submitted.script,

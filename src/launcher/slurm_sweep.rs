@@ -37,7 +37,7 @@ pub fn run(
                 submitted.push(Submitted {
                     job: job.clone(),
                     id: id.clone(),
-                    script: folder.join("unknown.sbatch"),
+                    script: None,
                 });
                 continue;
             }
@@ -83,7 +83,7 @@ pub fn run(
             submitted.push(Submitted {
                 job,
                 id,
-                script: script.clone(),
+                script: Some(script.clone()),
             });
         }
         tally.save()?;
