@@ -5,7 +5,7 @@
 
 use crate::config::errors::ConfigError;
 use crate::records::{self, JobState, SweepRecord, SweepState};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The sweep's record: a new plan, or the earlier record of the same sweep to resume.
 pub fn plan_or_resume(
@@ -62,12 +62,57 @@ pub fn plan_or_resume(
     Ok((record, true))
 }
 
+/// Only a sweep directory named on the command line is resumed. Two sweeps started in the same second
+/// share the default `${now:...}` directory: the second one gets a fresh sibling (`<dir>_1`, ...) and says
+/// so, instead of silently continuing the first.
+pub fn fresh_unless_named(sweep_dir: PathBuf, named_on_command_line: bool) -> PathBuf {
+    let holds_sweep = |d: &Path| d.join(SweepRecord::FILE).exists();
+    if named_on_command_line || !holds_sweep(&sweep_dir) {
+        return sweep_dir;
+    }
+    let name = sweep_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let fresh = (1..)
+        .map(|i| sweep_dir.with_file_name(format!("{name}_{i}")))
+        .find(|d| !d.exists())
+        .expect("an unbounded range has a free name");
+    eprintln!(
+        "{} already holds a sweep; launching into {} (to resume that sweep, pass hydra.sweep.dir={})",
+        records::display(&sweep_dir),
+        records::display(&fresh),
+        records::display(&sweep_dir),
+    );
+    fresh
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn jobs(v: &[&str]) -> Vec<Vec<String>> {
         v.iter().map(|s| vec![s.to_string()]).collect()
+    }
+
+    #[test]
+    fn only_a_named_sweep_dir_is_resumed_a_default_one_gets_a_fresh_sibling() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("12-00-00");
+        let empty = fresh_unless_named(dir.clone(), false);
+        assert_eq!(
+            empty, dir,
+            "no sweep there yet: the directory is used as it is"
+        );
+        SweepRecord::plan("t", &jobs(&["a=1"])).write(&dir).unwrap();
+        assert_eq!(fresh_unless_named(dir.clone(), true), dir);
+        let fresh = fresh_unless_named(dir.clone(), false);
+        assert_eq!(fresh, root.path().join("12-00-00_1"));
+        std::fs::create_dir_all(&fresh).unwrap();
+        assert_eq!(
+            fresh_unless_named(dir, false),
+            root.path().join("12-00-00_2")
+        );
     }
 
     #[test]

@@ -80,7 +80,13 @@ pub fn run_sweep(
             .display_python(),
         None => setup.config_name.clone(),
     };
-    let sweep_dir = super::place::sweep_dir(setup, &job_cfg, &hydra, ctx)?;
+    let named = overrides
+        .iter()
+        .any(|o| o.key.key_or_group == "hydra.sweep.dir");
+    let sweep_dir = super::resume::fresh_unless_named(
+        super::place::sweep_dir(setup, &job_cfg, &hydra, ctx)?,
+        named,
+    );
     std::fs::create_dir_all(&sweep_dir)
         .map_err(|e| ConfigError::Io(format!("could not create {}: {e}", sweep_dir.display())))?;
     let launcher = super::place::master_key(&job_cfg, &hydra, "launcher", ctx)?;
