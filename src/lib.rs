@@ -24,6 +24,7 @@ pub mod records;
 pub mod rng;
 pub mod s3;
 pub mod schema;
+pub mod search;
 pub mod signals;
 pub mod strategy;
 pub mod tensor;

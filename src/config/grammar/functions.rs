@@ -300,6 +300,7 @@ fn cast_call(name: &str, mut b: Bound) -> Result<Val, FnError> {
             list: simple_choice(b.var_args)?,
             simple_form: true,
             shuffle: false,
+            tags: Vec::new(),
         }),
     };
     cast(name, value)
@@ -315,6 +316,7 @@ fn choice_call(b: Bound) -> Result<Val, FnError> {
         list,
         simple_form,
         shuffle,
+        tags,
     })] = args.as_slice()
     {
         if !*simple_form {
@@ -324,12 +326,14 @@ fn choice_call(b: Bound) -> Result<Val, FnError> {
             list: list.clone(),
             simple_form: false,
             shuffle: *shuffle,
+            tags: tags.clone(),
         }));
     }
     Ok(Val::Sweep(Sweep::Choice {
         list: simple_choice(args)?,
         simple_form: false,
         shuffle: false,
+        tags: Vec::new(),
     }))
 }
 
@@ -352,20 +356,26 @@ fn range_call(mut b: Bound) -> Result<Val, FnError> {
         stop,
         step,
         shuffle: false,
+        tags: Vec::new(),
     }))
 }
 
 /// `interval(start, end)`: a continuous range (for search sweepers).
 fn interval_call(mut b: Bound) -> Result<Val, FnError> {
+    // Hydra's interval() makes floats of both ends; `int(interval(...))` makes ints of them.
     let f = |v: Option<Val>| match v {
-        Some(Val::Elem(Element::Int(i))) => i as f64,
-        Some(Val::Elem(Element::Bool(x))) => f64::from(u8::from(x)),
-        Some(Val::Elem(Element::Float(x))) => x,
-        _ => 0.0, // excluded by the signature
+        Some(Val::Elem(Element::Int(i))) => Num::Float(i as f64),
+        Some(Val::Elem(Element::Bool(x))) => Num::Float(f64::from(u8::from(x))),
+        Some(Val::Elem(Element::Float(x))) => Num::Float(x),
+        _ => Num::Float(0.0), // excluded by the signature
     };
     let start = f(b.take(0));
     let end = f(b.take(1));
-    Ok(Val::Sweep(Sweep::Interval { start, end }))
+    Ok(Val::Sweep(Sweep::Interval {
+        start,
+        end,
+        tags: Vec::new(),
+    }))
 }
 
 /// `tag(t1, ..., sweep)`: tags on a sweep (string tags).
@@ -388,7 +398,14 @@ fn tag_call(mut b: Bound) -> Result<Val, FnError> {
                     type_name(t)
                 ));
             }
-            Ok(Val::Sweep(s))
+            let tags = all
+                .into_iter()
+                .filter_map(|t| match t {
+                    Val::Elem(Element::Str { value, .. }) => Some(value),
+                    _ => None,
+                })
+                .collect();
+            Ok(Val::Sweep(s.with_tags(tags)))
         }
         Some(_) => value_error(
             "Last argument to tag() must be a choice(), range() or interval(), got NoneType",
@@ -409,24 +426,34 @@ fn shuffle_call(mut b: Bound) -> Result<Val, FnError> {
                 list: simple_choice(args)?,
                 simple_form: true,
                 shuffle: true,
+                tags: Vec::new(),
             }))
         }
     };
     Ok(match single {
         Val::Sweep(Sweep::Choice {
-            list, simple_form, ..
+            list,
+            simple_form,
+            tags,
+            ..
         }) => Val::Sweep(Sweep::Choice {
             list,
             simple_form,
             shuffle: true,
+            tags,
         }),
         Val::Sweep(Sweep::Range {
-            start, stop, step, ..
+            start,
+            stop,
+            step,
+            tags,
+            ..
         }) => Val::Sweep(Sweep::Range {
             start,
             stop,
             step,
             shuffle: true,
+            tags,
         }),
         Val::Elem(Element::List(mut l)) => {
             permute(&mut l);
@@ -466,6 +493,7 @@ fn sort_call(mut b: Bound) -> Result<Val, FnError> {
                 list: simple_choice(args)?,
                 simple_form: true,
                 shuffle: false,
+                tags: Vec::new(),
             })
         }
     };
@@ -474,16 +502,19 @@ fn sort_call(mut b: Bound) -> Result<Val, FnError> {
             list,
             simple_form,
             shuffle,
+            tags,
         }) => Ok(Val::Sweep(Sweep::Choice {
             list: py_sorted(list, reverse)?,
             simple_form,
             shuffle,
+            tags,
         })),
         Val::Sweep(Sweep::Range {
             start,
             stop,
             step,
             shuffle,
+            tags,
         }) => {
             let flip = if reverse {
                 start.as_f64() < stop.as_f64()
@@ -496,6 +527,7 @@ fn sort_call(mut b: Bound) -> Result<Val, FnError> {
                     stop,
                     step,
                     shuffle,
+                    tags,
                 }));
             }
             // Hydra flips the direction, shifting start/stop by one step.
@@ -521,6 +553,7 @@ fn sort_call(mut b: Bound) -> Result<Val, FnError> {
                 stop: shift(start),
                 step: neg_step,
                 shuffle,
+                tags,
             }))
         }
         Val::Elem(Element::List(l)) => Ok(Val::Elem(Element::List(py_sorted(l, reverse)?))),
@@ -570,7 +603,10 @@ pub(super) fn cast(name: &str, value: Val) -> Result<Val, FnError> {
     match value {
         Val::Elem(e) => cast_element(name, e).map(Val::Elem),
         Val::Sweep(Sweep::Choice {
-            list, simple_form, ..
+            list,
+            simple_form,
+            tags,
+            ..
         }) => Ok(Val::Sweep(Sweep::Choice {
             list: list
                 .into_iter()
@@ -578,9 +614,14 @@ pub(super) fn cast(name: &str, value: Val) -> Result<Val, FnError> {
                 .collect::<Result<_, _>>()?,
             simple_form,
             shuffle: false,
+            tags,
         })),
         Val::Sweep(Sweep::Range {
-            start, stop, step, ..
+            start,
+            stop,
+            step,
+            tags,
+            ..
         }) => {
             let f = |n: Num| -> Result<Num, FnError> {
                 match (name, n) {
@@ -595,15 +636,20 @@ pub(super) fn cast(name: &str, value: Val) -> Result<Val, FnError> {
                 stop: f(stop)?,
                 step: f(step)?,
                 shuffle: false,
+                tags,
             }))
         }
-        Val::Sweep(Sweep::Interval { start, end }) => match name {
-            // `+ 0.0` turns int(-0.5) into 0, not -0.
+        Val::Sweep(Sweep::Interval { start, end, tags }) => match name {
             "int" => Ok(Val::Sweep(Sweep::Interval {
-                start: float_to_int(start)? as f64 + 0.0,
-                end: float_to_int(end)? as f64 + 0.0,
+                start: Num::Int(float_to_int(start.as_f64())?),
+                end: Num::Int(float_to_int(end.as_f64())?),
+                tags,
             })),
-            "float" => Ok(Val::Sweep(Sweep::Interval { start, end })),
+            "float" => Ok(Val::Sweep(Sweep::Interval {
+                start: Num::Float(start.as_f64()),
+                end: Num::Float(end.as_f64()),
+                tags,
+            })),
             _ => value_error(format!("Intervals cannot be cast to {name}")),
         },
         Val::Sweep(Sweep::Glob { .. }) => type_error(format!("glob() cannot be cast to {name}")),

@@ -171,7 +171,7 @@ pub enum Num {
 }
 
 impl Num {
-    fn as_f64(self) -> f64 {
+    pub fn as_f64(self) -> f64 {
         match self {
             Num::Int(i) => i as f64,
             Num::Float(x) => x,
@@ -186,21 +186,73 @@ pub enum Sweep {
         list: Vec<Element>,
         simple_form: bool,
         shuffle: bool,
+        tags: Vec<String>,
     },
     Range {
         start: Num,
         stop: Num,
         step: Num,
         shuffle: bool,
+        tags: Vec<String>,
     },
+    /// `interval(a, b)`: floats, or ints after `int(...)` (search sweepers tell them apart).
     Interval {
-        start: f64,
-        end: f64,
+        start: Num,
+        end: Num,
+        tags: Vec<String>,
     },
     Glob {
         include: Vec<String>,
         exclude: Vec<String>,
     },
+}
+
+impl Sweep {
+    /// The sweep with `tag(...)`'s tags (Hydra keeps them through casts, sort and shuffle).
+    pub fn with_tags(self, new: Vec<String>) -> Sweep {
+        match self {
+            Sweep::Choice {
+                list,
+                simple_form,
+                shuffle,
+                ..
+            } => Sweep::Choice {
+                list,
+                simple_form,
+                shuffle,
+                tags: new,
+            },
+            Sweep::Range {
+                start,
+                stop,
+                step,
+                shuffle,
+                ..
+            } => Sweep::Range {
+                start,
+                stop,
+                step,
+                shuffle,
+                tags: new,
+            },
+            Sweep::Interval { start, end, .. } => Sweep::Interval {
+                start,
+                end,
+                tags: new,
+            },
+            glob @ Sweep::Glob { .. } => glob,
+        }
+    }
+
+    /// The tags given with `tag(...)`.
+    pub fn tags(&self) -> &[String] {
+        match self {
+            Sweep::Choice { tags, .. }
+            | Sweep::Range { tags, .. }
+            | Sweep::Interval { tags, .. } => tags,
+            Sweep::Glob { .. } => &[],
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -197,6 +197,7 @@ impl Parser<'_> {
             list,
             simple_form: true,
             shuffle: false,
+            tags: Vec::new(),
         }))
     }
 

@@ -109,6 +109,7 @@ impl Sweep {
                 stop,
                 step,
                 shuffle,
+                ..
             } => {
                 let mut out = Vec::new();
                 match (start, stop, step) {
