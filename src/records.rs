@@ -99,6 +99,15 @@ pub enum JobState {
     Failed,
     /// Stopped by the cluster's warning signal at a checkpoint and requeued: it resumes from there.
     Preempted,
+    /// A search's pruner stopped it early (a result, not a failure).
+    Pruned,
+}
+
+impl JobState {
+    /// Finished with a result: a resumed sweep keeps it, and it is no failure.
+    pub fn is_done(self) -> bool {
+        matches!(self, JobState::Completed | JobState::Pruned)
+    }
 }
 
 /// How far a sweep got (in `sweep.json`).
@@ -242,6 +251,23 @@ impl SweepRecord {
                 })
                 .collect(),
         }
+    }
+
+    /// Add job `num` to the plan (a search plans its trials as it asks them); an existing one is kept.
+    pub fn add_job(&mut self, num: usize, overrides: &[String]) {
+        if self.jobs.iter().any(|j| j.num == num) {
+            return;
+        }
+        self.jobs.push(PlannedJob {
+            num,
+            overrides: overrides.to_vec(),
+            state: JobState::Planned,
+            error: None,
+            output_dir: None,
+            main_metric: None,
+            launch_id: None,
+        });
+        self.jobs.sort_by_key(|j| j.num);
     }
 
     /// Mark job `num` as `state` (with the error of a failed job).

@@ -226,7 +226,10 @@ fn a_config_that_sets_multirun_mode_sweeps_without_dash_m() {
 #[case::bad_mode(&["hydra.mode=SOMETIMES"], "expected one of [RUN, MULTIRUN]")]
 #[case::output_subdir(&["hydra.output_subdir=null"], "trainyard keeps a run's records in `.hydra/`")]
 #[case::callbacks(&["+hydra.callbacks.log._target_=my.Callback"], "Hydra callbacks are Python classes")]
-#[case::optuna(&["-m", "hydra/sweeper=optuna", "seed=1,2"], "the optuna sweeper is not supported yet")]
+#[case::cmaes(
+    &["-m", "hydra/sweeper=optuna", "hydra/sweeper/sampler=cmaes", "+optimized_metric=val/loss", "optimizer.lr=interval(0.001,0.1)"],
+    "is not a sampler trainyard runs"
+)]
 #[case::sweep_hydra(&["-m", "hydra.job.name=a,b"], "Sweeping over Hydra's configuration is not supported")]
 #[case::searchpath(&["hydra.searchpath=[pkg://my.configs]"], "only file:// paths can be searched here")]
 #[case::logging_null(&["hydra.job_logging=null"], "Error merging override hydra.job_logging=null")]

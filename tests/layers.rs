@@ -69,6 +69,14 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "the loop never names the launcher that starts it",
     ),
     (
+        "src/search",
+        &[
+            "tensor", "comm", "model", "optim", "backend", "strategy", "plan", "trainer",
+            "launcher", "data", "schema", "config",
+        ],
+        "the search engine (samplers, study, pruner) is pure: the sweeper drives it",
+    ),
+    (
         "src/config",
         &[
             "tensor", "comm", "model", "optim", "backend", "strategy", "plan", "trainer",

@@ -1,6 +1,8 @@
 //! Multirun expansion in the order of Hydra's BasicSweeper: sweeps declared in YAML (`hydra.sweeper.params`)
 //! come first, command-line overrides after (a key given twice keeps its first position, last value wins),
-//! then the cartesian product with the leftmost override varying slowest.
+//! then the cartesian product with the leftmost override varying slowest. Beyond Hydra, sweeps tagged
+//! `zip` (`a=tag(zip, choice(1,2,3)) b=tag(zip, choice(x,y,z))`) move in lockstep as one axis of the
+//! product: 3 jobs (a=1 b=x, a=2 b=y, a=3 b=z) instead of 9.
 
 use super::errors::ConfigError;
 use super::grammar::{parse_override, Element, Override, OverrideKind, ParsedValue, Quote, Sweep};
@@ -8,7 +10,7 @@ use super::repository::Repository;
 use indexmap::IndexMap;
 
 /// The key as Hydra prints it in a job's override: `+a.b`, `~c`, `db@backup`.
-fn key_element(o: &Override) -> String {
+pub fn key_element(o: &Override) -> String {
     let prefix = match o.kind {
         OverrideKind::Change => "",
         OverrideKind::Add => "+",
@@ -48,32 +50,90 @@ pub fn expand(
         }
         parsed.push(o.clone());
     }
-    let mut lists: IndexMap<String, Vec<String>> = IndexMap::new();
+    // Per key: its values and, for a `tag(zip...)` sweep, the group it moves in lockstep with.
+    let mut lists: IndexMap<String, (Vec<String>, Option<String>, &Override)> = IndexMap::new();
     for o in &parsed {
         let key = key_element(o);
-        let values: Vec<String> = match &o.value {
-            Some(ParsedValue::Sweep(sweep)) => sweep_values(repo, o, sweep)?
-                .iter()
-                .map(|v| format!("{key}={}", v.to_override_string()))
-                .collect(),
-            Some(ParsedValue::Element(e)) => vec![format!("{key}={}", e.to_override_string())],
-            None => vec![key.clone()],
+        let (values, zip): (Vec<String>, _) = match &o.value {
+            Some(ParsedValue::Sweep(sweep)) => (
+                sweep_values(repo, o, sweep)?
+                    .iter()
+                    .map(|v| format!("{key}={}", v.to_override_string()))
+                    .collect(),
+                zip_group(sweep),
+            ),
+            Some(ParsedValue::Element(e)) => {
+                (vec![format!("{key}={}", e.to_override_string())], None)
+            }
+            None => (vec![key.clone()], None),
         };
-        lists.insert(key, values);
+        lists.insert(key, (values, zip, o));
     }
+    let axes = zip_axes(&lists)?;
     let mut jobs: Vec<Vec<String>> = vec![Vec::new()];
-    for values in lists.values() {
+    for values in axes.values() {
         let mut next = Vec::with_capacity(jobs.len() * values.len());
         for job in &jobs {
             for v in values {
                 let mut j = job.clone();
-                j.push(v.clone());
+                j.extend(v.iter().cloned());
                 next.push(j);
             }
         }
         jobs = next;
     }
     Ok(jobs)
+}
+
+/// The zip group a sweep is tagged with: `zip` or `zip_<name>` (several groups zip separately).
+fn zip_group(sweep: &Sweep) -> Option<String> {
+    sweep
+        .tags()
+        .iter()
+        .find(|t| *t == "zip" || t.starts_with("zip_"))
+        .cloned()
+}
+
+/// The product's axes, in the order of their first key: a plain key is an axis of its own; the keys of a
+/// zip group form one axis whose i-th point takes every member's i-th value (equal lengths required).
+fn zip_axes(
+    lists: &IndexMap<String, (Vec<String>, Option<String>, &Override)>,
+) -> Result<IndexMap<String, Vec<Vec<String>>>, ConfigError> {
+    let mut axes: IndexMap<String, Vec<Vec<String>>> = IndexMap::new();
+    let mut first_member: IndexMap<String, &Override> = IndexMap::new();
+    for (key, (values, zip, o)) in lists {
+        let Some(group) = zip else {
+            axes.insert(
+                key.clone(),
+                values.iter().map(|v| vec![v.clone()]).collect(),
+            );
+            continue;
+        };
+        let axis_key = format!("tag({group})");
+        match axes.get_mut(&axis_key) {
+            None => {
+                first_member.insert(group.clone(), o);
+                axes.insert(axis_key, values.iter().map(|v| vec![v.clone()]).collect());
+            }
+            Some(points) if points.len() == values.len() => {
+                for (point, v) in points.iter_mut().zip(values) {
+                    point.push(v.clone());
+                }
+            }
+            Some(points) => {
+                return Err(ConfigError::composition(format!(
+                    "tag({group}, ...) sweeps move in lockstep, so they need the same number of values: \
+                     '{}' has {} and '{}' has {}. Give both the same length, or tag them with different \
+                     groups (zip_a, zip_b) to zip them separately",
+                    first_member[group].input,
+                    points.len(),
+                    o.input,
+                    values.len()
+                )))
+            }
+        }
+    }
+    Ok(axes)
 }
 
 fn sweep_values(
@@ -106,5 +166,47 @@ fn sweep_values(
         other => other
             .discrete_values()
             .map_err(|e| ConfigError::Parse(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn jobs(cli: &[&str]) -> Result<Vec<String>, ConfigError> {
+        let repo = Repository::new(Vec::new());
+        let parsed: Vec<Override> = cli.iter().map(|t| parse_override(t).unwrap()).collect();
+        Ok(expand(&repo, &[], &parsed)?
+            .into_iter()
+            .map(|j| j.join(" "))
+            .collect())
+    }
+
+    #[rstest]
+    #[case::pairs(&["a=tag(zip, choice(1,2,3))", "b=tag(zip, choice(x,y,z))"], &["a=1 b=x", "a=2 b=y", "a=3 b=z"])]
+    #[case::zip_with_product(
+        &["a=tag(zip, range(1,3))", "c=p,q", "b=tag(zip, choice(x,y))"],
+        &["a=1 b=x c=p", "a=1 b=x c=q", "a=2 b=y c=p", "a=2 b=y c=q"]
+    )]
+    #[case::two_groups(
+        &["a=tag(zip_1, choice(1,2))", "b=tag(zip_2, choice(x,y))", "c=tag(zip_1, choice(5,6))"],
+        &["a=1 c=5 b=x", "a=1 c=5 b=y", "a=2 c=6 b=x", "a=2 c=6 b=y"]
+    )]
+    #[case::other_tags_do_not_zip(&["a=tag(log, choice(1,2))", "b=choice(x,y)"], &["a=1 b=x", "a=1 b=y", "a=2 b=x", "a=2 b=y"])]
+    fn zip_tagged_sweeps_move_in_lockstep(#[case] cli: &[&str], #[case] want: &[&str]) {
+        assert_eq!(jobs(cli).unwrap(), want);
+    }
+
+    #[test]
+    fn zips_of_unequal_length_are_refused_naming_both() {
+        let err = jobs(&["a=tag(zip, choice(1,2,3))", "b=tag(zip, choice(x,y))"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("'a=tag(zip, choice(1,2,3))' has 3")
+                && err.contains("'b=tag(zip, choice(x,y))' has 2"),
+            "{err}"
+        );
     }
 }

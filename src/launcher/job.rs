@@ -95,6 +95,11 @@ pub fn run_job(
         .then(|| WorkingDir::enter(&output_dir))
         .transpose()?;
     let config_yaml = yaml::to_yaml(&resolved);
+    // A trial of a search with a pruner reports each validation to the study.
+    let judge = match slot.as_ref() {
+        Some(s) => super::trial_judge::TrialJudge::for_job(s.dir, s.num)?,
+        None => None,
+    };
     let job = Job {
         exp: &experiment,
         plan: &plan,
@@ -102,6 +107,9 @@ pub fn run_job(
         config_yaml: &config_yaml,
         // A sweep's job directory is its own (numbered): a checkpoint in it is from an earlier attempt.
         resume_own: sweep_dir.is_some(),
+        judge: judge
+            .as_ref()
+            .map(|j| j as &dyn crate::trainer::ValidationJudge),
     };
     super::requeue::arm_if_slurm_batch();
     if let Some(rank) = group.as_ref().map(|g| g.rank).filter(|&r| r > 0) {

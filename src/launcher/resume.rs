@@ -18,16 +18,7 @@ pub fn plan_or_resume(
         return Ok((SweepRecord::plan(task_name, jobs), false));
     };
     let shown = records::display(sweep_dir);
-    if earlier.state == SweepState::Running
-        && earlier.pid != std::process::id()
-        && records::process_alive(&earlier.host, earlier.pid) == Some(true)
-    {
-        return Err(ConfigError::Run(format!(
-            "hydra.sweep.dir={shown}: that sweep is still running (process {} on {}); wait for it or \
-             stop it before resuming",
-            earlier.pid, earlier.host
-        )));
-    }
+    refuse_live(sweep_dir, &earlier)?;
     let planned: Vec<&Vec<String>> = earlier.jobs.iter().map(|j| &j.overrides).collect();
     if planned.len() != jobs.len() || planned.iter().zip(jobs).any(|(a, b)| *a != b) {
         let first =
@@ -47,6 +38,38 @@ pub fn plan_or_resume(
             describe(jobs.get(i)),
         )));
     }
+    Ok((reopened(earlier), true))
+}
+
+/// A search's record: a new one, or the earlier one in this directory to continue (its study journal
+/// says which trials to keep; only a live sweep there is refused).
+pub fn reopen(sweep_dir: &Path, task_name: &str) -> Result<SweepRecord, ConfigError> {
+    let earlier = SweepRecord::read(sweep_dir).map_err(|e| ConfigError::Io(format!("{e:#}")))?;
+    let Some(earlier) = earlier else {
+        return Ok(SweepRecord::plan(task_name, &[]));
+    };
+    refuse_live(sweep_dir, &earlier)?;
+    Ok(reopened(earlier))
+}
+
+fn refuse_live(sweep_dir: &Path, earlier: &SweepRecord) -> Result<(), ConfigError> {
+    if earlier.state == SweepState::Running
+        && earlier.pid != std::process::id()
+        && records::process_alive(&earlier.host, earlier.pid) == Some(true)
+    {
+        return Err(ConfigError::Run(format!(
+            "hydra.sweep.dir={}: that sweep is still running (process {} on {}); wait for it or \
+             stop it before resuming",
+            records::display(sweep_dir),
+            earlier.pid,
+            earlier.host
+        )));
+    }
+    Ok(())
+}
+
+/// The earlier record, running again here: jobs with a result kept, the rest planned again.
+fn reopened(earlier: SweepRecord) -> SweepRecord {
     let mut record = earlier;
     record.state = SweepState::Running;
     record.pid = std::process::id();
@@ -54,12 +77,12 @@ pub fn plan_or_resume(
     record.ended_at = None;
     record.stopped_because = None;
     for job in &mut record.jobs {
-        if job.state != JobState::Completed {
+        if !job.state.is_done() {
             job.state = JobState::Planned;
             job.error = None;
         }
     }
-    Ok((record, true))
+    record
 }
 
 /// Only a sweep directory named on the command line is resumed. Two sweeps started in the same second

@@ -41,7 +41,23 @@ pub fn run_sweep(
             .collect(),
         _ => Vec::new(),
     };
-    let jobs = sweep::expand(&setup.repo, &params, overrides)?;
+    let job_args: Vec<Override> = overrides
+        .iter()
+        .filter(|o| !is_hydra_override(o))
+        .cloned()
+        .collect();
+    let optuna = master
+        .config
+        .get("hydra.runtime.choices")
+        .and_then(|c| c.as_map())
+        .and_then(|m| m.get("hydra/sweeper"))
+        .and_then(Node::as_str)
+        == Some("optuna");
+    // A search chooses its jobs as it runs; the basic sweeper expands them all now.
+    let jobs = match optuna {
+        true => Vec::new(),
+        false => sweep::expand(&setup.repo, &params, overrides)?,
+    };
     // Every job is composed with the sweep's Hydra overrides first, then its own (Hydra's load_sweep_config).
     let hydra_overrides: Vec<String> = overrides
         .iter()
@@ -52,6 +68,12 @@ pub fn run_sweep(
         let texts: Vec<String> = hydra_overrides.iter().chain(job).cloned().collect();
         parse_overrides(&texts)
     };
+    if cli.cfg.is_some() && optuna {
+        return Err(ConfigError::composition(
+            "--cfg with hydra/sweeper=optuna: a search chooses its trials' values as it runs, so there \
+             are no jobs to print yet; print one job's config without -m",
+        ));
+    }
     if cli.cfg.is_some() {
         for (i, job) in jobs.iter().enumerate() {
             let parsed = job_overrides(job)?;
@@ -80,6 +102,16 @@ pub fn run_sweep(
             .display_python(),
         None => setup.config_name.clone(),
     };
+    // A search's settings and metric are checked before anything is written.
+    let search = match settings.sweeper == "optuna" {
+        true => {
+            let sweeper = super::place::master_key(&job_cfg, &hydra, "sweeper", ctx)?;
+            let metric = super::search_sweep::optimized_metric(&job_cfg, ctx)?;
+            let search = crate::config::hydra::optuna::OptunaSettings::read(&sweeper, &job_args)?;
+            Some((search, metric))
+        }
+        false => None,
+    };
     let named = overrides
         .iter()
         .any(|o| o.key.key_or_group == "hydra.sweep.dir");
@@ -90,31 +122,45 @@ pub fn run_sweep(
     std::fs::create_dir_all(&sweep_dir)
         .map_err(|e| ConfigError::Io(format!("could not create {}: {e}", sweep_dir.display())))?;
     let launcher = super::place::master_key(&job_cfg, &hydra, "launcher", ctx)?;
-    let mut multirun = Node::empty_map();
-    if let Some(m) = multirun.as_map_mut() {
-        m.insert("hydra".into(), hydra);
-    }
     records::write_atomic(
         &sweep_dir.join("multirun.yaml"),
         yaml::to_yaml(&job_cfg).as_bytes(),
     )
     .map_err(|e| ConfigError::Io(e.to_string()))?;
+    let launch = Launch {
+        setup,
+        ctx,
+        command: JobCommand {
+            exe: std::env::current_exe().map_err(|e| {
+                ConfigError::Io(format!("cannot find this program to start jobs: {e}"))
+            })?,
+            config_flags: config_flags(cli),
+            hydra_overrides: hydra_overrides.clone(),
+            sweep_dir: sweep_dir.clone(),
+            now: ctx.now.to_rfc3339(),
+            cwd: std::env::current_dir()
+                .map_err(|e| ConfigError::Io(format!("no current directory: {e}")))?,
+        },
+        launcher_name: settings.launcher.clone(),
+        launcher,
+        sweep_dir: sweep_dir.clone(),
+    };
+    if let Some((search, metric)) = search {
+        let record = super::resume::reopen(&sweep_dir, &task_name)?;
+        let tally = Tally::new(&sweep_dir, record, cli.fail_fast);
+        tally.save()?;
+        return super::search_sweep::run(&launch, &search, &metric, &task_name, tally);
+    }
     // The plan, before any job runs: the logbook lists every job from it, started or not. An earlier
     // record of the same sweep in this directory is resumed.
     let (record, resumed) = super::resume::plan_or_resume(&sweep_dir, &task_name, &jobs)?;
-    let mut tally = Tally {
-        sweep_dir: sweep_dir.clone(),
-        record,
-        fail_fast: cli.fail_fast,
-        failed: 0,
-        stopped_because: None,
-    };
+    let mut tally = Tally::new(&sweep_dir, record, cli.fail_fast);
     tally.save()?;
     let todo: Vec<SweepJob> = tally
         .record
         .jobs
         .iter()
-        .filter(|j| j.state != records::JobState::Completed)
+        .filter(|j| !j.state.is_done())
         .map(|j| SweepJob {
             num: j.num,
             overrides: j.overrides.clone(),
@@ -139,69 +185,98 @@ pub fn run_sweep(
             records::display(&sweep_dir)
         );
     }
-    let command = JobCommand {
-        exe: std::env::current_exe()
-            .map_err(|e| ConfigError::Io(format!("cannot find this program to start jobs: {e}")))?,
-        config_flags: config_flags(cli),
-        hydra_overrides: hydra_overrides.clone(),
-        sweep_dir: sweep_dir.clone(),
-        now: ctx.now.to_rfc3339(),
-        cwd: std::env::current_dir()
-            .map_err(|e| ConfigError::Io(format!("no current directory: {e}")))?,
-    };
-    match settings.launcher.as_str() {
-        "joblib" | "submitit_local" => {
-            let local = local_launcher(&settings.launcher, &launcher, &sweep_dir)?;
-            for job in &todo {
-                tally.start(job);
-            }
-            tally.save()?;
-            local.launch(&command, &todo, &mut |result| tally.done(result))?;
-        }
-        "submitit_slurm" => {
-            let shapes = |job: &SweepJob| {
-                job_shape(
-                    setup,
-                    &job_overrides(&job.overrides)?,
-                    job.num,
-                    &sweep_dir,
-                    ctx,
-                )
-            };
-            super::slurm_sweep::run(&launcher, &command, &todo, &shapes, &mut tally)?;
-        }
-        _ => {
-            for job in &todo {
-                eprintln!("#{} : {}", job.num, job.overrides.join(" "));
-                tally.start(job);
+    launch.run(&todo, &mut tally)?;
+    tally.finish(jobs.len())
+}
+
+/// What every sweeper hands its jobs to: the chosen launcher, with how to start and compose a job.
+pub struct Launch<'a> {
+    pub setup: &'a Setup,
+    ctx: &'a ResolveContext,
+    command: JobCommand,
+    launcher_name: String,
+    launcher: Node,
+    pub sweep_dir: PathBuf,
+}
+
+impl Launch<'_> {
+    /// A job's overrides parsed: the sweep's Hydra overrides first, then its own.
+    fn job_overrides(&self, job: &[String]) -> Result<Vec<Override>, ConfigError> {
+        let texts: Vec<String> = self
+            .command
+            .hydra_overrides
+            .iter()
+            .chain(job)
+            .cloned()
+            .collect();
+        parse_overrides(&texts)
+    }
+
+    /// Run `todo` with the launcher, recording each job's end in `tally` (which may stop the rest).
+    pub fn run(&self, todo: &[SweepJob], tally: &mut Tally) -> Result<(), ConfigError> {
+        let (setup, ctx, sweep_dir) = (self.setup, self.ctx, &self.sweep_dir);
+        match self.launcher_name.as_str() {
+            "joblib" | "submitit_local" => {
+                let local = local_launcher(&self.launcher_name, &self.launcher, sweep_dir)?;
+                for job in todo {
+                    tally.start(job);
+                }
                 tally.save()?;
-                let slot = SweepSlot {
-                    dir: &sweep_dir,
-                    num: job.num,
-                    own_process: false,
+                local.launch(&self.command, todo, &mut |result| tally.done(result))?;
+            }
+            "submitit_slurm" => {
+                let shapes = |job: &SweepJob| {
+                    job_shape(
+                        setup,
+                        &self.job_overrides(&job.overrides)?,
+                        job.num,
+                        sweep_dir,
+                        ctx,
+                    )
                 };
-                let outcome = job_overrides(&job.overrides)
-                    .and_then(|parsed| {
-                        compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)
-                    })
-                    .and_then(|composed| run_job(setup, composed, &job.overrides, Some(slot), ctx));
-                let result = match outcome {
-                    Ok(o) => JobResult {
+                super::slurm_sweep::run(&self.launcher, &self.command, todo, &shapes, tally)?;
+            }
+            _ => {
+                for job in todo {
+                    eprintln!("#{} : {}", job.num, job.overrides.join(" "));
+                    tally.start(job);
+                    tally.save()?;
+                    let slot = SweepSlot {
+                        dir: sweep_dir,
                         num: job.num,
-                        state: records::JobState::Completed,
-                        output_dir: Some(o.output_dir),
-                        main_metric: o.main_metric,
-                        error: None,
-                    },
-                    Err(e) => JobResult::failed(job.num, e.to_string()),
-                };
-                if !tally.done(result)? {
-                    break;
+                        own_process: false,
+                    };
+                    let outcome = self
+                        .job_overrides(&job.overrides)
+                        .and_then(|parsed| {
+                            compose_with_hydra(
+                                &setup.repo,
+                                &setup.config_name,
+                                &parsed,
+                                RunMode::Run,
+                            )
+                        })
+                        .and_then(|composed| {
+                            run_job(setup, composed, &job.overrides, Some(slot), ctx)
+                        });
+                    let result = match outcome {
+                        Ok(o) => JobResult {
+                            num: job.num,
+                            state: records::JobState::Completed,
+                            output_dir: Some(o.output_dir),
+                            main_metric: o.main_metric,
+                            error: None,
+                        },
+                        Err(e) => JobResult::failed(job.num, e.to_string()),
+                    };
+                    if !tally.done(result)? {
+                        break;
+                    }
                 }
             }
         }
+        Ok(())
     }
-    tally.finish(jobs.len())
 }
 
 /// How far the sweep got: its record (saved as each job starts and ends), failures, and whether it
@@ -215,6 +290,16 @@ pub struct Tally {
 }
 
 impl Tally {
+    pub fn new(sweep_dir: &Path, record: records::SweepRecord, fail_fast: bool) -> Tally {
+        Tally {
+            sweep_dir: sweep_dir.to_path_buf(),
+            record,
+            fail_fast,
+            failed: 0,
+            stopped_because: None,
+        }
+    }
+
     pub fn save(&self) -> Result<(), ConfigError> {
         self.record.write(&self.sweep_dir).map_err(|e| {
             ConfigError::Io(format!(
@@ -262,8 +347,18 @@ impl Tally {
         Ok(true)
     }
 
+    /// Did `--fail-fast` stop the sweep?
+    pub fn stopped(&self) -> bool {
+        self.stopped_because.is_some()
+    }
+
+    /// Stop the sweep for `why` (recorded in `sweep.json`).
+    pub fn stop(&mut self, why: String) {
+        self.stopped_because = Some(why);
+    }
+
     /// End the sweep: its record, the table of every job (earlier attempts' included), the logbook.
-    fn finish(mut self, total: usize) -> Result<ExitCode, ConfigError> {
+    pub fn finish(mut self, total: usize) -> Result<ExitCode, ConfigError> {
         self.record.end(self.stopped_because.take());
         self.save()?;
         println!("| job | overrides | status | main metric |");
@@ -272,11 +367,12 @@ impl Tally {
         for j in &self.record.jobs {
             let status = match j.state {
                 records::JobState::Completed => "ok",
+                records::JobState::Pruned => "pruned",
                 records::JobState::Failed => "FAILED",
                 records::JobState::Planned => "not run",
                 _ => "unfinished",
             };
-            if j.state != records::JobState::Completed {
+            if !j.state.is_done() {
                 failed += 1;
             }
             let metric = j
@@ -368,13 +464,13 @@ fn job_shape(
     Ok((t.num_nodes.max(1), tasks))
 }
 
-/// Only Hydra's basic sweeper and launcher run here so far; another choice is refused before any job runs.
+/// Hydra's basic sweeper and the optuna sweeper run here; another choice is refused before any job runs.
 fn check_sweeper(settings: &HydraSettings) -> Result<(), ConfigError> {
-    if settings.sweeper != "basic" {
+    if settings.sweeper != "basic" && settings.sweeper != "optuna" {
         return Err(ConfigError::composition(format!(
             "hydra/sweeper={}: trainyard runs Hydra's basic sweeper (grid sweeps over `a=1,2 b=x,y` and \
-             hydra.sweeper.params); the {} sweeper is not supported yet. Use `override hydra/sweeper: basic` \
-             or sweep with comma lists.",
+             hydra.sweeper.params) and the optuna sweeper (hydra/sweeper=optuna); the {} sweeper is not \
+             supported. Use `override hydra/sweeper: basic` or `optuna`.",
             settings.sweeper, settings.sweeper
         )));
     }

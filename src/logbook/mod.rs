@@ -1,9 +1,10 @@
 //! `train logbook`: the experiment logbook. Reads run directories (single runs and sweeps) and writes one
 //! markdown page: per experiment a table of runs with measured numbers from each run's `summary.json`, the
 //! command that reproduces each run, SVG curves and throughput charts next to the page, and a section per
-//! sweep with the swept values and their outcome. Crashed, failed and running jobs are listed and marked.
+//! sweep with the swept values and their outcome (and a search's trials, `search`). Crashed, failed and running jobs are listed and marked.
 
 pub mod runs;
+mod search;
 pub mod svg;
 
 use runs::Run;
@@ -395,6 +396,7 @@ impl Page {
             let _ = writeln!(self.md, "- {unfinished} job(s) did not finish (see status)");
         }
         let _ = writeln!(self.md);
+        self.search(dir, &name)?;
         let bars: Vec<(String, f64)> = jobs
             .iter()
             .filter_map(|r| {

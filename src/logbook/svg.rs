@@ -248,6 +248,87 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[(String, f64)]) -> String {
     svg + "</svg>\n"
 }
 
+/// A search's trials: one dot per trial's value (hollow for a pruned trial's last report) and the best so
+/// far as a step line.
+pub fn trials_chart(
+    title: &str,
+    y_label: &str,
+    values: &[(f64, f64, bool)],
+    best: &[(f64, f64)],
+) -> String {
+    let mut svg = frame(title, "trial", y_label);
+    let finite = |x: f64, y: f64| x.is_finite() && y.is_finite();
+    let all: Vec<(f64, f64)> = values
+        .iter()
+        .map(|&(x, y, _)| (x, y))
+        .chain(best.iter().copied())
+        .filter(|&(x, y)| finite(x, y))
+        .collect();
+    if all.is_empty() {
+        return line_chart(title, "trial", y_label, &[]);
+    }
+    let range = |f: fn(&(f64, f64)) -> f64| {
+        all.iter()
+            .map(f)
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            })
+    };
+    let (xr, yr) = (range(|p| p.0), range(|p| p.1));
+    let (ax, sx, sy) = axes(padded(xr.0, xr.1), padded(yr.0, yr.1), true);
+    svg += &ax;
+    let mut steps = Vec::new();
+    for (i, &(x, y)) in best.iter().filter(|&&(x, y)| finite(x, y)).enumerate() {
+        if i > 0 {
+            steps.push(format!("{:.1},{:.1}", sx(x), sy(best[i - 1].1)));
+        }
+        steps.push(format!("{:.1},{:.1}", sx(x), sy(y)));
+    }
+    svg += &format!(
+        "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.8\" points=\"{}\"/>\n",
+        COLORS[1],
+        steps.join(" ")
+    );
+    for &(x, y, pruned) in values.iter().filter(|&&(x, y, _)| finite(x, y)) {
+        let fill = if pruned { "white" } else { COLORS[0] };
+        svg += &format!(
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{fill}\" stroke=\"{}\"/>\n",
+            sx(x),
+            sy(y),
+            COLORS[0]
+        );
+    }
+    for (i, (name, color)) in [
+        ("trial value", COLORS[0]),
+        ("pruned (last report)", "white"),
+        ("best so far", COLORS[1]),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let ly = TOP + 14.0 + 18.0 * i as f64;
+        let mark = match i {
+            2 => format!(
+                "<line x1=\"{}\" x2=\"{}\" y1=\"{ly}\" y2=\"{ly}\" stroke=\"{color}\" stroke-width=\"3\"/>",
+                WIDTH - RIGHT + 12.0,
+                WIDTH - RIGHT + 32.0
+            ),
+            _ => format!(
+                "<circle cx=\"{}\" cy=\"{ly}\" r=\"4\" fill=\"{color}\" stroke=\"{}\"/>",
+                WIDTH - RIGHT + 22.0,
+                COLORS[0]
+            ),
+        };
+        svg += &format!(
+            "{mark}<text x=\"{}\" y=\"{}\">{}</text>\n",
+            WIDTH - RIGHT + 38.0,
+            ly + 4.0,
+            escape(name)
+        );
+    }
+    svg + "</svg>\n"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -262,6 +343,27 @@ mod tests {
         for (g, w) in got.iter().zip(&want) {
             assert!((g - w).abs() < 1e-9, "{got:?}");
         }
+    }
+
+    #[test]
+    fn a_trials_chart_has_a_dot_per_trial_and_the_best_as_a_step_line() {
+        let values = [(0.0, 0.5, false), (1.0, 0.7, false), (2.0, 0.2, true)];
+        let best = [(0.0, 0.5), (1.0, 0.7), (2.0, 0.7)];
+        let svg = trials_chart("t", "val/acc1", &values, &best);
+        // Three trials and two dot legends; the pruned one is hollow.
+        assert_eq!(svg.matches("<circle").count(), 5, "{svg}");
+        assert_eq!(svg.matches("fill=\"white\" stroke").count(), 2, "{svg}");
+        // Steps: each best point after the first is reached by a flat segment then a jump.
+        let line = svg.split("<polyline").nth(1).unwrap();
+        let points = line
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert_eq!(points.split(' ').count(), 5, "{points}");
+        assert!(trials_chart("t", "v", &[], &[]).contains("no data"));
     }
 
     #[test]

@@ -33,6 +33,10 @@ pub struct Experiment {
     /// `last`, `best` or a checkpoint file to resume from.
     #[serde(default)]
     pub ckpt_path: Option<String>,
+    /// The run metric a search optimises (`hydra/sweeper=optuna`), lightning-hydra-template's key:
+    /// `val/acc1_best`, `val/loss`, ... (checked by the sweeper before its first trial).
+    #[serde(default)]
+    pub optimized_metric: Option<String>,
     pub model: ModelConfig,
     pub data: DataConfig,
     pub optimizer: OptimizerConfig,

@@ -68,7 +68,7 @@ impl Distribution {
                 log,
                 step,
             } => {
-                if !(low <= high) {
+                if low.is_nan() || high.is_nan() || low > high {
                     return Err(format!(
                         "`low <= high` must hold, but got (low, high)=({low}, {high})"
                     ));

@@ -35,6 +35,8 @@ pub struct FitLoop<'a> {
     /// LearningRateMonitor: `lr` on epoch rows always, on step rows with `logging_interval: step`.
     lr_each_step: bool,
     lr_each_epoch: bool,
+    /// A search's pruner, shown each validation's metrics (rank 0 asks it; every rank agrees).
+    judge: Option<&'a dyn super::ValidationJudge>,
     /// The learning rate of the last optimizer step (an epoch row's `lr`).
     lr_now: f64,
     pub state: TrainingState,
@@ -125,6 +127,7 @@ impl<'a> FitLoop<'a> {
             timer,
             lr_each_step,
             lr_each_epoch: callbacks.lr_monitor.is_some(),
+            judge: job.judge,
             state: resumed.unwrap_or(TrainingState {
                 epoch: 0,
                 global_step: 0,
@@ -373,6 +376,9 @@ impl<'a> FitLoop<'a> {
                 self.state.metrics.insert(key.into(), value);
             }
         }
+        if val.is_some() {
+            record_best_so_far(&mut self.state.metrics);
+        }
         if let Some(scale) = self.strategy.loss_scale() {
             row.insert("loss_scale", scale);
         }
@@ -390,6 +396,17 @@ impl<'a> FitLoop<'a> {
                     .on_validation_end(self.strategy.as_mut(), &mut self.state, epoch)?
             }
         };
+        if let (Some(judge), true, None) = (self.judge, val.is_some(), &early_stop) {
+            let verdict = match self.ranks.is_global_zero() {
+                true => judge.judge(epoch, &self.state.metrics)?,
+                false => None,
+            };
+            if self.ranks.any(verdict.is_some())? {
+                return Ok(Some(RunStatus::Pruned(verdict.unwrap_or_else(|| {
+                    format!("pruned at epoch {epoch} (decided on rank 0)")
+                }))));
+            }
+        }
         let ranks = &self.ranks;
         if let Some(t) = self.timer.as_mut() {
             if let Some(why) = t.stop_at_epoch_end(|here| ranks.any(here))? {
@@ -594,4 +611,20 @@ fn progress_bar(
     bar.set_style(style);
     bar.set_prefix(format!("{}/{max_epochs}", epoch + 1));
     Some(bar)
+}
+
+/// `<metric>_best` for each validation metric: the best value so far (highest accuracy, lowest loss), what
+/// lightning-hydra-template's `val/acc_best` is, and what a search may optimise.
+fn record_best_so_far(metrics: &mut HashMap<String, f64>) {
+    for (key, higher_is_better) in [("val/acc1", true), ("val/acc5", true), ("val/loss", false)] {
+        let Some(&now) = metrics.get(key) else {
+            continue;
+        };
+        let best_key = format!("{key}_best");
+        let best = match metrics.get(&best_key) {
+            Some(&b) if (higher_is_better && b >= now) || (!higher_is_better && b <= now) => b,
+            _ => now,
+        };
+        metrics.insert(best_key, best);
+    }
 }

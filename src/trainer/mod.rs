@@ -37,6 +37,19 @@ pub struct Job<'a> {
     /// The job runs again in its own directory (a resumed sweep): it continues from its own last
     /// checkpoint, if an earlier attempt wrote one.
     pub resume_own: bool,
+    /// A search's pruner: after each validation it may stop the run (`RunStatus::Pruned`).
+    pub judge: Option<&'a dyn ValidationJudge>,
+}
+
+/// Someone outside the run who sees each validation's metrics and may end the run early: a search's
+/// pruner. The trainer asks on rank 0 only and every rank stops together; it never knows who asks.
+pub trait ValidationJudge {
+    /// After the validation that ended `epoch` (0-based): `Some(reason)` stops the run as pruned.
+    fn judge(
+        &self,
+        epoch: u64,
+        metrics: &std::collections::HashMap<String, f64>,
+    ) -> anyhow::Result<Option<String>>;
 }
 
 /// Train and validate as the experiment says, as this process's part of the run (`group`: its process

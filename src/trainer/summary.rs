@@ -104,6 +104,8 @@ pub enum RunStatus {
     /// The cluster's warning signal came (time limit or preemption): a checkpoint was written to resume
     /// from; in its words.
     Preempted(String),
+    /// A search's pruner stopped the trial after a validation: why, in its words.
+    Pruned(String),
 }
 
 const COMPLETED: &str = "completed";
@@ -112,6 +114,7 @@ const BATCH_SIZE_ONLY: &str = "batch size found; not trained (fit_after=false)";
 const EARLY_STOPPED: &str = "early stopped";
 const TIMER: &str = "stopped by the timer";
 const PREEMPTED: &str = "preempted";
+const PRUNED: &str = "pruned";
 
 impl std::fmt::Display for RunStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -120,7 +123,8 @@ impl std::fmt::Display for RunStatus {
             RunStatus::MaxStepsReached => MAX_STEPS,
             RunStatus::EarlyStopped(why)
             | RunStatus::TimeLimit(why)
-            | RunStatus::Preempted(why) => why,
+            | RunStatus::Preempted(why)
+            | RunStatus::Pruned(why) => why,
             RunStatus::BatchSizeOnly => BATCH_SIZE_ONLY,
         })
     }
@@ -143,6 +147,7 @@ impl TryFrom<String> for RunStatus {
             t if t.starts_with(EARLY_STOPPED) => RunStatus::EarlyStopped(text),
             t if t.starts_with(TIMER) => RunStatus::TimeLimit(text),
             t if t.starts_with(PREEMPTED) => RunStatus::Preempted(text),
+            t if t.starts_with(PRUNED) => RunStatus::Pruned(text),
             _ => return Err(format!("unknown run status '{text}'")),
         })
     }

@@ -184,6 +184,17 @@ pub static BUILTIN: &[BuiltinConfig] = &[
                n_startup_trials: 10\nn_ehvi_candidates: 24\n",
     },
     BuiltinConfig {
+        config_path: "hydra/sweeper/pruner/median",
+        source: &STRUCTURED,
+        text: "_target_: optuna.pruners.MedianPruner\nn_startup_trials: 5\nn_warmup_steps: 0\n\
+               interval_steps: 1\nn_min_trials: 1\n",
+    },
+    BuiltinConfig {
+        config_path: "hydra/sweeper/pruner/nop",
+        source: &STRUCTURED,
+        text: "_target_: optuna.pruners.NopPruner\n",
+    },
+    BuiltinConfig {
         config_path: "hydra/sweeper/sampler/grid",
         source: &STRUCTURED,
         text: "_target_: optuna.samplers.GridSampler\n_partial_: true\n",

@@ -7,6 +7,7 @@
 //! the `hydra` node into typed settings (refusing what trainyard cannot honour).
 
 pub mod builtin;
+pub mod optuna;
 pub mod runtime;
 pub mod settings;
 

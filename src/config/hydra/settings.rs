@@ -166,6 +166,8 @@ const OPTUNA_SWEEPER: &[(&str, Field)] = &[
     ("search_space", Any),
     ("params", Any),
     ("custom_search_space", OptStr),
+    // trainyard's addition (not in the plugin): `+hydra/sweeper/pruner=median` or a `pruner:` node.
+    ("pruner", Any),
 ];
 
 /// Names the config a value came from, for errors phrased as Hydra phrases them (`In 'cfg': ...`).
