@@ -353,9 +353,59 @@ fn submitit_slurm_on_a_real_cluster() {
     );
     assert_eq!(summary(&dir.join("0"))["status"], "completed");
 
+    a_search_runs_its_trials_as_slurm_arrays(&c, root);
     requeue_ends_with_the_uninterrupted_weights(&c, root);
     #[cfg(feature = "torch")]
     two_node_ddp_through_srun(&c, root);
+}
+
+/// `hydra/sweeper=optuna` on SLURM: each batch of `n_jobs` trials is an array; every trial reports its
+/// validations to the study's journal from its cluster job, and the study ends with all trials told.
+fn a_search_runs_its_trials_as_slurm_arrays(c: &Cluster, root: &Path) {
+    let dir = root.join("search");
+    let out = ok(slurm_sweep(
+        c,
+        root,
+        &dir,
+        &[
+            "hparams_search=quickstart_optuna",
+            "hydra.sweeper.n_trials=4",
+            "hydra.sweeper.n_jobs=2",
+            "hydra.sweeper.pruner=null",
+        ],
+    ));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.matches("Submitted SLURM array job").count(),
+        2,
+        "two batches of two trials: {}",
+        text(&out)
+    );
+    let journal: Vec<serde_json::Value> = std::fs::read_to_string(dir.join("study.journal"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    for n in 0..4 {
+        let told: Vec<&serde_json::Value> = journal
+            .iter()
+            .filter(|e| e["op"] == "tell" && e["trial"] == n)
+            .collect();
+        assert_eq!(told.len(), 1, "trial {n}: {journal:?}");
+        assert_eq!(told[0]["state"], "complete");
+        let value = told[0]["value"].as_f64();
+        assert_eq!(
+            summary(&dir.join(n.to_string()))["final_metrics"]["val/acc1_best"].as_f64(),
+            value
+        );
+        assert!(
+            journal
+                .iter()
+                .any(|e| e["op"] == "report" && e["trial"] == n),
+            "trial {n} reported from its SLURM job"
+        );
+    }
+    assert!(dir.join("optimization_results.yaml").is_file());
 }
 
 /// `scancel --signal=USR1` mid-run: the job checkpoints, requeues itself, resumes, and ends with the

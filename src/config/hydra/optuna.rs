@@ -473,6 +473,37 @@ mod tests {
         assert_eq!(from(text), expected, "{text}");
     }
 
+    fn int_step(low: i64, high: i64, step: i64) -> Distribution {
+        Distribution::Int {
+            low,
+            high,
+            log: false,
+            step,
+        }
+    }
+
+    /// hydra-optuna-sweeper's `test_create_optuna_distribution_from_config` cases (the deprecated
+    /// `search_space` form).
+    #[rstest]
+    #[case("{type: categorical, choices: [1, 2, 3]}", cat(vec![Choice::Int(1), Choice::Int(2), Choice::Int(3)]))]
+    #[case("{type: int, low: 0, high: 10}", int(0, 10, false))]
+    #[case("{type: int, low: 0, high: 10, step: 2}", int_step(0, 10, 2))]
+    #[case("{type: int, low: 0, high: 5}", int(0, 5, false))]
+    #[case("{type: int, low: 1, high: 100, log: true}", int(1, 100, true))]
+    #[case("{type: float, low: 0, high: 1}", float(0.0, 1.0, false, None))]
+    #[case(
+        "{type: float, low: 0, high: 10, step: 2}",
+        float(0.0, 10.0, false, Some(2.0))
+    )]
+    #[case(
+        "{type: float, low: 1, high: 100, log: true}",
+        float(1.0, 100.0, true, None)
+    )]
+    fn the_plugins_search_space_config_cases(#[case] yaml: &str, #[case] expected: Distribution) {
+        let node = crate::config::yaml::parse(yaml, "t.yaml").unwrap().unwrap();
+        assert_eq!(from_config("key", &node).unwrap(), expected, "{yaml}");
+    }
+
     #[test]
     fn a_shuffled_range_is_a_categorical_of_its_values() {
         let Distribution::Categorical { mut choices } = from("key=shuffle(range(1,3))") else {
