@@ -2,10 +2,12 @@
 //! - joblib: jobs in parallel processes end exactly as the sequential (basic) launcher's;
 //! - resumable sweeps: the launching `train` killed mid-sweep, the same command with the same
 //!   `hydra.sweep.dir` keeps the completed jobs, reruns the rest under their numbers, and the interrupted
-//!   job continues from its own last checkpoint (basic and joblib launchers);
+//!   job continues from its own last checkpoint (basic and joblib launchers; on SLURM, jobs still running
+//!   are waited for and those that ended meanwhile kept);
 //! - submitit_slurm on a real SLURM cluster (scripts/slurm-test-cluster.sh: munged, slurmctld, two slurmd
 //!   on this host): a 4-job array, bad input (unknown key, unknown partition, no sbatch, a failing job),
-//!   requeue on `scancel --signal=USR1` ending with the uninterrupted run's weights, and (feature torch)
+//!   requeue on `scancel --signal=USR1` ending with the uninterrupted run's weights, an optuna search as
+//!   arrays, and (feature torch)
 //!   a 2-node DDP job started by srun. Without root or SLURM's packages these say SKIPPED and pass.
 
 mod common;
@@ -353,10 +355,64 @@ fn submitit_slurm_on_a_real_cluster() {
     );
     assert_eq!(summary(&dir.join("0"))["status"], "completed");
 
+    a_killed_controller_resumes_without_submitting_twice(&c, root);
     a_search_runs_its_trials_as_slurm_arrays(&c, root);
     requeue_ends_with_the_uninterrupted_weights(&c, root);
     #[cfg(feature = "torch")]
     two_node_ddp_through_srun(&c, root);
+}
+
+/// Kill the launching `train` once its array is submitted, then run the same command again: the jobs SLURM
+/// still runs are waited for and those that ended meanwhile keep their results; nothing is submitted twice.
+fn a_killed_controller_resumes_without_submitting_twice(c: &Cluster, root: &Path) {
+    let dir = root.join("killed");
+    let extra = [
+        "hydra/launcher=submitit_slurm",
+        "seed=1,2,3",
+        "hydra.launcher.array_parallelism=1",
+    ];
+    let mut cmd = sweep_command(root, &dir, &extra);
+    cmd.envs(c.env())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let submitted = || {
+        std::fs::read_to_string(dir.join("sweep.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|r| {
+                r["jobs"]
+                    .as_array()
+                    .is_some_and(|j| j.len() == 3 && j.iter().all(|j| j["launch_id"].is_string()))
+            })
+    };
+    while !submitted() {
+        assert!(Instant::now() < deadline, "the array was not submitted");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let out = ok(slurm_sweep(c, root, &dir, &extra[1..]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("Submitted SLURM array job"),
+        "nothing is submitted twice: {}",
+        text(&out)
+    );
+    assert!(
+        stderr.contains("waiting for it") || stderr.contains("its result is kept"),
+        "{}",
+        text(&out)
+    );
+    for n in 0..3 {
+        assert_eq!(
+            summary(&dir.join(n.to_string()))["status"],
+            "completed",
+            "job #{n}"
+        );
+    }
+    assert_eq!(sweep_record(&dir)["state"], "completed");
 }
 
 /// `hydra/sweeper=optuna` on SLURM: each batch of `n_jobs` trials is an array; every trial reports its

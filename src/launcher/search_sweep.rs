@@ -168,10 +168,17 @@ pub fn run(
                 let overrides =
                     trial_overrides(&study.trial(number).expect("asked").params, search);
                 tally.record.add_job(number, &overrides);
+                // A retried trial's earlier cluster job may still run: the launcher waits for it.
+                let previous_launch_id = tally
+                    .record
+                    .jobs
+                    .iter()
+                    .find(|j| j.num == number)
+                    .and_then(|j| j.launch_id.clone());
                 SweepJob {
                     num: number,
                     overrides,
-                    previous_launch_id: None,
+                    previous_launch_id,
                 }
             })
             .collect();

@@ -1,6 +1,7 @@
 //! A sweep through `submitit_slurm`: group the jobs by the allocation they need, write one array script
 //! per group, submit them, wait, and record each job's result (a resumed sweep first waits for jobs an
-//! earlier attempt submitted that SLURM still runs, instead of submitting them twice).
+//! earlier attempt submitted that SLURM still runs, and keeps the results of those that ended meanwhile,
+//! instead of submitting them twice).
 
 use super::local::{JobCommand, SweepJob};
 use super::slurm::{self, ArrayGroup, SlurmConf, Submitted};
@@ -39,6 +40,17 @@ pub fn run(
                     id: id.clone(),
                     script: None,
                 });
+                continue;
+            }
+            // It ended while no sweep watched (the launching `train` was killed): its result stands.
+            if let Some(result) = JobResult::read(&cmd.sweep_dir, job.num)
+                .filter(|r| r.state.is_done() && r.output_dir.is_some())
+            {
+                eprintln!(
+                    "#{} : SLURM job {id} finished while no sweep was watching; its result is kept",
+                    job.num
+                );
+                tally.done(result)?;
                 continue;
             }
         }
