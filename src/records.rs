@@ -253,9 +253,11 @@ impl SweepRecord {
         }
     }
 
-    /// Add job `num` to the plan (a search plans its trials as it asks them); an existing one is kept.
+    /// Add job `num` to the plan (a search plans its trials as it asks them); a job already there (a trial
+    /// run again) keeps its state and gets these overrides, the ones it runs with now.
     pub fn add_job(&mut self, num: usize, overrides: &[String]) {
-        if self.jobs.iter().any(|j| j.num == num) {
+        if let Some(job) = self.jobs.iter_mut().find(|j| j.num == num) {
+            job.overrides = overrides.to_vec();
             return;
         }
         self.jobs.push(PlannedJob {

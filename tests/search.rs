@@ -316,3 +316,53 @@ fn trials_run_in_parallel_through_the_joblib_launcher_and_report_from_their_proc
         }
     }
 }
+
+#[test]
+fn failed_trials_run_again_with_their_numbers_and_values_when_the_search_is_rerun() {
+    let p = real_project();
+    let sweep = p.path().join("logs/retry");
+    let common = [
+        "hparams_search=quickstart_optuna",
+        "hydra.sweep.dir=logs/retry",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.max_failure_rate=1.0",
+    ];
+    // Every trial fails (an image size no model takes); the search records them and fails.
+    let mut args = common.to_vec();
+    args.push("data.image_size=-1");
+    let out = run(p.path(), &args);
+    assert!(!out.status.success(), "{}", text(&out));
+    let first = told(&sweep);
+    assert_eq!(
+        first.iter().map(|t| t.1.as_str()).collect::<Vec<_>>(),
+        ["fail", "fail"]
+    );
+    let asked = |sweep: &Path| -> Vec<serde_json::Value> {
+        journal(sweep)
+            .into_iter()
+            .filter(|e| e["op"] == "ask")
+            .map(|e| e["params"].clone())
+            .collect()
+    };
+    let values = asked(&sweep);
+
+    // Fixed and rerun: the same two trials run again, nothing new is asked.
+    let out = run(p.path(), &common);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("2 failed or unfinished to run again"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(asked(&sweep), values, "no new trial, the same values");
+    let last: Vec<(u64, String)> = told(&sweep)[2..]
+        .iter()
+        .map(|t| (t.0, t.1.clone()))
+        .collect();
+    assert_eq!(last, [(0, "complete".into()), (1, "complete".into())]);
+    let record = std::fs::read_to_string(sweep.join("sweep.json")).unwrap();
+    assert!(
+        !record.contains("image_size=-1"),
+        "the record shows what ran: {record}"
+    );
+}

@@ -23,6 +23,20 @@ pub fn key_element(o: &Override) -> String {
     }
 }
 
+/// A YAML value of `hydra.sweeper.params` as override text (`32,64,128` stays a sweep, `true` stays a
+/// bool): what both the basic and the optuna sweeper read params as.
+pub fn param_override_text(v: &crate::config::tree::Node) -> String {
+    use crate::config::tree::Value;
+    match &v.value {
+        Value::Str(s) => s.clone(),
+        other => other
+            .display_python()
+            .replace("True", "true")
+            .replace("False", "false")
+            .replace("None", "null"),
+    }
+}
+
 /// Each job's overrides, in launch order. Overrides of Hydra's own config (`hydra.*`, `hydra/*`) are not
 /// part of a job's overrides (the launcher composes every job with them, as Hydra's `load_sweep_config`
 /// does), and sweeping over them is refused as Hydra refuses it.

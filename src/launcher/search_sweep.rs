@@ -189,7 +189,7 @@ pub fn run(
             tell(&journal, &mut study, &mut tally, number, metric)?;
         }
         tally.save()?;
-        if let Some(why) = too_many_failures(&study, search.max_failure_rate) {
+        if let Some(why) = too_many_failures(&study, search.max_failure_rate, &retry) {
             break Some(why);
         }
         if tally.stopped() {
@@ -466,18 +466,20 @@ fn judge_summary(
 }
 
 /// hydra-optuna-sweeper's `max_failure_rate`: the search stops once failed trials are more than this
-/// share of the trials with an outcome (the default 0.0 stops at the first failure).
-fn too_many_failures(study: &Study, max_failure_rate: f64) -> Option<String> {
-    let told = study
+/// share of the trials with an outcome (the default 0.0 stops at the first failure). Trials of an earlier
+/// attempt still waiting to run again (`pending`) are not counted.
+fn too_many_failures(
+    study: &Study,
+    max_failure_rate: f64,
+    pending: &VecDeque<usize>,
+) -> Option<String> {
+    let outcomes = study
         .trials
         .iter()
-        .filter(|t| t.state != TrialState::Running)
-        .count();
-    let failed = study
-        .trials
-        .iter()
-        .filter(|t| t.state == TrialState::Fail)
-        .count();
+        .filter(|t| t.state != TrialState::Running && !pending.contains(&t.number));
+    let (told, failed) = outcomes.fold((0, 0), |(n, f), t| {
+        (n + 1, f + usize::from(t.state == TrialState::Fail))
+    });
     let rate = failed as f64 / told.max(1) as f64;
     (failed > 0 && rate > max_failure_rate).then(|| {
         format!(
@@ -590,10 +592,13 @@ mod tests {
             study.add_running(n, IndexMap::new());
             study.trial_mut(n).unwrap().state = TrialState::Complete;
         }
-        assert!(too_many_failures(&study, 0.0).is_none());
+        let none = VecDeque::new();
+        assert!(too_many_failures(&study, 0.0, &none).is_none());
         study.trial_mut(3).unwrap().state = TrialState::Fail;
-        assert!(too_many_failures(&study, 0.0).is_some());
-        assert!(too_many_failures(&study, 0.25).is_none());
-        assert!(too_many_failures(&study, 0.2).is_some());
+        assert!(too_many_failures(&study, 0.0, &none).is_some());
+        assert!(too_many_failures(&study, 0.25, &none).is_none());
+        assert!(too_many_failures(&study, 0.2, &none).is_some());
+        // A failure of an earlier attempt that waits to run again does not stop the rerun.
+        assert!(too_many_failures(&study, 0.0, &VecDeque::from([3])).is_none());
     }
 }

@@ -37,7 +37,7 @@ pub fn run_sweep(
     let params: Vec<String> = match master.config.get("hydra.sweeper.params").map(|n| &n.value) {
         Some(Value::Map(m)) => m
             .iter()
-            .map(|(k, v)| format!("{k}={}", scalar_for_override(v)))
+            .map(|(k, v)| format!("{k}={}", sweep::param_override_text(v)))
             .collect(),
         _ => Vec::new(),
     };
@@ -486,16 +486,4 @@ fn check_sweeper(settings: &HydraSettings) -> Result<(), ConfigError> {
         )));
     }
     Ok(())
-}
-
-/// A YAML value of `hydra.sweeper.params` as override text (`32,64,128` stays a sweep).
-fn scalar_for_override(v: &Node) -> String {
-    match &v.value {
-        Value::Str(s) => s.clone(),
-        other => other
-            .display_python()
-            .replace("True", "true")
-            .replace("False", "false")
-            .replace("None", "null"),
-    }
 }

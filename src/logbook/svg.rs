@@ -67,6 +67,19 @@ fn fmt_tick(v: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
+/// The (x, y) ranges the points span.
+fn extent(points: &[(f64, f64)]) -> ((f64, f64), (f64, f64)) {
+    let range = |f: fn(&(f64, f64)) -> f64| {
+        points
+            .iter()
+            .map(f)
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(v), hi.max(v))
+            })
+    };
+    (range(|p| p.0), range(|p| p.1))
+}
+
 /// Range padded so a flat series still has height.
 fn padded(lo: f64, hi: f64) -> (f64, f64) {
     if (hi - lo).abs() < 1e-12 {
@@ -148,14 +161,7 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
         );
         return svg;
     }
-    let fold = |f: fn(&(f64, f64)) -> f64| {
-        all.iter()
-            .map(f)
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-                (lo.min(v), hi.max(v))
-            })
-    };
-    let (xr, yr) = (fold(|p| p.0), fold(|p| p.1));
+    let (xr, yr) = extent(&all);
     let (ax, sx, sy) = axes(padded(xr.0, xr.1), padded(yr.0, yr.1), true);
     svg += &ax;
     for (i, s) in series.iter().enumerate() {
@@ -267,18 +273,16 @@ pub fn trials_chart(
     if all.is_empty() {
         return line_chart(title, "trial", y_label, &[]);
     }
-    let range = |f: fn(&(f64, f64)) -> f64| {
-        all.iter()
-            .map(f)
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
-                (lo.min(v), hi.max(v))
-            })
-    };
-    let (xr, yr) = (range(|p| p.0), range(|p| p.1));
+    let (xr, yr) = extent(&all);
     let (ax, sx, sy) = axes(padded(xr.0, xr.1), padded(yr.0, yr.1), true);
     svg += &ax;
+    let best: Vec<(f64, f64)> = best
+        .iter()
+        .copied()
+        .filter(|&(x, y)| finite(x, y))
+        .collect();
     let mut steps = Vec::new();
-    for (i, &(x, y)) in best.iter().filter(|&&(x, y)| finite(x, y)).enumerate() {
+    for (i, &(x, y)) in best.iter().enumerate() {
         if i > 0 {
             steps.push(format!("{:.1},{:.1}", sx(x), sy(best[i - 1].1)));
         }

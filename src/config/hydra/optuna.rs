@@ -245,7 +245,7 @@ fn search_space(
     let mut all: Vec<(Override, Option<&Node>)> = Vec::new();
     if let Some(Value::Map(m)) = sweeper.get("params").map(|n| &n.value) {
         for (k, v) in m {
-            let text = format!("{k}={}", param_text(v));
+            let text = format!("{k}={}", crate::config::sweep::param_override_text(v));
             let o = parse_override(&text)
                 .map_err(|e| err(format!("{e}\n    (in hydra.sweeper.params.{k})"), Some(v)))?;
             all.push((o, Some(v)));
@@ -272,17 +272,6 @@ fn search_space(
         }
     }
     Ok((space, fixed.into_values().collect()))
-}
-
-fn param_text(v: &Node) -> String {
-    match &v.value {
-        Value::Str(s) => s.clone(),
-        other => other
-            .display_python()
-            .replace("True", "true")
-            .replace("False", "false")
-            .replace("None", "null"),
-    }
 }
 
 fn choice(e: &Element, input: &str) -> Result<Choice, String> {
