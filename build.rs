@@ -16,6 +16,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=TRAINYARD_NCCL");
     println!("cargo:rerun-if-env-changed=TRAINYARD_GLOO_INCLUDE");
     println!("cargo::rustc-check-cfg=cfg(trainyard_nccl)");
+    wandb_records();
     if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
         return;
     }
@@ -191,4 +192,15 @@ fn build_nccl_shim(torch_root: &std::path::Path, include: &std::path::Path) {
         "compiling src/comm/nccl_shim.cpp failed: {cmd:?}"
     );
     println!("cargo:rustc-cfg=trainyard_nccl");
+}
+
+/// W&B's record types (`proto/wandb_internal.proto`, the part trainyard writes) as prost structs in
+/// `OUT_DIR`, compiled with protox (pure Rust: no `protoc` on the build machine).
+fn wandb_records() {
+    println!("cargo:rerun-if-changed=proto/wandb_internal.proto");
+    let descriptors = protox::compile(["wandb_internal.proto"], ["proto"])
+        .expect("proto/wandb_internal.proto does not compile");
+    prost_build::Config::new()
+        .compile_fds(descriptors)
+        .expect("prost could not generate W&B's record types");
 }

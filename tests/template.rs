@@ -108,7 +108,7 @@ fn early_stopping_from_the_template_stops_the_run() {
 }
 
 #[rstest]
-#[case::wandb(&["logger=wandb"], "WandbLogger")]
+#[case::comet(&["+logger.comet._target_=lightning.pytorch.loggers.CometLogger"], "CometLogger")]
 #[case::user_module(&["+model._target_=src.models.mnist_module.MNISTLitModule"], "is Python code of your project")]
 #[case::unknown_callback(&["+callbacks.swa._target_=lightning.pytorch.callbacks.StochasticWeightAveraging"], "StochasticWeightAveraging is not one trainyard knows")]
 #[case::profiler(&["+trainer.profiler=simple"], "trainer.profiler=simple")]

@@ -110,6 +110,9 @@ pub fn run_job(
         judge: judge
             .as_ref()
             .map(|j| j as &dyn crate::trainer::ValidationJudge),
+        sweep_name: sweep_dir
+            .and_then(|d| d.file_name())
+            .map(|n| n.to_string_lossy().into_owned()),
     };
     super::requeue::arm_if_slurm_batch();
     if let Some(rank) = group.as_ref().map(|g| g.rank).filter(|&r| r > 0) {

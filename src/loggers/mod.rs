@@ -1,10 +1,13 @@
-//! Where metrics go, behind one trait: `metrics.csv` (`csv`), TensorBoard event files (`tensorboard`) and
-//! the console's lines (`console`). The training loop hands every row to each sink it was given; a sink
+//! Where metrics go, behind one trait: `metrics.csv` (`csv`), TensorBoard event files (`tensorboard`), a
+//! Weights & Biases offline run (`wandb`), an MLflow tracking server (`mlflow`) and the console's lines
+//! (`console`). The training loop hands every row to each sink it was given; a sink
 //! keeps what it records. A new logger is one more `MetricSink`.
 
 pub mod console;
 pub mod csv;
+pub mod mlflow;
 pub mod tensorboard;
+pub mod wandb;
 
 /// When a row is logged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,7 +37,20 @@ impl Row<'_> {
     }
 }
 
+/// How a run ended, for the sinks that record it (a sink dropped without `finish` saw the run fail).
+pub struct RunEnd<'a> {
+    pub final_metrics: &'a std::collections::BTreeMap<String, f64>,
+    /// The best and the last checkpoint files, when local (an `s3://` one is not a file here).
+    pub best_checkpoint: Option<&'a std::path::Path>,
+    pub last_checkpoint: Option<&'a std::path::Path>,
+}
+
 /// A destination for metric rows.
 pub trait MetricSink {
     fn log(&mut self, row: &Row) -> anyhow::Result<()>;
+
+    /// The run completed (or stopped early on purpose): close what the sink keeps open.
+    fn finish(&mut self, _end: &RunEnd) -> anyhow::Result<()> {
+        Ok(())
+    }
 }

@@ -453,7 +453,13 @@ fn logger_target(entry: &mut Node, target: &Node) -> Result<Option<&'static str>
             for k in ["save_dir", "name", "version"] {
                 map.shift_remove(k);
             }
-            refuse_unless(map, s, "prefix", empty_or_null, "metric names keep trainyard's `train/`, `val/` prefixes; remove it")?;
+            refuse_unless(
+                map,
+                s,
+                "prefix",
+                empty_or_null,
+                "metric names keep trainyard's `train/`, `val/` prefixes; remove it",
+            )?;
             rename(map, "flush_logs_every_n_steps", "flush_every_n_steps");
             "csv"
         }
@@ -463,14 +469,66 @@ fn logger_target(entry: &mut Node, target: &Node) -> Result<Option<&'static str>
             for k in ["name", "version", "default_hp_metric", "sub_dir"] {
                 map.shift_remove(k);
             }
-            refuse_unless(map, s, "log_graph", is_false_or_null, "the model graph is not written; remove it")?;
-            refuse_unless(map, s, "prefix", empty_or_null, "metric names keep trainyard's prefixes; remove it")?;
+            refuse_unless(
+                map,
+                s,
+                "log_graph",
+                is_false_or_null,
+                "the model graph is not written; remove it",
+            )?;
+            refuse_unless(
+                map,
+                s,
+                "prefix",
+                empty_or_null,
+                "metric names keep trainyard's prefixes; remove it",
+            )?;
             "tensorboard"
         }
-        Some(other @ ("WandbLogger" | "MLFlowLogger" | "CometLogger" | "NeptuneLogger")) => {
+        Some("WandbLogger") => {
+            let s = "logger.wandb";
+            refuse_unless(map, s, "anonymous", is_false_or_null, "anonymous runs need W&B's server at log time; the run is written offline and uploaded with `wandb sync` under your account; remove it")?;
+            refuse_unless(
+                map,
+                s,
+                "prefix",
+                empty_or_null,
+                "metric names keep trainyard's `train/`, `val/` prefixes; remove it",
+            )?;
+            "wandb"
+        }
+        Some("MLFlowLogger") => {
+            let s = "logger.mlflow";
+            refuse_unless(
+                map,
+                s,
+                "prefix",
+                empty_or_null,
+                "metric names keep trainyard's `train/`, `val/` prefixes; remove it",
+            )?;
+            refuse_unless(
+                map,
+                s,
+                "artifact_location",
+                is_null,
+                "artifacts go where the tracking server keeps them; remove it",
+            )?;
+            refuse_unless(
+                map,
+                s,
+                "run_id",
+                empty_or_null,
+                "a run is not resumed on the server; remove it",
+            )?;
+            // Only a tracking server is written to: the local ./mlruns directory is not.
+            map.shift_remove("save_dir");
+            map.shift_remove("synchronous");
+            "mlflow"
+        }
+        Some(other @ ("CometLogger" | "NeptuneLogger")) => {
             return Err(ConfigError::Schema(format!(
-                "logger: {other} ({}) is not supported yet (Weights & Biases and MLflow are planned). \
-                 Log with logger=csv or logger=tensorboard{}",
+                "logger: {other} ({}) is not supported. \
+                 Log with logger=csv, tensorboard, wandb or mlflow{}",
                 target_text(target),
                 at(&target.source)
             )))
@@ -489,6 +547,8 @@ fn logger_target(entry: &mut Node, target: &Node) -> Result<Option<&'static str>
                 &[
                     "lightning.pytorch.loggers.csv_logs.CSVLogger",
                     "lightning.pytorch.loggers.tensorboard.TensorBoardLogger",
+                    "lightning.pytorch.loggers.wandb.WandbLogger",
+                    "lightning.pytorch.loggers.mlflow.MLFlowLogger",
                 ],
             ))
         }
@@ -740,9 +800,9 @@ mod tests {
         "callbacks: {x: {_target_: lightning.pytorch.callbacks.Foo}}\n",
         "Known here"
     )]
-    #[case::mlflow(
-        "logger: {m: {_target_: lightning.pytorch.loggers.mlflow.MLFlowLogger}}\n",
-        "not supported yet"
+    #[case::mlflow_prefix(
+        "logger: {m: {_target_: lightning.pytorch.loggers.mlflow.MLFlowLogger, prefix: x}}\n",
+        "logger.mlflow.prefix=x"
     )]
     #[case::min_epochs(
         "trainer: {_target_: lightning.pytorch.trainer.Trainer, min_epochs: 10}\n",

@@ -448,9 +448,27 @@ impl<'a> FitLoop<'a> {
         Ok(())
     }
 
+    /// Tell the sinks the run ended as `summary` says (W&B writes its summary and exit record).
+    pub fn finish_sinks(mut self, summary: &Summary) -> anyhow::Result<()> {
+        fn local(p: &Option<String>) -> Option<&std::path::Path> {
+            p.as_deref()
+                .filter(|p| !p.contains("://"))
+                .map(std::path::Path::new)
+        }
+        let end = crate::loggers::RunEnd {
+            final_metrics: &summary.final_metrics,
+            best_checkpoint: local(&summary.best_checkpoint),
+            last_checkpoint: local(&summary.last_checkpoint),
+        };
+        for sink in &mut self.sinks {
+            sink.finish(&end)?;
+        }
+        Ok(())
+    }
+
     /// What the run measured, with every rank's contribution (a collective: every rank calls it).
     pub fn summary(
-        self,
+        &mut self,
         exp: &Experiment,
         ranks: &Ranks,
         status: RunStatus,
@@ -517,8 +535,11 @@ impl<'a> FitLoop<'a> {
             resumed_from,
             batch_size_finder: finding,
             // Before device stats, whose sampler thread may take a sampling period to stop.
-            timer: self.timer.map(|t| t.summary()),
-            device_stats: self.device_stats.and_then(|m| m.finish(self.output_dir)),
+            timer: self.timer.take().map(|t| t.summary()),
+            device_stats: self
+                .device_stats
+                .take()
+                .and_then(|m| m.finish(self.output_dir)),
         })
     }
 }
@@ -545,7 +566,7 @@ fn state_bytes_per_rank(ranks: &Ranks, mine: StateBytes) -> anyhow::Result<Vec<S
         .collect())
 }
 
-/// The run's metric sinks: `metrics.csv` and TensorBoard on rank 0 (not under `fast_dev_run`), and the
+/// The run's metric sinks: `metrics.csv`, W&B, MLflow and TensorBoard on rank 0 (not under `fast_dev_run`), and the
 /// console's lines on every rank (each into its own log).
 fn sinks(
     exp: &Experiment,
@@ -576,6 +597,40 @@ fn sinks(
             resuming,
             &extra,
             csv.flush_every_n_steps,
+        )?));
+    }
+    if let Some(settings) = &exp.logger.wandb {
+        sinks.push(Box::new(crate::loggers::wandb::WandbSink::create(
+            job.output_dir,
+            &crate::loggers::wandb::WandbRun {
+                settings,
+                config: serde_json::to_value(exp)?,
+                config_yaml: job.config_yaml,
+                task_name: &exp.task_name,
+                sweep: job.sweep_name.as_deref(),
+            },
+        )?));
+    }
+    if let Some(settings) = &exp.logger.mlflow {
+        let run_name = match &job.sweep_name {
+            Some(_) => format!(
+                "{}-{}",
+                exp.task_name,
+                job.output_dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            ),
+            None => exp.task_name.clone(),
+        };
+        sinks.push(Box::new(crate::loggers::mlflow::MlflowSink::create(
+            &crate::loggers::mlflow::MlflowRun {
+                settings,
+                config: serde_json::to_value(exp)?,
+                run_name,
+                sweep: job.sweep_name.as_deref(),
+                run_dir: job.output_dir,
+            },
         )?));
     }
     if let Some(tb) = &exp.logger.tensorboard {

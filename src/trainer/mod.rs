@@ -39,6 +39,8 @@ pub struct Job<'a> {
     pub resume_own: bool,
     /// A search's pruner: after each validation it may stop the run (`RunStatus::Pruned`).
     pub judge: Option<&'a dyn ValidationJudge>,
+    /// The sweep this run is a job of (its directory's name): loggers group the sweep's runs by it.
+    pub sweep_name: Option<String>,
 }
 
 /// Someone outside the run who sees each validation's metrics and may end the run early: a search's
@@ -101,7 +103,8 @@ fn fit_with(
     let (resumed_state, resumed_from) =
         checkpointing::restore(exp, strategy.as_mut(), job.output_dir, job.resume_own)?;
     strategy.start()?;
-    let outcome = fit_loop::FitLoop::new(exp, job, &plan, &data, strategy, resumed_state)?.run()?;
+    let mut outcome =
+        fit_loop::FitLoop::new(exp, job, &plan, &data, strategy, resumed_state)?.run()?;
     let mut status = outcome.status.clone();
     if exp.trainer.max_epochs == 0 && finding.is_some() {
         status = RunStatus::BatchSizeOnly;
@@ -110,6 +113,7 @@ fn fit_with(
     if ranks.is_global_zero() {
         summary.write(job.output_dir)?;
     }
+    outcome.finish_sinks(&summary)?;
     Ok(summary)
 }
 
