@@ -1,3 +1,4 @@
+//! Always: W&B's record types from `proto/wandb_internal.proto` (prost, compiled with protox: no `protoc`).
 //! With the `torch` feature: compile the small C++ shims (`src/backend/torch/shim.cpp`: autocast;
 //! `src/comm/c10d_shim.cpp`: TCPStore and Gloo collectives) against libtorch's headers, and give every
 //! linked target (the `train` binary, tests, examples) an rpath to libtorch's `lib/`, so they run without

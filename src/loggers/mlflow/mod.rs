@@ -1,7 +1,7 @@
 //! `logger.mlflow`: the run on an MLflow tracking server, over its REST API. The experiment and the run
 //! are made when the run starts (with the config flattened into params); each logged row then goes onto a
-//! bounded queue that a thread empties in `log-batch` calls (up to MLflow's 1000 metrics per call), so the
-//! training step never waits for the network. Calls are retried with back-off; a server that stops
+//! bounded queue that a thread empties in `log-batch` calls (the rows of up to a second, at most MLflow's
+//! 1000 metrics per call), so the training step never waits for the network. Calls are retried with back-off; a server that stops
 //! answering costs the rows it missed, never the run, and the run says so once, at its end. With
 //! `log_model`, the best (or every) checkpoint and `summary.json` are uploaded as artifacts.
 
@@ -18,6 +18,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Rows waiting for the sender thread; more are dropped (and counted) rather than slowing training.
 const QUEUE_ROWS: usize = 4096;
+
+/// How long the sender gathers rows into one call: each call costs the server (and, on a small machine,
+/// the training beside it) far more than its rows do.
+const GATHER: Duration = Duration::from_secs(1);
 
 /// What the run is, for the run MLflow keeps.
 pub struct MlflowRun<'a> {
@@ -256,9 +260,15 @@ fn deliver(client: &Client, run: &RunInfo, inbox: Receiver<Message>) -> Delivery
             Message::Row(r) => rows.push(r),
             Message::End { status, artifacts } => end = Some((status, artifacts)),
         }
-        while end.is_none() && rows.len() < 64 {
-            match inbox.try_recv() {
-                Ok(Message::Row(r)) => rows.push(r),
+        let until = std::time::Instant::now() + GATHER;
+        let mut metrics: usize = rows.iter().map(Vec::len).sum();
+        while end.is_none() && metrics < rest::MAX_METRICS {
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            match inbox.recv_timeout(left) {
+                Ok(Message::Row(r)) => {
+                    metrics += r.len();
+                    rows.push(r);
+                }
                 Ok(Message::End { status, artifacts }) => end = Some((status, artifacts)),
                 Err(_) => break,
             }
