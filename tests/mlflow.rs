@@ -270,6 +270,25 @@ fn runs_land_on_a_real_tracking_server_row_for_row() {
     );
     assert!(!out.status.success());
     assert_eq!(runs_of(&server, "failing")[0]["status"], "FAILED");
+
+    // Loggers as a list of the group's options, as Hydra selects several: all of them log.
+    let uri = format!("logger.mlflow.tracking_uri={}", server.uri);
+    let mut args: Vec<&str> = TINY
+        .iter()
+        .copied()
+        .filter(|a| !a.starts_with("logger="))
+        .collect();
+    args.extend([
+        "logger=[csv,wandb,mlflow]",
+        uri.as_str(),
+        "logger.mlflow.experiment_name=both",
+        "hydra.run.dir=logs/both",
+    ]);
+    let out = train(p.path(), &args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(runs_of(&server, "both")[0]["status"], "FINISHED");
+    assert!(p.path().join("logs/both/wandb/latest-run").exists());
+    assert!(p.path().join("logs/both/metrics.csv").is_file());
 }
 
 #[test]

@@ -148,7 +148,8 @@ fn an_offline_run_reads_back_with_w_and_b_s_reader_row_for_row() {
         "checkpoints/{}",
         best.file_name().unwrap().to_string_lossy()
     );
-    assert_eq!(files[1]["path"], listed.as_str());
+    assert_eq!(files[1]["path"], "trainyard-summary.json");
+    assert_eq!(files[2]["path"], listed.as_str());
     let uploaded = run.join("wandb/latest-run/files").join(&listed);
     assert_eq!(
         std::fs::read(uploaded).unwrap(),

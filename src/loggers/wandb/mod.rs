@@ -44,6 +44,8 @@ pub struct WandbSink {
     files: Vec<String>,
     sync: bool,
     log_model: LogModel,
+    /// The run directory, whose `summary.json` becomes a file of the W&B run at the end.
+    run_dir: PathBuf,
     finished: bool,
 }
 
@@ -98,6 +100,7 @@ impl WandbSink {
             files: Vec::new(),
             sync: !s.offline,
             log_model: s.log_model,
+            run_dir: run_dir.to_path_buf(),
             finished: false,
         };
         sink.write(RecordType::Header(proto::HeaderRecord {
@@ -331,6 +334,11 @@ impl MetricSink for WandbSink {
     }
 
     fn finish(&mut self, end: &RunEnd) -> anyhow::Result<()> {
+        let summary = self.run_dir.join("summary.json");
+        if summary.is_file() {
+            std::fs::copy(&summary, self.dir.join("files/trainyard-summary.json"))?;
+            self.files.push("trainyard-summary.json".into());
+        }
         self.add_checkpoints(end)?;
         self.end(0, end.final_metrics)?;
         self.upload_or_say_how();
