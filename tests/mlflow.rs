@@ -4,7 +4,7 @@
 //! MLflow these tests say SKIPPED and pass.
 
 mod common;
-use common::{free_port, real_project, train};
+use common::{csv_rows, free_port, real_project, train};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -130,23 +130,6 @@ fn run_with(root: &Path, server: &Server, extra: &[&str]) -> Output {
     args.push(&uri);
     args.extend_from_slice(extra);
     train(root, &args)
-}
-
-/// metrics.csv's rows as (column → value) maps, empty cells left out.
-fn csv_rows(run_dir: &Path) -> Vec<Vec<(String, f64)>> {
-    let text = std::fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    lines
-        .map(|l| {
-            header
-                .iter()
-                .zip(l.split(','))
-                .filter(|(_, v)| !v.is_empty())
-                .map(|(k, v)| (k.to_string(), v.parse().unwrap()))
-                .collect()
-        })
-        .collect()
 }
 
 /// Every run of `experiment` with its params, tags, status, artifacts and each metric's (step, value) history.

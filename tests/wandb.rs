@@ -4,7 +4,7 @@
 //! the exit code. Without the client these tests say SKIPPED and pass.
 
 mod common;
-use common::{real_project, train};
+use common::{csv_rows, real_project, train};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -53,23 +53,6 @@ fn inspect(cli: &Path, run_dir: &Path) -> Vec<serde_json::Value> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
-        .collect()
-}
-
-/// metrics.csv's rows as (column → value) maps, empty cells left out.
-fn csv_rows(run_dir: &Path) -> Vec<Vec<(String, f64)>> {
-    let text = std::fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    lines
-        .map(|l| {
-            header
-                .iter()
-                .zip(l.split(','))
-                .filter(|(_, v)| !v.is_empty())
-                .map(|(k, v)| (k.to_string(), v.parse().unwrap()))
-                .collect()
-        })
         .collect()
 }
 

@@ -119,6 +119,17 @@ fn refuse_unless(
     Ok(())
 }
 
+/// A logger's `prefix`: metric names keep trainyard's own (`train/`, `val/`), so only an empty one passes.
+fn refuse_prefix(map: &mut Map, section: &str) -> Result<(), ConfigError> {
+    refuse_unless(
+        map,
+        section,
+        "prefix",
+        empty_or_null,
+        "metric names keep trainyard's `train/`, `val/` prefixes; remove it",
+    )
+}
+
 fn is_null(v: &Value) -> bool {
     matches!(v, Value::Null)
 }
@@ -453,13 +464,7 @@ fn logger_target(entry: &mut Node, target: &Node) -> Result<Option<&'static str>
             for k in ["save_dir", "name", "version"] {
                 map.shift_remove(k);
             }
-            refuse_unless(
-                map,
-                s,
-                "prefix",
-                empty_or_null,
-                "metric names keep trainyard's `train/`, `val/` prefixes; remove it",
-            )?;
+            refuse_prefix(map, s)?;
             rename(map, "flush_logs_every_n_steps", "flush_every_n_steps");
             "csv"
         }
@@ -476,36 +481,18 @@ fn logger_target(entry: &mut Node, target: &Node) -> Result<Option<&'static str>
                 is_false_or_null,
                 "the model graph is not written; remove it",
             )?;
-            refuse_unless(
-                map,
-                s,
-                "prefix",
-                empty_or_null,
-                "metric names keep trainyard's prefixes; remove it",
-            )?;
+            refuse_prefix(map, s)?;
             "tensorboard"
         }
         Some("WandbLogger") => {
             let s = "logger.wandb";
             refuse_unless(map, s, "anonymous", is_false_or_null, "anonymous runs need W&B's server at log time; the run is written offline and uploaded with `wandb sync` under your account; remove it")?;
-            refuse_unless(
-                map,
-                s,
-                "prefix",
-                empty_or_null,
-                "metric names keep trainyard's `train/`, `val/` prefixes; remove it",
-            )?;
+            refuse_prefix(map, s)?;
             "wandb"
         }
         Some("MLFlowLogger") => {
             let s = "logger.mlflow";
-            refuse_unless(
-                map,
-                s,
-                "prefix",
-                empty_or_null,
-                "metric names keep trainyard's `train/`, `val/` prefixes; remove it",
-            )?;
+            refuse_prefix(map, s)?;
             refuse_unless(
                 map,
                 s,

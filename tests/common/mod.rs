@@ -118,3 +118,20 @@ pub fn worst_relative_difference(
         })
         .fold(0.0, f64::max)
 }
+
+/// A run's `metrics.csv` rows as (column, value) pairs, empty cells left out.
+pub fn csv_rows(run_dir: &Path) -> Vec<Vec<(String, f64)>> {
+    let text = std::fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    lines
+        .map(|l| {
+            header
+                .iter()
+                .zip(l.split(','))
+                .filter(|(_, v)| !v.is_empty())
+                .map(|(k, v)| (k.to_string(), v.parse().unwrap()))
+                .collect()
+        })
+        .collect()
+}
