@@ -137,7 +137,8 @@ fn runs_of(server: &Server, experiment: &str) -> Vec<serde_json::Value> {
     let expr = format!(
         "[dict(name=r.info.run_name, status=r.info.status, params=r.data.params, tags=r.data.tags, \
          artifacts=sorted(a.path for a in c.list_artifacts(r.info.run_id)) + \
-         sorted(a.path for a in c.list_artifacts(r.info.run_id, 'checkpoints')), \
+         sorted(a.path for a in c.list_artifacts(r.info.run_id, 'checkpoints')) + \
+         sorted(a.path for a in c.list_artifacts(r.info.run_id, 'logbook')), \
          metrics={{k: [[m.step, m.value] for m in sorted(c.get_metric_history(r.info.run_id, k), \
          key=lambda m: (m.step, m.timestamp))] for k in r.data.metrics}}) \
          for r in c.search_runs([c.get_experiment_by_name('{experiment}').experiment_id], \
@@ -220,6 +221,7 @@ fn runs_land_on_a_real_tracking_server_row_for_row() {
         best.file_name().unwrap().to_string_lossy()
     );
     assert!(artifacts.contains(&ckpt.as_str()), "{artifacts:?}");
+    assert!(artifacts.contains(&"logbook/logbook.md"), "{artifacts:?}");
 
     // A sweep: one run per job, tagged with the sweep.
     let out = run_with(

@@ -133,6 +133,20 @@ fn an_offline_run_reads_back_with_w_and_b_s_reader_row_for_row() {
     );
     assert_eq!(files[1]["path"], "trainyard-summary.json");
     assert_eq!(files[2]["path"], listed.as_str());
+    // The run's logbook section and its plots, as the logbook writes them.
+    assert_eq!(files[3]["path"], "logbook/logbook.md");
+    let page =
+        std::fs::read_to_string(run.join("wandb/latest-run/files/logbook/logbook.md")).unwrap();
+    assert!(
+        page.contains("# Logbook") && page.contains("quickstart"),
+        "{page}"
+    );
+    let plots = files.as_array().unwrap().iter().filter(|f| {
+        f["path"]
+            .as_str()
+            .is_some_and(|p| p.starts_with("logbook/") && p.ends_with(".svg"))
+    });
+    assert!(plots.count() >= 1, "{files}");
     let uploaded = run.join("wandb/latest-run/files").join(&listed);
     assert_eq!(
         std::fs::read(uploaded).unwrap(),

@@ -100,6 +100,13 @@ pub fn run_job(
         Some(s) => super::trial_judge::TrialJudge::for_job(s.dir, s.num)?,
         None => None,
     };
+    // The run's own logbook section (`<run dir>/logbook.md` and its plots), for loggers that keep it.
+    let run_report = |dir: &Path| -> anyhow::Result<Vec<PathBuf>> {
+        let written = crate::logbook::write_logbook(&[dir.to_path_buf()], &dir.join("logbook.md"))?;
+        Ok(std::iter::once(written.markdown)
+            .chain(written.svgs)
+            .collect())
+    };
     let job = Job {
         exp: &experiment,
         plan: &plan,
@@ -113,6 +120,7 @@ pub fn run_job(
         sweep_name: sweep_dir
             .and_then(|d| d.file_name())
             .map(|n| n.to_string_lossy().into_owned()),
+        report: Some(&run_report),
     };
     super::requeue::arm_if_slurm_batch();
     if let Some(rank) = group.as_ref().map(|g| g.rank).filter(|&r| r > 0) {

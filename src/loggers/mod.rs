@@ -43,6 +43,8 @@ pub struct RunEnd<'a> {
     /// The best and the last checkpoint files, when local (an `s3://` one is not a file here).
     pub best_checkpoint: Option<&'a std::path::Path>,
     pub last_checkpoint: Option<&'a std::path::Path>,
+    /// The run's logbook section: its markdown, then the plots it links (empty when none was written).
+    pub logbook: &'a [std::path::PathBuf],
 }
 
 /// A destination for metric rows.

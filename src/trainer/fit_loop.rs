@@ -449,7 +449,11 @@ impl<'a> FitLoop<'a> {
     }
 
     /// Tell the sinks the run ended as `summary` says (W&B writes its summary and exit record).
-    pub fn finish_sinks(mut self, summary: &Summary) -> anyhow::Result<()> {
+    pub fn finish_sinks(
+        mut self,
+        summary: &Summary,
+        logbook: &[std::path::PathBuf],
+    ) -> anyhow::Result<()> {
         fn local(p: &Option<String>) -> Option<&std::path::Path> {
             p.as_deref()
                 .filter(|p| !p.contains("://"))
@@ -459,6 +463,7 @@ impl<'a> FitLoop<'a> {
             final_metrics: &summary.final_metrics,
             best_checkpoint: local(&summary.best_checkpoint),
             last_checkpoint: local(&summary.last_checkpoint),
+            logbook,
         };
         for sink in &mut self.sinks {
             sink.finish(&end)?;

@@ -41,7 +41,13 @@ pub struct Job<'a> {
     pub judge: Option<&'a dyn ValidationJudge>,
     /// The sweep this run is a job of (its directory's name): loggers group the sweep's runs by it.
     pub sweep_name: Option<String>,
+    /// The launcher's logbook section for this run (its markdown, then its plots), written on request
+    /// after `summary.json`, for the loggers that keep it with the run (W&B, MLflow).
+    pub report: Option<&'a RunReport>,
 }
+
+/// Writes a run's logbook section given its directory; returns the files written (markdown first).
+pub type RunReport = dyn Fn(&Path) -> anyhow::Result<Vec<std::path::PathBuf>>;
 
 /// Someone outside the run who sees each validation's metrics and may end the run early: a search's
 /// pruner. The trainer asks on rank 0 only and every rank stops together; it never knows who asks.
@@ -113,7 +119,18 @@ fn fit_with(
     if ranks.is_global_zero() {
         summary.write(job.output_dir)?;
     }
-    outcome.finish_sinks(&summary)?;
+    let wants_report = exp.logger.wandb.is_some() || exp.logger.mlflow.is_some();
+    let report = match job
+        .report
+        .filter(|_| wants_report && ranks.is_global_zero())
+    {
+        Some(write) => write(job.output_dir).unwrap_or_else(|e| {
+            tracing::warn!("the run's logbook section was not written for its loggers: {e:#}");
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
+    outcome.finish_sinks(&summary, &report)?;
     Ok(summary)
 }
 

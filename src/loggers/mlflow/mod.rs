@@ -3,7 +3,8 @@
 //! bounded queue that a thread empties in `log-batch` calls (the rows of up to a second, at most MLflow's
 //! 1000 metrics per call), so the training step never waits for the network. Calls are retried with back-off; a server that stops
 //! answering costs the rows it missed, never the run, and the run says so once, at its end. With
-//! `log_model`, the best (or every) checkpoint and `summary.json` are uploaded as artifacts.
+//! `log_model`, the best (or every) checkpoint, `summary.json` and the run's logbook section are uploaded
+//! as artifacts.
 
 pub mod rest;
 
@@ -216,7 +217,7 @@ impl MlflowSink {
         }
     }
 
-    /// `log_model`: the checkpoints to upload, with `summary.json`.
+    /// `log_model`: the checkpoints to upload, with `summary.json` and the run's logbook section.
     fn artifacts(&self, end: &RunEnd) -> Vec<(String, PathBuf)> {
         let checkpoint = end.best_checkpoint.or(end.last_checkpoint);
         let chosen: Vec<PathBuf> = match self.log_model {
@@ -244,6 +245,11 @@ impl MlflowSink {
         let summary = self.run_dir.join("summary.json");
         if summary.is_file() {
             out.push(("summary.json".into(), summary));
+        }
+        for file in end.logbook {
+            if let Some(name) = file.file_name() {
+                out.push((format!("logbook/{}", name.to_string_lossy()), file.clone()));
+            }
         }
         out
     }

@@ -234,8 +234,8 @@ impl WandbSink {
     }
 
     /// `log_model`: the best checkpoint (`true`; the last one when nothing was monitored) or every
-    /// checkpoint of the run (`all`) become files of the run, hard-linked (copied across file systems)
-    /// into `files/checkpoints/`, so `wandb sync` uploads them.
+    /// checkpoint of the run (`all`) become files of the run (`files/checkpoints/`), so `wandb sync`
+    /// uploads them.
     fn add_checkpoints(&mut self, end: &RunEnd) -> anyhow::Result<()> {
         let chosen: Vec<PathBuf> = match self.log_model {
             LogModel::No => return Ok(()),
@@ -258,19 +258,24 @@ impl WandbSink {
                 None => Vec::new(),
             },
         };
-        let into = self.dir.join("files/checkpoints");
-        for source in chosen {
+        self.add_files("checkpoints", &chosen)
+    }
+
+    /// `sources` become files of the run under `files/<folder>/`, hard-linked (copied across file systems).
+    fn add_files(&mut self, folder: &str, sources: &[PathBuf]) -> anyhow::Result<()> {
+        let into = self.dir.join("files").join(folder);
+        for source in sources {
             let Some(name) = source.file_name() else {
                 continue;
             };
             std::fs::create_dir_all(&into)?;
             let target = into.join(name);
             let _ = std::fs::remove_file(&target);
-            if std::fs::hard_link(&source, &target).is_err() {
-                std::fs::copy(&source, &target)?;
+            if std::fs::hard_link(source, &target).is_err() {
+                std::fs::copy(source, &target)?;
             }
             self.files
-                .push(format!("checkpoints/{}", name.to_string_lossy()));
+                .push(format!("{folder}/{}", name.to_string_lossy()));
         }
         Ok(())
     }
@@ -340,6 +345,7 @@ impl MetricSink for WandbSink {
             self.files.push("trainyard-summary.json".into());
         }
         self.add_checkpoints(end)?;
+        self.add_files("logbook", end.logbook)?;
         self.end(0, end.final_metrics)?;
         self.upload_or_say_how();
         Ok(())
