@@ -68,6 +68,7 @@ fn an_offline_run_reads_back_with_w_and_b_s_reader_row_for_row() {
     args.extend([
         "trainer.log_every_n_steps=1",
         "logger.wandb.group=ablation",
+        "logger.wandb.notes='first try'",
         "logger.wandb.log_model=true",
         "hydra.run.dir=logs/run",
     ]);
@@ -87,6 +88,7 @@ fn an_offline_run_reads_back_with_w_and_b_s_reader_row_for_row() {
     let r = &started[0]["run"];
     assert_eq!(r["project"], "trainyard");
     assert_eq!(r["run_group"], "ablation");
+    assert_eq!(r["notes"], "first try");
     assert_eq!(r["display_name"], "quickstart");
     assert_eq!(
         r["tags"],

@@ -148,6 +148,7 @@ impl WandbSink {
                 .unwrap_or_default()
                 .to_string(),
             job_type: non_empty(&s.job_type).unwrap_or_default().to_string(),
+            notes: non_empty(&s.notes).unwrap_or_default().to_string(),
             display_name: non_empty(&s.name).unwrap_or(run.task_name).to_string(),
             tags: s.tags.clone(),
             host: crate::records::hostname(),
