@@ -240,6 +240,13 @@ fn runs_land_on_a_real_tracking_server_row_for_row() {
     for (r, job) in runs.iter().zip(["0", "1"]) {
         assert_eq!(r["name"], format!("quickstart-{job}").as_str());
         assert_eq!(r["tags"]["trainyard.sweep"], "sw");
+        // Without log_model no sink keeps the run's logbook section, so none is written.
+        assert!(!p
+            .path()
+            .join("logs/sw")
+            .join(job)
+            .join("logbook.md")
+            .exists());
         assert_eq!(r["status"], "FINISHED");
     }
 

@@ -51,6 +51,11 @@ pub struct RunEnd<'a> {
 pub trait MetricSink {
     fn log(&mut self, row: &Row) -> anyhow::Result<()>;
 
+    /// Does the sink keep the run's logbook section (`RunEnd::logbook`)? It is written only when one does.
+    fn keeps_run_report(&self) -> bool {
+        false
+    }
+
     /// The run completed (or stopped early on purpose): close what the sink keeps open.
     fn finish(&mut self, _end: &RunEnd) -> anyhow::Result<()> {
         Ok(())

@@ -448,6 +448,11 @@ impl<'a> FitLoop<'a> {
         Ok(())
     }
 
+    /// Does a sink of this process keep the run's logbook section?
+    pub fn sinks_keep_run_report(&self) -> bool {
+        self.sinks.iter().any(|s| s.keeps_run_report())
+    }
+
     /// Tell the sinks the run ended as `summary` says (W&B writes its summary and exit record).
     pub fn finish_sinks(
         mut self,

@@ -119,11 +119,8 @@ fn fit_with(
     if ranks.is_global_zero() {
         summary.write(job.output_dir)?;
     }
-    let wants_report = exp.logger.wandb.is_some() || exp.logger.mlflow.is_some();
-    let report = match job
-        .report
-        .filter(|_| wants_report && ranks.is_global_zero())
-    {
+    // Written only when a sink keeps it (only rank 0 has such sinks).
+    let report = match job.report.filter(|_| outcome.sinks_keep_run_report()) {
         Some(write) => write(job.output_dir).unwrap_or_else(|e| {
             tracing::warn!("the run's logbook section was not written for its loggers: {e:#}");
             Vec::new()

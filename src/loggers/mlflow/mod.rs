@@ -339,6 +339,11 @@ impl MetricSink for MlflowSink {
         Ok(())
     }
 
+    /// The section is an artifact with `log_model` only.
+    fn keeps_run_report(&self) -> bool {
+        self.log_model != LogModel::No
+    }
+
     fn finish(&mut self, end: &RunEnd) -> anyhow::Result<()> {
         let artifacts = self.artifacts(end);
         self.close("FINISHED", artifacts);

@@ -69,6 +69,22 @@ fn json_number(v: f64) -> String {
     }
 }
 
+fn history_item(key: &str, value_json: String) -> proto::HistoryItem {
+    proto::HistoryItem {
+        key: key.to_string(),
+        nested_key: Vec::new(),
+        value_json,
+    }
+}
+
+fn summary_item(key: &str, value_json: String) -> proto::SummaryItem {
+    proto::SummaryItem {
+        key: key.to_string(),
+        nested_key: Vec::new(),
+        value_json,
+    }
+}
+
 fn non_empty(s: &Option<String>) -> Option<&str> {
     s.as_deref().filter(|s| !s.is_empty())
 }
@@ -197,20 +213,11 @@ impl WandbSink {
         let mut update: Vec<proto::SummaryItem> = self
             .latest
             .iter()
-            .map(|(k, v)| proto::SummaryItem {
-                key: k.clone(),
-                nested_key: Vec::new(),
-                value_json: json_number(*v),
-            })
+            .map(|(k, v)| summary_item(k, json_number(*v)))
             .collect();
-        update.extend(self.clock().into_iter().map(|(k, v)| proto::SummaryItem {
-            key: k.into(),
-            nested_key: Vec::new(),
-            value_json: if k == "_step" {
-                (self.rows - 1).max(0).to_string()
-            } else {
-                v
-            },
+        update.extend(self.clock().into_iter().map(|(k, v)| match k {
+            "_step" => summary_item(k, (self.rows - 1).max(0).to_string()),
+            _ => summary_item(k, v),
         }));
         self.write(RecordType::Summary(proto::SummaryRecord {
             update,
@@ -309,25 +316,13 @@ impl MetricSink for WandbSink {
         let mut item: Vec<proto::HistoryItem> = row
             .values
             .iter()
-            .map(|(k, v)| proto::HistoryItem {
-                key: k.to_string(),
-                nested_key: Vec::new(),
-                value_json: json_number(*v),
-            })
+            .map(|(k, v)| history_item(k, json_number(*v)))
             .collect();
         // As Lightning's WandbLogger logs them: the epoch and the optimizer step are metrics too.
         for (k, v) in [("epoch", row.epoch), ("trainer/global_step", row.step)] {
-            item.push(proto::HistoryItem {
-                key: k.into(),
-                nested_key: Vec::new(),
-                value_json: v.to_string(),
-            });
+            item.push(history_item(k, v.to_string()));
         }
-        item.extend(self.clock().into_iter().map(|(k, v)| proto::HistoryItem {
-            key: k.into(),
-            nested_key: Vec::new(),
-            value_json: v,
-        }));
+        item.extend(self.clock().into_iter().map(|(k, v)| history_item(k, v)));
         for (k, v) in row.values {
             self.latest.insert(k.to_string(), *v);
         }
@@ -337,6 +332,10 @@ impl MetricSink for WandbSink {
         }))?;
         self.rows += 1;
         Ok(())
+    }
+
+    fn keeps_run_report(&self) -> bool {
+        true
     }
 
     fn finish(&mut self, end: &RunEnd) -> anyhow::Result<()> {
