@@ -5,7 +5,7 @@
 
 use candle_core::{Device, Tensor, Var};
 use std::time::Instant;
-use trainyard::backend::candle::{batchnorm, conv, conv_relu, fused, CandleEngine};
+use trainyard::backend::candle::{batchnorm, conv, conv_relu, direct, fused, CandleEngine};
 use trainyard::backend::Engine;
 use trainyard::data::loader::Batch;
 
@@ -205,7 +205,8 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Every conv shape of ResNet-18 (CIFAR stem, batch 64) with how often it occurs: forward and backward
-/// (input and weight gradients) times, and their sums over the network.
+/// (input and weight gradients) times on the im2col path and, where this CPU has one, the blocked direct
+/// path (`bench/conv_profile.py` sets these rows against PyTorch's).
 fn resnet_convs(n: usize) -> anyhow::Result<()> {
     // (c_in, c_out, hw_in, k, stride, count)
     let shapes = [
@@ -221,36 +222,64 @@ fn resnet_convs(n: usize) -> anyhow::Result<()> {
         (256, 512, 8, 1, 2, 1),
         (512, 512, 4, 3, 1, 3),
     ];
-    let (mut fwd_total, mut bwd_total) = (0.0, 0.0);
+    let direct_isa = direct::active();
+    println!(
+        "direct path: {}",
+        direct_isa.map(|i| i.name()).unwrap_or("off (im2col only)")
+    );
+    let mut totals = [[0.0f64; 2]; 2];
     for (c_in, c_out, hw, k, stride, count) in shapes {
-        let x = Var::from_tensor(&rand(&[64, c_in, hw, hw])?)?;
-        let w = rand(&[c_out, c_in, k, k])?;
         let pad = k / 2;
-        let fwd = ms(n, || {
-            conv::conv2d(x.as_tensor(), &w, stride, pad)?;
-            Ok(())
-        })?;
-        let w_var = Var::from_tensor(&w)?;
-        let both = ms(n, || {
-            let y = conv::conv2d(x.as_tensor(), w_var.as_tensor(), stride, pad)?;
-            y.backward()?;
-            Ok(())
-        })?;
-        let bwd = both - fwd;
-        let plain = x.as_tensor().detach();
-        let dw_only = ms(n, || {
-            let y = conv::conv2d(&plain, w_var.as_tensor(), stride, pad)?;
-            y.backward()?;
-            Ok(())
-        })? - fwd;
-        println!(
-            "  {c_in:3}->{c_out:3} {hw:2}px k{k} s{stride} x{count}: fwd {fwd:7.2} ms  bwd {bwd:7.2} ms  (dw alone {dw_only:7.2} ms)"
-        );
-        fwd_total += fwd * count as f64;
-        bwd_total += bwd * count as f64;
+        let x = rand(&[64, c_in, hw, hw])?;
+        let w = rand(&[c_out, c_in, k, k])?;
+        let mut row = format!("  {c_in:3}->{c_out:3} {hw:2}px k{k} s{stride} x{count}:");
+        for (path, totals) in totals.iter_mut().enumerate() {
+            let conv_fn: Box<dyn Fn(&Tensor, &Tensor) -> candle_core::Result<Tensor>> = match path {
+                0 => Box::new(move |x, w| conv::conv2d(x, w, stride, pad)),
+                _ => match direct_isa {
+                    Some(isa) => Box::new(move |x, w| direct::conv::conv2d(isa, x, w, stride, pad)),
+                    None => continue,
+                },
+            };
+            let input = match (path, direct_isa) {
+                (1, Some(isa)) => direct::layout::to_blocked(&x, isa.lanes())?,
+                _ => x.clone(),
+            };
+            let (fwd, bwd) = fwd_bwd(n, &input, &w, &*conv_fn)?;
+            row += &format!(
+                "  {} fwd {fwd:7.2} ms bwd {bwd:7.2} ms",
+                ["im2col", "direct"][path]
+            );
+            totals[0] += fwd * count as f64;
+            totals[1] += bwd * count as f64;
+        }
+        println!("{row}");
     }
-    println!("resnet18 convs: forward {fwd_total:.1} ms, backward {bwd_total:.1} ms");
+    println!(
+        "resnet18 convs: im2col forward {:.1} ms, backward {:.1} ms; direct forward {:.1} ms, backward {:.1} ms",
+        totals[0][0], totals[0][1], totals[1][0], totals[1][1]
+    );
     Ok(())
+}
+
+/// Forward time, and backward time (input and weight gradients), of one convolution.
+fn fwd_bwd(
+    n: usize,
+    x: &Tensor,
+    w: &Tensor,
+    conv_fn: &dyn Fn(&Tensor, &Tensor) -> candle_core::Result<Tensor>,
+) -> anyhow::Result<(f64, f64)> {
+    let x = Var::from_tensor(x)?;
+    let w = Var::from_tensor(w)?;
+    let fwd = ms(n, || {
+        conv_fn(x.as_tensor(), w.as_tensor())?;
+        Ok(())
+    })?;
+    let both = ms(n, || {
+        conv_fn(x.as_tensor(), w.as_tensor())?.backward()?;
+        Ok(())
+    })?;
+    Ok((fwd, both - fwd))
 }
 
 /// The elementwise and normalisation ops of ResNet-18 (CIFAR stem, batch 64) at layer1's shape

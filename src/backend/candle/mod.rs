@@ -6,6 +6,7 @@ pub mod batchnorm;
 pub mod conv;
 pub mod conv_relu;
 pub mod cpu;
+pub mod direct;
 pub mod fused;
 mod models;
 mod resnet;
@@ -152,9 +153,17 @@ impl CandleEngine {
         momentum: Option<f64>,
     ) -> anyhow::Result<()> {
         let var = self.params.get(name).context("unknown parameter")?.clone();
-        let new = self
-            .optimizer
-            .update(name, var.as_tensor(), grad, lr, momentum)?;
+        // Detached: the update of a variable is tracked like any op on it, and the optimizer keeps its
+        // result (the momentum buffer) from step to step, so every step's update (and the weight decay
+        // term, a copy of every parameter) stayed alive through the buffer's graph: ~4 parameter-sized
+        // tensors leaked per step (250 MB/step for ResNet-18 with weight decay).
+        let new = self.optimizer.update(
+            name,
+            &var.as_tensor().detach(),
+            &grad.detach(),
+            lr,
+            momentum,
+        )?;
         var.set(&new)?;
         Ok(())
     }

@@ -6,6 +6,7 @@
 
 use super::autocast::Autocast;
 use super::batchnorm::{self, Then};
+use super::direct;
 use super::models::{param, Buffers, CandleForward, Params, Pass};
 use crate::comm::collective::Collective;
 use crate::model::resnet::ResNet;
@@ -15,6 +16,8 @@ use std::sync::Arc;
 const BN_EPS: f64 = 1e-5;
 const BN_MOMENTUM: f64 = 0.1;
 
+/// A convolution: the blocked direct kernels when `x` is blocked (rank 5), otherwise im2col (or Candle's
+/// own off the CPU).
 fn conv(
     (p, autocast): (&Params, Autocast),
     name: &str,
@@ -22,7 +25,26 @@ fn conv(
     stride: usize,
     padding: usize,
 ) -> Result<Tensor> {
-    autocast.conv2d(x, param(p, &format!("{name}.weight"))?, stride, padding)
+    let w = param(p, &format!("{name}.weight"))?;
+    match blocked_path(x) {
+        Some(isa) => direct::conv::conv2d(isa, x, w, stride, padding),
+        None => autocast.conv2d(x, w, stride, padding),
+    }
+}
+
+/// The direct-convolution path `x` is on: blocked activations are rank 5 (N, C/L, H, W, L).
+fn blocked_path(x: &Tensor) -> Option<direct::Isa> {
+    if x.rank() == 5 {
+        direct::active()
+    } else {
+        None
+    }
+}
+
+/// Whether this pass keeps activations blocked between the stem and the head: on the CPU in f32 with a
+/// direct-convolution path (bf16 autocast keeps the im2col path, which rounds operands as autocast does).
+fn blocks_activations(x: &Tensor, autocast: Autocast) -> Option<direct::Isa> {
+    direct::active().filter(|_| !autocast.bf16 && super::cpu::is_cpu_f32(x))
 }
 
 /// BatchNorm2d: batch statistics in train mode (running stats updated with the unbiased variance, as
@@ -34,23 +56,26 @@ fn batch_norm(
     (train, sync): (bool, Option<&Arc<dyn Collective>>),
     then: Then,
 ) -> Result<Tensor> {
-    let c = x.dim(1)?;
     let gamma = param(p, &format!("{name}.weight"))?;
     let beta = param(p, &format!("{name}.bias"))?;
     let (rm, rv) = (
         format!("{name}.running_mean"),
         format!("{name}.running_var"),
     );
+    if x.rank() == 5 {
+        if !train {
+            return direct::batchnorm::eval(x, gamma, beta, (&b[&rm], &b[&rv]), BN_EPS, then);
+        }
+        let (y, stats) = direct::batchnorm::train(x, gamma, beta, BN_EPS, then, sync)?;
+        running_from_stats(b, name, &stats, x.device())?;
+        return Ok(y);
+    }
     if !train {
         if let Some(y) = batchnorm::eval(x, gamma, beta, (&b[&rm], &b[&rv]), BN_EPS, then)? {
             return Ok(y);
         }
     } else if let Some((y, stats)) = batchnorm::train(x, gamma, beta, BN_EPS, then, sync)? {
-        let n = stats.count as f64;
-        let dev = x.device();
-        let mean = Tensor::from_vec(stats.mean, c, dev)?;
-        let unbiased = Tensor::from_vec(stats.var, c, dev)?.affine(n / (n - 1.0).max(1.0), 0.0)?;
-        update_running(b, name, &mean, &unbiased)?;
+        running_from_stats(b, name, &stats, x.device())?;
         return Ok(y);
     }
     let y = batch_norm_basic_ops(gamma, beta, b, name, x, train)?;
@@ -58,6 +83,20 @@ fn batch_norm(
         Then::Relu => super::fused::relu(&y),
         Then::Nothing => Ok(y),
     }
+}
+
+/// The running averages after a batch with statistics `stats` (unbiased variance, as PyTorch keeps it).
+fn running_from_stats(
+    b: &mut Buffers,
+    name: &str,
+    stats: &batchnorm::ChannelStats,
+    dev: &candle_core::Device,
+) -> Result<()> {
+    let (n, c) = (stats.count as f64, stats.mean.len());
+    let mean = Tensor::from_vec(stats.mean.clone(), c, dev)?;
+    let unbiased =
+        Tensor::from_vec(stats.var.clone(), c, dev)?.affine(n / (n - 1.0).max(1.0), 0.0)?;
+    update_running(b, name, &mean, &unbiased)
 }
 
 /// Running averages as PyTorch keeps them (momentum 0.1, unbiased variance, a batch counter).
@@ -175,13 +214,23 @@ impl CandleForward for ResNet {
                 conv(pa, "conv1", x, 2, 3)?
             };
             let h = batch_norm(p, b, ("bn1", &h), mode, Then::Relu)?;
-            return if self.cifar_stem() {
-                Ok(h)
+            let h = if self.cifar_stem() {
+                h
             } else {
-                max_pool_3x3_s2(&h)
+                max_pool_3x3_s2(&h)?
+            };
+            // The blocks and the stem's output stay blocked up to the head.
+            return match blocks_activations(&h, pass.autocast) {
+                Some(isa) => direct::layout::to_blocked(&h, isa.lanes()),
+                None => Ok(h),
             };
         }
         let Some((name, c_in, width, stride)) = layout.get(k - 1) else {
+            let x = if x.rank() == 5 {
+                direct::layout::from_blocked(x, param(p, "fc.weight")?.dim(1)?)?
+            } else {
+                x.clone()
+            };
             let pooled = x.mean(D::Minus1)?.mean(D::Minus1)?;
             let w = param(p, "fc.weight")?;
             return pass.autocast.linear(&pooled, w, param(p, "fc.bias")?);

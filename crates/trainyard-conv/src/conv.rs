@@ -1,0 +1,306 @@
+//! The three passes of a blocked direct convolution: weights are packed
+//! per pass into the blocks the kernels read (`[out block][in block][tap][L in][L out]`), inputs padded once
+//! per pass, and work split over rayon in fixed tasks, so results do not depend on scheduling.
+//!
+//! - forward: a gather over (input blocks × taps) for tiles of output pixels.
+//! - input gradient: stride 1, a forward convolution of the output gradient padded by K − 1 − P with the
+//!   flipped, transposed kernel; strided, each output pixel's gradient scattered into the input pixels it
+//!   read, one tap at a time (no wasted products on the zeros a dilated gradient would hold).
+//! - weight gradient: per (output-block group, input block) task, summed image by image in a fixed order.
+
+use crate::buffer::{assume_init, uninit};
+use crate::kernels::{self, Gather, GatherData, WeightProblem};
+use crate::layout::{crop, pad};
+use crate::Isa;
+use rayon::prelude::*;
+
+/// Output pixels per forward task: enough for the weight panel to be reused across tiles, small enough
+/// for two threads to share the small layers.
+const PIXELS_PER_TASK: usize = 128;
+
+/// One convolution's sizes: blocked input (N, IB, H, W, L), kernel (O, I, K, K).
+#[derive(Debug, Clone, Copy)]
+pub struct Geometry {
+    pub n: usize,
+    pub c_in: usize,
+    pub c_out: usize,
+    pub h: usize,
+    pub w: usize,
+    pub k: usize,
+    pub stride: usize,
+    pub padding: usize,
+    pub lanes: usize,
+}
+
+impl Geometry {
+    pub fn oh(&self) -> usize {
+        (self.h + 2 * self.padding - self.k) / self.stride + 1
+    }
+    pub fn ow(&self) -> usize {
+        (self.w + 2 * self.padding - self.k) / self.stride + 1
+    }
+    pub fn ib(&self) -> usize {
+        self.c_in.div_ceil(self.lanes)
+    }
+    pub fn ob(&self) -> usize {
+        self.c_out.div_ceil(self.lanes)
+    }
+    fn taps(&self) -> usize {
+        self.k * self.k
+    }
+}
+
+/// A raw pointer tasks share to write disjoint parts of one buffer.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+// SAFETY: each task writes only its own elements (the callers' task splits are disjoint).
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// The pointer (a method, so closures capture the `Sync` wrapper rather than its field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// How the kernel (O, I, K, K) is laid out for a pass.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Packing {
+    /// `[O block][I block][tap][L i][L o]`: forward.
+    Forward,
+    /// `[I block][O block][tap][L o][L i]`, taps flipped: the stride-1 input gradient.
+    TransposedFlipped,
+    /// `[I block][O block][tap][L o][L i]`: the strided input gradient's scatter.
+    Transposed,
+}
+
+fn pack(w: &[f32], g: &Geometry, how: Packing) -> Vec<f32> {
+    let (l, t) = (g.lanes, g.taps());
+    let (outer, inner) = match how {
+        Packing::Forward => (g.ob(), g.ib()),
+        _ => (g.ib(), g.ob()),
+    };
+    let block = t * l * l;
+    let mut out = vec![0f32; outer * inner * block];
+    out.par_chunks_mut(inner * block)
+        .enumerate()
+        .for_each(|(ob, dst)| {
+            for ib in 0..inner {
+                for row in 0..l {
+                    for col in 0..l {
+                        // Forward: rows are input lanes, columns output lanes; transposed: the reverse.
+                        let (o, i) = match how {
+                            Packing::Forward => (ob * l + col, ib * l + row),
+                            _ => (ib * l + row, ob * l + col),
+                        };
+                        if o >= g.c_out || i >= g.c_in {
+                            continue;
+                        }
+                        // The taps of one (o, i) pair are contiguous in (O, I, K, K): read them in order.
+                        let src = &w[(o * g.c_in + i) * t..][..t];
+                        for (tap, v) in src.iter().enumerate() {
+                            let tap = match how {
+                                Packing::TransposedFlipped => t - 1 - tap,
+                                _ => tap,
+                            };
+                            dst[(ib * t + tap) * l * l + row * l + col] = *v;
+                        }
+                    }
+                }
+            }
+        });
+    out
+}
+
+/// Gathers into a fresh (N, out blocks, OH, OW, L) buffer: `a` is (N, kblocks, HP, WP, L), already padded.
+fn gather_all(
+    isa: Isa,
+    (a, b): (&[f32], &[f32]),
+    (n, kblocks, hp, wp): (usize, usize, usize, usize),
+    (out_blocks, oh, ow): (usize, usize, usize),
+    (k, stride): (usize, usize),
+) -> Vec<f32> {
+    let l = isa.lanes();
+    let taps: Vec<(usize, usize)> = (0..k * k)
+        .map(|t| (((t / k) * wp + t % k) * l, t * l * l))
+        .collect();
+    let g = Gather {
+        taps: &taps,
+        kblocks,
+        a_k: hp * wp * l,
+        b_k: k * k * l * l,
+        b_n: kblocks * k * k * l * l,
+        c_n: oh * ow * l,
+        accumulate: false,
+    };
+    let (a_img, c_img) = (kblocks * hp * wp * l, out_blocks * oh * ow * l);
+    let mut c = uninit(n * c_img);
+    let out = Shared(c.as_mut_ptr() as *mut f32);
+    let total = n * oh * ow;
+    let tasks = total.div_ceil(PIXELS_PER_TASK);
+    (0..tasks).into_par_iter().for_each(|task| {
+        let px: Vec<(usize, usize)> = (task * PIXELS_PER_TASK
+            ..total.min((task + 1) * PIXELS_PER_TASK))
+            .map(|p| {
+                let (img, y, x) = (p / (oh * ow), (p / ow) % oh, p % ow);
+                (
+                    img * a_img + (y * stride * wp + x * stride) * l,
+                    img * c_img + (y * ow + x) * l,
+                )
+            })
+            .collect();
+        let d = GatherData {
+            a: a.as_ptr(),
+            b: b.as_ptr(),
+            c: out.get(),
+        };
+        // SAFETY: the task's pixels are its own; offsets stay inside `a`, `b` and `c` by construction;
+        // `isa` was checked by the caller.
+        unsafe { kernels::gather(isa, &g, d, &px, 0..out_blocks) };
+    });
+    // SAFETY: the tasks stored every lane of every block of every pixel.
+    unsafe { assume_init(c) }
+}
+
+/// Forward: blocked `x` (N, IB, H, W, L) and kernel (O, I, K, K) → blocked (N, OB, OH, OW, L).
+pub fn forward(isa: Isa, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    let (hp, wp) = (g.h + 2 * g.padding, g.w + 2 * g.padding);
+    let padded;
+    let xp = if g.padding == 0 {
+        x
+    } else {
+        padded = pad(x, (g.n, g.ib(), g.h, g.w, g.lanes), g.padding);
+        &padded
+    };
+    let packed = pack(w, g, Packing::Forward);
+    gather_all(
+        isa,
+        (xp, &packed),
+        (g.n, g.ib(), hp, wp),
+        (g.ob(), g.oh(), g.ow()),
+        (g.k, g.stride),
+    )
+}
+
+/// Input gradient: blocked `dy` (N, OB, OH, OW, L) → blocked (N, IB, H, W, L).
+pub fn input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    let (oh, ow, l) = (g.oh(), g.ow(), g.lanes);
+    if g.stride == 1 && g.padding < g.k {
+        let p = g.k - 1 - g.padding;
+        let dyp = pad(dy, (g.n, g.ob(), oh, ow, l), p);
+        let packed = pack(w, g, Packing::TransposedFlipped);
+        return gather_all(
+            isa,
+            (&dyp, &packed),
+            (g.n, g.ob(), oh + 2 * p, ow + 2 * p),
+            (g.ib(), g.h, g.w),
+            (g.k, 1),
+        );
+    }
+    scatter_input_grad(isa, dy, w, g)
+}
+
+/// The strided input gradient: each output pixel's gradient added into the (padded) input pixels it read,
+/// one tap at a time, one task per image.
+fn scatter_input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    let (oh, ow, l, s) = (g.oh(), g.ow(), g.lanes, g.stride);
+    let (hp, wp) = (g.h + 2 * g.padding, g.w + 2 * g.padding);
+    let packed = pack(w, g, Packing::Transposed);
+    let (a_img, c_img) = (g.ob() * oh * ow * l, g.ib() * hp * wp * l);
+    let mut dxp = vec![0f32; g.n * c_img];
+    let out = Shared(dxp.as_mut_ptr());
+    (0..g.n).into_par_iter().for_each(|img| {
+        for tap in 0..g.taps() {
+            let (kh, kw) = (tap / g.k, tap % g.k);
+            let taps = [(0, tap * l * l)];
+            let gather = Gather {
+                taps: &taps,
+                kblocks: g.ob(),
+                a_k: oh * ow * l,
+                b_k: g.taps() * l * l,
+                b_n: g.ob() * g.taps() * l * l,
+                c_n: hp * wp * l,
+                accumulate: true,
+            };
+            let px: Vec<(usize, usize)> = (0..oh * ow)
+                .map(|p| {
+                    let (y, x) = (p / ow, p % ow);
+                    (
+                        img * a_img + p * l,
+                        img * c_img + ((y * s + kh) * wp + x * s + kw) * l,
+                    )
+                })
+                .collect();
+            let d = GatherData {
+                a: dy.as_ptr(),
+                b: packed.as_ptr(),
+                c: out.get(),
+            };
+            // SAFETY: one task per image writes only that image's padded gradient; within the task the
+            // taps run one after another; offsets stay in bounds by construction.
+            unsafe { kernels::gather(isa, &gather, d, &px, 0..g.ib()) };
+        }
+    });
+    crop(&dxp, (g.n, g.ib(), g.h, g.w, l), g.padding)
+}
+
+/// Weight gradient (O, I, K, K) from blocked `x` and `dy`.
+pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
+    let (oh, ow, l, k) = (g.oh(), g.ow(), g.lanes, g.k);
+    let (hp, wp) = (g.h + 2 * g.padding, g.w + 2 * g.padding);
+    let padded;
+    let xp = if g.padding == 0 {
+        x
+    } else {
+        padded = pad(x, (g.n, g.ib(), g.h, g.w, l), g.padding);
+        &padded
+    };
+    let group = kernels::weight_group(isa);
+    let groups = g.ob().div_ceil(group);
+    let taps: Vec<usize> = (0..k * k).map(|t| ((t / k) * wp + t % k) * l).collect();
+    let p = WeightProblem {
+        oh,
+        ow,
+        x_row: g.stride * wp * l,
+        x_px: g.stride * l,
+        g_plane: oh * ow * l,
+    };
+    let (x_img, g_img) = (g.ib() * hp * wp * l, g.ob() * oh * ow * l);
+    let partials: Vec<(usize, usize, usize, Vec<f32>)> = (0..groups * g.ib())
+        .into_par_iter()
+        .map(|task| {
+            let (grp, ib) = (task / g.ib(), task % g.ib());
+            let ob = grp * group;
+            let nb = group.min(g.ob() - ob);
+            let mut acc = vec![0f32; k * k * nb * l * l];
+            for img in 0..g.n {
+                let ptrs = (
+                    xp[img * x_img + ib * hp * wp * l..].as_ptr(),
+                    dy[img * g_img + ob * oh * ow * l..].as_ptr(),
+                    acc.as_mut_ptr(),
+                );
+                // SAFETY: `acc` is taps × nb × L × L; the input and gradient offsets stay in bounds.
+                unsafe { kernels::weight(isa, &p, ptrs, &taps, nb) };
+            }
+            (ob, nb, ib, acc)
+        })
+        .collect();
+    let mut dw = vec![0f32; g.c_out * g.c_in * k * k];
+    for (ob, nb, ib, acc) in partials {
+        for tap in 0..k * k {
+            for j in 0..nb {
+                for il in 0..l {
+                    for ol in 0..l {
+                        let (o, i) = ((ob + j) * l + ol, ib * l + il);
+                        if o < g.c_out && i < g.c_in {
+                            dw[(o * g.c_in + i) * k * k + tap] =
+                                acc[((tap * nb + j) * l + il) * l + ol];
+                        }
+                    }
+                }
+            }
+        }
+    }
+    dw
+}

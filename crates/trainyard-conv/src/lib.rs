@@ -1,0 +1,95 @@
+//! Direct 2-D convolution in channel-blocked layouts for training on the CPU, the way oneDNN's
+//! `jit_avx512_core_conv` and `jit_avx2_conv` work: activations are `(N, C/L, H, W, L)` ("nChw16c" with
+//! L = 16 on AVX-512, "nChw8c" with L = 8 on AVX2), so the L channels of a pixel are one vector register and
+//! a convolution is a register-blocked sum with no im2col matrix, no col2im and no layout change between
+//! layers. Forward, input gradient and weight gradient, over plain f32 slices (the Candle ops that use them
+//! live in `trainyard::backend::candle::direct`).
+//!
+//! - `simd`: the vector type of each path (AVX-512, AVX2+FMA, portable arrays).
+//! - `kernels`: the register-blocked loops, compiled per path.
+//! - `conv`: weight packing, padding and the three passes over rayon.
+//! - `layout`: NCHW ↔ blocked data, padding.
+//!
+//! A crate of its own so that it is optimised in every build profile, like the `gemm` crate it replaces
+//! for these shapes: the kernels are unusable unoptimised, and the tests train models through them.
+
+pub mod buffer;
+pub mod conv;
+mod kernels;
+pub mod layout;
+mod simd;
+
+/// The instruction set a direct convolution runs on, which also fixes the block width L.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F: 16 lanes.
+    Avx512,
+    /// AVX2 with FMA: 8 lanes.
+    Avx2,
+    /// Plain Rust with AVX-512's block width (the reference for the AVX-512 path).
+    Portable16,
+    /// Plain Rust with AVX2's block width.
+    Portable8,
+}
+
+impl Isa {
+    /// Channels per block: the vector width.
+    pub fn lanes(self) -> usize {
+        match self {
+            Isa::Avx512 | Isa::Portable16 => 16,
+            Isa::Avx2 | Isa::Portable8 => 8,
+        }
+    }
+
+    /// Whether this CPU runs the path.
+    pub fn supported(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            Isa::Portable16 | Isa::Portable8 => true,
+            #[allow(unreachable_patterns)]
+            _ => false,
+        }
+    }
+
+    /// The portable path with the same block width (what a SIMD path is checked against).
+    pub fn portable_twin(self) -> Isa {
+        if self.lanes() == 16 {
+            Isa::Portable16
+        } else {
+            Isa::Portable8
+        }
+    }
+
+    /// The widest path this CPU has, the name the bench tables print ("avx512", "avx2", "portable").
+    pub fn detected() -> Isa {
+        [Isa::Avx512, Isa::Avx2]
+            .into_iter()
+            .find(|isa| isa.supported())
+            .unwrap_or(Isa::Portable8)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2",
+            Isa::Portable16 | Isa::Portable8 => "portable",
+        }
+    }
+
+    /// Reads `TRAINYARD_CONV_ISA`'s value; `None` for anything else.
+    pub fn parse(name: &str) -> Option<Isa> {
+        match name {
+            "avx512" => Some(Isa::Avx512),
+            "avx2" => Some(Isa::Avx2),
+            "portable" => Some(Isa::Portable8),
+            "portable16" => Some(Isa::Portable16),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The vector registers the direct-convolution kernels are written over: AVX-512 (16 lanes, 32 registers),
+//! AVX2+FMA (8 lanes, 16 registers) and a portable array of the same width. Every path multiplies and adds
+//! with one rounding (a fused multiply-add; `f32::mul_add` on the portable path), so a kernel run on two
+//! paths with the same lane count sums in the same order and gives bit-identical results.
+//!
+//! The methods are `#[inline(always)]` and carry no target features themselves: they are inlined into the
+//! ISA entry points (`kernels.rs`), which enable the features, so the intrinsics compile to single
+//! instructions there.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// One vector register of `LANES` f32s.
+pub(super) trait Vector: Copy {
+    const LANES: usize;
+    /// All lanes zero.
+    unsafe fn zero() -> Self;
+    /// `LANES` values from `p` (unaligned).
+    unsafe fn load(p: *const f32) -> Self;
+    /// Writes the lanes to `p` (unaligned).
+    unsafe fn store(self, p: *mut f32);
+    /// `*p` in every lane.
+    unsafe fn splat(p: *const f32) -> Self;
+    /// `self + a * b`, one rounding.
+    unsafe fn fma(self, a: Self, b: Self) -> Self;
+}
+
+/// AVX-512F: a zmm register.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(super) struct Avx512(__m512);
+
+#[cfg(target_arch = "x86_64")]
+impl Vector for Avx512 {
+    const LANES: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Avx512(_mm512_setzero_ps())
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        Avx512(_mm512_loadu_ps(p))
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        _mm512_storeu_ps(p, self.0)
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> Self {
+        Avx512(_mm512_set1_ps(*p))
+    }
+    #[inline(always)]
+    unsafe fn fma(self, a: Self, b: Self) -> Self {
+        Avx512(_mm512_fmadd_ps(a.0, b.0, self.0))
+    }
+}
+
+/// AVX2 with FMA: a ymm register.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+pub(super) struct Avx2(__m256);
+
+#[cfg(target_arch = "x86_64")]
+impl Vector for Avx2 {
+    const LANES: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Avx2(_mm256_setzero_ps())
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        Avx2(_mm256_loadu_ps(p))
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        _mm256_storeu_ps(p, self.0)
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> Self {
+        Avx2(_mm256_set1_ps(*p))
+    }
+    #[inline(always)]
+    unsafe fn fma(self, a: Self, b: Self) -> Self {
+        Avx2(_mm256_fmadd_ps(a.0, b.0, self.0))
+    }
+}
+
+/// Plain arrays: the reference every SIMD path is tested against, and the path for other CPUs.
+#[derive(Clone, Copy)]
+pub(super) struct Portable<const L: usize>([f32; L]);
+
+impl<const L: usize> Vector for Portable<L> {
+    const LANES: usize = L;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Portable([0.0; L])
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        Portable(std::ptr::read_unaligned(p as *const [f32; L]))
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        std::ptr::write_unaligned(p as *mut [f32; L], self.0)
+    }
+    #[inline(always)]
+    unsafe fn splat(p: *const f32) -> Self {
+        Portable([*p; L])
+    }
+    #[inline(always)]
+    unsafe fn fma(self, a: Self, b: Self) -> Self {
+        let mut out = self.0;
+        for ((o, x), y) in out.iter_mut().zip(a.0).zip(b.0) {
+            *o = x.mul_add(y, *o);
+        }
+        Portable(out)
+    }
+}

@@ -1,0 +1,388 @@
+//! BatchNorm2d (+ReLU) over blocked activations `(N, CB, H, W, L)`, one Candle op with its own backward, so
+//! a ResNet keeps the blocked layout from its stem to its head. The statistics, the running averages and
+//! SyncBatchNorm's reductions are those of `candle::batchnorm` (same `ChannelStats`, same formulas); only
+//! the indexing differs: a channel is a lane of every pixel of its block, so the sums run over pixels with
+//! one accumulator per lane (vectorised over the block), image by image in a fixed order.
+
+use crate::backend::candle::batchnorm::{ChannelStats, Then};
+use crate::backend::candle::cpu::{f32_slice as slice, with_f32};
+use crate::comm::collective::{Collective, ReduceOp};
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+use std::mem::MaybeUninit;
+use std::sync::Arc;
+use trainyard_conv::buffer::{assume_init, uninit};
+
+/// (images, channel blocks, pixels per plane, lanes).
+type Dims = (usize, usize, usize, usize);
+
+fn dims(t: &Tensor) -> Result<Dims> {
+    let (n, cb, h, w, l) = t.dims5()?;
+    Ok((n, cb, h * w, l))
+}
+
+/// Σ over images and pixels of `f(value, lane)` per lane of block `b` (f32 per image, f64 across images).
+fn lane_sums<const L: usize>(
+    data: &[f32],
+    (n, cb, hw, _): Dims,
+    b: usize,
+    f: impl Fn(f32, usize) -> f32,
+) -> [f64; L] {
+    let mut total = [0f64; L];
+    for img in 0..n {
+        let plane = &data[(img * cb + b) * hw * L..][..hw * L];
+        let mut acc = [0f32; L];
+        for px in plane.chunks_exact(L) {
+            for (lane, (a, v)) in acc.iter_mut().zip(px).enumerate() {
+                *a += f(*v, lane);
+            }
+        }
+        for (t, a) in total.iter_mut().zip(acc) {
+            *t += f64::from(a);
+        }
+    }
+    total
+}
+
+/// Per-channel sums (length CB·L) of `f(value, channel)`.
+fn channel_sums(data: &[f32], d: Dims, f: impl Fn(f32, usize) -> f32 + Sync) -> Result<Vec<f64>> {
+    let per_block = |b: usize| -> Result<Vec<f64>> {
+        Ok(match d.3 {
+            16 => lane_sums::<16>(data, d, b, |v, lane| f(v, b * 16 + lane)).to_vec(),
+            8 => lane_sums::<8>(data, d, b, |v, lane| f(v, b * 8 + lane)).to_vec(),
+            l => candle_core::bail!("blocked batch norm: blocks of {l} lanes (8 or 16 expected)"),
+        })
+    };
+    let blocks: Result<Vec<Vec<f64>>> = (0..d.1).into_par_iter().map(per_block).collect();
+    Ok(blocks?.concat())
+}
+
+/// Batch statistics of the first `c` channels; with `sync`, over every rank's batch (SyncBatchNorm).
+fn stats(data: &[f32], d: Dims, c: usize, sync: Option<&dyn Collective>) -> Result<ChannelStats> {
+    let reduce = |v: &mut [f64]| match sync {
+        Some(group) => group
+            .all_reduce_f64(v, ReduceOp::Sum)
+            .map_err(|e| candle_core::Error::Msg(format!("SyncBatchNorm: {e:#}"))),
+        None => Ok(()),
+    };
+    let mut sums = channel_sums(data, d, |v, _| v)?;
+    sums.truncate(c);
+    sums.push((d.0 * d.2) as f64);
+    reduce(&mut sums)?;
+    let count = sums[c];
+    let mut mean: Vec<f32> = sums[..c].iter().map(|s| (s / count) as f32).collect();
+    mean.resize(d.1 * d.3, 0.0);
+    let mut squares = channel_sums(data, d, |v, ch| (v - mean[ch]) * (v - mean[ch]))?;
+    squares.truncate(c);
+    reduce(&mut squares)?;
+    mean.truncate(c);
+    Ok(ChannelStats {
+        mean,
+        var: squares.iter().map(|s| (s / count) as f32).collect(),
+        count: count as usize,
+    })
+}
+
+/// Training-mode BatchNorm over a blocked batch: the output and the batch statistics (for the running
+/// averages), with the gradient through the statistics in the backward pass.
+pub fn train(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    eps: f64,
+    then: Then,
+    sync: Option<&Arc<dyn Collective>>,
+) -> Result<(Tensor, ChannelStats)> {
+    let x = x.contiguous()?;
+    let c = gamma.dim(0)?;
+    let d = dims(&x)?;
+    let st = with_f32(&x, |data| stats(data, d, c, sync.map(|g| g.as_ref())))?;
+    let op = BlockedBatchNorm {
+        mean: padded(&st.mean, d),
+        invstd: padded(&invstd(&st.var, eps), d),
+        batch_stats: true,
+        sync: sync.map(|group| (group.clone(), st.count)),
+        relu: then == Then::Relu,
+    };
+    Ok((x.apply_op3(gamma, beta, op)?, st))
+}
+
+/// Eval-mode BatchNorm with the running statistics.
+pub fn eval(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    (mean, var): (&Tensor, &Tensor),
+    eps: f64,
+    then: Then,
+) -> Result<Tensor> {
+    let x = x.contiguous()?;
+    let d = dims(&x)?;
+    let var = var.flatten_all()?.to_vec1::<f32>()?;
+    let op = BlockedBatchNorm {
+        mean: padded(&mean.flatten_all()?.to_vec1::<f32>()?, d),
+        invstd: padded(&invstd(&var, eps), d),
+        batch_stats: false,
+        sync: None,
+        relu: then == Then::Relu,
+    };
+    x.apply_op3(gamma, beta, op)
+}
+
+fn invstd(var: &[f32], eps: f64) -> Vec<f32> {
+    var.iter()
+        .map(|v| 1.0 / (f64::from(*v) + eps).sqrt() as f32)
+        .collect()
+}
+
+/// Per-channel values extended with zeros to every lane of every block.
+fn padded(v: &[f32], d: Dims) -> Vec<f32> {
+    let mut out = v.to_vec();
+    out.resize(d.1 * d.3, 0.0);
+    out
+}
+
+struct BlockedBatchNorm {
+    /// Per lane of every block (zeros past the real channels).
+    mean: Vec<f32>,
+    invstd: Vec<f32>,
+    batch_stats: bool,
+    sync: Option<(Arc<dyn Collective>, usize)>,
+    relu: bool,
+}
+
+impl BlockedBatchNorm {
+    /// Per-lane values of the real channels, zeros past them.
+    fn lanes(&self, v: &[f32]) -> Vec<f32> {
+        let mut out = v.to_vec();
+        out.resize(self.mean.len(), 0.0);
+        out
+    }
+}
+
+#[inline(always)]
+fn masked(dy: f32, y: f32, relu: bool) -> f32 {
+    if relu && y <= 0.0 {
+        0.0
+    } else {
+        dy
+    }
+}
+
+impl CustomOp3 for BlockedBatchNorm {
+    fn name(&self) -> &'static str {
+        "trainyard-blocked-batch-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (_, cb, h, w, l) = l1.shape().dims5()?;
+        let (x, gamma, beta) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        if gamma.len() > cb * l || beta.len() != gamma.len() {
+            candle_core::bail!(
+                "blocked batch norm: {} weights for {cb} blocks of {l}",
+                gamma.len()
+            );
+        }
+        let (gamma, beta) = (self.lanes(gamma), self.lanes(beta));
+        let scale: Vec<f32> = gamma.iter().zip(&self.invstd).map(|(g, i)| g * i).collect();
+        let shift: Vec<f32> = (0..scale.len())
+            .map(|ch| beta[ch] - self.mean[ch] * scale[ch])
+            .collect();
+        let floor = if self.relu { 0.0 } else { f32::NEG_INFINITY };
+        let y = match l {
+            16 => normalise::<16>(x, (cb, h * w), (&scale, &shift), floor),
+            8 => normalise::<8>(x, (cb, h * w), (&scale, &shift), floor),
+            _ => candle_core::bail!("blocked batch norm: blocks of {l} lanes (8 or 16 expected)"),
+        };
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        gamma: &Tensor,
+        _beta: &Tensor,
+        res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let d = dims(x)?;
+        let (n, cb, hw, l) = d;
+        let c = gamma.dim(0)?;
+        let gamma = self.lanes(&gamma.flatten_all()?.to_vec1::<f32>()?);
+        let relu = self.relu;
+        // With the ReLU the output's zeros mask the incoming gradient; without it nothing is read.
+        let out = if relu { Some(res.contiguous()?) } else { None };
+        let (mean, invstd) = (&self.mean, &self.invstd);
+        let (dx, dgamma, dbeta) = with_f32(x, |xs| {
+            with_f32(grad, |dy| {
+                with_f32(out.as_ref().unwrap_or(grad), |ys| {
+                    let (sg, sgx) = match l {
+                        16 => grad_sums::<16>(xs, dy, ys, d, mean, relu),
+                        8 => grad_sums::<8>(xs, dy, ys, d, mean, relu),
+                        _ => candle_core::bail!("blocked batch norm: blocks of {l} lanes"),
+                    };
+                    let dbeta: Vec<f32> = sg[..c].iter().map(|&v| v as f32).collect();
+                    let dgamma: Vec<f32> = (0..c)
+                        .map(|ch| (sgx[ch] * f64::from(invstd[ch])) as f32)
+                        .collect();
+                    let (mut sum_g, mut sum_gxhat, mut m) =
+                        (dbeta.clone(), dgamma.clone(), (n * hw) as f32);
+                    if let Some((group, count)) = self.sync.as_ref().filter(|_| x.track_op()) {
+                        let mut both: Vec<f64> =
+                            dbeta.iter().chain(&dgamma).map(|&v| f64::from(v)).collect();
+                        group
+                            .all_reduce_f64(&mut both, ReduceOp::Sum)
+                            .map_err(|e| {
+                                candle_core::Error::Msg(format!("SyncBatchNorm: {e:#}"))
+                            })?;
+                        sum_g = both[..c].iter().map(|&v| v as f32).collect();
+                        sum_gxhat = both[c..].iter().map(|&v| v as f32).collect();
+                        m = *count as f32;
+                    }
+                    let dx = x.track_op().then(|| {
+                        let k: Vec<f32> = gamma
+                            .iter()
+                            .zip(invstd.iter())
+                            .map(|(g, i)| g * i)
+                            .collect();
+                        let (a, b) = (self.lanes(&sum_g), self.lanes(&sum_gxhat));
+                        // dx = k * (g - a/m - xhat * b/m), xhat = (x - mean) * invstd, as one affine map of
+                        // g and x per channel: dx = k*g + (-k*b/m*invstd)*x + k*(b/m*invstd*mean - a/m).
+                        let coef: Vec<[f32; 3]> = (0..k.len())
+                            .map(|ch| {
+                                if self.batch_stats {
+                                    let bx = b[ch] / m * invstd[ch];
+                                    [k[ch], -k[ch] * bx, k[ch] * (bx * mean[ch] - a[ch] / m)]
+                                } else {
+                                    [k[ch], 0.0, 0.0]
+                                }
+                            })
+                            .collect();
+                        match l {
+                            16 => input_grad::<16>((xs, dy, ys), (cb, hw), &coef, relu),
+                            _ => input_grad::<8>((xs, dy, ys), (cb, hw), &coef, relu),
+                        }
+                    });
+                    Ok((dx, dgamma, dbeta))
+                })
+            })
+        })?;
+        let dev = x.device();
+        let dx = dx
+            .map(|v| Tensor::from_vec(v, x.shape(), dev))
+            .transpose()?;
+        Ok((
+            dx,
+            Some(Tensor::from_vec(dgamma, c, dev)?),
+            Some(Tensor::from_vec(dbeta, c, dev)?),
+        ))
+    }
+}
+
+/// `max(x * scale + shift, floor)` per lane of every block.
+fn normalise<const L: usize>(
+    x: &[f32],
+    (cb, hw): (usize, usize),
+    (scale, shift): (&[f32], &[f32]),
+    floor: f32,
+) -> Vec<f32> {
+    let mut y = uninit(x.len());
+    y.par_chunks_mut(hw * L)
+        .zip(x.par_chunks(hw * L))
+        .enumerate()
+        .for_each(|(p, (out, src))| {
+            let b = p % cb;
+            let sc: [f32; L] = scale[b * L..][..L].try_into().expect("L lanes");
+            let sh: [f32; L] = shift[b * L..][..L].try_into().expect("L lanes");
+            for (o, v) in out.chunks_exact_mut(L).zip(src.chunks_exact(L)) {
+                for lane in 0..L {
+                    o[lane] = MaybeUninit::new((v[lane] * sc[lane] + sh[lane]).max(floor));
+                }
+            }
+        });
+    // SAFETY: every lane of every pixel of every plane was written.
+    unsafe { assume_init(y) }
+}
+
+/// The input gradient `c0·g + c1·x + c2` per channel, g the (masked) output gradient.
+fn input_grad<const L: usize>(
+    (xs, dy, ys): (&[f32], &[f32], &[f32]),
+    (cb, hw): (usize, usize),
+    coef: &[[f32; 3]],
+    relu: bool,
+) -> Vec<f32> {
+    let plane = hw * L;
+    let mut dx = uninit(xs.len());
+    dx.par_chunks_mut(plane).enumerate().for_each(|(p, o)| {
+        let b = p % cb;
+        let mut c = [[0f32; L]; 3];
+        for lane in 0..L {
+            for (j, cj) in c.iter_mut().enumerate() {
+                cj[lane] = coef[b * L + lane][j];
+            }
+        }
+        let r = p * plane..(p + 1) * plane;
+        for (((o, d), y), x) in o
+            .chunks_exact_mut(L)
+            .zip(dy[r.clone()].chunks_exact(L))
+            .zip(ys[r.clone()].chunks_exact(L))
+            .zip(xs[r].chunks_exact(L))
+        {
+            for lane in 0..L {
+                let g = masked(d[lane], y[lane], relu);
+                o[lane] = MaybeUninit::new(c[0][lane] * g + c[1][lane] * x[lane] + c[2][lane]);
+            }
+        }
+    });
+    // SAFETY: every lane of every pixel of every plane was written.
+    unsafe { assume_init(dx) }
+}
+
+/// Σ g and Σ g·(x − mean) per channel (every lane), g the gradient masked by a fused ReLU's zeros.
+fn grad_sums<const L: usize>(
+    xs: &[f32],
+    dy: &[f32],
+    ys: &[f32],
+    (n, cb, hw, _): Dims,
+    mean: &[f32],
+    relu: bool,
+) -> (Vec<f64>, Vec<f64>) {
+    let per_block: Vec<([f64; L], [f64; L])> = (0..cb)
+        .into_par_iter()
+        .map(|b| {
+            let (mut sg, mut sgx) = ([0f64; L], [0f64; L]);
+            let mu: [f32; L] = mean[b * L..][..L].try_into().expect("L lanes");
+            for img in 0..n {
+                let r = (img * cb + b) * hw * L..(img * cb + b + 1) * hw * L;
+                let (mut ag, mut agx) = ([0f32; L], [0f32; L]);
+                for ((d, y), x) in dy[r.clone()]
+                    .chunks_exact(L)
+                    .zip(ys[r.clone()].chunks_exact(L))
+                    .zip(xs[r].chunks_exact(L))
+                {
+                    for lane in 0..L {
+                        let g = masked(d[lane], y[lane], relu);
+                        ag[lane] += g;
+                        agx[lane] += g * (x[lane] - mu[lane]);
+                    }
+                }
+                for lane in 0..L {
+                    sg[lane] += f64::from(ag[lane]);
+                    sgx[lane] += f64::from(agx[lane]);
+                }
+            }
+            (sg, sgx)
+        })
+        .collect();
+    let sg = per_block.iter().flat_map(|(g, _)| *g).collect();
+    let sgx = per_block.iter().flat_map(|(_, gx)| *gx).collect();
+    (sg, sgx)
+}

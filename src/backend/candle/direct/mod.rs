@@ -1,0 +1,49 @@
+//! Direct convolution on the CPU in a channel-blocked layout, the way oneDNN's `jit_avx512_core_conv` and
+//! `jit_avx2_conv` work: activations are kept as `(N, C/L, H, W, L)` ("nChw16c" with L = 16 on AVX-512,
+//! "nChw8c" with L = 8 on AVX2), so the L channels of a pixel are one vector register and a convolution is
+//! a register-blocked sum with no im2col matrix, no col2im and no layout change between layers. A model
+//! converts at its edges (`to_blocked` after the stem, `from_blocked` before the head); convolutions,
+//! BatchNorm (+ReLU) and the residual add run blocked in between.
+//!
+//! - `conv`: the convolution op (kernels: the `trainyard_conv` crate).
+//! - `layout`: NCHW ↔ blocked conversions as differentiable ops.
+//! - `batchnorm`: training and eval BatchNorm (+ReLU) over blocked activations.
+//!
+//! The path is chosen once per process from the CPU (`Isa::detected`), or forced with
+//! `TRAINYARD_CONV_ISA=avx512|avx2|portable` (benchmarks, and the tests that compare paths);
+//! `TRAINYARD_CONV=im2col` turns the blocked path off.
+
+pub mod batchnorm;
+pub mod conv;
+pub mod layout;
+
+use std::sync::OnceLock;
+pub use trainyard_conv::Isa;
+
+/// The path models train on in this process: `Some` when the blocked layout is on.
+pub fn active() -> Option<Isa> {
+    static CHOICE: OnceLock<Option<Isa>> = OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        if std::env::var("TRAINYARD_CONV").as_deref() == Ok("im2col") {
+            return None;
+        }
+        match std::env::var("TRAINYARD_CONV_ISA") {
+            Ok(name) => match Isa::parse(&name).filter(|isa| isa.supported()) {
+                Some(isa) => Some(isa),
+                None => {
+                    tracing::warn!(
+                        "TRAINYARD_CONV_ISA={name} is not a path this CPU runs (avx512, avx2, portable); using {}",
+                        Isa::detected().name()
+                    );
+                    default_choice()
+                }
+            },
+            // Without SIMD the im2col path (the `gemm` crate's kernels) is faster than portable loops.
+            Err(_) => default_choice(),
+        }
+    })
+}
+
+fn default_choice() -> Option<Isa> {
+    Some(Isa::detected()).filter(|isa| !matches!(isa, Isa::Portable8 | Isa::Portable16))
+}

@@ -1,0 +1,277 @@
+//! The blocked direct convolution (`trainyard_conv`) against a float64 loop and path against path: every
+//! instruction set this CPU runs gives the portable path's results bit for bit (same lane count, same
+//! order of sums), and all of them are within float32 rounding of the float64 reference, on odd shapes
+//! (non-square, stride 2, padding 0/1/3, channels not a multiple of the block). Then the Candle ops: the
+//! convolution's autograd against the im2col path, and blocked BatchNorm against the planar one.
+
+use candle_core::{Tensor, Var};
+use rstest::rstest;
+use trainyard::backend::candle::batchnorm::{self, Then};
+use trainyard::backend::candle::direct;
+use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
+use trainyard_conv::layout::{block, unblock};
+use trainyard_conv::Isa;
+
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Forward output, input gradient and weight gradient in float64, straight from the definition.
+fn reference(g: &Geometry, x: &[f32], w: &[f32], dy: &[f32]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (oh, ow, k) = (g.oh(), g.ow(), g.k);
+    let mut y = vec![0f64; g.n * g.c_out * oh * ow];
+    let mut dx = vec![0f64; x.len()];
+    let mut dw = vec![0f64; w.len()];
+    for n in 0..g.n {
+        for o in 0..g.c_out {
+            for yy in 0..oh {
+                for xx in 0..ow {
+                    let yi = ((n * g.c_out + o) * oh + yy) * ow + xx;
+                    for i in 0..g.c_in {
+                        for kh in 0..k {
+                            for kw in 0..k {
+                                let ih = (yy * g.stride + kh) as isize - g.padding as isize;
+                                let iw = (xx * g.stride + kw) as isize - g.padding as isize;
+                                if ih < 0 || iw < 0 || ih as usize >= g.h || iw as usize >= g.w {
+                                    continue;
+                                }
+                                let xi = ((n * g.c_in + i) * g.h + ih as usize) * g.w + iw as usize;
+                                let wi = ((o * g.c_in + i) * k + kh) * k + kw;
+                                y[yi] += f64::from(x[xi]) * f64::from(w[wi]);
+                                dx[xi] += f64::from(dy[yi]) * f64::from(w[wi]);
+                                dw[wi] += f64::from(dy[yi]) * f64::from(x[xi]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (y, dx, dw)
+}
+
+/// The three passes on `isa`, in NCHW.
+fn run(isa: Isa, g: &Geometry, x: &[f32], w: &[f32], dy: &[f32]) -> [Vec<f32>; 3] {
+    let l = isa.lanes();
+    let g = Geometry { lanes: l, ..*g };
+    let (hw, ohw) = (g.h * g.w, g.oh() * g.ow());
+    let xb = block(x, (g.n, g.c_in, hw), l);
+    let dyb = block(dy, (g.n, g.c_out, ohw), l);
+    let y = unblock(&forward(isa, &xb, w, &g), (g.n, g.c_out, ohw), l);
+    let dx = unblock(&input_grad(isa, &dyb, w, &g), (g.n, g.c_in, hw), l);
+    let dw = weight_grad(isa, &xb, &dyb, &g);
+    [y, dx, dw]
+}
+
+fn assert_close(what: &str, got: &[f32], want: &[f64]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1e-3f64, |m, v| m.max(v.abs()));
+    for (i, (a, b)) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(*a) - b).abs() / scale;
+        assert!(
+            err < 2e-6,
+            "{what}[{i}]: {a} vs {b} (relative to the largest: {err:e})"
+        );
+    }
+}
+
+#[rstest]
+#[case::same_3x3(2, 3, 5, 7, 9, 3, 1, 1)]
+#[case::strided_3x3_odd_channels(1, 17, 19, 6, 5, 3, 2, 1)]
+#[case::pointwise_strided(2, 16, 32, 8, 8, 1, 2, 0)]
+#[case::stem_7x7_pad3(1, 20, 9, 11, 6, 7, 2, 3)]
+#[case::valid_3x3(3, 33, 18, 5, 7, 3, 1, 0)]
+#[case::many_out_blocks(2, 8, 70, 4, 4, 3, 1, 1)]
+#[case::pointwise(1, 5, 7, 9, 9, 1, 1, 0)]
+#[case::strided_valid_uncovered_edge(2, 24, 24, 10, 3, 3, 2, 0)]
+#[case::one_pixel(1, 16, 16, 1, 1, 3, 1, 1)]
+fn every_path_matches_float64_and_simd_matches_portable_bit_for_bit(
+    #[case] n: usize,
+    #[case] c_in: usize,
+    #[case] c_out: usize,
+    #[case] h: usize,
+    #[case] w: usize,
+    #[case] k: usize,
+    #[case] stride: usize,
+    #[case] padding: usize,
+) {
+    let g = Geometry {
+        n,
+        c_in,
+        c_out,
+        h,
+        w,
+        k,
+        stride,
+        padding,
+        lanes: 0,
+    };
+    let x = values(n * c_in * h * w, 1);
+    let wt = values(c_out * c_in * k * k, 2);
+    let dy = values(n * c_out * g.oh() * g.ow(), 3);
+    let (y, dx, dw) = reference(&g, &x, &wt, &dy);
+    let mut ran = Vec::new();
+    for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable16, Isa::Portable8] {
+        if !isa.supported() {
+            continue;
+        }
+        let got = run(isa, &g, &x, &wt, &dy);
+        for (what, (got, want)) in ["forward", "input grad", "weight grad"]
+            .iter()
+            .zip(got.iter().zip([&y, &dx, &dw]))
+        {
+            assert_close(&format!("{isa:?} {what}"), got, want);
+        }
+        let twin = isa.portable_twin();
+        if twin != isa {
+            let portable = run(twin, &g, &x, &wt, &dy);
+            assert!(got == portable, "{isa:?} differs from {twin:?}");
+        }
+        ran.push(isa);
+    }
+    assert!(
+        ran.len() >= 2,
+        "at least the two portable paths run: {ran:?}"
+    );
+}
+
+#[test]
+fn the_widest_path_of_this_cpu_is_detected() {
+    let isa = Isa::detected();
+    assert!(isa.supported());
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        assert_eq!(isa, Isa::Avx512);
+    }
+}
+
+fn tensor(shape: &[usize], seed: u64) -> Tensor {
+    let n = shape.iter().product();
+    Tensor::from_vec(values(n, seed), shape, &candle_core::Device::Cpu).unwrap()
+}
+
+fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
+    (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar()
+        .unwrap()
+}
+
+/// The Candle op's gradients (through `to_blocked`/`from_blocked`) equal the im2col op's within rounding.
+#[rstest]
+#[case(3, 1, 1)]
+#[case(3, 2, 1)]
+#[case(1, 2, 0)]
+fn candle_op_gradients_match_the_im2col_path(
+    #[case] k: usize,
+    #[case] stride: usize,
+    #[case] padding: usize,
+) {
+    let isa = Isa::detected();
+    let x = Var::from_tensor(&tensor(&[2, 12, 9, 7], 4)).unwrap();
+    let w = Var::from_tensor(&tensor(&[20, 12, k, k], 5)).unwrap();
+    let blocked = direct::layout::to_blocked(&x, isa.lanes()).unwrap();
+    let ours = direct::conv::conv2d(isa, &blocked, &w, stride, padding).unwrap();
+    let ours = direct::layout::from_blocked(&ours, 20).unwrap();
+    let theirs = trainyard::backend::candle::conv::conv2d(&x, &w, stride, padding).unwrap();
+    assert!(max_diff(&ours, &theirs) < 1e-5);
+    let probe = tensor(ours.dims(), 6);
+    let g1 = (&ours * &probe)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let g2 = (&theirs * &probe)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    for v in [&x, &w] {
+        let d = max_diff(g1.get(v).unwrap(), g2.get(v).unwrap());
+        assert!(d < 1e-4, "gradient differs by {d}");
+    }
+}
+
+/// Blocked BatchNorm (+ReLU): the planar op's output, statistics and gradients, with channels that do not
+/// fill the last block; eval mode too.
+#[rstest]
+#[case(Then::Nothing)]
+#[case(Then::Relu)]
+fn blocked_batch_norm_matches_the_planar_one(#[case] then: Then) {
+    let lanes = Isa::detected().lanes();
+    let x = Var::from_tensor(&tensor(&[3, 11, 5, 4], 7)).unwrap();
+    let gamma = Var::from_tensor(&tensor(&[11], 8)).unwrap();
+    let beta = Var::from_tensor(&tensor(&[11], 9)).unwrap();
+    let (planar, st) = batchnorm::train(&x, &gamma, &beta, 1e-5, then, None)
+        .unwrap()
+        .unwrap();
+    let xb = direct::layout::to_blocked(&x, lanes).unwrap();
+    let (blocked, bst) = direct::batchnorm::train(&xb, &gamma, &beta, 1e-5, then, None).unwrap();
+    let padding_lanes = blocked
+        .narrow(1, 0, 1)
+        .unwrap()
+        .narrow(4, 11 % lanes, lanes - 11 % lanes);
+    if lanes > 11 {
+        assert_eq!(
+            padding_lanes
+                .unwrap()
+                .abs()
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap(),
+            0.0
+        );
+    }
+    let ours = direct::layout::from_blocked(&blocked, 11).unwrap();
+    assert!(max_diff(&ours, &planar) < 1e-6);
+    assert_eq!(st.count, bst.count);
+    for (a, b) in st
+        .mean
+        .iter()
+        .zip(&bst.mean)
+        .chain(st.var.iter().zip(&bst.var))
+    {
+        assert!((a - b).abs() < 1e-6);
+    }
+    let probe = tensor(&[3, 11, 5, 4], 10);
+    let g1 = (&ours * &probe)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let g2 = (&planar * &probe)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    for v in [&x, &gamma, &beta] {
+        let d = max_diff(g1.get(v).unwrap(), g2.get(v).unwrap());
+        assert!(d < 1e-5, "gradient differs by {d}");
+    }
+    let (mean, var) = (tensor(&[11], 11), tensor(&[11], 12).abs().unwrap());
+    let planar = batchnorm::eval(&x, &gamma, &beta, (&mean, &var), 1e-5, then)
+        .unwrap()
+        .unwrap();
+    let blocked = direct::batchnorm::eval(&xb, &gamma, &beta, (&mean, &var), 1e-5, then).unwrap();
+    let ours = direct::layout::from_blocked(&blocked, 11).unwrap();
+    assert!(max_diff(&ours, &planar) < 1e-6);
+}
