@@ -38,7 +38,24 @@ MODELS = {
         lambda: cifar_resnet18(),
     ),
     "cnn": (["model=cnn", "model.channels=[16,32,64]"], lambda: cnn([16, 32, 64])),
+    "resnet50-64px": (["model=resnet50", "~model.channels", "data.image_size=64"], lambda: resnet50()),
+    "vit-tiny": (["model=vit_b32", "~model.channels", "model.variant=tiny", "model.patch_size=8"], lambda: vit_tiny()),
 }
+# Input size per model (32 unless named).
+IMAGE_SIZE = {"resnet50-64px": 64}
+
+
+def resnet50() -> nn.Module:
+    import torchvision
+
+    return torchvision.models.resnet50(num_classes=10)
+
+
+def vit_tiny() -> nn.Module:
+    """ViT-Tiny/8 at 32 px, timm's module (as bench/oracle.py checks ours against)."""
+    import timm.models.vision_transformer as tv
+
+    return tv.VisionTransformer(img_size=32, patch_size=8, embed_dim=192, depth=12, num_heads=3, num_classes=10)
 
 
 def cifar_resnet18() -> nn.Module:
@@ -68,7 +85,8 @@ def torch_steps(model_name: str, batch: int, steps: int, threads: int, device: s
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    x = torch.randn(batch, 3, 32, 32, device=device)
+    size = IMAGE_SIZE.get(model_name, 32)
+    x = torch.randn(batch, 3, size, size, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
     dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
     scaler = torch.amp.GradScaler(device) if precision == "16-mixed" else None

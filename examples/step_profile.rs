@@ -307,6 +307,25 @@ fn resnet_ops(n: usize) -> anyhow::Result<()> {
                 .0,
         )
     })?;
+    if let Some(isa) = direct::active() {
+        let xb = Var::from_tensor(&direct::layout::to_blocked(x.as_tensor(), isa.lanes())?)?;
+        let idb = direct::layout::to_blocked(id.as_tensor(), isa.lanes())?;
+        for then in [batchnorm::Then::Nothing, batchnorm::Then::Relu] {
+            op(&format!("blocked bn ({then:?}) 64x64x32x32"), n, &xb, |x| {
+                Ok(direct::batchnorm::train(x, &g, &b, 1e-5, then, None)?.0)
+            })?;
+        }
+        op("blocked add+relu 64x64x32x32", n, &xb, |x| {
+            fused::add_relu(x, &idb)
+        })?;
+        op("to_blocked 64x64x32x32", n, &x, |x| {
+            direct::layout::to_blocked(x, isa.lanes())
+        })?;
+        op("from_blocked 64x64x32x32", n, &xb, |x| {
+            direct::layout::from_blocked(x, 64)
+        })?;
+        op("x + x (a gradient sum) 64x64x32x32", n, &xb, |x| x + x)?;
+    }
     op("bn+add+relu 64x64x32x32", n, &x, |x| {
         fused::relu(
             &(batchnorm::train(x, &g, &b, 1e-5, batchnorm::Then::Nothing, None)?

@@ -25,6 +25,26 @@ pub trait OptTensor: Sized {
     fn root(&self) -> anyhow::Result<Self>;
     /// Σ x² as f64 (for gradient norms).
     fn sum_of_squares(&self) -> anyhow::Result<f64>;
+    /// SGD with momentum in one pass where a backend has it: `(new parameter, new momentum buffer)` from
+    /// this parameter, its gradient and the previous buffer (`None` on the first step), bit-identical to
+    /// the rule's separate operations (`Optimizer::update`). `None`: not available, use the operations.
+    fn sgd_momentum_fused(
+        &self,
+        _grad: &Self,
+        _buf: Option<&Self>,
+        _k: SgdStep,
+    ) -> Option<anyhow::Result<(Self, Self)>> {
+        None
+    }
+}
+
+/// The constants of one SGD-with-momentum update.
+#[derive(Debug, Clone, Copy)]
+pub struct SgdStep {
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub momentum: f64,
+    pub nesterov: bool,
 }
 
 /// An optimizer's configuration and state.
@@ -77,13 +97,26 @@ impl<T: OptTensor> Optimizer<T> {
         let o = &self.config;
         match o.name {
             OptimizerName::Sgd => {
+                let m = momentum.filter(|_| o.momentum != 0.0).unwrap_or(o.momentum);
+                let key = format!("{name}.momentum_buffer");
+                let k = SgdStep {
+                    lr,
+                    weight_decay: o.weight_decay,
+                    momentum: m,
+                    nesterov: o.nesterov,
+                };
+                if m != 0.0 {
+                    if let Some(done) = p.sgd_momentum_fused(grad, self.state.get(&key), k) {
+                        let (new_p, buf) = done?;
+                        self.state.insert(key, buf);
+                        return Ok(new_p);
+                    }
+                }
                 let mut g = grad.duplicate();
                 if o.weight_decay != 0.0 {
                     g = g.plus(&p.affine(o.weight_decay, 0.0)?)?;
                 }
-                let m = momentum.filter(|_| o.momentum != 0.0).unwrap_or(o.momentum);
                 if m != 0.0 {
-                    let key = format!("{name}.momentum_buffer");
                     let buf = match self.state.get(&key) {
                         Some(b) => b.affine(m, 0.0)?.plus(&g)?,
                         None => g.owned_copy()?,

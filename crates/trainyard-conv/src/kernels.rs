@@ -53,6 +53,9 @@ impl<const L: usize> Tiles for Portable<L> {
     const WEIGHT_NB: usize = 3;
 }
 
+/// Weight bytes a gather keeps hot across its pixel tiles: most of a 48 KiB L1, the rest for inputs.
+const L1_WEIGHT_BYTES: usize = 32 * 1024;
+
 /// The largest tile dimensions any path uses (array sizes; unused entries are optimised away).
 const MAX_WEIGHT_NI: usize = 8;
 
@@ -96,7 +99,7 @@ unsafe fn gather_tile<V: Vector, const RW: usize, const NB: usize>(
     g: &Gather,
     d: GatherData,
     px: &[(usize, usize)],
-    ob: usize,
+    (ob, ks): (usize, std::ops::Range<usize>),
 ) {
     let l = V::LANES;
     let mut a_off = [0usize; RW];
@@ -106,7 +109,8 @@ unsafe fn gather_tile<V: Vector, const RW: usize, const NB: usize>(
         c_off[r] = px[r].1 + ob * g.c_n;
     }
     let mut acc = [[V::zero(); NB]; RW];
-    if g.accumulate {
+    // A later slice of the reduction adds to what the earlier ones stored.
+    if g.accumulate || ks.start > 0 {
         for r in 0..RW {
             for j in 0..NB {
                 acc[r][j] = V::load(d.c.add(c_off[r] + j * g.c_n));
@@ -114,7 +118,7 @@ unsafe fn gather_tile<V: Vector, const RW: usize, const NB: usize>(
         }
     }
     let b = d.b.add(ob * g.b_n);
-    for k in 0..g.kblocks {
+    for k in ks {
         for &(ta, tb) in g.taps {
             let ak = d.a.add(k * g.a_k + ta);
             let bk = b.add(k * g.b_k + tb);
@@ -177,8 +181,14 @@ unsafe fn gather_task<V: Tiles>(
     let mut ob = blocks.start;
     while ob < blocks.end {
         let nb = (blocks.end - ob).min(V::NB);
-        for tile in px.chunks(V::RW) {
-            by_rw_nb!(V, tile.len(), nb, (g, d, tile, ob));
+        // The reduction in slices whose weights (nb blocks × taps × L × L) stay in L1 across the tiles.
+        let per_k = nb * g.taps.len() * V::LANES * V::LANES * std::mem::size_of::<f32>();
+        let slice = (L1_WEIGHT_BYTES / per_k).max(1);
+        for k0 in (0..g.kblocks).step_by(slice) {
+            let ks = k0..(k0 + slice).min(g.kblocks);
+            for tile in px.chunks(V::RW) {
+                by_rw_nb!(V, tile.len(), nb, (g, d, tile, (ob, ks.clone())));
+            }
         }
         ob += nb;
     }
