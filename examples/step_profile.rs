@@ -1,7 +1,7 @@
 //! Where a Candle train step spends its time: the whole step (forward + backward + SGD, as the trainer
 //! runs it) and each CPU kernel of the small CNN on its own, forward and backward, at batch 64.
 //!
-//! usage: RAYON_NUM_THREADS=2 step_profile [cnn|resnet18-cifar] [steps]
+//! usage: RAYON_NUM_THREADS=2 step_profile [cnn|resnet18-cifar|resnet50-64px|vit-tiny|resnet-convs|resnet-ops] [steps]
 
 use candle_core::{Device, Tensor, Var};
 use std::time::Instant;
@@ -13,9 +13,9 @@ use trainyard::data::loader::Batch;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn experiment(model: &str) -> anyhow::Result<trainyard::schema::Experiment> {
+fn experiment(model: &str, size: usize) -> anyhow::Result<trainyard::schema::Experiment> {
     let text = format!(
-        "task_name: t\nseed: 3\nmodel: {model}\ndata: {{name: synthetic, num_classes: 10, image_size: 32, batch_size: 64}}\n\
+        "task_name: t\nseed: 3\nmodel: {model}\ndata: {{name: synthetic, num_classes: 10, image_size: {size}, batch_size: 64}}\n\
          optimizer: {{name: sgd, lr: 0.01, momentum: 0.9}}\nscheduler: {{name: constant}}\n\
          trainer: {{strategy: single, accelerator: cpu, devices: 1, precision: 32, max_epochs: 1}}\n\
          paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
@@ -81,8 +81,11 @@ fn main() -> anyhow::Result<()> {
     let steps: usize = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20);
     let model = match which {
         "cnn" => "{name: cnn, num_classes: 10, channels: [16, 32, 64]}",
+        "resnet50-64px" => "{name: resnet50, num_classes: 10}",
+        "vit-tiny" => "{name: vit, variant: tiny, patch_size: 8, image_size: 32, num_classes: 10}",
         _ => "{name: resnet18, num_classes: 10, cifar_stem: true}",
     };
+    let size = if which == "resnet50-64px" { 64 } else { 32 };
     if std::env::var("ONLY_POOL_BWD").is_ok() {
         let x = Var::from_tensor(&rand(&[64, 16, 32, 32])?)?;
         for _ in 0..300 {
@@ -96,14 +99,14 @@ fn main() -> anyhow::Result<()> {
     if which == "resnet-ops" {
         return resnet_ops(steps);
     }
-    let mut engine = CandleEngine::new(&experiment(model)?)?;
-    let x = rand(&[64, 3, 32, 32])?.flatten_all()?.to_vec1::<f32>()?;
+    let mut engine = CandleEngine::new(&experiment(model, size)?)?;
+    let x = rand(&[64, 3, size, size])?.flatten_all()?.to_vec1::<f32>()?;
     let batch = Batch {
         images: x,
         labels: (0..64).map(|i| i % 10).collect(),
         channels: 3,
-        height: 32,
-        width: 32,
+        height: size,
+        width: size,
     };
     let (mut fb, mut opt) = (Vec::new(), Vec::new());
     let mut faults = Vec::new();

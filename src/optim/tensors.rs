@@ -67,8 +67,9 @@ impl OptTensor for candle_core::Tensor {
 fn sgd_pass(p: &[f32], g: &[f32], buf: Option<&[f32]>, k: super::SgdStep) -> (Vec<f32>, Vec<f32>) {
     use rayon::prelude::*;
     let (lr, wd, m) = (k.lr as f32, k.weight_decay as f32, k.momentum as f32);
-    let mut new_p = vec![0f32; p.len()];
-    let mut new_buf = vec![0f32; p.len()];
+    use std::mem::MaybeUninit;
+    use trainyard_conv::buffer::{assume_init, uninit};
+    let (mut new_p, mut new_buf) = (uninit(p.len()), uninit(p.len()));
     const CHUNK: usize = 1 << 14;
     new_p
         .par_chunks_mut(CHUNK)
@@ -89,11 +90,12 @@ fn sgd_pass(p: &[f32], g: &[f32], buf: Option<&[f32]>, k: super::SgdStep) -> (Ve
                     None => gw,
                 };
                 let step = if k.nesterov { gw + (bn * m + 0.0) } else { bn };
-                nb[i] = bn;
-                np[i] = p[i] - (step * lr + 0.0);
+                nb[i] = MaybeUninit::new(bn);
+                np[i] = MaybeUninit::new(p[i] - (step * lr + 0.0));
             }
         });
-    (new_p, new_buf)
+    // SAFETY: every element of both buffers was written above.
+    unsafe { (assume_init(new_p), assume_init(new_buf)) }
 }
 
 #[cfg(feature = "torch")]

@@ -302,21 +302,21 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
             (ob, nb, ib, acc)
         })
         .collect();
-    let mut dw = vec![0f32; g.c_out * g.c_in * k * k];
-    for (ob, nb, ib, acc) in partials {
-        for tap in 0..k * k {
-            for j in 0..nb {
-                for il in 0..l {
-                    for ol in 0..l {
-                        let (o, i) = ((ob + j) * l + ol, ib * l + il);
-                        if o < g.c_out && i < g.c_in {
-                            dw[(o * g.c_in + i) * k * k + tap] =
-                                acc[((tap * nb + j) * l + il) * l + ol];
-                        }
-                    }
+    // Unpacked in parallel, one output channel's row (I × K × K, written in order) per task.
+    let t = k * k;
+    let mut dw = vec![0f32; g.c_out * g.c_in * t];
+    dw.par_chunks_mut(g.c_in * t)
+        .enumerate()
+        .for_each(|(o, row)| {
+            let (grp, ol) = ((o / l) / group, o % l);
+            for (i, taps) in row.chunks_exact_mut(t).enumerate() {
+                let (ob, nb, ib, acc) = &partials[grp * g.ib() + i / l];
+                let (j, il) = (o / l - ob, i % l);
+                debug_assert!(j < *nb && *ib == i / l);
+                for (tap, v) in taps.iter_mut().enumerate() {
+                    *v = acc[((tap * nb + j) * l + il) * l + ol];
                 }
             }
-        }
-    }
+        });
     dw
 }
