@@ -100,7 +100,9 @@ fn main() -> anyhow::Result<()> {
         return resnet_ops(steps);
     }
     let mut engine = CandleEngine::new(&experiment(model, size)?)?;
-    let x = rand(&[64, 3, size, size])?.flatten_all()?.to_vec1::<f32>()?;
+    let x = rand(&[64, 3, size, size])?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
     let batch = Batch {
         images: x,
         labels: (0..64).map(|i| i % 10).collect(),
@@ -194,6 +196,27 @@ fn main() -> anyhow::Result<()> {
         op(&format!("maxpool {c}x{hw}x{hw}"), n, &y, |y| {
             fused::max_pool2d(y, 2, 2, 0)
         })?;
+        if let Some(isa) = direct::active() {
+            let xb = Var::from_tensor(&direct::layout::to_blocked(x.as_tensor(), isa.lanes())?)?;
+            let wt3 = wt.clone();
+            op(
+                &format!("blocked direct conv {c_in}->{c} {hw}px (dx+dw)"),
+                n,
+                &xb,
+                |x| direct::conv::conv2d(isa, x, &wt3, 1, 1),
+            )?;
+            let yb = Var::from_tensor(&direct::layout::to_blocked(y.as_tensor(), isa.lanes())?)?;
+            let bt3 = b.as_tensor().clone();
+            op(&format!("blocked bias+relu {c}x{hw}x{hw}"), n, &yb, |y| {
+                direct::elementwise::bias_relu(y, &bt3)
+            })?;
+            op(
+                &format!("blocked maxpool {c}x{hw}x{hw}"),
+                n,
+                &yb,
+                direct::elementwise::max_pool2,
+            )?;
+        }
         c_in = c;
         hw /= 2;
     }

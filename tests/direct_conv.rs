@@ -275,3 +275,38 @@ fn blocked_batch_norm_matches_the_planar_one(#[case] then: Then) {
     let ours = direct::layout::from_blocked(&blocked, 11).unwrap();
     assert!(max_diff(&ours, &planar) < 1e-6);
 }
+
+/// The small CNN's blocked ops equal the planar ones: bias + ReLU (with the bias gradient) and 2x2
+/// max-pooling on an odd-sized plane (the last row and column dropped, as PyTorch's floor mode does).
+#[test]
+fn blocked_bias_relu_and_max_pool_match_the_planar_ops() {
+    use trainyard::backend::candle::fused;
+    let lanes = Isa::detected().lanes();
+    let x = Var::from_tensor(&tensor(&[2, 11, 7, 5], 13)).unwrap();
+    let bias = Var::from_tensor(&tensor(&[11], 14)).unwrap();
+    let xb = direct::layout::to_blocked(&x, lanes).unwrap();
+    let ours = direct::elementwise::max_pool2(&direct::elementwise::bias_relu(&xb, &bias).unwrap())
+        .unwrap();
+    let ours = direct::layout::from_blocked(&ours, 11).unwrap();
+    let planar = fused::add_channel_bias(&x, &bias).unwrap();
+    let theirs = fused::max_pool2d(&fused::relu(&planar).unwrap(), 2, 2, 0).unwrap();
+    assert_eq!(ours.dims(), &[2, 11, 3, 2]);
+    assert_eq!(max_diff(&ours, &theirs), 0.0);
+    let probe = tensor(&[2, 11, 3, 2], 15);
+    let g1 = (&ours * &probe)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    let g2 = (&theirs * &probe)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    for v in [&x, &bias] {
+        let d = max_diff(g1.get(v).unwrap(), g2.get(v).unwrap());
+        assert!(d < 1e-5, "gradient differs by {d}");
+    }
+}

@@ -283,14 +283,22 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
         g_plane: oh * ow * l,
     };
     let (x_img, g_img) = (g.ib() * hp * wp * l, g.ob() * oh * ow * l);
-    let partials: Vec<(usize, usize, usize, Vec<f32>)> = (0..groups * g.ib())
+    // Tasks: (output-block group, input block, run of images); a few per thread, so small layers with
+    // few blocks still use every core. The runs' partial sums are added in run order below, so results
+    // depend on the thread count but never on scheduling.
+    let pairs = groups * g.ib();
+    let want = TASKS_PER_THREAD * rayon::current_num_threads().max(1);
+    let runs = want.div_ceil(pairs).clamp(1, g.n);
+    let per_run = g.n.div_ceil(runs);
+    let partials: Vec<(usize, usize, Vec<f32>)> = (0..pairs * runs)
         .into_par_iter()
         .map(|task| {
-            let (grp, ib) = (task / g.ib(), task % g.ib());
+            let (pair, run) = (task / runs, task % runs);
+            let (grp, ib) = (pair / g.ib(), pair % g.ib());
             let ob = grp * group;
             let nb = group.min(g.ob() - ob);
             let mut acc = vec![0f32; k * k * nb * l * l];
-            for img in 0..g.n {
+            for img in run * per_run..g.n.min((run + 1) * per_run) {
                 let ptrs = (
                     xp[img * x_img + ib * hp * wp * l..].as_ptr(),
                     dy[img * g_img + ob * oh * ow * l..].as_ptr(),
@@ -299,7 +307,7 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
                 // SAFETY: `acc` is taps × nb × L × L; the input and gradient offsets stay in bounds.
                 unsafe { kernels::weight(isa, &p, ptrs, &taps, nb) };
             }
-            (ob, nb, ib, acc)
+            (ob, nb, acc)
         })
         .collect();
     // Unpacked in parallel, one output channel's row (I × K × K, written in order) per task.
@@ -310,11 +318,14 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
         .for_each(|(o, row)| {
             let (grp, ol) = ((o / l) / group, o % l);
             for (i, taps) in row.chunks_exact_mut(t).enumerate() {
-                let (ob, nb, ib, acc) = &partials[grp * g.ib() + i / l];
-                let (j, il) = (o / l - ob, i % l);
-                debug_assert!(j < *nb && *ib == i / l);
+                let pair = grp * g.ib() + i / l;
+                let il = i % l;
                 for (tap, v) in taps.iter_mut().enumerate() {
-                    *v = acc[((tap * nb + j) * l + il) * l + ol];
+                    let mut sum = 0f32;
+                    for (ob, nb, acc) in &partials[pair * runs..(pair + 1) * runs] {
+                        sum += acc[((tap * nb + (o / l - ob)) * l + il) * l + ol];
+                    }
+                    *v = sum;
                 }
             }
         });

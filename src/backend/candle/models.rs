@@ -143,17 +143,47 @@ impl CandleForward for Cnn {
     ) -> Result<Tensor> {
         match k {
             0 => Ok(x.clone()),
-            k if k <= self.blocks() => {
-                let h = conv3x3_relu(p, &format!("blocks.{}.conv", k - 1), x, pass.autocast)?;
+            k if k <= self.blocks() && x.rank() == 5 => {
+                let prefix = format!("blocks.{}.conv", k - 1);
+                let (w, b) = (
+                    get(p, &format!("{prefix}.weight"))?,
+                    get(p, &format!("{prefix}.bias"))?,
+                );
+                let isa = super::direct::active().ok_or_else(|| {
+                    candle_core::Error::Msg("blocked activations without a direct path".into())
+                })?;
+                let h = super::direct::conv::conv2d(isa, x, w, 1, 1)?;
+                let h = super::direct::elementwise::bias_relu(&h, b)?;
                 if h.dim(2)? < 2 || h.dim(3)? < 2 {
                     Ok(h)
-                } else if matches!(h.device(), candle_core::Device::Cpu) {
-                    super::fused::max_pool2d(&h, 2, 2, 0)
                 } else {
-                    h.max_pool2d(2)
+                    super::direct::elementwise::max_pool2(&h)
+                }
+            }
+            k if k <= self.blocks() => {
+                let h = conv3x3_relu(p, &format!("blocks.{}.conv", k - 1), x, pass.autocast)?;
+                let h = if h.dim(2)? < 2 || h.dim(3)? < 2 {
+                    h
+                } else if matches!(h.device(), candle_core::Device::Cpu) {
+                    super::fused::max_pool2d(&h, 2, 2, 0)?
+                } else {
+                    h.max_pool2d(2)?
+                };
+                // The first block (3 input channels) runs planar; the blocks after it blocked, where a
+                // direct path runs.
+                match super::direct::active().filter(|_| {
+                    k < self.blocks() && !pass.autocast.bf16 && super::cpu::is_cpu_f32(&h)
+                }) {
+                    Some(isa) => super::direct::layout::to_blocked(&h, isa.lanes()),
+                    None => Ok(h),
                 }
             }
             _ => {
+                let x = if x.rank() == 5 {
+                    super::direct::layout::from_blocked(x, get(p, "head.weight")?.dim(1)?)?
+                } else {
+                    x.clone()
+                };
                 let pooled = x.mean(D::Minus1)?.mean(D::Minus1)?;
                 let pooled = dropout(&pooled, self.dropout, pass)?;
                 linear(p, "head", &pooled, pass.autocast)

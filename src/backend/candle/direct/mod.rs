@@ -8,6 +8,7 @@
 //! - `conv`: the convolution op (kernels: the `trainyard_conv` crate).
 //! - `layout`: NCHW ↔ blocked conversions as differentiable ops.
 //! - `batchnorm`: training and eval BatchNorm (+ReLU) over blocked activations.
+//! - `elementwise`: the small CNN's bias + ReLU and 2x2 max-pool over blocked activations.
 //!
 //! The path is chosen once per process from the CPU (`Isa::detected`), or forced with
 //! `TRAINYARD_CONV_ISA=avx512|avx2|portable` (benchmarks, and the tests that compare paths);
@@ -15,6 +16,7 @@
 
 pub mod batchnorm;
 pub mod conv;
+pub mod elementwise;
 pub mod layout;
 
 use std::sync::OnceLock;
