@@ -134,7 +134,7 @@ def ours_steps(model_name: str, batch: int, steps: int, threads: int, backend: s
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="resnet18-cifar,cnn")
+    ap.add_argument("--models", default="resnet18-cifar,cnn,resnet50-64px,vit-tiny")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
