@@ -260,7 +260,7 @@ fn resnet_convs(n: usize) -> anyhow::Result<()> {
         let w = rand(&[c_out, c_in, k, k])?;
         let mut row = format!("  {c_in:3}->{c_out:3} {hw:2}px k{k} s{stride} x{count}:");
         for (path, totals) in totals.iter_mut().enumerate() {
-            let conv_fn: Box<dyn Fn(&Tensor, &Tensor) -> candle_core::Result<Tensor>> = match path {
+            let conv_fn: Box<ConvFn> = match path {
                 0 => Box::new(move |x, w| conv::conv2d(x, w, stride, pad)),
                 _ => match direct_isa {
                     Some(isa) => Box::new(move |x, w| direct::conv::conv2d(isa, x, w, stride, pad)),
@@ -288,13 +288,11 @@ fn resnet_convs(n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A convolution of `x` with `w` (either path).
+type ConvFn = dyn Fn(&Tensor, &Tensor) -> candle_core::Result<Tensor>;
+
 /// Forward time, and backward time (input and weight gradients), of one convolution.
-fn fwd_bwd(
-    n: usize,
-    x: &Tensor,
-    w: &Tensor,
-    conv_fn: &dyn Fn(&Tensor, &Tensor) -> candle_core::Result<Tensor>,
-) -> anyhow::Result<(f64, f64)> {
+fn fwd_bwd(n: usize, x: &Tensor, w: &Tensor, conv_fn: &ConvFn) -> anyhow::Result<(f64, f64)> {
     let x = Var::from_tensor(x)?;
     let w = Var::from_tensor(w)?;
     let fwd = ms(n, || {

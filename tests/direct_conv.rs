@@ -84,24 +84,18 @@ fn assert_close(what: &str, got: &[f32], want: &[f64]) {
 }
 
 #[rstest]
-#[case::same_3x3(2, 3, 5, 7, 9, 3, 1, 1)]
-#[case::strided_3x3_odd_channels(1, 17, 19, 6, 5, 3, 2, 1)]
-#[case::pointwise_strided(2, 16, 32, 8, 8, 1, 2, 0)]
-#[case::stem_7x7_pad3(1, 20, 9, 11, 6, 7, 2, 3)]
-#[case::valid_3x3(3, 33, 18, 5, 7, 3, 1, 0)]
-#[case::many_out_blocks(2, 8, 70, 4, 4, 3, 1, 1)]
-#[case::pointwise(1, 5, 7, 9, 9, 1, 1, 0)]
-#[case::strided_valid_uncovered_edge(2, 24, 24, 10, 3, 3, 2, 0)]
-#[case::one_pixel(1, 16, 16, 1, 1, 3, 1, 1)]
+#[case::same_3x3((2, 3, 5, 7, 9), (3, 1, 1))]
+#[case::strided_3x3_odd_channels((1, 17, 19, 6, 5), (3, 2, 1))]
+#[case::pointwise_strided((2, 16, 32, 8, 8), (1, 2, 0))]
+#[case::stem_7x7_pad3((1, 20, 9, 11, 6), (7, 2, 3))]
+#[case::valid_3x3((3, 33, 18, 5, 7), (3, 1, 0))]
+#[case::many_out_blocks((2, 8, 70, 4, 4), (3, 1, 1))]
+#[case::pointwise((1, 5, 7, 9, 9), (1, 1, 0))]
+#[case::strided_valid_uncovered_edge((2, 24, 24, 10, 3), (3, 2, 0))]
+#[case::one_pixel((1, 16, 16, 1, 1), (3, 1, 1))]
 fn every_path_matches_float64_and_simd_matches_portable_bit_for_bit(
-    #[case] n: usize,
-    #[case] c_in: usize,
-    #[case] c_out: usize,
-    #[case] h: usize,
-    #[case] w: usize,
-    #[case] k: usize,
-    #[case] stride: usize,
-    #[case] padding: usize,
+    #[case] (n, c_in, c_out, h, w): (usize, usize, usize, usize, usize),
+    #[case] (k, stride, padding): (usize, usize, usize),
 ) {
     let g = Geometry {
         n,

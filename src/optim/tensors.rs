@@ -40,7 +40,7 @@ impl OptTensor for candle_core::Tensor {
         buf: Option<&Self>,
         k: super::SgdStep,
     ) -> Option<anyhow::Result<(Self, Self)>> {
-        use crate::backend::candle::cpu::{is_cpu_f32, with_f32};
+        use crate::tensor::candle_cpu::{is_cpu_f32, with_f32};
         let fits = |t: &Self| is_cpu_f32(t) && t.shape() == self.shape();
         if !fits(self) || !fits(grad) || !buf.is_none_or(fits) {
             return None;

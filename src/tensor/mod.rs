@@ -3,6 +3,7 @@
 //! or on a libtorch device, what gradients and FSDP slices travel as). Every other layer builds on these;
 //! this one uses none of them.
 
+pub mod candle_cpu;
 pub mod flat;
 
 pub use flat::{Flat, FlatHome};

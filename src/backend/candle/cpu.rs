@@ -1,31 +1,10 @@
 //! What the hand-written CPU kernels share: reading a tensor's f32 data in place, and the check that a
-//! tensor is one they handle (everything else goes to Candle's own ops).
+//! tensor is one they handle (everything else goes to Candle's own ops). The helpers live in
+//! `tensor::candle_cpu`, below the optimizer rules that use them too.
 
-use candle_core::{CpuStorage, DType, Device, Layout, Result, Storage, Tensor};
-
-/// A CPU f32 tensor: the kernels' domain.
-pub fn is_cpu_f32(t: &Tensor) -> bool {
-    matches!(t.device(), Device::Cpu) && t.dtype() == DType::F32
-}
-
-/// The f32 values of a contiguous storage, as a custom op's `cpu_fwd` receives it.
-pub fn f32_slice<'a>(s: &'a CpuStorage, l: &Layout) -> Result<&'a [f32]> {
-    let data = s.as_slice::<f32>()?;
-    match l.contiguous_offsets() {
-        Some((start, end)) => Ok(&data[start..end]),
-        None => candle_core::bail!("expected a contiguous tensor"),
-    }
-}
-
-/// Run `f` on a CPU tensor's f32 values without copying them out (made contiguous first if needed).
-pub fn with_f32<T>(t: &Tensor, f: impl FnOnce(&[f32]) -> Result<T>) -> Result<T> {
-    let t = t.contiguous()?;
-    let (storage, layout) = t.storage_and_layout();
-    match &*storage {
-        Storage::Cpu(s) => f(f32_slice(s, layout)?),
-        _ => candle_core::bail!("expected a CPU tensor"),
-    }
-}
+pub use crate::tensor::candle_cpu::{f32_slice, is_cpu_f32, with_f32};
+#[cfg(test)]
+use candle_core::{Device, Tensor};
 
 /// A deterministic test tensor with values uniform in [lo, hi).
 #[cfg(test)]
