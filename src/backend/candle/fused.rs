@@ -38,21 +38,22 @@ impl CustomOp1 for Relu {
     }
 
     fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
-        let out = with_data(res, |y| {
-            with_data(grad, |g| {
-                let mut dx = vec![0f32; y.len()];
-                dx.par_chunks_mut(CHUNK)
-                    .zip(y.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
-                    .for_each(|(o, (y, g))| {
-                        for ((o, y), g) in o.iter_mut().zip(y).zip(g) {
-                            *o = if *y > 0.0 { *g } else { 0.0 };
-                        }
-                    });
-                Ok(dx)
-            })
-        })?;
+        let out = with_data(res, |y| with_data(grad, |g| Ok(relu_grad(y, g))))?;
         Ok(Some(Tensor::from_vec(out, res.shape(), res.device())?))
     }
+}
+
+/// A ReLU's input gradient from its output `y` and output gradient `g`: `g` where `y > 0`, else 0.
+pub(crate) fn relu_grad(y: &[f32], g: &[f32]) -> Vec<f32> {
+    let mut dx = vec![0f32; y.len()];
+    dx.par_chunks_mut(CHUNK)
+        .zip(y.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
+        .for_each(|(o, (y, g))| {
+            for ((o, y), g) in o.iter_mut().zip(y).zip(g) {
+                *o = if *y > 0.0 { *g } else { 0.0 };
+            }
+        });
+    dx
 }
 
 /// `relu(a + b)` for two tensors of one shape (a residual block's end) in one pass, with one gradient

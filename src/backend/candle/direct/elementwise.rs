@@ -65,14 +65,7 @@ impl CustomOp2 for BiasRelu {
             with_f32(grad, |g| {
                 // The masked gradient is the input's; its per-channel sums (image by image, in order)
                 // the bias's.
-                let mut dx = vec![0f32; y.len()];
-                dx.par_chunks_mut(CHUNK)
-                    .zip(y.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
-                    .for_each(|(o, (y, g))| {
-                        for ((o, y), g) in o.iter_mut().zip(y).zip(g) {
-                            *o = if *y > 0.0 { *g } else { 0.0 };
-                        }
-                    });
+                let dx = crate::backend::candle::fused::relu_grad(y, g);
                 let sums: Vec<Vec<f64>> = (0..cb)
                     .into_par_iter()
                     .map(|b| {
@@ -104,8 +97,6 @@ impl CustomOp2 for BiasRelu {
         ))
     }
 }
-
-const CHUNK: usize = 1 << 14;
 
 struct MaxPool2;
 
