@@ -164,6 +164,16 @@ fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
 }
 
+/// The gradients of `sum(a * probe)` and `sum(b * probe)` agree on every variable within `tol`.
+fn assert_same_gradients((a, b): (&Tensor, &Tensor), probe: &Tensor, vars: &[&Var], tol: f32) {
+    let grads = |t: &Tensor| (t * probe).unwrap().sum_all().unwrap().backward().unwrap();
+    let (g1, g2) = (grads(a), grads(b));
+    for v in vars {
+        let d = max_diff(g1.get(v).unwrap(), g2.get(v).unwrap());
+        assert!(d < tol, "gradient differs by {d}");
+    }
+}
+
 /// The Candle op's gradients (through `to_blocked`/`from_blocked`) equal the im2col op's within rounding.
 #[rstest]
 #[case(3, 1, 1)]
@@ -183,22 +193,7 @@ fn candle_op_gradients_match_the_im2col_path(
     let theirs = trainyard::backend::candle::conv::conv2d(&x, &w, stride, padding).unwrap();
     assert!(max_diff(&ours, &theirs) < 1e-5);
     let probe = tensor(ours.dims(), 6);
-    let g1 = (&ours * &probe)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    let g2 = (&theirs * &probe)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    for v in [&x, &w] {
-        let d = max_diff(g1.get(v).unwrap(), g2.get(v).unwrap());
-        assert!(d < 1e-4, "gradient differs by {d}");
-    }
+    assert_same_gradients((&ours, &theirs), &probe, &[&x, &w], 1e-4);
 }
 
 /// Blocked BatchNorm (+ReLU): the planar op's output, statistics and gradients, with channels that do not
@@ -245,22 +240,7 @@ fn blocked_batch_norm_matches_the_planar_one(#[case] then: Then) {
         assert!((a - b).abs() < 1e-6);
     }
     let probe = tensor(&[3, 11, 5, 4], 10);
-    let g1 = (&ours * &probe)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    let g2 = (&planar * &probe)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    for v in [&x, &gamma, &beta] {
-        let d = max_diff(g1.get(v).unwrap(), g2.get(v).unwrap());
-        assert!(d < 1e-5, "gradient differs by {d}");
-    }
+    assert_same_gradients((&ours, &planar), &probe, &[&x, &gamma, &beta], 1e-5);
     let (mean, var) = (tensor(&[11], 11), tensor(&[11], 12).abs().unwrap());
     let planar = batchnorm::eval(&x, &gamma, &beta, (&mean, &var), 1e-5, then)
         .unwrap()
@@ -287,20 +267,5 @@ fn blocked_bias_relu_and_max_pool_match_the_planar_ops() {
     assert_eq!(ours.dims(), &[2, 11, 3, 2]);
     assert_eq!(max_diff(&ours, &theirs), 0.0);
     let probe = tensor(&[2, 11, 3, 2], 15);
-    let g1 = (&ours * &probe)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    let g2 = (&theirs * &probe)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    for v in [&x, &bias] {
-        let d = max_diff(g1.get(v).unwrap(), g2.get(v).unwrap());
-        assert!(d < 1e-5, "gradient differs by {d}");
-    }
+    assert_same_gradients((&ours, &theirs), &probe, &[&x, &bias], 1e-5);
 }
