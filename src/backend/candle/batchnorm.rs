@@ -216,6 +216,27 @@ fn global_channel_stats(
     })
 }
 
+/// SyncBatchNorm's backward: Σ g and Σ g·x̂ per channel summed over every rank (one reduction for both).
+pub(crate) fn global_grad_sums(
+    group: &dyn Collective,
+    sum_g: &[f32],
+    sum_gxhat: &[f32],
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let c = sum_g.len();
+    let mut both: Vec<f64> = sum_g
+        .iter()
+        .chain(sum_gxhat)
+        .map(|&v| f64::from(v))
+        .collect();
+    group
+        .all_reduce_f64(&mut both, crate::comm::collective::ReduceOp::Sum)
+        .map_err(|e| candle_core::Error::Msg(format!("SyncBatchNorm: {e:#}")))?;
+    Ok((
+        both[..c].iter().map(|&v| v as f32).collect(),
+        both[c..].iter().map(|&v| v as f32).collect(),
+    ))
+}
+
 struct BatchNorm {
     mean: Arc<Vec<f32>>,
     invstd: Arc<Vec<f32>>,
@@ -309,15 +330,8 @@ impl CustomOp3 for BatchNorm {
                         (dbeta.clone(), dgamma.clone(), (n * hw) as f32);
                     let m = match &self.sync {
                         Some((group, count)) if x.track_op() => {
-                            let mut both: Vec<f64> =
-                                dbeta.iter().chain(&dgamma).map(|&v| f64::from(v)).collect();
-                            group
-                                .all_reduce_f64(&mut both, crate::comm::collective::ReduceOp::Sum)
-                                .map_err(|e| {
-                                    candle_core::Error::Msg(format!("SyncBatchNorm: {e:#}"))
-                                })?;
-                            sum_dy = both[..c].iter().map(|&v| v as f32).collect();
-                            sum_dy_xhat = both[c..].iter().map(|&v| v as f32).collect();
+                            (sum_dy, sum_dy_xhat) =
+                                global_grad_sums(group.as_ref(), &dbeta, &dgamma)?;
                             *count as f32
                         }
                         _ => m,

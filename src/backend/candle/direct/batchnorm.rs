@@ -4,7 +4,7 @@
 //! the indexing differs: a channel is a lane of every pixel of its block, so the sums run over pixels with
 //! one accumulator per lane (vectorised over the block), image by image in a fixed order.
 
-use crate::backend::candle::batchnorm::{ChannelStats, Then};
+use crate::backend::candle::batchnorm::{global_grad_sums, ChannelStats, Then};
 use crate::backend::candle::cpu::{f32_slice as slice, with_f32};
 use crate::comm::collective::{Collective, ReduceOp};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
@@ -236,15 +236,7 @@ impl CustomOp3 for BlockedBatchNorm {
                     let (mut sum_g, mut sum_gxhat, mut m) =
                         (dbeta.clone(), dgamma.clone(), (n * hw) as f32);
                     if let Some((group, count)) = self.sync.as_ref().filter(|_| x.track_op()) {
-                        let mut both: Vec<f64> =
-                            dbeta.iter().chain(&dgamma).map(|&v| f64::from(v)).collect();
-                        group
-                            .all_reduce_f64(&mut both, ReduceOp::Sum)
-                            .map_err(|e| {
-                                candle_core::Error::Msg(format!("SyncBatchNorm: {e:#}"))
-                            })?;
-                        sum_g = both[..c].iter().map(|&v| v as f32).collect();
-                        sum_gxhat = both[c..].iter().map(|&v| v as f32).collect();
+                        (sum_g, sum_gxhat) = global_grad_sums(group.as_ref(), &dbeta, &dgamma)?;
                         m = *count as f32;
                     }
                     let dx = x.track_op().then(|| {
