@@ -10,6 +10,7 @@ cargo build --release --examples
 [ -x .venv-torch/bin/python ] || { python3 -m venv .venv-torch && .venv-torch/bin/pip install -q torch==2.11.0 torchvision==0.26.0 timm safetensors; }
 .venv-torch/bin/python bench/train_step_bench.py --threads 2 --rounds 3 --record
 .venv-torch/bin/python bench/conv_profile.py --threads 2 --record
+.venv-torch/bin/python bench/vit_profile.py --threads 2 --record
 .venv-torch/bin/python bench/oracle.py --record
 .venv-torch/bin/python bench/loader_bench.py --workers 1 2 --rounds 3 --record
 LIBTORCH="$PWD/.libtorch/torch" CARGO_TARGET_DIR=target-torch cargo build --features torch --example allreduce_bench

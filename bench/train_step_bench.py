@@ -156,6 +156,11 @@ def main() -> None:
         o, t = statistics.median(ours), statistics.median(theirs)
         ratio = t / o
         print(f"{name}: trainyard {args.batch / o:.1f} img/s, PyTorch {args.batch / t:.1f} img/s, ratio {ratio:.2f}x")
+        # Each round's pair ran back to back: their spread is this machine's noise on the ratio.
+        pairs = [b / a for a, b in zip(ours, theirs)]
+        print(f"  per round: trainyard {' '.join(f'{x * 1e3:.1f}' for x in ours)} ms, "
+              f"PyTorch {' '.join(f'{x * 1e3:.1f}' for x in theirs)} ms, "
+              f"ratios {' '.join(f'{r:.2f}' for r in pairs)} (spread {min(pairs):.2f}-{max(pairs):.2f})")
         if args.record:
             if args.device == "cuda":
                 section = "Train step throughput, CUDA, backend=tch (issue: distributed / GPU)"

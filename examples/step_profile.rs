@@ -1,7 +1,7 @@
 //! Where a Candle train step spends its time: the whole step (forward + backward + SGD, as the trainer
 //! runs it) and each CPU kernel of the small CNN on its own, forward and backward, at batch 64.
 //!
-//! usage: RAYON_NUM_THREADS=2 step_profile [cnn|resnet18-cifar|resnet50-64px|vit-tiny|resnet-convs|resnet-ops] [steps]
+//! usage: RAYON_NUM_THREADS=2 step_profile [cnn|resnet18-cifar|resnet50-64px|vit-tiny|vit-ops|resnet-convs|resnet-ops] [steps]
 
 use candle_core::{Device, Tensor, Var};
 use std::time::Instant;
@@ -98,6 +98,9 @@ fn main() -> anyhow::Result<()> {
     }
     if which == "resnet-ops" {
         return resnet_ops(steps);
+    }
+    if which == "vit-ops" {
+        return vit_ops(steps);
     }
     let mut engine = CandleEngine::new(&experiment(model, size)?)?;
     let x = rand(&[64, 3, size, size])?
@@ -357,6 +360,60 @@ fn resnet_ops(n: usize) -> anyhow::Result<()> {
                 .0
                 + &idt)?,
         )
+    })?;
+    Ok(())
+}
+
+/// ViT-Tiny/8's ops at batch 64 (17 tokens of 192), each forward and backward, on the path `train` takes.
+fn vit_ops(n: usize) -> anyhow::Result<()> {
+    use trainyard::backend::candle::autocast::Autocast;
+    let ac = Autocast::OFF;
+    let x = Var::from_tensor(&rand(&[64, 17, 192])?)?;
+    let hidden = Var::from_tensor(&rand(&[64, 17, 768])?)?;
+    for (name, input, i, o) in [
+        ("linear qkv 192->576", &x, 192, 576),
+        ("linear proj 192->192", &x, 192, 192),
+        ("linear fc1 192->768", &x, 192, 768),
+        ("linear fc2 768->192", &hidden, 768, 192),
+    ] {
+        let w = Var::from_tensor(&(rand(&[o, i])? * 0.05)?)?;
+        let b = Var::from_tensor(&rand(&[o])?)?;
+        let (wt, bt) = (w.as_tensor().clone(), b.as_tensor().clone());
+        op(name, n, input, |x| ac.linear(x, &wt, &bt))?;
+    }
+    let q = Var::from_tensor(&rand(&[64, 3, 17, 64])?)?;
+    let k = rand(&[64, 3, 17, 64])?;
+    op("q @ k^T (64x3, 17x64x17)", n, &q, |q| ac.matmul(q, &k.t()?))?;
+    let attn = Var::from_tensor(&rand(&[64, 3, 17, 17])?)?;
+    op("attn @ v (64x3, 17x17x64)", n, &attn, |a| ac.matmul(a, &k))?;
+    let isa = direct::active();
+    let (g, b) = (rand(&[192])?, rand(&[192])?);
+    op("layer norm 64x17x192", n, &x, |x| match isa {
+        Some(isa) => Ok(direct::rowwise::layer_norm(isa, x, &g, &b, 1e-6)?.expect("cpu f32")),
+        None => candle_nn::ops::layer_norm(x, &g, &b, 1e-6),
+    })?;
+    op("softmax 64x3x17x17", n, &attn, |x| match isa {
+        Some(isa) => Ok(direct::rowwise::softmax_last_dim(isa, x)?.expect("cpu f32")),
+        None => candle_nn::ops::softmax_last_dim(x),
+    })?;
+    op("gelu 64x17x768", n, &hidden, |x| match isa {
+        Some(isa) => Ok(direct::rowwise::gelu_erf(isa, x)?.expect("cpu f32")),
+        None => x.gelu_erf(),
+    })?;
+    if let Some(isa) = isa {
+        let qkv = Var::from_tensor(&rand(&[64, 17, 576])?)?;
+        op("attention (3 heads) 64x17x576", n, &qkv, |t| {
+            Ok(direct::attention::self_attention(isa, t, 3, 0.125)?.expect("cpu f32"))
+        })?;
+    }
+    let y = rand(&[64, 17, 192])?;
+    op("residual add 64x17x192", n, &x, |x| x + &y)?;
+    op("qkv split (permute + contiguous)", n, &hidden, |h| {
+        h.narrow(2, 0, 576)?
+            .reshape((64, 17, 3, 3, 64))?
+            .permute((2, 0, 3, 1, 4))?
+            .get(0)?
+            .contiguous()
     })?;
     Ok(())
 }

@@ -10,13 +10,26 @@
 //! - `conv`: weight packing, padding and the three passes over rayon.
 //! - `layout`: NCHW ↔ blocked data, padding.
 //!
+//! The same paths serve the transformer's kernels:
+//! - `gemm`: batched matrix products with any strides (linear layers: bias fused, weight gradients in the
+//!   weight's layout), the gather kernel's register blocking over rows × column blocks.
+//! - `rowwise`: LayerNorm, softmax, GELU and column sums, one pass each way.
+//! - `attention`: multi-head self-attention of a fused qkv activation, forward and backward.
+//!
 //! A crate of its own so that it is optimised in every build profile, like the `gemm` crate it replaces
 //! for these shapes: the kernels are unusable unoptimised, and the tests train models through them.
 
+// The register-blocked loops index several arrays (accumulators, vectors, offsets) by the same row or
+// lane: index loops say that more plainly than zipped iterators.
+#![allow(clippy::needless_range_loop)]
+
+pub mod attention;
 pub mod buffer;
 pub mod conv;
+pub mod gemm;
 mod kernels;
 pub mod layout;
+pub mod rowwise;
 mod simd;
 
 /// The instruction set a direct convolution runs on, which also fixes the block width L.

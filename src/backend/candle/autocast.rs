@@ -33,7 +33,10 @@ impl Autocast {
     /// `a @ b` (batched, broadcasting) under autocast's rules.
     pub fn matmul(self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         if !self.bf16 {
-            return a.broadcast_matmul(b);
+            return match super::direct::active() {
+                Some(isa) => super::direct::matmul::matmul(isa, a, b),
+                None => a.broadcast_matmul(b),
+            };
         }
         self.round(&self.round(a)?.broadcast_matmul(&self.round(b)?)?)
     }
@@ -42,7 +45,10 @@ impl Autocast {
     /// of the f32-accumulated result, as a bf16 `addmm` does.
     pub fn linear(self, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
         if !self.bf16 {
-            return x.broadcast_matmul(&w.t()?)?.broadcast_add(b);
+            return match super::direct::active() {
+                Some(isa) => super::direct::matmul::linear(isa, x, w, b),
+                None => x.broadcast_matmul(&w.t()?)?.broadcast_add(b),
+            };
         }
         self.round(
             &self

@@ -3,6 +3,21 @@
 //! `tensor::candle_cpu`, below the optimizer rules that use them too.
 
 pub use crate::tensor::candle_cpu::{f32_slice, is_cpu_f32, with_f32};
+
+/// Runs `f` on a worker thread of rayon's pool, so the kernels' parallel loops inside it start from a
+/// worker (work is split among the pool's threads in place) rather than from outside the pool (each loop
+/// queued to the pool while the calling thread sleeps, then woken: two context switches per kernel, and
+/// an idle core between them). Only the process's main thread (`train`'s single-device and per-process
+/// DDP/FSDP steps) hands its step over; any other runs `f` itself: DataParallel's replicas run in threads
+/// of their own and wait for each other inside a step (SyncBatchNorm), so queued onto a pool with fewer
+/// threads than replicas they would wait forever.
+pub fn on_compute_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    if rayon::current_thread_index().is_some() || std::thread::current().name() != Some("main") {
+        return f();
+    }
+    // A scope's body runs on a pool thread, and the caller waits for it once.
+    rayon::scope(|_| f())
+}
 #[cfg(test)]
 use candle_core::{Device, Tensor};
 

@@ -169,8 +169,34 @@ impl CandleEngine {
     }
 }
 
-impl Engine for CandleEngine {
-    fn forward_backward(&mut self, batch: &Batch, grad_scale: f64) -> anyhow::Result<StepStats> {
+impl CandleEngine {
+    /// `optimizer_step` on the calling thread (a worker of the compute pool).
+    fn optimizer_step_here(
+        &mut self,
+        lr: f64,
+        momentum: Option<f64>,
+        clip_norm: Option<f64>,
+    ) -> anyhow::Result<f64> {
+        let (norm, scale) = clip_factor(self.grads.values(), clip_norm)?;
+        let grads = std::mem::take(&mut self.grads);
+        for (name, g) in grads {
+            let g = if scale != 1.0 {
+                g.affine(scale, 0.0)?
+            } else {
+                g
+            };
+            self.update(&name, &g, lr, momentum)?;
+        }
+        self.optimizer.steps += 1;
+        Ok(norm)
+    }
+
+    /// `forward_backward` on the calling thread (a worker of the compute pool).
+    fn forward_backward_here(
+        &mut self,
+        batch: &Batch,
+        grad_scale: f64,
+    ) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
         let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
         self.forward_calls += 1;
@@ -198,6 +224,12 @@ impl Engine for CandleEngine {
         }
         self.stats(&logits, &loss, batch)
     }
+}
+
+impl Engine for CandleEngine {
+    fn forward_backward(&mut self, batch: &Batch, grad_scale: f64) -> anyhow::Result<StepStats> {
+        cpu::on_compute_pool(|| self.forward_backward_here(batch, grad_scale))
+    }
 
     fn optimizer_step(
         &mut self,
@@ -205,18 +237,7 @@ impl Engine for CandleEngine {
         momentum: Option<f64>,
         clip_norm: Option<f64>,
     ) -> anyhow::Result<f64> {
-        let (norm, scale) = clip_factor(self.grads.values(), clip_norm)?;
-        let grads = std::mem::take(&mut self.grads);
-        for (name, g) in grads {
-            let g = if scale != 1.0 {
-                g.affine(scale, 0.0)?
-            } else {
-                g
-            };
-            self.update(&name, &g, lr, momentum)?;
-        }
-        self.optimizer.steps += 1;
-        Ok(norm)
+        cpu::on_compute_pool(|| self.optimizer_step_here(lr, momentum, clip_norm))
     }
 
     /// Host copies, the last layers first (reverse name order), as DDP's buckets fill.

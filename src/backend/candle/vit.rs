@@ -19,34 +19,63 @@ fn linear(p: &Params, name: &str, x: &Tensor, autocast: Autocast) -> Result<Tens
 
 /// LayerNorm over the last dimension from basic ops (differentiable).
 pub fn layer_norm(p: &Params, name: &str, x: &Tensor) -> Result<Tensor> {
+    let (w, b) = (
+        param(p, &format!("{name}.weight"))?,
+        param(p, &format!("{name}.bias"))?,
+    );
+    if let Some(isa) = super::direct::active() {
+        if let Some(y) = super::direct::rowwise::layer_norm(isa, x, w, b, LN_EPS)? {
+            return Ok(y);
+        }
+    }
     let mean = x.mean_keepdim(D::Minus1)?;
     let centered = x.broadcast_sub(&mean)?;
     let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
     let normed = centered.broadcast_div(&(var + LN_EPS)?.sqrt()?)?;
-    normed
-        .broadcast_mul(param(p, &format!("{name}.weight"))?)?
-        .broadcast_add(param(p, &format!("{name}.bias"))?)
+    normed.broadcast_mul(w)?.broadcast_add(b)
 }
 
 /// Softmax over the last dimension from basic ops (differentiable). The max is a constant shift, so
 /// it is detached.
 fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
+    if let Some(isa) = super::direct::active() {
+        if let Some(y) = super::direct::rowwise::softmax_last_dim(isa, x)? {
+            return Ok(y);
+        }
+    }
     let shifted = x.broadcast_sub(&x.max_keepdim(D::Minus1)?.detach())?;
     let e = shifted.exp()?;
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// GELU (erf form): one pass each way on the blocked path's CPUs, Candle's op otherwise.
+fn gelu_erf(x: &Tensor) -> Result<Tensor> {
+    if let Some(isa) = super::direct::active() {
+        if let Some(y) = super::direct::rowwise::gelu_erf(isa, x)? {
+            return Ok(y);
+        }
+    }
+    x.gelu_erf()
 }
 
 /// Multi-head self-attention of block `name` (`vit.heads` heads).
 fn attention(vit: &Vit, p: &Params, name: &str, x: &Tensor, ac: Autocast) -> Result<Tensor> {
     let (b, n, d) = x.dims3()?;
     let hd = d / vit.heads;
-    let qkv = linear(p, &format!("{name}.qkv"), x, ac)?
+    let qkv = linear(p, &format!("{name}.qkv"), x, ac)?;
+    let scale = 1.0 / (hd as f64).sqrt();
+    if let (Some(isa), false) = (super::direct::active(), ac.bf16) {
+        if let Some(out) = super::direct::attention::self_attention(isa, &qkv, vit.heads, scale)? {
+            return linear(p, &format!("{name}.proj"), &out, ac);
+        }
+    }
+    let qkv = qkv
         .reshape((b, n, 3, vit.heads, hd))?
         .permute((2, 0, 3, 1, 4))?;
     let q = qkv.get(0)?.contiguous()?;
     let k = qkv.get(1)?.contiguous()?;
     let v = qkv.get(2)?.contiguous()?;
-    let scores = (ac.matmul(&q, &k.t()?.contiguous()?)? * (1.0 / (hd as f64).sqrt()))?;
+    let scores = (ac.matmul(&q, &k.t()?.contiguous()?)? * scale)?;
     let attn = softmax_last_dim(&scores)?;
     let out = ac.matmul(&attn, &v)?.transpose(1, 2)?.reshape((b, n, d))?;
     linear(p, &format!("{name}.proj"), &out, ac)
@@ -94,8 +123,8 @@ impl CandleForward for Vit {
             &format!("{blk}.mlp.fc1"),
             &layer_norm(p, &format!("{blk}.norm2"), &h)?,
             pass.autocast,
-        )?
-        .gelu_erf()?;
+        )?;
+        let m = gelu_erf(&m)?;
         let m = linear(
             p,
             &format!("{blk}.mlp.fc2"),

@@ -9,15 +9,21 @@
 //! - `layout`: NCHW ↔ blocked conversions as differentiable ops.
 //! - `batchnorm`: training and eval BatchNorm (+ReLU) over blocked activations.
 //! - `elementwise`: the small CNN's bias + ReLU and 2x2 max-pool over blocked activations.
+//! - `matmul`: matrix products and linear layers on the same path's GEMM kernel (transformers).
+//! - `rowwise`: LayerNorm, softmax and GELU over the last dimension, one pass each way (transformers).
+//! - `attention`: multi-head self-attention as one op over the qkv projection (transformers).
 //!
 //! The path is chosen once per process from the CPU (`Isa::detected`), or forced with
 //! `TRAINYARD_CONV_ISA=avx512|avx2|portable` (benchmarks, and the tests that compare paths);
 //! `TRAINYARD_CONV=im2col` turns the blocked path off.
 
+pub mod attention;
 pub mod batchnorm;
 pub mod conv;
 pub mod elementwise;
 pub mod layout;
+pub mod matmul;
+pub mod rowwise;
 
 use std::sync::OnceLock;
 pub use trainyard_conv::Isa;

@@ -1,0 +1,118 @@
+"""Per-op profile of ViT-Tiny/8 at 32 px (batch 64: 17 tokens of 192, 3 heads): PyTorch eager against ours
+(`examples/step_profile vit-ops`: the ops the Candle backend's ViT runs), forward and backward of each, same
+thread count, same machine, one run. Shows where the next gap is; the whole train step is
+`bench/train_step_bench.py --models vit-tiny`.
+
+    cargo build --release --example step_profile
+    .venv-torch/bin/python bench/vit_profile.py --threads 2 [--record]
+"""
+
+import argparse
+import datetime
+import os
+import re
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from results import ROOT, machine, record  # noqa: E402
+
+PROFILE = os.environ.get("STEP_PROFILE", os.path.join(ROOT, "target", "release", "examples", "step_profile"))
+B, N, D, HEADS = 64, 17, 192, 3
+
+
+def median_ms(f, n):
+    f()
+    times = []
+    for _ in range(n):
+        s = time.perf_counter()
+        f()
+        times.append((time.perf_counter() - s) * 1e3)
+    return sorted(times)[n // 2]
+
+
+def fwd_bwd(f, x, n):
+    """(forward ms, backward ms) of `f(x)`, the backward seeded with ones as step_profile's `op` does."""
+    fwd = median_ms(lambda: f(x), n)
+
+    def both():
+        y = f(x)
+        y.backward(torch.ones_like(y))
+
+    return fwd, median_ms(both, n) - fwd
+
+
+def attention(qkv):
+    q, k, v = qkv.reshape(B, N, 3, HEADS, D // HEADS).permute(2, 0, 3, 1, 4).unbind(0)
+    return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, N, D)
+
+
+def torch_rows(n):
+    """Rows keyed like step_profile's names (the ops a timm ViT block runs)."""
+    x = torch.randn(B, N, D, requires_grad=True)
+    hidden = torch.randn(B, N, 4 * D, requires_grad=True)
+    rows = {}
+    for name, inp, i, o in [("linear qkv", x, D, 3 * D), ("linear proj", x, D, D),
+                            ("linear fc1", x, D, 4 * D), ("linear fc2", hidden, 4 * D, D)]:
+        lin = torch.nn.Linear(i, o)
+        rows[name] = fwd_bwd(lin, inp, n)
+    ln = torch.nn.LayerNorm(D, eps=1e-6)
+    rows["layer norm"] = fwd_bwd(ln, x, n)
+    rows["gelu"] = fwd_bwd(F.gelu, hidden, n)
+    rows["attention"] = fwd_bwd(attention, torch.randn(B, N, 3 * D, requires_grad=True), n)
+    return rows
+
+
+def ours_rows(n, threads):
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    out = subprocess.run([PROFILE, "vit-ops", str(n)], check=True, capture_output=True, text=True, env=env).stdout
+    rows = {}
+    for line in out.splitlines():
+        m = re.match(r"\s+(.+?)\s+fwd\s+([\d.-]+) ms\s+bwd\s+([\d.-]+) ms", line)
+        if m:
+            key = next((k for k in ("linear qkv", "linear proj", "linear fc1", "linear fc2", "layer norm", "gelu",
+                                    "attention") if m.group(1).startswith(k)), None)
+            if key:
+                rows[key] = (float(m.group(2)), float(m.group(3)))
+    return rows
+
+
+# How often each op runs per ViT-Tiny step (12 blocks; the final LayerNorm adds one).
+PER_STEP = {"linear qkv": 12, "linear proj": 12, "linear fc1": 12, "linear fc2": 12, "layer norm": 25, "gelu": 12,
+            "attention": 12}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--record", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    theirs, ours = torch_rows(args.n), ours_rows(args.n, args.threads)
+    lines = [f"{'op (batch 64, 17 tokens x 192)':32} {'PyTorch fwd/bwd ms':>20} {'ours fwd/bwd ms':>18}"]
+    total_t = total_o = 0.0
+    for key, count in PER_STEP.items():
+        (tf, tb), (of, ob) = theirs[key], ours[key]
+        total_t += count * (tf + tb)
+        total_o += count * (of + ob)
+        lines.append(f"{key:32} {tf:9.2f} {tb:9.2f} {of:9.2f} {ob:9.2f}")
+    lines.append(f"per step (ops x count): PyTorch {total_t:.1f} ms, ours {total_o:.1f} ms, "
+                 f"ratio {total_t / total_o:.2f}x")
+    print("\n".join(lines))
+    if args.record:
+        record(
+            "Transformer kernels, CPU (issue 23)",
+            f"| {datetime.date.today()} | ViT-Tiny/8 ops per step (linear x4, LayerNorm, GELU, attention; fwd+bwd "
+            f"x their count), batch 64, {args.threads} threads | {total_o:.1f} ms | PyTorch {torch.__version__} "
+            f"eager: {total_t:.1f} ms | **{total_t / total_o:.2f}x** | {machine()} "
+            f"| `.venv-torch/bin/python bench/vit_profile.py --threads {args.threads} --record` |",
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+//! Candle ops over `trainyard_conv::rowwise`: LayerNorm, softmax and GELU over the last dimension, each
+//! with its own one-pass backward (candle-nn's fused `layer_norm` and `softmax_last_dim` have none, and
+//! the basic-op versions take many passes).
+
+use crate::backend::candle::cpu::{f32_slice as slice, with_f32};
+use crate::tensor::candle_cpu::is_cpu_f32;
+use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor, D};
+use trainyard_conv::rowwise;
+use trainyard_conv::Isa;
+
+struct LayerNorm {
+    isa: Isa,
+    eps: f32,
+}
+
+impl CustomOp3 for LayerNorm {
+    fn name(&self) -> &'static str {
+        "trainyard-layer-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (x, w, b) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
+        let y = rowwise::layer_norm(self.isa, x, w, b, self.eps);
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let (dx, dw, db) = with_f32(x, |xv| {
+            with_f32(w, |wv| {
+                with_f32(grad, |g| {
+                    Ok(rowwise::layer_norm_backward(self.isa, xv, wv, g, self.eps))
+                })
+            })
+        })?;
+        let dev = x.device();
+        Ok((
+            Some(Tensor::from_vec(dx, x.shape(), dev)?),
+            Some(Tensor::from_vec(dw, w.shape(), dev)?),
+            Some(Tensor::from_vec(db, b.shape(), dev)?),
+        ))
+    }
+}
+
+struct Softmax {
+    isa: Isa,
+}
+
+impl CustomOp1 for Softmax {
+    fn name(&self) -> &'static str {
+        "trainyard-softmax"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let dim = *l.dims().last().unwrap_or(&1);
+        Ok((
+            CpuStorage::F32(rowwise::softmax(self.isa, slice(s, l)?, dim)),
+            l.shape().clone(),
+        ))
+    }
+
+    fn bwd(&self, x: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let dim = x.dim(D::Minus1)?;
+        let dx = with_f32(res, |y| {
+            with_f32(grad, |g| Ok(rowwise::softmax_backward(self.isa, y, g, dim)))
+        })?;
+        Ok(Some(Tensor::from_vec(dx, x.shape(), x.device())?))
+    }
+}
+
+struct Gelu {
+    isa: Isa,
+}
+
+impl CustomOp1 for Gelu {
+    fn name(&self) -> &'static str {
+        "trainyard-gelu"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        Ok((
+            CpuStorage::F32(rowwise::gelu(self.isa, slice(s, l)?)),
+            l.shape().clone(),
+        ))
+    }
+
+    fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let dx = with_f32(x, |xv| {
+            with_f32(grad, |g| Ok(rowwise::gelu_backward(self.isa, xv, g)))
+        })?;
+        Ok(Some(Tensor::from_vec(dx, x.shape(), x.device())?))
+    }
+}
+
+/// LayerNorm over the last dimension with weight `w` and bias `b` (f32 CPU tensors; `None` otherwise, so
+/// the caller composes it from basic ops).
+pub fn layer_norm(
+    isa: Isa,
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
+) -> Result<Option<Tensor>> {
+    if !(is_cpu_f32(x) && is_cpu_f32(w) && is_cpu_f32(b))
+        || w.rank() != 1
+        || x.dim(D::Minus1)? != w.dim(0)?
+    {
+        return Ok(None);
+    }
+    let op = LayerNorm {
+        isa,
+        eps: eps as f32,
+    };
+    Ok(Some(x.contiguous()?.apply_op3(w, b, op)?))
+}
+
+/// Softmax over the last dimension (`None` unless f32 on the CPU).
+pub fn softmax_last_dim(isa: Isa, x: &Tensor) -> Result<Option<Tensor>> {
+    if !is_cpu_f32(x) {
+        return Ok(None);
+    }
+    Ok(Some(x.contiguous()?.apply_op1(Softmax { isa })?))
+}
+
+/// GELU, erf form (`None` unless f32 on the CPU).
+pub fn gelu_erf(isa: Isa, x: &Tensor) -> Result<Option<Tensor>> {
+    if !is_cpu_f32(x) {
+        return Ok(None);
+    }
+    Ok(Some(x.contiguous()?.apply_op1(Gelu { isa })?))
+}
