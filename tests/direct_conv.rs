@@ -4,25 +4,16 @@
 //! (non-square, stride 2, padding 0/1/3, channels not a multiple of the block). Then the Candle ops: the
 //! convolution's autograd against the im2col path, and blocked BatchNorm against the planar one.
 
+mod common;
+
 use candle_core::{Tensor, Var};
+use common::kernels::{max_diff, tensor, values};
 use rstest::rstest;
 use trainyard::backend::candle::batchnorm::{self, Then};
 use trainyard::backend::candle::direct;
 use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
 use trainyard_conv::layout::{block, unblock};
 use trainyard_conv::Isa;
-
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// Forward output, input gradient and weight gradient in float64, straight from the definition.
 fn reference(g: &Geometry, x: &[f32], w: &[f32], dy: &[f32]) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
@@ -144,24 +135,6 @@ fn the_widest_path_of_this_cpu_is_detected() {
     if std::arch::is_x86_feature_detected!("avx512f") {
         assert_eq!(isa, Isa::Avx512);
     }
-}
-
-fn tensor(shape: &[usize], seed: u64) -> Tensor {
-    let n = shape.iter().product();
-    Tensor::from_vec(values(n, seed), shape, &candle_core::Device::Cpu).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar()
-        .unwrap()
 }
 
 /// The gradients of `sum(a * probe)` and `sum(b * probe)` agree on every variable within `tol`.

@@ -4,23 +4,14 @@
 //! (one row, columns not a multiple of the block, a reduction longer than one L1 slice), transposed and
 //! batched operands. Then the Candle op's autograd against Candle's own matmul.
 
-use candle_core::{Tensor, Var};
+mod common;
+
+use candle_core::Var;
+use common::kernels::{max_diff, tensor, values};
 use rstest::rstest;
 use trainyard::backend::candle::direct::matmul::{linear, matmul as candle_matmul};
 use trainyard_conv::gemm::{matmul, matmul_bias, Dims, Strides};
 use trainyard_conv::Isa;
-
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
-}
 
 /// (f32 fused chain in the order of k, float64 sum) of every element of C.
 fn reference(d: Dims, a: (&[f32], Strides), b: (&[f32], Strides)) -> (Vec<f32>, Vec<f64>) {
@@ -146,24 +137,6 @@ fn an_empty_reduction_gives_zeros() {
         ),
         vec![0.0; 24]
     );
-}
-
-fn tensor(shape: &[usize], seed: u64) -> Tensor {
-    let n = shape.iter().product();
-    Tensor::from_vec(values(n, seed), shape, &candle_core::Device::Cpu).unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 #[test]

@@ -4,24 +4,15 @@
 //! instruction set), and the Candle ops' gradients against the composition of Candle's basic ops that the
 //! ViT used before them.
 
+mod common;
+
 use candle_core::{Device, Tensor, Var, D};
+use common::kernels::{max_diff, scaled};
 use rstest::rstest;
 use trainyard::backend::candle::direct;
 use trainyard_conv::attention::{self, Heads};
 use trainyard_conv::rowwise;
 use trainyard_conv::Isa;
-
-fn values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
-        .collect()
-}
 
 fn paths() -> Vec<Isa> {
     [Isa::Avx512, Isa::Avx2, Isa::Portable16]
@@ -103,10 +94,10 @@ fn layer_norm64(x: &[f32], w: &[f32], b: &[f32], dy: &[f32], eps: f64) -> [Vec<f
 #[case::one_row(1, 7)]
 fn layer_norm_matches_float64_and_paths_agree(#[case] rows: usize, #[case] d: usize) {
     let (x, w, b, dy) = (
-        values(rows * d, 1, 3.0),
-        values(d, 2, 1.0),
-        values(d, 3, 1.0),
-        values(rows * d, 4, 1.0),
+        scaled(rows * d, 1, 3.0),
+        scaled(d, 2, 1.0),
+        scaled(d, 3, 1.0),
+        scaled(rows * d, 4, 1.0),
     );
     let want = layer_norm64(&x, &w, &b, &dy, 1e-6);
     let reference = (
@@ -138,7 +129,7 @@ fn layer_norm_matches_float64_and_paths_agree(#[case] rows: usize, #[case] d: us
 #[case::wide(3, 100)]
 #[case::single(4, 1)]
 fn softmax_matches_float64_and_paths_agree(#[case] rows: usize, #[case] d: usize) {
-    let (x, dy) = (values(rows * d, 5, 8.0), values(rows * d, 6, 1.0));
+    let (x, dy) = (scaled(rows * d, 5, 8.0), scaled(rows * d, 6, 1.0));
     let (mut y64, mut dx64) = (Vec::new(), Vec::new());
     for (row, g) in x.chunks(d).zip(dy.chunks(d)) {
         let max = row
@@ -164,7 +155,7 @@ fn softmax_matches_float64_and_paths_agree(#[case] rows: usize, #[case] d: usize
 
 #[test]
 fn gelu_and_column_sums_match_float64_and_paths_agree() {
-    let (x, dy) = (values(10_000, 7, 6.0), values(10_000, 8, 1.0));
+    let (x, dy) = (scaled(10_000, 7, 6.0), scaled(10_000, 8, 1.0));
     let pdf = |v: f64| (-0.5 * v * v).exp() / (2.0 * std::f64::consts::PI).sqrt();
     let cdf = |v: f64| 0.5 * (1.0 + erf64(v / std::f64::consts::SQRT_2));
     let y64: Vec<f64> = x
@@ -251,8 +242,8 @@ fn attention64(qkv: &[f32], dout: &[f32], s: Heads, scale: f64) -> (Vec<f64>, Ve
 #[case::long(Heads { batch: 1, n: 70, heads: 1, head_dim: 96 })]
 fn attention_matches_float64_and_paths_agree(#[case] s: Heads) {
     let d = s.heads * s.head_dim;
-    let qkv = values(s.batch * s.n * 3 * d, 9, 2.0);
-    let dout = values(s.batch * s.n * d, 10, 1.0);
+    let qkv = scaled(s.batch * s.n * 3 * d, 9, 2.0);
+    let dout = scaled(s.batch * s.n * d, 10, 1.0);
     let scale = 1.0 / (s.head_dim as f64).sqrt();
     let (out64, grad64) = attention64(&qkv, &dout, s, scale);
     let portable = (
@@ -274,24 +265,11 @@ fn attention_matches_float64_and_paths_agree(#[case] s: Heads) {
 
 fn tensor(shape: &[usize], seed: u64, scale: f32) -> Tensor {
     Tensor::from_vec(
-        values(shape.iter().product(), seed, scale),
+        scaled(shape.iter().product(), seed, scale),
         shape,
         &Device::Cpu,
     )
     .unwrap()
-}
-
-fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
-    (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .max(0)
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
 }
 
 /// The multi-head attention the ViT composed from Candle's ops before the fused op.

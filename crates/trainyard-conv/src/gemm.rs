@@ -382,32 +382,6 @@ unsafe fn tile<V: Vector, const MR: usize, const NB: usize>(
     }
 }
 
-/// `tile::<V, mr, nb>` for run-time `mr` (1..=8) and `nb` (1..=3).
-macro_rules! by_mr_nb {
-    ($V:ty, $mr:expr, $nb:expr, $args:tt) => {
-        match $mr {
-            1 => by_nb!($V, 1, $nb, $args),
-            2 => by_nb!($V, 2, $nb, $args),
-            3 => by_nb!($V, 3, $nb, $args),
-            4 => by_nb!($V, 4, $nb, $args),
-            5 => by_nb!($V, 5, $nb, $args),
-            6 => by_nb!($V, 6, $nb, $args),
-            7 => by_nb!($V, 7, $nb, $args),
-            _ => by_nb!($V, 8, $nb, $args),
-        }
-    };
-}
-
-macro_rules! by_nb {
-    ($V:ty, $mr:literal, $nb:expr, ($($a:expr),*)) => {
-        match $nb {
-            1 => tile::<$V, $mr, 1>($($a),*),
-            2 => tile::<$V, $mr, 2>($($a),*),
-            _ => tile::<$V, $mr, 3>($($a),*),
-        }
-    };
-}
-
 /// Rows `rows` × column blocks `cols` of one matrix, in tiles of the path's shape. Tiles that reach past
 /// column n run on a scratch tile and copy their valid part.
 #[inline(always)]
@@ -437,7 +411,8 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
                 );
                 let c = job.c.add(r0 * d.n + ob * l);
                 if width == nb * l {
-                    by_mr_nb!(
+                    by_tile_shape!(
+                        tile,
                         V,
                         mr,
                         nb,
@@ -453,7 +428,8 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
                     }
                 }
                 let s = (scratch.as_mut_ptr(), pitch);
-                by_mr_nb!(
+                by_tile_shape!(
+                    tile,
                     V,
                     mr,
                     nb,

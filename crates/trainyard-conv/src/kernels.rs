@@ -143,33 +143,6 @@ unsafe fn gather_tile<V: Vector, const RW: usize, const NB: usize>(
     }
 }
 
-/// `gather_tile::<V, rw, nb>` for run-time `rw` (1..=8) and `nb` (1..=4).
-macro_rules! by_rw_nb {
-    ($V:ty, $rw:expr, $nb:expr, $args:tt) => {
-        match $rw {
-            1 => by_nb!($V, 1, $nb, $args),
-            2 => by_nb!($V, 2, $nb, $args),
-            3 => by_nb!($V, 3, $nb, $args),
-            4 => by_nb!($V, 4, $nb, $args),
-            5 => by_nb!($V, 5, $nb, $args),
-            6 => by_nb!($V, 6, $nb, $args),
-            7 => by_nb!($V, 7, $nb, $args),
-            _ => by_nb!($V, 8, $nb, $args),
-        }
-    };
-}
-
-macro_rules! by_nb {
-    ($V:ty, $rw:literal, $nb:expr, ($($a:expr),*)) => {
-        match $nb {
-            1 => gather_tile::<$V, $rw, 1>($($a),*),
-            2 => gather_tile::<$V, $rw, 2>($($a),*),
-            3 => gather_tile::<$V, $rw, 3>($($a),*),
-            _ => gather_tile::<$V, $rw, 4>($($a),*),
-        }
-    };
-}
-
 /// The pixels `px` × output blocks `blocks` of one gather, in tiles of the path's shape.
 #[inline(always)]
 unsafe fn gather_task<V: Tiles>(
@@ -187,7 +160,13 @@ unsafe fn gather_task<V: Tiles>(
         for k0 in (0..g.kblocks).step_by(slice) {
             let ks = k0..(k0 + slice).min(g.kblocks);
             for tile in px.chunks(V::RW) {
-                by_rw_nb!(V, tile.len(), nb, (g, d, tile, (ob, ks.clone())));
+                by_tile_shape!(
+                    gather_tile,
+                    V,
+                    tile.len(),
+                    nb,
+                    (g, d, tile, (ob, ks.clone()))
+                );
             }
         }
         ob += nb;

@@ -23,6 +23,31 @@
 // lane: index loops say that more plainly than zipped iterators.
 #![allow(clippy::needless_range_loop)]
 
+/// `$tile::<$V, rows, blocks>(args)` for run-time `rows` (1..=8) and `blocks` (1..=4): a kernel's tile is
+/// const-generic (its accumulators are a register array), so the edge tiles pick their shape here.
+macro_rules! by_tile_shape {
+    ($tile:ident, $V:ty, $rows:expr, $nb:expr, $args:tt) => {
+        match $rows {
+            1 => by_tile_shape!(@nb $tile, $V, 1, $nb, $args),
+            2 => by_tile_shape!(@nb $tile, $V, 2, $nb, $args),
+            3 => by_tile_shape!(@nb $tile, $V, 3, $nb, $args),
+            4 => by_tile_shape!(@nb $tile, $V, 4, $nb, $args),
+            5 => by_tile_shape!(@nb $tile, $V, 5, $nb, $args),
+            6 => by_tile_shape!(@nb $tile, $V, 6, $nb, $args),
+            7 => by_tile_shape!(@nb $tile, $V, 7, $nb, $args),
+            _ => by_tile_shape!(@nb $tile, $V, 8, $nb, $args),
+        }
+    };
+    (@nb $tile:ident, $V:ty, $rows:literal, $nb:expr, ($($a:expr),*)) => {
+        match $nb {
+            1 => $tile::<$V, $rows, 1>($($a),*),
+            2 => $tile::<$V, $rows, 2>($($a),*),
+            3 => $tile::<$V, $rows, 3>($($a),*),
+            _ => $tile::<$V, $rows, 4>($($a),*),
+        }
+    };
+}
+
 pub mod attention;
 pub mod buffer;
 pub mod conv;
