@@ -125,6 +125,13 @@ fn main() -> anyhow::Result<()> {
         opt.push(s.elapsed().as_secs_f64() * 1e3);
         faults.push(minor_faults() - f0);
     }
+    if std::env::var("PROFILE_EVAL").is_ok() {
+        let t = ms(steps, || {
+            engine.evaluate(&batch)?;
+            Ok(())
+        })?;
+        println!("{which}: evaluate (eval-mode forward) {t:.2} ms");
+    }
     println!(
         "page faults per step: {:?}",
         &faults[..faults.len().min(10)]

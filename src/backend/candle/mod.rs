@@ -191,6 +191,23 @@ impl CandleEngine {
         Ok(norm)
     }
 
+    /// `evaluate` on the calling thread (a worker of the compute pool).
+    fn evaluate_here(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
+        let (x, y) = self.inputs(batch)?;
+        let mut rng = Rng::new(0);
+        let logits = {
+            let mut pass = Pass {
+                train: false,
+                rng: &mut rng,
+                sync_batchnorm: self.sync_batchnorm.as_ref(),
+                autocast: self.autocast,
+            };
+            models::forward(&self.model, &self.params, &mut self.buffers, &x, &mut pass)?.detach()
+        };
+        let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+        self.stats(&logits, &loss, batch)
+    }
+
     /// `forward_backward` on the calling thread (a worker of the compute pool).
     fn forward_backward_here(
         &mut self,
@@ -277,19 +294,7 @@ impl Engine for CandleEngine {
     }
 
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
-        let (x, y) = self.inputs(batch)?;
-        let mut rng = Rng::new(0);
-        let logits = {
-            let mut pass = Pass {
-                train: false,
-                rng: &mut rng,
-                sync_batchnorm: self.sync_batchnorm.as_ref(),
-                autocast: self.autocast,
-            };
-            models::forward(&self.model, &self.params, &mut self.buffers, &x, &mut pass)?.detach()
-        };
-        let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
-        self.stats(&logits, &loss, batch)
+        cpu::on_compute_pool(|| self.evaluate_here(batch))
     }
 
     fn state_dict(&self) -> anyhow::Result<StateDict> {
