@@ -13,26 +13,16 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from conv_profile import median_ms  # noqa: E402
 from results import ROOT, machine, record  # noqa: E402
 
 PROFILE = os.environ.get("STEP_PROFILE", os.path.join(ROOT, "target", "release", "examples", "step_profile"))
 B, N, D, HEADS = 64, 17, 192, 3
-
-
-def median_ms(f, n):
-    f()
-    times = []
-    for _ in range(n):
-        s = time.perf_counter()
-        f()
-        times.append((time.perf_counter() - s) * 1e3)
-    return sorted(times)[n // 2]
 
 
 def fwd_bwd(f, x, n):
