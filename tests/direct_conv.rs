@@ -6,8 +6,8 @@
 
 mod common;
 
-use candle_core::{Tensor, Var};
-use common::kernels::{max_diff, tensor, values};
+use candle_core::Var;
+use common::kernels::{assert_same_gradients, max_diff, tensor, values};
 use rstest::rstest;
 use trainyard::backend::candle::batchnorm::{self, Then};
 use trainyard::backend::candle::direct;
@@ -134,16 +134,6 @@ fn the_widest_path_of_this_cpu_is_detected() {
     assert!(isa.supported());
     if std::arch::is_x86_feature_detected!("avx512f") {
         assert_eq!(isa, Isa::Avx512);
-    }
-}
-
-/// The gradients of `sum(a * probe)` and `sum(b * probe)` agree on every variable within `tol`.
-fn assert_same_gradients((a, b): (&Tensor, &Tensor), probe: &Tensor, vars: &[&Var], tol: f32) {
-    let grads = |t: &Tensor| (t * probe).unwrap().sum_all().unwrap().backward().unwrap();
-    let (g1, g2) = (grads(a), grads(b));
-    for v in vars {
-        let d = max_diff(g1.get(v).unwrap(), g2.get(v).unwrap());
-        assert!(d < tol, "gradient differs by {d}");
     }
 }
 

@@ -7,7 +7,7 @@
 mod common;
 
 use candle_core::Var;
-use common::kernels::{max_diff, tensor, values};
+use common::kernels::{assert_same_gradients, max_diff, tensor, values};
 use rstest::rstest;
 use trainyard::backend::candle::direct::matmul::{linear, matmul as candle_matmul};
 use trainyard_conv::gemm::{matmul, matmul_bias, Dims, Strides};
@@ -149,26 +149,7 @@ fn the_candle_op_and_its_gradients_match_candles_matmul() {
     let ours = candle_matmul(isa, a.as_tensor(), &b.as_tensor().t().unwrap()).unwrap();
     let theirs = a.as_tensor().matmul(&b.as_tensor().t().unwrap()).unwrap();
     assert!(max_diff(&ours, &theirs) < 1e-5);
-    let g1 = (&ours * &probe)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    let g2 = (&theirs * &probe)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    for v in [&a, &b] {
-        let (x, y) = (
-            g1.get(v.as_tensor()).unwrap(),
-            g2.get(v.as_tensor()).unwrap(),
-        );
-        assert_eq!(x.dims(), y.dims());
-        assert!(max_diff(x, y) < 1e-5);
-    }
+    assert_same_gradients((&ours, &theirs), &probe, &[&a, &b], 1e-5);
 }
 
 #[test]
@@ -187,23 +168,5 @@ fn linear_matches_candles_and_its_gradients_reach_weight_bias_and_input() {
         .unwrap();
     assert_eq!(ours.dims(), &[4, 17, 33]);
     assert!(max_diff(&ours, &theirs) < 1e-5);
-    let g1 = (&ours * &probe)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    let g2 = (&theirs * &probe)
-        .unwrap()
-        .sum_all()
-        .unwrap()
-        .backward()
-        .unwrap();
-    for v in [&x, &w, &b] {
-        let (p, q) = (
-            g1.get(v.as_tensor()).unwrap(),
-            g2.get(v.as_tensor()).unwrap(),
-        );
-        assert!(max_diff(p, q) < 1e-4, "{:?}", v.dims());
-    }
+    assert_same_gradients((&ours, &theirs), &probe, &[&x, &w, &b], 1e-4);
 }

@@ -1,6 +1,6 @@
 //! Inputs and comparisons of the kernel tests (`direct_conv`, `direct_matmul`, `transformer_kernels`).
 
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Tensor, Var};
 
 /// `len` values uniform in [-1, 1), the same for the same seed (xorshift).
 pub fn values(len: usize, seed: u64) -> Vec<f32> {
@@ -37,4 +37,18 @@ pub fn max_diff(a: &Tensor, b: &Tensor) -> f32 {
         .unwrap()
         .to_scalar()
         .unwrap()
+}
+
+/// The gradients of `sum(a · probe)` and `sum(b · probe)` exist for each of `vars` and agree within `tol`, with
+/// the same shape.
+pub fn assert_same_gradients((a, b): (&Tensor, &Tensor), probe: &Tensor, vars: &[&Var], tol: f32) {
+    let grads = |t: &Tensor| (t * probe).unwrap().sum_all().unwrap().backward().unwrap();
+    let (g1, g2) = (grads(a), grads(b));
+    for v in vars {
+        let (x, y) = (g1.get(v.as_tensor()), g2.get(v.as_tensor()));
+        let (x, y) = (x.expect("our gradient"), y.expect("the reference gradient"));
+        assert_eq!(x.dims(), y.dims(), "gradient shapes of {:?}", v.dims());
+        let d = max_diff(x, y);
+        assert!(d < tol, "gradient of {:?} differs by {d}", v.dims());
+    }
 }
