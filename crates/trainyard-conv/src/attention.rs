@@ -8,6 +8,9 @@
 //! The score matrix is recomputed in the backward pass (N² per head, cheaper than keeping it).
 
 use crate::rowwise::{exp, sum};
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{Avx2, Avx512};
+use crate::simd::{Portable, Vector};
 use crate::Isa;
 use rayon::prelude::*;
 
@@ -66,80 +69,137 @@ fn transpose_part(qkv: &[f32], s: Heads, (part, h): (usize, usize), t: &mut [f32
     }
 }
 
-/// Lanes of the accumulators the small products below keep in registers: 4 vectors of 16, so four
-/// independent chains of fused multiply-adds hide the instruction's latency (the sums over a head's
-/// 64 lanes, or a row of up to 64 scores).
-const GROUP: usize = 64;
+/// Rows of a small product computed together: each source row is loaded once for all of them, and their
+/// accumulators (ROWS × VECTORS registers: 8 on every path) are independent chains of fused multiply-adds,
+/// enough to hide the instruction's latency. One row at a time ran latency-bound.
+const ROWS: usize = 4;
+/// Vectors per row of the accumulators.
+const VECTORS: usize = 2;
 
-/// `acc[l] = Σ_r w[r]·rows[r][l]` for W lanes (whole registers when W is a multiple of 16), where row r
-/// starts at `rows(r)`.
+/// `out[o(q) + c0 + l] (+)= Σ_r w[q][r]·src[rows(r) + c0 + l]` for R weight rows `w` at once, over
+/// NV vectors of lanes from column `c0`. Every element is one chain of fused multiply-adds over r in order,
+/// whatever R, NV or the path.
+///
+/// # Safety
+/// Every `rows(r) + c0` and `o(q) + c0` has NV vectors of lanes inside `src` and `out`; every `w[q]` holds
+/// `w[0].len()` values.
 #[inline(always)]
-fn combine<const W: usize>(w: &[f32], rows: impl Fn(usize) -> usize, src: &[f32]) -> [f32; W] {
-    let mut acc = [0f32; W];
-    for (r, &x) in w.iter().enumerate() {
-        let row = &src[rows(r)..][..W];
-        for l in 0..W {
-            acc[l] = x.mul_add(row[l], acc[l]);
-        }
-    }
-    acc
-}
-
-/// `combine` for a run-time width: groups of 64 lanes, then the rest in 16s, then single lanes.
-#[inline(always)]
-fn combine_into(
-    w: &[f32],
-    rows: impl Fn(usize) -> usize + Copy,
-    src: &[f32],
-    out: &mut [f32],
+unsafe fn combine<V: Vector, const R: usize, const NV: usize>(
+    w: [&[f32]; R],
+    (rows, src): (impl Fn(usize) -> usize, &[f32]),
+    (out, o): (&mut [f32], impl Fn(usize) -> usize),
+    c0: usize,
     add: bool,
 ) {
-    let width = out.len();
-    let mut put = |c0: usize, v: &[f32]| {
-        for (o, &a) in out[c0..c0 + v.len()].iter_mut().zip(v) {
-            *o = if add { *o + a } else { a };
+    let mut acc = [[V::zero(); NV]; R];
+    for r in 0..w[0].len() {
+        let p = src.as_ptr().add(rows(r) + c0);
+        let row: [V; NV] = std::array::from_fn(|j| V::load(p.add(j * V::LANES)));
+        for (a, wq) in acc.iter_mut().zip(&w) {
+            let x = V::splat(wq.as_ptr().add(r));
+            for (v, &y) in a.iter_mut().zip(&row) {
+                *v = v.fma(x, y);
+            }
         }
-    };
+    }
+    for (q, a) in acc.iter().enumerate() {
+        let d = out.as_mut_ptr().add(o(q) + c0);
+        for (j, &v) in a.iter().enumerate() {
+            let d = d.add(j * V::LANES);
+            if add {
+                V::load(d).add(v).store(d);
+            } else {
+                v.store(d);
+            }
+        }
+    }
+}
+
+/// The lanes past the last whole vector, one at a time (the same chains, in plain Rust).
+#[inline(always)]
+fn combine_lanes<const R: usize>(
+    w: [&[f32]; R],
+    (rows, src): (impl Fn(usize) -> usize, &[f32]),
+    (out, o): (&mut [f32], impl Fn(usize) -> usize),
+    lanes: std::ops::Range<usize>,
+    add: bool,
+) {
+    for c in lanes {
+        for (q, wq) in w.iter().enumerate() {
+            let mut acc = 0f32;
+            for (r, &x) in wq.iter().enumerate() {
+                acc = x.mul_add(src[rows(r) + c], acc);
+            }
+            let d = &mut out[o(q) + c];
+            *d = if add { *d + acc } else { acc };
+        }
+    }
+}
+
+/// `combine` over a run-time `width`: groups of VECTORS vectors, then single vectors, then single lanes.
+#[inline(always)]
+fn combine_width<V: Vector, const R: usize>(
+    w: [&[f32]; R],
+    src: (impl Fn(usize) -> usize + Copy, &[f32]),
+    (out, o): (&mut [f32], impl Fn(usize) -> usize + Copy),
+    width: usize,
+    add: bool,
+) {
+    let len = w[0].len();
+    assert!(
+        w.iter().all(|x| x.len() == len),
+        "weight rows of one length"
+    );
+    let reach = |f: &dyn Fn(usize) -> usize, n: usize| (0..n).map(f).max().map_or(0, |m| m + width);
+    assert!(reach(&src.0, len) <= src.1.len(), "source rows inside src");
+    assert!(reach(&o, R) <= out.len(), "output rows inside out");
+    let l = V::LANES;
     let mut c0 = 0;
-    while c0 + GROUP <= width {
-        put(c0, &combine::<GROUP>(w, |r| rows(r) + c0, src));
-        c0 += GROUP;
+    // SAFETY: the rows reach `width` lanes inside src and out (asserted above); c0 + vectors ≤ width.
+    unsafe {
+        while c0 + VECTORS * l <= width {
+            combine::<V, R, VECTORS>(w, src, (&mut *out, o), c0, add);
+            c0 += VECTORS * l;
+        }
+        while c0 + l <= width {
+            combine::<V, R, 1>(w, src, (&mut *out, o), c0, add);
+            c0 += l;
+        }
     }
-    if c0 + 32 <= width {
-        put(c0, &combine::<32>(w, |r| rows(r) + c0, src));
-        c0 += 32;
-    }
-    while c0 + 16 <= width {
-        put(c0, &combine::<16>(w, |r| rows(r) + c0, src));
-        c0 += 16;
-    }
-    while c0 < width {
-        put(c0, &combine::<1>(w, |r| rows(r) + c0, src));
-        c0 += 1;
-    }
+    combine_lanes(w, src, (out, o), c0..width, add);
 }
 
-/// `out[j] = Σ_c a[c]·t[c][j]` for the np columns (a multiple of 16).
+/// For every output row i < m: `out[o(i) ..+width] (+)= Σ_r w(i)[r]·src[rows(r) ..+width]`, ROWS rows at
+/// a time.
 #[inline(always)]
-fn row_times(a: &[f32], t: &[f32], np: usize, out: &mut [f32]) {
-    combine_into(a, |c| c * np, t, &mut out[..np], false);
-}
-
-/// `out += Σ_j w[j]·rows_j` over the head's n rows of `part` (values, or keys and queries in the backward
-/// pass).
-#[inline(always)]
-fn weighted_rows(qkv: &[f32], s: Heads, (part, h): (usize, usize), w: &[f32], out: &mut [f32]) {
-    combine_into(w, |j| at(s, j, part, h), qkv, &mut out[..s.head_dim], true);
+fn product<'w, V: Vector>(
+    m: usize,
+    w: impl Fn(usize) -> &'w [f32],
+    src: (impl Fn(usize) -> usize + Copy, &[f32]),
+    (out, o): (&mut [f32], impl Fn(usize) -> usize + Copy),
+    width: usize,
+    add: bool,
+) {
+    let mut i = 0;
+    while i + ROWS <= m {
+        let ws = std::array::from_fn::<_, ROWS, _>(|q| w(i + q));
+        combine_width::<V, ROWS>(ws, src, (&mut *out, |q| o(i + q)), width, add);
+        i += ROWS;
+    }
+    for i in i..m {
+        combine_width::<V, 1>([w(i)], src, (&mut *out, |_| o(i)), width, add);
+    }
 }
 
 /// `P = softmax(q·kᵀ·scale)` of head `h` into `w.p` (rows of np, zero past n).
 #[inline(always)]
-fn probabilities(qkv: &[f32], s: Heads, h: usize, scale: f32, w: &mut Scratch) {
-    let (n, np) = (s.n, w.np);
+fn probabilities<V: Vector>(qkv: &[f32], s: Heads, h: usize, scale: f32, w: &mut Scratch) {
+    let (n, np, hd) = (s.n, w.np, s.head_dim);
     transpose_part(qkv, s, (1, h), &mut w.t, np);
+    let q = |i: usize| &qkv[at(s, i, 0, h)..][..hd];
+    product::<V>(n, q, (|c| c * np, &w.t), (&mut w.p, |i| i * np), np, false);
     for i in 0..n {
         let pi = &mut w.p[i * np..(i + 1) * np];
-        row_times(&qkv[at(s, i, 0, h)..][..s.head_dim], &w.t, np, pi);
         let mut max = [f32::NEG_INFINITY; 16];
         for (j, &v) in pi[..n].iter().enumerate() {
             max[j % 16] = max[j % 16].max(v);
@@ -155,16 +215,26 @@ fn probabilities(qkv: &[f32], s: Heads, h: usize, scale: f32, w: &mut Scratch) {
     }
 }
 
-/// One batch element, forward: `out` is its (N, D) rows, zero on entry.
+/// One batch element, forward: `out` is its (N, D) rows.
 #[inline(always)]
-fn forward_one(qkv: &[f32], s: Heads, scale: f32, out: &mut [f32]) {
+fn forward_one<V: Vector>(qkv: &[f32], s: Heads, scale: f32, out: &mut [f32]) {
     let (n, hd, d) = (s.n, s.head_dim, s.d());
     let mut w = Scratch::new(s);
+    let np = w.np;
     for h in 0..s.heads {
-        probabilities(qkv, s, h, scale, &mut w);
-        for i in 0..n {
-            let pi = &w.p[i * w.np..][..n];
-            weighted_rows(qkv, s, (2, h), pi, &mut out[i * d + h * hd..][..hd]);
+        probabilities::<V>(qkv, s, h, scale, &mut w);
+        let p = |i: usize| &w.p[i * np..][..n];
+        let v = |j| at(s, j, 2, h);
+        product::<V>(n, p, (v, qkv), (&mut *out, |i| i * d + h * hd), hd, false);
+    }
+}
+
+/// `m`'s n × n corner transposed into `t` (rows of np), so its columns can be read as rows.
+#[inline(always)]
+fn transpose_square(m: &[f32], n: usize, np: usize, t: &mut [f32]) {
+    for i in 0..n {
+        for j in 0..n {
+            t[j * np + i] = m[i * np + j];
         }
     }
 }
@@ -172,44 +242,42 @@ fn forward_one(qkv: &[f32], s: Heads, scale: f32, out: &mut [f32]) {
 /// One batch element, backward: `dqkv` is its (N, 3·D) rows (zero on entry), from the output gradient
 /// `dout` (N, D).
 #[inline(always)]
-fn backward_one(qkv: &[f32], dout: &[f32], s: Heads, scale: f32, dqkv: &mut [f32]) {
+fn backward_one<V: Vector>(qkv: &[f32], dout: &[f32], s: Heads, scale: f32, dqkv: &mut [f32]) {
     let (n, hd, d) = (s.n, s.head_dim, s.d());
     let mut w = Scratch::new(s);
     let np = w.np;
+    let mut cols = vec![0f32; n * np];
     for h in 0..s.heads {
-        probabilities(qkv, s, h, scale, &mut w);
+        probabilities::<V>(qkv, s, h, scale, &mut w);
         transpose_part(qkv, s, (2, h), &mut w.t, np);
+        // dP = dO·vᵀ; dS = P ⊙ (dP − Σ_j dP·P), scaled.
+        let g = |i: usize| &dout[i * d + h * hd..][..hd];
+        product::<V>(n, g, (|c| c * np, &w.t), (&mut w.ds, |i| i * np), np, false);
         for i in 0..n {
-            let g = &dout[i * d + h * hd..][..hd];
-            // dP_i = dO_i·vᵀ; dS = P ⊙ (dP − Σ_j dP·P), scaled.
-            let dsi = &mut w.ds[i * np..(i + 1) * np];
-            row_times(g, &w.t, np, dsi);
-            let pi = &w.p[i * np..(i + 1) * np];
+            let (dsi, pi) = (&mut w.ds[i * np..][..n], &w.p[i * np..][..n]);
             let weighted = sum(n, |j| dsi[j] * pi[j]);
             for j in 0..n {
                 dsi[j] = pi[j] * (dsi[j] - weighted) * scale;
             }
         }
-        // dV_j = Σ_i P[i][j]·dO_i (a column of P, gathered into a row).
-        let mut column = vec![0f32; n];
-        for j in 0..n {
-            for (i, c) in column.iter_mut().enumerate() {
-                *c = w.p[i * np + j];
-            }
-            let out = &mut dqkv[at(s, j, 2, h)..][..hd];
-            combine_into(&column, |i| i * d + h * hd, dout, out, true);
-        }
-        // dQ_i = Σ_j dS[i][j]·k_j; dK_j = Σ_i dS[i][j]·q_i (a column of dS: gathered into a row first).
-        for i in 0..n {
-            let dsi = &w.ds[i * np..][..n];
-            weighted_rows(qkv, s, (1, h), dsi, &mut dqkv[at(s, i, 0, h)..][..hd]);
-        }
-        for j in 0..n {
-            for (i, c) in column.iter_mut().enumerate() {
-                *c = w.ds[i * np + j];
-            }
-            weighted_rows(qkv, s, (0, h), &column, &mut dqkv[at(s, j, 1, h)..][..hd]);
-        }
+        let (qs, ks, vs) = (|j| at(s, j, 0, h), |j| at(s, j, 1, h), |j| at(s, j, 2, h));
+        // dV_j = Σ_i P[i][j]·dO_i (the columns of P, as rows of its transpose).
+        transpose_square(&w.p, n, np, &mut cols);
+        let pt = |j: usize| &cols[j * np..][..n];
+        product::<V>(
+            n,
+            pt,
+            (|i| i * d + h * hd, dout),
+            (&mut *dqkv, vs),
+            hd,
+            true,
+        );
+        // dQ_i = Σ_j dS[i][j]·k_j; dK_j = Σ_i dS[i][j]·q_i.
+        let ds = |i: usize| &w.ds[i * np..][..n];
+        product::<V>(n, ds, (ks, qkv), (&mut *dqkv, qs), hd, true);
+        transpose_square(&w.ds, n, np, &mut cols);
+        let dst = |j: usize| &cols[j * np..][..n];
+        product::<V>(n, dst, (qs, qkv), (&mut *dqkv, ks), hd, true);
     }
 }
 
@@ -226,23 +294,23 @@ enum Job<'a> {
 }
 
 #[inline(always)]
-fn run_job(job: Job, s: Heads, scale: f32) {
+fn run_job<V: Vector>(job: Job, s: Heads, scale: f32) {
     match job {
-        Job::Forward { qkv, out } => forward_one(qkv, s, scale, out),
-        Job::Backward { qkv, dout, dqkv } => backward_one(qkv, dout, s, scale, dqkv),
+        Job::Forward { qkv, out } => forward_one::<V>(qkv, s, scale, out),
+        Job::Backward { qkv, dout, dqkv } => backward_one::<V>(qkv, dout, s, scale, dqkv),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn run_avx512(job: Job, s: Heads, scale: f32) {
-    run_job(job, s, scale)
+    run_job::<Avx512>(job, s, scale)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn run_avx2(job: Job, s: Heads, scale: f32) {
-    run_job(job, s, scale)
+    run_job::<Avx2>(job, s, scale)
 }
 
 fn run(isa: Isa, job: Job, s: Heads, scale: f32) {
@@ -253,7 +321,8 @@ fn run(isa: Isa, job: Job, s: Heads, scale: f32) {
         Isa::Avx512 => unsafe { run_avx512(job, s, scale) },
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => unsafe { run_avx2(job, s, scale) },
-        _ => run_job(job, s, scale),
+        Isa::Portable16 => run_job::<Portable<16>>(job, s, scale),
+        _ => run_job::<Portable<8>>(job, s, scale),
     }
 }
 

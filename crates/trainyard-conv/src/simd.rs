@@ -23,6 +23,8 @@ pub(super) trait Vector: Copy {
     unsafe fn splat(p: *const f32) -> Self;
     /// `self + a * b`, one rounding.
     unsafe fn fma(self, a: Self, b: Self) -> Self;
+    /// `self + a`.
+    unsafe fn add(self, a: Self) -> Self;
 }
 
 /// AVX-512F: a zmm register.
@@ -52,6 +54,10 @@ impl Vector for Avx512 {
     #[inline(always)]
     unsafe fn fma(self, a: Self, b: Self) -> Self {
         Avx512(_mm512_fmadd_ps(a.0, b.0, self.0))
+    }
+    #[inline(always)]
+    unsafe fn add(self, a: Self) -> Self {
+        Avx512(_mm512_add_ps(self.0, a.0))
     }
 }
 
@@ -83,6 +89,10 @@ impl Vector for Avx2 {
     unsafe fn fma(self, a: Self, b: Self) -> Self {
         Avx2(_mm256_fmadd_ps(a.0, b.0, self.0))
     }
+    #[inline(always)]
+    unsafe fn add(self, a: Self) -> Self {
+        Avx2(_mm256_add_ps(self.0, a.0))
+    }
 }
 
 /// Plain arrays: the reference every SIMD path is tested against, and the path for other CPUs.
@@ -112,6 +122,14 @@ impl<const L: usize> Vector for Portable<L> {
         let mut out = self.0;
         for ((o, x), y) in out.iter_mut().zip(a.0).zip(b.0) {
             *o = x.mul_add(y, *o);
+        }
+        Portable(out)
+    }
+    #[inline(always)]
+    unsafe fn add(self, a: Self) -> Self {
+        let mut out = self.0;
+        for (o, x) in out.iter_mut().zip(a.0) {
+            *o += x;
         }
         Portable(out)
     }
