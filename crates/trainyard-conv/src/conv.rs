@@ -57,6 +57,14 @@ impl Geometry {
     pub fn ob(&self) -> usize {
         self.c_out.div_ceil(self.lanes)
     }
+    /// Channels in the last input block (the rest of its lanes are zero padding).
+    fn live_in(&self) -> usize {
+        self.c_in - self.ib().saturating_sub(1) * self.lanes
+    }
+    /// Channels in the last output block.
+    fn live_out(&self) -> usize {
+        self.c_out - self.ob().saturating_sub(1) * self.lanes
+    }
     fn taps(&self) -> usize {
         self.k * self.k
     }
@@ -131,7 +139,7 @@ fn pack(w: &[f32], g: &Geometry, how: Packing) -> Vec<f32> {
 fn gather_all(
     isa: Isa,
     (a, b): (&[f32], &[f32]),
-    (n, kblocks, hp, wp): (usize, usize, usize, usize),
+    (n, (kblocks, live), hp, wp): (usize, (usize, usize), usize, usize),
     (out_blocks, oh, ow): (usize, usize, usize),
     (k, stride): (usize, usize),
 ) -> Vec<f32> {
@@ -142,6 +150,7 @@ fn gather_all(
     let g = Gather {
         taps: &taps,
         kblocks,
+        live,
         a_k: hp * wp * l,
         b_k: k * k * l * l,
         b_n: kblocks * k * k * l * l,
@@ -193,7 +202,7 @@ pub fn forward(isa: Isa, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
     gather_all(
         isa,
         (xp, &packed),
-        (g.n, g.ib(), hp, wp),
+        (g.n, (g.ib(), g.live_in()), hp, wp),
         (g.ob(), g.oh(), g.ow()),
         (g.k, g.stride),
     )
@@ -209,7 +218,7 @@ pub fn input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
         return gather_all(
             isa,
             (&dyp, &packed),
-            (g.n, g.ob(), oh + 2 * p, ow + 2 * p),
+            (g.n, (g.ob(), g.live_out()), oh + 2 * p, ow + 2 * p),
             (g.ib(), g.h, g.w),
             (g.k, 1),
         );
@@ -233,6 +242,7 @@ fn scatter_input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32>
             let gather = Gather {
                 taps: &taps,
                 kblocks: g.ob(),
+                live: g.live_out(),
                 a_k: oh * ow * l,
                 b_k: g.taps() * l * l,
                 b_n: g.ob() * g.taps() * l * l,
@@ -304,8 +314,9 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
                     dy[img * g_img + ob * oh * ow * l..].as_ptr(),
                     acc.as_mut_ptr(),
                 );
+                let live = if ib + 1 == g.ib() { g.live_in() } else { l };
                 // SAFETY: `acc` is taps × nb × L × L; the input and gradient offsets stay in bounds.
-                unsafe { kernels::weight(isa, &p, ptrs, &taps, nb) };
+                unsafe { kernels::weight(isa, &p, ptrs, &taps, (nb, live)) };
             }
             (ob, nb, acc)
         })

@@ -67,6 +67,9 @@ pub(super) struct Gather<'a> {
     pub taps: &'a [(usize, usize)],
     /// Reduction blocks (input-channel blocks for the forward pass).
     pub kblocks: usize,
+    /// Lanes of the last reduction block that hold channels (L unless the channel count is not a
+    /// multiple of L): the zero lanes past them are skipped (the CIFAR stem's 3 channels: 3 of 16).
+    pub live: usize,
     pub a_k: usize,
     pub b_k: usize,
     pub b_n: usize,
@@ -122,7 +125,8 @@ unsafe fn gather_tile<V: Vector, const RW: usize, const NB: usize>(
         for &(ta, tb) in g.taps {
             let ak = d.a.add(k * g.a_k + ta);
             let bk = b.add(k * g.b_k + tb);
-            for li in 0..l {
+            let lanes = if k + 1 == g.kblocks { g.live } else { l };
+            for li in 0..lanes {
                 let mut w = [V::zero(); NB];
                 for (j, w) in w.iter_mut().enumerate() {
                     *w = V::load(bk.add(j * g.b_n + li * l));
@@ -210,7 +214,8 @@ unsafe fn weight_tile<V: Vector, const NB: usize>(
     }
 }
 
-/// One image's contribution to the weight gradient of `nb` output blocks and one input block, every tap:
+/// One image's contribution to the weight gradient of `nb` output blocks and one input block (its first
+/// `live` lanes), every tap:
 /// `acc` is `[tap][nb][L in][L out]`; `x` points at the image's input block (padded), `g` at its first
 /// output-gradient block; `taps` are the input offsets of the kernel taps.
 #[inline(always)]
@@ -218,12 +223,13 @@ unsafe fn weight_task<V: Tiles>(
     p: &WeightProblem,
     (x, g, acc): (*const f32, *const f32, *mut f32),
     taps: &[usize],
-    nb: usize,
+    (nb, live): (usize, usize),
 ) {
     let l = V::LANES;
     let ni = V::WEIGHT_NI.min(MAX_WEIGHT_NI);
     for (t, &ta) in taps.iter().enumerate() {
-        for i0 in (0..l).step_by(ni) {
+        // Input lanes past `live` are zero padding: their rows of the gradient stay zero.
+        for i0 in (0..live.min(l)).step_by(ni) {
             let args = (x.add(ta + i0), g, acc.add(t * nb * l * l + i0 * l));
             match nb {
                 1 => weight_tile::<V, 1>(p, args, ni),
@@ -258,7 +264,7 @@ unsafe fn weight_avx512(
     p: &WeightProblem,
     ptrs: (*const f32, *const f32, *mut f32),
     taps: &[usize],
-    nb: usize,
+    nb: (usize, usize),
 ) {
     weight_task::<Avx512>(p, ptrs, taps, nb)
 }
@@ -269,7 +275,7 @@ unsafe fn weight_avx2(
     p: &WeightProblem,
     ptrs: (*const f32, *const f32, *mut f32),
     taps: &[usize],
-    nb: usize,
+    nb: (usize, usize),
 ) {
     weight_task::<Avx2>(p, ptrs, taps, nb)
 }
@@ -312,13 +318,13 @@ pub(super) fn weight_group(isa: Isa) -> usize {
 ///
 /// # Safety
 /// `x`, `g` and `acc` hold everything `p`, `taps` and `nb` reach (`acc`: taps × nb × L × L); `isa` is
-/// supported by this CPU.
+/// supported by this CPU. `nb` is (output blocks, live input lanes).
 pub(super) unsafe fn weight(
     isa: Isa,
     p: &WeightProblem,
     ptrs: (*const f32, *const f32, *mut f32),
     taps: &[usize],
-    nb: usize,
+    nb: (usize, usize),
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
