@@ -8,6 +8,7 @@ not the steady state a training run spends its time in.
     .venv-torch/bin/python bench/train_step_bench.py --threads 2 --rounds 3 --record
 
     python3 bench/train_step_bench.py --backend tch --device cuda --precision 16-mixed --record  # a GPU
+    .venv-torch/bin/python bench/train_step_bench.py --isa avx2 --record  # AVX2 paths on an AVX-512 CPU
 
 Needs torch 2.11 (and torchvision for resnet18-cifar) in the interpreter, and `cargo build --release` first
 (`--features torch` for tch; TRAIN=<path> names another build).
@@ -132,6 +133,13 @@ def ours_steps(model_name: str, batch: int, steps: int, threads: int, backend: s
         return json.load(open(os.path.join(out, "summary.json")))["median_step_time_s"]
 
 
+# `--isa avx2`: both sides held to AVX2 on this CPU, a stand-in for an AVX2 machine when none is had: our
+# kernels' AVX2 path, and PyTorch's ATen kernels, oneDNN's convolutions and MKL's products capped at AVX2
+# (read when each library starts, so the script re-runs itself with them set).
+AVX2_ENV = {"TRAINYARD_CONV_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="resnet18-cifar,cnn,resnet50-64px,vit-tiny")
@@ -143,8 +151,12 @@ def main() -> None:
                     help="tch needs `cargo build --release --features torch`")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cuda needs --backend tch")
     ap.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"])
+    ap.add_argument("--isa", default="native", choices=["native", "avx2"],
+                    help="avx2: both sides capped at AVX2 on this CPU (CPU runs only)")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
+    if args.isa == "avx2" and any(os.environ.get(k) != v for k, v in AVX2_ENV.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, **AVX2_ENV))
     if args.device == "cuda" and args.backend != "tch":
         sys.exit("--device cuda needs --backend tch (Candle runs on the CPU)")
     for name in args.models.split(","):
@@ -173,6 +185,9 @@ def main() -> None:
                 where = machine()
             extra = "" if args.device == "cpu" else f" --device {args.device}"
             extra += "" if args.precision == "32-true" else f" --precision {args.precision}"
+            if args.isa == "avx2":
+                extra += " --isa avx2"
+                where = where.replace(", avx512,", ", avx2 (both sides capped; the CPU has avx512),")
             record(
                 section,
                 f"| {datetime.date.today()} | {name} train step (fwd+bwd+SGD), backend={args.backend}, "

@@ -1,6 +1,8 @@
 """Per-op profile of ViT-Tiny/8 at 32 px (batch 64: 17 tokens of 192, 3 heads): PyTorch eager against ours
-(`examples/step_profile vit-ops`: the ops the Candle backend's ViT runs), forward and backward of each, same
-thread count, same machine, one run. Shows where the next gap is; the whole train step is
+(`examples/step_profile vit-ops`: the ops the Candle backend's ViT runs), forward and backward of each, and
+the three products of each linear layer on our GEMM alone (`step_profile vit-gemms`) beside MKL's
+(`torch.addmm`/`torch.mm`); same thread count, same machine, one run. Shows where the next gap is; the
+whole train step is
 `bench/train_step_bench.py --models vit-tiny`.
 
     cargo build --release --example step_profile
@@ -25,11 +27,16 @@ PROFILE = os.environ.get("STEP_PROFILE", os.path.join(ROOT, "target", "release",
 B, N, D, HEADS = 64, 17, 192, 3
 
 
-def fwd_bwd(f, x, n):
-    """(forward ms, backward ms) of `f(x)`, the backward seeded with ones as step_profile's `op` does."""
+def fwd_bwd(f, x, n, params=()):
+    """(forward ms, backward ms) of `f(x)`, the backward seeded with ones as step_profile's `op` does. The
+    gradients of `x` and `params` are dropped before each backward, as a train step's
+    `zero_grad(set_to_none=True)` does: kept, every backward would add into them (an extra pass ours,
+    which returns fresh gradients, does not make; it put PyTorch's linears 20-40% behind before)."""
     fwd = median_ms(lambda: f(x), n)
 
     def both():
+        for t in (x, *params):
+            t.grad = None
         y = f(x)
         y.backward(torch.ones_like(y))
 
@@ -49,9 +56,9 @@ def torch_rows(n):
     for name, inp, i, o in [("linear qkv", x, D, 3 * D), ("linear proj", x, D, D),
                             ("linear fc1", x, D, 4 * D), ("linear fc2", hidden, 4 * D, D)]:
         lin = torch.nn.Linear(i, o)
-        rows[name] = fwd_bwd(lin, inp, n)
+        rows[name] = fwd_bwd(lin, inp, n, tuple(lin.parameters()))
     ln = torch.nn.LayerNorm(D, eps=1e-6)
-    rows["layer norm"] = fwd_bwd(ln, x, n)
+    rows["layer norm"] = fwd_bwd(ln, x, n, tuple(ln.parameters()))
     rows["gelu"] = fwd_bwd(F.gelu, hidden, n)
     rows["attention"] = fwd_bwd(attention, torch.randn(B, N, 3 * D, requires_grad=True), n)
     return rows
@@ -69,6 +76,24 @@ def ours_rows(n, threads):
             if key:
                 rows[key] = (float(m.group(2)), float(m.group(3)))
     return rows
+
+
+def torch_gemms(n):
+    """MKL's products on the shapes of `step_profile vit-gemms`: (fwd, dx, dw) ms per linear."""
+    rows, out = B * N, {}
+    for name, i, o in [("qkv", D, 3 * D), ("proj", D, D), ("fc1", D, 4 * D), ("fc2", 4 * D, D)]:
+        x, w, b, dy = torch.randn(rows, i), torch.randn(o, i), torch.randn(o), torch.randn(rows, o)
+        out[name] = (median_ms(lambda: torch.addmm(b, x, w.t()), n), median_ms(lambda: torch.mm(dy, w), n),
+                     median_ms(lambda: torch.mm(dy.t(), x), n))
+    return out
+
+
+def ours_gemms(n, threads):
+    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
+    text = subprocess.run([PROFILE, "vit-gemms", str(n)], check=True, capture_output=True, text=True,
+                          env=env).stdout
+    return {m.group(1): tuple(float(m.group(k)) for k in (2, 3, 4))
+            for m in re.finditer(r"gemm (\w+)\s+fwd\s+([\d.]+) ms\s+dx\s+([\d.]+) ms\s+dw\s+([\d.]+) ms", text)}
 
 
 # How often each op runs per ViT-Tiny step (12 blocks; the final LayerNorm adds one).
@@ -93,6 +118,15 @@ def main():
         lines.append(f"{key:32} {tf:9.2f} {tb:9.2f} {of:9.2f} {ob:9.2f}")
     lines.append(f"per step (ops x count): PyTorch {total_t:.1f} ms, ours {total_o:.1f} ms, "
                  f"ratio {total_t / total_o:.2f}x")
+    theirs_g, ours_g = torch_gemms(args.n), ours_gemms(args.n, args.threads)
+    lines.append("")
+    lines.append(f"{'product (rows 1088)':20} {'MKL fwd/dx/dw ms':>26} {'ours fwd/dx/dw ms':>26}")
+    for name, t in theirs_g.items():
+        o = ours_g[name]
+        lines.append(f"{name:20} " + " ".join(f"{v:8.3f}" for v in t) + "  " + " ".join(f"{v:8.3f}" for v in o))
+    gemm_t = sum(map(sum, theirs_g.values()))
+    gemm_o = sum(map(sum, ours_g.values()))
+    lines.append(f"products per block: MKL {gemm_t:.2f} ms, ours {gemm_o:.2f} ms, ratio {gemm_t / gemm_o:.2f}x")
     print("\n".join(lines))
     if args.record:
         record(
@@ -100,6 +134,13 @@ def main():
             f"| {datetime.date.today()} | ViT-Tiny/8 ops per step (linear x4, LayerNorm, GELU, attention; fwd+bwd "
             f"x their count), batch 64, {args.threads} threads | {total_o:.1f} ms | PyTorch {torch.__version__} "
             f"eager: {total_t:.1f} ms | **{total_t / total_o:.2f}x** | {machine()} "
+            f"| `.venv-torch/bin/python bench/vit_profile.py --threads {args.threads} --record` |",
+        )
+        record(
+            "Transformer kernels, CPU (issue 23)",
+            f"| {datetime.date.today()} | ViT-Tiny/8 linear products per block (fwd, dx, dw of qkv, proj, fc1, "
+            f"fc2; rows 1088), {args.threads} threads | {gemm_o:.2f} ms | MKL (PyTorch {torch.__version__}): "
+            f"{gemm_t:.2f} ms | **{gemm_t / gemm_o:.2f}x** | {machine()} "
             f"| `.venv-torch/bin/python bench/vit_profile.py --threads {args.threads} --record` |",
         )
 

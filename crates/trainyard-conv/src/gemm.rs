@@ -67,7 +67,8 @@ const MAX_NB: usize = 3;
 const PREFETCH_STEPS: usize = 8;
 
 /// Tile shape per path: MR rows × NB column blocks of accumulators (AVX-512's 32 registers hold 24 and
-/// three B vectors and a broadcast; AVX2's 16 hold 12).
+/// three B vectors and a broadcast; AVX2's 16 hold 12, two B vectors and a broadcast: 4 × 3 left no
+/// register spare, and the compiler kept one accumulator on the stack, 2x slower).
 trait Tile: Vector {
     const MR: usize;
     const NB: usize;
@@ -81,13 +82,14 @@ impl Tile for Avx512 {
 
 #[cfg(target_arch = "x86_64")]
 impl Tile for Avx2 {
-    const MR: usize = 4;
-    const NB: usize = 3;
+    const MR: usize = 6;
+    const NB: usize = 2;
 }
 
+/// The shapes of the SIMD path with the same lanes (the twin it is tested against).
 impl<const L: usize> Tile for Portable<L> {
-    const MR: usize = if L >= 16 { 8 } else { 4 };
-    const NB: usize = 3;
+    const MR: usize = if L >= 16 { 8 } else { 6 };
+    const NB: usize = if L >= 16 { 3 } else { 2 };
 }
 
 /// `C = A·B` for every matrix of the batch; C comes back contiguous (batch, m, n).

@@ -21,8 +21,9 @@ use crate::simd::{Portable, Vector};
 use crate::Isa;
 
 /// Tile shapes per instruction set: RW pixels × NB blocks of accumulators in the gather kernel (AVX-512's
-/// 32 registers hold 24 accumulators, 3 weight vectors and a broadcast; AVX2's 16 hold 12), NI lanes × NB
-/// blocks in the weight kernel.
+/// 32 registers hold 24 accumulators, 3 weight vectors and a broadcast; AVX2's 16 hold 12, 2 weight vectors
+/// and a broadcast), NI lanes × NB blocks in the weight kernel. A tile that fills every register (AVX2's
+/// 4 × 3 did) leaves the compiler none spare: it kept an accumulator on the stack, 2x slower.
 trait Tiles: Vector {
     const RW: usize;
     const NB: usize;
@@ -40,17 +41,19 @@ impl Tiles for Avx512 {
 
 #[cfg(target_arch = "x86_64")]
 impl Tiles for Avx2 {
-    const RW: usize = 4;
-    const NB: usize = 3;
+    const RW: usize = 6;
+    const NB: usize = 2;
     const WEIGHT_NI: usize = 4;
-    const WEIGHT_NB: usize = 3;
+    const WEIGHT_NB: usize = 2;
 }
 
+/// The shapes of the SIMD path with the same lanes: the weight gradient's task split follows the group
+/// size, and with it the order its partial sums are added in, so twins must share it to agree bit for bit.
 impl<const L: usize> Tiles for Portable<L> {
-    const RW: usize = if L >= 16 { 8 } else { 4 };
-    const NB: usize = 3;
+    const RW: usize = if L >= 16 { 8 } else { 6 };
+    const NB: usize = if L >= 16 { 3 } else { 2 };
     const WEIGHT_NI: usize = if L >= 16 { 8 } else { 4 };
-    const WEIGHT_NB: usize = 3;
+    const WEIGHT_NB: usize = if L >= 16 { 3 } else { 2 };
 }
 
 /// Weight bytes a gather keeps hot across its pixel tiles: most of a 48 KiB L1, the rest for inputs.
