@@ -350,6 +350,8 @@ unsafe fn tile<V: Vector, const MR: usize, const NB: usize>(
     pf: usize,
 ) {
     let l = V::LANES;
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = pf; // the prefetch below is x86-only
     let mut acc = [[V::zero(); NB]; MR];
     match start {
         Start::Zero => {}
