@@ -267,9 +267,9 @@ unsafe fn weight_avx512(
     p: &WeightProblem,
     ptrs: (*const f32, *const f32, *mut f32),
     taps: &[usize],
-    nb: (usize, usize),
+    blocks_live: (usize, usize),
 ) {
-    weight_task::<Avx512>(p, ptrs, taps, nb)
+    weight_task::<Avx512>(p, ptrs, taps, blocks_live)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -278,9 +278,9 @@ unsafe fn weight_avx2(
     p: &WeightProblem,
     ptrs: (*const f32, *const f32, *mut f32),
     taps: &[usize],
-    nb: (usize, usize),
+    blocks_live: (usize, usize),
 ) {
-    weight_task::<Avx2>(p, ptrs, taps, nb)
+    weight_task::<Avx2>(p, ptrs, taps, blocks_live)
 }
 
 /// Runs one gather task on `isa`.
@@ -321,20 +321,20 @@ pub(super) fn weight_group(isa: Isa) -> usize {
 ///
 /// # Safety
 /// `x`, `g` and `acc` hold everything `p`, `taps` and `nb` reach (`acc`: taps × nb × L × L); `isa` is
-/// supported by this CPU. `nb` is (output blocks, live input lanes).
+/// supported by this CPU. `blocks_live` is (output blocks, live input lanes).
 pub(super) unsafe fn weight(
     isa: Isa,
     p: &WeightProblem,
     ptrs: (*const f32, *const f32, *mut f32),
     taps: &[usize],
-    nb: (usize, usize),
+    blocks_live: (usize, usize),
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => weight_avx512(p, ptrs, taps, nb),
+        Isa::Avx512 => weight_avx512(p, ptrs, taps, blocks_live),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => weight_avx2(p, ptrs, taps, nb),
-        Isa::Portable16 => weight_task::<Portable<16>>(p, ptrs, taps, nb),
-        _ => weight_task::<Portable<8>>(p, ptrs, taps, nb),
+        Isa::Avx2 => weight_avx2(p, ptrs, taps, blocks_live),
+        Isa::Portable16 => weight_task::<Portable<16>>(p, ptrs, taps, blocks_live),
+        _ => weight_task::<Portable<8>>(p, ptrs, taps, blocks_live),
     }
 }
