@@ -1,14 +1,28 @@
 """Append a row to a section of bench/RESULTS.md (created with its table header when missing)."""
 
 import os
+import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATH = os.path.join(ROOT, "bench", "RESULTS.md")
 HEADER = "| date | what | trainyard | reference | ratio | machine | command |\n|---|---|---|---|---|---|---|\n"
 
+# `--isa avx2`: both sides held to AVX2 on this CPU, a stand-in for an AVX2 machine when none is had: our
+# kernels' AVX2 path, and PyTorch's ATen kernels, oneDNN's convolutions and MKL's products capped at AVX2
+# (read when each library starts, so a script re-runs itself with them set: `cap_isa`).
+AVX2_ENV = {"TRAINYARD_CONV_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+            "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
-def machine() -> str:
-    """This machine as a results row names it: CPU model, the widest vector ISA it has, core count."""
+
+def cap_isa(isa: str) -> None:
+    """With `isa == "avx2"`, re-runs this script with both sides capped at AVX2 (no return) unless they are."""
+    if isa == "avx2" and any(os.environ.get(k) != v for k, v in AVX2_ENV.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, **AVX2_ENV))
+
+
+def machine(isa: str = "native") -> str:
+    """This machine as a results row names it: CPU model, the widest vector ISA it has (or the cap both sides
+    ran under), core count."""
     model, flags = "unknown CPU", set()
     try:
         for line in open("/proc/cpuinfo"):
@@ -19,8 +33,10 @@ def machine() -> str:
                 flags = set(value.split())
     except OSError:
         pass
-    isa = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse/neon"
-    return f"{model}, {isa}, {os.cpu_count()} cores"
+    widest = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse/neon"
+    if isa == "avx2" and widest != "avx2":
+        widest = f"avx2 (both sides capped; the CPU has {widest})"
+    return f"{model}, {widest}, {os.cpu_count()} cores"
 
 
 def record(section: str, row: str) -> None:

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results import ROOT, record, machine  # noqa: E402
+from results import ROOT, cap_isa, machine, record  # noqa: E402
 
 TRAIN = os.environ.get("TRAIN", os.path.join(ROOT, "target", "release", "train"))
 
@@ -133,13 +133,6 @@ def ours_steps(model_name: str, batch: int, steps: int, threads: int, backend: s
         return json.load(open(os.path.join(out, "summary.json")))["median_step_time_s"]
 
 
-# `--isa avx2`: both sides held to AVX2 on this CPU, a stand-in for an AVX2 machine when none is had: our
-# kernels' AVX2 path, and PyTorch's ATen kernels, oneDNN's convolutions and MKL's products capped at AVX2
-# (read when each library starts, so the script re-runs itself with them set).
-AVX2_ENV = {"TRAINYARD_CONV_ISA": "avx2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-            "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="resnet18-cifar,cnn,resnet50-64px,vit-tiny")
@@ -155,8 +148,7 @@ def main() -> None:
                     help="avx2: both sides capped at AVX2 on this CPU (CPU runs only)")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
-    if args.isa == "avx2" and any(os.environ.get(k) != v for k, v in AVX2_ENV.items()):
-        os.execve(sys.executable, [sys.executable, *sys.argv], dict(os.environ, **AVX2_ENV))
+    cap_isa(args.isa)
     if args.device == "cuda" and args.backend != "tch":
         sys.exit("--device cuda needs --backend tch (Candle runs on the CPU)")
     for name in args.models.split(","):
@@ -179,15 +171,14 @@ def main() -> None:
                 where = torch.cuda.get_device_name(0)
             elif args.backend == "candle":
                 section = "Train step throughput, CPU (issue: training core)"
-                where = machine()
+                where = machine(args.isa)
             else:
                 section = "Train step throughput, CPU, backend=tch (issue: tch backend)"
-                where = machine()
+                where = machine(args.isa)
             extra = "" if args.device == "cpu" else f" --device {args.device}"
             extra += "" if args.precision == "32-true" else f" --precision {args.precision}"
             if args.isa == "avx2":
                 extra += " --isa avx2"
-                where = where.replace(", avx512,", ", avx2 (both sides capped; the CPU has avx512),")
             record(
                 section,
                 f"| {datetime.date.today()} | {name} train step (fwd+bwd+SGD), backend={args.backend}, "

@@ -1,11 +1,12 @@
 """Per-op profile of ViT-Tiny/8 at 32 px (batch 64: 17 tokens of 192, 3 heads): PyTorch eager against ours
 (`examples/step_profile vit-ops`: the ops the Candle backend's ViT runs), forward and backward of each, and
-the three products of each linear layer on our GEMM alone (`step_profile vit-gemms`) beside MKL's
+the three products of each linear layer on our GEMM alone (`trainyard-conv`'s `gemm_shapes`) beside MKL's
 (`torch.addmm`/`torch.mm`); same thread count, same machine, one run. Shows where the next gap is; the
 whole train step is
 `bench/train_step_bench.py --models vit-tiny`.
 
     cargo build --release --example step_profile
+    cargo build --release --manifest-path crates/trainyard-conv/Cargo.toml --example gemm_shapes
     .venv-torch/bin/python bench/vit_profile.py --threads 2 [--record]
 """
 
@@ -21,9 +22,11 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from conv_profile import median_ms  # noqa: E402
-from results import ROOT, machine, record  # noqa: E402
+from results import ROOT, cap_isa, machine, record  # noqa: E402
 
 PROFILE = os.environ.get("STEP_PROFILE", os.path.join(ROOT, "target", "release", "examples", "step_profile"))
+GEMMS = os.environ.get("GEMM_SHAPES", os.path.join(ROOT, "crates", "trainyard-conv", "target", "release", "examples",
+                                                  "gemm_shapes"))
 B, N, D, HEADS = 64, 17, 192, 3
 
 
@@ -79,7 +82,7 @@ def ours_rows(n, threads):
 
 
 def torch_gemms(n):
-    """MKL's products on the shapes of `step_profile vit-gemms`: (fwd, dx, dw) ms per linear."""
+    """MKL's products on the shapes of `gemm_shapes`: (fwd, dx, dw) ms per linear."""
     rows, out = B * N, {}
     for name, i, o in [("qkv", D, 3 * D), ("proj", D, D), ("fc1", D, 4 * D), ("fc2", 4 * D, D)]:
         x, w, b, dy = torch.randn(rows, i), torch.randn(o, i), torch.randn(o), torch.randn(rows, o)
@@ -90,7 +93,7 @@ def torch_gemms(n):
 
 def ours_gemms(n, threads):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    text = subprocess.run([PROFILE, "vit-gemms", str(n)], check=True, capture_output=True, text=True,
+    text = subprocess.run([GEMMS, str(n)], check=True, capture_output=True, text=True,
                           env=env).stdout
     return {m.group(1): tuple(float(m.group(k)) for k in (2, 3, 4))
             for m in re.finditer(r"gemm (\w+)\s+fwd\s+([\d.]+) ms\s+dx\s+([\d.]+) ms\s+dw\s+([\d.]+) ms", text)}
@@ -105,8 +108,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n", type=int, default=20)
+    ap.add_argument("--isa", default="native", choices=["native", "avx2"],
+                    help="avx2: both sides capped at AVX2 on this CPU")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
+    cap_isa(args.isa)
     torch.set_num_threads(args.threads)
     theirs, ours = torch_rows(args.n), ours_rows(args.n, args.threads)
     lines = [f"{'op (batch 64, 17 tokens x 192)':32} {'PyTorch fwd/bwd ms':>20} {'ours fwd/bwd ms':>18}"]
@@ -129,19 +135,20 @@ def main():
     lines.append(f"products per block: MKL {gemm_t:.2f} ms, ours {gemm_o:.2f} ms, ratio {gemm_t / gemm_o:.2f}x")
     print("\n".join(lines))
     if args.record:
+        isa = "" if args.isa == "native" else f" --isa {args.isa}"
         record(
             "Transformer kernels, CPU (issue 23)",
             f"| {datetime.date.today()} | ViT-Tiny/8 ops per step (linear x4, LayerNorm, GELU, attention; fwd+bwd "
             f"x their count), batch 64, {args.threads} threads | {total_o:.1f} ms | PyTorch {torch.__version__} "
-            f"eager: {total_t:.1f} ms | **{total_t / total_o:.2f}x** | {machine()} "
-            f"| `.venv-torch/bin/python bench/vit_profile.py --threads {args.threads} --record` |",
+            f"eager: {total_t:.1f} ms | **{total_t / total_o:.2f}x** | {machine(args.isa)} "
+            f"| `.venv-torch/bin/python bench/vit_profile.py --threads {args.threads}{isa} --record` |",
         )
         record(
             "Transformer kernels, CPU (issue 23)",
             f"| {datetime.date.today()} | ViT-Tiny/8 linear products per block (fwd, dx, dw of qkv, proj, fc1, "
             f"fc2; rows 1088), {args.threads} threads | {gemm_o:.2f} ms | MKL (PyTorch {torch.__version__}): "
-            f"{gemm_t:.2f} ms | **{gemm_t / gemm_o:.2f}x** | {machine()} "
-            f"| `.venv-torch/bin/python bench/vit_profile.py --threads {args.threads} --record` |",
+            f"{gemm_t:.2f} ms | **{gemm_t / gemm_o:.2f}x** | {machine(args.isa)} "
+            f"| `.venv-torch/bin/python bench/vit_profile.py --threads {args.threads}{isa} --record` |",
         )
 
 

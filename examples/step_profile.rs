@@ -1,7 +1,7 @@
 //! Where a Candle train step spends its time: the whole step (forward + backward + SGD, as the trainer
 //! runs it) and each CPU kernel of the small CNN on its own, forward and backward, at batch 64.
 //!
-//! usage: RAYON_NUM_THREADS=2 step_profile [cnn|resnet18-cifar|resnet50-64px|vit-tiny|vit-ops|vit-gemms|resnet-convs|resnet-ops] [steps]
+//! usage: RAYON_NUM_THREADS=2 step_profile [cnn|resnet18-cifar|resnet50-64px|vit-tiny|vit-ops|resnet-convs|resnet-ops] [steps]
 
 use candle_core::{Device, Tensor, Var};
 use std::time::Instant;
@@ -93,17 +93,17 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    if which == "resnet-convs" {
-        return resnet_convs(steps);
-    }
-    if which == "resnet-ops" {
-        return resnet_ops(steps);
-    }
-    if which == "vit-ops" {
-        return vit_ops(steps);
-    }
-    if which == "vit-gemms" {
-        return vit_gemms(steps);
+    // The per-op tables run on a worker of the compute pool, as a train step does (`forward_backward`):
+    // called from outside it, every kernel's parallel loop is queued into the pool and the caller sleeps
+    // and wakes, ~60 us an op on a VM.
+    let per_op: Option<fn(usize) -> anyhow::Result<()>> = match which {
+        "resnet-convs" => Some(resnet_convs),
+        "resnet-ops" => Some(resnet_ops),
+        "vit-ops" => Some(vit_ops),
+        _ => None,
+    };
+    if let Some(table) = per_op {
+        return trainyard::backend::candle::cpu::on_compute_pool(|| table(steps));
     }
     let mut engine = CandleEngine::new(&experiment(model, size)?)?;
     let x = rand(&[64, 3, size, size])?
@@ -154,6 +154,11 @@ fn main() -> anyhow::Result<()> {
     if which != "cnn" {
         return Ok(());
     }
+    trainyard::backend::candle::cpu::on_compute_pool(|| cnn_ops(steps))
+}
+
+/// The small CNN's kernels one at a time, forward and backward.
+fn cnn_ops(steps: usize) -> anyhow::Result<()> {
     let big = rand(&[64, 16, 32, 32])?;
     let t = ms(steps, || {
         fused::max_pool2d(&big, 2, 2, 0)?;
@@ -378,52 +383,6 @@ fn resnet_ops(n: usize) -> anyhow::Result<()> {
 /// The three matrix products of each ViT-Tiny linear layer (batch 64 × 17 tokens as rows) on our GEMM
 /// alone: forward `x·wᵀ + b`, input gradient `dy·w`, weight gradient `dyᵀ·x` (A read down its columns).
 /// `bench/vit_profile.py` sets them beside MKL's (`torch.addmm`/`torch.mm`) on the same shapes.
-fn vit_gemms(n: usize) -> anyhow::Result<()> {
-    use trainyard_conv::gemm::{matmul, matmul_bias, Dims, Strides};
-    let isa = direct::active().ok_or_else(|| anyhow::anyhow!("no SIMD path on this CPU"))?;
-    let rows = 64 * 17;
-    let values = |len: usize| -> anyhow::Result<Vec<f32>> { Ok(rand(&[len])?.to_vec1::<f32>()?) };
-    for (name, i, o) in [
-        ("qkv", 192, 576),
-        ("proj", 192, 192),
-        ("fc1", 192, 768),
-        ("fc2", 768, 192),
-    ] {
-        let (x, w, b, dy) = (
-            values(rows * i)?,
-            values(o * i)?,
-            values(o)?,
-            values(rows * o)?,
-        );
-        let (sx, sw, sdy) = (
-            Strides::contiguous(rows, i),
-            Strides::contiguous(o, i),
-            Strides::contiguous(rows, o),
-        );
-        let dims = |m, k, n| Dims { batch: 1, m, k, n };
-        let fwd = ms(n, || {
-            std::hint::black_box(matmul_bias(
-                isa,
-                dims(rows, i, o),
-                (&x, sx),
-                (&w, sw.t()),
-                &b,
-            ));
-            Ok(())
-        })?;
-        let dx = ms(n, || {
-            std::hint::black_box(matmul(isa, dims(rows, o, i), (&dy, sdy), (&w, sw)));
-            Ok(())
-        })?;
-        let dw = ms(n, || {
-            std::hint::black_box(matmul(isa, dims(o, rows, i), (&dy, sdy.t()), (&x, sx)));
-            Ok(())
-        })?;
-        println!("  gemm {name:5} fwd {fwd:7.3} ms  dx {dx:7.3} ms  dw {dw:7.3} ms");
-    }
-    Ok(())
-}
-
 fn vit_ops(n: usize) -> anyhow::Result<()> {
     use trainyard::backend::candle::autocast::Autocast;
     let ac = Autocast::OFF;

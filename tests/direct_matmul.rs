@@ -55,8 +55,10 @@ fn reference_from(
 #[case::both_transposed(1, 11, 65, 3, true, true)]
 #[case::batched(5, 17, 64, 17, false, true)]
 #[case::batched_wide(3, 13, 17, 100, true, false)]
-#[case::b_read_in_place(1, 9, 300, 64, false, false)]
-#[case::b_in_place_batched(2, 5, 40, 32, true, false)]
+#[case::b_packed_by_each_task(1, 9, 300, 64, false, false)]
+#[case::b_packed_by_each_task_batched(2, 5, 40, 32, true, false)]
+#[case::b_packed_by_each_task_transposed(1, 5, 300, 37, false, true)]
+#[case::b_packed_by_each_task_odd_columns(2, 3, 130, 45, true, false)]
 fn every_path_gives_the_bits_of_a_fused_chain(
     #[case] batch: usize,
     #[case] m: usize,

@@ -17,3 +17,42 @@ pub unsafe fn assume_init(v: Vec<std::mem::MaybeUninit<f32>>) -> Vec<f32> {
     // guarantees every element is initialised.
     unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut f32, v.len(), v.capacity()) }
 }
+
+/// One cache line of f32s, aligned to it.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([std::mem::MaybeUninit<f32>; 16]);
+
+/// Scratch f32s that start on a cache line (64 bytes), so a vector load at a multiple of its width
+/// never straddles two lines: the allocator's 16-byte alignment split every other AVX2 load of a packed
+/// panel, and every AVX-512 one, across two lines (two loads' cost).
+pub struct Aligned {
+    lines: Vec<Line>,
+    len: usize,
+}
+
+impl Aligned {
+    /// `len` f32s, to be written before they are read.
+    pub fn uninit(len: usize) -> Aligned {
+        let n = len.div_ceil(16);
+        let mut lines = Vec::with_capacity(n);
+        // SAFETY: `Line` holds `MaybeUninit`s only, which need no initialisation.
+        unsafe { lines.set_len(n) };
+        Aligned { lines, len }
+    }
+
+    /// The f32s, not yet written.
+    pub fn as_uninit_mut(&mut self) -> &mut [std::mem::MaybeUninit<f32>] {
+        // SAFETY: `lines` holds at least `len` contiguous `MaybeUninit<f32>`s.
+        unsafe { std::slice::from_raw_parts_mut(self.lines.as_mut_ptr().cast(), self.len) }
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut f32 {
+        self.lines.as_mut_ptr().cast()
+    }
+
+    /// The first f32 (reading one is sound only once it was written).
+    pub fn as_ptr(&self) -> *const f32 {
+        self.lines.as_ptr().cast()
+    }
+}

@@ -3,14 +3,16 @@
 //! crate's kernels are AVX2-only on stable Rust (its AVX-512 path needs nightly), half of what an AVX-512
 //! core computes per cycle; this is the same register-blocked kernel as the direct convolution's gather.
 //!
-//! B is packed once per call into column blocks of L lanes (`[batch][block][k][L]`, zero past n), so the
-//! kernel reads it as whole vectors, unless its rows are already contiguous and whole blocks wide (then
-//! it is read in place); A is read in place through its strides, one broadcast per row and
-//! step of the reduction. A tile of MR rows × NB blocks sits in registers while the reduction runs in
-//! slices whose packed B stays in L1. Each element of C is one chain of fused multiply-adds in the order of
-//! k, whatever the path or tile: every path gives the same bits.
+//! B is packed into column blocks of L lanes (zero past n), so the kernel reads it as whole vectors: a
+//! small B (a weight) once per call (`[batch][block][k][L]`), shared by the tasks; a B larger than A (an
+//! activation in a weight gradient) by each task, one L1-sized panel of its own columns per slice of
+//! the reduction. A is read in place through its strides, one broadcast per row and step of the
+//! reduction. A tile of MR rows × NB blocks sits in registers while the reduction runs in slices whose
+//! packed B stays in L1; the whole tile runs out of line, with registers of its own. Each element of C is
+//! one chain of fused multiply-adds in the order of k, whatever the path or tile: every path gives the
+//! same bits.
 
-use crate::buffer::{assume_init, uninit};
+use crate::buffer::{assume_init, uninit, Aligned};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{Avx2, Avx512};
 use crate::simd::{Portable, Vector};
@@ -72,24 +74,100 @@ const PREFETCH_STEPS: usize = 8;
 trait Tile: Vector {
     const MR: usize;
     const NB: usize;
+    /// A whole MR × NB tile (`tile`'s arguments).
+    unsafe fn full(a: APanel, b: BPanel, ks: usize, c: (*mut f32, usize), start: Start, pf: usize);
 }
+
+/// A's rows of a tile: first element, row stride, column stride (f32s).
+type APanel = (*const f32, usize, usize);
+/// B's vectors of a tile: first vector, stride between steps of the reduction, between column blocks.
+type BPanel = (*const f32, usize, usize);
 
 #[cfg(target_arch = "x86_64")]
 impl Tile for Avx512 {
     const MR: usize = 8;
     const NB: usize = 3;
+    #[inline(always)]
+    unsafe fn full(a: APanel, b: BPanel, ks: usize, c: (*mut f32, usize), start: Start, pf: usize) {
+        out_of_line_avx512(a, b, ks, c, start, pf)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 impl Tile for Avx2 {
     const MR: usize = 6;
     const NB: usize = 2;
+    #[inline(always)]
+    unsafe fn full(a: APanel, b: BPanel, ks: usize, c: (*mut f32, usize), start: Start, pf: usize) {
+        out_of_line_avx2(a, b, ks, c, start, pf)
+    }
+}
+
+/// The whole tile out of line, so it gets registers of its own: inlined into `task` beside every edge
+/// shape, LLVM kept A's stride and B's pointers on the stack and reloaded them every step of the
+/// reduction (7 extra loads per 12 FMAs on AVX2, near the load ports' limit). rustc drops
+/// `#[inline(never)]` from a `#[target_feature]` function, so the call goes through a featureless
+/// shim, into which the featured kernel cannot be inlined and which is itself never inlined.
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+unsafe fn out_of_line_avx512(
+    a: APanel,
+    b: BPanel,
+    ks: usize,
+    c: (*mut f32, usize),
+    start: Start,
+    pf: usize,
+) {
+    full_avx512(a, b, ks, c, start, pf)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+unsafe fn out_of_line_avx2(
+    a: APanel,
+    b: BPanel,
+    ks: usize,
+    c: (*mut f32, usize),
+    start: Start,
+    pf: usize,
+) {
+    full_avx2(a, b, ks, c, start, pf)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn full_avx512(
+    a: APanel,
+    b: BPanel,
+    ks: usize,
+    c: (*mut f32, usize),
+    start: Start,
+    pf: usize,
+) {
+    tile::<Avx512, { Avx512::MR }, { Avx512::NB }>(a, b, ks, c, start, pf)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn full_avx2(
+    a: APanel,
+    b: BPanel,
+    ks: usize,
+    c: (*mut f32, usize),
+    start: Start,
+    pf: usize,
+) {
+    tile::<Avx2, { Avx2::MR }, { Avx2::NB }>(a, b, ks, c, start, pf)
 }
 
 /// The shapes of the SIMD path with the same lanes (the twin it is tested against).
 impl<const L: usize> Tile for Portable<L> {
     const MR: usize = if L >= 16 { 8 } else { 6 };
     const NB: usize = if L >= 16 { 3 } else { 2 };
+    #[inline(always)]
+    unsafe fn full(a: APanel, b: BPanel, ks: usize, c: (*mut f32, usize), start: Start, pf: usize) {
+        by_tile_shape!(tile, Self, Self::MR, Self::NB, (a, b, ks, c, start, pf))
+    }
 }
 
 /// `C = A·B` for every matrix of the batch; C comes back contiguous (batch, m, n).
@@ -143,29 +221,11 @@ fn product(
         "B's strides reach outside it"
     );
     let l = isa.lanes();
-    // B larger than A (an activation in a weight gradient), with contiguous rows whole blocks wide, is
-    // read in place rather than copied whole. A small B is packed: its rows in place are a power-of-two-
-    // ish stride apart and would crowd a few L1 sets.
-    let in_place = sb.col == 1 && d.n.is_multiple_of(l) && d.n > d.m;
-    let packed = if in_place {
-        Vec::new()
-    } else {
-        pack_b(b, sb, d, l)
-    };
-    let b_layout = if in_place {
-        BLayout {
-            batch: sb.batch,
-            k: sb.row,
-            block: l,
-        }
-    } else {
-        BLayout {
-            batch: d.n.div_ceil(l) * d.k * l,
-            k: l,
-            block: d.k * l,
-        }
-    };
-    let b_base = if in_place { b } else { &packed[..] };
+    // B larger than A (an activation in a weight gradient) is packed by each task, a reduction slice
+    // of its own columns at a time, into an L1-sized panel: each element is copied once and read back
+    // from L1 by every row tile. A small B (a weight) is packed whole once and shared by the tasks.
+    let local = d.n > d.m;
+    let packed = (!local).then(|| pack_b(b, sb, d, l));
     let (mr, nb) = tile_shape(isa);
     let blocks = d.n.div_ceil(l);
     // Padded to whole blocks, so the kernel loads full vectors.
@@ -198,14 +258,17 @@ fn product(
                 d,
                 a: a[bi * sa.batch..].as_ptr(),
                 sa,
-                b: b_base[bi * b_layout.batch..].as_ptr(),
-                b_layout,
+                b: match &packed {
+                    None => BSource::Strided(b[bi * sb.batch..].as_ptr(), sb),
+                    Some(p) => {
+                        BSource::Packed(p.as_ptr().wrapping_add(bi * d.n.div_ceil(l) * d.k * l))
+                    }
+                },
                 c: out.get().wrapping_add(bi * d.m * d.n),
                 bias: bias.as_ref().map(|v| v.as_ptr()),
             };
             // SAFETY: the task's rows × column blocks of batch `bi` are its own; `reach` bounded A and
-            // an in-place B (whole blocks: no lane past n), the packed B holds every block × k × L;
-            // `isa` was checked above.
+            // a strided B, the packed B holds every block × k × L; `isa` was checked above.
             unsafe { run(isa, &job, rows, cols) };
         });
     // SAFETY: the first reduction slice of every tile stored every element of C (k > 0).
@@ -244,10 +307,11 @@ fn tile_shape(isa: Isa) -> (usize, usize) {
 }
 
 /// B as `[batch][column block][k][L]`, zero past column n.
-fn pack_b(b: &[f32], sb: Strides, d: Dims, l: usize) -> Vec<f32> {
+fn pack_b(b: &[f32], sb: Strides, d: Dims, l: usize) -> Aligned {
     let blocks = d.n.div_ceil(l);
     let panel = d.k * l;
-    let mut out = uninit(d.batch * blocks * panel);
+    let mut packed = Aligned::uninit(d.batch * blocks * panel);
+    let out = packed.as_uninit_mut();
     out.par_chunks_mut(panel).enumerate().for_each(|(i, dst)| {
         let (bi, j0) = (i / blocks, (i % blocks) * l);
         let width = l.min(d.n - j0);
@@ -291,8 +355,8 @@ fn pack_b(b: &[f32], sb: Strides, d: Dims, l: usize) -> Vec<f32> {
             }
         }
     });
-    // SAFETY: every lane of every panel was written.
-    unsafe { assume_init(out) }
+    // Every lane of every panel was written.
+    packed
 }
 
 /// The output pointer shared by the tasks, each writing its own tiles.
@@ -307,22 +371,22 @@ impl SharedOut {
     }
 }
 
-/// Where the kernel finds B's vectors: `batch` between matrices, `k` between steps of the reduction,
-/// `block` between column blocks (packed: `[block][k][L]`; in place: the rows of B).
+/// Where a task finds B.
 #[derive(Clone, Copy)]
-struct BLayout {
-    batch: usize,
-    k: usize,
-    block: usize,
+enum BSource {
+    /// Packed whole by `pack_b`: `[column block][k][L]`.
+    Packed(*const f32),
+    /// In place with its strides: the task packs a panel of its own columns per reduction slice.
+    Strided(*const f32, Strides),
 }
 
-/// One matrix of the batch: A at its first element, B at its first block, C at its first element.
+/// One matrix of the batch: A at its first element, B at its first element or block, C at its first
+/// element.
 struct Job {
     d: Dims,
     a: *const f32,
     sa: Strides,
-    b: *const f32,
-    b_layout: BLayout,
+    b: BSource,
     c: *mut f32,
     /// The bias padded to whole blocks, added to every row.
     bias: Option<*const f32>,
@@ -407,19 +471,36 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
     // A read down its columns (a weight gradient's `dyᵀ`) steps a whole row of memory per step of the
     // reduction, beyond what the hardware prefetcher follows: fetch it ahead.
     let pf = if job.sa.col >= 16 { PREFETCH_STEPS } else { 0 };
-    let mut ob = cols.start;
-    while ob < cols.end {
-        let nb = (cols.end - ob).min(V::NB);
-        let width = ((ob + nb) * l).min(d.n) - ob * l;
-        let bl = job.b_layout;
-        let b = job.b.add(ob * bl.block);
-        for k0 in (0..d.k).step_by(slice) {
-            let ks = slice.min(d.k - k0);
-            let start = match (k0, job.bias) {
-                (0, Some(p)) => Start::Bias(p.add(ob * l)),
-                (0, None) => Start::Zero,
-                _ => Start::Load,
+    let mut panel = Aligned::uninit(match job.b {
+        BSource::Strided(..) => slice * V::NB * l,
+        BSource::Packed(_) => 0,
+    });
+    for k0 in (0..d.k).step_by(slice) {
+        let ks = slice.min(d.k - k0);
+        let start = |ob: usize| match (k0, job.bias) {
+            (0, Some(p)) => Start::Bias(p.add(ob * l)),
+            (0, None) => Start::Zero,
+            _ => Start::Load,
+        };
+        let mut ob = cols.start;
+        while ob < cols.end {
+            let nb = (cols.end - ob).min(V::NB);
+            let width = ((ob + nb) * l).min(d.n) - ob * l;
+            let b = match job.b {
+                BSource::Strided(raw, sb) => {
+                    pack_panel(
+                        raw,
+                        sb,
+                        (k0, ks),
+                        (ob * l, width),
+                        nb * l,
+                        panel.as_mut_ptr(),
+                    );
+                    (panel.as_ptr(), nb * l, l)
+                }
+                BSource::Packed(p) => (p.add((ob * d.k + k0) * l), l, d.k * l),
             };
+            let start = start(ob);
             for r0 in rows.clone().step_by(V::MR) {
                 let mr = V::MR.min(rows.end - r0);
                 let a = (
@@ -428,21 +509,12 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
                     job.sa.col,
                 );
                 let c = job.c.add(r0 * d.n + ob * l);
+                if width == nb * l && mr == V::MR && nb == V::NB {
+                    V::full(a, b, ks, (c, d.n), start, pf);
+                    continue;
+                }
                 if width == nb * l {
-                    by_tile_shape!(
-                        tile,
-                        V,
-                        mr,
-                        nb,
-                        (
-                            a,
-                            (b.add(k0 * bl.k), bl.k, bl.block),
-                            ks,
-                            (c, d.n),
-                            start,
-                            pf
-                        )
-                    );
+                    by_tile_shape!(tile, V, mr, nb, (a, b, ks, (c, d.n), start, pf));
                     continue;
                 }
                 let pitch = nb * l;
@@ -453,21 +525,55 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
                     }
                 }
                 let s = (scratch.as_mut_ptr(), pitch);
-                by_tile_shape!(
-                    tile,
-                    V,
-                    mr,
-                    nb,
-                    (a, (b.add(k0 * bl.k), bl.k, bl.block), ks, s, start, pf)
-                );
+                by_tile_shape!(tile, V, mr, nb, (a, b, ks, s, start, pf));
                 for r in 0..mr {
                     for j in 0..width {
                         *c.add(r * d.n + j) = scratch[r * pitch + j];
                     }
                 }
             }
+            ob += nb;
         }
-        ob += nb;
+    }
+}
+
+/// B's rows `k0..k0 + ks` and columns `j0..j0 + width` copied into `dst` as `[kk][pitch]`, zero past
+/// `width`: one panel of a task's column blocks, read whole vectors at a time by the tiles.
+///
+/// # Safety
+/// `b` with strides `sb` holds every element of those rows and columns; `dst` holds `ks × pitch` f32s.
+unsafe fn pack_panel(
+    b: *const f32,
+    sb: Strides,
+    (k0, ks): (usize, usize),
+    (j0, width): (usize, usize),
+    pitch: usize,
+    dst: *mut f32,
+) {
+    let dst = std::slice::from_raw_parts_mut(dst.cast::<std::mem::MaybeUninit<f32>>(), ks * pitch);
+    if sb.col == 1 {
+        for (kk, row) in dst.chunks_exact_mut(pitch).enumerate() {
+            let src = std::slice::from_raw_parts(b.add((k0 + kk) * sb.row + j0), width);
+            for (v, &x) in row.iter_mut().zip(src) {
+                v.write(x);
+            }
+            for v in &mut row[width..] {
+                v.write(0.0);
+            }
+        }
+        return;
+    }
+    // Columns read one at a time, in order along k when B is a transposed weight (`sb.row == 1`).
+    for lane in 0..width {
+        let src = b.add(k0 * sb.row + (j0 + lane) * sb.col);
+        for kk in 0..ks {
+            dst[kk * pitch + lane].write(*src.add(kk * sb.row));
+        }
+    }
+    for row in dst.chunks_exact_mut(pitch) {
+        for v in &mut row[width..] {
+            v.write(0.0);
+        }
     }
 }
 

@@ -1,0 +1,157 @@
+//! The ViT-Tiny/8 linear layers' three products (forward with bias, input gradient, weight gradient) on
+//! this crate's GEMM alone, median milliseconds: the figures `bench/vit_profile.py` sets beside MKL's.
+//!
+//! usage: RAYON_NUM_THREADS=2 cargo run --release --manifest-path crates/trainyard-conv/Cargo.toml \
+//!            --example gemm_shapes [runs] [isa] [only]
+//! (isa: avx512, avx2, portable16, portable, else `TRAINYARD_CONV_ISA`, else the CPU's widest; only:
+//! one product, "fc2:dw", or an M x K x N product of contiguous matrices, "1088x192x576", with its GF/s)
+
+use std::time::Instant;
+use trainyard_conv::gemm::{matmul, matmul_bias, Dims, Strides};
+use trainyard_conv::Isa;
+
+/// `train`'s allocator (src/main.rs): a product's output is then reused memory, not fresh pages.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Median milliseconds of `f` over `n` runs, after one warm-up.
+fn ms(n: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    let mut t: Vec<f64> = (0..n)
+        .map(|_| {
+            let s = Instant::now();
+            f();
+            s.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    t.sort_by(f64::total_cmp);
+    t[n / 2]
+}
+
+/// `len` values in [-1, 1) from a fixed linear congruential sequence.
+fn values(len: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..len)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+        })
+        .collect()
+}
+
+/// "MxKxN" as a product's (m, k, n).
+fn shape(text: &str) -> Option<(usize, usize, usize)> {
+    let v: Vec<usize> = text
+        .split('x')
+        .map(|p| p.parse().ok())
+        .collect::<Option<_>>()?;
+    (v.len() == 3).then(|| (v[0], v[1], v[2]))
+}
+
+fn main() {
+    // Run on a worker of the pool, as `train` does: a product called from outside it is queued into the
+    // pool and its caller sleeps and wakes (~60 us a call on a VM, a tenth of a ViT product).
+    let pool = rayon::ThreadPoolBuilder::new()
+        .build()
+        .expect("a thread pool");
+    pool.install(run);
+}
+
+fn run() {
+    let mut args = std::env::args().skip(1);
+    let n: usize = args.next().and_then(|v| v.parse().ok()).unwrap_or(30);
+    let isa = args
+        .next()
+        .map(|v| Isa::parse(&v).expect("an ISA name: avx512, avx2, portable16, portable8"))
+        .or_else(|| {
+            std::env::var("TRAINYARD_CONV_ISA")
+                .ok()
+                .and_then(|v| Isa::parse(&v))
+        })
+        .unwrap_or_else(Isa::detected);
+    // "fc2:dw" runs that product alone (for a profiler); every product otherwise.
+    let only = args.next();
+    if let Some((m, k, nn)) = only.as_deref().and_then(shape) {
+        let (a, b) = (values(m * k, 1), values(k * nn, 2));
+        let d = Dims {
+            batch: 1,
+            m,
+            k,
+            n: nn,
+        };
+        let t = ms(n, || {
+            std::hint::black_box(matmul(
+                isa,
+                d,
+                (&a, Strides::contiguous(m, k)),
+                (&b, Strides::contiguous(k, nn)),
+            ));
+        });
+        println!(
+            "{m}x{k}x{nn}: {:.1} us  {:.1} GF/s",
+            t * 1e3,
+            2.0 * (m * k * nn) as f64 / t / 1e6
+        );
+        return;
+    }
+    let skip = |what: &str| only.as_deref().is_some_and(|o| o != what);
+    let rows = 64 * 17;
+    let dims = |m, k, n| Dims { batch: 1, m, k, n };
+    let (mut total, mut out) = (0.0, Vec::new());
+    for (name, i, o) in [
+        ("qkv", 192, 576),
+        ("proj", 192, 192),
+        ("fc1", 192, 768),
+        ("fc2", 768, 192),
+    ] {
+        let (x, w, b, dy) = (
+            values(rows * i, 1),
+            values(o * i, 2),
+            values(o, 3),
+            values(rows * o, 4),
+        );
+        let (sx, sw, sdy) = (
+            Strides::contiguous(rows, i),
+            Strides::contiguous(o, i),
+            Strides::contiguous(rows, o),
+        );
+        let time = |what: &str, f: &mut dyn FnMut()| {
+            if skip(&format!("{name}:{what}")) {
+                0.0
+            } else {
+                ms(n, f)
+            }
+        };
+        let fwd = time("fwd", &mut || {
+            std::hint::black_box(matmul_bias(
+                isa,
+                dims(rows, i, o),
+                (&x, sx),
+                (&w, sw.t()),
+                &b,
+            ));
+        });
+        let dx = time("dx", &mut || {
+            std::hint::black_box(matmul(isa, dims(rows, o, i), (&dy, sdy), (&w, sw)));
+        });
+        let dw = time("dw", &mut || {
+            std::hint::black_box(matmul(isa, dims(o, rows, i), (&dy, sdy.t()), (&x, sx)));
+        });
+        total += fwd + dx + dw;
+        out.push(format!(
+            "  gemm {name:5} fwd {fwd:7.3} ms  dx {dx:7.3} ms  dw {dw:7.3} ms"
+        ));
+    }
+    println!(
+        "{} ({}): {total:.3} ms per block",
+        isa.name(),
+        rayon::current_num_threads()
+    );
+    for line in out {
+        println!("{line}");
+    }
+}
