@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from results import ROOT, machine, record  # noqa: E402
+from results import ROOT, cap_isa, machine, record  # noqa: E402
 
 PROFILE = os.environ.get("STEP_PROFILE", os.path.join(ROOT, "target", "release", "examples", "step_profile"))
 
@@ -72,8 +72,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--isa", default="native", choices=["native", "avx2"],
+                    help="avx2: both sides capped at AVX2 on this CPU")
     ap.add_argument("--record", action="store_true")
     a = ap.parse_args()
+    cap_isa(a.isa)
     torch.set_num_threads(a.threads)
     theirs = torch_rows(a.reps)
     ours = ours_rows(a.reps, a.threads)
@@ -96,8 +99,9 @@ def main():
             f"summed over the network (per shape: `bench/conv_profile.py`) | direct {sum(tot['direct']):.0f} ms "
             f"(fwd {tot['direct'][0]:.0f}, bwd {tot['direct'][1]:.0f}); im2col {sum(tot['im2col']):.0f} ms "
             f"| PyTorch {torch.__version__} eager (oneDNN): {sum(tot['torch']):.0f} ms (fwd {tot['torch'][0]:.0f}, "
-            f"bwd {tot['torch'][1]:.0f}) | **{ratio:.2f}x** | {machine()} "
-            f"| `.venv-torch/bin/python bench/conv_profile.py --threads {a.threads} --record` |",
+            f"bwd {tot['torch'][1]:.0f}) | **{ratio:.2f}x** | {machine(a.isa)} "
+            f"| `.venv-torch/bin/python bench/conv_profile.py --threads {a.threads}"
+            f"{'' if a.isa == 'native' else ' --isa ' + a.isa} --record` |",
         )
 
 if __name__ == "__main__":

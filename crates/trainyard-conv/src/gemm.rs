@@ -74,99 +74,64 @@ const PREFETCH_STEPS: usize = 8;
 trait Tile: Vector {
     const MR: usize;
     const NB: usize;
-    /// A whole MR × NB tile (`tile`'s arguments).
-    unsafe fn full(a: APanel, b: BPanel, ks: usize, c: (*mut f32, usize), start: Start, pf: usize);
+    /// A whole MR × NB tile.
+    unsafe fn full(t: TileArgs);
 }
 
-/// A's rows of a tile: first element, row stride, column stride (f32s).
-type APanel = (*const f32, usize, usize);
-/// B's vectors of a tile: first vector, stride between steps of the reduction, between column blocks.
-type BPanel = (*const f32, usize, usize);
-
-#[cfg(target_arch = "x86_64")]
-impl Tile for Avx512 {
-    const MR: usize = 8;
-    const NB: usize = 3;
-    #[inline(always)]
-    unsafe fn full(a: APanel, b: BPanel, ks: usize, c: (*mut f32, usize), start: Start, pf: usize) {
-        out_of_line_avx512(a, b, ks, c, start, pf)
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Tile for Avx2 {
-    const MR: usize = 6;
-    const NB: usize = 2;
-    #[inline(always)]
-    unsafe fn full(a: APanel, b: BPanel, ks: usize, c: (*mut f32, usize), start: Start, pf: usize) {
-        out_of_line_avx2(a, b, ks, c, start, pf)
-    }
+/// One tile's operands: A's rows (first element, row stride, column stride), B's vectors (first vector,
+/// stride between steps of the reduction, between column blocks), the steps, C (first element, row
+/// stride), what the sums start from, and how far ahead a strided A is prefetched (0: not). Strides in f32s.
+#[derive(Clone, Copy)]
+struct TileArgs {
+    a: (*const f32, usize, usize),
+    b: (*const f32, usize, usize),
+    ks: usize,
+    c: (*mut f32, usize),
+    start: Start,
+    pf: usize,
 }
 
 /// The whole tile out of line, so it gets registers of its own: inlined into `task` beside every edge
 /// shape, LLVM kept A's stride and B's pointers on the stack and reloaded them every step of the
 /// reduction (7 extra loads per 12 FMAs on AVX2, near the load ports' limit). rustc drops
-/// `#[inline(never)]` from a `#[target_feature]` function, so the call goes through a featureless
-/// shim, into which the featured kernel cannot be inlined and which is itself never inlined.
-#[cfg(target_arch = "x86_64")]
-#[inline(never)]
-unsafe fn out_of_line_avx512(
-    a: APanel,
-    b: BPanel,
-    ks: usize,
-    c: (*mut f32, usize),
-    start: Start,
-    pf: usize,
-) {
-    full_avx512(a, b, ks, c, start, pf)
+/// `#[inline(never)]` from a `#[target_feature]` function, so the call goes through a featureless shim,
+/// into which the featured kernel cannot be inlined and which is itself never inlined.
+macro_rules! out_of_line_tile {
+    ($V:ty, $features:literal, $mr:literal, $nb:literal, $shim:ident, $featured:ident) => {
+        #[cfg(target_arch = "x86_64")]
+        impl Tile for $V {
+            const MR: usize = $mr;
+            const NB: usize = $nb;
+            #[inline(always)]
+            unsafe fn full(t: TileArgs) {
+                $shim(t)
+            }
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[inline(never)]
+        unsafe fn $shim(t: TileArgs) {
+            $featured(t)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        unsafe fn $featured(t: TileArgs) {
+            tile::<$V, $mr, $nb>(t)
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[inline(never)]
-unsafe fn out_of_line_avx2(
-    a: APanel,
-    b: BPanel,
-    ks: usize,
-    c: (*mut f32, usize),
-    start: Start,
-    pf: usize,
-) {
-    full_avx2(a, b, ks, c, start, pf)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn full_avx512(
-    a: APanel,
-    b: BPanel,
-    ks: usize,
-    c: (*mut f32, usize),
-    start: Start,
-    pf: usize,
-) {
-    tile::<Avx512, { Avx512::MR }, { Avx512::NB }>(a, b, ks, c, start, pf)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn full_avx2(
-    a: APanel,
-    b: BPanel,
-    ks: usize,
-    c: (*mut f32, usize),
-    start: Start,
-    pf: usize,
-) {
-    tile::<Avx2, { Avx2::MR }, { Avx2::NB }>(a, b, ks, c, start, pf)
-}
+out_of_line_tile!(Avx512, "avx512f", 8, 3, out_of_line_avx512, full_avx512);
+out_of_line_tile!(Avx2, "avx2,fma", 6, 2, out_of_line_avx2, full_avx2);
 
 /// The shapes of the SIMD path with the same lanes (the twin it is tested against).
 impl<const L: usize> Tile for Portable<L> {
     const MR: usize = if L >= 16 { 8 } else { 6 };
     const NB: usize = if L >= 16 { 3 } else { 2 };
     #[inline(always)]
-    unsafe fn full(a: APanel, b: BPanel, ks: usize, c: (*mut f32, usize), start: Start, pf: usize) {
-        by_tile_shape!(tile, Self, Self::MR, Self::NB, (a, b, ks, c, start, pf))
+    unsafe fn full(t: TileArgs) {
+        by_tile_shape!(tile, Self, Self::MR, Self::NB, (t))
     }
 }
 
@@ -405,14 +370,15 @@ enum Start {
 /// An MR × NB tile of C: `c[r][j·L..] (+)= Σ_kk a[r·a_row + kk·a_col] · b[j·b_blk + kk·b_k ..+L]`,
 /// with A's line `pf` steps ahead prefetched (0: none).
 #[inline(always)]
-unsafe fn tile<V: Vector, const MR: usize, const NB: usize>(
-    (a, a_row, a_col): (*const f32, usize, usize),
-    (b, b_k, b_blk): (*const f32, usize, usize),
-    ks: usize,
-    (c, c_row): (*mut f32, usize),
-    start: Start,
-    pf: usize,
-) {
+unsafe fn tile<V: Vector, const MR: usize, const NB: usize>(t: TileArgs) {
+    let TileArgs {
+        a: (a, a_row, a_col),
+        b: (b, b_k, b_blk),
+        ks,
+        c: (c, c_row),
+        start,
+        pf,
+    } = t;
     let l = V::LANES;
     #[cfg(not(target_arch = "x86_64"))]
     let _ = pf; // the prefetch below is x86-only
@@ -503,18 +469,25 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
             let start = start(ob);
             for r0 in rows.clone().step_by(V::MR) {
                 let mr = V::MR.min(rows.end - r0);
-                let a = (
-                    job.a.add(r0 * job.sa.row + k0 * job.sa.col),
-                    job.sa.row,
-                    job.sa.col,
-                );
                 let c = job.c.add(r0 * d.n + ob * l);
+                let args = TileArgs {
+                    a: (
+                        job.a.add(r0 * job.sa.row + k0 * job.sa.col),
+                        job.sa.row,
+                        job.sa.col,
+                    ),
+                    b,
+                    ks,
+                    c: (c, d.n),
+                    start,
+                    pf,
+                };
                 if width == nb * l && mr == V::MR && nb == V::NB {
-                    V::full(a, b, ks, (c, d.n), start, pf);
+                    V::full(args);
                     continue;
                 }
                 if width == nb * l {
-                    by_tile_shape!(tile, V, mr, nb, (a, b, ks, (c, d.n), start, pf));
+                    by_tile_shape!(tile, V, mr, nb, (args));
                     continue;
                 }
                 let pitch = nb * l;
@@ -524,8 +497,11 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
                         scratch[r * pitch + j] = if k0 > 0 { *c.add(r * d.n + j) } else { 0.0 };
                     }
                 }
-                let s = (scratch.as_mut_ptr(), pitch);
-                by_tile_shape!(tile, V, mr, nb, (a, b, ks, s, start, pf));
+                let args = TileArgs {
+                    c: (scratch.as_mut_ptr(), pitch),
+                    ..args
+                };
+                by_tile_shape!(tile, V, mr, nb, (args));
                 for r in 0..mr {
                     for j in 0..width {
                         *c.add(r * d.n + j) = scratch[r * pitch + j];

@@ -5,6 +5,7 @@
 
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use trainyard_conv::buffer::{assume_init, uninit};
 
 use super::cpu::{f32_slice as slice, is_cpu_f32 as fast, with_f32 as with_data};
 
@@ -26,15 +27,19 @@ impl CustomOp1 for Relu {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = slice(s, l)?;
-        let mut y = vec![0f32; x.len()];
+        let mut y = uninit(x.len());
         y.par_chunks_mut(CHUNK)
             .zip(x.par_chunks(CHUNK))
             .for_each(|(o, i)| {
                 for (o, v) in o.iter_mut().zip(i) {
-                    *o = v.max(0.0);
+                    o.write(v.max(0.0));
                 }
             });
-        Ok((CpuStorage::F32(y), l.shape().clone()))
+        // SAFETY: every element was written.
+        Ok((
+            CpuStorage::F32(unsafe { assume_init(y) }),
+            l.shape().clone(),
+        ))
     }
 
     fn bwd(&self, _arg: &Tensor, res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
@@ -45,15 +50,16 @@ impl CustomOp1 for Relu {
 
 /// A ReLU's input gradient from its output `y` and output gradient `g`: `g` where `y > 0`, else 0.
 pub(crate) fn relu_grad(y: &[f32], g: &[f32]) -> Vec<f32> {
-    let mut dx = vec![0f32; y.len()];
+    let mut dx = uninit(y.len());
     dx.par_chunks_mut(CHUNK)
         .zip(y.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
         .for_each(|(o, (y, g))| {
             for ((o, y), g) in o.iter_mut().zip(y).zip(g) {
-                *o = if *y > 0.0 { *g } else { 0.0 };
+                o.write(if *y > 0.0 { *g } else { 0.0 });
             }
         });
-    dx
+    // SAFETY: every element was written.
+    unsafe { assume_init(dx) }
 }
 
 /// `relu(a + b)` for two tensors of one shape (a residual block's end) in one pass, with one gradient
@@ -83,15 +89,19 @@ impl CustomOp2 for AddRelu {
         if a.len() != b.len() {
             candle_core::bail!("add_relu: {} and {} elements", a.len(), b.len());
         }
-        let mut y = vec![0f32; a.len()];
+        let mut y = uninit(a.len());
         y.par_chunks_mut(CHUNK)
             .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
             .for_each(|(o, (a, b))| {
                 for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
-                    *o = (a + b).max(0.0);
+                    o.write((a + b).max(0.0));
                 }
             });
-        Ok((CpuStorage::F32(y), l1.shape().clone()))
+        // SAFETY: every element was written.
+        Ok((
+            CpuStorage::F32(unsafe { assume_init(y) }),
+            l1.shape().clone(),
+        ))
     }
 
     fn bwd(
