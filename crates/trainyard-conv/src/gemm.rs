@@ -187,8 +187,9 @@ fn product(
     );
     let l = isa.lanes();
     // B larger than A (an activation in a weight gradient) is packed by each task, a reduction slice
-    // of its own columns at a time, into an L1-sized panel: each element is copied once and read back
-    // from L1 by every row tile. A small B (a weight) is packed whole once and shared by the tasks.
+    // of its own columns at a time, into an L1-sized panel that every row tile then reads from L1 (the
+    // split gives such a product column chunks, so each element is copied about once). A small B (a
+    // weight) is packed whole once and shared by the tasks.
     let local = d.n > d.m;
     let packed = (!local).then(|| pack_b(b, sb, d, l));
     let (mr, nb) = tile_shape(isa);
