@@ -113,6 +113,11 @@ def main():
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     cap_isa(args.isa)
+    for path, build in ((PROFILE, "cargo build --release --example step_profile"),
+                        (GEMMS, "cargo build --release --manifest-path crates/trainyard-conv/Cargo.toml "
+                                "--example gemm_shapes")):
+        if not os.path.exists(path):
+            sys.exit(f"{path} is missing: build it with `{build}` (or point STEP_PROFILE / GEMM_SHAPES at it)")
     torch.set_num_threads(args.threads)
     theirs, ours = torch_rows(args.n), ours_rows(args.n, args.threads)
     lines = [f"{'op (batch 64, 17 tokens x 192)':32} {'PyTorch fwd/bwd ms':>20} {'ours fwd/bwd ms':>18}"]

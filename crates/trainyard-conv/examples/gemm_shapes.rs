@@ -63,16 +63,22 @@ fn main() {
 
 fn run() {
     let mut args = std::env::args().skip(1);
-    let n: usize = args.next().and_then(|v| v.parse().ok()).unwrap_or(30);
-    let isa = args
-        .next()
-        .map(|v| Isa::parse(&v).expect("an ISA name: avx512, avx2, portable16, portable8"))
-        .or_else(|| {
-            std::env::var("TRAINYARD_CONV_ISA")
-                .ok()
-                .and_then(|v| Isa::parse(&v))
+    let n: usize = args.next().map_or(30, |v| {
+        v.parse().unwrap_or_else(|_| {
+            panic!("runs: {v:?} is not a count (usage: gemm_shapes [runs] [isa] [only])")
         })
-        .unwrap_or_else(Isa::detected);
+    });
+    let isa_name = args.next().map(|v| (v, "the isa argument")).or_else(|| {
+        std::env::var("TRAINYARD_CONV_ISA")
+            .ok()
+            .map(|v| (v, "TRAINYARD_CONV_ISA"))
+    });
+    let isa = match isa_name {
+        Some((v, source)) => Isa::parse(&v).unwrap_or_else(|| {
+            panic!("{source}={v:?} is not an ISA: avx512, avx2, portable16, portable")
+        }),
+        None => Isa::detected(),
+    };
     // "fc2:dw" runs that product alone (for a profiler); every product otherwise.
     let only = args.next();
     if let Some((m, k, nn)) = only.as_deref().and_then(shape) {
@@ -98,16 +104,26 @@ fn run() {
         );
         return;
     }
-    let skip = |what: &str| only.as_deref().is_some_and(|o| o != what);
-    let rows = 64 * 17;
-    let dims = |m, k, n| Dims { batch: 1, m, k, n };
-    let (mut total, mut out) = (0.0, Vec::new());
-    for (name, i, o) in [
+    let products = [
         ("qkv", 192, 576),
         ("proj", 192, 192),
         ("fc1", 192, 768),
         ("fc2", 768, 192),
-    ] {
+    ];
+    if let Some(o) = only.as_deref() {
+        let known = o.split_once(':').is_some_and(|(name, pass)| {
+            products.iter().any(|p| p.0 == name) && ["fwd", "dx", "dw"].contains(&pass)
+        });
+        assert!(
+            known,
+            "only: {o:?} is neither a product (qkv|proj|fc1|fc2 : fwd|dx|dw, e.g. fc2:dw) nor MxKxN"
+        );
+    }
+    let skip = |what: &str| only.as_deref().is_some_and(|o| o != what);
+    let rows = 64 * 17;
+    let dims = |m, k, n| Dims { batch: 1, m, k, n };
+    let (mut total, mut out) = (0.0, Vec::new());
+    for (name, i, o) in products {
         let (x, w, b, dy) = (
             values(rows * i, 1),
             values(o * i, 2),
