@@ -3,7 +3,10 @@ same model, batch, precision and thread count, alternating runs. Our figure is `
 backward and SGD step; data loading excluded), PyTorch's the same statistic of the same three on a fixed
 batch (see `summary_median`). Both are over 20 steps by default: a process's first two or three steps fault
 in fresh memory (tens of huge pages) and run 1.5-2x slower, so a 5-step median measured mostly that warm-up,
-not the steady state a training run spends its time in.
+not the steady state a training run spends its time in. Ours starts each step from the loader's host
+batch and moves it to the device inside the step; on CUDA, PyTorch is measured both with its batch
+resident on the GPU (pure compute) and copied from pinned host memory each step (what a training loop
+does), and both ratios are printed and recorded.
 
     .venv-torch/bin/python bench/train_step_bench.py --threads 2 --rounds 3 --record
 
@@ -77,9 +80,12 @@ def cnn(channels) -> nn.Module:
 
 
 def torch_steps(model_name: str, batch: int, steps: int, threads: int, device: str = "cpu",
-                precision: str = "32-true") -> float:
+                precision: str = "32-true", host_input: bool = False) -> float:
     """Lightning's precisions: 16-mixed = autocast(float16) + GradScaler, bf16-mixed = autocast(bfloat16).
-    On CUDA each step ends by reading the loss, as ours does (its statistics go to the host)."""
+    On CUDA each step ends by reading the loss, as ours does (its statistics go to the host).
+    `host_input`: the batch starts each step in pinned host memory and is copied over without blocking
+    (a DataLoader with pin_memory=True, then `.to(device, non_blocking=True)`), as ours starts each step
+    from the loader's host batch; otherwise it stays on the device, which no training loop gets."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = MODELS[model_name][1]().to(device)
@@ -89,11 +95,15 @@ def torch_steps(model_name: str, batch: int, steps: int, threads: int, device: s
     size = IMAGE_SIZE.get(model_name, 32)
     x = torch.randn(batch, 3, size, size, device=device)
     y = torch.randint(0, 10, (batch,), device=device)
+    if host_input:
+        x_host, y_host = x.cpu().pin_memory(), y.cpu().pin_memory()
     dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
     scaler = torch.amp.GradScaler(device) if precision == "16-mixed" else None
     times = []
     for _ in range(steps + 1):
         t0 = time.perf_counter()
+        if host_input:
+            x, y = x_host.to(device, non_blocking=True), y_host.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
             loss = loss_fn(model(x), y)
@@ -124,6 +134,7 @@ def ours_steps(model_name: str, batch: int, steps: int, threads: int, backend: s
             "optimizer=sgd", "optimizer.lr=0.01", "scheduler=constant", "trainer.max_epochs=1",
             f"trainer.limit_train_batches={steps + 1}", "trainer.limit_val_batches=0", "callbacks=none",
             "data.num_workers=0",  # batches made between steps, so loader threads do not share the cores
+            f"data.train_size={batch * (steps + 1)}",  # every step a full batch
             f"hydra.run.dir={out}", f"backend={backend}", f"trainer.precision={precision}",
             "trainer.accelerator=" + ("gpu" if device == "cuda" else "cpu"),
         ]
@@ -152,14 +163,24 @@ def main() -> None:
     if args.device == "cuda" and args.backend != "tch":
         sys.exit("--device cuda needs --backend tch (Candle runs on the CPU)")
     for name in args.models.split(","):
-        ours, theirs = [], []
+        ours, theirs, fed = [], [], []
         for _ in range(args.rounds):
             ours.append(ours_steps(name, args.batch, args.steps, args.threads, args.backend, args.device,
                                    args.precision))
             theirs.append(torch_steps(name, args.batch, args.steps, args.threads, args.device, args.precision))
+            if args.device == "cuda":
+                fed.append(torch_steps(name, args.batch, args.steps, args.threads, args.device, args.precision,
+                                       host_input=True))
         o, t = statistics.median(ours), statistics.median(theirs)
         ratio = t / o
         print(f"{name}: trainyard {args.batch / o:.1f} img/s, PyTorch {args.batch / t:.1f} img/s, ratio {ratio:.2f}x")
+        fed_note = ""
+        if fed:
+            f = statistics.median(fed)
+            print(f"  PyTorch with the batch copied from pinned host memory each step: {args.batch / f:.1f} img/s, "
+                  f"ratio {f / o:.2f}x")
+            fed_note = f"; {args.batch / f:.1f} img/s with the batch copied from pinned host memory each step " \
+                       f"(**{f / o:.2f}x** against that)"
         # Each round's pair ran back to back: their spread is this machine's noise on the ratio.
         pairs = [b / a for a, b in zip(ours, theirs)]
         print(f"  per round: trainyard {' '.join(f'{x * 1e3:.1f}' for x in ours)} ms, "
@@ -175,7 +196,8 @@ def main() -> None:
             else:
                 section = "Train step throughput, CPU, backend=tch (issue: tch backend)"
                 where = machine(args.isa)
-            extra = "" if args.device == "cpu" else f" --device {args.device}"
+            extra = "" if args.batch == 64 else f" --batch {args.batch}"
+            extra += "" if args.device == "cpu" else f" --device {args.device}"
             extra += "" if args.precision == "32-true" else f" --precision {args.precision}"
             if args.isa == "avx2":
                 extra += " --isa avx2"
@@ -183,7 +205,8 @@ def main() -> None:
                 section,
                 f"| {datetime.date.today()} | {name} train step (fwd+bwd+SGD), backend={args.backend}, "
                 f"{args.precision}, batch {args.batch}, {args.threads} threads "
-                f"| {args.batch / o:.1f} img/s | PyTorch {torch.__version__} eager: {args.batch / t:.1f} img/s "
+                f"| {args.batch / o:.1f} img/s | PyTorch {torch.__version__} eager: {args.batch / t:.1f} img/s"
+                f"{' (batch resident on the device)' if fed else ''}{fed_note} "
                 f"| **{ratio:.2f}x** | {where} "
                 f"| `python bench/train_step_bench.py --models {name} --threads {args.threads} "
                 f"--rounds {args.rounds} --steps {args.steps} --backend {args.backend}{extra} --record` |",

@@ -6,9 +6,13 @@
 #   - AMP + DDP together (16-mixed over NCCL);
 #   - FSDP FULL_SHARD with its slices on the GPU, gathered and reduce-scattered by NCCL, against the same
 #     run over Gloo (where the slices go through host memory);
-#   - DataParallel with one replica on the GPU (its gradient sums stay on the device).
+#   - DataParallel with one replica on the GPU (its gradient sums stay on the device);
+#   - the batch-size finder on the GPU: ResNet-50 at 224 px doubles its batch until CUDA runs out of
+#     memory (the out-of-memory error must end a trial, not the run);
+#   - the logbook over all of them (GPU memory and utilisation from DeviceStatsMonitor's NVML samples).
 # Each run's summary.json is copied to $OUT_DIR, with the wall time in times.txt; then (BENCH=0 skips it)
 # bench/train_step_bench.py on CUDA against PyTorch eager, recorded in bench/RESULTS.md (copied to $OUT_DIR).
+# Each run is stopped after RUN_TIMEOUT seconds (default 180), so one hang does not spend the lease.
 #
 #   TRAIN=target-torch/gpu/train OUT_DIR=$OUT/gpu scripts/gpu-check.sh
 set -euo pipefail
@@ -35,12 +39,14 @@ run() {
     echo "== $name: train $*"
     rm -rf logs
     local start end
-    start="$(date +%s.%N)"
-    if "$TRAIN" "$@" >"$OUT_DIR/$name.log" 2>&1; then
-        end="$(date +%s.%N)"
-        echo "$name $(echo "$end - $start" | bc) s" | tee -a "$OUT_DIR/times.txt"
+    start="$(date +%s%N)"
+    if timeout "${RUN_TIMEOUT:-180}" "$TRAIN" "$@" >"$OUT_DIR/$name.log" 2>&1; then
+        end="$(date +%s%N)"
+        # Whole milliseconds in bash's own arithmetic (no `bc` on the GPU machine).
+        echo "$name $(((end - start) / 1000000)) ms" | tee -a "$OUT_DIR/times.txt"
         cp "$(find logs -name summary.json -path '*runs*' | head -1)" "$OUT_DIR/$name.json"
         tail -2 "$OUT_DIR/$name.log"
+        mkdir -p all-logs && mv logs "all-logs/$name"
     else
         echo "FAILED: $name (log: $OUT_DIR/$name.log)"
         tail -20 "$OUT_DIR/$name.log"
@@ -60,6 +66,12 @@ FSDP=("${QS[@]}" trainer=fsdp trainer.devices=1 trainer.accelerator=gpu trainer.
 run fsdp_nccl "${FSDP[@]}" trainer.process_group_backend=nccl
 run fsdp_gloo "${FSDP[@]}" trainer.process_group_backend=gloo
 run dp_gpu "${QS[@]}" trainer=dp trainer.devices=1 trainer.accelerator=gpu
+run batch_finder_gpu model=resnet50 data=synthetic data.image_size=224 data.train_size=4096 data.val_size=64 \
+    backend=tch trainer.accelerator=gpu trainer.max_epochs=1 \
+    +callbacks.batch_size_finder.mode=power +callbacks.batch_size_finder.fit_after=false
+if [ -d all-logs ]; then
+    "$TRAIN" logbook all-logs -o "$OUT_DIR/logbook.md" || failed=1
+fi
 
 python3 - "$OUT_DIR" <<'PY'
 import json, pathlib, sys
@@ -70,6 +82,12 @@ def final(name):
 for name in ["tch_gpu_32", "tch_gpu_16_mixed", "tch_gpu_bf16_mixed", "ddp_nccl", "ddp_gloo",
              "ddp_nccl_16_mixed", "fsdp_nccl", "fsdp_gloo", "dp_gpu"]:
     print(name, final(name))
+    p = out / f"{name}.json"
+    if p.exists():
+        print("   device_stats:", json.loads(p.read_text()).get("device_stats"))
+p = out / "batch_finder_gpu.json"
+if p.exists():
+    print("batch_finder_gpu:", json.loads(p.read_text()).get("batch_size_finder"))
 for what in ["ddp", "fsdp"]:
     nccl, gloo = final(f"{what}_nccl"), final(f"{what}_gloo")
     if nccl and gloo:
@@ -81,7 +99,7 @@ PY
 if [ "${BENCH:-1}" = "1" ]; then
     cd "$REPO"
     for precision in 32-true 16-mixed; do
-        TRAIN="$TRAIN" python3 bench/train_step_bench.py --models cnn --backend tch --device cuda \
+        TRAIN="$TRAIN" python3 bench/train_step_bench.py --models cnn,resnet18-cifar --backend tch --device cuda \
             --precision "$precision" --threads 4 --rounds 3 --batch 256 --record || failed=1
     done
     cp bench/RESULTS.md "$OUT_DIR/RESULTS.md"

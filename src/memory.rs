@@ -1,6 +1,7 @@
 //! Heap accounting: a global-allocator wrapper that keeps the bytes currently allocated and their peak, so the
 //! batch-size finder can measure what a training step needs on the CPU (the counterpart of CUDA's
 //! `max_memory_allocated`). The `train` binary installs it around mimalloc; elsewhere the counters stay zero.
+//! `Meter` picks what a measurement reads: this heap, or on a CUDA run the caching allocator's own peak.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -78,4 +79,116 @@ pub fn is_counting() -> bool {
     let counting = current() >= probe.len();
     drop(probe);
     counting
+}
+
+/// Measures the peak memory of a stretch of work above what was in use when it started: the heap's on the
+/// CPU, CUDA's caching allocator's (`max_memory_allocated`) when the run's tensors live on a GPU, where the
+/// heap holds only host-side bookkeeping.
+pub enum Meter {
+    Heap {
+        before: usize,
+    },
+    /// Per CUDA device: what was allocated at the start. DataParallel spreads one process over several
+    /// devices and each must fit, so the reading is the largest device's.
+    #[cfg(feature = "torch")]
+    Cuda {
+        before: Vec<u64>,
+    },
+}
+
+impl Meter {
+    /// Start measuring for a run of `exp` (CUDA's allocator when it trains with tch on a GPU).
+    pub fn start(exp: &crate::schema::Experiment) -> anyhow::Result<Meter> {
+        #[cfg(feature = "torch")]
+        if uses_cuda(exp) {
+            let mut before = Vec::new();
+            for index in 0..crate::cuda::device_count() {
+                crate::cuda::reset_peak(index)?;
+                before.push(crate::cuda::memory_stats(index)?.allocated);
+            }
+            return Ok(Meter::Cuda { before });
+        }
+        let _ = exp;
+        Ok(Meter::Heap {
+            before: reset_peak(),
+        })
+    }
+
+    /// The most bytes in use at once since `start`, above what was in use then.
+    pub fn peak_above_start(&self) -> anyhow::Result<u64> {
+        match self {
+            Meter::Heap { before } => Ok(peak().saturating_sub(*before) as u64),
+            #[cfg(feature = "torch")]
+            Meter::Cuda { before } => {
+                let mut most = 0;
+                for (index, before) in before.iter().enumerate() {
+                    let peak = crate::cuda::memory_stats(index)?.peak_allocated;
+                    most = most.max(peak.saturating_sub(*before));
+                }
+                Ok(most)
+            }
+        }
+    }
+}
+
+/// Whether `exp`'s tensors live on a CUDA device: tch on `gpu`/`cuda`, or on `auto` where CUDA is usable
+/// (the rule `TchEngine::placed` follows).
+#[cfg(feature = "torch")]
+fn uses_cuda(exp: &crate::schema::Experiment) -> bool {
+    use crate::schema::{Accelerator, Backend};
+    exp.backend == Backend::Tch
+        && match exp.trainer.accelerator {
+            Accelerator::Gpu | Accelerator::Cuda => true,
+            Accelerator::Auto => crate::cuda::is_available(),
+            Accelerator::Cpu => false,
+        }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::{Accelerator, Backend};
+
+    fn experiment(backend: Backend, accelerator: Accelerator) -> crate::schema::Experiment {
+        let mut exp = crate::testing::experiment(
+            "{name: mlp, num_classes: 4, hidden: [8]}",
+            "{name: sgd, lr: 0.1}",
+            "{strategy: single, devices: 1}",
+            4,
+        );
+        exp.backend = backend;
+        exp.trainer.accelerator = accelerator;
+        exp
+    }
+
+    /// A CPU run reads the heap: what it allocates after `start` is its peak, what was there before is
+    /// not (in unit tests the counting allocator is not installed, so both are zero).
+    #[test]
+    fn a_cpu_run_is_measured_on_the_heap() {
+        let meter = Meter::start(&experiment(Backend::Candle, Accelerator::Cpu)).unwrap();
+        assert!(matches!(meter, Meter::Heap { .. }));
+        let held = vec![1u8; 1 << 20];
+        let peak = meter.peak_above_start().unwrap();
+        drop(held);
+        if is_counting() {
+            assert!(peak >= 1 << 20, "{peak}");
+        } else {
+            assert_eq!(peak, 0);
+        }
+    }
+
+    /// Only tch on a GPU is measured on CUDA's allocator; Candle always runs on the CPU.
+    #[cfg(feature = "torch")]
+    #[rstest::rstest]
+    #[case(Backend::Tch, Accelerator::Gpu, true)]
+    #[case(Backend::Tch, Accelerator::Cuda, true)]
+    #[case(Backend::Tch, Accelerator::Cpu, false)]
+    #[case(Backend::Candle, Accelerator::Gpu, false)]
+    fn cuda_is_measured_where_the_tensors_live(
+        #[case] backend: Backend,
+        #[case] accelerator: Accelerator,
+        #[case] cuda: bool,
+    ) {
+        assert_eq!(uses_cuda(&experiment(backend, accelerator)), cuda);
+    }
 }

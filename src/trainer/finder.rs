@@ -1,6 +1,7 @@
 //! The batch-size finder's runs (Lightning's `BatchSizeFinder`, `callbacks/batch_size_finder.rs` has its
 //! search rules): real trials of `steps_per_trial` training steps on the training set, each with a fresh
-//! strategy, measuring the heap's peak above what was in use before the trial.
+//! strategy, measuring the peak above what was in use before the trial: the heap's on the CPU, CUDA's
+//! caching allocator's on a GPU (`memory::Meter`).
 
 use crate::callbacks::batch_size_finder::{search, Finding};
 use crate::data::loader::{EpochLoader, LoaderSpec};
@@ -24,7 +25,7 @@ pub fn find_batch_size(
     let finding = search(cfg, train_set.len(), |b| {
         let mut trial_exp = exp.clone();
         trial_exp.data.batch_size = b;
-        let before = crate::memory::reset_peak();
+        let meter = crate::memory::Meter::start(&trial_exp)?;
         {
             let mut strategy = crate::strategy::build(&trial_exp, plan, None)?;
             let spec = LoaderSpec {
@@ -49,7 +50,7 @@ pub fn find_batch_size(
                 }
             }
         }
-        Ok(crate::memory::peak().saturating_sub(before) as u64)
+        meter.peak_above_start()
     })?;
     tracing::info!(
         "batch size finder ({}): batch size {} ({}; {} trials)",

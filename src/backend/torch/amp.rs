@@ -15,6 +15,12 @@ extern "C" {
         prev_dtype: *mut c_int,
     ) -> c_int;
     fn trainyard_autocast_exit(device: c_int, prev_enabled: c_int, prev_dtype: c_int) -> c_int;
+    fn trainyard_amp_unscale_foreach(
+        grads: *const *mut std::ffi::c_void,
+        n: i64,
+        found_inf: *mut std::ffi::c_void,
+        inv_scale: *const std::ffi::c_void,
+    ) -> c_int;
 }
 
 /// How a precision setting maps onto libtorch: the dtype autocast runs eligible ops in (mixed), or the
@@ -111,12 +117,30 @@ impl GradScaler {
         Ok(self.scale.f_double_value(&[0])?)
     }
 
-    /// Unscale the gradients in place (×1/scale) and report whether any of them holds inf or NaN.
+    /// `loss × scale` on the device (GradScaler.scale): no read of the scale back to the host.
+    pub fn scale_loss(&self, loss: &Tensor) -> anyhow::Result<Tensor> {
+        Ok(loss.f_mul(&self.scale.f_view([] as [i64; 0])?)?)
+    }
+
+    /// Unscale the gradients in place (×1/scale) and report whether any of them holds inf or NaN: one
+    /// multi-tensor launch for all of them, then the one read back the step needs.
     pub fn unscale(&self, grads: &mut [Tensor]) -> anyhow::Result<bool> {
         let mut found_inf = Tensor::f_zeros([1], (Kind::Float, self.scale.device()))?;
         let inv_scale = self.scale.f_reciprocal()?.f_to_kind(Kind::Float)?;
-        for g in grads.iter_mut() {
-            g.f_internal_amp_non_finite_check_and_unscale(&mut found_inf, &inv_scale)?;
+        if !grads.is_empty() {
+            let handles: Vec<*mut std::ffi::c_void> =
+                grads.iter_mut().map(|g| g.as_mut_ptr().cast()).collect();
+            // SAFETY: live tch handles (`torch::Tensor*`): the gradients, `found_inf` and `inv_scale`;
+            // the shim catches C++ exceptions.
+            let status = unsafe {
+                trainyard_amp_unscale_foreach(
+                    handles.as_ptr(),
+                    handles.len() as i64,
+                    found_inf.as_mut_ptr().cast(),
+                    inv_scale.as_ptr().cast(),
+                )
+            };
+            anyhow::ensure!(status == 0, "libtorch could not unscale the gradients");
         }
         Ok(found_inf.f_double_value(&[0])? != 0.0)
     }

@@ -12,6 +12,22 @@ use crate::schema::OptimizerName;
 use tch::Tensor;
 
 extern "C" {
+    fn trainyard_sgd_foreach(
+        params: *const *mut std::ffi::c_void,
+        grads: *const *mut std::ffi::c_void,
+        bufs: *const *mut std::ffi::c_void,
+        n: i64,
+        lr: f64,
+        momentum: f64,
+        weight_decay: f64,
+        nesterov: std::os::raw::c_int,
+        update_bufs: std::os::raw::c_int,
+    ) -> std::os::raw::c_int;
+    fn trainyard_foreach_mul_(
+        ts: *const *mut std::ffi::c_void,
+        n: i64,
+        k: f64,
+    ) -> std::os::raw::c_int;
     fn trainyard_grad_reset(t: *mut std::ffi::c_void) -> std::os::raw::c_int;
     fn trainyard_grad_set(
         t: *mut std::ffi::c_void,
@@ -39,6 +55,92 @@ pub fn set_grad(p: &mut Tensor, g: &Tensor) -> anyhow::Result<()> {
         p.size()
     );
     Ok(())
+}
+
+/// `t ← t·k` for every tensor, in one multi-tensor launch (skipped for k = 1).
+pub fn scale_all(ts: &mut [Tensor], k: f64) -> anyhow::Result<()> {
+    if k == 1.0 || ts.is_empty() {
+        return Ok(());
+    }
+    let handles: Vec<_> = ts.iter_mut().map(|t| t.as_mut_ptr().cast()).collect();
+    // SAFETY: live tch handles (`torch::Tensor*`), n of them; the shim catches C++ exceptions.
+    let status = unsafe { trainyard_foreach_mul_(handles.as_ptr(), handles.len() as i64, k) };
+    anyhow::ensure!(status == 0, "libtorch refused to scale the gradients");
+    Ok(())
+}
+
+/// One SGD step over every parameter at once, with libtorch's multi-tensor kernels (`_foreach_*`, as
+/// PyTorch's default `foreach=True` SGD): on a GPU a handful of launches for the model instead of four
+/// or five per parameter, which is most of a small model's step. The operations and their rounding are
+/// `update`'s SGD arm's, so the numbers are the same bit for bit. `params[i]` (detached handles) pairs
+/// with `grads[i]` (scratch) and `names[i]`. Call under `tch::no_grad`.
+pub fn sgd_all(
+    opt: &mut Optimizer<Tensor>,
+    names: &[String],
+    params: &mut [Tensor],
+    grads: &mut [Tensor],
+    lr: f64,
+    momentum: Option<f64>,
+) -> anyhow::Result<()> {
+    let o = opt.config.clone();
+    anyhow::ensure!(o.name == OptimizerName::Sgd, "sgd_all runs SGD only");
+    let m = momentum.filter(|_| o.momentum != 0.0).unwrap_or(o.momentum);
+    let handle = |t: &mut Tensor| -> *mut std::ffi::c_void { t.as_mut_ptr().cast() };
+    // Two groups: parameters whose momentum buffer exists (updated by the step) and those whose buffer
+    // is new (the step fills it with the weight-decayed gradient, as PyTorch's first step).
+    let (mut old, mut fresh) = (Group::default(), Group::default());
+    for ((name, p), g) in names.iter().zip(params.iter_mut()).zip(grads.iter_mut()) {
+        let group = if m == 0.0 {
+            &mut old
+        } else {
+            let key = format!("{name}.momentum_buffer");
+            let (buf, group) = match opt.state.entry(key) {
+                std::collections::btree_map::Entry::Occupied(slot) => (slot.into_mut(), &mut old),
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    (slot.insert(g.f_empty_like()?), &mut fresh)
+                }
+            };
+            group.bufs.push(handle(buf));
+            group
+        };
+        group.params.push(handle(p));
+        group.grads.push(handle(g));
+    }
+    for (group, update_bufs) in [(old, 1), (fresh, 0)] {
+        if group.params.is_empty() {
+            continue;
+        }
+        let bufs = if m == 0.0 {
+            std::ptr::null()
+        } else {
+            group.bufs.as_ptr()
+        };
+        // SAFETY: live tch handles, `n` in each list (`bufs` too when momentum is on); the buffers are
+        // owned by `opt.state`, which is not touched while the shim runs; it catches C++ exceptions.
+        let status = unsafe {
+            trainyard_sgd_foreach(
+                group.params.as_ptr(),
+                group.grads.as_ptr(),
+                bufs,
+                group.params.len() as i64,
+                lr,
+                m,
+                o.weight_decay,
+                std::os::raw::c_int::from(o.nesterov),
+                update_bufs,
+            )
+        };
+        anyhow::ensure!(status == 0, "libtorch's multi-tensor SGD step failed");
+    }
+    Ok(())
+}
+
+/// The handles one multi-tensor SGD call takes.
+#[derive(Default)]
+struct Group {
+    params: Vec<*mut std::ffi::c_void>,
+    grads: Vec<*mut std::ffi::c_void>,
+    bufs: Vec<*mut std::ffi::c_void>,
 }
 
 /// Update parameter `name` in place from its gradient `g` (overwritten: used as scratch), as
@@ -178,9 +280,11 @@ mod tests {
             .collect()
     }
 
-    /// Four steps on three random tensors, the generic rules vs this path, with the OneCycle momentum
-    /// override on some steps: parameters and state equal bit for bit.
-    fn same_as_rules(yaml: &str) {
+    /// Four steps on three random tensors, the generic rules vs this path (per parameter, or SGD's
+    /// multi-tensor step over all of them at once), with the OneCycle momentum override on some steps;
+    /// the last tensor has no gradient in the first step, so a later step mixes parameters whose momentum
+    /// buffer exists with one whose buffer is new. Parameters and state equal bit for bit.
+    fn same_as_rules(yaml: &str, all_at_once: bool) {
         tch::manual_seed(7);
         let shapes: [&[i64]; 3] = [&[5, 3, 3, 3], &[17], &[10, 33]];
         let params: Vec<Tensor> = shapes
@@ -194,14 +298,27 @@ mod tests {
         for step in 0..4 {
             let lr = 0.05 / (step + 1) as f64;
             let momentum = (step % 2 == 1).then_some(0.85);
+            let (mut names, mut ps, mut gs) = (Vec::new(), Vec::new(), Vec::new());
             for (i, s) in shapes.iter().enumerate() {
+                if step == 0 && i == 2 {
+                    continue;
+                }
                 let g = Tensor::randn(*s, (Kind::Float, Device::Cpu));
                 let name = format!("p{i}");
                 reference[i] = rules
                     .update(&name, &reference[i], &g, lr, momentum)
                     .unwrap();
                 let mut g = g.copy();
-                update(&mut fast, &name, &mut fused[i], &mut g, lr, momentum).unwrap();
+                if all_at_once {
+                    names.push(name);
+                    ps.push(fused[i].shallow_clone());
+                    gs.push(g);
+                } else {
+                    update(&mut fast, &name, &mut fused[i], &mut g, lr, momentum).unwrap();
+                }
+            }
+            if all_at_once {
+                sgd_all(&mut fast, &names, &mut ps, &mut gs, lr, momentum).unwrap();
             }
             rules.steps += 1;
             fast.steps += 1;
@@ -218,19 +335,27 @@ mod tests {
         }
     }
 
-    #[test]
-    fn sgd_matches_the_rules() {
-        same_as_rules("{name: sgd, lr: 0.1}");
-        same_as_rules("{name: sgd, lr: 0.1, momentum: 0.9}");
-        same_as_rules("{name: sgd, lr: 0.1, momentum: 0.9, weight_decay: 0.0005}");
-        same_as_rules("{name: sgd, lr: 0.1, momentum: 0.9, nesterov: true, weight_decay: 0.01}");
-        same_as_rules("{name: sgd, lr: 0.1, weight_decay: 0.01}");
+    #[rstest::rstest]
+    #[case("{name: sgd, lr: 0.1}")]
+    #[case("{name: sgd, lr: 0.1, momentum: 0.9}")]
+    #[case("{name: sgd, lr: 0.1, momentum: 0.9, weight_decay: 0.0005}")]
+    #[case("{name: sgd, lr: 0.1, momentum: 0.9, nesterov: true, weight_decay: 0.01}")]
+    #[case("{name: sgd, lr: 0.1, weight_decay: 0.01}")]
+    #[case("{name: sgd, lr: 0.1, momentum: 1.0, weight_decay: 1.0}")]
+    fn sgd_matches_the_rules(#[case] yaml: &str, #[values(false, true)] all_at_once: bool) {
+        same_as_rules(yaml, all_at_once);
     }
 
     #[test]
     fn adam_and_adamw_match_the_rules() {
-        same_as_rules("{name: adam, lr: 0.001, betas: [0.9, 0.999], eps: 1e-8}");
-        same_as_rules("{name: adam, lr: 0.001, weight_decay: 0.01}");
-        same_as_rules("{name: adamw, lr: 0.001, weight_decay: 0.05, betas: [0.8, 0.99]}");
+        same_as_rules(
+            "{name: adam, lr: 0.001, betas: [0.9, 0.999], eps: 1e-8}",
+            false,
+        );
+        same_as_rules("{name: adam, lr: 0.001, weight_decay: 0.01}", false);
+        same_as_rules(
+            "{name: adamw, lr: 0.001, weight_decay: 0.05, betas: [0.8, 0.99]}",
+            false,
+        );
     }
 }

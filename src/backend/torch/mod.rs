@@ -221,11 +221,23 @@ impl TchEngine {
                 batch.height as i64,
                 batch.width as i64,
             ])?
-            .f_to_kind(self.mode.storage())?
-            .f_to(self.device)?;
+            .f_to_kind(self.mode.storage())?;
         let labels: Vec<i64> = batch.labels.iter().map(|&l| l as i64).collect();
-        let y = Tensor::f_from_slice(&labels)?.f_to(self.device)?;
-        Ok((x, y))
+        let y = Tensor::f_from_slice(&labels)?;
+        Ok((self.to_device(x)?, self.to_device(y)?))
+    }
+
+    /// A host tensor onto the engine's device. To a GPU through page-locked memory and without waiting
+    /// (Lightning's `pin_memory` + `non_blocking`): a copy from pageable memory blocks the host until the
+    /// GPU has finished the previous step's queued work, so the GPU then idles while the host queues the
+    /// next forward pass. libtorch's pinned-memory cache keeps the buffer until its copy has run.
+    fn to_device(&self, t: Tensor) -> anyhow::Result<Tensor> {
+        if !self.device.is_cuda() {
+            return Ok(t.f_to(self.device)?);
+        }
+        let kind = t.kind();
+        Ok(t.f_pin_memory(self.device)?
+            .f_to_device_(self.device, kind, true, false)?)
     }
 
     fn stats(&self, logits: &Tensor, loss: &Tensor, batch: &Batch) -> anyhow::Result<StepStats> {
@@ -266,12 +278,19 @@ impl Engine for TchEngine {
         };
         // Gradients accumulate in each parameter's `.grad` until the optimizer step, as in PyTorch;
         // under 16-mixed the loss is scaled first (GradScaler.scale(loss)).
-        let scale = match &self.scaler {
-            Some(s) => grad_scale * s.scale()?,
-            None => grad_scale,
-        };
         self.overlap.before_backward(&[&logits])?;
-        loss.f_mul_scalar(scale)?.f_backward()?;
+        // GradScaler.scale(loss): multiplied by the scale on the device, not read back first (a read
+        // would stall the host until the forward pass has run, leaving the GPU idle while it queues the
+        // backward pass).
+        let scaled = match &self.scaler {
+            Some(s) => s.scale_loss(&loss)?,
+            None => loss.shallow_clone(),
+        };
+        if grad_scale != 1.0 {
+            scaled.f_mul_scalar(grad_scale)?.f_backward()?;
+        } else {
+            scaled.f_backward()?;
+        }
         let stats = self.stats(&logits, &loss, batch)?;
         self.last_logits = Some(logits.detach());
         Ok(stats)
@@ -311,10 +330,22 @@ impl Engine for TchEngine {
             None => (f64::NAN, 1.0),
         };
         tch::no_grad(|| -> anyhow::Result<()> {
+            fused_optim::scale_all(&mut grads, scale)?;
+            if self.optimizer.config.name == crate::schema::OptimizerName::Sgd {
+                let mut params: Vec<Tensor> = names
+                    .iter()
+                    .map(|name| self.params[name].detach())
+                    .collect();
+                return fused_optim::sgd_all(
+                    &mut self.optimizer,
+                    &names,
+                    &mut params,
+                    &mut grads,
+                    lr,
+                    momentum,
+                );
+            }
             for (name, g) in names.iter().zip(&mut grads) {
-                if scale != 1.0 {
-                    let _ = g.f_mul_scalar_(scale)?;
-                }
                 let mut p = self.params[name].detach();
                 fused_optim::update(&mut self.optimizer, name, &mut p, g, lr, momentum)?;
             }

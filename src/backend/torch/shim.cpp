@@ -1,15 +1,35 @@
 // What tch does not expose, reached through libtorch's C++ API: autocast for a given device type and
 // dtype (tch's `autocast` is CUDA float16 only), `param.grad = None` (tch can only zero a gradient),
-// `torch.cuda.set_device` and `torch.use_deterministic_algorithms`. Every entry point catches C++
-// exceptions and reports them as a status, so nothing unwinds into Rust.
+// `torch.cuda.set_device`, `torch.use_deterministic_algorithms`, the multi-tensor (`_foreach_*`)
+// optimizer and GradScaler kernels (tch binds no op that takes a list of tensors) and the CUDA caching
+// allocator's statistics. Every entry point catches C++ exceptions and reports them as a status, so
+// nothing unwinds into Rust.
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_foreach_add.h>
+#include <ATen/ops/_foreach_copy.h>
+#include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_foreach_sub.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <cstdint>
+#include <vector>
 
 namespace {
 at::DeviceType device_type(int device) { return device == 1 ? at::kCUDA : at::kCPU; }
 at::ScalarType scalar_type(int dtype) { return dtype == 1 ? at::kBFloat16 : at::kHalf; }
+
+// A list of tch handles (`torch::Tensor*`) as the tensors themselves (shallow: same storage).
+std::vector<at::Tensor> tensors(at::Tensor* const* handles, int64_t n) {
+  std::vector<at::Tensor> out;
+  out.reserve(n);
+  for (int64_t i = 0; i < n; ++i) out.push_back(*handles[i]);
+  return out;
+}
 }  // namespace
 
 extern "C" {
@@ -88,6 +108,109 @@ int trainyard_set_deterministic(int on) {
     at::globalContext().setDeterministicAlgorithms(on != 0, /*warn_only=*/false);
     at::globalContext().setDeterministicCuDNN(on != 0);
     if (on != 0) at::globalContext().setBenchmarkCuDNN(false);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// One SGD step over n parameters with the multi-tensor kernels (PyTorch's `foreach=True` SGD): a few
+// launches for the whole model instead of a few per parameter. The same operations in the same order
+// as `fused_optim::update`'s SGD arm, each rounded as there (a product is taken before it is added,
+// never fused), so the numbers match it bit for bit. `grads` are scratch (overwritten); `bufs` are the
+// momentum buffers (null when momentum is 0): updated when `update_bufs`, else new ones that become a
+// copy of the (weight-decayed) gradient, as PyTorch's first step makes them. 0 on success.
+int trainyard_sgd_foreach(at::Tensor* const* params, at::Tensor* const* grads, at::Tensor* const* bufs,
+                          int64_t n, double lr, double momentum, double weight_decay, int nesterov,
+                          int update_bufs) {
+  try {
+    at::NoGradGuard no_grad;
+    auto p = tensors(params, n);
+    auto g = tensors(grads, n);
+    if (weight_decay != 0.0) {
+      at::_foreach_add_(g, weight_decay != 1.0 ? at::_foreach_mul(p, weight_decay) : p);
+    }
+    if (momentum != 0.0) {
+      auto b = tensors(bufs, n);
+      if (update_bufs != 0) {
+        if (momentum != 1.0) at::_foreach_mul_(b, momentum);
+        at::_foreach_add_(b, g);
+      } else {
+        at::_foreach_copy_(b, g);
+      }
+      if (nesterov != 0) {
+        at::_foreach_add_(g, momentum != 1.0 ? at::_foreach_mul(b, momentum) : b);
+        if (lr != 1.0) at::_foreach_mul_(g, lr);
+      } else {
+        at::_foreach_sub_(p, lr != 1.0 ? at::_foreach_mul(b, lr) : b);
+        return 0;
+      }
+    } else if (lr != 1.0) {
+      at::_foreach_mul_(g, lr);
+    }
+    at::_foreach_sub_(p, g);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// `t *= k` for each of n tensors (one multi-tensor launch). 0 on success.
+int trainyard_foreach_mul_(at::Tensor* const* ts, int64_t n, double k) {
+  try {
+    at::NoGradGuard no_grad;
+    auto list = tensors(ts, n);
+    at::_foreach_mul_(list, k);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// GradScaler.unscale_: each gradient ×inv_scale in place, found_inf set to 1 where any is inf or NaN, in
+// one multi-tensor launch (`_amp_foreach_non_finite_check_and_unscale_`). 0 on success.
+int trainyard_amp_unscale_foreach(at::Tensor* const* grads, int64_t n, at::Tensor* found_inf,
+                                  const at::Tensor* inv_scale) {
+  try {
+    at::NoGradGuard no_grad;
+    auto list = tensors(grads, n);
+    at::_amp_foreach_non_finite_check_and_unscale_(list, *found_inf, *inv_scale);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// torch.cuda.memory_allocated / max_memory_allocated / memory_reserved of device `index`, from the
+// caching allocator libtorch_cuda.so registered (no CUDA linked here). Before the first CUDA tensor the
+// allocator is not set up (it refuses every device): then nothing has been allocated, all zero. 0 on
+// success.
+int trainyard_cuda_memory(int index, int64_t* allocated, int64_t* peak_allocated, int64_t* reserved) {
+  try {
+    auto* allocator = c10::getDeviceAllocator(at::kCUDA);
+    if (!allocator->initialized()) {
+      *allocated = *peak_allocated = *reserved = 0;
+      return 0;
+    }
+    auto stats = allocator->getDeviceStats(static_cast<c10::DeviceIndex>(index));
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    *allocated = stats.allocated_bytes[all].current;
+    *peak_allocated = stats.allocated_bytes[all].peak;
+    *reserved = stats.reserved_bytes[all].current;
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// torch.cuda.reset_peak_memory_stats(index); nothing to reset before the allocator is set up. 0 on
+// success.
+int trainyard_cuda_reset_peak(int index) {
+  try {
+    auto* allocator = c10::getDeviceAllocator(at::kCUDA);
+    if (allocator->initialized()) {
+      allocator->resetPeakStats(static_cast<c10::DeviceIndex>(index));
+    }
     return 0;
   } catch (...) {
     return 1;
