@@ -13,10 +13,13 @@
 #include <ATen/ops/_foreach_copy.h>
 #include <ATen/ops/_foreach_mul.h>
 #include <ATen/ops/_foreach_sub.h>
+#include <ATen/ops/bernoulli.h>
+#include <ATen/ops/empty_like.h>
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 namespace {
@@ -211,6 +214,27 @@ int trainyard_cuda_reset_peak(int index) {
     if (allocator->initialized()) {
       allocator->resetPeakStats(static_cast<c10::DeviceIndex>(index));
     }
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// Dropout on the tensor's own device: a keep-mask drawn by a private copy of that device's generator,
+// seeded with `seed` (so each call is reproducible, and threads driving different replicas do not reseed
+// each other's), scaled by 1/(1-p) as the host masks are, times x. Writes a new tch handle to *out.
+// 0 on success.
+int trainyard_dropout(const at::Tensor* x, double p, uint64_t seed, at::Tensor** out) {
+  try {
+    auto gen = at::globalContext().defaultGenerator(x->device()).clone();
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_current_seed(seed);
+    }
+    const double keep = 1.0 - p;
+    auto mask = at::empty_like(*x).bernoulli_(keep, gen);
+    mask.mul_(static_cast<float>(1.0 / keep));
+    *out = new at::Tensor(x->mul(mask));
     return 0;
   } catch (...) {
     return 1;
