@@ -17,6 +17,9 @@ use rayon::prelude::*;
 /// Tasks per thread a gather is split into, so uneven tasks still balance.
 const TASKS_PER_THREAD: usize = 4;
 
+/// Gradient bytes a strided input-gradient task keeps hot across its taps: half a typical 1-2 MiB L2.
+const L2_OUTPUT_BYTES: usize = 512 * 1024;
+
 /// How a gather of `pixels` × `blocks` is cut into (pixel chunks, block chunks): each pixel chunk reads
 /// every weight of its blocks and each block chunk every input of its pixels, so the split that reads
 /// the least memory (chunks × bytes) is chosen among those with enough tasks for the threads. Large
@@ -227,7 +230,10 @@ pub fn input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
 }
 
 /// The strided input gradient: each output pixel's gradient added into the (padded) input pixels it read,
-/// one tap at a time, one task per image.
+/// one tap at a time, one task per run of images. A run's pixels go through each tap's gather together,
+/// so a tap's weights are read once per run, not once per image: in ResNet's deep strided layers the
+/// weights (4.5 MiB at 256 → 512) outgrow L2 while an image has 16 output pixels. Within a tap no two
+/// output pixels reach the same input pixel, so each sum runs in tap order however images are grouped.
 fn scatter_input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
     let (oh, ow, l, s) = (g.oh(), g.ow(), g.lanes, g.stride);
     let (hp, wp) = (g.h + 2 * g.padding, g.w + 2 * g.padding);
@@ -235,39 +241,50 @@ fn scatter_input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32>
     let (a_img, c_img) = (g.ob() * oh * ow * l, g.ib() * hp * wp * l);
     let mut dxp = vec![0f32; g.n * c_img];
     let out = Shared(dxp.as_mut_ptr());
-    (0..g.n).into_par_iter().for_each(|img| {
-        for tap in 0..g.taps() {
-            let (kh, kw) = (tap / g.k, tap % g.k);
-            let taps = [(0, tap * l * l)];
-            let gather = Gather {
-                taps: &taps,
-                kblocks: g.ob(),
-                live: g.live_out(),
-                a_k: oh * ow * l,
-                b_k: g.taps() * l * l,
-                b_n: g.ob() * g.taps() * l * l,
-                c_n: hp * wp * l,
-                accumulate: true,
-            };
-            let px: Vec<(usize, usize)> = (0..oh * ow)
-                .map(|p| {
-                    let (y, x) = (p / ow, p % ow);
-                    (
-                        img * a_img + p * l,
-                        img * c_img + ((y * s + kh) * wp + x * s + kw) * l,
-                    )
-                })
-                .collect();
-            let d = GatherData {
-                a: dy.as_ptr(),
-                b: packed.as_ptr(),
-                c: out.get(),
-            };
-            // SAFETY: one task per image writes only that image's padded gradient; within the task the
-            // taps run one after another; offsets stay in bounds by construction.
-            unsafe { kernels::gather(isa, &gather, d, &px, 0..g.ib()) };
-        }
-    });
+    // As many images per run as the threads leave, while the run's gradients (read and written once per
+    // tap) stay within L2; large images keep one image per task, as their weights are small.
+    let tasks = (TASKS_PER_THREAD * rayon::current_num_threads().max(1)).clamp(1, g.n.max(1));
+    let fit = (L2_OUTPUT_BYTES / (c_img * std::mem::size_of::<f32>())).max(1);
+    let per_task = g.n.div_ceil(tasks).min(fit);
+    (0..g.n.div_ceil(per_task))
+        .into_par_iter()
+        .for_each(|task| {
+            let images = task * per_task..g.n.min((task + 1) * per_task);
+            for tap in 0..g.taps() {
+                let (kh, kw) = (tap / g.k, tap % g.k);
+                let taps = [(0, tap * l * l)];
+                let gather = Gather {
+                    taps: &taps,
+                    kblocks: g.ob(),
+                    live: g.live_out(),
+                    a_k: oh * ow * l,
+                    b_k: g.taps() * l * l,
+                    b_n: g.ob() * g.taps() * l * l,
+                    c_n: hp * wp * l,
+                    accumulate: true,
+                };
+                let px: Vec<(usize, usize)> = images
+                    .clone()
+                    .flat_map(|img| {
+                        (0..oh * ow).map(move |p| {
+                            let (y, x) = (p / ow, p % ow);
+                            (
+                                img * a_img + p * l,
+                                img * c_img + ((y * s + kh) * wp + x * s + kw) * l,
+                            )
+                        })
+                    })
+                    .collect();
+                let d = GatherData {
+                    a: dy.as_ptr(),
+                    b: packed.as_ptr(),
+                    c: out.get(),
+                };
+                // SAFETY: each task writes only its own images' padded gradients; within the task the taps
+                // run one after another; offsets stay in bounds by construction.
+                unsafe { kernels::gather(isa, &gather, d, &px, 0..g.ib()) };
+            }
+        });
     crop(&dxp, (g.n, g.ib(), g.h, g.w, l), g.padding)
 }
 
