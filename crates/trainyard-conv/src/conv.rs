@@ -245,7 +245,7 @@ fn scatter_input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32>
     // tap) stay within L2; large images keep one image per task, as their weights are small.
     let tasks = (TASKS_PER_THREAD * rayon::current_num_threads().max(1)).clamp(1, g.n.max(1));
     let fit = (L2_OUTPUT_BYTES / (c_img * std::mem::size_of::<f32>())).max(1);
-    let per_task = g.n.div_ceil(tasks).min(fit);
+    let per_task = g.n.div_ceil(tasks).min(fit).max(1);
     (0..g.n.div_ceil(per_task))
         .into_par_iter()
         .for_each(|task| {
