@@ -82,9 +82,10 @@ pub fn sgd_all(
     lr: f64,
     momentum: Option<f64>,
 ) -> anyhow::Result<()> {
-    let o = opt.config.clone();
+    let o = &opt.config;
     anyhow::ensure!(o.name == OptimizerName::Sgd, "sgd_all runs SGD only");
     let m = momentum.filter(|_| o.momentum != 0.0).unwrap_or(o.momentum);
+    let (weight_decay, nesterov) = (o.weight_decay, std::os::raw::c_int::from(o.nesterov));
     let handle = |t: &mut Tensor| -> *mut std::ffi::c_void { t.as_mut_ptr().cast() };
     // Two groups: parameters whose momentum buffer exists (updated by the step) and those whose buffer
     // is new (the step fills it with the weight-decayed gradient, as PyTorch's first step).
@@ -125,8 +126,8 @@ pub fn sgd_all(
                 group.params.len() as i64,
                 lr,
                 m,
-                o.weight_decay,
-                std::os::raw::c_int::from(o.nesterov),
+                weight_decay,
+                nesterov,
                 update_bufs,
             )
         };
