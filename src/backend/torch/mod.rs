@@ -331,25 +331,18 @@ impl Engine for TchEngine {
         };
         tch::no_grad(|| -> anyhow::Result<()> {
             fused_optim::scale_all(&mut grads, scale)?;
-            if self.optimizer.config.name == crate::schema::OptimizerName::Sgd {
-                let mut params: Vec<Tensor> = names
-                    .iter()
-                    .map(|name| self.params[name].detach())
-                    .collect();
-                return fused_optim::sgd_all(
-                    &mut self.optimizer,
-                    &names,
-                    &mut params,
-                    &mut grads,
-                    lr,
-                    momentum,
-                );
+            // One multi-tensor step for the whole model (a few launches, not a few per parameter).
+            let mut params: Vec<Tensor> = names
+                .iter()
+                .map(|name| self.params[name].detach())
+                .collect();
+            let opt = &mut self.optimizer;
+            match opt.config.name {
+                crate::schema::OptimizerName::Sgd => {
+                    fused_optim::sgd_all(opt, &names, &mut params, &mut grads, lr, momentum)
+                }
+                _ => fused_optim::adam_all(opt, &names, &mut params, &mut grads, lr),
             }
-            for (name, g) in names.iter().zip(&mut grads) {
-                let mut p = self.params[name].detach();
-                fused_optim::update(&mut self.optimizer, name, &mut p, g, lr, momentum)?;
-            }
-            Ok(())
         })?;
         for p in self.params.values_mut() {
             fused_optim::clear_grad(p)?;

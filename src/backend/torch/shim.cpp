@@ -11,7 +11,9 @@
 #include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
 #include <ATen/ops/_foreach_add.h>
 #include <ATen/ops/_foreach_copy.h>
+#include <ATen/ops/_foreach_div.h>
 #include <ATen/ops/_foreach_mul.h>
+#include <ATen/ops/_foreach_sqrt.h>
 #include <ATen/ops/_foreach_sub.h>
 #include <ATen/ops/bernoulli.h>
 #include <ATen/ops/empty_like.h>
@@ -119,7 +121,7 @@ int trainyard_set_deterministic(int on) {
 
 // One SGD step over n parameters with the multi-tensor kernels (PyTorch's `foreach=True` SGD): a few
 // launches for the whole model instead of a few per parameter. The same operations in the same order
-// as `fused_optim::update`'s SGD arm, each rounded as there (a product is taken before it is added,
+// as `optim`'s SGD rule (what `fused_optim` tests against), each rounded as there (a product is taken before it is added,
 // never fused), so the numbers match it bit for bit. `grads` are scratch (overwritten); `bufs` are the
 // momentum buffers (null when momentum is 0): updated when `update_bufs`, else new ones that become a
 // copy of the (weight-decayed) gradient, as PyTorch's first step makes them. 0 on success.
@@ -152,6 +154,59 @@ int trainyard_sgd_foreach(at::Tensor* const* params, at::Tensor* const* grads, a
       at::_foreach_mul_(g, lr);
     }
     at::_foreach_sub_(p, g);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+// One Adam/AdamW step over n parameters with the multi-tensor kernels: the operations and roundings of
+// `optim`'s Adam rule, in its order (a product by 1 is exact, so the copies it makes for
+// k = 1 are products here). `exp_avg`/`exp_avg_sq` are updated when `update_state`, else new buffers that
+// the step fills (PyTorch's first step). `decoupled`: AdamW's decay of the parameter. `bc1`/`bc2`: the
+// bias corrections 1 − β^t. `grads` are scratch. 0 on success.
+int trainyard_adam_foreach(at::Tensor* const* params, at::Tensor* const* grads, at::Tensor* const* exp_avg,
+                           at::Tensor* const* exp_avg_sq, int64_t n, double lr, double beta1, double beta2,
+                           double eps, double weight_decay, int decoupled, double bc1, double bc2,
+                           int update_state) {
+  try {
+    at::NoGradGuard no_grad;
+    auto p = tensors(params, n);
+    auto g = tensors(grads, n);
+    auto m = tensors(exp_avg, n);
+    auto v = tensors(exp_avg_sq, n);
+    if (weight_decay != 0.0) {
+      if (decoupled != 0) {
+        const double keep = 1.0 - lr * weight_decay;
+        if (keep != 1.0) at::_foreach_mul_(p, keep);
+      } else {
+        at::_foreach_add_(g, weight_decay != 1.0 ? at::_foreach_mul(p, weight_decay) : p);
+      }
+    }
+    // m ← m·β1 + g·(1−β1)
+    auto tmp = at::_foreach_mul(g, 1.0 - beta1);
+    if (update_state != 0) {
+      if (beta1 != 1.0) at::_foreach_mul_(m, beta1);
+      at::_foreach_add_(m, tmp);
+    } else {
+      at::_foreach_copy_(m, tmp);
+    }
+    // v ← v·β2 + g²·(1−β2)
+    auto sq = at::_foreach_mul(g, g);
+    if (1.0 - beta2 != 1.0) at::_foreach_mul_(sq, 1.0 - beta2);
+    if (update_state != 0) {
+      if (beta2 != 1.0) at::_foreach_mul_(v, beta2);
+      at::_foreach_add_(v, sq);
+    } else {
+      at::_foreach_copy_(v, sq);
+    }
+    // p ← p − (m / (√(v/bc2) + eps))·(lr/bc1)
+    auto den = at::_foreach_mul(v, 1.0 / bc2);
+    at::_foreach_sqrt_(den);
+    if (eps != 0.0) at::_foreach_add_(den, eps);
+    auto step = at::_foreach_div(m, den);
+    if (lr / bc1 != 1.0) at::_foreach_mul_(step, lr / bc1);
+    at::_foreach_sub_(p, step);
     return 0;
   } catch (...) {
     return 1;
