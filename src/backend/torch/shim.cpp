@@ -35,6 +35,11 @@ std::vector<at::Tensor> tensors(at::Tensor* const* handles, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out.push_back(*handles[i]);
   return out;
 }
+
+// L2 weight decay into the gradients, as `optim` takes it: g += p·wd, the product rounded first.
+void add_weight_decay(std::vector<at::Tensor>& g, const std::vector<at::Tensor>& p, double wd) {
+  at::_foreach_add_(g, wd != 1.0 ? at::_foreach_mul(p, wd) : p);
+}
 }  // namespace
 
 extern "C" {
@@ -132,9 +137,7 @@ int trainyard_sgd_foreach(at::Tensor* const* params, at::Tensor* const* grads, a
     at::NoGradGuard no_grad;
     auto p = tensors(params, n);
     auto g = tensors(grads, n);
-    if (weight_decay != 0.0) {
-      at::_foreach_add_(g, weight_decay != 1.0 ? at::_foreach_mul(p, weight_decay) : p);
-    }
+    if (weight_decay != 0.0) add_weight_decay(g, p, weight_decay);
     if (momentum != 0.0) {
       auto b = tensors(bufs, n);
       if (update_bufs != 0) {
@@ -180,7 +183,7 @@ int trainyard_adam_foreach(at::Tensor* const* params, at::Tensor* const* grads, 
         const double keep = 1.0 - lr * weight_decay;
         if (keep != 1.0) at::_foreach_mul_(p, keep);
       } else {
-        at::_foreach_add_(g, weight_decay != 1.0 ? at::_foreach_mul(p, weight_decay) : p);
+        add_weight_decay(g, p, weight_decay);
       }
     }
     // m ← m·β1 + g·(1−β1)
