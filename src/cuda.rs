@@ -112,30 +112,23 @@ pub fn set_current_device(index: usize) -> anyhow::Result<()> {
 }
 
 extern "C" {
-    fn trainyard_cuda_memory(
-        index: c_int,
-        allocated: *mut i64,
-        peak_allocated: *mut i64,
-        reserved: *mut i64,
-    ) -> c_int;
+    fn trainyard_cuda_memory(index: c_int, allocated: *mut i64, peak_allocated: *mut i64) -> c_int;
     fn trainyard_cuda_reset_peak(index: c_int) -> c_int;
 }
 
-/// One device's caching-allocator figures, as `torch.cuda.memory_allocated`, `max_memory_allocated` and
-/// `memory_reserved` give them.
+/// One device's caching-allocator figures, as `torch.cuda.memory_allocated` and `max_memory_allocated`
+/// give them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MemoryStats {
     pub allocated: u64,
     pub peak_allocated: u64,
-    pub reserved: u64,
 }
 
 /// The caching allocator's figures for `cuda:index`.
 pub fn memory_stats(index: usize) -> anyhow::Result<MemoryStats> {
-    let (mut allocated, mut peak, mut reserved) = (0i64, 0i64, 0i64);
-    // SAFETY: plain C ABI writing three integers; the shim catches every C++ exception.
-    let status =
-        unsafe { trainyard_cuda_memory(index as c_int, &mut allocated, &mut peak, &mut reserved) };
+    let (mut allocated, mut peak) = (0i64, 0i64);
+    // SAFETY: plain C ABI writing two integers; the shim catches every C++ exception.
+    let status = unsafe { trainyard_cuda_memory(index as c_int, &mut allocated, &mut peak) };
     anyhow::ensure!(
         status == 0,
         "could not read cuda:{index}'s memory statistics (is libtorch's CUDA library loaded?)"
@@ -143,7 +136,6 @@ pub fn memory_stats(index: usize) -> anyhow::Result<MemoryStats> {
     Ok(MemoryStats {
         allocated: allocated.max(0) as u64,
         peak_allocated: peak.max(0) as u64,
-        reserved: reserved.max(0) as u64,
     })
 }
 

@@ -1,7 +1,9 @@
 //! Heap accounting: a global-allocator wrapper that keeps the bytes currently allocated and their peak, so the
 //! batch-size finder can measure what a training step needs on the CPU (the counterpart of CUDA's
 //! `max_memory_allocated`). The `train` binary installs it around mimalloc; elsewhere the counters stay zero.
-//! `Meter` picks what a measurement reads: this heap, or on a CUDA run the caching allocator's own peak.
+//! `Meter` picks what a measurement reads: this heap (Candle's tensors are Rust allocations), the process's
+//! resident memory (libtorch's CPU tensors come from its own allocator, which this heap never sees), or on
+//! a CUDA run the caching allocator's own peak.
 
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
@@ -88,6 +90,10 @@ pub enum Meter {
     Heap {
         before: usize,
     },
+    /// Resident memory (`VmHWM` since a reset, above `VmRSS` at the start): libtorch on the CPU.
+    Resident {
+        before: u64,
+    },
     /// Per CUDA device: what was allocated at the start. DataParallel spreads one process over several
     /// devices and each must fit, so the reading is the largest device's.
     #[cfg(feature = "torch")]
@@ -97,7 +103,8 @@ pub enum Meter {
 }
 
 impl Meter {
-    /// Start measuring for a run of `exp` (CUDA's allocator when it trains with tch on a GPU).
+    /// Start measuring for a run of `exp`: CUDA's allocator for tch on a GPU, resident memory for tch on
+    /// the CPU, the heap for Candle.
     pub fn start(exp: &crate::schema::Experiment) -> anyhow::Result<Meter> {
         #[cfg(feature = "torch")]
         if uses_cuda(exp) {
@@ -108,7 +115,22 @@ impl Meter {
             }
             return Ok(Meter::Cuda { before });
         }
-        let _ = exp;
+        if exp.backend == crate::schema::Backend::Tch {
+            // Freed heap memory glibc still holds would count as in use at the start and hide as much
+            // of the trial's peak: hand it back first.
+            // SAFETY: malloc_trim only releases free memory; no pointer is touched.
+            #[cfg(all(target_os = "linux", target_env = "gnu"))]
+            unsafe {
+                libc::malloc_trim(0);
+            }
+            reset_peak_rss();
+            let before = rss_bytes().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the batch size finder on backend=tch measures the process's resident memory, which                      this system does not report (/proc/self/status); set callbacks.batch_size_finder.max_val"
+                )
+            })?;
+            return Ok(Meter::Resident { before });
+        }
         Ok(Meter::Heap {
             before: reset_peak(),
         })
@@ -118,6 +140,9 @@ impl Meter {
     pub fn peak_above_start(&self) -> anyhow::Result<u64> {
         match self {
             Meter::Heap { before } => Ok(peak().saturating_sub(*before) as u64),
+            Meter::Resident { before } => peak_rss_bytes()
+                .map(|peak| peak.saturating_sub(*before))
+                .ok_or_else(|| anyhow::anyhow!("/proc/self/status no longer reports VmHWM")),
             #[cfg(feature = "torch")]
             Meter::Cuda { before } => {
                 let mut most = 0;
@@ -128,6 +153,32 @@ impl Meter {
                 Ok(most)
             }
         }
+    }
+}
+
+/// A `VmRSS`/`VmHWM`-style line of `/proc/self/status`, in bytes (Linux).
+fn proc_status_bytes(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// The process's resident memory now (Linux `VmRSS`).
+pub fn rss_bytes() -> Option<u64> {
+    proc_status_bytes("VmRSS:")
+}
+
+/// The process's peak resident memory (Linux `VmHWM`).
+pub fn peak_rss_bytes() -> Option<u64> {
+    proc_status_bytes("VmHWM:")
+}
+
+/// Start a new peak for `peak_rss_bytes` (Linux: writing 5 to `/proc/self/clear_refs` resets `VmHWM`), so
+/// each job of an in-process sweep reports its own peak, not the largest of every job before it.
+pub fn reset_peak_rss() {
+    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
+        tracing::debug!("could not reset the peak RSS (/proc/self/clear_refs): {e}");
     }
 }
 
@@ -175,6 +226,19 @@ mod tests {
         } else {
             assert_eq!(peak, 0);
         }
+    }
+
+    /// libtorch on the CPU allocates outside the Rust heap: its trials are measured on resident memory,
+    /// which sees 64 MiB touched after the start.
+    #[test]
+    fn a_tch_cpu_run_is_measured_on_resident_memory() {
+        let meter = Meter::start(&experiment(Backend::Tch, Accelerator::Cpu)).unwrap();
+        assert!(matches!(meter, Meter::Resident { .. }));
+        let held = vec![1u8; 64 << 20];
+        std::hint::black_box(&held);
+        let peak = meter.peak_above_start().unwrap();
+        drop(held);
+        assert!(peak >= 60 << 20, "{peak}");
     }
 
     /// Only tch on a GPU is measured on CUDA's allocator; Candle always runs on the CPU.

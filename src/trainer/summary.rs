@@ -170,21 +170,7 @@ impl RunStatus {
     }
 }
 
-/// The process's peak resident memory (Linux `VmHWM`).
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// Start a new peak for `peak_rss_bytes` (Linux: writing 5 to `/proc/self/clear_refs` resets `VmHWM`), so
-/// each job of an in-process sweep reports its own peak, not the largest of every job before it.
-pub fn reset_peak_rss() {
-    if let Err(e) = std::fs::write("/proc/self/clear_refs", "5") {
-        tracing::debug!("could not reset the peak RSS (/proc/self/clear_refs): {e}");
-    }
-}
+pub use crate::memory::{peak_rss_bytes, reset_peak_rss};
 
 /// The median of measured step times (forward, backward and optimizer step; no data loading).
 pub fn median(values: &[f64]) -> Option<f64> {

@@ -242,22 +242,21 @@ int trainyard_amp_unscale_foreach(at::Tensor* const* grads, int64_t n, at::Tenso
   }
 }
 
-// torch.cuda.memory_allocated / max_memory_allocated / memory_reserved of device `index`, from the
+// torch.cuda.memory_allocated / max_memory_allocated of device `index`, from the
 // caching allocator libtorch_cuda.so registered (no CUDA linked here). Before the first CUDA tensor the
 // allocator is not set up (it refuses every device): then nothing has been allocated, all zero. 0 on
 // success.
-int trainyard_cuda_memory(int index, int64_t* allocated, int64_t* peak_allocated, int64_t* reserved) {
+int trainyard_cuda_memory(int index, int64_t* allocated, int64_t* peak_allocated) {
   try {
     auto* allocator = c10::getDeviceAllocator(at::kCUDA);
     if (!allocator->initialized()) {
-      *allocated = *peak_allocated = *reserved = 0;
+      *allocated = *peak_allocated = 0;
       return 0;
     }
     auto stats = allocator->getDeviceStats(static_cast<c10::DeviceIndex>(index));
     const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     *allocated = stats.allocated_bytes[all].current;
     *peak_allocated = stats.allocated_bytes[all].peak;
-    *reserved = stats.reserved_bytes[all].current;
     return 0;
   } catch (...) {
     return 1;
