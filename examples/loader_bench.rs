@@ -41,6 +41,7 @@ fn main() -> anyhow::Result<()> {
         drop_last: false,
         num_workers: workers.parse()?,
         prefetch: 2,
+        stager: None,
         seed: 0,
     };
     let sampler = DistributedSampler::single(dataset.len(), true, 0);

@@ -41,6 +41,7 @@ fn main() -> anyhow::Result<()> {
         channels: x.shape[1],
         height: x.shape[2],
         width: x.shape[3],
+        staged: None,
     };
     engine.forward_backward(&batch, 1.0)?;
     engine.optimizer_step(exp.optimizer.lr, None, None)?;

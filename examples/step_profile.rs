@@ -115,6 +115,7 @@ fn main() -> anyhow::Result<()> {
         channels: 3,
         height: size,
         width: size,
+        staged: None,
     };
     let (mut fb, mut opt) = (Vec::new(), Vec::new());
     let mut faults = Vec::new();

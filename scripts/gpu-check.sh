@@ -66,6 +66,10 @@ FSDP=("${QS[@]}" trainer=fsdp trainer.devices=1 trainer.accelerator=gpu trainer.
 run fsdp_nccl "${FSDP[@]}" trainer.process_group_backend=nccl
 run fsdp_gloo "${FSDP[@]}" trainer.process_group_backend=gloo
 run dp_gpu "${QS[@]}" trainer=dp trainer.devices=1 trainer.accelerator=gpu
+# Dropout masks drawn on the GPU, twice with trainer.deterministic=true: the same metrics to the bit.
+DET=("${QS[@]}" model.dropout=0.3 trainer.deterministic=true trainer.max_epochs=1)
+run dropout_det_a "${DET[@]}"
+run dropout_det_b "${DET[@]}"
 run batch_finder_gpu model=resnet50 data=synthetic data.image_size=224 data.train_size=4096 data.val_size=64 \
     backend=tch trainer.accelerator=gpu trainer.max_epochs=1 \
     +callbacks.batch_size_finder.mode=power +callbacks.batch_size_finder.fit_after=false
@@ -73,7 +77,7 @@ if [ -d all-logs ]; then
     "$TRAIN" logbook all-logs -o "$OUT_DIR/logbook.md" || failed=1
 fi
 
-python3 - "$OUT_DIR" <<'PY'
+python3 - "$OUT_DIR" <<'PY' || failed=1
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 def final(name):
@@ -88,6 +92,12 @@ for name in ["tch_gpu_32", "tch_gpu_16_mixed", "tch_gpu_bf16_mixed", "ddp_nccl",
 p = out / "batch_finder_gpu.json"
 if p.exists():
     print("batch_finder_gpu:", json.loads(p.read_text()).get("batch_size_finder"))
+a, b = final("dropout_det_a"), final("dropout_det_b")
+if a and b:
+    same = a == b
+    print(f"dropout, deterministic, two runs: {'identical' if same else 'DIFFERENT'} {a} {b}")
+    if not same:
+        sys.exit(1)
 for what in ["ddp", "fsdp"]:
     nccl, gloo = final(f"{what}_nccl"), final(f"{what}_gloo")
     if nccl and gloo:

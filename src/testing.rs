@@ -32,6 +32,7 @@ pub fn batch(seed: u64) -> crate::data::loader::Batch {
         channels: 3,
         height: 8,
         width: 8,
+        staged: None,
     }
 }
 

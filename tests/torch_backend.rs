@@ -57,6 +57,7 @@ fn batches(n: usize, image: usize) -> Vec<Batch> {
             channels: 3,
             height: image,
             width: image,
+            staged: None,
         })
         .collect()
 }

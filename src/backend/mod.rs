@@ -14,7 +14,7 @@ pub mod torch;
 pub mod units;
 
 use crate::comm::collective::Collective;
-use crate::data::loader::Batch;
+use crate::data::loader::{Batch, StageBatch};
 use crate::schema::Experiment;
 use crate::tensor::{Flat, FlatHome, StateDict};
 pub use capabilities::{BackwardOverlap, LossScaler, Sharding};
@@ -103,6 +103,11 @@ pub trait Engine: Send {
     }
     /// The dynamic loss scaler (`16-mixed`), when the engine uses one.
     fn loss_scaler(&mut self) -> Option<&mut dyn LossScaler> {
+        None
+    }
+    /// A copy of each batch the loader's workers should make for this engine (a GPU's page-locked
+    /// staging), when it reads such copies faster than `Batch::images`.
+    fn batch_stager(&self) -> Option<Arc<dyn StageBatch>> {
         None
     }
 }

@@ -4,6 +4,7 @@
 use super::{transforms, DataError, Dataset};
 use crate::rng::Rng;
 use crate::schema::Transform;
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -17,6 +18,32 @@ pub struct Batch {
     pub channels: usize,
     pub height: usize,
     pub width: usize,
+    /// The backend's own copy of this batch, when the loader made one (`LoaderSpec::stager`).
+    pub staged: Option<Staged>,
+}
+
+/// A backend's copy of a batch (for a GPU: images and labels in page-locked memory, ready for an
+/// asynchronous copy), opaque to the loader; the backend that made it reads it back by downcasting.
+#[derive(Clone)]
+pub struct Staged(pub Arc<dyn Any + Send + Sync>);
+
+impl std::fmt::Debug for Staged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Staged(..)")
+    }
+}
+
+impl PartialEq for Staged {
+    /// The same copy; two stagings of equal batches are still equal batches by their pixels.
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Copies each finished batch where its backend reads it fastest, in the loader's worker threads, so
+/// the copy is off the training step's path: PyTorch DataLoader's `pin_memory`, for a GPU.
+pub trait StageBatch: Send + Sync {
+    fn stage(&self, batch: &Batch) -> anyhow::Result<Staged>;
 }
 
 impl Batch {
@@ -39,6 +66,8 @@ pub struct LoaderSpec {
     /// Batches kept ready per worker.
     pub prefetch: usize,
     pub seed: u64,
+    /// The backend's staging of each batch (a GPU's page-locked copy), if it wants one.
+    pub stager: Option<Arc<dyn StageBatch>>,
 }
 
 /// Build one batch from sample indices (augmentation keyed by seed, epoch and sample index).
@@ -66,13 +95,22 @@ fn make_batch(spec: &LoaderSpec, epoch: u64, indices: &[usize]) -> Result<Batch,
         }
     }
     let (channels, height, width) = shape.unwrap_or((0, 0, 0));
-    Ok(Batch {
+    let mut batch = Batch {
         images,
         labels,
         channels,
         height,
         width,
-    })
+        staged: None,
+    };
+    if let Some(stager) = &spec.stager {
+        batch.staged = Some(
+            stager
+                .stage(&batch)
+                .map_err(|e| DataError::Unsupported(format!("staging a batch: {e:#}")))?,
+        );
+    }
+    Ok(batch)
 }
 
 /// Split this epoch's indices into batches.
@@ -205,7 +243,70 @@ mod tests {
             num_workers: workers,
             prefetch: 2,
             seed: 3,
+            stager: None,
         }
+    }
+
+    /// Stages a copy of the labels, and fails on a batch holding label `fail_on` (when set).
+    struct CopyLabels {
+        fail_on: Option<u32>,
+    }
+
+    impl StageBatch for CopyLabels {
+        fn stage(&self, batch: &Batch) -> anyhow::Result<Staged> {
+            if let Some(bad) = self.fail_on.filter(|l| batch.labels.contains(l)) {
+                anyhow::bail!("no room for label {bad}");
+            }
+            Ok(Staged(Arc::new(batch.labels.clone())))
+        }
+    }
+
+    #[rstest::rstest]
+    #[case::inline(0)]
+    #[case::workers(3)]
+    fn each_batch_carries_its_staging(#[case] workers: usize) {
+        let mut s = spec(workers);
+        s.stager = Some(Arc::new(CopyLabels { fail_on: None }));
+        let indices: Vec<usize> = (0..37).collect();
+        let batches: Vec<Batch> = EpochLoader::new(&s, 0, &indices)
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(batches.len(), 8);
+        for b in &batches {
+            let staged = b.staged.as_ref().expect("staged");
+            assert_eq!(staged.0.downcast_ref::<Vec<u32>>(), Some(&b.labels));
+        }
+        // Unstaged, the pixels are the same.
+        let plain: Vec<Batch> = EpochLoader::new(&spec(workers), 0, &indices)
+            .map(Result::unwrap)
+            .collect();
+        assert!(plain.iter().all(|b| b.staged.is_none()));
+        assert!(plain
+            .iter()
+            .zip(&batches)
+            .all(|(p, b)| p.images == b.images));
+    }
+
+    #[test]
+    fn a_failed_staging_is_the_batch_error() {
+        let mut s = spec(2);
+        let indices: Vec<usize> = (0..37).collect();
+        let label = EpochLoader::new(&s, 0, &indices)
+            .nth(3)
+            .unwrap()
+            .unwrap()
+            .labels[0];
+        s.stager = Some(Arc::new(CopyLabels {
+            fail_on: Some(label),
+        }));
+        let err = EpochLoader::new(&s, 0, &indices)
+            .find_map(Result::err)
+            .expect("an error");
+        assert!(
+            err.to_string()
+                .contains(&format!("staging a batch: no room for label {label}")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,10 +11,11 @@ use crate::backend::{self, Engine, Gradients, Placement, StateBytes, StepStats};
 use crate::comm::buckets::{buckets, unused_parameters_error, GradSync};
 use crate::comm::collective::{broadcast_state, Collective, ReduceOp};
 use crate::comm::Distributed;
-use crate::data::loader::Batch;
+use crate::data::loader::{Batch, StageBatch};
 use crate::schema::Experiment;
 use crate::tensor::{Flat, StateDict};
 use anyhow::Context;
+use std::sync::Arc;
 
 /// The gradient-averaging settings of `trainer.ddp` (PyTorch's defaults when the section is absent).
 pub fn grad_sync(exp: &Experiment) -> GradSync {
@@ -147,6 +148,9 @@ impl Ddp {
 impl Strategy for Ddp {
     fn ranks(&self) -> &Ranks {
         &self.ranks
+    }
+    fn batch_stager(&self) -> Option<Arc<dyn StageBatch>> {
+        self.engine.batch_stager()
     }
 
     /// Every rank starts from rank 0's weights, buffers and optimizer state.

@@ -295,6 +295,7 @@ mod tests {
             channels: 3,
             height: 8,
             width: 8,
+            staged: None,
         }
     }
 

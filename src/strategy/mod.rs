@@ -21,7 +21,7 @@ use crate::backend::{StateBytes, StepStats};
 use crate::checkpoint::TrainingState;
 use crate::comm::collective::{Collective, ReduceOp};
 use crate::comm::Distributed;
-use crate::data::loader::Batch;
+use crate::data::loader::{Batch, StageBatch};
 use crate::plan::RunPlan;
 use crate::schema::Experiment;
 use crate::tensor::StateDict;
@@ -58,6 +58,11 @@ pub trait Strategy {
         momentum: Option<f64>,
         clip_norm: Option<f64>,
     ) -> anyhow::Result<f64>;
+    /// The staging the loader should do for this strategy's engine (`Engine::batch_stager`); none when
+    /// the strategy splits batches (DataParallel), since a split batch is no longer the staged one.
+    fn batch_stager(&self) -> Option<Arc<dyn StageBatch>> {
+        None
+    }
     /// Before a validation pass (DDP: every rank takes rank 0's BatchNorm buffers).
     fn before_validation(&mut self) -> anyhow::Result<()> {
         Ok(())

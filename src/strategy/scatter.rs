@@ -32,6 +32,7 @@ pub fn scatter(batch: &Batch, n: usize) -> Vec<Batch> {
                 channels: batch.channels,
                 height: batch.height,
                 width: batch.width,
+                staged: None,
             }
         })
         .collect()
@@ -64,6 +65,7 @@ mod tests {
             channels: 1,
             height: 1,
             width: 2,
+            staged: None,
         };
         let parts = scatter(&batch, 3);
         let labels: Vec<Vec<u32>> = parts.iter().map(|b| b.labels.clone()).collect();

@@ -2,9 +2,10 @@
 
 use super::{Ranks, Strategy};
 use crate::backend::{self, Engine, Placement, StateBytes, StepStats};
-use crate::data::loader::Batch;
+use crate::data::loader::{Batch, StageBatch};
 use crate::schema::Experiment;
 use crate::tensor::StateDict;
+use std::sync::Arc;
 
 pub struct Single {
     engine: Box<dyn Engine>,
@@ -28,6 +29,9 @@ impl Single {
 impl Strategy for Single {
     fn ranks(&self) -> &Ranks {
         &self.ranks
+    }
+    fn batch_stager(&self) -> Option<Arc<dyn StageBatch>> {
+        self.engine.batch_stager()
     }
 
     fn forward_backward(

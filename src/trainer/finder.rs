@@ -36,6 +36,8 @@ pub fn find_batch_size(
                 num_workers: exp.data.num_workers,
                 prefetch: 2,
                 seed: exp.seed,
+                // Batches reach the engine as in the run itself.
+                stager: strategy.batch_stager(),
             };
             // Exactly `steps` steps, into further epochs when one has fewer batches.
             let mut done = 0;

@@ -89,7 +89,7 @@ fn fit_with(
     let started = std::time::Instant::now();
     let ranks = group.as_ref().map_or_else(Ranks::single, Ranks::of);
     summary::reset_peak_rss();
-    let data = DataSets::open(exp, &ranks)?;
+    let mut data = DataSets::open(exp, &ranks)?;
     let plan = LoopPlan::new(
         exp,
         ranks.rank,
@@ -98,6 +98,9 @@ fn fit_with(
         data.val.len(),
     )?;
     let mut strategy = crate::strategy::build(exp, job.plan, group)?;
+    // A GPU engine's batches are copied to page-locked memory by the loader, off the step's path.
+    data.train_spec.stager = strategy.batch_stager();
+    data.val_spec.stager = data.train_spec.stager.clone();
     if let Some(ms) = exp
         .callbacks
         .model_summary
@@ -171,6 +174,7 @@ impl DataSets {
             num_workers: exp.data.num_workers,
             prefetch: 2,
             seed: exp.seed,
+            stager: None,
         };
         let sampler = |len: usize, shuffle: bool| DistributedSampler {
             num_replicas: ranks.world_size,

@@ -5,6 +5,7 @@
 //! the same seeded host generator — so the two backends start from the same weights and take the same steps.
 
 pub mod amp;
+mod batch_transfer;
 mod ddp_overlap;
 mod fused_optim;
 mod models;
@@ -17,7 +18,7 @@ use super::{
 use crate::comm::buckets::GradSync;
 use crate::comm::c10d::ProcessGroup;
 use crate::comm::collective::Collective;
-use crate::data::loader::Batch;
+use crate::data::loader::{Batch, StageBatch};
 use crate::model::init;
 use crate::optim::{clip_factor, Optimizer};
 use crate::rng::Rng;
@@ -25,6 +26,7 @@ use crate::schema::{Accelerator, Experiment};
 use crate::tensor::{Flat, FlatHome, HostTensor, StateDict};
 use anyhow::Context;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use tch::{Device, Kind, Tensor};
 
 pub struct TchEngine {
@@ -214,30 +216,9 @@ impl TchEngine {
     }
 
     fn inputs(&self, batch: &Batch) -> anyhow::Result<(Tensor, Tensor)> {
-        let x = Tensor::f_from_slice(&batch.images)?
-            .f_reshape([
-                batch.len() as i64,
-                batch.channels as i64,
-                batch.height as i64,
-                batch.width as i64,
-            ])?
-            .f_to_kind(self.mode.storage())?;
-        let labels: Vec<i64> = batch.labels.iter().map(|&l| l as i64).collect();
-        let y = Tensor::f_from_slice(&labels)?;
-        Ok((self.to_device(x)?, self.to_device(y)?))
-    }
-
-    /// A host tensor onto the engine's device. To a GPU through page-locked memory and without waiting
-    /// (Lightning's `pin_memory` + `non_blocking`): a copy from pageable memory blocks the host until the
-    /// GPU has finished the previous step's queued work, so the GPU then idles while the host queues the
-    /// next forward pass. libtorch's pinned-memory cache keeps the buffer until its copy has run.
-    fn to_device(&self, t: Tensor) -> anyhow::Result<Tensor> {
-        if !self.device.is_cuda() {
-            return Ok(t.f_to(self.device)?);
-        }
-        let kind = t.kind();
-        Ok(t.f_pin_memory(self.device)?
-            .f_to_device_(self.device, kind, true, false)?)
+        let (x, y) = batch_transfer::to_device(batch, self.device)?;
+        // Cast on the device: the GPU converts far faster than the host would.
+        Ok((x.f_to_kind(self.mode.storage())?, y))
     }
 
     fn stats(&self, logits: &Tensor, loss: &Tensor, batch: &Batch) -> anyhow::Result<StepStats> {
@@ -409,6 +390,14 @@ impl Engine for TchEngine {
 
     fn loss_scaler(&mut self) -> Option<&mut dyn LossScaler> {
         self.scaler.as_mut().map(|s| s as &mut dyn LossScaler)
+    }
+
+    fn batch_stager(&self) -> Option<Arc<dyn StageBatch>> {
+        self.device.is_cuda().then(|| {
+            Arc::new(batch_transfer::PinBatches {
+                device: self.device,
+            }) as Arc<dyn StageBatch>
+        })
     }
 
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {

@@ -40,7 +40,7 @@ use crate::backend::{self, Engine, Placement, Sharding, StateBytes, StepStats};
 use crate::checkpoint::TrainingState;
 use crate::comm::collective::{broadcast_state, Collective, ReduceOp};
 use crate::comm::Distributed;
-use crate::data::loader::Batch;
+use crate::data::loader::{Batch, StageBatch};
 use crate::model::stages::{group_stages, unit_layout, StageLayouts};
 use crate::optim::{OptTensor, Optimizer};
 use crate::schema::{Experiment, ShardingStrategy, StateDictType};
@@ -363,6 +363,9 @@ impl Fsdp {
 impl Strategy for Fsdp {
     fn ranks(&self) -> &Ranks {
         &self.ranks
+    }
+    fn batch_stager(&self) -> Option<Arc<dyn StageBatch>> {
+        self.engine.batch_stager()
     }
 
     fn forward_backward(

@@ -50,6 +50,7 @@ fn batch(step: u64, rows: std::ops::Range<usize>) -> Batch {
         channels: 3,
         height: 8,
         width: 8,
+        staged: None,
     }
 }
 

@@ -1,0 +1,139 @@
+//! A batch's trip from the loader's host memory to the engine's device. To a GPU the batch goes through
+//! page-locked ("pinned") memory and is copied without waiting, as Lightning does with a DataLoader's
+//! `pin_memory=True` and `.to(device, non_blocking=True)`: a copy from pageable memory blocks the host
+//! until the GPU has finished the previous step's queued work, so the GPU would then idle while the host
+//! queues the next forward pass. The copy into pinned memory is made by the loader's workers
+//! (`PinBatches`, a `StageBatch`), off the step's path; a batch that was not staged is pinned here, in
+//! the step (one copy: a fresh tensor first and then pinned cost two copies and the fresh one's page
+//! faults, 4 ms a step at batch 1024 on an H200). libtorch's pinned-memory cache keeps a block until
+//! the copy from it has run.
+
+use crate::data::loader::{Batch, StageBatch, Staged};
+use std::sync::{Arc, Mutex};
+use tch::{Device, Kind, Tensor};
+
+/// A batch in pinned host memory: images `[n, c, h, w]` f32 and labels `[n]` i64.
+struct PinnedBatch {
+    // A Mutex because a tch Tensor is Send but not Sync; only the step reads it.
+    tensors: Mutex<(Tensor, Tensor)>,
+}
+
+/// The loader-side staging of a GPU engine: each batch copied into pinned memory by the worker that
+/// made it.
+pub struct PinBatches {
+    /// The GPU the batches go to (pinned memory is set up through its context).
+    pub device: Device,
+}
+
+impl StageBatch for PinBatches {
+    fn stage(&self, batch: &Batch) -> anyhow::Result<Staged> {
+        let images = pinned(&batch.images, &image_shape(batch), self.device)?;
+        let labels = labels_i64(batch);
+        let labels = pinned(&labels, &[labels.len() as i64], self.device)?;
+        Ok(Staged(Arc::new(PinnedBatch {
+            tensors: Mutex::new((images, labels)),
+        })))
+    }
+}
+
+/// The batch's images and labels on `device`: from the loader's pinned copy when it made one for this
+/// engine, otherwise copied here.
+pub fn to_device(batch: &Batch, device: Device) -> anyhow::Result<(Tensor, Tensor)> {
+    let staged = batch
+        .staged
+        .as_ref()
+        .and_then(|s| s.0.downcast_ref::<PinnedBatch>());
+    if let (Some(staged), true) = (staged, device.is_cuda()) {
+        let guard = staged.tensors.lock().unwrap_or_else(|e| e.into_inner());
+        let (images, labels) = &*guard;
+        return Ok((upload(images, device)?, upload(labels, device)?));
+    }
+    let labels = labels_i64(batch);
+    let shape = image_shape(batch);
+    if !device.is_cuda() {
+        return Ok((
+            Tensor::f_from_slice(&batch.images)?
+                .f_reshape(shape)?
+                .f_to(device)?,
+            Tensor::f_from_slice(&labels)?.f_to(device)?,
+        ));
+    }
+    let images = pinned(&batch.images, &shape, device)?;
+    let labels = pinned(&labels, &[labels.len() as i64], device)?;
+    Ok((upload(&images, device)?, upload(&labels, device)?))
+}
+
+fn image_shape(batch: &Batch) -> [i64; 4] {
+    [
+        batch.len() as i64,
+        batch.channels as i64,
+        batch.height as i64,
+        batch.width as i64,
+    ]
+}
+
+fn labels_i64(batch: &Batch) -> Vec<i64> {
+    batch.labels.iter().map(|&l| i64::from(l)).collect()
+}
+
+/// A pinned-memory tensor of `shape` holding `data` (one host copy, into libtorch's pinned cache).
+fn pinned<T: tch::kind::Element>(
+    data: &[T],
+    shape: &[i64],
+    device: Device,
+) -> anyhow::Result<Tensor> {
+    anyhow::ensure!(
+        shape.iter().product::<i64>() == data.len() as i64,
+        "a host batch of {} values does not have the shape {shape:?}",
+        data.len()
+    );
+    let strides = contiguous_strides(shape);
+    // SAFETY: `data` outlives `borrowed`, which only `pin_memory`'s synchronous host copy reads and
+    // which is dropped before this returns; shape and strides describe exactly `data.len()` values of T.
+    let borrowed = unsafe {
+        Tensor::f_from_blob(data.as_ptr().cast(), shape, &strides, T::KIND, Device::Cpu)?
+    };
+    let pinned = borrowed.f_pin_memory(device)?;
+    drop(borrowed);
+    Ok(pinned)
+}
+
+/// A pinned host tensor onto the GPU, without waiting for the copy.
+fn upload(t: &Tensor, device: Device) -> anyhow::Result<Tensor> {
+    let kind: Kind = t.kind();
+    Ok(t.f_to_device_(device, kind, true, false)?)
+}
+
+/// Row-major strides (in elements) of a contiguous tensor of `shape`.
+fn contiguous_strides(shape: &[i64]) -> Vec<i64> {
+    let mut strides = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * shape[i + 1];
+    }
+    strides
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_strides_are_row_major() {
+        assert_eq!(contiguous_strides(&[4, 3, 5, 7]), vec![105, 35, 7, 1]);
+        assert_eq!(contiguous_strides(&[9]), vec![1]);
+        assert_eq!(contiguous_strides(&[]), Vec::<i64>::new());
+    }
+
+    #[test]
+    fn a_batch_reaches_the_cpu_with_its_shape_and_labels() {
+        let batch = crate::testing::batch(3);
+        let (x, y) = to_device(&batch, Device::Cpu).unwrap();
+        assert_eq!(x.size(), image_shape(&batch).to_vec());
+        assert_eq!(
+            Vec::<f32>::try_from(&x.flatten(0, -1)).unwrap(),
+            batch.images
+        );
+        let labels: Vec<i64> = Vec::try_from(&y).unwrap();
+        assert_eq!(labels, labels_i64(&batch));
+    }
+}
