@@ -325,15 +325,17 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
             let ob = grp * group;
             let nb = group.min(g.ob() - ob);
             let mut acc = vec![0f32; k * k * nb * l * l];
+            let live = if ib + 1 == g.ib() { g.live_in() } else { l };
+            let rows = kernels::weight_rows(&taps, nb, live, l);
             for img in run * per_run..g.n.min((run + 1) * per_run) {
                 let ptrs = (
                     xp[img * x_img + ib * hp * wp * l..].as_ptr(),
                     dy[img * g_img + ob * oh * ow * l..].as_ptr(),
                     acc.as_mut_ptr(),
                 );
-                let live = if ib + 1 == g.ib() { g.live_in() } else { l };
-                // SAFETY: `acc` is taps × nb × L × L; the input and gradient offsets stay in bounds.
-                unsafe { kernels::weight(isa, &p, ptrs, &taps, (nb, live)) };
+                // SAFETY: `acc` is taps × nb × L × L and `rows` were made for it; the input and gradient
+                // offsets stay in bounds.
+                unsafe { kernels::weight(isa, &p, ptrs, &rows, nb) };
             }
             (ob, nb, acc)
         })

@@ -43,7 +43,7 @@ impl Tiles for Avx512 {
 impl Tiles for Avx2 {
     const RW: usize = 6;
     const NB: usize = 2;
-    const WEIGHT_NI: usize = 4;
+    const WEIGHT_NI: usize = 6;
     const WEIGHT_NB: usize = 2;
 }
 
@@ -52,15 +52,12 @@ impl Tiles for Avx2 {
 impl<const L: usize> Tiles for Portable<L> {
     const RW: usize = if L >= 16 { 8 } else { 6 };
     const NB: usize = if L >= 16 { 3 } else { 2 };
-    const WEIGHT_NI: usize = if L >= 16 { 8 } else { 4 };
+    const WEIGHT_NI: usize = if L >= 16 { 8 } else { 6 };
     const WEIGHT_NB: usize = if L >= 16 { 3 } else { 2 };
 }
 
 /// Weight bytes a gather keeps hot across its pixel tiles: most of a 48 KiB L1, the rest for inputs.
 const L1_WEIGHT_BYTES: usize = 32 * 1024;
-
-/// The largest tile dimensions any path uses (array sizes; unused entries are optimised away).
-const MAX_WEIGHT_NI: usize = 8;
 
 /// One gather problem over blocked buffers (all offsets in f32s):
 /// `C[c_off(p) + o·c_n ..+L] (+)= Σ_k Σ_(ta,tb) Σ_l A[a_off(p) + k·a_k + ta + l] · B[o·b_n + k·b_k + tb + l·L ..+L]`
@@ -180,17 +177,31 @@ unsafe fn gather_task<V: Tiles>(
     }
 }
 
+/// NI rows × NB output blocks of weight-gradient accumulators, summed over every output pixel of an image.
+/// A row is one (kernel tap, input lane): `rows[r]` = (its input offset from `x`, its accumulator offset
+/// from `acc_p`). Rows may come from different taps, so a tap's last lanes fill a tile with the next
+/// tap's first ones instead of running as a narrow tile of their own (AVX2's 8 lanes in tiles of 6).
+/// `CONSECUTIVE`: the rows are consecutive lanes of one tap, so their offsets are constants from the
+/// first row's (what AVX-512's tiles always are: with a register per offset they ran ~5% slower).
 #[inline(always)]
-unsafe fn weight_tile<V: Vector, const NB: usize>(
+unsafe fn weight_tile<V: Vector, const NI: usize, const NB: usize, const CONSECUTIVE: bool>(
     p: &WeightProblem,
     (x, g, acc_p): (*const f32, *const f32, *mut f32),
-    ni: usize,
+    rows: &[(usize, usize)],
 ) {
     let l = V::LANES;
-    let mut acc = [[V::zero(); NB]; MAX_WEIGHT_NI];
-    for (i, row) in acc.iter_mut().enumerate().take(ni) {
+    let mut x_off = [0usize; NI];
+    let mut acc_off = [0usize; NI];
+    for r in 0..NI {
+        (x_off[r], acc_off[r]) = match CONSECUTIVE {
+            true => (rows[0].0 + r, rows[0].1 + r * l),
+            false => rows[r],
+        };
+    }
+    let mut acc = [[V::zero(); NB]; NI];
+    for (row, &off) in acc.iter_mut().zip(&acc_off) {
         for (j, a) in row.iter_mut().enumerate() {
-            *a = V::load(acc_p.add(j * l * l + i * l));
+            *a = V::load(acc_p.add(off + j * l * l));
         }
     }
     for oy in 0..p.oh {
@@ -202,46 +213,69 @@ unsafe fn weight_tile<V: Vector, const NB: usize>(
             for (j, v) in gv.iter_mut().enumerate() {
                 *v = V::load(gr.add(j * p.g_plane + ox * l));
             }
-            for (i, row) in acc.iter_mut().enumerate().take(ni) {
-                let xv = V::splat(xp.add(i));
+            for (row, &off) in acc.iter_mut().zip(&x_off) {
+                let xv = V::splat(xp.add(off));
                 for j in 0..NB {
                     row[j] = row[j].fma(xv, gv[j]);
                 }
             }
         }
     }
-    for (i, row) in acc.iter().enumerate().take(ni) {
+    for (row, &off) in acc.iter().zip(&acc_off) {
         for (j, a) in row.iter().enumerate() {
-            a.store(acc_p.add(j * l * l + i * l));
+            a.store(acc_p.add(off + j * l * l));
         }
     }
 }
 
-/// One image's contribution to the weight gradient of `nb` output blocks and one input block (its first
-/// `live` lanes), every tap:
-/// `acc` is `[tap][nb][L in][L out]`; `x` points at the image's input block (padded), `g` at its first
-/// output-gradient block; `taps` are the input offsets of the kernel taps.
+/// The rows of one image's weight task for `nb` output blocks and one input block: every (tap, input
+/// lane) pair below `live` (the lanes past it are zero padding, their gradient stays zero), as (input
+/// offset, offset of its sums in `[tap][nb][L in][L out]`); `taps` are the taps' input offsets.
+pub(super) fn weight_rows(taps: &[usize], nb: usize, live: usize, l: usize) -> Vec<(usize, usize)> {
+    let live = live.min(l);
+    let mut rows = Vec::with_capacity(taps.len() * live);
+    for (t, &ta) in taps.iter().enumerate() {
+        rows.extend((0..live).map(|i| (ta + i, t * nb * l * l + i * l)));
+    }
+    rows
+}
+
+/// One image's contribution to the weight gradient of `nb` output blocks and one input block, every row of
+/// `weight_rows`: `x` points at the image's input block (padded), `g` at its first output-gradient block.
 #[inline(always)]
 unsafe fn weight_task<V: Tiles>(
     p: &WeightProblem,
-    (x, g, acc): (*const f32, *const f32, *mut f32),
-    taps: &[usize],
-    (nb, live): (usize, usize),
+    ptrs: (*const f32, *const f32, *mut f32),
+    rows: &[(usize, usize)],
+    nb: usize,
 ) {
     let l = V::LANES;
-    let ni = V::WEIGHT_NI.min(MAX_WEIGHT_NI);
-    for (t, &ta) in taps.iter().enumerate() {
-        // Input lanes past `live` are zero padding: their rows of the gradient stay zero.
-        for i0 in (0..live.min(l)).step_by(ni) {
-            let args = (x.add(ta + i0), g, acc.add(t * nb * l * l + i0 * l));
-            match nb {
-                1 => weight_tile::<V, 1>(p, args, ni),
-                2 => weight_tile::<V, 2>(p, args, ni),
-                3 => weight_tile::<V, 3>(p, args, ni),
-                _ => weight_tile::<V, 4>(p, args, ni),
-            }
+    for tile in rows.chunks(V::WEIGHT_NI) {
+        let (x0, acc0) = tile[0];
+        let consecutive = (tile.iter().enumerate()).all(|(r, &row)| row == (x0 + r, acc0 + r * l));
+        match consecutive {
+            true => by_tile_shape!(weight_tile_consecutive, V, tile.len(), nb, (p, ptrs, tile)),
+            false => by_tile_shape!(weight_tile_any, V, tile.len(), nb, (p, ptrs, tile)),
         }
     }
+}
+
+#[inline(always)]
+unsafe fn weight_tile_consecutive<V: Vector, const NI: usize, const NB: usize>(
+    p: &WeightProblem,
+    ptrs: (*const f32, *const f32, *mut f32),
+    rows: &[(usize, usize)],
+) {
+    weight_tile::<V, NI, NB, true>(p, ptrs, rows)
+}
+
+#[inline(always)]
+unsafe fn weight_tile_any<V: Vector, const NI: usize, const NB: usize>(
+    p: &WeightProblem,
+    ptrs: (*const f32, *const f32, *mut f32),
+    rows: &[(usize, usize)],
+) {
+    weight_tile::<V, NI, NB, false>(p, ptrs, rows)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -266,10 +300,10 @@ unsafe fn gather_avx2(g: &Gather, d: GatherData, px: &[(usize, usize)], b: std::
 unsafe fn weight_avx512(
     p: &WeightProblem,
     ptrs: (*const f32, *const f32, *mut f32),
-    taps: &[usize],
-    blocks_live: (usize, usize),
+    rows: &[(usize, usize)],
+    nb: usize,
 ) {
-    weight_task::<Avx512>(p, ptrs, taps, blocks_live)
+    weight_task::<Avx512>(p, ptrs, rows, nb)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -277,10 +311,10 @@ unsafe fn weight_avx512(
 unsafe fn weight_avx2(
     p: &WeightProblem,
     ptrs: (*const f32, *const f32, *mut f32),
-    taps: &[usize],
-    blocks_live: (usize, usize),
+    rows: &[(usize, usize)],
+    nb: usize,
 ) {
-    weight_task::<Avx2>(p, ptrs, taps, blocks_live)
+    weight_task::<Avx2>(p, ptrs, rows, nb)
 }
 
 /// Runs one gather task on `isa`.
@@ -320,21 +354,21 @@ pub(super) fn weight_group(isa: Isa) -> usize {
 /// Runs one image's weight-gradient task on `isa`.
 ///
 /// # Safety
-/// `x`, `g` and `acc` hold everything `p`, `taps` and `nb` reach (`acc`: taps × nb × L × L); `isa` is
-/// supported by this CPU. `blocks_live` is (output blocks, live input lanes).
+/// `x`, `g` and `acc` hold everything `p`, `rows` and `nb` reach (`acc`: taps × nb × L × L, `rows` from
+/// `weight_rows` with this `nb`); `isa` is supported by this CPU.
 pub(super) unsafe fn weight(
     isa: Isa,
     p: &WeightProblem,
     ptrs: (*const f32, *const f32, *mut f32),
-    taps: &[usize],
-    blocks_live: (usize, usize),
+    rows: &[(usize, usize)],
+    nb: usize,
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => weight_avx512(p, ptrs, taps, blocks_live),
+        Isa::Avx512 => weight_avx512(p, ptrs, rows, nb),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => weight_avx2(p, ptrs, taps, blocks_live),
-        Isa::Portable16 => weight_task::<Portable<16>>(p, ptrs, taps, blocks_live),
-        _ => weight_task::<Portable<8>>(p, ptrs, taps, blocks_live),
+        Isa::Avx2 => weight_avx2(p, ptrs, rows, nb),
+        Isa::Portable16 => weight_task::<Portable<16>>(p, ptrs, rows, nb),
+        _ => weight_task::<Portable<8>>(p, ptrs, rows, nb),
     }
 }
