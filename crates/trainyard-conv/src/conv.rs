@@ -261,7 +261,9 @@ fn scatter_input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32>
                     b_k: g.taps() * l * l,
                     b_n: g.ob() * g.taps() * l * l,
                     c_n: hp * wp * l,
-                    accumulate: true,
+                    // The first tap writes over the zeros (no two output pixels of a tap share an
+                    // input pixel); the later ones add.
+                    accumulate: tap > 0,
                 };
                 let px: Vec<(usize, usize)> = images
                     .clone()

@@ -29,6 +29,16 @@ trait Tiles: Vector {
     const NB: usize;
     const WEIGHT_NI: usize;
     const WEIGHT_NB: usize;
+
+    /// One weight tile (`weight_tile`), inlined unless the path runs it out of line.
+    #[inline(always)]
+    unsafe fn weight_tile<const NI: usize, const NB: usize, const CONSECUTIVE: bool>(
+        p: &WeightProblem,
+        ptrs: (*const f32, *const f32, *mut f32),
+        rows: &[(usize, usize)],
+    ) {
+        weight_tile::<Self, NI, NB, CONSECUTIVE>(p, ptrs, rows)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -45,6 +55,44 @@ impl Tiles for Avx2 {
     const NB: usize = 2;
     const WEIGHT_NI: usize = 6;
     const WEIGHT_NB: usize = 2;
+
+    /// Out of line, so the 12 accumulators, 2 gradient vectors and a broadcast (15 of 16 registers) get
+    /// the registers to themselves: inlined beside the task's other shapes, LLVM kept an accumulator on
+    /// the stack in some builds and not in others (ResNet-18's backward +8% with an unrelated change).
+    #[inline(always)]
+    unsafe fn weight_tile<const NI: usize, const NB: usize, const CONSECUTIVE: bool>(
+        p: &WeightProblem,
+        ptrs: (*const f32, *const f32, *mut f32),
+        rows: &[(usize, usize)],
+    ) {
+        weight_tile_avx2_out_of_line::<NI, NB, CONSECUTIVE>(p, ptrs, rows)
+    }
+}
+
+/// rustc drops `#[inline(never)]` from a `#[target_feature]` function, so the out-of-line call goes
+/// through this featureless shim, into which the featured tile cannot be inlined (as `gemm`'s tiles do).
+#[cfg(target_arch = "x86_64")]
+#[inline(never)]
+unsafe fn weight_tile_avx2_out_of_line<
+    const NI: usize,
+    const NB: usize,
+    const CONSECUTIVE: bool,
+>(
+    p: &WeightProblem,
+    ptrs: (*const f32, *const f32, *mut f32),
+    rows: &[(usize, usize)],
+) {
+    weight_tile_avx2::<NI, NB, CONSECUTIVE>(p, ptrs, rows)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weight_tile_avx2<const NI: usize, const NB: usize, const CONSECUTIVE: bool>(
+    p: &WeightProblem,
+    ptrs: (*const f32, *const f32, *mut f32),
+    rows: &[(usize, usize)],
+) {
+    weight_tile::<Avx2, NI, NB, CONSECUTIVE>(p, ptrs, rows)
 }
 
 /// The shapes of the SIMD path with the same lanes: the weight gradient's task split follows the group
@@ -250,7 +298,17 @@ unsafe fn weight_task<V: Tiles>(
     nb: usize,
 ) {
     let l = V::LANES;
-    for tile in rows.chunks(V::WEIGHT_NI) {
+    // As few tiles as WEIGHT_NI allows, their rows shared out evenly: a narrow last tile has too few
+    // chains to hide the FMA latency (a 1×1 kernel's 8 AVX2 lanes run as 4 + 4, not 6 + 2).
+    let tiles = rows.len().div_ceil(V::WEIGHT_NI).max(1);
+    let (base, wider) = (rows.len() / tiles, rows.len() % tiles);
+    let mut start = 0;
+    for t in 0..tiles {
+        let tile = &rows[start..start + base + usize::from(t < wider)];
+        start += tile.len();
+        if tile.is_empty() {
+            continue;
+        }
         let (x0, acc0) = tile[0];
         let consecutive = (tile.iter().enumerate()).all(|(r, &row)| row == (x0 + r, acc0 + r * l));
         match consecutive {
@@ -261,21 +319,21 @@ unsafe fn weight_task<V: Tiles>(
 }
 
 #[inline(always)]
-unsafe fn weight_tile_consecutive<V: Vector, const NI: usize, const NB: usize>(
+unsafe fn weight_tile_consecutive<V: Tiles, const NI: usize, const NB: usize>(
     p: &WeightProblem,
     ptrs: (*const f32, *const f32, *mut f32),
     rows: &[(usize, usize)],
 ) {
-    weight_tile::<V, NI, NB, true>(p, ptrs, rows)
+    V::weight_tile::<NI, NB, true>(p, ptrs, rows)
 }
 
 #[inline(always)]
-unsafe fn weight_tile_any<V: Vector, const NI: usize, const NB: usize>(
+unsafe fn weight_tile_any<V: Tiles, const NI: usize, const NB: usize>(
     p: &WeightProblem,
     ptrs: (*const f32, *const f32, *mut f32),
     rows: &[(usize, usize)],
 ) {
-    weight_tile::<V, NI, NB, false>(p, ptrs, rows)
+    V::weight_tile::<NI, NB, false>(p, ptrs, rows)
 }
 
 #[cfg(target_arch = "x86_64")]
