@@ -9,8 +9,8 @@
 //!   forward convolution of the padded output gradient with the flipped, transposed kernel); with one tap
 //!   per call and `accumulate`, the input gradient of strided ones (each output pixel scatters into the
 //!   input pixels it read).
-//! - `weight`: a tile of NI input lanes × NB output-channel blocks of one kernel tap's weight gradient, summed
-//!   over every output pixel of an image.
+//! - `weight`: a tile of NI rows × NB output-channel blocks of the weight gradient, summed over every output
+//!   pixel of an image; a row is one (kernel tap, input lane), and a tile's rows may span two taps.
 //!
 //! Every output element is one chain of fused multiply-adds whose order depends only on the lane count, not
 //! on the tile shape or the instruction set: paths with equal lanes agree bit for bit.
@@ -22,8 +22,9 @@ use crate::Isa;
 
 /// Tile shapes per instruction set: RW pixels × NB blocks of accumulators in the gather kernel (AVX-512's
 /// 32 registers hold 24 accumulators, 3 weight vectors and a broadcast; AVX2's 16 hold 12, 2 weight vectors
-/// and a broadcast), NI lanes × NB blocks in the weight kernel. A tile that fills every register (AVX2's
-/// 4 × 3 did) leaves the compiler none spare: it kept an accumulator on the stack, 2x slower.
+/// and a broadcast), NI (tap, lane) rows × NB blocks in the weight kernel (AVX2: 6 × 2, 12 FMA chains,
+/// 15 registers). A tile that fills every register (AVX2's 4 × 3 did) leaves the compiler none spare: it
+/// kept an accumulator on the stack, 2x slower.
 trait Tiles: Vector {
     const RW: usize;
     const NB: usize;
