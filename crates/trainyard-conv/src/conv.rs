@@ -287,7 +287,11 @@ fn scatter_input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32>
                 unsafe { kernels::gather(isa, &gather, d, &px, 0..g.ib()) };
             }
         });
-    crop(&dxp, (g.n, g.ib(), g.h, g.w, l), g.padding)
+    match g.padding {
+        // Unpadded (ResNet's 1×1 stride-2 shortcuts): the buffer already is the gradient.
+        0 => dxp,
+        p => crop(&dxp, (g.n, g.ib(), g.h, g.w, l), p),
+    }
 }
 
 /// Weight gradient (O, I, K, K) from blocked `x` and `dy`.
