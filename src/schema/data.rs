@@ -35,6 +35,10 @@ pub struct DataConfig {
     pub batch_size: usize,
     #[serde(default)]
     pub num_workers: usize,
+    /// On a GPU (backend=tch): the loader copies each batch into page-locked memory, and the step's copy
+    /// to the GPU does not block (PyTorch DataLoader's `pin_memory`). false: copied from pageable memory.
+    #[serde(default = "yes")]
+    pub pin_memory: bool,
     #[serde(default)]
     pub drop_last: bool,
     /// synthetic: number of generated training / validation images.
@@ -50,6 +54,10 @@ pub struct DataConfig {
 
 fn three() -> usize {
     3
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// One augmentation step, written as a one-key mapping: `- random_crop: {size: 32, padding: 4}`.
@@ -92,4 +100,26 @@ fn default_ratio() -> [f64; 2] {
 }
 fn half() -> f64 {
     0.5
+}
+
+#[cfg(test)]
+mod tests {
+    /// `data.pin_memory`, as a GPU run reads it: on unless the config turns it off.
+    #[rstest::rstest]
+    #[case::by_default("", true)]
+    #[case::turned_off(", pin_memory: false", false)]
+    fn pin_memory_is_on_unless_turned_off(#[case] extra: &str, #[case] want: bool) {
+        let text = format!(
+            "task_name: t\nseed: 3\nmodel: {{name: mlp, num_classes: 4, hidden: [8]}}\n\
+             data: {{name: synthetic, num_classes: 4, image_size: 8, batch_size: 4{extra}}}\n\
+             optimizer: {{name: sgd, lr: 0.1}}\nscheduler: {{name: constant}}\n\
+             trainer: {{strategy: single, devices: 1, accelerator: cpu, precision: 32, max_epochs: 1}}\n\
+             paths: {{root_dir: ., data_dir: d, log_dir: l, output_dir: o}}\n"
+        );
+        let node = crate::config::yaml::parse(&text, "t.yaml")
+            .unwrap()
+            .unwrap();
+        let exp = crate::schema::extract(&node).unwrap();
+        assert_eq!(exp.data.pin_memory, want);
+    }
 }

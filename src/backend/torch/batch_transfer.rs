@@ -27,9 +27,20 @@ pub struct PinBatches {
 
 impl StageBatch for PinBatches {
     fn stage(&self, batch: &Batch) -> anyhow::Result<Staged> {
-        let images = pinned(&batch.images, &image_shape(batch), self.device)?;
-        let labels = labels_i64(batch);
-        let labels = pinned(&labels, &[labels.len() as i64], self.device)?;
+        let copy = || -> anyhow::Result<(Tensor, Tensor)> {
+            let images = pinned(&batch.images, &image_shape(batch), self.device)?;
+            let labels = labels_i64(batch);
+            Ok((
+                images,
+                pinned(&labels, &[labels.len() as i64], self.device)?,
+            ))
+        };
+        let (images, labels) = copy().map_err(|e| {
+            anyhow::anyhow!(
+                "copying a batch into page-locked memory (data.pin_memory=true): {e:#}; set \
+                 data.pin_memory=false to copy batches from pageable memory"
+            )
+        })?;
         Ok(Staged(Arc::new(PinnedBatch {
             tensors: Mutex::new((images, labels)),
         })))
@@ -37,8 +48,13 @@ impl StageBatch for PinBatches {
 }
 
 /// The batch's images and labels on `device`: from the loader's pinned copy when it made one for this
-/// engine, otherwise copied here.
-pub fn to_device(batch: &Batch, device: Device) -> anyhow::Result<(Tensor, Tensor)> {
+/// engine, otherwise copied here (through pinned memory to a GPU when `pin_memory`, as a DataParallel
+/// replica's share of a batch is).
+pub fn to_device(
+    batch: &Batch,
+    device: Device,
+    pin_memory: bool,
+) -> anyhow::Result<(Tensor, Tensor)> {
     let staged = batch
         .staged
         .as_ref()
@@ -50,7 +66,7 @@ pub fn to_device(batch: &Batch, device: Device) -> anyhow::Result<(Tensor, Tenso
     }
     let labels = labels_i64(batch);
     let shape = image_shape(batch);
-    if !device.is_cuda() {
+    if !device.is_cuda() || !pin_memory {
         return Ok((
             Tensor::f_from_slice(&batch.images)?
                 .f_reshape(shape)?
@@ -127,7 +143,7 @@ mod tests {
     #[test]
     fn a_batch_reaches_the_cpu_with_its_shape_and_labels() {
         let batch = crate::testing::batch(3);
-        let (x, y) = to_device(&batch, Device::Cpu).unwrap();
+        let (x, y) = to_device(&batch, Device::Cpu, true).unwrap();
         assert_eq!(x.size(), image_shape(&batch).to_vec());
         assert_eq!(
             Vec::<f32>::try_from(&x.flatten(0, -1)).unwrap(),

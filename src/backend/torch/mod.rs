@@ -31,6 +31,8 @@ use tch::{Device, Kind, Tensor};
 
 pub struct TchEngine {
     device: Device,
+    /// `data.pin_memory`: batches reach a GPU through page-locked memory.
+    pin_memory: bool,
     arch: models::Arch,
     params: BTreeMap<String, Tensor>,
     /// Parameter names in the order the model defines them (DDP's first buckets follow it).
@@ -194,6 +196,7 @@ impl TchEngine {
         }
         Ok(TchEngine {
             device,
+            pin_memory: exp.data.pin_memory,
             arch,
             params,
             param_order,
@@ -216,7 +219,7 @@ impl TchEngine {
     }
 
     fn inputs(&self, batch: &Batch) -> anyhow::Result<(Tensor, Tensor)> {
-        let (x, y) = batch_transfer::to_device(batch, self.device)?;
+        let (x, y) = batch_transfer::to_device(batch, self.device, self.pin_memory)?;
         // Cast on the device: the GPU converts far faster than the host would.
         Ok((x.f_to_kind(self.mode.storage())?, y))
     }
@@ -393,7 +396,7 @@ impl Engine for TchEngine {
     }
 
     fn batch_stager(&self) -> Option<Arc<dyn StageBatch>> {
-        self.device.is_cuda().then(|| {
+        (self.device.is_cuda() && self.pin_memory).then(|| {
             Arc::new(batch_transfer::PinBatches {
                 device: self.device,
             }) as Arc<dyn StageBatch>
