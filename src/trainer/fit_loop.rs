@@ -507,6 +507,9 @@ impl<'a> FitLoop<'a> {
         let (best_checkpoint, last_checkpoint) = self.keeper.locations();
         let t = &exp.trainer;
         let accumulate = t.accumulate_grad_batches.max(1) as usize;
+        // Read before the wall time: the timer started after the run did, so its training time can then
+        // never exceed the wall time (read after it, it did by the microseconds between the reads).
+        let timer = self.timer.take().map(|t| t.summary());
         Ok(Summary {
             state_bytes_per_rank,
             task_name: exp.task_name.clone(),
@@ -544,8 +547,7 @@ impl<'a> FitLoop<'a> {
             last_checkpoint,
             resumed_from,
             batch_size_finder: finding,
-            // Before device stats, whose sampler thread may take a sampling period to stop.
-            timer: self.timer.take().map(|t| t.summary()),
+            timer,
             device_stats: self
                 .device_stats
                 .take()
