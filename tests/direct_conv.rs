@@ -84,8 +84,15 @@ fn assert_close(what: &str, got: &[f32], want: &[f64]) {
 #[case::pointwise((1, 5, 7, 9, 9), (1, 1, 0))]
 #[case::strided_valid_uncovered_edge((2, 24, 24, 10, 3), (3, 2, 0))]
 #[case::one_pixel((1, 16, 16, 1, 1), (3, 1, 1))]
-// Enough images that the strided input gradient runs several per task, the last run shorter.
+// Enough images that the weight gradient sums several runs of images, the last run shorter.
 #[case::strided_runs_of_images((19, 12, 20, 6, 7), (3, 2, 1))]
+// Border outputs that read only padding (zeros), input pixels no tap reaches (stride past the kernel),
+// and a wide kernel whose input pixels read 1 to 4 taps per axis.
+#[case::pointwise_padded((2, 9, 10, 5, 6), (1, 1, 1))]
+#[case::stride_past_the_kernel((1, 8, 12, 9, 7), (2, 3, 1))]
+#[case::stride_3_5x5((2, 10, 17, 11, 9), (5, 3, 2))]
+// Deep 4x4 layers: more images than a weight task's pixel run, groups of 1, 2 and 4 pixels an image.
+#[case::small_image_many_images((40, 20, 24, 4, 4), (3, 1, 1))]
 fn every_path_matches_float64_and_simd_matches_portable_bit_for_bit(
     #[case] (n, c_in, c_out, h, w): (usize, usize, usize, usize, usize),
     #[case] (k, stride, padding): (usize, usize, usize),

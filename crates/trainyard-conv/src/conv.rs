@@ -1,24 +1,22 @@
-//! The three passes of a blocked direct convolution: weights are packed
-//! per pass into the blocks the kernels read (`[out block][in block][tap][L in][L out]`), inputs padded once
-//! per pass, and work split over rayon in fixed tasks, so results do not depend on scheduling.
+//! The three passes of a blocked direct convolution: weights are packed per pass into the blocks the
+//! kernels read (`[out block][in block][tap][L in][L out]`), and work split over rayon in fixed tasks, so
+//! results do not depend on scheduling.
 //!
-//! - forward: a gather over (input blocks × taps) for tiles of output pixels.
-//! - input gradient: stride 1, a forward convolution of the output gradient padded by K − 1 − P with the
-//!   flipped, transposed kernel; strided, each output pixel's gradient scattered into the input pixels it
-//!   read, one tap at a time (no wasted products on the zeros a dilated gradient would hold).
-//! - weight gradient: per (output-block group, input block) task, summed image by image in a fixed order.
+//! - forward: a gather over (input blocks × taps) for tiles of output pixels, each pixel reading only the
+//!   taps inside the input (`taps`), so the input is never padded.
+//! - input gradient: the same gather from the output gradient with the transposed kernel, each input pixel
+//!   reading the output pixels (and taps) that read it: one kernel for every stride.
+//! - weight gradient: per (output-block group, input block, run of images) task, summed over the same tap
+//!   groups in L1-sized runs of pixels, in a fixed order.
 
 use crate::buffer::{assume_init, uninit};
 use crate::kernels::{self, Gather, GatherData, WeightProblem};
-use crate::layout::{crop, pad};
+use crate::taps::{forward_axis, input_grad_axis, pixel_groups, AxisGroup};
 use crate::Isa;
 use rayon::prelude::*;
 
 /// Tasks per thread a gather is split into, so uneven tasks still balance.
 const TASKS_PER_THREAD: usize = 4;
-
-/// Gradient bytes a strided input-gradient task keeps hot across its taps: half a typical 1-2 MiB L2.
-const L2_OUTPUT_BYTES: usize = 512 * 1024;
 
 /// How a gather of `pixels` × `blocks` is cut into (pixel chunks, block chunks): each pixel chunk reads
 /// every weight of its blocks and each block chunk every input of its pixels, so the split that reads
@@ -92,9 +90,7 @@ impl Shared {
 enum Packing {
     /// `[O block][I block][tap][L i][L o]`: forward.
     Forward,
-    /// `[I block][O block][tap][L o][L i]`, taps flipped: the stride-1 input gradient.
-    TransposedFlipped,
-    /// `[I block][O block][tap][L o][L i]`: the strided input gradient's scatter.
+    /// `[I block][O block][tap][L o][L i]`: the input gradient.
     Transposed,
 }
 
@@ -113,19 +109,15 @@ fn pack(w: &[f32], g: &Geometry, how: Packing) -> Vec<f32> {
         .for_each(|(pair, dst)| {
             let (ob, ib) = (pair / inner, pair % inner);
             for tap in 0..t {
-                let src_tap = match how {
-                    Packing::TransposedFlipped => t - 1 - tap,
-                    _ => tap,
-                };
                 for row in 0..l {
                     for col in 0..l {
                         // Forward: rows are input lanes, columns output lanes; transposed: the reverse.
                         let (o, i) = match how {
                             Packing::Forward => (ob * l + col, ib * l + row),
-                            _ => (ib * l + row, ob * l + col),
+                            Packing::Transposed => (ib * l + row, ob * l + col),
                         };
                         let v = if o < g.c_out && i < g.c_in {
-                            w[(o * g.c_in + i) * t + src_tap]
+                            w[(o * g.c_in + i) * t + tap]
                         } else {
                             0.0
                         };
@@ -138,54 +130,86 @@ fn pack(w: &[f32], g: &Geometry, how: Packing) -> Vec<f32> {
     unsafe { assume_init(out) }
 }
 
-/// Gathers into a fresh (N, out blocks, OH, OW, L) buffer: `a` is (N, kblocks, HP, WP, L), already padded.
-fn gather_all(
+/// The source of a gather: blocked (N, kblocks, H, W, L) data, unpadded, and the lanes of its last block
+/// that hold channels.
+struct Source<'a> {
+    data: &'a [f32],
+    n: usize,
+    kblocks: usize,
+    live: usize,
+    h: usize,
+    w: usize,
+}
+
+/// Gathers into a fresh (N, out blocks, OH, OW, L) buffer, each output pixel summed over the taps its row
+/// and column groups say land inside `src` (`taps::AxisGroup`); `b` is packed `[out block][k block][tap]
+/// [L][L]` with taps numbered `kh·k + kw`. Pixels no tap reaches are zeros.
+fn gather_groups(
     isa: Isa,
-    (a, b): (&[f32], &[f32]),
-    (n, (kblocks, live), hp, wp): (usize, (usize, usize), usize, usize),
+    src: &Source,
+    b: &[f32],
     (out_blocks, oh, ow): (usize, usize, usize),
-    (k, stride): (usize, usize),
+    (rows, cols): (&[AxisGroup], &[AxisGroup]),
+    k: usize,
 ) -> Vec<f32> {
     let l = isa.lanes();
-    let taps: Vec<(usize, usize)> = (0..k * k)
-        .map(|t| (((t / k) * wp + t % k) * l, t * l * l))
+    let groups = pixel_groups((rows, cols), (src.w, ow), (k, l));
+    // Each group's taps as the kernel reads them: (offset in A, offset in B).
+    let group_taps: Vec<Vec<(usize, usize)>> = (groups.iter())
+        .map(|group| {
+            (group.taps.iter())
+                .map(|&(t, ta)| (ta, t * l * l))
+                .collect()
+        })
         .collect();
-    let g = Gather {
-        taps: &taps,
-        kblocks,
-        live,
-        a_k: hp * wp * l,
-        b_k: k * k * l * l,
-        b_n: kblocks * k * k * l * l,
-        c_n: oh * ow * l,
-        accumulate: false,
-    };
-    let (a_img, c_img) = (kblocks * hp * wp * l, out_blocks * oh * ow * l);
-    let mut c = uninit(n * c_img);
+    let (a_img, c_img) = (src.kblocks * src.h * src.w * l, out_blocks * oh * ow * l);
+    let mut c = uninit(src.n * c_img);
     let out = Shared(c.as_mut_ptr() as *mut f32);
-    let total = n * oh * ow;
-    let split = split_work(total, out_blocks, (b.len(), a.len()));
+    // Pixels in the order (image, group, pixel of the group), cut into contiguous chunks.
+    let per_img = oh * ow;
+    let total = src.n * per_img;
+    let split = split_work(total, out_blocks, (b.len(), src.data.len()));
     let (px_chunk, blk_chunk) = (total.div_ceil(split.0), out_blocks.div_ceil(split.1));
     (0..split.0 * split.1).into_par_iter().for_each(|task| {
         let (pt, bt) = (task / split.1, task % split.1);
         let blocks = bt * blk_chunk..out_blocks.min((bt + 1) * blk_chunk);
-        let px: Vec<(usize, usize)> = (pt * px_chunk..total.min((pt + 1) * px_chunk))
-            .map(|p| {
-                let (img, y, x) = (p / (oh * ow), (p / ow) % oh, p % ow);
-                (
-                    img * a_img + (y * stride * wp + x * stride) * l,
-                    img * c_img + (y * ow + x) * l,
-                )
-            })
-            .collect();
-        let d = GatherData {
-            a: a.as_ptr(),
-            b: b.as_ptr(),
-            c: out.get(),
-        };
-        // SAFETY: the task's pixels × blocks are its own; offsets stay inside `a`, `b` and `c` by construction;
-        // `isa` was checked by the caller.
-        unsafe { kernels::gather(isa, &g, d, &px, blocks) };
+        let chunk = pt * px_chunk..total.min((pt + 1) * px_chunk);
+        if chunk.is_empty() {
+            return;
+        }
+        let images = chunk.start / per_img..=(chunk.end - 1) / per_img;
+        let mut first = 0;
+        for (group, taps) in groups.iter().zip(&group_taps) {
+            let group_px = &group.px;
+            // This group's pixels inside the chunk, image by image.
+            let px: Vec<(usize, usize)> = (images.clone())
+                .flat_map(|img| {
+                    let at = img * per_img + first;
+                    let lo = chunk.start.clamp(at, at + group_px.len()) - at;
+                    let hi = chunk.end.clamp(at, at + group_px.len()) - at;
+                    (group_px[lo..hi].iter()).map(move |&(a, c)| (img * a_img + a, img * c_img + c))
+                })
+                .collect();
+            first += group_px.len();
+            let g = Gather {
+                taps,
+                kblocks: src.kblocks,
+                live: src.live,
+                a_k: src.h * src.w * l,
+                b_k: k * k * l * l,
+                b_n: src.kblocks * k * k * l * l,
+                c_n: oh * ow * l,
+            };
+            let d = GatherData {
+                a: src.data.as_ptr(),
+                b: b.as_ptr(),
+                c: out.get(),
+            };
+            // A group with no taps (a strided 1×1 kernel's skipped pixels) stores zeros.
+            // SAFETY: the task's pixels × blocks are its own; every tap of a group lands inside the source,
+            // so offsets stay inside `a`, `b` and `c` by construction; `isa` was checked by the caller.
+            unsafe { kernels::gather(isa, &g, d, &px, blocks.clone()) };
+        }
     });
     // SAFETY: the tasks stored every lane of every block of every pixel.
     unsafe { assume_init(c) }
@@ -193,129 +217,107 @@ fn gather_all(
 
 /// Forward: blocked `x` (N, IB, H, W, L) and kernel (O, I, K, K) → blocked (N, OB, OH, OW, L).
 pub fn forward(isa: Isa, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
-    let (hp, wp) = (g.h + 2 * g.padding, g.w + 2 * g.padding);
-    let padded;
-    let xp = if g.padding == 0 {
-        x
-    } else {
-        padded = pad(x, (g.n, g.ib(), g.h, g.w, g.lanes), g.padding);
-        &padded
+    let (rows, cols) = (
+        forward_axis(g.oh(), (g.h, g.k, g.stride, g.padding)),
+        forward_axis(g.ow(), (g.w, g.k, g.stride, g.padding)),
+    );
+    let src = Source {
+        data: x,
+        n: g.n,
+        kblocks: g.ib(),
+        live: g.live_in(),
+        h: g.h,
+        w: g.w,
     };
     let packed = pack(w, g, Packing::Forward);
-    gather_all(
+    gather_groups(
         isa,
-        (xp, &packed),
-        (g.n, (g.ib(), g.live_in()), hp, wp),
+        &src,
+        &packed,
         (g.ob(), g.oh(), g.ow()),
-        (g.k, g.stride),
+        (&rows, &cols),
+        g.k,
     )
 }
 
-/// Input gradient: blocked `dy` (N, OB, OH, OW, L) → blocked (N, IB, H, W, L).
+/// Input gradient: blocked `dy` (N, OB, OH, OW, L) → blocked (N, IB, H, W, L). Each input pixel gathers
+/// from the output pixels that read it, through the taps that reached it (for stride s, the taps of its
+/// phase: a 3 × 3 stride-2 kernel's input pixels read 1, 2 or 4 taps), so every input pixel is written
+/// once, with no padded or dilated copy of the gradient.
 pub fn input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
-    let (oh, ow, l) = (g.oh(), g.ow(), g.lanes);
-    if g.stride == 1 && g.padding < g.k {
-        let p = g.k - 1 - g.padding;
-        let dyp = pad(dy, (g.n, g.ob(), oh, ow, l), p);
-        let packed = pack(w, g, Packing::TransposedFlipped);
-        return gather_all(
-            isa,
-            (&dyp, &packed),
-            (g.n, (g.ob(), g.live_out()), oh + 2 * p, ow + 2 * p),
-            (g.ib(), g.h, g.w),
-            (g.k, 1),
-        );
-    }
-    scatter_input_grad(isa, dy, w, g)
-}
-
-/// The strided input gradient: each output pixel's gradient added into the (padded) input pixels it read,
-/// one tap at a time, one task per run of images. A run's pixels go through each tap's gather together,
-/// so a tap's weights are read once per run, not once per image: in ResNet's deep strided layers the
-/// weights (4.5 MiB at 256 → 512) outgrow L2 while an image has 16 output pixels. Within a tap no two
-/// output pixels reach the same input pixel, so each sum runs in tap order however images are grouped.
-fn scatter_input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
-    let (oh, ow, l, s) = (g.oh(), g.ow(), g.lanes, g.stride);
-    let (hp, wp) = (g.h + 2 * g.padding, g.w + 2 * g.padding);
+    let (rows, cols) = (
+        input_grad_axis(g.h, (g.oh(), g.k, g.stride, g.padding)),
+        input_grad_axis(g.w, (g.ow(), g.k, g.stride, g.padding)),
+    );
+    let src = Source {
+        data: dy,
+        n: g.n,
+        kblocks: g.ob(),
+        live: g.live_out(),
+        h: g.oh(),
+        w: g.ow(),
+    };
     let packed = pack(w, g, Packing::Transposed);
-    let (a_img, c_img) = (g.ob() * oh * ow * l, g.ib() * hp * wp * l);
-    let mut dxp = vec![0f32; g.n * c_img];
-    let out = Shared(dxp.as_mut_ptr());
-    // As many images per run as the threads leave, while the run's gradients (read and written once per
-    // tap) stay within L2; large images keep one image per task, as their weights are small.
-    let tasks = (TASKS_PER_THREAD * rayon::current_num_threads().max(1)).clamp(1, g.n.max(1));
-    let fit = (L2_OUTPUT_BYTES / (c_img * std::mem::size_of::<f32>())).max(1);
-    let per_task = g.n.div_ceil(tasks).min(fit).max(1);
-    (0..g.n.div_ceil(per_task))
-        .into_par_iter()
-        .for_each(|task| {
-            let images = task * per_task..g.n.min((task + 1) * per_task);
-            for tap in 0..g.taps() {
-                let (kh, kw) = (tap / g.k, tap % g.k);
-                let taps = [(0, tap * l * l)];
-                let gather = Gather {
-                    taps: &taps,
-                    kblocks: g.ob(),
-                    live: g.live_out(),
-                    a_k: oh * ow * l,
-                    b_k: g.taps() * l * l,
-                    b_n: g.ob() * g.taps() * l * l,
-                    c_n: hp * wp * l,
-                    // The first tap writes over the zeros (no two output pixels of a tap share an
-                    // input pixel); the later ones add.
-                    accumulate: tap > 0,
-                };
-                let px: Vec<(usize, usize)> = images
-                    .clone()
-                    .flat_map(|img| {
-                        (0..oh * ow).map(move |p| {
-                            let (y, x) = (p / ow, p % ow);
-                            (
-                                img * a_img + p * l,
-                                img * c_img + ((y * s + kh) * wp + x * s + kw) * l,
-                            )
-                        })
-                    })
-                    .collect();
-                let d = GatherData {
-                    a: dy.as_ptr(),
-                    b: packed.as_ptr(),
-                    c: out.get(),
-                };
-                // SAFETY: each task writes only its own images' padded gradients; within the task the taps
-                // run one after another; offsets stay in bounds by construction.
-                unsafe { kernels::gather(isa, &gather, d, &px, 0..g.ib()) };
-            }
-        });
-    match g.padding {
-        // Unpadded (ResNet's 1×1 stride-2 shortcuts): the buffer already is the gradient.
-        0 => dxp,
-        p => crop(&dxp, (g.n, g.ib(), g.h, g.w, l), p),
-    }
+    gather_groups(isa, &src, &packed, (g.ib(), g.h, g.w), (&rows, &cols), g.k)
 }
 
-/// Weight gradient (O, I, K, K) from blocked `x` and `dy`.
+/// Bytes of input and output gradient a weight tile's pixel run reads, so every tile of a task finds the
+/// run in L1: a third of a 48 KiB L1, the rest for the tiles' accumulators and the next run.
+const L1_RUN_BYTES: usize = 16 * 1024;
+
+/// The pixels of a weight gradient grouped by the taps that land inside the input (as the forward pass
+/// reads them: `taps`), each group's pixels listed over a run of images and cut into L1-sized runs.
+struct WeightRegion {
+    /// (tap index, input offset from a pixel's base).
+    taps: Vec<(usize, usize)>,
+    /// Per run of images, its pixel runs: (input offset of a pixel's base, gradient offset), from the
+    /// block bases of image 0.
+    runs: Vec<Vec<PixelRun>>,
+}
+
+type PixelRun = Vec<(usize, usize)>;
+
+fn weight_regions(
+    g: &Geometry,
+    (per_run, runs): (usize, usize),
+    run_px: usize,
+) -> Vec<WeightRegion> {
+    let (oh, ow, l) = (g.oh(), g.ow(), g.lanes);
+    let rows = forward_axis(oh, (g.h, g.k, g.stride, g.padding));
+    let cols = forward_axis(ow, (g.w, g.k, g.stride, g.padding));
+    let (x_img, g_img) = (g.ib() * g.h * g.w * l, g.ob() * oh * ow * l);
+    let groups = pixel_groups((&rows, &cols), (g.w, ow), (g.k, l));
+    (groups.into_iter())
+        .filter(|group| !group.taps.is_empty())
+        .map(|group| {
+            let runs = (0..runs)
+                .map(|run| {
+                    let images = run * per_run..g.n.min((run + 1) * per_run);
+                    let px: PixelRun = images
+                        .flat_map(|img| {
+                            (group.px.iter()).map(move |&(x, y)| (img * x_img + x, img * g_img + y))
+                        })
+                        .collect();
+                    // Runs of equal length, so no run is a short tail.
+                    let len = px.len().div_ceil(px.len().div_ceil(run_px).max(1)).max(1);
+                    px.chunks(len).map(<[_]>::to_vec).collect()
+                })
+                .collect();
+            WeightRegion {
+                taps: group.taps,
+                runs,
+            }
+        })
+        .collect()
+}
+
+/// Weight gradient (O, I, K, K) from blocked `x` and `dy`. Each task sums its pixels group by group (the
+/// taps inside the input), in runs of pixels across images, so no padded copy of `x` is made, no product
+/// reads padding, and a tile's accumulators stay in registers over a whole run rather than one small image.
 pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     let (oh, ow, l, k) = (g.oh(), g.ow(), g.lanes, g.k);
-    let (hp, wp) = (g.h + 2 * g.padding, g.w + 2 * g.padding);
-    let padded;
-    let xp = if g.padding == 0 {
-        x
-    } else {
-        padded = pad(x, (g.n, g.ib(), g.h, g.w, l), g.padding);
-        &padded
-    };
     let group = kernels::weight_group(isa);
     let groups = g.ob().div_ceil(group);
-    let taps: Vec<usize> = (0..k * k).map(|t| ((t / k) * wp + t % k) * l).collect();
-    let p = WeightProblem {
-        oh,
-        ow,
-        x_row: g.stride * wp * l,
-        x_px: g.stride * l,
-        g_plane: oh * ow * l,
-    };
-    let (x_img, g_img) = (g.ib() * hp * wp * l, g.ob() * oh * ow * l);
     // Tasks: (output-block group, input block, run of images); a few per thread, so small layers with
     // few blocks still use every core. The runs' partial sums are added in run order below, so results
     // depend on the thread count but never on scheduling.
@@ -323,6 +325,11 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     let want = TASKS_PER_THREAD * rayon::current_num_threads().max(1);
     let runs = want.div_ceil(pairs).clamp(1, g.n);
     let per_run = g.n.div_ceil(runs);
+    let runs = g.n.div_ceil(per_run);
+    // A pixel reads `group` gradient vectors and about stride² input vectors.
+    let px_bytes = (group + g.stride * g.stride) * l * std::mem::size_of::<f32>();
+    let regions = weight_regions(g, (per_run, runs), (L1_RUN_BYTES / px_bytes).max(16));
+    let p_plane = oh * ow * l;
     let partials: Vec<(usize, usize, Vec<f32>)> = (0..pairs * runs)
         .into_par_iter()
         .map(|task| {
@@ -332,38 +339,61 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
             let nb = group.min(g.ob() - ob);
             let mut acc = vec![0f32; k * k * nb * l * l];
             let live = if ib + 1 == g.ib() { g.live_in() } else { l };
-            let rows = kernels::weight_rows(&taps, nb, live, l);
-            for img in run * per_run..g.n.min((run + 1) * per_run) {
-                let ptrs = (
-                    xp[img * x_img + ib * hp * wp * l..].as_ptr(),
-                    dy[img * g_img + ob * oh * ow * l..].as_ptr(),
-                    acc.as_mut_ptr(),
-                );
-                // SAFETY: `acc` is taps × nb × L × L and `rows` were made for it; the input and gradient
-                // offsets stay in bounds.
-                unsafe { kernels::weight(isa, &p, ptrs, &rows, nb) };
+            let bases = (
+                x[ib * g.h * g.w * l..].as_ptr(),
+                dy[ob * p_plane..].as_ptr(),
+                acc.as_mut_ptr(),
+            );
+            for region in &regions {
+                let rows = kernels::weight_rows(&region.taps, nb, live, l);
+                for px in &region.runs[run] {
+                    let p = WeightProblem {
+                        px,
+                        g_plane: p_plane,
+                    };
+                    // SAFETY: `acc` is taps × nb × L × L and `rows` were made for it; every tap of a group
+                    // lands inside the input, so the input and gradient offsets stay in bounds.
+                    unsafe { kernels::weight(isa, &p, bases, &rows, nb) };
+                }
             }
             (ob, nb, acc)
         })
         .collect();
-    // Unpacked in parallel, one output channel's row (I × K × K, written in order) per task.
+    // Unpacked in parallel, one (output-block group, input block) pair per task: its partial sums (a few
+    // KiB) are summed in run order and transposed in L1, one output block at a time, into the L rows of
+    // L inputs × K × K weights it writes per output block.
     let t = k * k;
-    let mut dw = vec![0f32; g.c_out * g.c_in * t];
-    dw.par_chunks_mut(g.c_in * t)
-        .enumerate()
-        .for_each(|(o, row)| {
-            let (grp, ol) = ((o / l) / group, o % l);
-            for (i, taps) in row.chunks_exact_mut(t).enumerate() {
-                let pair = grp * g.ib() + i / l;
-                let il = i % l;
-                for (tap, v) in taps.iter_mut().enumerate() {
-                    let mut sum = 0f32;
-                    for (ob, nb, acc) in &partials[pair * runs..(pair + 1) * runs] {
-                        sum += acc[((tap * nb + (o / l - ob)) * l + il) * l + ol];
+    let mut dw = uninit(g.c_out * g.c_in * t);
+    let out = Shared(dw.as_mut_ptr() as *mut f32);
+    (0..pairs).into_par_iter().for_each(|pair| {
+        let parts = &partials[pair * runs..(pair + 1) * runs];
+        let (ob, nb, ib) = (parts[0].0, parts[0].1, pair % g.ib());
+        let inputs = l.min(g.c_in - ib * l);
+        // [output lane][input lane][tap]
+        let mut rows = vec![0f32; l * l * t];
+        for bo in 0..nb {
+            for (run, (_, _, acc)) in parts.iter().enumerate() {
+                for tap in 0..t {
+                    for il in 0..inputs {
+                        let sums = &acc[((tap * nb + bo) * l + il) * l..][..l];
+                        for (ol, &v) in sums.iter().enumerate() {
+                            let d = &mut rows[(ol * l + il) * t + tap];
+                            *d = if run == 0 { v } else { *d + v };
+                        }
                     }
-                    *v = sum;
                 }
             }
-        });
-    dw
+            for ol in 0..l.min(g.c_out - (ob + bo) * l) {
+                let o = (ob + bo) * l + ol;
+                let row = &rows[ol * l * t..][..inputs * t];
+                // SAFETY: (o, this input block) belongs to this pair alone; the row fits in `dw`.
+                unsafe {
+                    let dst = out.get().add((o * g.c_in + ib * l) * t);
+                    std::ptr::copy_nonoverlapping(row.as_ptr(), dst, row.len());
+                }
+            }
+        }
+    });
+    // SAFETY: the pairs cover every (output channel, input channel) and each wrote all its taps.
+    unsafe { assume_init(dw) }
 }

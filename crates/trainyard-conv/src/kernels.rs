@@ -5,12 +5,11 @@
 //! Two kernels cover the three passes, as oneDNN's direct convolutions do over nChw16c:
 //! - `gather`: a tile of up to RW output pixels × NB output-channel blocks held in registers while the
 //!   reduction runs over input-channel blocks, kernel taps and the lanes of a block (one broadcast input
-//!   value times NB weight vectors per step). Forward, and the input gradient of stride-1 convolutions (a
-//!   forward convolution of the padded output gradient with the flipped, transposed kernel); with one tap
-//!   per call and `accumulate`, the input gradient of strided ones (each output pixel scatters into the
-//!   input pixels it read).
-//! - `weight`: a tile of NI rows × NB output-channel blocks of the weight gradient, summed over every output
-//!   pixel of an image; a row is one (kernel tap, input lane), and a tile's rows may span two taps.
+//!   value times NB weight vectors per step). Forward, and the input gradient (a gather from the output
+//!   gradient with the transposed kernel); the caller groups pixels so a tile's pixels share their taps.
+//! - `weight`: a tile of NI rows × NB output-channel blocks of the weight gradient, summed over a list of
+//!   output pixels (an L1-sized run, across images); a row is one (kernel tap, input lane), and a tile's
+//!   rows may span two taps.
 //!
 //! Every output element is one chain of fused multiply-adds whose order depends only on the lane count, not
 //! on the tile shape or the instruction set: paths with equal lanes agree bit for bit.
@@ -109,7 +108,7 @@ impl<const L: usize> Tiles for Portable<L> {
 const L1_WEIGHT_BYTES: usize = 32 * 1024;
 
 /// One gather problem over blocked buffers (all offsets in f32s):
-/// `C[c_off(p) + o·c_n ..+L] (+)= Σ_k Σ_(ta,tb) Σ_l A[a_off(p) + k·a_k + ta + l] · B[o·b_n + k·b_k + tb + l·L ..+L]`
+/// `C[c_off(p) + o·c_n ..+L] = Σ_k Σ_(ta,tb) Σ_l A[a_off(p) + k·a_k + ta + l] · B[o·b_n + k·b_k + tb + l·L ..+L]`
 /// for each pixel `p` (its offsets listed by the caller) and output block `o`.
 pub(super) struct Gather<'a> {
     /// (offset in A, offset in B) of each kernel tap.
@@ -123,8 +122,6 @@ pub(super) struct Gather<'a> {
     pub b_k: usize,
     pub b_n: usize,
     pub c_n: usize,
-    /// Add into C (the scatter form) rather than overwrite it.
-    pub accumulate: bool,
 }
 
 /// Pointers into one gather's buffers.
@@ -135,13 +132,10 @@ pub(super) struct GatherData {
     pub c: *mut f32,
 }
 
-/// One image's weight-gradient reduction: `x` the padded input, `g` the output gradient (offsets in f32s).
-pub(super) struct WeightProblem {
-    pub oh: usize,
-    pub ow: usize,
-    /// Input pitch of one output row (stride × padded width × L) and of one output pixel (stride × L).
-    pub x_row: usize,
-    pub x_px: usize,
+/// A run of output pixels the weight gradient sums over (offsets in f32s from the task's input block and
+/// output-gradient block): (offset of the pixel's input at its first tap, offset of its gradient).
+pub(super) struct WeightProblem<'a> {
+    pub px: &'a [(usize, usize)],
     /// Distance between output-gradient channel blocks.
     pub g_plane: usize,
 }
@@ -162,7 +156,7 @@ unsafe fn gather_tile<V: Vector, const RW: usize, const NB: usize>(
     }
     let mut acc = [[V::zero(); NB]; RW];
     // A later slice of the reduction adds to what the earlier ones stored.
-    if g.accumulate || ks.start > 0 {
+    if ks.start > 0 {
         for r in 0..RW {
             for j in 0..NB {
                 acc[r][j] = V::load(d.c.add(c_off[r] + j * g.c_n));
@@ -208,7 +202,7 @@ unsafe fn gather_task<V: Tiles>(
     while ob < blocks.end {
         let nb = (blocks.end - ob).min(V::NB);
         // The reduction in slices whose weights (nb blocks × taps × L × L) stay in L1 across the tiles.
-        let per_k = nb * g.taps.len() * V::LANES * V::LANES * std::mem::size_of::<f32>();
+        let per_k = nb * g.taps.len().max(1) * V::LANES * V::LANES * std::mem::size_of::<f32>();
         let slice = (L1_WEIGHT_BYTES / per_k).max(1);
         for k0 in (0..g.kblocks).step_by(slice) {
             let ks = k0..(k0 + slice).min(g.kblocks);
@@ -226,7 +220,7 @@ unsafe fn gather_task<V: Tiles>(
     }
 }
 
-/// NI rows × NB output blocks of weight-gradient accumulators, summed over every output pixel of an image.
+/// NI rows × NB output blocks of weight-gradient accumulators, summed over a run of output pixels.
 /// A row is one (kernel tap, input lane): `rows[r]` = (its input offset from `x`, its accumulator offset
 /// from `acc_p`). Rows may come from different taps, so a tap's last lanes fill a tile with the next
 /// tap's first ones instead of running as a narrow tile of their own (AVX2's 8 lanes in tiles of 6).
@@ -253,20 +247,16 @@ unsafe fn weight_tile<V: Vector, const NI: usize, const NB: usize, const CONSECU
             *a = V::load(acc_p.add(off + j * l * l));
         }
     }
-    for oy in 0..p.oh {
-        let xr = x.add(oy * p.x_row);
-        let gr = g.add(oy * p.ow * l);
-        for ox in 0..p.ow {
-            let xp = xr.add(ox * p.x_px);
-            let mut gv = [V::zero(); NB];
-            for (j, v) in gv.iter_mut().enumerate() {
-                *v = V::load(gr.add(j * p.g_plane + ox * l));
-            }
-            for (row, &off) in acc.iter_mut().zip(&x_off) {
-                let xv = V::splat(xp.add(off));
-                for j in 0..NB {
-                    row[j] = row[j].fma(xv, gv[j]);
-                }
+    for &(xo, go) in p.px {
+        let xp = x.add(xo);
+        let mut gv = [V::zero(); NB];
+        for (j, v) in gv.iter_mut().enumerate() {
+            *v = V::load(g.add(go + j * p.g_plane));
+        }
+        for (row, &off) in acc.iter_mut().zip(&x_off) {
+            let xv = V::splat(xp.add(off));
+            for j in 0..NB {
+                row[j] = row[j].fma(xv, gv[j]);
             }
         }
     }
@@ -277,20 +267,25 @@ unsafe fn weight_tile<V: Vector, const NI: usize, const NB: usize, const CONSECU
     }
 }
 
-/// The rows of one image's weight task for `nb` output blocks and one input block: every (tap, input
-/// lane) pair below `live` (the lanes past it are zero padding, their gradient stays zero), as (input
-/// offset, offset of its sums in `[tap][nb][L in][L out]`); `taps` are the taps' input offsets.
-pub(super) fn weight_rows(taps: &[usize], nb: usize, live: usize, l: usize) -> Vec<(usize, usize)> {
+/// The rows of a weight task for `nb` output blocks and one input block: each (tap, input lane) pair
+/// below `live` (the lanes past it are zero padding, their gradient stays zero), as (input offset, offset
+/// of its sums in `[tap][nb][L in][L out]`); `taps` are (tap index, input offset from a pixel's base).
+pub(super) fn weight_rows(
+    taps: &[(usize, usize)],
+    nb: usize,
+    live: usize,
+    l: usize,
+) -> Vec<(usize, usize)> {
     let live = live.min(l);
     let mut rows = Vec::with_capacity(taps.len() * live);
-    for (t, &ta) in taps.iter().enumerate() {
+    for &(t, ta) in taps {
         rows.extend((0..live).map(|i| (ta + i, t * nb * l * l + i * l)));
     }
     rows
 }
 
-/// One image's contribution to the weight gradient of `nb` output blocks and one input block, every row of
-/// `weight_rows`: `x` points at the image's input block (padded), `g` at its first output-gradient block.
+/// One run of pixels' contribution to the weight gradient of `nb` output blocks and one input block, every
+/// row of `weight_rows`: `x` points at the input block, `g` at the first output-gradient block.
 #[inline(always)]
 unsafe fn weight_task<V: Tiles>(
     p: &WeightProblem,
@@ -410,7 +405,7 @@ pub(super) fn weight_group(isa: Isa) -> usize {
     }
 }
 
-/// Runs one image's weight-gradient task on `isa`.
+/// Runs one run of pixels' weight-gradient task on `isa`.
 ///
 /// # Safety
 /// `x`, `g` and `acc` hold everything `p`, `rows` and `nb` reach (`acc`: taps × nb × L × L, `rows` from

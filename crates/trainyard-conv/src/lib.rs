@@ -56,6 +56,7 @@ mod kernels;
 pub mod layout;
 pub mod rowwise;
 mod simd;
+mod taps;
 
 /// The instruction set a direct convolution runs on, which also fixes the block width L.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

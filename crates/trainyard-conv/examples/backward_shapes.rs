@@ -1,0 +1,97 @@
+//! ResNet-18-CIFAR's convolution passes alone (batch 64): the forward pass, the input gradient and the
+//! weight gradient of each shape, median milliseconds of 7 calls after a warm-up, on the rayon pool as `train`
+//! runs them, and the step's totals (each shape times its count). The figures for the backward kernels'
+//! rows in `bench/RESULTS.md` (the whole op, Candle included, is `examples/step_profile resnet-convs`).
+//!
+//! usage: RAYON_NUM_THREADS=2 cargo run --release --manifest-path crates/trainyard-conv/Cargo.toml \
+//!            --example backward_shapes [avx512|avx2|portable16|portable] [in->out]
+//!
+//! A second argument such as `512->512` times only the shapes with those channels (for `perf`).
+
+use std::time::Instant;
+use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
+use trainyard_conv::Isa;
+
+/// `train`'s allocator (src/main.rs).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// (in, out, image size, kernel, stride, count in the model); padding k / 2. The stem's input gradient is
+/// never asked for (the images need none), so its row times the weight gradient only.
+const SHAPES: [(usize, usize, usize, usize, usize, usize); 11] = [
+    (3, 64, 32, 3, 1, 1),
+    (64, 64, 32, 3, 1, 4),
+    (64, 128, 32, 3, 2, 1),
+    (64, 128, 32, 1, 2, 1),
+    (128, 128, 16, 3, 1, 3),
+    (128, 256, 16, 3, 2, 1),
+    (128, 256, 16, 1, 2, 1),
+    (256, 256, 8, 3, 1, 3),
+    (256, 512, 8, 3, 2, 1),
+    (256, 512, 8, 1, 2, 1),
+    (512, 512, 4, 3, 1, 3),
+];
+
+/// Median milliseconds of 7 calls of `f` after one warm-up.
+fn median_ms<T>(mut f: impl FnMut() -> T) -> f64 {
+    let mut times: Vec<f64> = (0..8)
+        .map(|_| {
+            let started = Instant::now();
+            std::hint::black_box(f());
+            started.elapsed().as_secs_f64() * 1e3
+        })
+        .skip(1)
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn main() {
+    let isa = std::env::args()
+        .nth(1)
+        .and_then(|name| Isa::parse(&name))
+        .unwrap_or_else(Isa::detected);
+    assert!(isa.supported(), "{isa:?} is not supported by this CPU");
+    let l = isa.lanes();
+    let only = std::env::args().nth(2);
+    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
+    pool.install(|| {
+        let (mut forwards, mut inputs, mut weights) = (0.0, 0.0, 0.0);
+        for (c_in, c_out, size, k, stride, count) in SHAPES {
+            if only.as_ref().is_some_and(|o| *o != format!("{c_in}->{c_out}")) {
+                continue;
+            }
+            let g = Geometry {
+                n: 64,
+                c_in,
+                c_out,
+                h: size,
+                w: size,
+                k,
+                stride,
+                padding: k / 2,
+                lanes: l,
+            };
+            let x = vec![0.5f32; g.n * g.ib() * l * size * size];
+            let w = vec![0.125f32; c_out * c_in * k * k];
+            let dy = vec![0.25f32; g.n * g.ob() * l * g.oh() * g.ow()];
+            let fwd_ms = median_ms(|| forward(isa, &x, &w, &g));
+            let dx_ms = if c_in == 3 {
+                0.0
+            } else {
+                median_ms(|| input_grad(isa, &dy, &w, &g))
+            };
+            let dw_ms = median_ms(|| weight_grad(isa, &x, &dy, &g));
+            println!(
+                "{c_in:>3} -> {c_out:<3} {size:>2} px k{k} s{stride} x{count}: forward {fwd_ms:6.2} ms  input {dx_ms:6.2} ms  weight {dw_ms:6.2} ms"
+            );
+            forwards += fwd_ms * count as f64;
+            inputs += dx_ms * count as f64;
+            weights += dw_ms * count as f64;
+        }
+        println!(
+            "{} per step: forward {forwards:.1} ms, input gradients {inputs:.1} ms, weight gradients {weights:.1} ms",
+            isa.name()
+        );
+    });
+}
