@@ -9,7 +9,8 @@
 /// Output coordinates along one axis that read the same taps at the same relative source offsets.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AxisGroup {
-    /// (tap along this axis, source coordinate relative to the group member's base), in tap order.
+    /// (tap along this axis, source coordinate relative to the group member's base), in source order, so
+    /// a pixel's reads run forward through memory (the input gradient's taps run backward).
     pub taps: Vec<(usize, usize)>,
     /// (output coordinate, its base source coordinate).
     pub coords: Vec<(usize, usize)>,
@@ -25,7 +26,9 @@ pub(crate) fn axis_groups(
 ) -> Vec<AxisGroup> {
     let mut groups: Vec<AxisGroup> = Vec::new();
     for y in 0..out_len {
-        let reads: Vec<(usize, usize)> = (0..k).filter_map(|t| Some((t, source(y, t)?))).collect();
+        let mut reads: Vec<(usize, usize)> =
+            (0..k).filter_map(|t| Some((t, source(y, t)?))).collect();
+        reads.sort_by_key(|&(_, s)| s);
         let base = reads.iter().map(|&(_, s)| s).min().unwrap_or(0);
         let taps: Vec<(usize, usize)> = reads.iter().map(|&(t, s)| (t, s - base)).collect();
         match groups.iter_mut().find(|g| g.taps == taps) {
@@ -124,7 +127,7 @@ mod tests {
         let groups = input_grad_axis(8, (4, 3, 2, 1));
         assert_eq!(
             taps(&groups),
-            [vec![(1, 0)], vec![(0, 1), (2, 0)], vec![(2, 0)]]
+            [vec![(1, 0)], vec![(2, 0), (0, 1)], vec![(2, 0)]]
         );
         assert_eq!(groups[0].coords, [(0, 0), (2, 1), (4, 2), (6, 3)]);
         assert_eq!(groups[1].coords, [(1, 0), (3, 1), (5, 2)]);
