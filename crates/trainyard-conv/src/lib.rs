@@ -7,8 +7,9 @@
 //!
 //! - `simd`: the vector type of each path (AVX-512, AVX2+FMA, portable arrays).
 //! - `kernels`: the register-blocked loops, compiled per path.
-//! - `conv`: weight packing, padding and the three passes over rayon.
-//! - `layout`: NCHW ↔ blocked data, padding.
+//! - `conv`: weight packing and the three passes over rayon.
+//! - `taps`: which kernel taps each output pixel reads (none in the padding), pixels grouped by them.
+//! - `layout`: NCHW ↔ blocked data.
 //!
 //! The same paths serve the transformer's kernels:
 //! - `gemm`: batched matrix products with any strides (linear layers: bias fused, weight gradients in the
