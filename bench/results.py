@@ -40,6 +40,8 @@ def machine(isa: str = "native") -> str:
 
 
 def record(section: str, row: str) -> None:
+    """Adds `row` to the end of the first table of `section` (the section and table made if missing), so
+    rows stay in their table when prose follows it."""
     text = open(PATH).read() if os.path.exists(PATH) else "# Benchmark results\n"
     title = f"## {section}\n"
     if title not in text:
@@ -47,7 +49,16 @@ def record(section: str, row: str) -> None:
     start = text.index(title)
     nxt = text.find("\n## ", start + len(title))
     end = len(text) if nxt == -1 else nxt + 1
-    body = text[start:end].rstrip("\n") + "\n" + row.rstrip("\n") + "\n"
+    lines = text[start:end].rstrip("\n").split("\n")
+    first = next((i for i, line in enumerate(lines) if line.startswith("|")), None)
+    if first is None:
+        lines += ["", *HEADER.rstrip("\n").split("\n")]
+        first = len(lines) - 2
+    last = first
+    while last + 1 < len(lines) and lines[last + 1].startswith("|"):
+        last += 1
+    lines.insert(last + 1, row.rstrip("\n"))
+    body = "\n".join(lines) + "\n"
     if nxt != -1:
         body += "\n"
     tmp = PATH + ".tmp"
