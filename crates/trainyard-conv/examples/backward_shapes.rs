@@ -1,12 +1,12 @@
-//! ResNet-18-CIFAR's convolution passes alone (batch 64): the forward pass, the input gradient and the
+//! ResNet-18-CIFAR's (or ResNet-50's at 64 px) convolution passes alone (batch 64): the forward pass, the input gradient and the
 //! weight gradient of each shape, median milliseconds of 7 calls after a warm-up, on the rayon pool as `train`
 //! runs them, and the step's totals (each shape times its count). The figures for the backward kernels'
 //! rows in `bench/RESULTS.md` (the whole op, Candle included, is `examples/step_profile resnet-convs`).
 //!
 //! usage: RAYON_NUM_THREADS=2 cargo run --release --manifest-path crates/trainyard-conv/Cargo.toml \
-//!            --example backward_shapes [avx512|avx2|portable16|portable] [in->out]
+//!            --example backward_shapes [avx512|avx2|portable16|portable] [resnet18|resnet50] [in->out]
 //!
-//! A second argument such as `512->512` times only the shapes with those channels (for `perf`).
+//! A last argument such as `512->512` times only the shapes with those channels (for `perf`).
 
 use std::time::Instant;
 use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
@@ -18,7 +18,10 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// (in, out, image size, kernel, stride, count in the model); padding k / 2. The stem's input gradient is
 /// never asked for (the images need none), so its row times the weight gradient only.
-const SHAPES: [(usize, usize, usize, usize, usize, usize); 11] = [
+type Shape = (usize, usize, usize, usize, usize, usize);
+
+/// ResNet-18 with the CIFAR stem at 32 px.
+const RESNET18: [Shape; 11] = [
     (3, 64, 32, 3, 1, 1),
     (64, 64, 32, 3, 1, 4),
     (64, 128, 32, 3, 2, 1),
@@ -30,6 +33,33 @@ const SHAPES: [(usize, usize, usize, usize, usize, usize); 11] = [
     (256, 512, 8, 3, 2, 1),
     (256, 512, 8, 1, 2, 1),
     (512, 512, 4, 3, 1, 3),
+];
+
+/// torchvision's ResNet-50 (stride on the 3×3 convolutions) at 64 px: stem, then 16, 8, 4 and 2 px.
+const RESNET50: [Shape; 23] = [
+    (3, 64, 64, 7, 2, 1),
+    (64, 64, 16, 1, 1, 1),
+    (256, 64, 16, 1, 1, 2),
+    (64, 64, 16, 3, 1, 3),
+    (64, 256, 16, 1, 1, 4),
+    (256, 128, 16, 1, 1, 1),
+    (512, 128, 8, 1, 1, 3),
+    (128, 128, 16, 3, 2, 1),
+    (128, 128, 8, 3, 1, 3),
+    (128, 512, 8, 1, 1, 4),
+    (256, 512, 16, 1, 2, 1),
+    (512, 256, 8, 1, 1, 1),
+    (1024, 256, 4, 1, 1, 5),
+    (256, 256, 8, 3, 2, 1),
+    (256, 256, 4, 3, 1, 5),
+    (256, 1024, 4, 1, 1, 6),
+    (512, 1024, 8, 1, 2, 1),
+    (1024, 512, 4, 1, 1, 1),
+    (2048, 512, 2, 1, 1, 2),
+    (512, 512, 4, 3, 2, 1),
+    (512, 512, 2, 3, 1, 2),
+    (512, 2048, 2, 1, 1, 3),
+    (1024, 2048, 4, 1, 2, 1),
 ];
 
 /// Median milliseconds of 7 calls of `f` after one warm-up.
@@ -53,12 +83,17 @@ fn main() {
         .unwrap_or_else(Isa::detected);
     assert!(isa.supported(), "{isa:?} is not supported by this CPU");
     let l = isa.lanes();
-    let only = std::env::args().nth(2);
+    let rest: Vec<String> = std::env::args().skip(2).collect();
+    let shapes: &[Shape] = match rest.first().map(String::as_str) {
+        Some("resnet50") => &RESNET50,
+        _ => &RESNET18,
+    };
+    let only = rest.iter().find(|a| a.contains("->"));
     let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
     pool.install(|| {
         let (mut forwards, mut inputs, mut weights) = (0.0, 0.0, 0.0);
-        for (c_in, c_out, size, k, stride, count) in SHAPES {
-            if only.as_ref().is_some_and(|o| *o != format!("{c_in}->{c_out}")) {
+        for &(c_in, c_out, size, k, stride, count) in shapes {
+            if only.is_some_and(|o| *o != format!("{c_in}->{c_out}")) {
                 continue;
             }
             let g = Geometry {

@@ -277,6 +277,9 @@ struct WeightRegion {
 
 type PixelRun = Vec<(usize, usize)>;
 
+/// A weight task's rows: (input offset, offset of its sums), see `kernels::weight_rows`.
+type Rows = Vec<(usize, usize)>;
+
 fn weight_regions(
     g: &Geometry,
     (per_run, runs): (usize, usize),
@@ -311,52 +314,131 @@ fn weight_regions(
         .collect()
 }
 
+/// Partial sums a weight task keeps for its block pairs: within L1, as the tiles load and store them
+/// around every pixel run (256 KiB, within L2, cut the traffic of the 32 px layers further but slowed the
+/// 4 px ones on AVX-512 by 5-15%, each pair's 27 KiB of sums then coming from L2 every 64 pixels).
+const L1_ACC_BYTES: usize = 32 * 1024;
+
+/// How the weight gradient's (output-block group, input block) pairs are cut into tasks: chunks of
+/// `groups` × `inputs` pairs, each over `runs` runs of `per_run` images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct WeightSplit {
+    groups: usize,
+    inputs: usize,
+    runs: usize,
+    per_run: usize,
+}
+
+impl WeightSplit {
+    /// The split that moves the fewest bytes: a task reads its images' input blocks once per chunk of
+    /// output groups and their gradient blocks once per chunk of input blocks (a pixel run stays in L1
+    /// across the chunk's pairs), and each run of images beyond the first writes and reads its own copy
+    /// of the sums. Chunks' sums fit `L1_ACC_BYTES`; there are enough tasks for the threads.
+    fn new(g: &Geometry, group: usize, want: usize) -> Self {
+        let f = std::mem::size_of::<f32>();
+        let (groups, ib, l) = (g.ob().div_ceil(group), g.ib(), g.lanes);
+        let pair_bytes = g.taps() * group * l * l * f;
+        let x_bytes = g.n * ib * g.h * g.w * l * f;
+        let dy_bytes = g.n * g.ob() * g.oh() * g.ow() * l * f;
+        let w_bytes = groups * ib * pair_bytes;
+        let fit = (L1_ACC_BYTES / pair_bytes).max(1);
+        let mut best = None;
+        for gs in 1..=groups.min(fit) {
+            let is = (fit / gs).clamp(1, ib);
+            let chunks = groups.div_ceil(gs) * ib.div_ceil(is);
+            let runs = want.div_ceil(chunks).clamp(1, g.n);
+            let per_run = g.n.div_ceil(runs);
+            let runs = g.n.div_ceil(per_run);
+            let cost = x_bytes * groups.div_ceil(gs)
+                + dy_bytes * ib.div_ceil(is)
+                + 2 * (runs - 1) * w_bytes;
+            if best.is_none_or(|(c, _)| cost < c) {
+                let split = Self {
+                    groups: gs,
+                    inputs: is,
+                    runs,
+                    per_run,
+                };
+                best = Some((cost, split));
+            }
+        }
+        best.map(|(_, split)| split).expect("at least one group")
+    }
+}
+
 /// Weight gradient (O, I, K, K) from blocked `x` and `dy`. Each task sums its pixels group by group (the
 /// taps inside the input), in runs of pixels across images, so no padded copy of `x` is made, no product
 /// reads padding, and a tile's accumulators stay in registers over a whole run rather than one small image.
+/// A pixel run serves every (output group, input block) pair of the task's chunk while it is in L1.
 pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     let (oh, ow, l, k) = (g.oh(), g.ow(), g.lanes, g.k);
     let group = kernels::weight_group(isa);
     let groups = g.ob().div_ceil(group);
-    // Tasks: (output-block group, input block, run of images); a few per thread, so small layers with
-    // few blocks still use every core. The runs' partial sums are added in run order below, so results
-    // depend on the thread count but never on scheduling.
-    let pairs = groups * g.ib();
+    // Tasks: (chunk of pairs, run of images); a few per thread, so small layers with few blocks still use
+    // every core. The runs' partial sums are added in run order below, so results depend on the thread
+    // count but never on scheduling.
     let want = TASKS_PER_THREAD * rayon::current_num_threads().max(1);
-    let runs = want.div_ceil(pairs).clamp(1, g.n);
-    let per_run = g.n.div_ceil(runs);
-    let runs = g.n.div_ceil(per_run);
+    let split = WeightSplit::new(g, group, want);
+    let (group_chunks, input_chunks) =
+        (groups.div_ceil(split.groups), g.ib().div_ceil(split.inputs));
+    let runs = split.runs;
     // A pixel reads `group` gradient vectors and about stride² input vectors.
     let px_bytes = (group + g.stride * g.stride) * l * std::mem::size_of::<f32>();
-    let regions = weight_regions(g, (per_run, runs), (L1_RUN_BYTES / px_bytes).max(16));
-    let p_plane = oh * ow * l;
-    let partials: Vec<(usize, usize, Vec<f32>)> = (0..pairs * runs)
+    let regions = weight_regions(g, (split.per_run, runs), (L1_RUN_BYTES / px_bytes).max(16));
+    let (p_plane, x_plane) = (oh * ow * l, g.h * g.w * l);
+    let pair_len = k * k * group * l * l;
+    // Each region's rows for a full or last output group × a full or last input block.
+    let nb_last = g.ob() - (groups - 1) * group;
+    let row_sets: Vec<[Rows; 4]> = (regions.iter())
+        .map(|r| {
+            [
+                (group, l),
+                (group, g.live_in()),
+                (nb_last, l),
+                (nb_last, g.live_in()),
+            ]
+            .map(|(nb, live)| kernels::weight_rows(&r.taps, nb, live, l))
+        })
+        .collect();
+    let chunk_of = |chunk: usize| {
+        let (gc, ic) = (chunk / input_chunks, chunk % input_chunks);
+        (
+            gc * split.groups..groups.min((gc + 1) * split.groups),
+            ic * split.inputs..g.ib().min((ic + 1) * split.inputs),
+        )
+    };
+    let partials: Vec<Vec<f32>> = (0..group_chunks * input_chunks * runs)
         .into_par_iter()
         .map(|task| {
-            let (pair, run) = (task / runs, task % runs);
-            let (grp, ib) = (pair / g.ib(), pair % g.ib());
-            let ob = grp * group;
-            let nb = group.min(g.ob() - ob);
-            let mut acc = vec![0f32; k * k * nb * l * l];
-            let live = if ib + 1 == g.ib() { g.live_in() } else { l };
-            let bases = (
-                x[ib * g.h * g.w * l..].as_ptr(),
-                dy[ob * p_plane..].as_ptr(),
-                acc.as_mut_ptr(),
-            );
-            for region in &regions {
-                let rows = kernels::weight_rows(&region.taps, nb, live, l);
+            let (chunk, run) = (task / runs, task % runs);
+            let (grps, ibs) = chunk_of(chunk);
+            let mut acc = vec![0f32; grps.len() * ibs.len() * pair_len];
+            for (region, row_sets) in regions.iter().zip(&row_sets) {
                 for px in &region.runs[run] {
                     let p = WeightProblem {
                         px,
                         g_plane: p_plane,
                     };
-                    // SAFETY: `acc` is taps × nb × L × L and `rows` were made for it; every tap of a group
-                    // lands inside the input, so the input and gradient offsets stay in bounds.
-                    unsafe { kernels::weight(isa, &p, bases, &rows, nb) };
+                    for (il, ib) in ibs.clone().enumerate() {
+                        for (gl, grp) in grps.clone().enumerate() {
+                            let nb = group.min(g.ob() - grp * group);
+                            let last = (grp + 1 == groups, ib + 1 == g.ib());
+                            let rows = &row_sets[usize::from(last.0) * 2 + usize::from(last.1)];
+                            let at = (gl * ibs.len() + il) * pair_len;
+                            let bases = (
+                                x[ib * x_plane..].as_ptr(),
+                                dy[grp * group * p_plane..].as_ptr(),
+                                acc[at..].as_mut_ptr(),
+                            );
+                            // SAFETY: the pair's sums are taps × nb × L × L from `at` and `rows` were made
+                            // for them; every tap of a group lands inside the input, so the input and
+                            // gradient offsets stay in bounds.
+                            unsafe { kernels::weight(isa, &p, bases, rows, nb) };
+                        }
+                    }
                 }
             }
-            (ob, nb, acc)
+            acc
         })
         .collect();
     // Unpacked in parallel, one (output-block group, input block) pair per task: its partial sums (a few
@@ -365,17 +447,21 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     let t = k * k;
     let mut dw = uninit(g.c_out * g.c_in * t);
     let out = Shared(dw.as_mut_ptr() as *mut f32);
-    (0..pairs).into_par_iter().for_each(|pair| {
-        let parts = &partials[pair * runs..(pair + 1) * runs];
-        let (ob, nb, ib) = (parts[0].0, parts[0].1, pair % g.ib());
+    (0..groups * g.ib()).into_par_iter().for_each(|pair| {
+        let (grp, ib) = (pair / g.ib(), pair % g.ib());
+        let chunk = (grp / split.groups) * input_chunks + ib / split.inputs;
+        let (_, ibs) = chunk_of(chunk);
+        let at = ((grp % split.groups) * ibs.len() + ib % split.inputs) * pair_len;
+        let parts = &partials[chunk * runs..(chunk + 1) * runs];
+        let (ob, nb) = (grp * group, group.min(g.ob() - grp * group));
         let inputs = l.min(g.c_in - ib * l);
         // [output lane][input lane][tap]
         let mut rows = vec![0f32; l * l * t];
         for bo in 0..nb {
-            for (run, (_, _, acc)) in parts.iter().enumerate() {
+            for (run, acc) in parts.iter().enumerate() {
                 for tap in 0..t {
                     for il in 0..inputs {
-                        let sums = &acc[((tap * nb + bo) * l + il) * l..][..l];
+                        let sums = &acc[at + ((tap * nb + bo) * l + il) * l..][..l];
                         for (ol, &v) in sums.iter().enumerate() {
                             let d = &mut rows[(ol * l + il) * t + tap];
                             *d = if run == 0 { v } else { *d + v };
