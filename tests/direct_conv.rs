@@ -96,6 +96,8 @@ fn assert_close(what: &str, got: &[f32], want: &[f64]) {
 // Enough block pairs that the weight gradient cuts them into chunks with shorter last ones (both ways).
 #[case::pointwise_many_blocks((3, 200, 210, 5, 4), (1, 1, 0))]
 #[case::chunks_of_3x3_pairs((2, 40, 50, 5, 6), (3, 1, 1))]
+// An empty batch: empty outputs and a zero weight gradient, not a panic.
+#[case::no_images((0, 5, 6, 4, 4), (3, 1, 1))]
 fn every_path_matches_float64_and_simd_matches_portable_bit_for_bit(
     #[case] (n, c_in, c_out, h, w): (usize, usize, usize, usize, usize),
     #[case] (k, stride, padding): (usize, usize, usize),

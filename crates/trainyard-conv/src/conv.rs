@@ -6,8 +6,8 @@
 //!   taps inside the input (`taps`), so the input is never padded.
 //! - input gradient: the same gather from the output gradient with the transposed kernel, each input pixel
 //!   reading the output pixels (and taps) that read it: one kernel for every stride.
-//! - weight gradient: per (output-block group, input block, run of images) task, summed over the same tap
-//!   groups in L1-sized runs of pixels, in a fixed order.
+//! - weight gradient: per (chunk of output-block group × input block pairs, run of images) task, summed
+//!   over the same tap groups in L1-sized runs of pixels, in a fixed order.
 
 use crate::buffer::{assume_init, uninit};
 use crate::kernels::{self, Gather, GatherData, WeightProblem};
@@ -280,6 +280,8 @@ type PixelRun = Vec<(usize, usize)>;
 /// A weight task's rows: (input offset, offset of its sums), see `kernels::weight_rows`.
 type Rows = Vec<(usize, usize)>;
 
+/// The weight gradient's tap groups with their pixels, for runs of `per_run` images, cut into pixel runs of
+/// about `run_px` (groups no tap reaches add nothing and are left out).
 fn weight_regions(
     g: &Geometry,
     (per_run, runs): (usize, usize),
@@ -372,6 +374,10 @@ impl WeightSplit {
 /// A pixel run serves every (output group, input block) pair of the task's chunk while it is in L1.
 pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     let (oh, ow, l, k) = (g.oh(), g.ow(), g.lanes, g.k);
+    if g.n == 0 || g.c_in == 0 || g.c_out == 0 {
+        // No images: no gradient. No channels: no weights.
+        return vec![0f32; g.c_out * g.c_in * k * k];
+    }
     let group = kernels::weight_group(isa);
     let groups = g.ob().div_ceil(group);
     // Tasks: (chunk of pairs, run of images); a few per thread, so small layers with few blocks still use

@@ -201,9 +201,12 @@ unsafe fn gather_task<V: Tiles>(
     let mut ob = blocks.start;
     while ob < blocks.end {
         let nb = (blocks.end - ob).min(V::NB);
-        // The reduction in slices whose weights (nb blocks × taps × L × L) stay in L1 across the tiles.
-        let per_k = nb * g.taps.len().max(1) * V::LANES * V::LANES * std::mem::size_of::<f32>();
-        let slice = (L1_WEIGHT_BYTES / per_k).max(1);
+        // The reduction in slices whose weights (nb blocks × taps × L × L) stay in L1 across the tiles; a
+        // group with no taps reads no weights, and one slice stores its zeros once.
+        let slice = match g.taps.len() {
+            0 => g.kblocks.max(1),
+            taps => (L1_WEIGHT_BYTES / (nb * taps * V::LANES * V::LANES * size_of::<f32>())).max(1),
+        };
         for k0 in (0..g.kblocks).step_by(slice) {
             let ks = k0..(k0 + slice).min(g.kblocks);
             for tile in px.chunks(V::RW) {
