@@ -321,10 +321,12 @@ fn weight_regions(
 /// 4 px ones on AVX-512 by 5-15%, each pair's 27 KiB of sums then coming from L2 every 64 pixels).
 const L1_ACC_BYTES: usize = 32 * 1024;
 
-/// How the weight gradient's (output-block group, input block) pairs are cut into tasks: chunks of
-/// `groups` × `inputs` pairs, each over `runs` runs of `per_run` images.
+/// How the weight gradient's `all_groups` × `all_inputs` (output-block group, input block) pairs are cut
+/// into tasks: chunks of `groups` × `inputs` pairs, each over `runs` runs of `per_run` images.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct WeightSplit {
+    all_groups: usize,
+    all_inputs: usize,
     groups: usize,
     inputs: usize,
     runs: usize,
@@ -356,6 +358,8 @@ impl WeightSplit {
                 + 2 * (runs - 1) * w_bytes;
             if best.is_none_or(|(c, _)| cost < c) {
                 let split = Self {
+                    all_groups: groups,
+                    all_inputs: ib,
                     groups: gs,
                     inputs: is,
                     runs,
@@ -365,6 +369,30 @@ impl WeightSplit {
             }
         }
         best.map(|(_, split)| split).expect("at least one group")
+    }
+
+    fn input_chunks(&self) -> usize {
+        self.all_inputs.div_ceil(self.inputs)
+    }
+
+    fn chunks(&self) -> usize {
+        self.all_groups.div_ceil(self.groups) * self.input_chunks()
+    }
+
+    /// The output groups and input blocks of chunk `c`.
+    fn chunk(&self, c: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let (gc, ic) = (c / self.input_chunks(), c % self.input_chunks());
+        (
+            gc * self.groups..self.all_groups.min((gc + 1) * self.groups),
+            ic * self.inputs..self.all_inputs.min((ic + 1) * self.inputs),
+        )
+    }
+
+    /// The chunk holding pair (`grp`, `ib`), and the pair's place among the chunk's pairs (group-major).
+    fn pair(&self, grp: usize, ib: usize) -> (usize, usize) {
+        let c = (grp / self.groups) * self.input_chunks() + ib / self.inputs;
+        let inputs = self.chunk(c).1.len();
+        (c, (grp % self.groups) * inputs + ib % self.inputs)
     }
 }
 
@@ -385,8 +413,6 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     // count but never on scheduling.
     let want = TASKS_PER_THREAD * rayon::current_num_threads().max(1);
     let split = WeightSplit::new(g, group, want);
-    let (group_chunks, input_chunks) =
-        (groups.div_ceil(split.groups), g.ib().div_ceil(split.inputs));
     let runs = split.runs;
     // A pixel reads `group` gradient vectors and about stride² input vectors.
     let px_bytes = (group + g.stride * g.stride) * l * std::mem::size_of::<f32>();
@@ -406,18 +432,11 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
             .map(|(nb, live)| kernels::weight_rows(&r.taps, nb, live, l))
         })
         .collect();
-    let chunk_of = |chunk: usize| {
-        let (gc, ic) = (chunk / input_chunks, chunk % input_chunks);
-        (
-            gc * split.groups..groups.min((gc + 1) * split.groups),
-            ic * split.inputs..g.ib().min((ic + 1) * split.inputs),
-        )
-    };
-    let partials: Vec<Vec<f32>> = (0..group_chunks * input_chunks * runs)
+    let partials: Vec<Vec<f32>> = (0..split.chunks() * runs)
         .into_par_iter()
         .map(|task| {
             let (chunk, run) = (task / runs, task % runs);
-            let (grps, ibs) = chunk_of(chunk);
+            let (grps, ibs) = split.chunk(chunk);
             let mut acc = vec![0f32; grps.len() * ibs.len() * pair_len];
             for (region, row_sets) in regions.iter().zip(&row_sets) {
                 for px in &region.runs[run] {
@@ -447,45 +466,56 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
             acc
         })
         .collect();
-    // Unpacked in parallel, one (output-block group, input block) pair per task: its partial sums (a few
-    // KiB) are summed in run order and transposed in L1, one output block at a time, into the L rows of
-    // L inputs × K × K weights it writes per output block.
-    let t = k * k;
+    unpack_weight_sums(g, (group, pair_len), &split, &partials)
+}
+
+/// The weight gradient (O, I, K, K) from the tasks' partial sums (per chunk and run, each pair's
+/// `[tap][nb][L in][L out]` at its place in the chunk), in parallel, one (output-block group, input
+/// block) pair per task: its sums (a few KiB) are added in run order and transposed in L1, one output
+/// block at a time, into the L rows of L inputs × K × K weights it writes per output block.
+fn unpack_weight_sums(
+    g: &Geometry,
+    (group, pair_len): (usize, usize),
+    split: &WeightSplit,
+    partials: &[Vec<f32>],
+) -> Vec<f32> {
+    let (l, t, runs) = (g.lanes, g.taps(), split.runs);
     let mut dw = uninit(g.c_out * g.c_in * t);
     let out = Shared(dw.as_mut_ptr() as *mut f32);
-    (0..groups * g.ib()).into_par_iter().for_each(|pair| {
-        let (grp, ib) = (pair / g.ib(), pair % g.ib());
-        let chunk = (grp / split.groups) * input_chunks + ib / split.inputs;
-        let (_, ibs) = chunk_of(chunk);
-        let at = ((grp % split.groups) * ibs.len() + ib % split.inputs) * pair_len;
-        let parts = &partials[chunk * runs..(chunk + 1) * runs];
-        let (ob, nb) = (grp * group, group.min(g.ob() - grp * group));
-        let inputs = l.min(g.c_in - ib * l);
-        // [output lane][input lane][tap]
-        let mut rows = vec![0f32; l * l * t];
-        for bo in 0..nb {
-            for (run, acc) in parts.iter().enumerate() {
-                for tap in 0..t {
-                    for il in 0..inputs {
-                        let sums = &acc[at + ((tap * nb + bo) * l + il) * l..][..l];
-                        for (ol, &v) in sums.iter().enumerate() {
-                            let d = &mut rows[(ol * l + il) * t + tap];
-                            *d = if run == 0 { v } else { *d + v };
+    (0..split.all_groups * g.ib())
+        .into_par_iter()
+        .for_each(|pair| {
+            let (grp, ib) = (pair / g.ib(), pair % g.ib());
+            let (chunk, place) = split.pair(grp, ib);
+            let at = place * pair_len;
+            let parts = &partials[chunk * runs..(chunk + 1) * runs];
+            let (ob, nb) = (grp * group, group.min(g.ob() - grp * group));
+            let inputs = l.min(g.c_in - ib * l);
+            // [output lane][input lane][tap]
+            let mut rows = vec![0f32; l * l * t];
+            for bo in 0..nb {
+                for (run, acc) in parts.iter().enumerate() {
+                    for tap in 0..t {
+                        for il in 0..inputs {
+                            let sums = &acc[at + ((tap * nb + bo) * l + il) * l..][..l];
+                            for (ol, &v) in sums.iter().enumerate() {
+                                let d = &mut rows[(ol * l + il) * t + tap];
+                                *d = if run == 0 { v } else { *d + v };
+                            }
                         }
                     }
                 }
-            }
-            for ol in 0..l.min(g.c_out - (ob + bo) * l) {
-                let o = (ob + bo) * l + ol;
-                let row = &rows[ol * l * t..][..inputs * t];
-                // SAFETY: (o, this input block) belongs to this pair alone; the row fits in `dw`.
-                unsafe {
-                    let dst = out.get().add((o * g.c_in + ib * l) * t);
-                    std::ptr::copy_nonoverlapping(row.as_ptr(), dst, row.len());
+                for ol in 0..l.min(g.c_out - (ob + bo) * l) {
+                    let o = (ob + bo) * l + ol;
+                    let row = &rows[ol * l * t..][..inputs * t];
+                    // SAFETY: (o, this input block) belongs to this pair alone; the row fits in `dw`.
+                    unsafe {
+                        let dst = out.get().add((o * g.c_in + ib * l) * t);
+                        std::ptr::copy_nonoverlapping(row.as_ptr(), dst, row.len());
+                    }
                 }
             }
-        }
-    });
+        });
     // SAFETY: the pairs cover every (output channel, input channel) and each wrote all its taps.
     unsafe { assume_init(dw) }
 }
