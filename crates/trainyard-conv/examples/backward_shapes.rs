@@ -82,6 +82,16 @@ fn main() {
         .and_then(|name| Isa::parse(&name))
         .unwrap_or_else(Isa::detected);
     assert!(isa.supported(), "{isa:?} is not supported by this CPU");
+    // TRAINYARD_CONV_L1D=32K blocks for a smaller core's L1 (as `train` reads it).
+    if let Ok(v) = std::env::var("TRAINYARD_CONV_L1D") {
+        let bytes = trainyard_conv::cache::parse_size(&v)
+            .unwrap_or_else(|| panic!("TRAINYARD_CONV_L1D={v:?} is not a size: 32K, 48KiB, 32768"));
+        trainyard_conv::cache::set_l1d_bytes(bytes).expect("set before any kernel runs");
+    }
+    eprintln!(
+        "blocking for a {} KiB L1",
+        trainyard_conv::cache::l1d_bytes() / 1024
+    );
     let l = isa.lanes();
     let rest: Vec<String> = std::env::args().skip(2).collect();
     let shapes: &[Shape] = match rest.first().map(String::as_str) {

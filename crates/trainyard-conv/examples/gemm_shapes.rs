@@ -79,6 +79,16 @@ fn run() {
         }),
         None => Isa::detected(),
     };
+    // TRAINYARD_CONV_L1D=32K blocks for a smaller core's L1 (as `train` reads it).
+    if let Ok(v) = std::env::var("TRAINYARD_CONV_L1D") {
+        let bytes = trainyard_conv::cache::parse_size(&v)
+            .unwrap_or_else(|| panic!("TRAINYARD_CONV_L1D={v:?} is not a size: 32K, 48KiB, 32768"));
+        trainyard_conv::cache::set_l1d_bytes(bytes).expect("set before any kernel runs");
+    }
+    eprintln!(
+        "blocking for a {} KiB L1",
+        trainyard_conv::cache::l1d_bytes() / 1024
+    );
     // "fc2:dw" runs that product alone (for a profiler); every product otherwise.
     let only = args.next();
     if let Some((m, k, nn)) = only.as_deref().and_then(shape) {

@@ -10,6 +10,7 @@
 //!   over the same tap groups in L1-sized runs of pixels, in a fixed order.
 
 use crate::buffer::{assume_init, uninit};
+use crate::cache::Budget;
 use crate::kernels::{self, Gather, GatherData, WeightProblem};
 use crate::taps::{forward_axis, input_grad_axis, pixel_groups, AxisGroup};
 use crate::Isa;
@@ -261,10 +262,6 @@ pub fn input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
     gather_groups(isa, &src, &packed, (g.ib(), g.h, g.w), (&rows, &cols), g.k)
 }
 
-/// Bytes of input and output gradient a weight tile's pixel run reads, so every tile of a task finds the
-/// run in L1: a third of a 48 KiB L1, the rest for the tiles' accumulators and the next run.
-const L1_RUN_BYTES: usize = 16 * 1024;
-
 /// The pixels of a weight gradient grouped by the taps that land inside the input (as the forward pass
 /// reads them: `taps`), each group's pixels listed over a run of images and cut into L1-sized runs.
 struct WeightRegion {
@@ -316,11 +313,6 @@ fn weight_regions(
         .collect()
 }
 
-/// Partial sums a weight task keeps for its block pairs: within L1, as the tiles load and store them
-/// around every pixel run (256 KiB, within L2, cut the traffic of the 32 px layers further but slowed the
-/// 4 px ones on AVX-512 by 5-15%, each pair's 27 KiB of sums then coming from L2 every 64 pixels).
-const L1_ACC_BYTES: usize = 32 * 1024;
-
 /// How the weight gradient's `all_groups` × `all_inputs` (output-block group, input block) pairs are cut
 /// into tasks: chunks of `groups` × `inputs` pairs, each over `runs` runs of `per_run` images.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -337,15 +329,15 @@ impl WeightSplit {
     /// The split that moves the fewest bytes: a task reads its images' input blocks once per chunk of
     /// output groups and their gradient blocks once per chunk of input blocks (a pixel run stays in L1
     /// across the chunk's pairs), and each run of images beyond the first writes and reads its own copy
-    /// of the sums. Chunks' sums fit `L1_ACC_BYTES`; there are enough tasks for the threads.
-    fn new(g: &Geometry, group: usize, want: usize) -> Self {
+    /// of the sums. Chunks' sums fit `sums_bytes` (`Budget::weight_sums`); there are enough tasks for the threads.
+    fn new(g: &Geometry, group: usize, want: usize, sums_bytes: usize) -> Self {
         let f = std::mem::size_of::<f32>();
         let (groups, ib, l) = (g.ob().div_ceil(group), g.ib(), g.lanes);
         let pair_bytes = g.taps() * group * l * l * f;
         let x_bytes = g.n * ib * g.h * g.w * l * f;
         let dy_bytes = g.n * g.ob() * g.oh() * g.ow() * l * f;
         let w_bytes = groups * ib * pair_bytes;
-        let fit = (L1_ACC_BYTES / pair_bytes).max(1);
+        let fit = (sums_bytes / pair_bytes).max(1);
         let mut best = None;
         for gs in 1..=groups.min(fit) {
             let is = (fit / gs).clamp(1, ib);
@@ -412,11 +404,13 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     // every core. The runs' partial sums are added in run order below, so results depend on the thread
     // count but never on scheduling.
     let want = TASKS_PER_THREAD * rayon::current_num_threads().max(1);
-    let split = WeightSplit::new(g, group, want);
+    let budget = Budget::current();
+    let split = WeightSplit::new(g, group, want, budget.weight_sums());
     let runs = split.runs;
     // A pixel reads `group` gradient vectors and about stride² input vectors.
     let px_bytes = (group + g.stride * g.stride) * l * std::mem::size_of::<f32>();
-    let regions = weight_regions(g, (split.per_run, runs), (L1_RUN_BYTES / px_bytes).max(16));
+    let run_px = (budget.weight_run() / px_bytes).max(16);
+    let regions = weight_regions(g, (split.per_run, runs), run_px);
     let (p_plane, x_plane) = (oh * ow * l, g.h * g.w * l);
     let pair_len = k * k * group * l * l;
     // Each region's rows for a full or last output group × a full or last input block.

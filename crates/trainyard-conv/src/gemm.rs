@@ -13,6 +13,7 @@
 //! same bits.
 
 use crate::buffer::{assume_init, uninit, Aligned};
+use crate::cache::Budget;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{Avx2, Avx512};
 use crate::simd::{Portable, Vector};
@@ -56,9 +57,6 @@ pub struct Dims {
     pub n: usize,
 }
 
-/// Packed-B bytes one reduction slice keeps hot across the row tiles: half of a 48 KiB L1, leaving room for
-/// the rows of A and the tile of C (32 KiB measured 5% slower on the ViT-Tiny products, 16 KiB 3%).
-const L1_PANEL_BYTES: usize = 24 * 1024;
 /// Tasks per thread, so uneven tasks still balance.
 const TASKS_PER_THREAD: usize = 4;
 /// The largest tile any path uses (the edge tile's scratch size).
@@ -433,7 +431,9 @@ unsafe fn tile<V: Vector, const MR: usize, const NB: usize>(t: TileArgs) {
 #[inline(always)]
 unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>) {
     let (l, d) = (V::LANES, job.d);
-    let slice = (L1_PANEL_BYTES / (V::NB * l * std::mem::size_of::<f32>())).max(1);
+    // Packed-B bytes one reduction slice keeps hot across the row tiles (`Budget::gemm_panel`).
+    let panel_bytes = Budget::current().gemm_panel();
+    let slice = (panel_bytes / (V::NB * l * std::mem::size_of::<f32>())).max(1);
     let mut scratch = [0f32; MAX_MR * MAX_NB * 16];
     // A read down its columns (a weight gradient's `dyᵀ`) steps a whole row of memory per step of the
     // reduction, beyond what the hardware prefetcher follows: fetch it ahead.

@@ -14,6 +14,7 @@
 //! Every output element is one chain of fused multiply-adds whose order depends only on the lane count, not
 //! on the tile shape or the instruction set: paths with equal lanes agree bit for bit.
 
+use crate::cache::Budget;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{Avx2, Avx512};
 use crate::simd::{Portable, Vector};
@@ -103,9 +104,6 @@ impl<const L: usize> Tiles for Portable<L> {
     const WEIGHT_NI: usize = if L >= 16 { 8 } else { 6 };
     const WEIGHT_NB: usize = if L >= 16 { 3 } else { 2 };
 }
-
-/// Weight bytes a gather keeps hot across its pixel tiles: most of a 48 KiB L1, the rest for inputs.
-const L1_WEIGHT_BYTES: usize = 32 * 1024;
 
 /// One gather problem over blocked buffers (all offsets in f32s):
 /// `C[c_off(p) + o·c_n ..+L] = Σ_k Σ_(ta,tb) Σ_l A[a_off(p) + k·a_k + ta + l] · B[o·b_n + k·b_k + tb + l·L ..+L]`
@@ -205,7 +203,10 @@ unsafe fn gather_task<V: Tiles>(
         // group with no taps reads no weights, and one slice stores its zeros once.
         let slice = match g.taps.len() {
             0 => g.kblocks.max(1),
-            taps => (L1_WEIGHT_BYTES / (nb * taps * V::LANES * V::LANES * size_of::<f32>())).max(1),
+            taps => {
+                let weight_bytes = Budget::current().gather_weights();
+                (weight_bytes / (nb * taps * V::LANES * V::LANES * size_of::<f32>())).max(1)
+            }
         };
         for k0 in (0..g.kblocks).step_by(slice) {
             let ks = k0..(k0 + slice).min(g.kblocks);

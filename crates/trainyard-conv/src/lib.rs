@@ -10,6 +10,7 @@
 //! - `conv`: weight packing and the three passes over rayon.
 //! - `taps`: which kernel taps each output pixel reads (none in the padding), pixels grouped by them.
 //! - `layout`: NCHW ↔ blocked data.
+//! - `cache`: the core's L1 data cache, which every blocking is a fraction of.
 //!
 //! The same paths serve the transformer's kernels:
 //! - `gemm`: batched matrix products with any strides (linear layers: bias fused, weight gradients in the
@@ -51,6 +52,7 @@ macro_rules! by_tile_shape {
 
 pub mod attention;
 pub mod buffer;
+pub mod cache;
 pub mod conv;
 pub mod gemm;
 mod kernels;

@@ -15,7 +15,9 @@
 //!
 //! The path is chosen once per process from the CPU (`Isa::detected`), or forced with
 //! `TRAINYARD_CONV_ISA=avx512|avx2|portable` (benchmarks, and the tests that compare paths);
-//! `TRAINYARD_CONV=im2col` turns the blocked path off.
+//! `TRAINYARD_CONV=im2col` turns the blocked path off. The kernels block for the core's L1 data cache as
+//! CPUID reports it; `TRAINYARD_CONV_L1D=32K` makes them block for another size (a benchmark modelling a
+//! smaller core).
 
 pub mod attention;
 pub mod batchnorm;
@@ -35,6 +37,9 @@ pub fn active() -> Option<Isa> {
         if std::env::var("TRAINYARD_CONV").as_deref() == Ok("im2col") {
             return None;
         }
+        if let Ok(size) = std::env::var("TRAINYARD_CONV_L1D") {
+            block_for_l1(&size);
+        }
         match std::env::var("TRAINYARD_CONV_ISA") {
             Ok(name) => match Isa::parse(&name).filter(|isa| isa.supported()) {
                 Some(isa) => Some(isa),
@@ -50,6 +55,22 @@ pub fn active() -> Option<Isa> {
             Err(_) => default_choice(),
         }
     })
+}
+
+/// Sets the L1 size the kernels block for, before the first of them runs (`active` runs first).
+fn block_for_l1(size: &str) {
+    use trainyard_conv::cache;
+    match cache::parse_size(size).map(cache::set_l1d_bytes) {
+        Some(Ok(())) => {}
+        Some(Err(used)) => tracing::warn!(
+            "TRAINYARD_CONV_L1D={size} came after the first kernel ran; blocking for {} KiB",
+            used / 1024
+        ),
+        None => tracing::warn!(
+            "TRAINYARD_CONV_L1D={size} is not a size (32K, 48KiB, 32768); blocking for the detected {} KiB",
+            cache::l1d_bytes() / 1024
+        ),
+    }
 }
 
 fn default_choice() -> Option<Isa> {
