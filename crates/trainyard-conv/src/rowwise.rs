@@ -99,10 +99,10 @@ pub fn exp(x: f32) -> f32 {
     let x = x.clamp(-87.0, 88.0);
     // t's low mantissa bits hold round(x·log2 e) (offset by 2^22): the integer n without a float → int
     // conversion, which would keep the loop from vectorising.
-    let t = x * LOG2E + ROUND;
+    let t = x.mul_add(LOG2E, ROUND);
     let n = t - ROUND;
-    let r = x - n * LN2_HI - n * LN2_LO;
-    let mut p = 1.0 / 5040.0;
+    let r = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let mut p: f32 = 1.0 / 5040.0;
     for c in [
         1.0 / 720.0,
         1.0 / 120.0,
@@ -112,7 +112,7 @@ pub fn exp(x: f32) -> f32 {
         1.0,
         1.0,
     ] {
-        p = p * r + c;
+        p = p.mul_add(r, c);
     }
     // 2^n: n + 127 in the exponent field (the offset and the rest of t's bits shift out).
     p * f32::from_bits(t.to_bits().wrapping_add(127) << 23)
@@ -122,11 +122,12 @@ pub fn exp(x: f32) -> f32 {
 #[inline(always)]
 pub fn erf(x: f32) -> f32 {
     let a = x.abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let poly = t
-        * (0.254_829_6
-            + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    (1.0 - poly * exp(-a * a)).copysign(x)
+    let t = 1.0 / 0.327_591_1f32.mul_add(a, 1.0);
+    let mut poly = 1.061_405_4f32;
+    for c in [-1.453_152_1, 1.421_413_8, -0.284_496_74, 0.254_829_6] {
+        poly = poly.mul_add(t, c);
+    }
+    (-(poly * t)).mul_add(exp(-a * a), 1.0).copysign(x)
 }
 
 const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
