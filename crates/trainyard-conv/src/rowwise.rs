@@ -134,15 +134,53 @@ const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 /// 1/√(2π): the standard normal density's constant.
 const FRAC_1_SQRT_2PI: f32 = 0.398_942_3;
 
+/// `Σ f(v)` over a slice, in the order `sum` adds (16 interleaved lanes, then a tree), walked as chunks so
+/// no index needs a bounds check (through `sum`'s indices, LayerNorm's row loops stayed half scalar).
+#[inline(always)]
+fn sum_of(a: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let mut acc = [0f32; 16];
+    let mut chunks = a.chunks_exact(16);
+    for c in &mut chunks {
+        for l in 0..16 {
+            acc[l] += f(c[l]);
+        }
+    }
+    for (l, &v) in chunks.remainder().iter().enumerate() {
+        acc[l] += f(v);
+    }
+    hsum(acc)
+}
+
 #[inline(always)]
 fn layer_norm_row(x: &[f32], w: &[f32], b: &[f32], eps: f32, y: &mut [MaybeUninit<f32>]) {
     let d = x.len();
-    let mean = sum(d, |i| x[i]) / d as f32;
-    let var = sum(d, |i| (x[i] - mean) * (x[i] - mean)) / d as f32;
+    let mean = sum_of(x, |v| v) / d as f32;
+    let var = sum_of(x, |v| (v - mean) * (v - mean)) / d as f32;
     let rstd = 1.0 / (var + eps).sqrt();
-    for i in 0..d {
-        y[i].write((x[i] - mean) * rstd * w[i] + b[i]);
+    for (((o, &v), &w), &b) in y.iter_mut().zip(x).zip(w).zip(b) {
+        o.write((v - mean) * rstd * w + b);
     }
+}
+
+/// `Σ f(x, w, dy)` over three slices of one length, in `sum_of`'s order.
+#[inline(always)]
+fn sum_of3(x: &[f32], w: &[f32], dy: &[f32], f: impl Fn(f32, f32, f32) -> f32) -> f32 {
+    let mut acc = [0f32; 16];
+    let (mut xs, mut ws, mut gs) = (x.chunks_exact(16), w.chunks_exact(16), dy.chunks_exact(16));
+    for ((xc, wc), gc) in (&mut xs).zip(&mut ws).zip(&mut gs) {
+        for l in 0..16 {
+            acc[l] += f(xc[l], wc[l], gc[l]);
+        }
+    }
+    let rest = xs
+        .remainder()
+        .iter()
+        .zip(ws.remainder())
+        .zip(gs.remainder());
+    for (l, ((&x, &w), &g)) in rest.enumerate() {
+        acc[l] += f(x, w, g);
+    }
+    hsum(acc)
 }
 
 /// dx = rstd·(g − mean(g) − x̂·mean(g·x̂)) with g = dy·w; dw += dy·x̂, db += dy.
@@ -153,16 +191,18 @@ fn layer_norm_backward_row(
     (dw, db): (&mut [f32], &mut [f32]),
 ) {
     let d = x.len();
-    let mean = sum(d, |i| x[i]) / d as f32;
-    let var = sum(d, |i| (x[i] - mean) * (x[i] - mean)) / d as f32;
+    let mean = sum_of(x, |v| v) / d as f32;
+    let var = sum_of(x, |v| (v - mean) * (v - mean)) / d as f32;
     let rstd = 1.0 / (var + eps).sqrt();
-    let g_mean = sum(d, |i| dy[i] * w[i]) / d as f32;
-    let gx_mean = sum(d, |i| dy[i] * w[i] * (x[i] - mean) * rstd) / d as f32;
-    for i in 0..d {
-        let xhat = (x[i] - mean) * rstd;
-        dx[i].write(rstd * (dy[i] * w[i] - g_mean - xhat * gx_mean));
-        dw[i] += dy[i] * xhat;
-        db[i] += dy[i];
+    let g_mean = sum_of3(x, w, dy, |_, w, g| g * w) / d as f32;
+    let gx_mean = sum_of3(x, w, dy, |x, w, g| g * w * (x - mean) * rstd) / d as f32;
+    let inputs = x.iter().zip(w).zip(dy);
+    let outputs = dx.iter_mut().zip(dw.iter_mut()).zip(db.iter_mut());
+    for (((&x, &w), &g), ((dx, dw), db)) in inputs.zip(outputs) {
+        let xhat = (x - mean) * rstd;
+        dx.write(rstd * (g * w - g_mean - xhat * gx_mean));
+        *dw += g * xhat;
+        *db += g;
     }
 }
 
