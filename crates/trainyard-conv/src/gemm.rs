@@ -281,17 +281,23 @@ fn pack_b(b: &[f32], sb: Strides, d: Dims, l: usize) -> Aligned {
         let width = l.min(d.n - j0);
         let src = &b[bi * sb.batch + j0 * sb.col..];
         if sb.row == 1 && sb.col != 1 {
-            // B read transposed (a linear layer's weight): each lane's column is contiguous in k, so read
-            // it in order and write down the panel.
-            for lane in 0..l {
-                if lane < width {
-                    let col = &src[lane * sb.col..][..d.k];
-                    for (kk, &v) in col.iter().enumerate() {
-                        dst[kk * l + lane].write(v);
-                    }
-                } else {
-                    for kk in 0..d.k {
-                        dst[kk * l + lane].write(0.0);
+            // B read transposed (a linear layer's weight): each lane's column is contiguous in k. Read
+            // 16 steps of k of every lane (one line each) and write them into the 16 rows of the panel
+            // they fill, so the rows are whole while in L1: lane by lane down all of k, a 768-deep
+            // panel (48 KiB) was evicted before the next lane came back to its lines.
+            for k0 in (0..d.k).step_by(16) {
+                let ks = 16.min(d.k - k0);
+                let rows = &mut dst[k0 * l..(k0 + ks) * l];
+                for lane in 0..l {
+                    if lane < width {
+                        let col = &src[lane * sb.col + k0..][..ks];
+                        for (kk, &v) in col.iter().enumerate() {
+                            rows[kk * l + lane].write(v);
+                        }
+                    } else {
+                        for kk in 0..ks {
+                            rows[kk * l + lane].write(0.0);
+                        }
                     }
                 }
             }
