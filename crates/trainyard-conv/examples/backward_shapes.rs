@@ -6,7 +6,8 @@
 //! usage: RAYON_NUM_THREADS=2 cargo run --release --manifest-path crates/trainyard-conv/Cargo.toml \
 //!            --example backward_shapes [avx512|avx2|portable16|portable] [resnet18|resnet50] [in->out]
 //!
-//! A last argument such as `512->512` times only the shapes with those channels (for `perf`).
+//! A last argument such as `512->512` times only the shapes with those channels (for `perf`);
+//! `TRAINYARD_CONV_L1D=32K` blocks for another L1 than the detected one.
 
 use std::time::Instant;
 use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};

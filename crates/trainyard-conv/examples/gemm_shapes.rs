@@ -5,6 +5,7 @@
 //!            --example gemm_shapes [runs] [isa] [only]
 //! (isa: avx512, avx2, portable16, portable, else `TRAINYARD_CONV_ISA`, else the CPU's widest; only:
 //! one product, "fc2:dw", or an M x K x N product of contiguous matrices, "1088x192x576", with its GF/s)
+//! `TRAINYARD_CONV_L1D=32K` blocks for another L1 than the detected one.
 
 use std::time::Instant;
 use trainyard_conv::gemm::{matmul, matmul_bias, Dims, Strides};

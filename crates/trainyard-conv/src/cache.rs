@@ -117,8 +117,8 @@ impl Budget {
     }
 
     /// Partial sums a weight-gradient task keeps for its block pairs, loaded and stored around every pixel
-    /// run: two thirds of L1 (5 times as much, within L2, cut the traffic of the 32 px layers further but
-    /// slowed the 4 px ones on AVX-512 by 5-15%).
+    /// run: two thirds of L1 (eight times as much, 256 KiB within L2, cut the traffic of the 32 px layers
+    /// further but slowed the 4 px ones on AVX-512 by 5-15%).
     pub(crate) fn weight_sums(self) -> usize {
         self.l1 * 2 / 3
     }

@@ -329,7 +329,8 @@ impl WeightSplit {
     /// The split that moves the fewest bytes: a task reads its images' input blocks once per chunk of
     /// output groups and their gradient blocks once per chunk of input blocks (a pixel run stays in L1
     /// across the chunk's pairs), and each run of images beyond the first writes and reads its own copy
-    /// of the sums. Chunks' sums fit `sums_bytes` (`Budget::weight_sums`); there are enough tasks for the threads.
+    /// of the sums. Chunks' sums fit `sums_bytes` (`Budget::weight_sums`); there are enough tasks for the
+    /// threads.
     fn new(g: &Geometry, group: usize, want: usize, sums_bytes: usize) -> Self {
         let f = std::mem::size_of::<f32>();
         let (groups, ib, l) = (g.ob().div_ceil(group), g.ib(), g.lanes);
@@ -402,7 +403,7 @@ pub fn weight_grad(isa: Isa, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     let groups = g.ob().div_ceil(group);
     // Tasks: (chunk of pairs, run of images); a few per thread, so small layers with few blocks still use
     // every core. The runs' partial sums are added in run order below, so results depend on the thread
-    // count but never on scheduling.
+    // count and the L1 size (how many runs) but never on scheduling.
     let want = TASKS_PER_THREAD * rayon::current_num_threads().max(1);
     let budget = Budget::current();
     let split = WeightSplit::new(g, group, want, budget.weight_sums());
