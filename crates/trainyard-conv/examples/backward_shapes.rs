@@ -9,13 +9,10 @@
 //! A last argument such as `512->512` times only the shapes with those channels (for `perf`);
 //! `TRAINYARD_CONV_L1D=32K` blocks for another L1 than the detected one.
 
-use std::time::Instant;
+mod common;
+
 use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
 use trainyard_conv::Isa;
-
-/// `train`'s allocator (src/main.rs).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// (in, out, image size, kernel, stride, count in the model); padding k / 2. The stem's input gradient is
 /// never asked for (the images need none), so its row times the weight gradient only.
@@ -63,36 +60,13 @@ const RESNET50: [Shape; 23] = [
     (1024, 2048, 4, 1, 2, 1),
 ];
 
-/// Median milliseconds of 7 calls of `f` after one warm-up.
-fn median_ms<T>(mut f: impl FnMut() -> T) -> f64 {
-    let mut times: Vec<f64> = (0..8)
-        .map(|_| {
-            let started = Instant::now();
-            std::hint::black_box(f());
-            started.elapsed().as_secs_f64() * 1e3
-        })
-        .skip(1)
-        .collect();
-    times.sort_by(f64::total_cmp);
-    times[times.len() / 2]
-}
-
 fn main() {
     let isa = std::env::args()
         .nth(1)
         .and_then(|name| Isa::parse(&name))
         .unwrap_or_else(Isa::detected);
     assert!(isa.supported(), "{isa:?} is not supported by this CPU");
-    // TRAINYARD_CONV_L1D=32K blocks for a smaller core's L1 (as `train` reads it).
-    if let Ok(v) = std::env::var("TRAINYARD_CONV_L1D") {
-        let bytes = trainyard_conv::cache::parse_size(&v)
-            .unwrap_or_else(|| panic!("TRAINYARD_CONV_L1D={v:?} is not a size: 32K, 48KiB, 32768"));
-        trainyard_conv::cache::set_l1d_bytes(bytes).expect("set before any kernel runs");
-    }
-    eprintln!(
-        "blocking for a {} KiB L1",
-        trainyard_conv::cache::l1d_bytes() / 1024
-    );
+    common::block_for_env_l1();
     let l = isa.lanes();
     let rest: Vec<String> = std::env::args().skip(2).collect();
     let shapes: &[Shape] = match rest.first().map(String::as_str) {
@@ -121,13 +95,13 @@ fn main() {
             let x = vec![0.5f32; g.n * g.ib() * l * size * size];
             let w = vec![0.125f32; c_out * c_in * k * k];
             let dy = vec![0.25f32; g.n * g.ob() * l * g.oh() * g.ow()];
-            let fwd_ms = median_ms(|| forward(isa, &x, &w, &g));
+            let fwd_ms = common::ms(7, || forward(isa, &x, &w, &g));
             let dx_ms = if c_in == 3 {
                 0.0
             } else {
-                median_ms(|| input_grad(isa, &dy, &w, &g))
+                common::ms(7, || input_grad(isa, &dy, &w, &g))
             };
-            let dw_ms = median_ms(|| weight_grad(isa, &x, &dy, &g));
+            let dw_ms = common::ms(7, || weight_grad(isa, &x, &dy, &g));
             println!(
                 "{c_in:>3} -> {c_out:<3} {size:>2} px k{k} s{stride} x{count}: forward {fwd_ms:6.2} ms  input {dx_ms:6.2} ms  weight {dw_ms:6.2} ms"
             );

@@ -7,42 +7,11 @@
 //! one product, "fc2:dw", or an M x K x N product of contiguous matrices, "1088x192x576", with its GF/s)
 //! `TRAINYARD_CONV_L1D=32K` blocks for another L1 than the detected one.
 
-use std::time::Instant;
+mod common;
+
+use common::{ms, values};
 use trainyard_conv::gemm::{matmul, matmul_bias, Dims, Strides};
 use trainyard_conv::Isa;
-
-/// `train`'s allocator (src/main.rs): a product's output is then reused memory, not fresh pages.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Median milliseconds of `f` over `n` runs, after one warm-up.
-fn ms(n: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut t: Vec<f64> = (0..n)
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[n / 2]
-}
-
-/// `len` values in [-1, 1) from a fixed linear congruential sequence.
-fn values(len: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..len)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 23) as f32) - 1.0
-        })
-        .collect()
-}
 
 /// "MxKxN" as a product's (m, k, n).
 fn shape(text: &str) -> Option<(usize, usize, usize)> {
@@ -80,16 +49,7 @@ fn run() {
         }),
         None => Isa::detected(),
     };
-    // TRAINYARD_CONV_L1D=32K blocks for a smaller core's L1 (as `train` reads it).
-    if let Ok(v) = std::env::var("TRAINYARD_CONV_L1D") {
-        let bytes = trainyard_conv::cache::parse_size(&v)
-            .unwrap_or_else(|| panic!("TRAINYARD_CONV_L1D={v:?} is not a size: 32K, 48KiB, 32768"));
-        trainyard_conv::cache::set_l1d_bytes(bytes).expect("set before any kernel runs");
-    }
-    eprintln!(
-        "blocking for a {} KiB L1",
-        trainyard_conv::cache::l1d_bytes() / 1024
-    );
+    common::block_for_env_l1();
     // "fc2:dw" runs that product alone (for a profiler); every product otherwise.
     let only = args.next();
     if let Some((m, k, nn)) = only.as_deref().and_then(shape) {

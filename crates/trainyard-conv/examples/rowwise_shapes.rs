@@ -5,40 +5,11 @@
 //! usage: RAYON_NUM_THREADS=2 cargo run --release --manifest-path crates/trainyard-conv/Cargo.toml \
 //!            --example rowwise_shapes [runs] [isa]
 
-use std::time::Instant;
+mod common;
+
+use common::{ms, values};
 use trainyard_conv::rowwise;
 use trainyard_conv::Isa;
-
-/// `train`'s allocator (src/main.rs): an op's output is then reused memory, not fresh pages.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Median milliseconds of `f` over `n` runs, after one warm-up.
-fn ms(n: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    let mut t: Vec<f64> = (0..n)
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    t.sort_by(f64::total_cmp);
-    t[n / 2]
-}
-
-/// Deterministic values in about [-3, 3).
-fn values(len: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(2_654_435_761).max(1);
-    (0..len)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 17;
-            s ^= s << 5;
-            (s as f32 / u32::MAX as f32) * 6.0 - 3.0
-        })
-        .collect()
-}
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -52,6 +23,7 @@ fn main() {
             .unwrap_or_else(|| panic!("{v:?} is not an ISA: avx512, avx2, portable16, portable"))
     });
     assert!(isa.supported(), "{isa:?} is not supported by this CPU");
+    common::block_for_env_l1();
     let (rows, d, hidden, heads, tokens) = (64 * 17, 192, 768, 3, 17);
     let (x, dy) = (values(rows * d, 1), values(rows * d, 2));
     let (w, b) = (values(d, 3), values(d, 4));
