@@ -531,3 +531,41 @@ fn bad_yaml_fails_fast_with_file_and_line_and_keys_keep_their_type(
     }
     assert!(!text.contains("panicked"), "{text}");
 }
+
+/// What the training step logs reaches the run's console and log file: the step runs on a rayon worker
+/// (single) or a thread per replica (DataParallel), where a subscriber scoped to the main thread saw
+/// nothing (a bad `TRAINYARD_CONV_ISA` or `TRAINYARD_CONV_L1D` was then ignored without a word).
+#[rstest]
+#[case::single(&[])]
+#[case::data_parallel(&["trainer=dp_sim"])]
+fn warnings_from_the_training_step_reach_the_console_and_the_log(#[case] strategy: &[&str]) {
+    let p = real_project();
+    let mut args = vec!["experiment=quickstart"];
+    args.extend_from_slice(TINY);
+    args.extend_from_slice(strategy);
+    let out = Command::new(TRAIN)
+        .args(&args)
+        .current_dir(p.path())
+        .env_remove("TRAIN_CONFIG_PATH")
+        .env("TRAINYARD_CONV_L1D", "lots")
+        .env("TRAINYARD_CONV_ISA", "sse9")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let console = stdout(&out);
+    for needle in [
+        "TRAINYARD_CONV_L1D=lots is not a size",
+        "TRAINYARD_CONV_ISA=sse9",
+    ] {
+        assert!(
+            console.contains(needle),
+            "{needle} missing from the console:\n{console}"
+        );
+    }
+    let runs = subdirs(&p.path().join("logs/quickstart/runs"));
+    let log = std::fs::read_to_string(runs[0].join("train.log")).unwrap();
+    assert!(
+        log.contains("TRAINYARD_CONV_L1D=lots is not a size"),
+        "{log}"
+    );
+}

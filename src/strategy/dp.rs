@@ -104,6 +104,8 @@ impl DataParallel {
             }
         }
         let job = &job;
+        // The run's logging is scoped to this thread: each replica logs through it too.
+        let logging = &tracing::dispatcher::get_default(|d| d.clone());
         let results: Vec<anyhow::Result<T>> = std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .replicas
@@ -112,14 +114,16 @@ impl DataParallel {
                 .enumerate()
                 .map(|(r, (engine, comm))| {
                     s.spawn(move || {
-                        let mut guard = AbortUnlessDone {
-                            comm,
-                            replica: r,
-                            done: false,
-                        };
-                        let out = job(r, engine.as_mut(), comm);
-                        guard.done = out.is_ok();
-                        out
+                        tracing::dispatcher::with_default(logging, || {
+                            let mut guard = AbortUnlessDone {
+                                comm,
+                                replica: r,
+                                done: false,
+                            };
+                            let out = job(r, engine.as_mut(), comm);
+                            guard.done = out.is_ok();
+                            out
+                        })
                     })
                 })
                 .collect();

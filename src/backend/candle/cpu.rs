@@ -10,13 +10,15 @@ pub use crate::tensor::candle_cpu::{f32_slice, is_cpu_f32, with_f32};
 /// an idle core between them). Only the process's main thread (`train`'s single-device and per-process
 /// DDP/FSDP steps) hands its step over; any other runs `f` itself: DataParallel's replicas run in threads
 /// of their own and wait for each other inside a step (SyncBatchNorm), so queued onto a pool with fewer
-/// threads than replicas they would wait forever.
+/// threads than replicas they would wait forever. The caller's `tracing` subscriber goes with `f`: the
+/// run's logging is scoped to the main thread, so what the step logs on the worker was lost.
 pub fn on_compute_pool<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     if rayon::current_thread_index().is_some() || std::thread::current().name() != Some("main") {
         return f();
     }
+    let logging = tracing::dispatcher::get_default(|d| d.clone());
     // A scope's body runs on a pool thread, and the caller waits for it once.
-    rayon::scope(|_| f())
+    rayon::scope(|_| tracing::dispatcher::with_default(&logging, f))
 }
 #[cfg(test)]
 use candle_core::{Device, Tensor};

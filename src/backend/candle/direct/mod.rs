@@ -60,7 +60,12 @@ pub fn active() -> Option<Isa> {
 /// Sets the L1 size the kernels block for, before the first of them runs (`active` runs first).
 fn block_for_l1(size: &str) {
     use trainyard_conv::cache;
-    match cache::parse_size(size).map(cache::set_l1d_bytes) {
+    let bytes = cache::parse_size(size);
+    match bytes.map(cache::set_l1d_bytes) {
+        Some(Ok(())) if Some(cache::l1d_bytes()) != bytes => tracing::warn!(
+            "TRAINYARD_CONV_L1D={size} is outside the 16-64 KiB the blockings were measured over; blocking for {} KiB",
+            cache::l1d_bytes() / 1024
+        ),
         Some(Ok(())) => {}
         Some(Err(used)) => tracing::warn!(
             "TRAINYARD_CONV_L1D={size} came after the first kernel ran; blocking for {} KiB",
