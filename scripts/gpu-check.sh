@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks a CPU machine cannot run, for a machine with an NVIDIA GPU and PyTorch 2.11 (cu130) but no
 # Rust toolchain (build `train` elsewhere with --features torch and bring it along):
-#   - tch on CUDA: the quick start at 32-true, 16-mixed and bf16-mixed;
+#   - tch on CUDA: the quick start at 32-true, 16-mixed and bf16-mixed, and without pinned host memory;
 #   - DDP over NCCL in a one-GPU world, against the same run over Gloo (same final metrics);
 #   - AMP + DDP together (16-mixed over NCCL);
 #   - FSDP FULL_SHARD with its slices on the GPU, gathered and reduce-scattered by NCCL, against the same
@@ -58,6 +58,8 @@ QS=(experiment=quickstart backend=tch trainer.accelerator=gpu)
 run tch_gpu_32 "${QS[@]}"
 run tch_gpu_16_mixed "${QS[@]}" trainer.precision=16-mixed
 run tch_gpu_bf16_mixed "${QS[@]}" trainer.precision=bf16-mixed
+# Without pinned host memory the loader's batches go to the GPU by a pageable copy (same metrics).
+run tch_gpu_no_pin "${QS[@]}" data.pin_memory=false
 DDP=("${QS[@]}" trainer=ddp trainer.devices=1 trainer.max_epochs=2 trainer.accelerator=gpu)
 run ddp_nccl "${DDP[@]}" trainer.process_group_backend=nccl
 run ddp_gloo "${DDP[@]}" trainer.process_group_backend=gloo
@@ -83,7 +85,7 @@ out = pathlib.Path(sys.argv[1])
 def final(name):
     p = out / f"{name}.json"
     return json.loads(p.read_text())["final_metrics"] if p.exists() else None
-for name in ["tch_gpu_32", "tch_gpu_16_mixed", "tch_gpu_bf16_mixed", "ddp_nccl", "ddp_gloo",
+for name in ["tch_gpu_32", "tch_gpu_16_mixed", "tch_gpu_bf16_mixed", "tch_gpu_no_pin", "ddp_nccl", "ddp_gloo",
              "ddp_nccl_16_mixed", "fsdp_nccl", "fsdp_gloo", "dp_gpu"]:
     print(name, final(name))
     p = out / f"{name}.json"

@@ -107,11 +107,33 @@ fn early_stopping_from_the_template_stops_the_run() {
     );
 }
 
+/// The template's `debug/profiler.yaml` sets `trainer.profiler: "simple"` on its Trainer: the run ends with
+/// SimpleProfiler's report, as under Lightning.
+#[test]
+fn the_template_trainer_takes_the_simple_profiler() {
+    let p = project_with_template_groups();
+    let mut args = vec![
+        "experiment=quickstart",
+        "trainer=cpu",
+        "callbacks=default",
+        "logger=csv",
+        "trainer.max_epochs=1",
+        "+trainer.profiler=simple",
+    ];
+    args.extend_from_slice(MONITOR);
+    let out = train(p.path(), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = only_run(p.path());
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains("FIT Profiler Report"), "{log}");
+    assert!(summary(&run)["profile"].is_array());
+}
+
 #[rstest]
 #[case::comet(&["+logger.comet._target_=lightning.pytorch.loggers.CometLogger"], "CometLogger")]
 #[case::user_module(&["+model._target_=src.models.mnist_module.MNISTLitModule"], "is Python code of your project")]
 #[case::unknown_callback(&["+callbacks.swa._target_=lightning.pytorch.callbacks.StochasticWeightAveraging"], "StochasticWeightAveraging is not one trainyard knows")]
-#[case::profiler(&["+trainer.profiler=simple"], "trainer.profiler=simple")]
+#[case::advanced_profiler(&["+trainer.profiler=advanced"], "cProfile")]
 #[case::unknown_trainer_key(&["+trainer.reload_dataloaders_every_n_epochs=1"], "reload_dataloaders_every_n_epochs")]
 fn what_cannot_run_is_refused_with_the_reason(#[case] extra: &[&str], #[case] expected: &str) {
     let p = project_with_template_groups();

@@ -7,6 +7,7 @@ mod data;
 mod logger;
 mod model;
 mod optim;
+mod profiler;
 mod targets;
 mod trainer;
 mod validate;
@@ -16,6 +17,7 @@ pub use data::*;
 pub use logger::*;
 pub use model::*;
 pub use optim::*;
+pub use profiler::ProfilerConfig;
 pub use trainer::*;
 pub use validate::extract;
 

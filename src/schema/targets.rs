@@ -205,8 +205,9 @@ fn trainer_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
         "trainyard has no minimum epoch count (EarlyStopping may stop after the first epoch); remove it, or raise callbacks.early_stopping.patience")?;
     refuse_unless(map, s, "detect_anomaly", is_false_or_null,
         "anomaly detection is not available here; remove it (a NaN loss already stops the run with an error)")?;
-    refuse_unless(map, s, "profiler", is_null,
-        "Lightning's profilers are not available here; remove it (summary.json records step times and throughput)")?;
+    if let Some(profiler) = map.get_mut("profiler") {
+        profiler_target(profiler)?;
+    }
     refuse_unless(map, s, "enable_checkpointing", is_true_or_null,
         "to train without checkpoints, remove the ModelCheckpoint callback (callbacks.model_checkpoint=null)")?;
     refuse_unless(
@@ -289,6 +290,49 @@ fn trainer_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
 
 const CALLBACK_MODULES: &[&str] = &["lightning.pytorch.callbacks", "pytorch_lightning.callbacks"];
 const LOGGER_MODULES: &[&str] = &["lightning.pytorch.loggers", "pytorch_lightning.loggers"];
+
+/// `trainer.profiler` as a Lightning profiler object: SimpleProfiler's arguments become the schema's map
+/// (`name: simple`), PassThroughProfiler (Lightning's "no profiling") becomes null; the Python-only
+/// profilers are refused by name. A string (`simple`, `advanced`, ...) is left to the schema.
+fn profiler_target(node: &mut Node) -> Result<(), ConfigError> {
+    let Some(target) = take_target(node)? else {
+        return Ok(());
+    };
+    let modules = [
+        "lightning.pytorch.profilers",
+        "pytorch_lightning.profilers",
+        "pytorch_lightning.profiler",
+    ];
+    let src = target.source.clone();
+    let reason = match class_in(target_text(&target), &modules) {
+        Some("SimpleProfiler") => {
+            if let Some(map) = node.as_map_mut() {
+                map.insert("name".into(), Node::new(Value::Str("simple".into()), src));
+            }
+            return Ok(());
+        }
+        Some("PassThroughProfiler") => {
+            *node = Node::new(Value::Null, src);
+            return Ok(());
+        }
+        Some("AdvancedProfiler") => "it runs Python's cProfile, and there is no Python here",
+        Some("PyTorchProfiler") => "it traces PyTorch's operators from Python",
+        Some("XLAProfiler") => "XLA (TPU) is not supported",
+        _ => {
+            return Err(unknown_target(
+                "trainer.profiler",
+                &target,
+                &["SimpleProfiler", "PassThroughProfiler"],
+            ))
+        }
+    };
+    Err(ConfigError::Schema(format!(
+        "trainer.profiler: _target_ {} is not available: {reason}; use \
+         lightning.pytorch.profilers.SimpleProfiler (or profiler: simple){}",
+        target_text(&target),
+        at(&target.source)
+    )))
+}
 
 /// `callbacks:` / `logger:` entries with a `_target_`, each moved to trainyard's key for it.
 fn translate_entries(node: &mut Node, section: &str) -> Result<(), ConfigError> {
@@ -755,6 +799,16 @@ mod tests {
         "scheduler",
         r#"{"min_lr":0.0001,"name":"cosine"}"#
     )]
+    #[case::simple_profiler(
+        "trainer: {_target_: lightning.pytorch.trainer.Trainer, max_epochs: 1, profiler: {_target_: lightning.pytorch.profilers.SimpleProfiler, dirpath: null, filename: perf}}",
+        "trainer",
+        r#"{"max_epochs":1,"profiler":{"dirpath":null,"filename":"perf","name":"simple"},"accelerator":"auto","precision":"32-true","devices":"auto","strategy":"ddp"}"#
+    )]
+    #[case::pass_through_profiler(
+        "trainer: {_target_: lightning.pytorch.trainer.Trainer, max_epochs: 1, profiler: {_target_: pytorch_lightning.profilers.PassThroughProfiler}}",
+        "trainer",
+        r#"{"max_epochs":1,"profiler":null,"accelerator":"auto","precision":"32-true","devices":"auto","strategy":"ddp"}"#
+    )]
     #[case::timm_vit(
         "model: {_target_: timm.create_model, model_name: vit_base_patch32_224, num_classes: 10}",
         "model",
@@ -794,6 +848,10 @@ mod tests {
     #[case::min_epochs(
         "trainer: {_target_: lightning.pytorch.trainer.Trainer, min_epochs: 10}\n",
         "trainer.min_epochs=10"
+    )]
+    #[case::advanced_profiler(
+        "trainer: {_target_: lightning.pytorch.trainer.Trainer, profiler: {_target_: lightning.pytorch.profilers.AdvancedProfiler}}\n",
+        "cProfile"
     )]
     #[case::weights_only("callbacks: {c: {_target_: lightning.pytorch.callbacks.ModelCheckpoint, save_weights_only: true}}\n", "optimizer state")]
     #[case::plateau(

@@ -229,6 +229,9 @@ pub struct TrainerConfig {
     pub sync_batchnorm: bool,
     #[serde(default)]
     pub cudnn_benchmark: bool,
+    /// Lightning's `profiler`: `simple` times each action of the loop and reports it at the end.
+    #[serde(default)]
+    pub profiler: Option<super::ProfilerConfig>,
     #[serde(default)]
     pub auto_scale_batch_size: Option<BatchScaleMode>,
     #[serde(default = "fifty")]

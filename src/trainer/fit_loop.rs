@@ -4,6 +4,7 @@
 //! devices is the strategy's.
 
 use super::checkpointing::{Keeper, Storage};
+use super::profiler::Profiler;
 use super::summary::{median, peak_rss_bytes, BestMetric, RunStatus, Summary};
 use super::{DataSets, Job};
 use crate::backend::{StateBytes, StepStats};
@@ -51,6 +52,36 @@ pub struct FitLoop<'a> {
     step_times: Vec<f64>,
     last_train: StepStats,
     last_val: Option<StepStats>,
+    /// `trainer.profiler`: each action's time (does nothing when off).
+    pub profiler: Profiler,
+    /// The strategy's actions as the profiler names them (`[Strategy]ddp.forward_backward`).
+    actions: StrategyActions,
+}
+
+/// The profiler's names for the loop's own actions (Lightning's where it has one).
+const TRAIN_EPOCH: &str = "run_training_epoch";
+const TRAIN_BATCH: &str = "run_training_batch";
+const TRAIN_NEXT: &str = "train_dataloader_next";
+const VALIDATION: &str = "run_validation";
+const VAL_NEXT: &str = "val_dataloader_next";
+const LOG: &str = "log_metrics";
+const CHECKPOINT: &str = "[Callback]ModelCheckpoint+EarlyStopping.on_validation_end";
+
+struct StrategyActions {
+    forward_backward: String,
+    optimizer_step: String,
+    validation_step: String,
+}
+
+impl StrategyActions {
+    fn of(strategy: &str) -> Self {
+        let name = |what: &str| format!("[Strategy]{strategy}.{what}");
+        StrategyActions {
+            forward_backward: name("forward_backward"),
+            optimizer_step: name("optimizer_step"),
+            validation_step: name("validation_step"),
+        }
+    }
 }
 
 /// How an epoch's batch loop ended.
@@ -71,6 +102,7 @@ impl<'a> FitLoop<'a> {
         data: &'a DataSets,
         strategy: Box<dyn Strategy>,
         resumed: Option<TrainingState>,
+        profiler: Profiler,
     ) -> anyhow::Result<Self> {
         let ranks = strategy.ranks().clone();
         let lead = ranks.is_global_zero();
@@ -143,6 +175,8 @@ impl<'a> FitLoop<'a> {
             step_times: Vec::new(),
             last_train: StepStats::default(),
             last_val: None,
+            profiler,
+            actions: StrategyActions::of(&exp.trainer.strategy.to_string()),
             lr_now: exp.optimizer.lr,
             output_dir: job.output_dir,
             exp,
@@ -159,6 +193,7 @@ impl<'a> FitLoop<'a> {
             let epoch = self.state.epoch;
             let epoch_start = Instant::now();
             let end = self.train_epoch(epoch, epoch_start)?;
+            self.profiler.record(TRAIN_EPOCH, epoch_start);
             let epoch_time = epoch_start.elapsed().as_secs_f64();
             self.train_time += epoch_time;
             if let EpochEnd::Preempted(status) = end {
@@ -197,9 +232,15 @@ impl<'a> FitLoop<'a> {
         self.lr_now = self.schedule.at(self.state.global_step).lr;
         let bar = progress_bar(self.exp, plan.train_batches, epoch, plan.max_epochs)
             .filter(|_| self.ranks.is_global_zero());
-        let batches = EpochLoader::new(&self.data.train_spec, epoch, indices)
-            .take(plan.train_batches.saturating_sub(skip));
-        for (i, batch) in batches.enumerate() {
+        let mut batches = EpochLoader::new(&self.data.train_spec, epoch, indices)
+            .take(plan.train_batches.saturating_sub(skip))
+            .enumerate();
+        loop {
+            let fetch_start = Instant::now();
+            let Some((i, batch)) = batches.next() else {
+                break;
+            };
+            self.profiler.record(TRAIN_NEXT, fetch_start);
             let i = i + skip;
             let batch = batch?;
             let ends_window = plan.ends_window(i);
@@ -210,6 +251,8 @@ impl<'a> FitLoop<'a> {
                 ends_window,
             )?;
             step_compute += step_start.elapsed().as_secs_f64();
+            self.profiler
+                .record(&self.actions.forward_backward, step_start);
             anyhow::ensure!(
                 stats.loss().is_finite(),
                 "the training loss became {} at epoch {epoch}, step {}; lower optimizer.lr or set trainer.gradient_clip_val",
@@ -228,6 +271,7 @@ impl<'a> FitLoop<'a> {
                 ));
             }
             if !ends_window {
+                self.profiler.record(TRAIN_BATCH, step_start);
                 continue;
             }
             let point = self.schedule.at(self.state.global_step);
@@ -240,6 +284,8 @@ impl<'a> FitLoop<'a> {
             )?;
             self.step_times
                 .push(step_compute + update_start.elapsed().as_secs_f64());
+            self.profiler
+                .record(&self.actions.optimizer_step, update_start);
             step_compute = 0.0;
             self.state.global_step += 1;
             if self
@@ -249,6 +295,7 @@ impl<'a> FitLoop<'a> {
             {
                 self.log_step(epoch, std::mem::take(&mut window), point.lr)?;
             }
+            self.profiler.record(TRAIN_BATCH, step_start);
             if plan.validates_after_batch(epoch, i) {
                 if let Some(stop) = self.validate_mid_epoch(epoch, i + 1)? {
                     self.stopped_mid_epoch = Some(stop);
@@ -327,9 +374,11 @@ impl<'a> FitLoop<'a> {
             self.state.metrics.insert(name.into(), value);
         }
         self.state.batches_done = batches_done as u64;
+        let saving = Instant::now();
         let stop = self
             .keeper
             .on_validation_end(self.strategy.as_mut(), &mut self.state, epoch)?;
+        self.profiler.record(CHECKPOINT, saving);
         self.state.batches_done = 0;
         Ok(stop)
     }
@@ -392,8 +441,14 @@ impl<'a> FitLoop<'a> {
         let early_stop = match self.stopped_mid_epoch.take() {
             Some(why) => Some(why),
             None => {
-                self.keeper
-                    .on_validation_end(self.strategy.as_mut(), &mut self.state, epoch)?
+                let saving = Instant::now();
+                let stop = self.keeper.on_validation_end(
+                    self.strategy.as_mut(),
+                    &mut self.state,
+                    epoch,
+                )?;
+                self.profiler.record(CHECKPOINT, saving);
+                stop
             }
         };
         if let (Some(judge), true, None) = (self.judge, val.is_some(), &early_stop) {
@@ -420,22 +475,34 @@ impl<'a> FitLoop<'a> {
     /// other ranks still have batches (the plan's rounds), its part in their collectives; the metrics are
     /// summed over ranks.
     fn validate(&mut self) -> anyhow::Result<StepStats> {
+        let started = Instant::now();
         self.strategy.before_validation()?;
         let indices = self.data.val_sampler.indices(0);
         let mut v = StepStats::default();
-        for batch in EpochLoader::new(&self.data.val_spec, 0, &indices).take(self.plan.val_batches)
-        {
+        let mut batches =
+            EpochLoader::new(&self.data.val_spec, 0, &indices).take(self.plan.val_batches);
+        loop {
+            let fetch_start = Instant::now();
+            let Some(batch) = batches.next() else {
+                break;
+            };
+            self.profiler.record(VAL_NEXT, fetch_start);
+            let step_start = Instant::now();
             v.add(&self.strategy.evaluate(&batch?)?);
+            self.profiler
+                .record(&self.actions.validation_step, step_start);
         }
         for _ in self.plan.val_batches..self.plan.val_rounds {
             self.strategy.evaluate_idle()?;
         }
         let v = self.ranks.sum_stats(v)?;
         self.last_val = Some(v);
+        self.profiler.record(VALIDATION, started);
         Ok(v)
     }
 
     fn log(&mut self, kind: RowKind, epoch: u64, values: &[(&str, f64)]) -> anyhow::Result<()> {
+        let started = Instant::now();
         let row = Row {
             kind,
             epoch,
@@ -445,6 +512,7 @@ impl<'a> FitLoop<'a> {
         for sink in &mut self.sinks {
             sink.log(&row)?;
         }
+        self.profiler.record(LOG, started);
         Ok(())
     }
 
@@ -552,6 +620,7 @@ impl<'a> FitLoop<'a> {
                 .device_stats
                 .take()
                 .and_then(|m| m.finish(self.output_dir)),
+            profile: self.profiler.actions(),
         })
     }
 }

@@ -4,6 +4,7 @@
 //! - `fit_loop`: epochs, steps, accumulation, validation, stopping;
 //! - `checkpointing`: ModelCheckpoint/EarlyStopping, where checkpoints go (S3 too), resuming;
 //! - `finder`: the batch-size finder's trial runs;
+//! - `profiler`: `trainer.profiler: simple`, each action's time;
 //! - `summary`: `summary.json`, typed both ways.
 //!
 //! Metrics go to `loggers::MetricSink`s (CSV, TensorBoard, the console).
@@ -11,6 +12,7 @@
 pub mod checkpointing;
 pub mod finder;
 mod fit_loop;
+pub mod profiler;
 pub mod summary;
 
 pub use summary::{RunStatus, Summary};
@@ -112,8 +114,10 @@ fn fit_with(
     let (resumed_state, resumed_from) =
         checkpointing::restore(exp, strategy.as_mut(), job.output_dir, job.resume_own)?;
     strategy.start()?;
+    let mut profiler = profiler::Profiler::new(exp.trainer.profiler.as_ref(), started);
+    profiler.record("setup", started);
     let mut outcome =
-        fit_loop::FitLoop::new(exp, job, &plan, &data, strategy, resumed_state)?.run()?;
+        fit_loop::FitLoop::new(exp, job, &plan, &data, strategy, resumed_state, profiler)?.run()?;
     let mut status = outcome.status.clone();
     if exp.trainer.max_epochs == 0 && finding.is_some() {
         status = RunStatus::BatchSizeOnly;
@@ -121,6 +125,10 @@ fn fit_with(
     let summary = outcome.summary(exp, &ranks, status, started, resumed_from, finding)?;
     if ranks.is_global_zero() {
         summary.write(job.output_dir)?;
+    }
+    let rank = (ranks.world_size > 1).then_some(ranks.rank);
+    if let Some(path) = outcome.profiler.report(job.output_dir, rank)? {
+        tracing::info!("profiler report: {}", path.display());
     }
     // Written only when a sink keeps it (only rank 0 has such sinks).
     let report = match job.report.filter(|_| outcome.sinks_keep_run_report()) {

@@ -48,6 +48,8 @@ pub struct Summary {
     /// Parameter, gradient and optimizer-state bytes each rank keeps for training, by rank (what
     /// FSDP's sharding divides).
     pub state_bytes_per_rank: Vec<StateBytes>,
+    /// `trainer.profiler: simple`: this rank's time per action of the loop, the longest first.
+    pub profile: Option<Vec<super::profiler::ActionTime>>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

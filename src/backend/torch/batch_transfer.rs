@@ -66,12 +66,17 @@ pub fn to_device(
     }
     let labels = labels_i64(batch);
     let shape = image_shape(batch);
-    if !device.is_cuda() || !pin_memory {
+    if !device.is_cuda() {
+        // A tensor of its own: the engine keeps its input for the backward pass.
         return Ok((
-            Tensor::f_from_slice(&batch.images)?
-                .f_reshape(shape)?
-                .f_to(device)?,
-            Tensor::f_from_slice(&labels)?.f_to(device)?,
+            Tensor::f_from_slice(&batch.images)?.f_reshape(shape)?,
+            Tensor::f_from_slice(&labels)?,
+        ));
+    }
+    if !pin_memory {
+        return Ok((
+            pageable(&batch.images, &shape, device)?,
+            pageable(&labels, &[labels.len() as i64], device)?,
         ));
     }
     let images = pinned(&batch.images, &shape, device)?;
@@ -92,11 +97,12 @@ fn labels_i64(batch: &Batch) -> Vec<i64> {
     batch.labels.iter().map(|&l| i64::from(l)).collect()
 }
 
-/// A pinned-memory tensor of `shape` holding `data` (one host copy, into libtorch's pinned cache).
-fn pinned<T: tch::kind::Element>(
+/// `data` seen as a host tensor of `shape`, without a copy, handed to `copy`, whose result must not
+/// refer to it: the borrowed view is dropped before this returns.
+fn from_borrowed<T: tch::kind::Element>(
     data: &[T],
     shape: &[i64],
-    device: Device,
+    copy: impl FnOnce(&Tensor) -> Result<Tensor, tch::TchError>,
 ) -> anyhow::Result<Tensor> {
     anyhow::ensure!(
         shape.iter().product::<i64>() == data.len() as i64,
@@ -104,14 +110,37 @@ fn pinned<T: tch::kind::Element>(
         data.len()
     );
     let strides = contiguous_strides(shape);
-    // SAFETY: `data` outlives `borrowed`, which only `pin_memory`'s synchronous host copy reads and
-    // which is dropped before this returns; shape and strides describe exactly `data.len()` values of T.
+    // SAFETY: `data` outlives `borrowed`, which only the synchronous copy in `copy` reads and which
+    // is dropped before this returns; shape and strides describe exactly `data.len()` values of T.
     let borrowed = unsafe {
         Tensor::f_from_blob(data.as_ptr().cast(), shape, &strides, T::KIND, Device::Cpu)?
     };
-    let pinned = borrowed.f_pin_memory(device)?;
+    let copied = copy(&borrowed)?;
     drop(borrowed);
-    Ok(pinned)
+    Ok(copied)
+}
+
+/// A pinned-memory tensor of `shape` holding `data` (one host copy, into libtorch's pinned cache).
+fn pinned<T: tch::kind::Element>(
+    data: &[T],
+    shape: &[i64],
+    device: Device,
+) -> anyhow::Result<Tensor> {
+    from_borrowed(data, shape, |t| t.f_pin_memory(device))
+}
+
+/// `data` onto the GPU straight from the loader's pageable buffer (`data.pin_memory=false`): one
+/// blocking copy, which libtorch finishes before returning (so borrowing is sound). Going through a
+/// fresh host tensor first (zero-filled on libtorch's threads, then copied into) made a quick-start step
+/// 8-11 ms instead of 2.4-2.8 on an H200 while loader workers ran (`bench/RESULTS.md`).
+fn pageable<T: tch::kind::Element>(
+    data: &[T],
+    shape: &[i64],
+    device: Device,
+) -> anyhow::Result<Tensor> {
+    from_borrowed(data, shape, |t| {
+        t.f_to_device_(device, T::KIND, false, true)
+    })
 }
 
 /// A pinned host tensor onto the GPU, without waiting for the copy.
