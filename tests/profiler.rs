@@ -44,6 +44,7 @@ fn counts_match_the_run(#[case] strategy: &str, #[case] extra: &[&str], #[case] 
         ("run_validation".to_string(), 2),
         // 64 validation images in batches of 32, twice.
         (format!("[Strategy]{strategy}.validation_step"), 4),
+        ("read_batch_stats".to_string(), 20),
         ("setup".to_string(), 1),
     ];
     for (action, n) in expect {

@@ -47,6 +47,32 @@ impl StepStats {
     }
 }
 
+/// A batch's statistics, either known or still being computed on a device: reading them makes the host
+/// wait for the device, so the loop reads them after it has queued the optimizer step.
+pub struct PendingStats(Pending);
+
+enum Pending {
+    Ready(StepStats),
+    Deferred(Box<dyn FnOnce() -> anyhow::Result<StepStats> + Send>),
+}
+
+impl PendingStats {
+    pub fn ready(stats: StepStats) -> Self {
+        PendingStats(Pending::Ready(stats))
+    }
+    /// Statistics `read` will fetch when asked.
+    pub fn deferred(read: impl FnOnce() -> anyhow::Result<StepStats> + Send + 'static) -> Self {
+        PendingStats(Pending::Deferred(Box::new(read)))
+    }
+    /// The statistics (waiting for the device if they are not known yet).
+    pub fn resolve(self) -> anyhow::Result<StepStats> {
+        match self.0 {
+            Pending::Ready(stats) => Ok(stats),
+            Pending::Deferred(read) => read(),
+        }
+    }
+}
+
 /// Top-1 and top-5 hits for row-major logits `[n, classes]`.
 pub fn topk_hits(logits: &[f32], classes: usize, labels: &[u32]) -> (u64, u64) {
     let mut top1 = 0;
@@ -66,6 +92,17 @@ pub trait Engine: Send {
     /// Forward and backward on a batch; gradients accumulate (scaled by `grad_scale`) until they are
     /// taken or the optimizer steps.
     fn forward_backward(&mut self, batch: &Batch, grad_scale: f64) -> anyhow::Result<StepStats>;
+    /// `forward_backward` without waiting to read its statistics: a GPU engine queues the passes and
+    /// returns, so the optimizer step is queued behind them before the host waits, and the GPU does not
+    /// idle while the host queues the update (as PyTorch's loop reads its loss after `opt.step()`).
+    fn forward_backward_queued(
+        &mut self,
+        batch: &Batch,
+        grad_scale: f64,
+    ) -> anyhow::Result<PendingStats> {
+        self.forward_backward(batch, grad_scale)
+            .map(PendingStats::ready)
+    }
     /// Forward only, in eval mode.
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats>;
     /// Move the accumulated gradients out (the engine then holds none), in the order its backward pass

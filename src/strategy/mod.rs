@@ -17,7 +17,7 @@ pub mod fsdp;
 pub mod scatter;
 pub mod single;
 
-use crate::backend::{StateBytes, StepStats};
+use crate::backend::{PendingStats, StateBytes, StepStats};
 use crate::checkpoint::TrainingState;
 use crate::comm::collective::{Collective, ReduceOp};
 use crate::comm::Distributed;
@@ -49,6 +49,17 @@ pub trait Strategy {
         grad_scale: f64,
         ends_window: bool,
     ) -> anyhow::Result<StepStats>;
+    /// `forward_backward`, its statistics read when the loop asks (`Engine::forward_backward_queued`):
+    /// after the optimizer step when this batch ends the window.
+    fn forward_backward_queued(
+        &mut self,
+        batch: &Batch,
+        grad_scale: f64,
+        ends_window: bool,
+    ) -> anyhow::Result<PendingStats> {
+        self.forward_backward(batch, grad_scale, ends_window)
+            .map(PendingStats::ready)
+    }
     /// Combine the accumulated gradients over replicas and ranks, clip, and step the optimizer. Returns
     /// the gradient norm before clipping (NaN when it was not computed, infinity for a skipped
     /// `16-mixed` step).

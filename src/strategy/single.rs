@@ -1,7 +1,7 @@
 //! One engine on one device: the loop's batches go straight to it.
 
 use super::{Ranks, Strategy};
-use crate::backend::{self, Engine, Placement, StateBytes, StepStats};
+use crate::backend::{self, Engine, PendingStats, Placement, StateBytes, StepStats};
 use crate::data::loader::{Batch, StageBatch};
 use crate::schema::Experiment;
 use crate::tensor::StateDict;
@@ -41,6 +41,15 @@ impl Strategy for Single {
         _ends_window: bool,
     ) -> anyhow::Result<StepStats> {
         self.engine.forward_backward(batch, grad_scale)
+    }
+
+    fn forward_backward_queued(
+        &mut self,
+        batch: &Batch,
+        grad_scale: f64,
+        _ends_window: bool,
+    ) -> anyhow::Result<PendingStats> {
+        self.engine.forward_backward_queued(batch, grad_scale)
     }
 
     fn optimizer_step(

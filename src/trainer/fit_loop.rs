@@ -65,6 +65,8 @@ const TRAIN_NEXT: &str = "train_dataloader_next";
 const VALIDATION: &str = "run_validation";
 const VAL_NEXT: &str = "val_dataloader_next";
 const LOG: &str = "log_metrics";
+/// Reading a batch's loss and hits: on a GPU, the wait for the step's queued work.
+const READ_STATS: &str = "read_batch_stats";
 const CHECKPOINT: &str = "[Callback]ModelCheckpoint+EarlyStopping.on_validation_end";
 
 struct StrategyActions {
@@ -245,7 +247,9 @@ impl<'a> FitLoop<'a> {
             let batch = batch?;
             let ends_window = plan.ends_window(i);
             let step_start = Instant::now();
-            let stats = self.strategy.forward_backward(
+            // On a GPU the statistics are read (a wait for the device) after the optimizer step is
+            // queued, so the device is not idle while the host queues the update.
+            let pending = self.strategy.forward_backward_queued(
                 &batch,
                 1.0 / plan.accumulate as f64,
                 ends_window,
@@ -253,6 +257,23 @@ impl<'a> FitLoop<'a> {
             step_compute += step_start.elapsed().as_secs_f64();
             self.profiler
                 .record(&self.actions.forward_backward, step_start);
+            let point = self.schedule.at(self.state.global_step);
+            if ends_window {
+                self.lr_now = point.lr;
+                let update_start = Instant::now();
+                self.strategy.optimizer_step(
+                    point.lr,
+                    point.momentum,
+                    self.exp.trainer.gradient_clip_val,
+                )?;
+                step_compute += update_start.elapsed().as_secs_f64();
+                self.profiler
+                    .record(&self.actions.optimizer_step, update_start);
+            }
+            let read_start = Instant::now();
+            let stats = pending.resolve()?;
+            step_compute += read_start.elapsed().as_secs_f64();
+            self.profiler.record(READ_STATS, read_start);
             anyhow::ensure!(
                 stats.loss().is_finite(),
                 "the training loss became {} at epoch {epoch}, step {}; lower optimizer.lr or set trainer.gradient_clip_val",
@@ -274,18 +295,7 @@ impl<'a> FitLoop<'a> {
                 self.profiler.record(TRAIN_BATCH, step_start);
                 continue;
             }
-            let point = self.schedule.at(self.state.global_step);
-            self.lr_now = point.lr;
-            let update_start = Instant::now();
-            self.strategy.optimizer_step(
-                point.lr,
-                point.momentum,
-                self.exp.trainer.gradient_clip_val,
-            )?;
-            self.step_times
-                .push(step_compute + update_start.elapsed().as_secs_f64());
-            self.profiler
-                .record(&self.actions.optimizer_step, update_start);
+            self.step_times.push(step_compute);
             step_compute = 0.0;
             self.state.global_step += 1;
             if self

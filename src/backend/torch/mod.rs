@@ -12,7 +12,7 @@ mod models;
 mod staged;
 
 use super::{
-    topk_hits, BackwardOverlap, Engine, Gradient, Gradients, LossScaler, Placement, Sharding,
+    BackwardOverlap, Engine, Gradient, Gradients, LossScaler, PendingStats, Placement, Sharding,
     StepStats,
 };
 use crate::comm::buckets::GradSync;
@@ -39,7 +39,6 @@ pub struct TchEngine {
     param_order: Vec<String>,
     buffers: BTreeMap<String, Tensor>,
     optimizer: Optimizer<Tensor>,
-    classes: usize,
     label_smoothing: f64,
     seed: u64,
     forward_calls: u64,
@@ -202,7 +201,6 @@ impl TchEngine {
             param_order,
             buffers,
             optimizer: Optimizer::new(exp.optimizer.clone()),
-            classes: exp.model.num_classes,
             label_smoothing: exp.model.label_smoothing,
             seed: exp.seed,
             forward_calls: 0,
@@ -224,25 +222,53 @@ impl TchEngine {
         Ok((x.f_to_kind(self.mode.storage())?, y))
     }
 
-    fn stats(&self, logits: &Tensor, loss: &Tensor, batch: &Batch) -> anyhow::Result<StepStats> {
-        let host = to_host(logits)?;
-        let (c1, c5) = topk_hits(&host.data, self.classes, &batch.labels);
-        Ok(StepStats {
-            loss_sum: loss.f_double_value(&[])? * batch.len() as f64,
-            correct1: c1,
-            correct5: c5,
-            count: batch.len() as u64,
-        })
-    }
-
     /// The logits of the last `forward_backward`, on the host.
     pub fn last_logits(&self) -> anyhow::Result<Option<HostTensor>> {
         self.last_logits.as_ref().map(to_host).transpose()
     }
 }
 
+/// The batch's loss and top-1/top-5 hits, computed on the device and packed into one f64 tensor, so
+/// reading them is one copy and one wait. A row's rank is how many classes score strictly higher than
+/// the true one (ties go to the true class), as `backend::topk_hits` counts on the host.
+fn device_stats(logits: &Tensor, loss: &Tensor, labels: &Tensor) -> anyhow::Result<Tensor> {
+    tch::no_grad(|| -> anyhow::Result<Tensor> {
+        let logits = logits.f_detach()?;
+        let target = logits.f_gather(1, &labels.f_unsqueeze(1)?, false)?;
+        let higher = logits.f_gt_tensor(&target)?.f_sum_dim_intlist(
+            Some([1i64].as_slice()),
+            false,
+            Kind::Int64,
+        )?;
+        let top1 = higher.f_eq(0)?.f_sum(Kind::Double)?;
+        let top5 = higher.f_lt(5)?.f_sum(Kind::Double)?;
+        let loss = loss.f_detach()?.f_to_kind(Kind::Double)?.f_reshape([])?;
+        Ok(Tensor::f_stack(&[loss, top1, top5], 0)?)
+    })
+}
+
+/// What `device_stats` packed, on the host: the host waits here for the device's queued work.
+fn read_stats(packed: &Tensor, count: usize) -> anyhow::Result<StepStats> {
+    let v =
+        Vec::<f64>::try_from(&packed.f_to(Device::Cpu)?).context("reading a batch's statistics")?;
+    Ok(StepStats {
+        loss_sum: v[0] * count as f64,
+        correct1: v[1] as u64,
+        correct5: v[2] as u64,
+        count: count as u64,
+    })
+}
+
 impl Engine for TchEngine {
     fn forward_backward(&mut self, batch: &Batch, grad_scale: f64) -> anyhow::Result<StepStats> {
+        self.forward_backward_queued(batch, grad_scale)?.resolve()
+    }
+
+    fn forward_backward_queued(
+        &mut self,
+        batch: &Batch,
+        grad_scale: f64,
+    ) -> anyhow::Result<PendingStats> {
         let (x, y) = self.inputs(batch)?;
         let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
         self.forward_calls += 1;
@@ -275,9 +301,10 @@ impl Engine for TchEngine {
         } else {
             scaled.f_backward()?;
         }
-        let stats = self.stats(&logits, &loss, batch)?;
+        let packed = device_stats(&logits, &loss, &y)?;
         self.last_logits = Some(logits.detach());
-        Ok(stats)
+        let count = batch.len();
+        Ok(PendingStats::deferred(move || read_stats(&packed, count)))
     }
 
     fn optimizer_step(
@@ -413,7 +440,7 @@ impl Engine for TchEngine {
         })?;
         let loss =
             logits.f_cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::Mean, -100, 0.0)?;
-        self.stats(&logits, &loss, batch)
+        read_stats(&device_stats(&logits, &loss, &y)?, batch.len())
     }
 
     fn state_dict(&self) -> anyhow::Result<StateDict> {
@@ -575,11 +602,11 @@ impl Sharding for TchEngine {
         let (logits, loss) = {
             let mut staged = staged::Staged {
                 engine: self,
-                labels,
+                labels: labels.shallow_clone(),
             };
             super::units::train_by_unit(&mut staged, x, grad_scale, exchange, &mut rng)?
         };
-        let stats = self.stats(&logits, &loss, batch)?;
+        let stats = read_stats(&device_stats(&logits, &loss, &labels)?, batch.len())?;
         self.last_logits = Some(logits);
         Ok(stats)
     }
@@ -601,7 +628,7 @@ impl Sharding for TchEngine {
             let _autocast = amp::autocast(self.mode, self.device)?; // as `evaluate` computes it
             logits.f_cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0)?
         };
-        self.stats(&logits, &loss, batch)
+        read_stats(&device_stats(&logits, &loss, &labels)?, batch.len())
     }
 }
 
@@ -618,5 +645,31 @@ impl BackwardOverlap for TchEngine {
 
     fn take_reduced(&mut self) -> anyhow::Result<bool> {
         self.overlap.take_reduced()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The device's count of hits is the host's (`topk_hits`), ties (to the true class) and fewer than
+    /// five classes included, and the loss comes back as it was.
+    #[rstest::rstest]
+    #[case::ties(3, vec![0.5, 0.5, 0.1, 0.2, 0.2, 0.2], vec![1, 2])]
+    #[case::six_classes(6, vec![6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 9.0], vec![5, 0])]
+    #[case::nan_row(2, vec![f32::NAN, 1.0, 0.0, 1.0], vec![1, 0])]
+    fn device_hits_match_the_host_rule(
+        #[case] classes: usize,
+        #[case] logits: Vec<f32>,
+        #[case] labels: Vec<u32>,
+    ) {
+        let rows = labels.len() as i64;
+        let t = Tensor::from_slice(&logits).reshape([rows, classes as i64]);
+        let y = Tensor::from_slice(&labels.iter().map(|&l| i64::from(l)).collect::<Vec<_>>());
+        let loss = Tensor::from_slice(&[0.75f32]).reshape([]);
+        let stats = read_stats(&device_stats(&t, &loss, &y).unwrap(), labels.len()).unwrap();
+        let (top1, top5) = super::super::topk_hits(&logits, classes, &labels);
+        assert_eq!((stats.correct1, stats.correct5), (top1, top5));
+        assert_eq!(stats.loss_sum, 0.75 * labels.len() as f64);
     }
 }
