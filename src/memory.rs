@@ -228,18 +228,7 @@ mod tests {
         }
     }
 
-    /// libtorch on the CPU allocates outside the Rust heap: its trials are measured on resident memory,
-    /// which sees 64 MiB touched after the start.
-    #[test]
-    fn a_tch_cpu_run_is_measured_on_resident_memory() {
-        let meter = Meter::start(&experiment(Backend::Tch, Accelerator::Cpu)).unwrap();
-        assert!(matches!(meter, Meter::Resident { .. }));
-        let held = vec![1u8; 64 << 20];
-        std::hint::black_box(&held);
-        let peak = meter.peak_above_start().unwrap();
-        drop(held);
-        assert!(peak >= 60 << 20, "{peak}");
-    }
+    // libtorch on the CPU, measured on resident memory: `tests/resident_memory.rs` (a process of its own).
 
     /// Only tch on a GPU is measured on CUDA's allocator; Candle always runs on the CPU.
     #[cfg(feature = "torch")]
