@@ -262,27 +262,44 @@ fn every_shipped_experiment_composes_and_validates() {
     }
 }
 
-/// README's `data.pin_memory=false` works on every shipped data set (the key was in the schema but in no
-/// group file, so the override was refused and only `+data.pin_memory=false` got through).
+/// Settings the schema reads are in the shipped group files, so `key=value` overrides them without `+`
+/// (`data.pin_memory` was in the schema but in no data file: README's `data.pin_memory=false` was
+/// refused, and only `+data.pin_memory=false` got through).
 #[rstest]
-fn pin_memory_overrides_on_every_data_group(
+fn loader_settings_override_on_every_data_group(
     #[values("cifar10", "cinic10", "imagenet", "mnist", "synthetic")] data: &str,
+    #[values("pin_memory=false", "drop_last=true")] setting: &str,
 ) {
-    let p = real_project();
-    let group = format!("data={data}");
-    let out = train(
-        p.path(),
-        &[
-            "--cfg",
-            "job",
-            "-p",
-            "data.pin_memory",
-            &group,
-            "data.pin_memory=false",
-        ],
+    overrides_without_plus(&format!("data={data}"), &format!("data.{setting}"));
+}
+
+#[rstest]
+fn adam_settings_override(
+    #[values("adam", "adamw")] optimizer: &str,
+    #[values("eps=0.001", "weight_decay=0.1")] setting: &str,
+) {
+    overrides_without_plus(
+        &format!("optimizer={optimizer}"),
+        &format!("optimizer.{setting}"),
     );
-    assert!(out.status.success(), "{group}: {}", stderr(&out));
-    assert_eq!(stdout(&out), "data.pin_memory: false\n", "{group}");
+}
+
+/// `train --cfg job -p KEY GROUP=CHOICE KEY=VALUE` prints `KEY: VALUE`.
+fn overrides_without_plus(group: &str, assignment: &str) {
+    let p = real_project();
+    let (key, value) = assignment.split_once('=').unwrap();
+    let out = train(p.path(), &["--cfg", "job", "-p", key, group, assignment]);
+    assert!(
+        out.status.success(),
+        "{group} {assignment}: {}",
+        stderr(&out)
+    );
+    let printed = stdout(&out).replace(", ", ",");
+    assert_eq!(
+        printed.trim_end(),
+        format!("{key}: {value}"),
+        "{group} {assignment}"
+    );
 }
 
 /// Keeps training in these tests to a fraction of a second.
