@@ -39,6 +39,26 @@ const MONITOR: &[&str] = &[
     "model.channels=[4]",
 ];
 
+/// The template's trainer, callbacks and CSV logger on the quick start, then `extra`.
+fn template_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "experiment=quickstart",
+        "trainer=cpu",
+        "callbacks=default",
+        "logger=csv",
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(MONITOR);
+    args
+}
+
+/// A run with the template's groups and `extra`, which must succeed; its run directory.
+fn run_with_template(p: &Path, extra: &[&str]) -> PathBuf {
+    let out = train(p, &template_args(extra));
+    assert!(out.status.success(), "{}", stderr(&out));
+    only_run(p)
+}
+
 fn only_run(root: &Path) -> PathBuf {
     let runs: Vec<PathBuf> = std::fs::read_dir(root.join("logs/quickstart/runs"))
         .unwrap()
@@ -52,17 +72,7 @@ fn only_run(root: &Path) -> PathBuf {
 #[test]
 fn trains_with_the_template_trainer_callbacks_and_csv_logger() {
     let p = project_with_template_groups();
-    let mut args = vec![
-        "experiment=quickstart",
-        "trainer=cpu",
-        "callbacks=default",
-        "logger=csv",
-        "trainer.max_epochs=3",
-    ];
-    args.extend_from_slice(MONITOR);
-    let out = train(p.path(), &args);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let run = only_run(p.path());
+    let run = run_with_template(p.path(), &["trainer.max_epochs=3"]);
     let s = summary(&run);
     assert_eq!(s["epochs_completed"], 3, "trainer.max_epochs honoured: {s}");
     // ModelCheckpoint's dirpath is `${paths.output_dir}/checkpoints`, its filename `epoch_{epoch:03d}`.
@@ -87,20 +97,16 @@ fn trains_with_the_template_trainer_callbacks_and_csv_logger() {
 fn early_stopping_from_the_template_stops_the_run() {
     let p = project_with_template_groups();
     // EarlyStopping with patience 0 on a metric that cannot improve after the first epoch (lr 0).
-    let mut args = vec![
-        "experiment=quickstart",
-        "trainer=cpu",
-        "callbacks=default",
-        "logger=csv",
-        "trainer.max_epochs=5",
-        "optimizer.lr=1e-9",
-        "scheduler=constant",
-        "+callbacks.early_stopping={_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val/loss, patience: 0, mode: min, min_delta: 0.5}",
-    ];
-    args.extend_from_slice(MONITOR);
-    let out = train(p.path(), &args);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let s = summary(&only_run(p.path()));
+    let run = run_with_template(
+        p.path(),
+        &[
+            "trainer.max_epochs=5",
+            "optimizer.lr=1e-9",
+            "scheduler=constant",
+            "+callbacks.early_stopping={_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val/loss, patience: 0, mode: min, min_delta: 0.5}",
+        ],
+    );
+    let s = summary(&run);
     assert!(
         s["epochs_completed"].as_u64().unwrap() < 5,
         "stopped early: {s}"
@@ -112,18 +118,10 @@ fn early_stopping_from_the_template_stops_the_run() {
 #[test]
 fn the_template_trainer_takes_the_simple_profiler() {
     let p = project_with_template_groups();
-    let mut args = vec![
-        "experiment=quickstart",
-        "trainer=cpu",
-        "callbacks=default",
-        "logger=csv",
-        "trainer.max_epochs=1",
-        "+trainer.profiler=simple",
-    ];
-    args.extend_from_slice(MONITOR);
-    let out = train(p.path(), &args);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let run = only_run(p.path());
+    let run = run_with_template(
+        p.path(),
+        &["trainer.max_epochs=1", "+trainer.profiler=simple"],
+    );
     let log = std::fs::read_to_string(run.join("train.log")).unwrap();
     assert!(log.contains("FIT Profiler Report"), "{log}");
     assert!(summary(&run)["profile"].is_array());
@@ -137,15 +135,7 @@ fn the_template_trainer_takes_the_simple_profiler() {
 #[case::unknown_trainer_key(&["+trainer.reload_dataloaders_every_n_epochs=1"], "reload_dataloaders_every_n_epochs")]
 fn what_cannot_run_is_refused_with_the_reason(#[case] extra: &[&str], #[case] expected: &str) {
     let p = project_with_template_groups();
-    let mut args = vec![
-        "experiment=quickstart",
-        "trainer=cpu",
-        "callbacks=default",
-        "logger=csv",
-    ];
-    args.extend_from_slice(MONITOR);
-    args.extend_from_slice(extra);
-    let out = train(p.path(), &args);
+    let out = train(p.path(), &template_args(extra));
     assert!(!out.status.success(), "{extra:?} ran");
     let err = stderr(&out);
     assert!(err.contains(expected), "{extra:?}: {err}");
