@@ -12,6 +12,7 @@ use trainyard::backend::torch::TchEngine;
 use trainyard::backend::Engine;
 use trainyard::checkpoint::{self, TrainingState};
 use trainyard::data::loader::Batch;
+use trainyard::optim::GradClip;
 use trainyard::rng::Rng;
 use trainyard::schema::Experiment;
 use trainyard::tensor::StateDict;
@@ -117,8 +118,11 @@ fn losses_agree_over_sgd_steps(#[case] model: &str, #[case] image: usize, #[case
         let b = tch.forward_backward(batch, 1.0).unwrap().loss();
         let rel = (a - b).abs() / a.abs().max(1e-12);
         assert!(rel < 1e-4, "step {step}: candle {a} vs tch {b} ({rel:e})");
-        candle.optimizer_step(0.05, None, Some(5.0)).unwrap();
-        tch.optimizer_step(0.05, None, Some(5.0)).unwrap();
+        candle
+            .optimizer_step(0.05, None, Some(GradClip::Norm(5.0)))
+            .unwrap();
+        tch.optimizer_step(0.05, None, Some(GradClip::Norm(5.0)))
+            .unwrap();
     }
     if steps < 20 {
         return; // see above: the end states of deep BatchNorm nets are compared by the loss only

@@ -15,6 +15,7 @@ pub mod units;
 
 use crate::comm::collective::Collective;
 use crate::data::loader::{Batch, StageBatch};
+use crate::optim::GradClip;
 use crate::schema::Experiment;
 use crate::tensor::{Flat, FlatHome, StateDict};
 pub use capabilities::{BackwardOverlap, LossScaler, Sharding};
@@ -113,14 +114,14 @@ pub trait Engine: Send {
     /// value keeps no gradient, and the optimizer leaves it alone.
     fn put_gradients(&mut self, grads: Gradients) -> anyhow::Result<()>;
     /// Clip (if asked), apply the optimizer at this learning rate/momentum, then clear the gradients.
-    /// Returns the gradient norm before clipping; an engine may return NaN when `clip_norm` is `None`
+    /// Returns the gradient norm before clipping; an engine may return NaN when it does not clip by norm
     /// rather than take an extra pass over every gradient (tch does; nothing reads it then), and
     /// infinity for a `16-mixed` step it skipped because the gradients overflowed.
     fn optimizer_step(
         &mut self,
         lr: f64,
         momentum: Option<f64>,
-        clip_norm: Option<f64>,
+        clip: Option<GradClip>,
     ) -> anyhow::Result<f64>;
     /// Weights, buffers and optimizer state (with the loss scaler's, when there is one).
     fn state_dict(&self) -> anyhow::Result<StateDict>;

@@ -25,6 +25,8 @@ pub trait OptTensor: Sized {
     fn root(&self) -> anyhow::Result<Self>;
     /// Σ x² as f64 (for gradient norms).
     fn sum_of_squares(&self) -> anyhow::Result<f64>;
+    /// Each value limited to [-max, max] (clipping gradients by value).
+    fn clamp_abs(&self, max: f64) -> anyhow::Result<Self>;
     /// SGD with momentum in one pass where a backend has it: `(new parameter, new momentum buffer)` from
     /// this parameter, its gradient and the previous buffer (`None` on the first step), bit-identical to
     /// the rule's separate operations (`Optimizer::update`). `None`: not available, use the operations.
@@ -55,6 +57,42 @@ pub struct Optimizer<T> {
     pub state: BTreeMap<String, T>,
     /// Completed optimizer steps (Adam's bias correction uses `steps + 1`).
     pub steps: u64,
+}
+
+/// How gradients are clipped before a step: Lightning's `gradient_clip_val` with its
+/// `gradient_clip_algorithm` (`norm`: PyTorch's `clip_grad_norm_` over all gradients together; `value`:
+/// `clip_grad_value_`, each value limited to ±the limit).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GradClip {
+    Norm(f64),
+    Value(f64),
+}
+
+impl GradClip {
+    /// The trainer's setting: none without a `gradient_clip_val`.
+    pub fn of(limit: Option<f64>, algorithm: crate::schema::ClipAlgorithm) -> Option<GradClip> {
+        let limit = limit?;
+        Some(match algorithm {
+            crate::schema::ClipAlgorithm::Norm => GradClip::Norm(limit),
+            crate::schema::ClipAlgorithm::Value => GradClip::Value(limit),
+        })
+    }
+
+    /// The largest global norm allowed, when clipping by norm.
+    pub fn max_norm(clip: Option<GradClip>) -> Option<f64> {
+        match clip {
+            Some(GradClip::Norm(max)) => Some(max),
+            _ => None,
+        }
+    }
+
+    /// `grad` limited to ±the limit when clipping by value; otherwise itself.
+    pub fn clamp<T: OptTensor>(clip: Option<GradClip>, grad: T) -> anyhow::Result<T> {
+        match clip {
+            Some(GradClip::Value(max)) => grad.clamp_abs(max),
+            _ => Ok(grad),
+        }
+    }
 }
 
 /// The global gradient norm and the factor that clips it to `clip_norm` (PyTorch's
@@ -196,6 +234,9 @@ mod tests {
         fn square(&self) -> anyhow::Result<Self> {
             Ok(S(self.0 * self.0))
         }
+        fn clamp_abs(&self, max: f64) -> anyhow::Result<Self> {
+            Ok(S(self.0.clamp(-max, max)))
+        }
         fn root(&self) -> anyhow::Result<Self> {
             Ok(S(self.0.sqrt()))
         }
@@ -235,6 +276,22 @@ mod tests {
         let expected = 1.0 * (1.0 - 0.001 * 0.1) - 0.001 * 0.5 / (0.5 + 1e-8);
         assert!((p.0 - expected).abs() < 1e-12, "{}", p.0);
         assert_eq!(o.state.len(), 2);
+    }
+
+    #[test]
+    fn clipping_by_value_limits_each_value_and_only_then() {
+        let by_value = GradClip::of(Some(1.0), crate::schema::ClipAlgorithm::Value);
+        assert_eq!(GradClip::clamp(by_value, S(3.0)).unwrap(), S(1.0));
+        assert_eq!(GradClip::clamp(by_value, S(-3.0)).unwrap(), S(-1.0));
+        assert_eq!(GradClip::clamp(by_value, S(0.5)).unwrap(), S(0.5));
+        let by_norm = GradClip::of(Some(1.0), crate::schema::ClipAlgorithm::Norm);
+        assert_eq!(GradClip::clamp(by_norm, S(3.0)).unwrap(), S(3.0));
+        assert_eq!(GradClip::max_norm(by_norm), Some(1.0));
+        assert_eq!(GradClip::max_norm(by_value), None);
+        assert_eq!(
+            GradClip::of(None, crate::schema::ClipAlgorithm::Value),
+            None
+        );
     }
 
     #[test]

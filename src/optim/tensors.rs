@@ -30,6 +30,9 @@ impl OptTensor for candle_core::Tensor {
     fn root(&self) -> anyhow::Result<Self> {
         Ok(self.sqrt()?)
     }
+    fn clamp_abs(&self, max: f64) -> anyhow::Result<Self> {
+        Ok(self.clamp(-max, max)?)
+    }
     /// On the CPU in f32: one parallel pass, no squared copy (the trainer logs the gradient norm every
     /// step); elsewhere Candle's ops.
     fn sum_of_squares(&self) -> anyhow::Result<f64> {
@@ -210,6 +213,9 @@ impl OptTensor for tch::Tensor {
     fn root(&self) -> anyhow::Result<Self> {
         Ok(self.f_sqrt()?)
     }
+    fn clamp_abs(&self, max: f64) -> anyhow::Result<Self> {
+        Ok(self.f_clamp(-max, max)?)
+    }
     fn sum_of_squares(&self) -> anyhow::Result<f64> {
         Ok(self
             .f_to_kind(tch::Kind::Double)?
@@ -283,6 +289,16 @@ impl OptTensor for Flat {
             Flat::Host(v) => Ok(map_host(v, f32::sqrt)),
             #[cfg(feature = "torch")]
             Flat::Tch(t) => Ok(Flat::Tch(OptTensor::root(t)?)),
+        }
+    }
+    fn clamp_abs(&self, max: f64) -> anyhow::Result<Self> {
+        match self {
+            Flat::Host(v) => {
+                let m = max as f32;
+                Ok(map_host(v, |x| x.clamp(-m, m)))
+            }
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) => Ok(Flat::Tch(OptTensor::clamp_abs(t, max)?)),
         }
     }
     fn sum_of_squares(&self) -> anyhow::Result<f64> {

@@ -237,15 +237,7 @@ fn trainer_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
     ] {
         drop_null(map, key);
     }
-    if let Some(Value::Str(algo)) = map.get("gradient_clip_algorithm").map(|n| n.value.clone()) {
-        if algo != "norm" {
-            return Err(ConfigError::Schema(format!(
-                "trainer.gradient_clip_algorithm={algo}: trainyard clips by norm only; remove it{}",
-                at(&map["gradient_clip_algorithm"].source)
-            )));
-        }
-    }
-    map.shift_remove("gradient_clip_algorithm");
+    drop_null(map, "gradient_clip_algorithm");
     // Lightning's defaults for what its Trainer does not require.
     set_default(map, "accelerator", Value::Str("auto".into()), &src);
     set_default(map, "devices", Value::Str("auto".into()), &src);
@@ -803,6 +795,11 @@ mod tests {
         "trainer: {_target_: lightning.pytorch.trainer.Trainer, max_epochs: 1, profiler: {_target_: lightning.pytorch.profilers.SimpleProfiler, dirpath: null, filename: perf}}",
         "trainer",
         r#"{"max_epochs":1,"profiler":{"dirpath":null,"filename":"perf","name":"simple"},"accelerator":"auto","precision":"32-true","devices":"auto","strategy":"ddp"}"#
+    )]
+    #[case::clip_by_value(
+        "trainer: {_target_: lightning.pytorch.trainer.Trainer, max_epochs: 1, gradient_clip_val: 0.5, gradient_clip_algorithm: value}",
+        "trainer",
+        r#"{"max_epochs":1,"gradient_clip_val":0.5,"gradient_clip_algorithm":"value","accelerator":"auto","precision":"32-true","devices":"auto","strategy":"ddp"}"#
     )]
     #[case::pass_through_profiler(
         "trainer: {_target_: lightning.pytorch.trainer.Trainer, max_epochs: 1, profiler: {_target_: pytorch_lightning.profilers.PassThroughProfiler}}",

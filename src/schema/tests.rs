@@ -351,6 +351,7 @@ mod shipped {
     #[case::wrong_for_model(&["model=resnet50", "+model.hidden=[64]"],
         "Error in config key 'model.hidden' = [64]: model 'resnet50' does not use this key (only mlp do)")]
     #[case::bad_transform(&["data.train_transforms=[{flip: {p: 0.5}}]"], "Valid choices: random_crop")]
+    #[case::clip_algorithm(&["trainer.gradient_clip_algorithm=vlaue"], "Did you mean 'value'?")]
     #[case::class_mismatch(&["model.num_classes=100"], "the model predicts 100 classes but the data set has 10")]
     fn shipped_config_errors(#[case] overrides: &[&str], #[case] expected: &str) {
         let err = run(overrides).unwrap_err().to_string();

@@ -137,6 +137,15 @@ impl Default for FastDevRun {
     }
 }
 
+/// Lightning's `gradient_clip_algorithm`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ClipAlgorithm {
+    #[default]
+    Norm,
+    Value,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BatchScaleMode {
@@ -221,6 +230,9 @@ pub struct TrainerConfig {
     pub overfit_batches: Limit0,
     #[serde(default)]
     pub gradient_clip_val: Option<f64>,
+    /// How `gradient_clip_val` clips: the global norm (Lightning's default) or each value.
+    #[serde(default)]
+    pub gradient_clip_algorithm: ClipAlgorithm,
     #[serde(default = "super::one_u64")]
     pub accumulate_grad_batches: u64,
     #[serde(default)]

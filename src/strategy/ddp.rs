@@ -12,6 +12,7 @@ use crate::comm::buckets::{buckets, unused_parameters_error, GradSync};
 use crate::comm::collective::{broadcast_state, Collective, ReduceOp};
 use crate::comm::Distributed;
 use crate::data::loader::{Batch, StageBatch};
+use crate::optim::GradClip;
 use crate::schema::Experiment;
 use crate::tensor::{Flat, StateDict};
 use anyhow::Context;
@@ -179,7 +180,7 @@ impl Strategy for Ddp {
         &mut self,
         lr: f64,
         momentum: Option<f64>,
-        clip_norm: Option<f64>,
+        clip: Option<GradClip>,
     ) -> anyhow::Result<f64> {
         let reduced = match self.engine.overlap() {
             Some(overlap) => overlap.take_reduced()?,
@@ -192,7 +193,7 @@ impl Strategy for Ddp {
             average_gradients(self.group.comm.as_ref(), &mut grads, &self.sync)?;
         }
         self.engine.put_gradients(grads)?;
-        self.engine.optimizer_step(lr, momentum, clip_norm)
+        self.engine.optimizer_step(lr, momentum, clip)
     }
 
     fn before_validation(&mut self) -> anyhow::Result<()> {

@@ -19,6 +19,7 @@ use crate::backend::{self, Engine, Placement, StateBytes, StepStats};
 use crate::comm::buckets::GradSync;
 use crate::comm::local::{self, LocalCollective};
 use crate::data::loader::Batch;
+use crate::optim::GradClip;
 use crate::schema::Experiment;
 use crate::tensor::StateDict;
 
@@ -206,14 +207,14 @@ impl Strategy for DataParallel {
         &mut self,
         lr: f64,
         momentum: Option<f64>,
-        clip_norm: Option<f64>,
+        clip: Option<GradClip>,
     ) -> anyhow::Result<f64> {
         let sync = self.sync;
         let norms = self.on_all(|_, engine, comm| {
             let mut grads = engine.take_gradients()?;
             super::ddp::average_gradients(comm, &mut grads, &sync)?;
             engine.put_gradients(grads)?;
-            engine.optimizer_step(lr, momentum, clip_norm)
+            engine.optimizer_step(lr, momentum, clip)
         })?;
         Ok(norms[0])
     }
@@ -351,8 +352,12 @@ mod tests {
                 assert_eq!(sn.count, s1.count);
                 assert!((sn.loss_sum - s1.loss_sum).abs() < 1e-5 * s1.loss_sum.abs().max(1.0));
             }
-            let g1 = one.optimizer_step(0.1, None, Some(10.0)).unwrap();
-            let gn = dp.optimizer_step(0.1, None, Some(10.0)).unwrap();
+            let g1 = one
+                .optimizer_step(0.1, None, Some(GradClip::Norm(10.0)))
+                .unwrap();
+            let gn = dp
+                .optimizer_step(0.1, None, Some(GradClip::Norm(10.0)))
+                .unwrap();
             assert!((g1 - gn).abs() < 1e-5 * g1, "gradient norm {gn} vs {g1}");
         }
         let worst = worst(&dp.state_dict().unwrap(), &one.state_dict().unwrap());
@@ -446,7 +451,7 @@ mod tests {
             &mut self,
             lr: f64,
             m: Option<f64>,
-            c: Option<f64>,
+            c: Option<GradClip>,
         ) -> anyhow::Result<f64> {
             self.0.optimizer_step(lr, m, c)
         }

@@ -22,6 +22,7 @@ use crate::checkpoint::TrainingState;
 use crate::comm::collective::{Collective, ReduceOp};
 use crate::comm::Distributed;
 use crate::data::loader::{Batch, StageBatch};
+use crate::optim::GradClip;
 use crate::plan::RunPlan;
 use crate::schema::Experiment;
 use crate::tensor::StateDict;
@@ -67,7 +68,7 @@ pub trait Strategy {
         &mut self,
         lr: f64,
         momentum: Option<f64>,
-        clip_norm: Option<f64>,
+        clip: Option<GradClip>,
     ) -> anyhow::Result<f64>;
     /// The staging the loader should do for this strategy's engine (`Engine::batch_stager`); none when
     /// the strategy splits batches (DataParallel), since a split batch is no longer the staged one.

@@ -3,6 +3,7 @@
 use super::{Ranks, Strategy};
 use crate::backend::{self, Engine, PendingStats, Placement, StateBytes, StepStats};
 use crate::data::loader::{Batch, StageBatch};
+use crate::optim::GradClip;
 use crate::schema::Experiment;
 use crate::tensor::StateDict;
 use std::sync::Arc;
@@ -56,9 +57,9 @@ impl Strategy for Single {
         &mut self,
         lr: f64,
         momentum: Option<f64>,
-        clip_norm: Option<f64>,
+        clip: Option<GradClip>,
     ) -> anyhow::Result<f64> {
-        self.engine.optimizer_step(lr, momentum, clip_norm)
+        self.engine.optimizer_step(lr, momentum, clip)
     }
 
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {

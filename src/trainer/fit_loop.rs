@@ -15,6 +15,7 @@ use crate::checkpoint::TrainingState;
 use crate::data::loader::EpochLoader;
 use crate::loggers::{MetricSink, Row, RowKind};
 use crate::optim::schedule::Schedule;
+use crate::optim::GradClip;
 use crate::plan::LoopPlan;
 use crate::schema::{Accelerator, Experiment, Interval, Precision};
 use crate::strategy::{Ranks, Strategy};
@@ -56,6 +57,8 @@ pub struct FitLoop<'a> {
     pub profiler: Profiler,
     /// The strategy's actions as the profiler names them (`[Strategy]ddp.forward_backward`).
     actions: StrategyActions,
+    /// `gradient_clip_val` with its algorithm.
+    clip: Option<GradClip>,
 }
 
 /// The profiler's names for the loop's own actions (Lightning's where it has one).
@@ -179,6 +182,10 @@ impl<'a> FitLoop<'a> {
             last_val: None,
             profiler,
             actions: StrategyActions::of(&exp.trainer.strategy.to_string()),
+            clip: GradClip::of(
+                exp.trainer.gradient_clip_val,
+                exp.trainer.gradient_clip_algorithm,
+            ),
             lr_now: exp.optimizer.lr,
             output_dir: job.output_dir,
             exp,
@@ -261,11 +268,8 @@ impl<'a> FitLoop<'a> {
             if ends_window {
                 self.lr_now = point.lr;
                 let update_start = Instant::now();
-                self.strategy.optimizer_step(
-                    point.lr,
-                    point.momentum,
-                    self.exp.trainer.gradient_clip_val,
-                )?;
+                self.strategy
+                    .optimizer_step(point.lr, point.momentum, self.clip)?;
                 step_compute += update_start.elapsed().as_secs_f64();
                 self.profiler
                     .record(&self.actions.optimizer_step, update_start);

@@ -18,7 +18,7 @@ use crate::comm::collective::Collective;
 use crate::data::loader::Batch;
 use crate::model::init;
 use crate::model::Architecture;
-use crate::optim::{clip_factor, Optimizer};
+use crate::optim::{clip_factor, GradClip, Optimizer};
 use crate::rng::Rng;
 use crate::schema::Experiment;
 use crate::tensor::{Flat, FlatHome, HostTensor, StateDict};
@@ -175,11 +175,12 @@ impl CandleEngine {
         &mut self,
         lr: f64,
         momentum: Option<f64>,
-        clip_norm: Option<f64>,
+        clip: Option<GradClip>,
     ) -> anyhow::Result<f64> {
-        let (norm, scale) = clip_factor(self.grads.values(), clip_norm)?;
+        let (norm, scale) = clip_factor(self.grads.values(), GradClip::max_norm(clip))?;
         let grads = std::mem::take(&mut self.grads);
         for (name, g) in grads {
+            let g = GradClip::clamp(clip, g)?;
             let g = if scale != 1.0 {
                 g.affine(scale, 0.0)?
             } else {
@@ -252,9 +253,9 @@ impl Engine for CandleEngine {
         &mut self,
         lr: f64,
         momentum: Option<f64>,
-        clip_norm: Option<f64>,
+        clip: Option<GradClip>,
     ) -> anyhow::Result<f64> {
-        cpu::on_compute_pool(|| self.optimizer_step_here(lr, momentum, clip_norm))
+        cpu::on_compute_pool(|| self.optimizer_step_here(lr, momentum, clip))
     }
 
     /// Host copies, the last layers first (reverse name order), as DDP's buckets fill.
@@ -699,7 +700,8 @@ mod tests {
         );
         let mut a = CandleEngine::new(&exp).unwrap();
         a.forward_backward(&batch(), 1.0).unwrap();
-        a.optimizer_step(0.01, None, Some(1.0)).unwrap();
+        a.optimizer_step(0.01, None, Some(GradClip::Norm(1.0)))
+            .unwrap();
         let mut b = CandleEngine::new(&exp).unwrap();
         b.load_state_dict(&a.state_dict().unwrap()).unwrap();
         assert_eq!(a.state_dict().unwrap(), b.state_dict().unwrap());

@@ -20,7 +20,7 @@ use crate::comm::c10d::ProcessGroup;
 use crate::comm::collective::Collective;
 use crate::data::loader::{Batch, StageBatch};
 use crate::model::init;
-use crate::optim::{clip_factor, Optimizer};
+use crate::optim::{clip_factor, GradClip, Optimizer};
 use crate::rng::Rng;
 use crate::schema::{Accelerator, Experiment};
 use crate::tensor::{Flat, FlatHome, HostTensor, StateDict};
@@ -311,7 +311,7 @@ impl Engine for TchEngine {
         &mut self,
         lr: f64,
         momentum: Option<f64>,
-        clip_norm: Option<f64>,
+        clip: Option<GradClip>,
     ) -> anyhow::Result<f64> {
         let (names, mut grads): (Vec<String>, Vec<Tensor>) = self
             .params
@@ -336,10 +336,16 @@ impl Engine for TchEngine {
             }
         }
         // The norm is a whole extra pass over the gradients: only taken when clipping needs it.
-        let (norm, scale) = match clip_norm {
-            Some(_) => clip_factor(&grads, clip_norm)?,
+        let (norm, scale) = match GradClip::max_norm(clip) {
+            Some(max) => clip_factor(&grads, Some(max))?,
             None => (f64::NAN, 1.0),
         };
+        if let Some(GradClip::Value(_)) = clip {
+            grads = grads
+                .into_iter()
+                .map(|g| GradClip::clamp(clip, g))
+                .collect::<anyhow::Result<_>>()?;
+        }
         tch::no_grad(|| -> anyhow::Result<()> {
             fused_optim::scale_all(&mut grads, scale)?;
             // One multi-tensor step for the whole model (a few launches, not a few per parameter).

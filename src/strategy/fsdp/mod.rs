@@ -42,6 +42,7 @@ use crate::comm::collective::{broadcast_state, Collective, ReduceOp};
 use crate::comm::Distributed;
 use crate::data::loader::{Batch, StageBatch};
 use crate::model::stages::{group_stages, unit_layout, StageLayouts};
+use crate::optim::GradClip;
 use crate::optim::{OptTensor, Optimizer};
 use crate::schema::{Experiment, ShardingStrategy, StateDictType};
 use crate::tensor::{Flat, FlatHome, HostTensor, StateDict};
@@ -390,7 +391,7 @@ impl Strategy for Fsdp {
         &mut self,
         lr: f64,
         momentum: Option<f64>,
-        clip_norm: Option<f64>,
+        clip: Option<GradClip>,
     ) -> anyhow::Result<f64> {
         if !self.by_unit() {
             self.reduce_gradients()?;
@@ -436,7 +437,7 @@ impl Strategy for Fsdp {
             self.comm.all_reduce_f64(&mut sq, ReduceOp::Sum)?;
         }
         let norm = sq[0].sqrt();
-        let scale = match clip_norm {
+        let scale = match GradClip::max_norm(clip) {
             Some(max) if norm > max => max / (norm + 1e-6),
             _ => 1.0,
         };
@@ -444,6 +445,7 @@ impl Strategy for Fsdp {
             if u.layout.params.is_empty() {
                 continue;
             }
+            let grad = GradClip::clamp(clip, grad)?;
             let grad = if scale != 1.0 {
                 grad.affine(scale, 0.0)?
             } else {

@@ -132,7 +132,11 @@ fn two_ranks_against_one(ranks: TwoRanks, sharding: &str, min_num_params: Option
     let mut norms = Vec::new();
     for step in 0..3 {
         single.forward_backward(&batch(step, 0..8), 1.0).unwrap();
-        norms.push(single.optimizer_step(0.1, None, Some(1.0)).unwrap());
+        norms.push(
+            single
+                .optimizer_step(0.1, None, Some(GradClip::Norm(1.0)))
+                .unwrap(),
+        );
     }
     let want = single.state_dict().unwrap();
     let home = single.sharding().unwrap().flat_home();
@@ -146,7 +150,9 @@ fn two_ranks_against_one(ranks: TwoRanks, sharding: &str, min_num_params: Option
                 e.forward_backward(&batch(step, start..start + 2), 0.5, half == 1)
                     .unwrap();
             }
-            let norm = e.optimizer_step(0.1, None, Some(1.0)).unwrap();
+            let norm = e
+                .optimizer_step(0.1, None, Some(GradClip::Norm(1.0)))
+                .unwrap();
             let want = norms[step as usize];
             assert!(
                 (norm - want).abs() < 1e-5 * want,
