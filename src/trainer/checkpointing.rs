@@ -130,6 +130,18 @@ impl Keeper<'_> {
         }))
     }
 
+    /// A training epoch ended without a validation (`max_steps` mid-epoch): nothing new to compare, so
+    /// only what does not depend on the monitored metric is written (`last`; the latest when nothing is
+    /// monitored).
+    pub fn on_train_epoch_end(
+        &mut self,
+        strategy: &mut dyn Strategy,
+        state: &TrainingState,
+        epoch: u64,
+    ) -> anyhow::Result<()> {
+        self.save_checkpoints(strategy, state, epoch, false)
+    }
+
     fn save_checkpoints(
         &mut self,
         strategy: &mut dyn Strategy,

@@ -222,6 +222,14 @@ impl<'a> FitLoop<'a> {
                 self.status = status;
                 break;
             }
+            if self
+                .plan
+                .max_steps
+                .is_some_and(|max| self.state.global_step >= max)
+            {
+                self.status = RunStatus::MaxStepsReached;
+                break;
+            }
         }
         Ok(self)
     }
@@ -316,11 +324,16 @@ impl<'a> FitLoop<'a> {
                     break;
                 }
             }
+            // `max_steps` on the epoch's last batch ends the epoch as usual (validation, checkpoints);
+            // mid-epoch, ModelCheckpoint still writes what it writes at a training epoch's end, as
+            // Lightning's does, so a stopped run keeps its weights.
             if plan
                 .max_steps
                 .is_some_and(|max| self.state.global_step >= max)
+                && i + 1 < plan.train_batches
             {
                 self.last_train = self.ranks.sum_stats(epoch_stats)?;
+                self.checkpoint_mid_epoch(epoch, i + 1)?;
                 return Ok(EpochEnd::MaxSteps);
             }
             if crate::signals::preemption_armed()
@@ -340,6 +353,19 @@ impl<'a> FitLoop<'a> {
             bar.finish_and_clear();
         }
         Ok(EpochEnd::Batches(epoch_stats))
+    }
+
+    /// `max_steps` reached after `batches_done` batches of the epoch, with no validation due: the
+    /// checkpoints ModelCheckpoint writes at a training epoch's end (`last`, and the latest when nothing
+    /// is monitored), recording how far into the epoch they were taken, so a resume continues there.
+    fn checkpoint_mid_epoch(&mut self, epoch: u64, batches_done: usize) -> anyhow::Result<()> {
+        self.state.batches_done = batches_done as u64;
+        let saving = Instant::now();
+        self.keeper
+            .on_train_epoch_end(self.strategy.as_mut(), &self.state, epoch)?;
+        self.profiler.record(CHECKPOINT, saving);
+        self.state.batches_done = 0;
+        Ok(())
     }
 
     /// The cluster warned that it stops the job: write the resume checkpoint of this point (every rank
