@@ -71,6 +71,7 @@ const LOG: &str = "log_metrics";
 /// Reading a batch's loss and hits: on a GPU, the wait for the step's queued work.
 const READ_STATS: &str = "read_batch_stats";
 const CHECKPOINT: &str = "[Callback]ModelCheckpoint+EarlyStopping.on_validation_end";
+const CHECKPOINT_TRAIN_END: &str = "[Callback]ModelCheckpoint.on_train_epoch_end";
 
 struct StrategyActions {
     forward_backward: String,
@@ -363,7 +364,7 @@ impl<'a> FitLoop<'a> {
         let saving = Instant::now();
         self.keeper
             .on_train_epoch_end(self.strategy.as_mut(), &self.state, epoch)?;
-        self.profiler.record(CHECKPOINT, saving);
+        self.profiler.record(CHECKPOINT_TRAIN_END, saving);
         self.state.batches_done = 0;
         Ok(())
     }
