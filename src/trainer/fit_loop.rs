@@ -273,8 +273,8 @@ impl<'a> FitLoop<'a> {
             step_compute += step_start.elapsed().as_secs_f64();
             self.profiler
                 .record(&self.actions.forward_backward, step_start);
-            let point = self.schedule.at(self.state.global_step);
             if ends_window {
+                let point = self.schedule.at(self.state.global_step);
                 self.lr_now = point.lr;
                 let update_start = Instant::now();
                 self.strategy
@@ -316,7 +316,7 @@ impl<'a> FitLoop<'a> {
                 .global_step
                 .is_multiple_of(plan.log_every_n_steps)
             {
-                self.log_step(epoch, std::mem::take(&mut window), point.lr)?;
+                self.log_step(epoch, std::mem::take(&mut window), self.lr_now)?;
             }
             self.profiler.record(TRAIN_BATCH, step_start);
             if plan.validates_after_batch(epoch, i) {
