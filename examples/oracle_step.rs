@@ -27,7 +27,10 @@ fn main() -> anyhow::Result<()> {
     let exp = trainyard::schema::extract(&node)?;
     let mut engine = OracleEngine::new(&exp)?;
     let published = checkpoint::load(Path::new(weights))?.state;
-    let kept = trainyard::backend::load_pretrained(&mut *engine, &published)?;
+    let head =
+        trainyard::model::Architecture::new(&exp.model, exp.data.channels, exp.data.image_size)?
+            .head();
+    let kept = trainyard::backend::load_pretrained(&mut *engine, &published, &head)?;
     anyhow::ensure!(
         kept.is_empty(),
         "the oracle's weights must cover the head too (missing {kept:?})"

@@ -9,6 +9,8 @@
 #   - DataParallel with one replica on the GPU (its gradient sums stay on the device);
 #   - the batch-size finder on the GPU: ResNet-50 at 224 px doubles its batch until CUDA runs out of
 #     memory (the out-of-memory error must end a trial, not the run);
+#   - a declared model (conf/model/declared_resnet18.yaml) on CUDA: 32-true, 16-mixed, and FSDP over NCCL
+#     (each top-level layer a unit);
 #   - the logbook over all of them (GPU memory and utilisation from DeviceStatsMonitor's NVML samples).
 # Each run's summary.json is copied to $OUT_DIR, with the wall time in times.txt; then (BENCH=0 skips it)
 # bench/train_step_bench.py on CUDA against PyTorch eager, recorded in bench/RESULTS.md (copied to $OUT_DIR).
@@ -75,6 +77,13 @@ run dropout_det_b "${DET[@]}"
 run batch_finder_gpu model=resnet50 data=synthetic data.image_size=224 data.train_size=4096 data.val_size=64 \
     backend=tch trainer.accelerator=gpu trainer.max_epochs=1 \
     +callbacks.batch_size_finder.mode=power +callbacks.batch_size_finder.fit_after=false
+# A declared model (YAML layers) on CUDA, with mixed precision and as FSDP units over NCCL.
+DECL=(experiment=quickstart model=declared_resnet18 backend=tch trainer.accelerator=gpu data.train_size=1024
+    data.val_size=256 trainer.max_epochs=1)
+run declared_gpu_32 "${DECL[@]}"
+run declared_gpu_16_mixed "${DECL[@]}" trainer.precision=16-mixed
+run declared_fsdp_nccl "${DECL[@]}" trainer=fsdp trainer.devices=1 trainer.accelerator=gpu \
+    trainer.fsdp.sharding_strategy=FULL_SHARD trainer.process_group_backend=nccl
 if [ -d all-logs ]; then
     "$TRAIN" logbook all-logs -o "$OUT_DIR/logbook.md" || failed=1
 fi
@@ -86,7 +95,8 @@ def final(name):
     p = out / f"{name}.json"
     return json.loads(p.read_text())["final_metrics"] if p.exists() else None
 for name in ["tch_gpu_32", "tch_gpu_16_mixed", "tch_gpu_bf16_mixed", "tch_gpu_no_pin", "ddp_nccl", "ddp_gloo",
-             "ddp_nccl_16_mixed", "fsdp_nccl", "fsdp_gloo", "dp_gpu"]:
+             "ddp_nccl_16_mixed", "fsdp_nccl", "fsdp_gloo", "dp_gpu", "declared_gpu_32", "declared_gpu_16_mixed",
+             "declared_fsdp_nccl"]:
     print(name, final(name))
     p = out / f"{name}.json"
     if p.exists():
@@ -114,6 +124,9 @@ if [ "${BENCH:-1}" = "1" ]; then
         TRAIN="$TRAIN" python3 bench/train_step_bench.py --models cnn,resnet18-cifar --backend tch --device cuda \
             --precision "$precision" --threads 4 --rounds 3 --batch 256 --record || failed=1
     done
+    # The declared ResNet-18 against the built-in one, same binary (must keep the built-in's speed).
+    TRAIN="$TRAIN" python3 bench/declared_bench.py --backend tch --device cuda --batch 256 --threads 4 --rounds 3 \
+        --record || failed=1
     cp bench/RESULTS.md "$OUT_DIR/RESULTS.md"
 fi
 exit "$failed"

@@ -17,7 +17,7 @@ use crate::comm::collective::Collective;
 use crate::data::loader::{Batch, StageBatch};
 use crate::optim::GradClip;
 use crate::schema::Experiment;
-use crate::tensor::{Flat, FlatHome, StateDict};
+use crate::tensor::{Flat, FlatHome, HostTensor, StateDict};
 pub use capabilities::{BackwardOverlap, LossScaler, Sharding};
 use std::sync::Arc;
 
@@ -106,6 +106,9 @@ pub trait Engine: Send {
     }
     /// Forward only, in eval mode.
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats>;
+    /// The eval-mode logits `evaluate` scores, on the host (batch x classes): predictions, and the
+    /// comparison with PyTorch's own forward of the same weights.
+    fn predict(&mut self, batch: &Batch) -> anyhow::Result<HostTensor>;
     /// Move the accumulated gradients out (the engine then holds none), in the order its backward pass
     /// produces them. A device engine may hand out views of its own gradient storage: writing into them
     /// and putting them back costs no copy.
@@ -210,10 +213,12 @@ pub fn num_parameters(engine: &dyn Engine) -> usize {
 
 /// Start `engine` from published weights (torchvision/timm names): every parameter and buffer must be
 /// present with its shape, except the classifier head, which is kept freshly initialised when its shape
-/// differs (a different `num_classes`; `model::pretrained`). Returns the names that were not loaded.
+/// differs (a different `num_classes`; `model::pretrained`; `head`: its module names, from
+/// `Architecture::head`). Returns the names that were not loaded.
 pub fn load_pretrained(
     engine: &mut dyn Engine,
     published: &StateDict,
+    head: &[String],
 ) -> anyhow::Result<Vec<String>> {
     let mut state = engine.state_dict()?;
     let params: std::collections::BTreeSet<String> = engine
@@ -231,7 +236,7 @@ pub fn load_pretrained(
         })
         .collect();
     let crate::model::pretrained::PretrainedPlan { set, kept } =
-        crate::model::pretrained::plan_pretrained(&slots, published)?;
+        crate::model::pretrained::plan_pretrained(&slots, published, head)?;
     state.extend(set);
     engine.load_state_dict(&state)?;
     Ok(kept)

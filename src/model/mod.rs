@@ -4,6 +4,7 @@
 //! Also here: host-side dropout masks shared by the backends, and matching published weights to a model.
 
 pub mod cnn;
+pub mod declared;
 pub mod dropout;
 pub mod init;
 pub mod mlp;
@@ -23,6 +24,8 @@ pub enum Architecture {
     Cnn(cnn::Cnn),
     ResNet(resnet::ResNet),
     Vit(vit::Vit),
+    /// A network written in YAML (`model.name: declared`).
+    Declared(declared::Declared),
 }
 
 impl Architecture {
@@ -37,6 +40,17 @@ impl Architecture {
             | ModelName::Resnet101
             | ModelName::Resnet152 => Architecture::ResNet(resnet::ResNet::new(cfg, channels)),
             ModelName::Vit => Architecture::Vit(vit::Vit::new(cfg, channels, image_size)?),
+            ModelName::Declared => {
+                let spec = cfg.declared.as_ref().ok_or_else(|| {
+                    anyhow::anyhow!("model.name=declared but no model.layers were read")
+                })?;
+                Architecture::Declared(declared::Declared::new(
+                    spec,
+                    channels,
+                    image_size,
+                    cfg.num_classes,
+                )?)
+            }
         })
     }
 
@@ -47,6 +61,7 @@ impl Architecture {
             Architecture::Cnn(m) => m.specs(),
             Architecture::ResNet(m) => m.specs(),
             Architecture::Vit(m) => m.specs(),
+            Architecture::Declared(m) => m.specs(),
         }
     }
 
@@ -54,6 +69,7 @@ impl Architecture {
     pub fn buffers(&self) -> Vec<(String, Vec<usize>, f32)> {
         match self {
             Architecture::ResNet(m) => m.buffers(),
+            Architecture::Declared(m) => m.buffers(),
             _ => Vec::new(),
         }
     }
@@ -65,6 +81,17 @@ impl Architecture {
             Architecture::Cnn(m) => m.stages(),
             Architecture::ResNet(m) => m.stages(),
             Architecture::Vit(m) => m.stages(),
+            Architecture::Declared(m) => m.stages(),
+        }
+    }
+
+    /// The classifier head's module names: left as initialised when pretrained weights were trained
+    /// for another number of classes.
+    pub fn head(&self) -> Vec<String> {
+        match self {
+            Architecture::ResNet(_) => vec!["fc".into()],
+            Architecture::Declared(m) => m.head().into_iter().collect(),
+            _ => vec!["head".into()],
         }
     }
 }

@@ -21,8 +21,17 @@ pub struct PretrainedPlan {
 /// present with its shape, except the classifier head (`fc.*`, `head.*`), which is left as initialised when
 /// its shape differs; a ViT `pos_embed` for another image size is resampled as timm does; tensors the model
 /// does not have are an error. Returns what to set, and the names left as they were.
-pub fn plan_pretrained(slots: &[Slot], state: &StateDict) -> anyhow::Result<PretrainedPlan> {
-    let is_head = |name: &str| name.starts_with("fc.") || name.starts_with("head.");
+pub fn plan_pretrained(
+    slots: &[Slot],
+    state: &StateDict,
+    head: &[String],
+) -> anyhow::Result<PretrainedPlan> {
+    let is_head = |name: &str| {
+        head.iter().any(|h| {
+            name.strip_prefix(h.as_str())
+                .is_some_and(|rest| rest.starts_with('.'))
+        })
+    };
     let mut set = Vec::new();
     let mut kept = Vec::new();
     let mut problems = Vec::new();

@@ -4,6 +4,7 @@
 
 mod callbacks;
 mod data;
+pub mod declared;
 mod logger;
 mod model;
 mod optim;

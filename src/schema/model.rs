@@ -13,6 +13,8 @@ pub enum ModelName {
     Resnet101,
     Resnet152,
     Vit,
+    /// A network written in YAML as torch.nn layers (`model.layers`; `schema::declared`).
+    Declared,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -56,4 +58,8 @@ pub struct ModelConfig {
     /// Cross-entropy label smoothing in [0, 1), as `nn.CrossEntropyLoss(label_smoothing=...)`.
     #[serde(default)]
     pub label_smoothing: f64,
+    /// `declared`: the layers, read from `model.layers`/`model.blocks` with their provenance (not serde's:
+    /// `schema::extract` fills it).
+    #[serde(skip)]
+    pub declared: Option<std::sync::Arc<super::declared::DeclaredSpec>>,
 }

@@ -20,10 +20,52 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     }
     super::targets::translate(&mut job)?;
     check_no_missing(&job)?;
-    let figment = Figment::from(Serialized::defaults(job.to_json()));
-    let experiment: Experiment = figment.extract().map_err(|e| describe(&job, e))?;
+    let declared = declared_model(&job)?;
+    let mut json = job.to_json();
+    if declared.is_some() {
+        if let Some(model) = json.get_mut("model").and_then(|m| m.as_object_mut()) {
+            model.retain(|k, _| DECLARED_MODEL_FIELDS.contains(&k.as_str()));
+        }
+    }
+    let figment = Figment::from(Serialized::defaults(json));
+    let mut experiment: Experiment = figment.extract().map_err(|e| describe(&job, e))?;
+    experiment.model.declared = declared.map(std::sync::Arc::new);
     validate(&job, &experiment)?;
     Ok(experiment)
+}
+
+/// The `ModelConfig` fields a declared model reads; its other keys are its layers, its blocks, or free
+/// variables its layers interpolate (`${model.width}`).
+const DECLARED_MODEL_FIELDS: &[&str] = &[
+    "name",
+    "num_classes",
+    "dropout",
+    "pretrained",
+    "label_smoothing",
+];
+
+/// `model.name: declared`: its layers read from the tree (with provenance). A free key one typo away from
+/// `layers`/`blocks` is taken for a typo, not a variable.
+fn declared_model(job: &Node) -> Result<Option<super::declared::DeclaredSpec>, ConfigError> {
+    let Some(model) = job.child("model") else {
+        return Ok(None);
+    };
+    if model.child("name").and_then(|n| n.as_str()) != Some("declared") {
+        return Ok(None);
+    }
+    for (key, node) in model.as_map().into_iter().flatten() {
+        let typo = super::declared::DECLARED_KEYS
+            .iter()
+            .find(|known| **known != key && strsim::damerau_levenshtein(key, known) <= 1);
+        if let Some(known) = typo {
+            return Err(ConfigError::Schema(format!(
+                "Error in config key 'model.{key}': a declared model has no key '{key}'{}\n    Did you mean \
+                 'model.{known}'?",
+                at(&node.source)
+            )));
+        }
+    }
+    super::declared::parse(model).map(Some)
 }
 
 fn check_no_missing(config: &Node) -> Result<(), ConfigError> {
@@ -209,8 +251,14 @@ fn validate(config: &Node, e: &Experiment) -> Result<(), ConfigError> {
         )))
     };
     let m = &e.model;
+    // A declared model's other keys are free variables (`${model.width}`), whatever their names.
+    let model_only = if m.name == ModelName::Declared {
+        &[][..]
+    } else {
+        MODEL_ONLY
+    };
     for (section, table) in [
-        ("model", MODEL_ONLY),
+        ("model", model_only),
         ("optimizer", OPTIMIZER_ONLY),
         ("scheduler", SCHEDULER_ONLY),
         ("data", DATA_ONLY),

@@ -215,8 +215,12 @@ impl Strategy for Ddp {
         self.engine.load_state_dict(state)
     }
 
-    fn load_pretrained(&mut self, published: &StateDict) -> anyhow::Result<Vec<String>> {
-        backend::load_pretrained(self.engine.as_mut(), published)
+    fn load_pretrained(
+        &mut self,
+        published: &StateDict,
+        head: &[String],
+    ) -> anyhow::Result<Vec<String>> {
+        backend::load_pretrained(self.engine.as_mut(), published, head)
     }
 
     fn loss_scale(&mut self) -> Option<f64> {

@@ -239,8 +239,12 @@ impl Strategy for DataParallel {
         Ok(())
     }
 
-    fn load_pretrained(&mut self, published: &StateDict) -> anyhow::Result<Vec<String>> {
-        let kept = backend::load_pretrained(self.replicas[0].as_mut(), published)?;
+    fn load_pretrained(
+        &mut self,
+        published: &StateDict,
+        head: &[String],
+    ) -> anyhow::Result<Vec<String>> {
+        let kept = backend::load_pretrained(self.replicas[0].as_mut(), published, head)?;
         let state = self.replicas[0].state_dict()?;
         self.load_into_others(&state)?;
         Ok(kept)
@@ -439,6 +443,9 @@ mod tests {
         }
         fn evaluate(&mut self, b: &Batch) -> anyhow::Result<StepStats> {
             self.0.evaluate(b)
+        }
+        fn predict(&mut self, b: &Batch) -> anyhow::Result<crate::tensor::HostTensor> {
+            self.0.predict(b)
         }
         fn take_gradients(&mut self) -> anyhow::Result<crate::backend::Gradients> {
             std::thread::sleep(std::time::Duration::from_millis(50)); // replica 0 is waiting by now

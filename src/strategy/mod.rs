@@ -92,8 +92,13 @@ pub trait Strategy {
     fn state_dict(&self) -> anyhow::Result<StateDict>;
     /// Restore what `state_dict` gave (from a checkpoint of the same strategy and world size, or a full one).
     fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()>;
-    /// Start from published weights (`backend::load_pretrained`); every rank reads the same file.
-    fn load_pretrained(&mut self, published: &StateDict) -> anyhow::Result<Vec<String>>;
+    /// Start from published weights (`backend::load_pretrained`; `head`: the classifier's module names);
+    /// every rank reads the same file.
+    fn load_pretrained(
+        &mut self,
+        published: &StateDict,
+        head: &[String],
+    ) -> anyhow::Result<Vec<String>>;
     /// The name of the file that holds this rank's state in the checkpoint named `name`: `name` itself,
     /// or under FSDP's sharded checkpoints this rank's part beside it. Resuming reads it.
     fn checkpoint_file(&self, name: &str) -> String {

@@ -6,6 +6,7 @@ pub mod batchnorm;
 pub mod conv;
 pub mod conv_relu;
 pub mod cpu;
+mod declared;
 pub mod direct;
 pub mod fused;
 mod models;
@@ -194,19 +195,24 @@ impl CandleEngine {
 
     /// `evaluate` on the calling thread (a worker of the compute pool).
     fn evaluate_here(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
-        let (x, y) = self.inputs(batch)?;
-        let mut rng = Rng::new(0);
-        let logits = {
-            let mut pass = Pass {
-                train: false,
-                rng: &mut rng,
-                sync_batchnorm: self.sync_batchnorm.as_ref(),
-                autocast: self.autocast,
-            };
-            models::forward(&self.model, &self.params, &mut self.buffers, &x, &mut pass)?.detach()
-        };
+        let (logits, y) = self.eval_logits(batch)?;
         let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         self.stats(&logits, &loss, batch)
+    }
+
+    /// The eval-mode forward pass: logits and labels.
+    fn eval_logits(&mut self, batch: &Batch) -> anyhow::Result<(Tensor, Tensor)> {
+        let (x, y) = self.inputs(batch)?;
+        let mut rng = Rng::new(0);
+        let mut pass = Pass {
+            train: false,
+            rng: &mut rng,
+            sync_batchnorm: self.sync_batchnorm.as_ref(),
+            autocast: self.autocast,
+        };
+        let logits =
+            models::forward(&self.model, &self.params, &mut self.buffers, &x, &mut pass)?.detach();
+        Ok((logits, y))
     }
 
     /// `forward_backward` on the calling thread (a worker of the compute pool).
@@ -296,6 +302,10 @@ impl Engine for CandleEngine {
 
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         cpu::on_compute_pool(|| self.evaluate_here(batch))
+    }
+
+    fn predict(&mut self, batch: &Batch) -> anyhow::Result<HostTensor> {
+        cpu::on_compute_pool(|| to_host(&self.eval_logits(batch)?.0))
     }
 
     fn state_dict(&self) -> anyhow::Result<StateDict> {
@@ -636,7 +646,8 @@ mod tests {
         target_exp.seed = 99;
         let mut target = CandleEngine::new(&target_exp).unwrap();
         let fresh_head = target.state_dict().unwrap()["fc.weight"].clone();
-        let kept = crate::backend::load_pretrained(&mut target, &published).unwrap();
+        let kept =
+            crate::backend::load_pretrained(&mut target, &published, &["head".into()]).unwrap();
         assert_eq!(kept, vec!["fc.bias".to_string(), "fc.weight".to_string()]);
         let loaded = target.state_dict().unwrap();
         assert_eq!(
@@ -650,7 +661,7 @@ mod tests {
             "{name: mlp, num_classes: 4, hidden: [8]}",
             "{name: sgd, lr: 0.1}",
         ));
-        let err = crate::backend::load_pretrained(&mut mlp.unwrap(), &published)
+        let err = crate::backend::load_pretrained(&mut mlp.unwrap(), &published, &["head".into()])
             .unwrap_err()
             .to_string();
         assert!(

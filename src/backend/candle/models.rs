@@ -55,6 +55,7 @@ impl CandleForward for Architecture {
             Architecture::Cnn(m) => m.forward_stage(k, p, buffers, x, pass),
             Architecture::ResNet(m) => m.forward_stage(k, p, buffers, x, pass),
             Architecture::Vit(m) => m.forward_stage(k, p, buffers, x, pass),
+            Architecture::Declared(m) => m.forward_stage(k, p, buffers, x, pass),
         }
     }
 }

@@ -13,12 +13,22 @@ use crate::model::resnet::ResNet;
 use candle_core::{Result, Tensor, D};
 use std::sync::Arc;
 
-const BN_EPS: f64 = 1e-5;
-const BN_MOMENTUM: f64 = 0.1;
+/// BatchNorm2d's `eps` and `momentum`.
+#[derive(Clone, Copy)]
+pub(super) struct BnConst {
+    pub eps: f64,
+    pub momentum: f64,
+}
+
+/// PyTorch's defaults, which torchvision's ResNets keep.
+const BN: BnConst = BnConst {
+    eps: 1e-5,
+    momentum: 0.1,
+};
 
 /// A convolution: the blocked direct kernels when `x` is blocked (rank 5), otherwise im2col (or Candle's
 /// own off the CPU).
-fn conv(
+pub(super) fn conv(
     (p, autocast): (&Params, Autocast),
     name: &str,
     x: &Tensor,
@@ -43,7 +53,7 @@ fn blocked_path(x: &Tensor) -> Option<direct::Isa> {
 
 /// Whether this pass keeps activations blocked between the stem and the head: on the CPU in f32 with a
 /// direct-convolution path (bf16 autocast keeps the im2col path, which rounds operands as autocast does).
-fn blocks_activations(x: &Tensor, autocast: Autocast) -> Option<direct::Isa> {
+pub(super) fn blocks_activations(x: &Tensor, autocast: Autocast) -> Option<direct::Isa> {
     direct::active().filter(|_| !autocast.bf16 && super::cpu::is_cpu_f32(x))
 }
 
@@ -53,8 +63,20 @@ fn batch_norm(
     p: &Params,
     b: &mut Buffers,
     (name, x): (&str, &Tensor),
+    mode: (bool, Option<&Arc<dyn Collective>>),
+    then: Then,
+) -> Result<Tensor> {
+    batch_norm_with(p, b, (name, x), mode, then, BN)
+}
+
+/// `batch_norm` with a layer's own `eps` and `momentum`.
+pub(super) fn batch_norm_with(
+    p: &Params,
+    b: &mut Buffers,
+    (name, x): (&str, &Tensor),
     (train, sync): (bool, Option<&Arc<dyn Collective>>),
     then: Then,
+    bn: BnConst,
 ) -> Result<Tensor> {
     let gamma = param(p, &format!("{name}.weight"))?;
     let beta = param(p, &format!("{name}.bias"))?;
@@ -64,21 +86,21 @@ fn batch_norm(
     );
     if x.rank() == 5 {
         if !train {
-            return direct::batchnorm::eval(x, gamma, beta, (&b[&rm], &b[&rv]), BN_EPS, then);
+            return direct::batchnorm::eval(x, gamma, beta, (&b[&rm], &b[&rv]), bn.eps, then);
         }
-        let (y, stats) = direct::batchnorm::train(x, gamma, beta, BN_EPS, then, sync)?;
-        running_from_stats(b, name, &stats, x.device())?;
+        let (y, stats) = direct::batchnorm::train(x, gamma, beta, bn.eps, then, sync)?;
+        running_from_stats(b, name, &stats, x.device(), bn.momentum)?;
         return Ok(y);
     }
     if !train {
-        if let Some(y) = batchnorm::eval(x, gamma, beta, (&b[&rm], &b[&rv]), BN_EPS, then)? {
+        if let Some(y) = batchnorm::eval(x, gamma, beta, (&b[&rm], &b[&rv]), bn.eps, then)? {
             return Ok(y);
         }
-    } else if let Some((y, stats)) = batchnorm::train(x, gamma, beta, BN_EPS, then, sync)? {
-        running_from_stats(b, name, &stats, x.device())?;
+    } else if let Some((y, stats)) = batchnorm::train(x, gamma, beta, bn.eps, then, sync)? {
+        running_from_stats(b, name, &stats, x.device(), bn.momentum)?;
         return Ok(y);
     }
-    let y = batch_norm_basic_ops(gamma, beta, b, name, x, train)?;
+    let y = batch_norm_basic_ops(gamma, beta, b, (name, x), train, bn)?;
     match then {
         Then::Relu => super::fused::relu(&y),
         Then::Nothing => Ok(y),
@@ -91,23 +113,29 @@ fn running_from_stats(
     name: &str,
     stats: &batchnorm::ChannelStats,
     dev: &candle_core::Device,
+    momentum: f64,
 ) -> Result<()> {
     let (n, c) = (stats.count as f64, stats.mean.len());
     let mean = Tensor::from_vec(stats.mean.clone(), c, dev)?;
     let unbiased =
         Tensor::from_vec(stats.var.clone(), c, dev)?.affine(n / (n - 1.0).max(1.0), 0.0)?;
-    update_running(b, name, &mean, &unbiased)
+    update_running(b, name, &mean, &unbiased, momentum)
 }
 
-/// Running averages as PyTorch keeps them (momentum 0.1, unbiased variance, a batch counter).
-fn update_running(b: &mut Buffers, name: &str, mean: &Tensor, unbiased_var: &Tensor) -> Result<()> {
+/// Running averages as PyTorch keeps them (`momentum`, unbiased variance, a batch counter).
+fn update_running(
+    b: &mut Buffers,
+    name: &str,
+    mean: &Tensor,
+    unbiased_var: &Tensor,
+    momentum: f64,
+) -> Result<()> {
     let (rm, rv) = (
         format!("{name}.running_mean"),
         format!("{name}.running_var"),
     );
-    let new_mean = (b[&rm].affine(1.0 - BN_MOMENTUM, 0.0)? + mean.affine(BN_MOMENTUM, 0.0)?)?;
-    let new_var =
-        (b[&rv].affine(1.0 - BN_MOMENTUM, 0.0)? + unbiased_var.affine(BN_MOMENTUM, 0.0)?)?;
+    let new_mean = (b[&rm].affine(1.0 - momentum, 0.0)? + mean.affine(momentum, 0.0)?)?;
+    let new_var = (b[&rv].affine(1.0 - momentum, 0.0)? + unbiased_var.affine(momentum, 0.0)?)?;
     let tracked = format!("{name}.num_batches_tracked");
     let count = b[&tracked].affine(1.0, 1.0)?;
     b.insert(rm, new_mean);
@@ -121,9 +149,9 @@ fn batch_norm_basic_ops(
     gamma: &Tensor,
     beta: &Tensor,
     b: &mut Buffers,
-    name: &str,
-    x: &Tensor,
+    (name, x): (&str, &Tensor),
     train: bool,
+    bn: BnConst,
 ) -> Result<Tensor> {
     let c = x.dim(1)?;
     let shape = (1, c, 1, 1);
@@ -140,7 +168,13 @@ fn batch_norm_basic_ops(
             .flatten_all()?
             .detach()
             .affine(n / (n - 1.0).max(1.0), 0.0)?;
-        update_running(b, name, &mean.flatten_all()?.detach(), &unbiased)?;
+        update_running(
+            b,
+            name,
+            &mean.flatten_all()?.detach(),
+            &unbiased,
+            bn.momentum,
+        )?;
         (mean, var)
     } else {
         (
@@ -150,7 +184,7 @@ fn batch_norm_basic_ops(
     };
     let normed = x
         .broadcast_sub(&mean)?
-        .broadcast_div(&var.affine(1.0, BN_EPS)?.sqrt()?)?;
+        .broadcast_div(&var.affine(1.0, bn.eps)?.sqrt()?)?;
     normed
         .broadcast_mul(&gamma.reshape(shape)?)?
         .broadcast_add(&beta.reshape(shape)?)
@@ -166,7 +200,7 @@ fn every_second(x: &Tensor, dim: usize, offset: usize, count: usize) -> Result<T
 }
 
 /// 3x3 stride-2 padding-1 max-pool on non-negative input (it follows a ReLU, so zero padding is exact).
-fn max_pool_3x3_s2(x: &Tensor) -> Result<Tensor> {
+pub(super) fn max_pool_3x3_s2(x: &Tensor) -> Result<Tensor> {
     if matches!(x.device(), candle_core::Device::Cpu) && x.dtype() == candle_core::DType::F32 {
         return super::fused::max_pool2d(x, 3, 2, 1);
     }

@@ -7,6 +7,7 @@
 pub mod amp;
 mod batch_transfer;
 mod ddp_overlap;
+mod declared;
 mod fused_optim;
 mod models;
 mod staged;
@@ -447,6 +448,17 @@ impl Engine for TchEngine {
         let loss =
             logits.f_cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::Mean, -100, 0.0)?;
         read_stats(&device_stats(&logits, &loss, &y)?, batch.len())
+    }
+
+    fn predict(&mut self, batch: &Batch) -> anyhow::Result<HostTensor> {
+        let (x, _) = self.inputs(batch)?;
+        let mut rng = Rng::new(0);
+        let _autocast = amp::autocast(self.mode, self.device)?;
+        let logits = tch::no_grad(|| {
+            self.arch
+                .forward(&self.params, &mut self.buffers, &x, false, &mut rng)
+        })?;
+        to_host(&logits)
     }
 
     fn state_dict(&self) -> anyhow::Result<StateDict> {

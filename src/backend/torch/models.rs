@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use tch::{Kind, Tensor};
 
-type Named = BTreeMap<String, Tensor>;
+pub(super) type Named = BTreeMap<String, Tensor>;
 
 const BN_EPS: f64 = 1e-5;
 const BN_MOMENTUM: f64 = 0.1;
@@ -102,11 +102,14 @@ impl Arch {
             },
             Architecture::ResNet(net) => resnet_stage(net, k, p, b, x, self.norm(train)?)?,
             Architecture::Vit(vit) => vit_stage(vit, k, p, x, train, rng)?,
+            Architecture::Declared(net) => {
+                super::declared::stage(net, k, p, b, x, (self.norm(train)?, train), rng)?
+            }
         })
     }
 }
 
-fn get<'a>(p: &'a Named, name: &str) -> anyhow::Result<&'a Tensor> {
+pub(super) fn get<'a>(p: &'a Named, name: &str) -> anyhow::Result<&'a Tensor> {
     p.get(name)
         .ok_or_else(|| anyhow::anyhow!("missing parameter {name}"))
 }
@@ -142,7 +145,7 @@ extern "C" {
     ) -> std::os::raw::c_int;
 }
 
-fn drop(x: &Tensor, prob: f64, train: bool, rng: &mut Rng) -> anyhow::Result<Tensor> {
+pub(super) fn drop(x: &Tensor, prob: f64, train: bool, rng: &mut Rng) -> anyhow::Result<Tensor> {
     if !train || prob <= 0.0 {
         return Ok(x.shallow_clone());
     }
@@ -161,7 +164,7 @@ fn drop(x: &Tensor, prob: f64, train: bool, rng: &mut Rng) -> anyhow::Result<Ten
 }
 
 /// Mean over H then W, in the order the Candle models take it, in the activations' dtype.
-fn global_avg_pool(h: &Tensor) -> anyhow::Result<Tensor> {
+pub(super) fn global_avg_pool(h: &Tensor) -> anyhow::Result<Tensor> {
     Ok(h.f_mean_dim(Some([-1i64].as_slice()), false, None::<Kind>)?
         .f_mean_dim(Some([-1i64].as_slice()), false, None::<Kind>)?)
 }
@@ -179,7 +182,7 @@ fn conv(p: &Named, name: &str, x: &Tensor, stride: i64, padding: i64) -> anyhow:
 
 /// How a pass runs BatchNorm.
 #[derive(Clone, Copy)]
-enum Norm<'a> {
+pub(super) enum Norm<'a> {
     Eval,
     /// Batch statistics; with SyncBatchNorm, reduced over this group.
     Train(Option<&'a ProcessGroup>),
@@ -194,6 +197,17 @@ fn batch_norm(
     x: &Tensor,
     norm: Norm,
 ) -> anyhow::Result<Tensor> {
+    batch_norm_with(p, b, (name, x), norm, (BN_EPS, BN_MOMENTUM))
+}
+
+/// `batch_norm` with a layer's own `(eps, momentum)`.
+pub(super) fn batch_norm_with(
+    p: &Named,
+    b: &mut Named,
+    (name, x): (&str, &Tensor),
+    norm: Norm,
+    (eps, momentum): (f64, f64),
+) -> anyhow::Result<Tensor> {
     let key = |s: &str| format!("{name}.{s}");
     let train = matches!(norm, Norm::Train(_));
     if let Norm::Train(Some(pg)) = norm {
@@ -203,8 +217,8 @@ fn batch_norm(
             get(p, &key("bias"))?,
             get(b, &key("running_mean"))?,
             get(b, &key("running_var"))?,
-            BN_MOMENTUM,
-            BN_EPS,
+            momentum,
+            eps,
         )?;
         let tracked = key("num_batches_tracked");
         let count = get(b, &tracked)?.f_add_scalar(1.0)?;
@@ -217,8 +231,8 @@ fn batch_norm(
         Some(get(b, &key("running_mean"))?),
         Some(get(b, &key("running_var"))?),
         train,
-        BN_MOMENTUM,
-        BN_EPS,
+        momentum,
+        eps,
         false,
     )?;
     if train {
@@ -281,14 +295,14 @@ fn resnet_stage(
 
 /// ReLU in place, as torchvision's `nn.ReLU(inplace=True)`: on a fresh activation (a BatchNorm output,
 /// whose backward does not read it) the same values and gradients without allocating another activation.
-fn relu_(mut x: Tensor) -> anyhow::Result<Tensor> {
+pub(super) fn relu_(mut x: Tensor) -> anyhow::Result<Tensor> {
     let _ = x.f_relu_()?;
     Ok(x)
 }
 
 /// `out += identity` (torchvision's BasicBlock/Bottleneck) when no type promotion is involved (mixed
 /// precision may meet two dtypes: then out of place, promoting as before).
-fn add_(mut out: Tensor, identity: &Tensor) -> anyhow::Result<Tensor> {
+pub(super) fn add_(mut out: Tensor, identity: &Tensor) -> anyhow::Result<Tensor> {
     if out.kind() == identity.kind() {
         let _ = out.f_add_(identity)?;
         Ok(out)

@@ -567,9 +567,13 @@ impl Strategy for Fsdp {
         Ok(())
     }
 
-    fn load_pretrained(&mut self, published: &StateDict) -> anyhow::Result<Vec<String>> {
+    fn load_pretrained(
+        &mut self,
+        published: &StateDict,
+        head: &[String],
+    ) -> anyhow::Result<Vec<String>> {
         self.unshard_all()?;
-        let kept = backend::load_pretrained(self.engine.as_mut(), published)?;
+        let kept = backend::load_pretrained(self.engine.as_mut(), published, head)?;
         self.reshard_from_inner()?;
         self.reshard()?;
         Ok(kept)

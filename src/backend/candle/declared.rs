@@ -1,0 +1,228 @@
+//! Declared models (`model::declared`) on Candle: the layer list interpreted in order, with the same fast
+//! paths the built-in ResNet takes, so a declared ResNet loses nothing to the zoo's: activations stay
+//! channel-blocked between convolutions on the CPU's direct kernels, `BatchNorm2d` then `ReLU` is one fused
+//! op, a `Residual` then `ReLU` one fused add-and-ReLU, and `Conv2d(bias)` then `ReLU` one op. A layer that
+//! has no blocked kernel gets its input back in NCHW first.
+
+use super::autocast::Autocast;
+use super::batchnorm::Then;
+use super::models::{dropout, param, Buffers, CandleForward, Params, Pass};
+use super::resnet::{batch_norm_with, blocks_activations, conv, BnConst};
+use super::{direct, fused};
+use crate::model::declared::{Declared, Layer, Op};
+use candle_core::{Result, Tensor, D};
+
+impl CandleForward for Declared {
+    fn forward_stage(
+        &self,
+        k: usize,
+        p: &Params,
+        b: &mut Buffers,
+        x: &Tensor,
+        pass: &mut Pass,
+    ) -> Result<Tensor> {
+        run(self.stage(k), p, b, x, pass)
+    }
+}
+
+/// `x` in NCHW: converted back from the blocked layout (rank 5) when it is in it.
+fn planar(x: &Tensor, channels: usize) -> Result<Tensor> {
+    if x.rank() == 5 {
+        direct::layout::from_blocked(x, channels)
+    } else {
+        Ok(x.clone())
+    }
+}
+
+/// Whether a `Conv2d` with this input starts (or keeps) the blocked layout: on the CPU's direct path in
+/// f32, except a wide kernel over a few input channels (an ImageNet stem's 7x7 over RGB), which would
+/// convolve mostly padding: that one stays im2col, as the built-in ResNet's does.
+fn conv_blocked(x: &Tensor, c_in: usize, kernel: usize, autocast: Autocast) -> Option<direct::Isa> {
+    if x.rank() == 5 {
+        return direct::active();
+    }
+    blocks_activations(x, autocast).filter(|isa| c_in >= isa.lanes() || kernel <= 3)
+}
+
+/// Run `layers` in order on `x`.
+fn run(
+    layers: &[Layer],
+    p: &Params,
+    b: &mut Buffers,
+    x: &Tensor,
+    pass: &mut Pass,
+) -> Result<Tensor> {
+    let mut h = x.clone();
+    let mut i = 0;
+    while i < layers.len() {
+        let layer = &layers[i];
+        let then_relu = matches!(layers.get(i + 1).map(|l| &l.op), Some(Op::Relu));
+        let (out, fused_relu) = step(layer, then_relu, p, b, &h, pass)?;
+        h = out;
+        i += if fused_relu { 2 } else { 1 };
+    }
+    Ok(h)
+}
+
+/// One layer; with `then_relu`, it may apply the ReLU that follows too (returns whether it did).
+fn step(
+    layer: &Layer,
+    then_relu: bool,
+    p: &Params,
+    b: &mut Buffers,
+    h: &Tensor,
+    pass: &mut Pass,
+) -> Result<(Tensor, bool)> {
+    let name = layer.name.as_str();
+    let channels = layer.input.first().copied().unwrap_or(0);
+    let autocast = pass.autocast;
+    Ok(match &layer.op {
+        Op::Conv2d {
+            c_in,
+            c_out,
+            kernel,
+            stride,
+            padding,
+            bias,
+        } => {
+            let h = match conv_blocked(h, *c_in, *kernel, autocast) {
+                Some(isa) if h.rank() == 4 => direct::layout::to_blocked(h, isa.lanes())?,
+                _ => h.clone(),
+            };
+            if !bias {
+                return Ok((conv((p, autocast), name, &h, *stride, *padding)?, false));
+            }
+            let bias_t = param(p, &format!("{name}.bias"))?;
+            if h.rank() == 5 {
+                let y = conv((p, autocast), name, &h, *stride, *padding)?;
+                if then_relu {
+                    (direct::elementwise::bias_relu(&y, bias_t)?, true)
+                } else {
+                    let y = direct::layout::from_blocked(&y, *c_out)?;
+                    (fused::add_channel_bias(&y, bias_t)?, false)
+                }
+            } else if then_relu {
+                let w = param(p, &format!("{name}.weight"))?;
+                (
+                    autocast.conv2d_bias_relu(&h, w, bias_t, *stride, *padding)?,
+                    true,
+                )
+            } else {
+                let y = conv((p, autocast), name, &h, *stride, *padding)?;
+                (fused::add_channel_bias(&y, bias_t)?, false)
+            }
+        }
+        Op::BatchNorm2d { eps, momentum, .. } => {
+            let then = if then_relu { Then::Relu } else { Then::Nothing };
+            let bn = BnConst {
+                eps: *eps,
+                momentum: *momentum,
+            };
+            let mode = (pass.train, pass.sync_batchnorm);
+            (batch_norm_with(p, b, (name, h), mode, then, bn)?, then_relu)
+        }
+        Op::Relu => (fused::relu(h)?, false),
+        Op::Identity => (h.clone(), false),
+        Op::Sequential(inner) => (run(inner, p, b, h, pass)?, false),
+        Op::Residual { body, shortcut } => {
+            let out = run(body, p, b, h, pass)?;
+            let identity = match shortcut {
+                Some(s) => run(s, p, b, h, pass)?,
+                None => h.clone(),
+            };
+            let (out, identity) = if out.rank() == identity.rank() {
+                (out, identity)
+            } else {
+                let c = layer.output[0];
+                (planar(&out, c)?, planar(&identity, c)?)
+            };
+            if then_relu {
+                (fused::add_relu(&out, &identity)?, true)
+            } else {
+                ((out + identity)?, false)
+            }
+        }
+        Op::MaxPool2d {
+            kernel,
+            stride,
+            padding,
+        } => {
+            if h.rank() == 5 && (*kernel, *stride, *padding) == (2, 2, 0) {
+                return Ok((direct::elementwise::max_pool2(h)?, false));
+            }
+            let h = planar(h, channels)?;
+            if super::cpu::is_cpu_f32(&h) {
+                (fused::max_pool2d(&h, *kernel, *stride, *padding)?, false)
+            } else if *padding == 0 {
+                (h.max_pool2d_with_stride(*kernel, *stride)?, false)
+            } else {
+                candle_core::bail!("{name}: a padded MaxPool2d runs on the CPU in f32 only");
+            }
+        }
+        Op::AvgPool2d { kernel, stride } => (
+            planar(h, channels)?.avg_pool2d_with_stride(*kernel, *stride)?,
+            false,
+        ),
+        Op::GlobalAvgPool => {
+            // Over W, then H: the order the built-in models' heads take the mean in.
+            let h = planar(h, channels)?;
+            (h.mean_keepdim(D::Minus1)?.mean_keepdim(D::Minus2)?, false)
+        }
+        Op::Flatten => {
+            let h = planar(h, channels)?;
+            let mut dims = vec![h.dim(0)?];
+            dims.extend_from_slice(&layer.output);
+            (h.reshape(dims)?, false)
+        }
+        Op::Linear { bias, .. } => {
+            let h = planar(h, channels)?;
+            let w = param(p, &format!("{name}.weight"))?;
+            if *bias {
+                let bias_t = param(p, &format!("{name}.bias"))?;
+                (autocast.linear(&h, w, bias_t)?, false)
+            } else {
+                (autocast.matmul(&h, &w.t()?)?, false)
+            }
+        }
+        Op::Dropout { p: prob } => (dropout(&planar(h, channels)?, *prob, pass)?, false),
+        Op::LayerNorm { eps, .. } => (layer_norm(p, name, &planar(h, channels)?, *eps)?, false),
+        Op::Gelu { tanh } => {
+            let h = planar(h, channels)?;
+            if *tanh {
+                (h.gelu()?, false)
+            } else {
+                (gelu_erf(&h)?, false)
+            }
+        }
+        Op::Silu => (planar(h, channels)?.silu()?, false),
+    })
+}
+
+/// LayerNorm over the last dimension: the row-wise kernel where it runs, basic ops (differentiable)
+/// elsewhere.
+fn layer_norm(p: &Params, name: &str, x: &Tensor, eps: f64) -> Result<Tensor> {
+    let (w, b) = (
+        param(p, &format!("{name}.weight"))?,
+        param(p, &format!("{name}.bias"))?,
+    );
+    if let Some(isa) = direct::active() {
+        if let Some(y) = direct::rowwise::layer_norm(isa, x, w, b, eps)? {
+            return Ok(y);
+        }
+    }
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let centered = x.broadcast_sub(&mean)?;
+    let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = centered.broadcast_div(&(var + eps)?.sqrt()?)?;
+    normed.broadcast_mul(w)?.broadcast_add(b)
+}
+
+/// GELU (erf form): the row-wise kernel where it runs, Candle's op elsewhere.
+fn gelu_erf(x: &Tensor) -> Result<Tensor> {
+    if let Some(isa) = direct::active() {
+        if let Some(y) = direct::rowwise::gelu_erf(isa, x)? {
+            return Ok(y);
+        }
+    }
+    x.gelu_erf()
+}
