@@ -17,6 +17,49 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// mimalloc v2's `mi_option_purge_delay`: -1 keeps freed pages mapped, so the next step's buffers of the
+/// same size do not fault in and zero fresh pages (10% of a ResNet step otherwise).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// The whole `train` program (what `trainyard::main!()` expands to call): process-wide settings made
+/// before any thread exists, then `main_entry` over the command line.
+pub fn run_main() -> ExitCode {
+    // SAFETY: sets a process-wide allocator option before any worker thread exists.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
+    // Where our SIMD kernels run (every heavy op of the CNN, ResNet and ViT), Candle's own elementwise
+    // thread pool only competes with rayon's workers for the cores: its few remaining ops run on the
+    // calling thread instead (ViT-Tiny step ~3% faster, ResNet unchanged). A value the user set wins.
+    let simd = !matches!(
+        trainyard_conv::Isa::detected(),
+        trainyard_conv::Isa::Portable8 | trainyard_conv::Isa::Portable16
+    );
+    let direct_off = std::env::var("TRAINYARD_CONV").as_deref() == Ok("im2col");
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() && simd && !direct_off {
+        // Before any thread exists (nothing has started one yet), so no other thread reads the environment.
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
+    main_entry(std::env::args_os())
+}
+
+/// `train`'s `main`, for this crate's binary and for a user's crate that registers its own models
+/// (`registry`): the allocator trainyard measures memory with (mimalloc, counted for the batch-size
+/// finder), and `app::run_main`.
+#[macro_export]
+macro_rules! main {
+    () => {
+        /// Training allocates and frees activation-sized buffers every step; mimalloc reuses them instead
+        /// of handing pages back to the kernel and faulting them in again. The counting wrapper measures
+        /// heap use for the batch-size finder.
+        #[global_allocator]
+        static ALLOCATOR: $crate::memory::Counting<$crate::mimalloc::MiMalloc> =
+            $crate::memory::Counting($crate::mimalloc::MiMalloc);
+
+        fn main() -> ::std::process::ExitCode {
+            $crate::app::run_main()
+        }
+    };
+}
+
 /// Entry point used by `main`: never panics on user input, prints one clear error and exits non-zero.
 pub fn main_entry(args: impl IntoIterator<Item = OsString>) -> ExitCode {
     let args = crate::cli::normalize_args(args);

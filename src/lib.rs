@@ -21,6 +21,9 @@ pub mod optim;
 pub mod plan;
 pub mod project;
 pub mod records;
+pub mod registry;
+/// The allocator `trainyard::main!()` installs.
+pub use mimalloc;
 pub mod rng;
 pub mod s3;
 pub mod schema;

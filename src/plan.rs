@@ -252,6 +252,22 @@ fn check_supported(exp: &Experiment, machine: &Machine) -> anyhow::Result<()> {
                 .into(),
         );
     }
+    if exp.model.name == crate::schema::ModelName::Registered {
+        if t.strategy == Strategy::Fsdp {
+            missing.push(
+                "trainer.strategy=fsdp with a registered model: trainyard cannot see the stages inside its \
+                 forward pass to shard it unit by unit; use trainer=ddp"
+                    .into(),
+            );
+        }
+        if exp.backend == Backend::Tch {
+            missing.push(
+                "backend=tch with a registered model: register_candle_model! registers a Candle model; use \
+                 backend=candle"
+                    .into(),
+            );
+        }
+    }
     if exp.backend == Backend::Tch && !machine.torch {
         missing.push(
             "backend=tch: this build has no libtorch; eval \"$(scripts/install-libtorch.sh)\" and \

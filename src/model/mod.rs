@@ -10,6 +10,7 @@ pub mod init;
 pub mod mlp;
 pub mod pos_embed;
 pub mod pretrained;
+pub mod registered;
 pub mod resnet;
 pub mod spec;
 pub mod stages;
@@ -26,6 +27,8 @@ pub enum Architecture {
     Vit(vit::Vit),
     /// A network written in YAML (`model.name: declared`).
     Declared(declared::Declared),
+    /// A model a crate registered under its `_target_` (`registry`).
+    Registered(registered::Registered),
 }
 
 impl Architecture {
@@ -51,6 +54,17 @@ impl Architecture {
                     cfg.num_classes,
                 )?)
             }
+            ModelName::Registered => {
+                let spec = cfg.registered.as_ref().ok_or_else(|| {
+                    anyhow::anyhow!("model.name=registered is set by a registered model's _target_")
+                })?;
+                let ctx = crate::registry::ModelContext {
+                    channels,
+                    image_size,
+                    num_classes: cfg.num_classes,
+                };
+                Architecture::Registered(registered::Registered::new(spec, ctx)?)
+            }
         })
     }
 
@@ -62,6 +76,7 @@ impl Architecture {
             Architecture::ResNet(m) => m.specs(),
             Architecture::Vit(m) => m.specs(),
             Architecture::Declared(m) => m.specs(),
+            Architecture::Registered(m) => m.specs(),
         }
     }
 
@@ -82,6 +97,7 @@ impl Architecture {
             Architecture::ResNet(m) => m.stages(),
             Architecture::Vit(m) => m.stages(),
             Architecture::Declared(m) => m.stages(),
+            Architecture::Registered(m) => m.stages(),
         }
     }
 
@@ -91,6 +107,7 @@ impl Architecture {
         match self {
             Architecture::ResNet(_) => vec!["fc".into()],
             Architecture::Declared(m) => m.head().into_iter().collect(),
+            Architecture::Registered(m) => m.head(),
             _ => vec!["head".into()],
         }
     }

@@ -28,6 +28,17 @@ impl ParamSpec {
             ),
             Init::Constant(v) => init::constant(&self.shape, v),
             Init::Normal(std) => init::normal(&self.shape, std, seed, &self.name),
+            Init::NormalMean(mean, std) => {
+                let mut t = init::normal(&self.shape, std, seed, &self.name);
+                t.data.iter_mut().for_each(|v| *v += mean as f32);
+                t
+            }
+            Init::Uniform(lo, hi) => {
+                let mut t = init::uniform(&self.shape, (hi - lo) / 2.0, seed, &self.name);
+                let mid = ((hi + lo) / 2.0) as f32;
+                t.data.iter_mut().for_each(|v| *v += mid);
+                t
+            }
         }
     }
 }
@@ -42,6 +53,10 @@ pub enum Init {
     Constant(f32),
     /// N(0, std²) (timm's trunc_normal_ at ±2 absolute, which for small std never truncates).
     Normal(f64),
+    /// N(mean, std²) (candle-nn's `Init::Randn`).
+    NormalMean(f64, f64),
+    /// U(lo, hi) (candle-nn's `Init::Uniform`, and its uniform Kaiming).
+    Uniform(f64, f64),
 }
 
 pub fn linear_spec(name: &str, inp: usize, out: usize) -> Vec<ParamSpec> {

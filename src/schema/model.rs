@@ -15,6 +15,20 @@ pub enum ModelName {
     Vit,
     /// A network written in YAML as torch.nn layers (`model.layers`; `schema::declared`).
     Declared,
+    /// A model a crate registered under its `_target_` (`registry`); set by `schema::extract`.
+    Registered,
+}
+
+/// `model: {_target_: <a registered model>, ...}`: the constructor's name and its arguments (the node's
+/// other keys, less trainyard's own `num_classes`, `label_smoothing`, `pretrained`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegisteredSpec {
+    pub target: String,
+    pub args: serde_json::Value,
+    /// `\n    (set at file:line)` of the `_target_`, or empty.
+    pub origin: String,
+    /// Each argument's key and where it was set (a file line or an override).
+    pub arg_origins: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -62,4 +76,7 @@ pub struct ModelConfig {
     /// `schema::extract` fills it).
     #[serde(skip)]
     pub declared: Option<std::sync::Arc<super::declared::DeclaredSpec>>,
+    /// `registered`: the `_target_` and its arguments (`schema::extract` fills it).
+    #[serde(skip)]
+    pub registered: Option<std::sync::Arc<RegisteredSpec>>,
 }

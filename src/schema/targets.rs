@@ -8,7 +8,7 @@
 //!
 //! The README's "Lightning and torch `_target_`s" table documents every mapping below.
 
-use crate::config::errors::{at, ConfigError};
+use crate::config::errors::{at, did_you_mean, ConfigError};
 use crate::config::tree::{Map, Node, Source, Value};
 
 /// Translate every known `_target_` node of a resolved job config in place.
@@ -34,8 +34,15 @@ pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
         }
     }
     if let Some(model) = job.child_mut("model") {
-        if let Some(target) = take_target(model)? {
-            model_target(model, &target)?;
+        // A model a crate registered (`registry`) is built by its constructor: `extract` reads it.
+        let registered = model
+            .child("_target_")
+            .and_then(|t| t.as_str())
+            .is_some_and(|t| crate::registry::model(t).is_some());
+        if !registered {
+            if let Some(target) = take_target(model)? {
+                model_target(model, &target)?;
+            }
         }
     }
     if let Some(data) = job.child("data") {
@@ -687,7 +694,21 @@ fn scheduler_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
 /// own LightningModule.
 fn model_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
     if target_text(target) != "timm.create_model" {
-        return Err(user_code("model", target));
+        let registered = crate::registry::model_targets();
+        let mut e = user_code("model", target).to_string();
+        e.push_str(
+            "\n    A model written in Rust is registered under its _target_ with \
+             trainyard::register_candle_model! in your crate (see examples/own-model)",
+        );
+        if let Some(s) = did_you_mean(target_text(target), registered.iter().copied()) {
+            e.push_str(&format!("\n    Did you mean '{s}'?"));
+        } else if !registered.is_empty() {
+            e.push_str(&format!(
+                "\n    Registered models: {}",
+                registered.join(", ")
+            ));
+        }
+        return Err(ConfigError::Schema(e));
     }
     let Some(map) = node.as_map_mut() else {
         return Ok(());

@@ -21,15 +21,24 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     super::targets::translate(&mut job)?;
     check_no_missing(&job)?;
     let declared = declared_model(&job)?;
+    let registered = registered_model(&job);
     let mut json = job.to_json();
-    if declared.is_some() {
-        if let Some(model) = json.get_mut("model").and_then(|m| m.as_object_mut()) {
+    let data_classes = json.pointer("/data/num_classes").cloned();
+    if let Some(model) = json.get_mut("model").and_then(|m| m.as_object_mut()) {
+        if declared.is_some() {
             model.retain(|k, _| DECLARED_MODEL_FIELDS.contains(&k.as_str()));
+        } else if registered.is_some() {
+            model.retain(|k, _| REGISTERED_MODEL_FIELDS.contains(&k.as_str()));
+            model.insert("name".into(), "registered".into());
+            if let (false, Some(classes)) = (model.contains_key("num_classes"), data_classes) {
+                model.insert("num_classes".into(), classes);
+            }
         }
     }
     let figment = Figment::from(Serialized::defaults(json));
     let mut experiment: Experiment = figment.extract().map_err(|e| describe(&job, e))?;
     experiment.model.declared = declared.map(std::sync::Arc::new);
+    experiment.model.registered = registered.map(std::sync::Arc::new);
     validate(&job, &experiment)?;
     Ok(experiment)
 }
@@ -43,6 +52,40 @@ const DECLARED_MODEL_FIELDS: &[&str] = &[
     "pretrained",
     "label_smoothing",
 ];
+
+/// trainyard's own keys of a registered model's node (`num_classes` defaults to the data's); the others are
+/// its constructor's arguments.
+const REGISTERED_MODEL_FIELDS: &[&str] = &["num_classes", "pretrained", "label_smoothing"];
+
+/// `model: {_target_: <a model a crate registered>, ...}`: its name and constructor arguments.
+fn registered_model(job: &Node) -> Option<RegisteredSpec> {
+    let model = job.child("model")?;
+    let target = model.child("_target_")?;
+    let name = target.as_str()?;
+    crate::registry::model(name)?;
+    let given: Vec<(&String, &Node)> = model
+        .as_map()?
+        .iter()
+        .filter(|(k, _)| {
+            !REGISTERED_MODEL_FIELDS.contains(&k.as_str())
+                && !matches!(k.as_str(), "_target_" | "_partial_")
+        })
+        .collect();
+    Some(RegisteredSpec {
+        target: name.to_string(),
+        args: serde_json::Value::Object(
+            given
+                .iter()
+                .map(|(k, v)| ((*k).clone(), v.to_json()))
+                .collect(),
+        ),
+        origin: at(&target.source),
+        arg_origins: given
+            .iter()
+            .map(|(k, v)| ((*k).clone(), at(&v.source)))
+            .collect(),
+    })
+}
 
 /// `model.name: declared`: its layers read from the tree (with provenance). A free key one typo away from
 /// `layers`/`blocks` is taken for a typo, not a variable.

@@ -10,6 +10,7 @@ mod declared;
 pub mod direct;
 pub mod fused;
 mod models;
+mod registered;
 mod resnet;
 mod staged;
 mod vit;
@@ -71,6 +72,12 @@ impl CandleEngine {
     pub fn placed(exp: &Experiment, placement: &Placement) -> anyhow::Result<Self> {
         let device = Device::Cpu;
         let model = Architecture::new(&exp.model, exp.data.channels, exp.data.image_size)?;
+        let bf16 = exp.trainer.precision == crate::schema::Precision::MixedBf16;
+        anyhow::ensure!(
+            !(bf16 && matches!(model, Architecture::Registered(_))),
+            "trainer.precision=bf16-mixed: Candle's autocast rounds trainyard's own kernels, not the candle-nn \
+             ops inside a registered model; use trainer.precision=32-true"
+        );
         let mut params = Params::new();
         for spec in model.specs() {
             let host = spec.initial_value(exp.seed);

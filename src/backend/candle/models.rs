@@ -56,6 +56,7 @@ impl CandleForward for Architecture {
             Architecture::ResNet(m) => m.forward_stage(k, p, buffers, x, pass),
             Architecture::Vit(m) => m.forward_stage(k, p, buffers, x, pass),
             Architecture::Declared(m) => m.forward_stage(k, p, buffers, x, pass),
+            Architecture::Registered(m) => m.forward_stage(k, p, buffers, x, pass),
         }
     }
 }

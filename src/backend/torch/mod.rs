@@ -180,6 +180,13 @@ impl TchEngine {
             sync_batchnorm: placement.sync_batchnorm.clone(),
         };
         let zoo = &arch.arch;
+        if let crate::model::Architecture::Registered(m) = zoo {
+            anyhow::bail!(
+                "model _target_ {} is a Candle model (registered with register_candle_model!): backend=tch \
+                 builds the zoo and declared models; use backend=candle",
+                m.entry.target
+            );
+        }
         let mut params = BTreeMap::new();
         let param_order = zoo.specs().iter().map(|s| s.name.clone()).collect();
         for spec in zoo.specs() {

@@ -105,6 +105,11 @@ impl Arch {
             Architecture::Declared(net) => {
                 super::declared::stage(net, k, p, b, x, (self.norm(train)?, train), rng)?
             }
+            Architecture::Registered(m) => anyhow::bail!(
+                "model _target_ {} is a Candle model: backend=tch builds only the zoo and declared models; \
+                 use backend=candle",
+                m.entry.target
+            ),
         })
     }
 }

@@ -1,0 +1,134 @@
+//! The user's `train` (trainyard's command line with this crate's model registered), run from this folder
+//! as a user runs it: it trains and learns, its checkpoint resumes (only the remaining epoch runs), a bad
+//! argument is refused with this project's file and line, and under `--features torch` it trains with DDP.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn train(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env_remove("TRAIN_CONFIG_PATH")
+        .output()
+        .unwrap()
+}
+
+/// A run into a fresh temp dir; panics with the output when it fails.
+fn run(dir: &Path, extra: &[&str]) -> PathBuf {
+    let out_dir = format!("hydra.run.dir={}", dir.display());
+    let mut args = vec![
+        "data.train_size=1024",
+        "data.val_size=256",
+        "data.batch_size=32",
+        "data.num_workers=0",
+        "optimizer.lr=0.01",
+        "callbacks.model_checkpoint.save_top_k=-1",
+        "callbacks.model_checkpoint.monitor=null",
+        out_dir.as_str(),
+    ];
+    args.extend_from_slice(extra);
+    let out = train(&args);
+    assert!(
+        out.status.success(),
+        "train {}\n{}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir.to_path_buf()
+}
+
+fn summary(run: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
+}
+
+fn weights(run: &Path) -> Vec<(String, Vec<f32>)> {
+    let ckpt = trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors")).unwrap();
+    ckpt.state
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with("optimizer."))
+        .map(|(k, t)| (k, t.data))
+        .collect()
+}
+
+#[test]
+fn the_own_model_trains_learns_and_resumes_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let straight = run(&tmp.path().join("straight"), &["trainer.max_epochs=3"]);
+    let s = summary(&straight);
+    assert_eq!(s["model"], "registered", "{s}");
+    let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
+    assert!(
+        acc > 0.5,
+        "val/acc1 {acc} is not far above chance (0.1): {s}"
+    );
+    let names: Vec<String> = weights(&straight).into_iter().map(|(k, _)| k).collect();
+    for want in [
+        "stem.weight",
+        "conv.bias",
+        "se.squeeze.weight",
+        "se.excite.bias",
+        "head.weight",
+    ] {
+        assert!(names.iter().any(|n| n == want), "no {want} in {names:?}");
+    }
+
+    let first = straight.join("checkpoints/epoch_000.safetensors");
+    let ckpt = format!("ckpt_path={}", first.display());
+    let resumed = run(
+        &tmp.path().join("resumed"),
+        &["trainer.max_epochs=3", &ckpt],
+    );
+    let csv = std::fs::read_to_string(resumed.join("metrics.csv")).unwrap();
+    assert!(
+        csv.lines().skip(1).all(|l| !l.starts_with("0,")),
+        "the resumed run must not train epoch 0 again:\n{csv}"
+    );
+    assert_eq!(
+        weights(&straight),
+        weights(&resumed),
+        "resumed != uninterrupted"
+    );
+}
+
+#[test]
+fn a_bad_argument_is_refused_with_where_it_was_set() {
+    let out = train(&["model.reduction=0", "trainer.max_epochs=1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("reduction must be between 1 and width"),
+        "{err}"
+    );
+    let out = train(&["+model.depth=3", "trainer.max_epochs=1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("model.depth"), "{err}");
+    assert!(err.contains("unknown field `depth`"), "{err}");
+    assert!(err.contains("+model.depth=3"), "{err}");
+    let out = train(&["model.width=many", "trainer.max_epochs=1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("model.width"), "{err}");
+    assert!(err.contains("model.width=many"), "{err}");
+}
+
+#[cfg(feature = "torch")]
+#[test]
+fn the_own_model_trains_with_ddp() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = run(
+        &tmp.path().join("ddp"),
+        &[
+            "trainer=ddp_sim",
+            "data.batch_size=16",
+            "trainer.max_epochs=3",
+        ],
+    );
+    let s = summary(&run);
+    assert_eq!(s["strategy"], "ddp", "{s}");
+    assert_eq!(s["devices"], 2, "{s}");
+    let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
+    assert!(acc > 0.5, "val/acc1 {acc} is not far above chance: {s}");
+}
