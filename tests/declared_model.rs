@@ -55,19 +55,7 @@ fn project() -> tempfile::TempDir {
 
 /// Run `train` with SMALL and `extra` into `root/dir`; panics with the output when it fails.
 fn run(root: &Path, dir: &str, extra: &[&str]) -> PathBuf {
-    let run_dir = format!("hydra.run.dir={dir}");
-    let mut args: Vec<&str> = SMALL.to_vec();
-    args.extend_from_slice(extra);
-    args.push(&run_dir);
-    let out = train(root, &args);
-    assert!(
-        out.status.success(),
-        "train {}\nstdout:\n{}\nstderr:\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    root.join(dir)
+    common::run_with(root, dir, SMALL, extra)
 }
 
 /// It learns: 10 classes (chance 0.1), and its weights moved from where they started.
@@ -238,4 +226,45 @@ fn declared_resnet18_has_the_built_in_resnet18_parameter_count() {
         declared, 11_173_962,
         "torchvision's resnet18(num_classes=10)"
     );
+}
+
+/// `model.pretrained` on a declared model: every weight loads from another run's checkpoint except the
+/// classifier head (the last layer with parameters), left as initialised when the class count differs.
+#[test]
+fn a_declared_model_starts_from_pretrained_weights_with_a_new_head() {
+    let p = project();
+    let source = run(p.path(), "source", &["trainer.max_epochs=1"]);
+    let ckpt = source.join("checkpoints/last.safetensors");
+    let pretrained = format!("+model.pretrained={}", ckpt.display());
+    let args = [
+        pretrained.as_str(),
+        "data.num_classes=4",
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=1",
+        "optimizer.lr=1e-9",
+    ];
+    let tuned = run(p.path(), "tuned", &args);
+    let log = std::fs::read_to_string(tuned.join("train.log")).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.contains("newly initialised:"))
+        .unwrap_or_else(|| panic!("no pretrained line in:\n{log}"));
+    let mut kept: Vec<&str> = line
+        .rsplit("newly initialised: ")
+        .next()
+        .unwrap()
+        .split(", ")
+        .collect();
+    kept.sort_unstable();
+    assert_eq!(kept, ["10.bias", "10.weight"], "{line}");
+    let (before, after) = (common::weights(&source), common::weights(&tuned));
+    assert_eq!(after["10.weight"].shape, vec![4, 16]);
+    // One step at lr 1e-9 leaves the loaded weights where the source run left them.
+    let moved = before["5.body.0.weight"]
+        .data
+        .iter()
+        .zip(&after["5.body.0.weight"].data)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(moved < 1e-6, "the body was not loaded: moved {moved}");
 }

@@ -2,6 +2,8 @@
 //! does: this test binary registers one, then trains it through trainyard's whole command line
 //! (`app::main_entry`, in this process), and checks what the config engine says about bad arguments.
 
+mod common;
+
 use candle_core::{Result, Tensor};
 use candle_nn::{Linear, Module, VarBuilder};
 use std::path::Path;
@@ -137,7 +139,7 @@ fn bad_registered_models_fail_with_the_key_and_the_place(
 fn a_registered_model_trains_from_the_command_line() {
     let dir = tempfile::tempdir().unwrap();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    copy_dir(&root.join("conf"), &dir.path().join("conf"));
+    common::copy_dir(&root.join("conf"), &dir.path().join("conf"));
     std::fs::write(
         dir.path().join("conf/model/gated.yaml"),
         "_target_: tests.models.Gated\nhidden: 32\n",
@@ -176,17 +178,5 @@ fn a_registered_model_trains_from_the_command_line() {
     let ckpt = trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors")).unwrap();
     for name in ["value.weight", "gate.bias", "head.weight"] {
         assert!(ckpt.state.contains_key(name), "no {name}");
-    }
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for entry in std::fs::read_dir(from).unwrap().flatten() {
-        let target = to.join(entry.file_name());
-        if entry.path().is_dir() {
-            copy_dir(&entry.path(), &target);
-        } else {
-            std::fs::copy(entry.path(), target).unwrap();
-        }
     }
 }

@@ -69,8 +69,13 @@ pub const SMALL_CNN: &[&str] = &[
 
 /// Run `train` with SMALL_CNN and `extra` into `root/dir`; panics with the output when it fails.
 pub fn run_in(root: &Path, dir: &str, extra: &[&str]) -> PathBuf {
+    run_with(root, dir, SMALL_CNN, extra)
+}
+
+/// Run `train` with `base` then `extra` into `root/dir`; panics with the output when it fails.
+pub fn run_with(root: &Path, dir: &str, base: &[&str], extra: &[&str]) -> PathBuf {
     let run_dir = format!("hydra.run.dir={dir}");
-    let mut args: Vec<&str> = SMALL_CNN.to_vec();
+    let mut args: Vec<&str> = base.to_vec();
     args.extend_from_slice(extra);
     args.push(&run_dir);
     let out = train(root, &args);

@@ -8,6 +8,7 @@ use super::autocast::Autocast;
 use super::batchnorm::Then;
 use super::models::{dropout, param, Buffers, CandleForward, Params, Pass};
 use super::resnet::{batch_norm_with, blocks_activations, conv, BnConst};
+use super::vit::{gelu_erf, layer_norm_eps};
 use super::{direct, fused};
 use crate::model::declared::{Declared, Layer, Op};
 use candle_core::{Result, Tensor, D};
@@ -185,7 +186,7 @@ fn step(
             }
         }
         Op::Dropout { p: prob } => (dropout(&planar(h, channels)?, *prob, pass)?, false),
-        Op::LayerNorm { eps, .. } => (layer_norm(p, name, &planar(h, channels)?, *eps)?, false),
+        Op::LayerNorm { eps, .. } => (layer_norm_eps(p, name, &planar(h, channels)?, *eps)?, false),
         Op::Gelu { tanh } => {
             let h = planar(h, channels)?;
             if *tanh {
@@ -196,33 +197,4 @@ fn step(
         }
         Op::Silu => (planar(h, channels)?.silu()?, false),
     })
-}
-
-/// LayerNorm over the last dimension: the row-wise kernel where it runs, basic ops (differentiable)
-/// elsewhere.
-fn layer_norm(p: &Params, name: &str, x: &Tensor, eps: f64) -> Result<Tensor> {
-    let (w, b) = (
-        param(p, &format!("{name}.weight"))?,
-        param(p, &format!("{name}.bias"))?,
-    );
-    if let Some(isa) = direct::active() {
-        if let Some(y) = direct::rowwise::layer_norm(isa, x, w, b, eps)? {
-            return Ok(y);
-        }
-    }
-    let mean = x.mean_keepdim(D::Minus1)?;
-    let centered = x.broadcast_sub(&mean)?;
-    let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
-    let normed = centered.broadcast_div(&(var + eps)?.sqrt()?)?;
-    normed.broadcast_mul(w)?.broadcast_add(b)
-}
-
-/// GELU (erf form): the row-wise kernel where it runs, Candle's op elsewhere.
-fn gelu_erf(x: &Tensor) -> Result<Tensor> {
-    if let Some(isa) = direct::active() {
-        if let Some(y) = direct::rowwise::gelu_erf(isa, x)? {
-            return Ok(y);
-        }
-    }
-    x.gelu_erf()
 }

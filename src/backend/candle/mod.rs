@@ -654,7 +654,7 @@ mod tests {
         let mut target = CandleEngine::new(&target_exp).unwrap();
         let fresh_head = target.state_dict().unwrap()["fc.weight"].clone();
         let kept =
-            crate::backend::load_pretrained(&mut target, &published, &["head".into()]).unwrap();
+            crate::backend::load_pretrained(&mut target, &published, &["fc".into()]).unwrap();
         assert_eq!(kept, vec!["fc.bias".to_string(), "fc.weight".to_string()]);
         let loaded = target.state_dict().unwrap();
         assert_eq!(

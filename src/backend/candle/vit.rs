@@ -17,21 +17,27 @@ fn linear(p: &Params, name: &str, x: &Tensor, autocast: Autocast) -> Result<Tens
     autocast.linear(x, w, b)
 }
 
-/// LayerNorm over the last dimension from basic ops (differentiable).
+/// timm's LayerNorm (eps 1e-6) over the last dimension.
 pub fn layer_norm(p: &Params, name: &str, x: &Tensor) -> Result<Tensor> {
+    layer_norm_eps(p, name, x, LN_EPS)
+}
+
+/// LayerNorm over the last dimension: the row-wise kernel where it runs, basic ops (differentiable)
+/// elsewhere.
+pub(super) fn layer_norm_eps(p: &Params, name: &str, x: &Tensor, eps: f64) -> Result<Tensor> {
     let (w, b) = (
         param(p, &format!("{name}.weight"))?,
         param(p, &format!("{name}.bias"))?,
     );
     if let Some(isa) = super::direct::active() {
-        if let Some(y) = super::direct::rowwise::layer_norm(isa, x, w, b, LN_EPS)? {
+        if let Some(y) = super::direct::rowwise::layer_norm(isa, x, w, b, eps)? {
             return Ok(y);
         }
     }
     let mean = x.mean_keepdim(D::Minus1)?;
     let centered = x.broadcast_sub(&mean)?;
     let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
-    let normed = centered.broadcast_div(&(var + LN_EPS)?.sqrt()?)?;
+    let normed = centered.broadcast_div(&(var + eps)?.sqrt()?)?;
     normed.broadcast_mul(w)?.broadcast_add(b)
 }
 
@@ -49,7 +55,7 @@ fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 }
 
 /// GELU (erf form): one pass each way on the blocked path's CPUs, Candle's op otherwise.
-fn gelu_erf(x: &Tensor) -> Result<Tensor> {
+pub(super) fn gelu_erf(x: &Tensor) -> Result<Tensor> {
     if let Some(isa) = super::direct::active() {
         if let Some(y) = super::direct::rowwise::gelu_erf(isa, x)? {
             return Ok(y);

@@ -125,6 +125,15 @@ fn cuda(index: usize) -> anyhow::Result<Device> {
 }
 
 impl TchEngine {
+    /// The eval-mode forward pass (under whatever autocast the caller entered), without a graph.
+    fn eval_forward(&mut self, x: &Tensor) -> anyhow::Result<Tensor> {
+        let mut rng = Rng::new(0);
+        tch::no_grad(|| {
+            self.arch
+                .forward(&self.params, &mut self.buffers, x, false, &mut rng)
+        })
+    }
+
     /// A single-device engine (`Placement::single`).
     pub fn new(exp: &Experiment) -> anyhow::Result<Self> {
         Self::placed(exp, &Placement::single())
@@ -446,12 +455,8 @@ impl Engine for TchEngine {
 
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
-        let mut rng = Rng::new(0);
         let _autocast = amp::autocast(self.mode, self.device)?;
-        let logits = tch::no_grad(|| {
-            self.arch
-                .forward(&self.params, &mut self.buffers, &x, false, &mut rng)
-        })?;
+        let logits = self.eval_forward(&x)?;
         let loss =
             logits.f_cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::Mean, -100, 0.0)?;
         read_stats(&device_stats(&logits, &loss, &y)?, batch.len())
@@ -459,13 +464,8 @@ impl Engine for TchEngine {
 
     fn predict(&mut self, batch: &Batch) -> anyhow::Result<HostTensor> {
         let (x, _) = self.inputs(batch)?;
-        let mut rng = Rng::new(0);
         let _autocast = amp::autocast(self.mode, self.device)?;
-        let logits = tch::no_grad(|| {
-            self.arch
-                .forward(&self.params, &mut self.buffers, &x, false, &mut rng)
-        })?;
-        to_host(&logits)
+        to_host(&self.eval_forward(&x)?)
     }
 
     fn state_dict(&self) -> anyhow::Result<StateDict> {
