@@ -114,6 +114,17 @@ fn a_bad_argument_is_refused_with_where_it_was_set() {
     assert!(err.contains("model.width=many"), "{err}");
 }
 
+#[test]
+fn help_lists_the_registered_model() {
+    let out = train(&["--help"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("Models this program registered") && text.contains("own_model.models.SeNet"),
+        "{text}"
+    );
+}
+
 #[cfg(feature = "torch")]
 #[test]
 fn the_own_model_trains_with_ddp() {
