@@ -45,6 +45,7 @@ fn main() -> anyhow::Result<()> {
         height: x.shape[2],
         width: x.shape[3],
         staged: None,
+        tensors: None,
     };
     engine.forward_backward(&batch, 1.0)?;
     engine.optimizer_step(exp.optimizer.lr, None, None)?;

@@ -116,6 +116,7 @@ fn main() -> anyhow::Result<()> {
         height: size,
         width: size,
         staged: None,
+        tensors: None,
     };
     let (mut fb, mut opt) = (Vec::new(), Vec::new());
     let mut faults = Vec::new();

@@ -62,9 +62,21 @@ macro_rules! main {
 
 /// Entry point used by `main`: never panics on user input, prints one clear error and exits non-zero.
 pub fn main_entry(args: impl IntoIterator<Item = OsString>) -> ExitCode {
+    match try_main(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `main_entry` with its error returned rather than printed (for a crate's tests of its own config).
+/// Command-line syntax errors and `--help` are clap's, printed as usual.
+pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, String> {
     let args = crate::cli::normalize_args(args);
     if args.get(1).is_some_and(|a| a == "logbook") {
-        return logbook_entry(&args[2..]);
+        return Ok(logbook_entry(&args[2..]));
     }
     let wants_help = args.iter().skip(1).any(|a| a == "--help" || a == "-h");
     let mut command = Cli::command();
@@ -77,23 +89,17 @@ pub fn main_entry(args: impl IntoIterator<Item = OsString>) -> ExitCode {
         Ok(m) => m,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+            return Ok(ExitCode::from(if e.use_stderr() { 2 } else { 0 }));
         }
     };
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return ExitCode::from(2);
+            return Ok(ExitCode::from(2));
         }
     };
-    match run(&cli) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("Error: {e}");
-            ExitCode::from(1)
-        }
-    }
+    run(&cli).map_err(|e| e.to_string())
 }
 
 /// `train logbook ...`: read run directories, write the logbook.

@@ -140,12 +140,18 @@ pub fn groups_help(repo: &Repository) -> String {
     list(&app, &mut out);
     out.push_str("\nHydra's own groups (override with hydra/GROUP=OPTION, or `override hydra/GROUP: OPTION`):\n");
     list(&hydra, &mut out);
-    let registered = crate::registry::model_targets();
-    if !registered.is_empty() {
-        out.push_str(&format!(
-            "\nModels this program registered (model: {{_target_: NAME, ...}}): {}\n",
-            registered.join(", ")
-        ));
+    let registered = [
+        ("Models", "model", crate::registry::model_targets()),
+        ("Datasets", "data", crate::registry::dataset_targets()),
+        ("Losses", "loss", crate::registry::loss_targets()),
+    ];
+    for (what, key, names) in registered {
+        if !names.is_empty() {
+            out.push_str(&format!(
+                "\n{what} this program registered ({key}: {{_target_: NAME, ...}}): {}\n",
+                names.join(", ")
+            ));
+        }
     }
     out.push_str("\nPrint the composed config with --cfg job; sweep with -m key=a,b.");
     out

@@ -268,6 +268,22 @@ fn check_supported(exp: &Experiment, machine: &Machine) -> anyhow::Result<()> {
             );
         }
     }
+    if let Some(loss) = &exp.loss {
+        if exp.backend == Backend::Tch {
+            missing.push(format!(
+                "backend=tch with loss: _target_ {}: a registered loss computes with Candle; use \
+                 backend=candle (tch trains classification's cross-entropy)",
+                loss.spec.target
+            ));
+        }
+        if t.strategy == Strategy::Fsdp {
+            missing.push(format!(
+                "trainer.strategy=fsdp with loss: _target_ {}: the sharded step computes classification's \
+                 cross-entropy unit by unit; use trainer=ddp",
+                loss.spec.target
+            ));
+        }
+    }
     if exp.backend == Backend::Tch && !machine.torch {
         missing.push(
             "backend=tch: this build has no libtorch; eval \"$(scripts/install-libtorch.sh)\" and \

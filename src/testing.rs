@@ -33,6 +33,7 @@ pub fn batch(seed: u64) -> crate::data::loader::Batch {
         height: 8,
         width: 8,
         staged: None,
+        tensors: None,
     }
 }
 

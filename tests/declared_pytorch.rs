@@ -69,6 +69,7 @@ fn batch(seed: u64) -> Batch {
         height: 16,
         width: 16,
         staged: None,
+        tensors: None,
     }
 }
 

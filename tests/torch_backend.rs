@@ -59,6 +59,7 @@ fn batches(n: usize, image: usize) -> Vec<Batch> {
             height: image,
             width: image,
             staged: None,
+            tensors: None,
         })
         .collect()
 }

@@ -28,7 +28,12 @@ pub struct StepStats {
     pub correct1: u64,
     pub correct5: u64,
     pub count: u64,
+    /// A registered loss's metrics (`registry::CandleLoss::metrics`, in its order), each summed over
+    /// samples (a batch's mean times its size).
+    pub metric_sums: [f64; MAX_METRICS],
 }
+
+pub use crate::registry::MAX_METRICS;
 
 impl StepStats {
     pub fn add(&mut self, other: &StepStats) {
@@ -36,6 +41,13 @@ impl StepStats {
         self.correct1 += other.correct1;
         self.correct5 += other.correct5;
         self.count += other.count;
+        for (sum, more) in self.metric_sums.iter_mut().zip(other.metric_sums) {
+            *sum += more;
+        }
+    }
+    /// The mean of a registered loss's `i`th metric.
+    pub fn metric(&self, i: usize) -> f64 {
+        self.metric_sums[i] / self.count.max(1) as f64
     }
     pub fn loss(&self) -> f64 {
         self.loss_sum / self.count.max(1) as f64

@@ -10,16 +10,47 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
 
-/// A batch ready for a backend: `f32` NCHW pixels and `u32` labels.
+/// A batch ready for a backend: `f32` NCHW pixels and `u32` labels — or a registered dataset's samples
+/// (`tensors`: their own shape, and their targets when those are values rather than classes).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Batch {
+    /// Row-major inputs, one sample after another (`channels * height * width` values each).
     pub images: Vec<f32>,
+    /// Class targets (empty when the targets are values).
     pub labels: Vec<u32>,
     pub channels: usize,
     pub height: usize,
     pub width: usize,
     /// The backend's own copy of this batch, when the loader made one (`LoaderSpec::stager`).
     pub staged: Option<Staged>,
+    /// A registered dataset's samples: their shape (which `channels`/`height`/`width` flatten) and their
+    /// value targets.
+    pub tensors: Option<TensorSamples>,
+}
+
+/// What a batch of a registered dataset's samples adds to the NCHW view.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorSamples {
+    /// One sample's input shape.
+    pub input_shape: Vec<usize>,
+    /// Value targets, one sample after another, and one sample's shape; `None` for class targets.
+    pub targets: Option<(Vec<f32>, Vec<usize>)>,
+}
+
+impl TensorSamples {
+    /// Rows `rows` of a batch of these samples (DataParallel's scatter).
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> TensorSamples {
+        TensorSamples {
+            input_shape: self.input_shape.clone(),
+            targets: self.targets.as_ref().map(|(values, shape)| {
+                let per: usize = shape.iter().product();
+                (
+                    values[rows.start * per..rows.end * per].to_vec(),
+                    shape.clone(),
+                )
+            }),
+        }
+    }
 }
 
 /// A backend's copy of a batch (for a GPU: images and labels in page-locked memory, ready for an
@@ -47,11 +78,15 @@ pub trait StageBatch: Send + Sync {
 }
 
 impl Batch {
+    /// Samples in the batch.
     pub fn len(&self) -> usize {
-        self.labels.len()
+        match self.channels * self.height * self.width {
+            0 => self.labels.len(),
+            per => self.images.len() / per,
+        }
     }
     pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
+        self.len() == 0
     }
 }
 
@@ -72,6 +107,9 @@ pub struct LoaderSpec {
 
 /// Build one batch from sample indices (augmentation keyed by seed, epoch and sample index).
 fn make_batch(spec: &LoaderSpec, epoch: u64, indices: &[usize]) -> Result<Batch, DataError> {
+    if spec.dataset.yields_tensors() {
+        return stage(spec, tensor_batch(spec.dataset.as_ref(), indices)?);
+    }
     let mut images = Vec::new();
     let mut labels = Vec::with_capacity(indices.len());
     let mut shape = None;
@@ -95,14 +133,72 @@ fn make_batch(spec: &LoaderSpec, epoch: u64, indices: &[usize]) -> Result<Batch,
         }
     }
     let (channels, height, width) = shape.unwrap_or((0, 0, 0));
-    let mut batch = Batch {
+    let batch = Batch {
         images,
         labels,
         channels,
         height,
         width,
         staged: None,
+        tensors: None,
     };
+    stage(spec, batch)
+}
+
+/// A registered dataset's samples, stacked; every sample must have the first one's shapes.
+fn tensor_batch(dataset: &dyn Dataset, indices: &[usize]) -> Result<Batch, DataError> {
+    use crate::registry::Target;
+    let mut images = Vec::new();
+    let mut labels = Vec::new();
+    let mut values = Vec::new();
+    let mut shapes: Option<(Vec<usize>, Option<Vec<usize>>)> = None;
+    for &i in indices {
+        let sample = dataset.tensor(i)?;
+        let target_shape = match &sample.target {
+            Target::Class(c) => {
+                labels.push(*c);
+                None
+            }
+            Target::Values { values: v, shape } => {
+                values.extend_from_slice(v);
+                Some(shape.clone())
+            }
+        };
+        let these = (sample.shape, target_shape);
+        match &shapes {
+            None => shapes = Some(these),
+            Some(first) if *first != these => {
+                return Err(DataError::Unsupported(format!(
+                    "sample {i} has input shape {:?} and target {:?}, the batch's first {:?} and {:?}: every \
+                     sample of a dataset has the same shapes and the same kind of target",
+                    these.0, these.1, first.0, first.1
+                )))
+            }
+            Some(_) => {}
+        }
+        images.extend_from_slice(&sample.input);
+    }
+    let (input_shape, target_shape) = shapes.unwrap_or_default();
+    let (channels, height, width) = match input_shape.as_slice() {
+        [c, h, w] => (*c, *h, *w),
+        shape => (shape.iter().product(), 1, 1),
+    };
+    Ok(Batch {
+        images,
+        labels,
+        channels,
+        height,
+        width,
+        staged: None,
+        tensors: Some(TensorSamples {
+            input_shape,
+            targets: target_shape.map(|shape| (values, shape)),
+        }),
+    })
+}
+
+/// The backend's staged copy of a finished batch, when it asked for one.
+fn stage(spec: &LoaderSpec, mut batch: Batch) -> Result<Batch, DataError> {
     if let Some(stager) = &spec.stager {
         batch.staged = Some(
             stager

@@ -6,6 +6,7 @@ pub mod download;
 pub mod folder;
 pub mod loader;
 pub mod mnist;
+pub mod registered;
 pub mod sampler;
 pub mod synthetic;
 pub mod transforms;
@@ -32,6 +33,17 @@ pub trait Dataset: Send + Sync {
     }
     fn get(&self, index: usize) -> Result<Image, DataError>;
     fn num_classes(&self) -> usize;
+    /// Does it yield ready tensors (`tensor`) rather than images to decode and transform (`get`)?
+    fn yields_tensors(&self) -> bool {
+        false
+    }
+    /// A sample as a tensor and its target (datasets a crate registered).
+    fn tensor(&self, index: usize) -> Result<crate::registry::Sample, DataError> {
+        let _ = index;
+        Err(DataError::Unsupported(
+            "this dataset yields images, not tensors".into(),
+        ))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,5 +90,6 @@ pub fn open(cfg: &DataConfig, split: Split, seed: u64) -> Result<Arc<dyn Dataset
         DataName::Mnist | DataName::FashionMnist => Arc::new(mnist::Mnist::open(&root(), split)?),
         DataName::Cinic10 => Arc::new(folder::ImageFolder::open(&root(), split, "cinic10")?),
         DataName::Imagenet => Arc::new(folder::ImageFolder::open(&root(), split, "imagenet")?),
+        DataName::Registered => Arc::new(registered::Registered::open(cfg, split, seed)?),
     })
 }

@@ -327,8 +327,8 @@ pub fn report(summary: &Summary, output_dir: &Path, processes: Option<(usize, f6
         summary.status,
         summary.epochs_completed,
         summary.global_step,
-        match summary.main_metric() {
-            Some(a) => format!("val/acc1 {a:.4}"),
+        match summary.headline() {
+            Some((name, value)) => format!("{name} {value:.4}"),
             None => "no validation".to_string(),
         },
         records::display(output_dir)

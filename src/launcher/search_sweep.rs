@@ -44,7 +44,13 @@ const ALIASES: [(&str, &str); 3] = [
 /// The run metric the search optimises: the top-level `optimized_metric` (as the template sets it in
 /// its `hparams_search` configs), checked against what runs record before any trial runs.
 pub fn optimized_metric(job_cfg: &Node, ctx: &ResolveContext) -> Result<String, ConfigError> {
-    let known = METRICS.join(", ");
+    // A registered loss names its own metrics (and classification's accuracies are then not recorded).
+    let loss = crate::schema::registered_loss(job_cfg)?;
+    let recorded: Vec<String> = match &loss {
+        Some(_) => crate::schema::RunMetrics::for_loss(loss.as_ref()).names(),
+        None => METRICS.iter().map(|m| m.to_string()).collect(),
+    };
+    let known = recorded.join(", ");
     let Some(node) = job_cfg.get("optimized_metric") else {
         return Err(ConfigError::Schema(format!(
             "hydra/sweeper=optuna needs `optimized_metric`, the run metric to optimise: set it in the \
@@ -60,16 +66,15 @@ pub fn optimized_metric(job_cfg: &Node, ctx: &ResolveContext) -> Result<String, 
             at(&node.source)
         )));
     };
-    if let Some((_, canonical)) = ALIASES.iter().find(|(alias, _)| *alias == name) {
+    if let (None, Some((_, canonical))) = (&loss, ALIASES.iter().find(|(alias, _)| *alias == name))
+    {
         return Ok(canonical.to_string());
     }
-    if METRICS.contains(&name.as_str()) {
+    if recorded.contains(&name) {
         return Ok(name);
     }
-    let candidates = METRICS
-        .iter()
-        .copied()
-        .chain(ALIASES.iter().map(|(a, _)| *a));
+    let aliases = ALIASES.iter().filter(|_| loss.is_none()).map(|(a, _)| *a);
+    let candidates = recorded.iter().map(String::as_str).chain(aliases);
     let hint = did_you_mean(&name, candidates)
         .map(|s| format!(" Did you mean '{s}'?"))
         .unwrap_or_default();

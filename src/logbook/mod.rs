@@ -136,11 +136,11 @@ impl Page {
         let _ = writeln!(
             self.md,
             "| run | status | tags | model | data | backend | strategy | nodes×devices | precision | global batch | \
-             epochs | best val top-1 | best val top-5 | val top-1 | val top-5 | val loss | train loss | wall time | \
+             epochs | best val top-1 | best val top-5 | val top-1 | val top-5 | val loss | train loss | own metrics (val, best) | wall time | \
              throughput | speed-up vs single | peak GPU mem | mean GPU mem | mean GPU util | max batch size | \
              peak RSS | train state per rank | checkpoint | TensorBoard |"
         );
-        let _ = writeln!(self.md, "|{}", "---|".repeat(28));
+        let _ = writeln!(self.md, "|{}", "---|".repeat(29));
         for r in group {
             let speedup = baseline(group, r).and_then(|b| {
                 let x = throughput(r)? / throughput(b)?;
@@ -181,6 +181,7 @@ impl Page {
                 num(r.final_metric("val/acc5"), 4),
                 num(r.final_metric("val/loss"), 4),
                 num(r.final_metric("train/loss"), 4),
+                own_metrics(r),
                 r.summary
                     .as_ref()
                     .map(|s| s.wall_time_s)
@@ -632,6 +633,34 @@ fn relative(base: &Path, target: &Path) -> PathBuf {
         out.push(".");
     }
     out
+}
+
+/// A registered loss's validation metrics (`val/<name>`, not classification's), each with its best:
+/// `mae 0.1234 (best 0.1100)`.
+fn own_metrics(r: &Run) -> String {
+    let Some(summary) = r.summary.as_ref() else {
+        return "–".into();
+    };
+    let cells: Vec<String> = summary
+        .final_metrics
+        .iter()
+        .filter_map(|(key, value)| {
+            let name = key.strip_prefix("val/")?;
+            if name.ends_with("_best") || matches!(name, "loss" | "acc1" | "acc5") {
+                return None;
+            }
+            let best = summary
+                .final_metrics
+                .get(&format!("{key}_best"))
+                .map(|b| format!(" (best {b:.4})"))
+                .unwrap_or_default();
+            Some(format!("{name} {value:.4}{best}"))
+        })
+        .collect();
+    match cells.is_empty() {
+        true => "–".into(),
+        false => cells.join(", "),
+    }
 }
 
 #[cfg(test)]

@@ -11,13 +11,32 @@ pub struct ConsoleLines {
 }
 
 impl ConsoleLines {
+    /// `val/loss 0.6931  val/acc1 0.512  ...`: the loss first, then the other validation metrics.
     fn validation(row: &Row) -> Option<String> {
-        Some(format!(
-            "val/loss {:.4}  val/acc1 {:.3}  val/acc5 {:.3}",
-            row.get("val/loss")?,
-            row.get("val/acc1")?,
-            row.get("val/acc5")?
-        ))
+        row.get("val/loss")?;
+        Some(Self::phase(row, "val/"))
+    }
+
+    /// The row's metrics of one phase (`train/`, `val/`), the loss first; accuracies to 3 places.
+    fn phase(row: &Row, prefix: &str) -> String {
+        let loss = format!("{prefix}loss");
+        let mut keys: Vec<&str> = row
+            .values
+            .iter()
+            .map(|(k, _)| *k)
+            .filter(|k| k.starts_with(prefix) && *k != loss)
+            .collect();
+        keys.insert(0, &loss);
+        keys.iter()
+            .filter_map(|k| {
+                let v = row.get(k)?;
+                Some(match k.strip_prefix(prefix).unwrap_or(k) {
+                    "acc1" | "acc5" => format!("{k} {v:.3}"),
+                    _ => format!("{k} {v:.4}"),
+                })
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
     }
 }
 
@@ -34,10 +53,9 @@ impl MetricSink for ConsoleLines {
                 Self::validation(row).unwrap_or_default()
             ),
             RowKind::Epoch => tracing::info!(
-                "epoch {epoch}/{max_epochs}  step {}  train/loss {:.4}  train/acc1 {:.3}{}  {:.1}s  {:.0} img/s",
+                "epoch {epoch}/{max_epochs}  step {}  {}{}  {:.1}s  {:.0} img/s",
                 row.step,
-                row.get("train/loss").unwrap_or(f64::NAN),
-                row.get("train/acc1").unwrap_or(f64::NAN),
+                Self::phase(row, "train/"),
                 Self::validation(row)
                     .map(|v| format!("  {v}"))
                     .unwrap_or_default(),

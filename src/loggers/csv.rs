@@ -3,10 +3,13 @@
 //! `logger.csv.flush_every_n_steps` steps (Lightning's `flush_logs_every_n_steps`), at every epoch's row,
 //! and when the logger is dropped.
 
+use crate::schema::RunMetrics;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
+/// The columns of a classification run (`RunMetrics::classification`); a registered loss's metrics take
+/// the place of the accuracies.
 pub const COLUMNS: &[&str] = &[
     "epoch",
     "step",
@@ -20,21 +23,32 @@ pub const COLUMNS: &[&str] = &[
     "samples_per_s",
 ];
 
+/// The header for a run that records `metrics`, then `extra` columns.
+pub fn columns(metrics: &RunMetrics, extra: &[&str]) -> Vec<String> {
+    ["epoch", "step", "lr"]
+        .into_iter()
+        .map(String::from)
+        .chain(metrics.row_names())
+        .chain(["epoch_time_s", "samples_per_s"].map(String::from))
+        .chain(extra.iter().map(|c| c.to_string()))
+        .collect()
+}
+
 pub struct CsvLogger {
     file: std::io::BufWriter<std::fs::File>,
-    columns: Vec<&'static str>,
+    columns: Vec<String>,
     flush_every_n_steps: u64,
     /// The step of the last row flushed (0 before any).
     flushed_at: f64,
 }
 
 impl CsvLogger {
-    /// Create (or, when resuming, append to) `metrics.csv` in `dir`, with `extra` columns after the
-    /// standard ones (callbacks' metrics, e.g. device stats).
+    /// Create (or, when resuming, append to) `metrics.csv` in `dir`, with `columns` (`columns()`: the
+    /// run's metrics, then callbacks' such as device stats).
     pub fn open(
         dir: &Path,
         append: bool,
-        extra: &[&'static str],
+        columns: Vec<String>,
         flush_every_n_steps: u64,
     ) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
@@ -46,7 +60,6 @@ impl CsvLogger {
             .write(true)
             .truncate(!exists)
             .open(&path)?;
-        let columns: Vec<&'static str> = COLUMNS.iter().chain(extra).copied().collect();
         let mut logger = CsvLogger {
             file: std::io::BufWriter::new(file),
             columns,
@@ -67,7 +80,7 @@ impl CsvLogger {
             .iter()
             .map(|c| {
                 values
-                    .get(c)
+                    .get(c.as_str())
                     .map(|v| {
                         if v.fract() == 0.0 && v.abs() < 1e15 {
                             format!("{v:.0}")
@@ -124,7 +137,13 @@ mod tests {
         #[case] on_disk: &[usize],
     ) {
         let dir = tempfile::tempdir().unwrap();
-        let mut csv = CsvLogger::open(dir.path(), false, &[], every).unwrap();
+        let mut csv = CsvLogger::open(
+            dir.path(),
+            false,
+            columns(&RunMetrics::classification(), &[]),
+            every,
+        )
+        .unwrap();
         assert_eq!(rows_on_disk(dir.path()), 0, "the header is written at once");
         for ((step, epoch_end), expected) in rows.iter().zip(on_disk) {
             let mut row = BTreeMap::from([("step", *step), ("train/loss", 1.5)]);

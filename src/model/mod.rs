@@ -32,8 +32,44 @@ pub enum Architecture {
 }
 
 impl Architecture {
+    /// The architecture an experiment's model names, sized for its data: square images, or a registered
+    /// dataset's samples (their own shape reaches a registered model; a zoo model reads `[F]` samples as
+    /// F channels of one pixel, and refuses images that are not square).
+    pub fn of(exp: &crate::schema::Experiment) -> anyhow::Result<Self> {
+        let (c, side) = (exp.data.channels, exp.data.image_size);
+        let Some(data) = &exp.data.registered else {
+            return Self::new(&exp.model, c, side);
+        };
+        if let [_, h, w] = data.input_shape.as_slice() {
+            anyhow::ensure!(
+                h == w || exp.model.name == ModelName::Registered,
+                "model={:?} with data: _target_ {}: its samples are {:?}, and the zoo's models take square \
+                 images (C, H, H); register your own model for other shapes",
+                exp.model.name,
+                data.spec.target,
+                data.input_shape
+            );
+        }
+        Self::sized(&exp.model, c, side, data.input_shape.clone())
+    }
+
     /// The architecture `cfg` names, for `channels`-channel `image_size` inputs.
     pub fn new(cfg: &ModelConfig, channels: usize, image_size: usize) -> anyhow::Result<Self> {
+        Self::sized(
+            cfg,
+            channels,
+            image_size,
+            vec![channels, image_size, image_size],
+        )
+    }
+
+    /// `new`, with the samples' own shape for a registered model.
+    fn sized(
+        cfg: &ModelConfig,
+        channels: usize,
+        image_size: usize,
+        input_shape: Vec<usize>,
+    ) -> anyhow::Result<Self> {
         Ok(match cfg.name {
             ModelName::Mlp => Architecture::Mlp(mlp::Mlp::new(cfg, channels, image_size)),
             ModelName::Cnn => Architecture::Cnn(cnn::Cnn::new(cfg, channels)),
@@ -61,6 +97,7 @@ impl Architecture {
                 let ctx = crate::registry::ModelContext {
                     channels,
                     image_size,
+                    input_shape,
                     num_classes: cfg.num_classes,
                 };
                 Architecture::Registered(registered::Registered::new(spec, ctx)?)

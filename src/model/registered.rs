@@ -32,20 +32,7 @@ impl Registered {
             DType::F32,
             Device::Cpu,
         );
-        (entry.candle)(&spec.args, vb, &ctx).map_err(|e| {
-            let msg = format!("{e:#}");
-            // serde names the argument it refused: point at where that one was set.
-            let (key, origin) = spec
-                .arg_origins
-                .iter()
-                .find(|(k, _)| msg.contains(&format!("field `{k}`")))
-                .map(|(k, o)| (format!("model.{k}"), o.as_str()))
-                .unwrap_or_else(|| ("model".into(), spec.origin.as_str()));
-            anyhow::anyhow!(
-                "Error in config key '{key}' (_target_ {}): building it failed: {msg}{origin}",
-                spec.target
-            )
-        })?;
+        (entry.candle)(&spec.args, vb, &ctx).map_err(|e| anyhow::anyhow!(spec.refused(&e)))?;
         let specs = recorder.0.into_inner().unwrap_or_else(|p| p.into_inner());
         anyhow::ensure!(
             !specs.is_empty(),

@@ -12,6 +12,8 @@ pub enum DataName {
     Mnist,
     FashionMnist,
     Synthetic,
+    /// A dataset a crate registered under its `_target_` (`registry`); set by `schema::extract`.
+    Registered,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
@@ -50,6 +52,10 @@ pub struct DataConfig {
     pub train_transforms: Vec<Transform>,
     #[serde(default)]
     pub val_transforms: Vec<Transform>,
+    /// `registered`: the `_target_`, its arguments and what its samples look like (`schema::extract`
+    /// fills it).
+    #[serde(skip)]
+    pub registered: Option<std::sync::Arc<super::RegisteredData>>,
 }
 
 fn three() -> usize {

@@ -6,9 +6,11 @@ mod callbacks;
 mod data;
 pub mod declared;
 mod logger;
+mod metrics;
 mod model;
 mod optim;
 mod profiler;
+mod registered;
 mod targets;
 mod trainer;
 mod validate;
@@ -16,9 +18,11 @@ mod validate;
 pub use callbacks::*;
 pub use data::*;
 pub use logger::*;
+pub use metrics::RunMetrics;
 pub use model::*;
 pub use optim::*;
 pub use profiler::ProfilerConfig;
+pub use registered::*;
 pub use trainer::*;
 pub use validate::extract;
 
@@ -51,6 +55,10 @@ pub struct Experiment {
     #[serde(default, deserialize_with = "null_as_default")]
     pub logger: LoggerConfig,
     pub paths: PathsConfig,
+    /// `loss: {_target_: ...}`: what a training step computes, a registered loss with its metrics
+    /// (`registry`); none: classification (cross-entropy, top-1/top-5). `schema::extract` fills it.
+    #[serde(skip)]
+    pub loss: Option<std::sync::Arc<LossSpec>>,
 }
 
 fn null_as_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(

@@ -19,18 +19,6 @@ pub enum ModelName {
     Registered,
 }
 
-/// `model: {_target_: <a registered model>, ...}`: the constructor's name and its arguments (the node's
-/// other keys, less trainyard's own `num_classes`, `label_smoothing`, `pretrained`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RegisteredSpec {
-    pub target: String,
-    pub args: serde_json::Value,
-    /// `\n    (set at file:line)` of the `_target_`, or empty.
-    pub origin: String,
-    /// Each argument's key and where it was set (a file line or an override).
-    pub arg_origins: Vec<(String, String)>,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum VitVariant {
@@ -78,5 +66,5 @@ pub struct ModelConfig {
     pub declared: Option<std::sync::Arc<super::declared::DeclaredSpec>>,
     /// `registered`: the `_target_` and its arguments (`schema::extract` fills it).
     #[serde(skip)]
-    pub registered: Option<std::sync::Arc<RegisteredSpec>>,
+    pub registered: Option<std::sync::Arc<super::RegisteredSpec>>,
 }

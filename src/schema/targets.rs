@@ -47,7 +47,10 @@ pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
     }
     if let Some(data) = job.child("data") {
         if let Some(t) = data.child("_target_") {
-            return Err(user_code("data", t));
+            // A dataset a crate registered is opened by its constructor: `extract` reads it.
+            if crate::registry::dataset(target_text(t)).is_none() {
+                return Err(unregistered_data(t));
+            }
         }
     }
     Ok(())
@@ -688,6 +691,25 @@ fn scheduler_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
         Node::new(Value::Str(name.into()), target.source.clone()),
     );
     Ok(())
+}
+
+/// `data: {_target_: ...}` naming no registered dataset: the project's own Python code, or a typo.
+fn unregistered_data(target: &Node) -> ConfigError {
+    let registered = crate::registry::dataset_targets();
+    let mut e = user_code("data", target).to_string();
+    e.push_str(
+        "\n    A dataset written in Rust is registered under its _target_ with \
+         trainyard::register_dataset! in your crate (see examples/own-model)",
+    );
+    if let Some(s) = did_you_mean(target_text(target), registered.iter().copied()) {
+        e.push_str(&format!("\n    Did you mean '{s}'?"));
+    } else if !registered.is_empty() {
+        e.push_str(&format!(
+            "\n    Registered datasets: {}",
+            registered.join(", ")
+        ));
+    }
+    ConfigError::Schema(e)
 }
 
 /// `timm.create_model` for the architectures trainyard builds; anything else at `model:` is the project's

@@ -21,14 +21,22 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     super::targets::translate(&mut job)?;
     check_no_missing(&job)?;
     let declared = declared_model(&job)?;
-    let registered = registered_model(&job);
+    let registered = super::registered::registered_model(&job);
+    let data = super::registered::registered_data(&job)?;
+    let loss = super::registered::registered_loss(&job)?;
     let mut json = job.to_json();
+    if let (Some(d), Some(node)) = (&data, json.get_mut("data").and_then(|d| d.as_object_mut())) {
+        registered_data_fields(node, d);
+    }
+    if let Some(root) = json.as_object_mut() {
+        root.remove("loss");
+    }
     let data_classes = json.pointer("/data/num_classes").cloned();
     if let Some(model) = json.get_mut("model").and_then(|m| m.as_object_mut()) {
         if declared.is_some() {
             model.retain(|k, _| DECLARED_MODEL_FIELDS.contains(&k.as_str()));
         } else if registered.is_some() {
-            model.retain(|k, _| REGISTERED_MODEL_FIELDS.contains(&k.as_str()));
+            model.retain(|k, _| super::registered::REGISTERED_MODEL_FIELDS.contains(&k.as_str()));
             model.insert("name".into(), "registered".into());
             if let (false, Some(classes)) = (model.contains_key("num_classes"), data_classes) {
                 model.insert("num_classes".into(), classes);
@@ -39,6 +47,21 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     let mut experiment: Experiment = figment.extract().map_err(|e| describe(&job, e))?;
     experiment.model.declared = declared.map(std::sync::Arc::new);
     experiment.model.registered = registered.map(std::sync::Arc::new);
+    experiment.data.registered = data.map(std::sync::Arc::new);
+    experiment.loss = loss.map(std::sync::Arc::new);
+    if let (Some(d), None) = (&experiment.data.registered, &experiment.loss) {
+        if d.target_shape.is_some() {
+            return Err(ConfigError::Schema(format!(
+                "data: _target_ {}: its targets are values of shape {:?}, not classes, so cross-entropy \
+                 cannot score them: add a loss that reads them, e.g. +loss._target_=torch.nn.MSELoss (or \
+                 your own, registered with trainyard::register_candle_loss!){}",
+                d.spec.target,
+                d.target_shape.as_deref().unwrap_or_default(),
+                d.spec.origin
+            )));
+        }
+    }
+    check_monitors(&job, &mut experiment)?;
     validate(&job, &experiment)?;
     Ok(experiment)
 }
@@ -53,38 +76,68 @@ const DECLARED_MODEL_FIELDS: &[&str] = &[
     "label_smoothing",
 ];
 
-/// trainyard's own keys of a registered model's node (`num_classes` defaults to the data's); the others are
-/// its constructor's arguments.
-const REGISTERED_MODEL_FIELDS: &[&str] = &["num_classes", "pretrained", "label_smoothing"];
-
-/// `model: {_target_: <a model a crate registered>, ...}`: its name and constructor arguments.
-fn registered_model(job: &Node) -> Option<RegisteredSpec> {
-    let model = job.child("model")?;
-    let target = model.child("_target_")?;
-    let name = target.as_str()?;
-    crate::registry::model(name)?;
-    let given: Vec<(&String, &Node)> = model
-        .as_map()?
-        .iter()
-        .filter(|(k, _)| {
-            !REGISTERED_MODEL_FIELDS.contains(&k.as_str())
-                && !matches!(k.as_str(), "_target_" | "_partial_")
-        })
-        .collect();
-    Some(RegisteredSpec {
-        target: name.to_string(),
-        args: serde_json::Value::Object(
-            given
-                .iter()
-                .map(|(k, v)| ((*k).clone(), v.to_json()))
-                .collect(),
+/// ModelCheckpoint's and EarlyStopping's `monitor` name a metric the run records (Lightning stops with
+/// "could not find the monitored key" at its first check; we do before training). lightning-hydra-template's
+/// `val/acc` is top-1 (`val/acc1`).
+fn check_monitors(job: &Node, e: &mut Experiment) -> Result<(), ConfigError> {
+    let metrics = RunMetrics::of(e);
+    let known = metrics.names();
+    let classification = metrics.is_classification();
+    let c = &mut e.callbacks;
+    let monitors = [
+        (
+            "callbacks.model_checkpoint.monitor",
+            c.model_checkpoint.as_mut().and_then(|m| m.monitor.as_mut()),
         ),
-        origin: at(&target.source),
-        arg_origins: given
-            .iter()
-            .map(|(k, v)| ((*k).clone(), at(&v.source)))
-            .collect(),
-    })
+        (
+            "callbacks.early_stopping.monitor",
+            c.early_stopping.as_mut().map(|s| &mut s.monitor),
+        ),
+    ];
+    for (key, monitor) in monitors {
+        let Some(name) = monitor else { continue };
+        if classification {
+            if let Some(top1) = name
+                .strip_prefix("val/acc")
+                .filter(|r| r.is_empty() || *r == "_best")
+            {
+                *name = format!("val/acc1{top1}");
+            }
+        }
+        if known.contains(name) {
+            continue;
+        }
+        let place = job.get(key).map(|n| at(&n.source)).unwrap_or_default();
+        let hint = did_you_mean(name, known.iter().map(String::as_str))
+            .map(|s| format!("\n    Did you mean '{s}'?"))
+            .unwrap_or_default();
+        return Err(ConfigError::Schema(format!(
+            "Error in config key '{key}': the run records no metric '{name}'{place}{hint}\n    It records: {}",
+            known.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// A registered dataset's node as `DataConfig` reads it: the loader's keys, and what the samples say
+/// (channels and side for `[C, H, H]` inputs; classes, or the `model.num_classes` outputs default of 1).
+fn registered_data_fields(
+    node: &mut serde_json::Map<String, serde_json::Value>,
+    d: &RegisteredData,
+) {
+    node.retain(|k, _| super::registered::REGISTERED_DATA_FIELDS.contains(&k.as_str()));
+    node.insert("name".into(), "registered".into());
+    let (channels, side) = match d.input_shape.as_slice() {
+        [c, h, w] if h == w => (*c, *h),
+        shape => (shape.first().copied().unwrap_or(1), 1),
+    };
+    node.insert("channels".into(), channels.into());
+    node.insert("image_size".into(), side.into());
+    let outputs = d
+        .num_classes
+        .or_else(|| d.target_shape.as_ref().map(|s| s.iter().product()))
+        .unwrap_or(1);
+    node.entry("num_classes").or_insert(outputs.into());
 }
 
 /// `model.name: declared`: its layers read from the tree (with provenance). A free key one typo away from

@@ -305,6 +305,7 @@ mod tests {
             height: 8,
             width: 8,
             staged: None,
+            tensors: None,
         }
     }
 

@@ -189,18 +189,22 @@ impl Ranks {
         let Some(comm) = self.comm() else {
             return Ok(stats);
         };
-        let mut v = [
+        let mut v = vec![
             stats.loss_sum,
             stats.correct1 as f64,
             stats.correct5 as f64,
             stats.count as f64,
         ];
+        v.extend(stats.metric_sums);
         comm.all_reduce_f64(&mut v, ReduceOp::Sum)?;
+        let mut metric_sums = [0.0; crate::backend::MAX_METRICS];
+        metric_sums.copy_from_slice(&v[4..]);
         Ok(StepStats {
             loss_sum: v[0],
             correct1: v[1].round() as u64,
             correct5: v[2].round() as u64,
             count: v[3].round() as u64,
+            metric_sums,
         })
     }
 

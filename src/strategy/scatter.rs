@@ -28,11 +28,15 @@ pub fn scatter(batch: &Batch, n: usize) -> Vec<Batch> {
             start += len;
             Batch {
                 images: batch.images[rows.start * per_row..rows.end * per_row].to_vec(),
-                labels: batch.labels[rows].to_vec(),
+                labels: match batch.labels.is_empty() {
+                    true => Vec::new(),
+                    false => batch.labels[rows.clone()].to_vec(),
+                },
                 channels: batch.channels,
                 height: batch.height,
                 width: batch.width,
                 staged: None,
+                tensors: batch.tensors.as_ref().map(|t| t.rows(rows)),
             }
         })
         .collect()
@@ -66,6 +70,7 @@ mod tests {
             height: 1,
             width: 2,
             staged: None,
+            tensors: None,
         };
         let parts = scatter(&batch, 3);
         let labels: Vec<Vec<u32>> = parts.iter().map(|b| b.labels.clone()).collect();

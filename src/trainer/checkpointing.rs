@@ -218,9 +218,7 @@ pub fn restore(
     if let Some(file) = &exp.model.pretrained {
         let loaded = checkpoint::load(Path::new(file))
             .with_context(|| format!("model.pretrained={file}"))?;
-        let head =
-            crate::model::Architecture::new(&exp.model, exp.data.channels, exp.data.image_size)?
-                .head();
+        let head = crate::model::Architecture::of(exp)?.head();
         let kept = strategy
             .load_pretrained(&loaded.state, &head)
             .with_context(|| format!("model.pretrained={file}"))?;

@@ -17,13 +17,15 @@ use crate::loggers::{MetricSink, Row, RowKind};
 use crate::optim::schedule::Schedule;
 use crate::optim::GradClip;
 use crate::plan::LoopPlan;
-use crate::schema::{Accelerator, Experiment, Interval, Precision};
+use crate::schema::{Accelerator, Experiment, Interval, Precision, RunMetrics};
 use crate::strategy::{Ranks, Strategy};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 pub struct FitLoop<'a> {
     exp: &'a Experiment,
+    /// What the run records: classification's or a registered loss's metrics.
+    metrics: RunMetrics,
     output_dir: &'a std::path::Path,
     plan: &'a LoopPlan,
     data: &'a DataSets,
@@ -189,6 +191,7 @@ impl<'a> FitLoop<'a> {
             ),
             lr_now: exp.optimizer.lr,
             output_dir: job.output_dir,
+            metrics: RunMetrics::of(exp),
             exp,
             plan,
             data,
@@ -387,13 +390,16 @@ impl<'a> FitLoop<'a> {
     /// A step row: the window's loss and accuracy over every rank, the learning rate and loss scale.
     fn log_step(&mut self, epoch: u64, window: StepStats, lr: f64) -> anyhow::Result<()> {
         let all = self.ranks.sum_stats(window)?;
-        let mut values = vec![("train/loss", all.loss()), ("train/acc1", all.acc1())];
+        let mut values = self
+            .metrics
+            .train_row(all.loss(), |i| all.metric(i), all.acc1());
         if self.lr_each_step {
-            values.push(("lr", lr));
+            values.push(("lr".into(), lr));
         }
         if let Some(scale) = self.strategy.loss_scale() {
-            values.push(("loss_scale", scale));
+            values.push(("loss_scale".into(), scale));
         }
+        let values: Vec<(&str, f64)> = values.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         self.log(RowKind::Step, epoch, &values)
     }
 
@@ -405,14 +411,13 @@ impl<'a> FitLoop<'a> {
         batches_done: usize,
     ) -> anyhow::Result<Option<RunStatus>> {
         let v = self.validate()?;
-        let values = [
-            ("val/loss", v.loss()),
-            ("val/acc1", v.acc1()),
-            ("val/acc5", v.acc5()),
-        ];
+        let owned = self
+            .metrics
+            .val_row(v.loss(), |i| v.metric(i), (v.acc1(), v.acc5()));
+        let values: Vec<(&str, f64)> = owned.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         self.log(RowKind::MidEpochValidation { batches_done }, epoch, &values)?;
-        for (name, value) in values {
-            self.state.metrics.insert(name.into(), value);
+        for (name, value) in owned {
+            self.state.metrics.insert(name, value);
         }
         self.state.batches_done = batches_done as u64;
         let saving = Instant::now();
@@ -441,33 +446,26 @@ impl<'a> FitLoop<'a> {
             false => None,
         };
         let throughput = stats.count as f64 / epoch_time.max(1e-9);
-        let mut row = BTreeMap::from([
-            ("train/loss", stats.loss()),
-            ("train/acc1", stats.acc1()),
-            ("epoch_time_s", epoch_time),
-            ("samples_per_s", throughput),
-        ]);
-        if self.lr_each_epoch {
-            row.insert("lr", self.lr_now);
-        }
+        let mut measured = self
+            .metrics
+            .train_row(stats.loss(), |i| stats.metric(i), stats.acc1());
         if let Some(v) = val {
-            row.insert("val/loss", v.loss());
-            row.insert("val/acc1", v.acc1());
-            row.insert("val/acc5", v.acc5());
+            measured.extend(
+                self.metrics
+                    .val_row(v.loss(), |i| v.metric(i), (v.acc1(), v.acc5())),
+            );
         }
-        for key in [
-            "train/loss",
-            "train/acc1",
-            "val/loss",
-            "val/acc1",
-            "val/acc5",
-        ] {
-            if let Some(&value) = row.get(key) {
-                self.state.metrics.insert(key.into(), value);
-            }
+        for (key, value) in &measured {
+            self.state.metrics.insert(key.clone(), *value);
         }
         if val.is_some() {
-            record_best_so_far(&mut self.state.metrics);
+            record_best_so_far(&mut self.state.metrics, &self.metrics.val_directions());
+        }
+        let mut row: BTreeMap<&str, f64> = measured.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        row.insert("epoch_time_s", epoch_time);
+        row.insert("samples_per_s", throughput);
+        if self.lr_each_epoch {
+            row.insert("lr", self.lr_now);
         }
         if let Some(scale) = self.strategy.loss_scale() {
             row.insert("loss_scale", scale);
@@ -717,7 +715,7 @@ fn sinks(
         sinks.push(Box::new(crate::loggers::csv::CsvLogger::open(
             job.output_dir,
             resuming,
-            &extra,
+            crate::loggers::csv::columns(&RunMetrics::of(exp), &extra),
             csv.flush_every_n_steps,
         )?));
     }
@@ -792,9 +790,10 @@ fn progress_bar(
 
 /// `<metric>_best` for each validation metric: the best value so far (highest accuracy, lowest loss), what
 /// lightning-hydra-template's `val/acc_best` is, and what a search may optimise.
-fn record_best_so_far(metrics: &mut HashMap<String, f64>) {
-    for (key, higher_is_better) in [("val/acc1", true), ("val/acc5", true), ("val/loss", false)] {
-        let Some(&now) = metrics.get(key) else {
+fn record_best_so_far(metrics: &mut HashMap<String, f64>, directions: &[(String, bool)]) {
+    for (key, higher_is_better) in directions {
+        let higher_is_better = *higher_is_better;
+        let Some(&now) = metrics.get(key.as_str()) else {
             continue;
         };
         let best_key = format!("{key}_best");
@@ -803,5 +802,27 @@ fn record_best_so_far(metrics: &mut HashMap<String, f64>) {
             _ => now,
         };
         metrics.insert(best_key, best);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each validation metric keeps its best by its own direction: the lowest error, the highest share.
+    #[test]
+    fn the_best_so_far_follows_each_metrics_direction() {
+        let directions = [
+            ("val/mae".to_string(), false),
+            ("val/iou".to_string(), true),
+        ];
+        let mut metrics = HashMap::new();
+        for (mae, iou) in [(0.5, 0.2), (0.3, 0.6), (0.4, 0.5)] {
+            metrics.insert("val/mae".to_string(), mae);
+            metrics.insert("val/iou".to_string(), iou);
+            record_best_so_far(&mut metrics, &directions);
+        }
+        assert_eq!(metrics["val/mae_best"], 0.3);
+        assert_eq!(metrics["val/iou_best"], 0.6);
     }
 }

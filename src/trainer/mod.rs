@@ -210,7 +210,7 @@ impl DataSets {
 /// Print parameters (and buffers) per module and the total (the ModelSummary callback), from the model's
 /// description: no engine, so no rank waits for a sharded model to be gathered.
 fn print_model_summary(exp: &Experiment, max_depth: u64) -> anyhow::Result<()> {
-    let arch = crate::model::Architecture::new(&exp.model, exp.data.channels, exp.data.image_size)?;
+    let arch = crate::model::Architecture::of(exp)?;
     let mut groups = std::collections::BTreeMap::<String, usize>::new();
     let sized = arch
         .specs()

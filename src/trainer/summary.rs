@@ -87,6 +87,16 @@ impl Summary {
     pub fn main_metric(&self) -> Option<f64> {
         self.final_metrics.get("val/acc1").copied()
     }
+
+    /// What the console's last line reports: the monitored metric when there is one, else `val/acc1`,
+    /// else `val/loss` (a registered loss's run has no accuracy).
+    pub fn headline(&self) -> Option<(&str, f64)> {
+        let monitored = self.best.as_ref().map(|b| b.monitor.as_str());
+        monitored
+            .into_iter()
+            .chain(["val/acc1", "val/loss"])
+            .find_map(|k| Some((k, *self.final_metrics.get(k)?)))
+    }
 }
 
 /// How a run ended. In `summary.json` it is the sentence the console shows (`completed`, `max_steps

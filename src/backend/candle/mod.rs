@@ -21,6 +21,7 @@ use crate::data::loader::Batch;
 use crate::model::init;
 use crate::model::Architecture;
 use crate::optim::{clip_factor, GradClip, Optimizer};
+use crate::registry::{CandleLoss, LossValue};
 use crate::rng::Rng;
 use crate::schema::Experiment;
 use crate::tensor::{Flat, FlatHome, HostTensor, StateDict};
@@ -48,6 +49,8 @@ pub struct CandleEngine {
     autocast: Autocast,
     /// SyncBatchNorm's group (`Placement::sync_batchnorm`).
     sync_batchnorm: Option<Arc<dyn Collective>>,
+    /// A registered loss (`loss:`): what a step computes in place of classification's cross-entropy.
+    loss: Option<Box<dyn CandleLoss>>,
 }
 
 fn to_candle(t: &HostTensor, device: &Device) -> candle_core::Result<Tensor> {
@@ -71,7 +74,7 @@ impl CandleEngine {
     /// matters).
     pub fn placed(exp: &Experiment, placement: &Placement) -> anyhow::Result<Self> {
         let device = Device::Cpu;
-        let model = Architecture::new(&exp.model, exp.data.channels, exp.data.image_size)?;
+        let model = Architecture::of(exp)?;
         let bf16 = exp.trainer.precision == crate::schema::Precision::MixedBf16;
         anyhow::ensure!(
             !(bf16 && matches!(model, Architecture::Registered(_))),
@@ -106,17 +109,56 @@ impl CandleEngine {
             seed: exp.seed,
             forward_calls: 0,
             sync_batchnorm: placement.sync_batchnorm.clone(),
+            loss: exp.loss.as_ref().map(|l| build_loss(l)).transpose()?,
         })
     }
 
+    /// Inputs (NCHW) and targets: class indices (`u32`, `[N]`), or a registered dataset's values
+    /// (`f32`, `[N, ...]`).
     fn inputs(&self, batch: &Batch) -> anyhow::Result<(Tensor, Tensor)> {
+        let n = batch.len();
         let x = Tensor::from_slice(
             &batch.images,
-            (batch.len(), batch.channels, batch.height, batch.width),
+            (n, batch.channels, batch.height, batch.width),
             &self.device,
         )?;
-        let y = Tensor::from_slice(&batch.labels, batch.len(), &self.device)?;
+        let y = match batch.tensors.as_ref().and_then(|t| t.targets.as_ref()) {
+            Some((values, shape)) => {
+                let dims: Vec<usize> = std::iter::once(n).chain(shape.iter().copied()).collect();
+                Tensor::from_slice(values, dims.as_slice(), &self.device)?
+            }
+            None => Tensor::from_slice(&batch.labels, n, &self.device)?,
+        };
         Ok((x, y))
+    }
+
+    /// A registered loss's value as statistics: the loss and each metric, summed over the batch.
+    fn loss_stats(&self, value: &LossValue, count: usize) -> anyhow::Result<StepStats> {
+        let scalar = |t: &Tensor| -> anyhow::Result<f64> {
+            Ok(t.to_dtype(DType::F32)?
+                .flatten_all()?
+                .to_vec1::<f32>()?
+                .first()
+                .copied()
+                .map_or(f64::NAN, f64::from))
+        };
+        let wanted = self.loss.as_ref().map_or(0, |l| l.metrics().len());
+        anyhow::ensure!(
+            value.metrics.len() == wanted && value.loss.elem_count() == 1,
+            "the loss returned {} metric values and a loss of shape {:?}; its metrics() names {wanted}, and \
+             the loss is a scalar",
+            value.metrics.len(),
+            value.loss.dims()
+        );
+        let mut stats = StepStats {
+            loss_sum: scalar(&value.loss)? * count as f64,
+            count: count as u64,
+            ..StepStats::default()
+        };
+        for (sum, metric) in stats.metric_sums.iter_mut().zip(&value.metrics) {
+            *sum = scalar(metric)? * count as f64;
+        }
+        Ok(stats)
     }
 
     fn stats(&self, logits: &Tensor, loss: &Tensor, batch: &Batch) -> anyhow::Result<StepStats> {
@@ -127,6 +169,7 @@ impl CandleEngine {
             correct1: c1,
             correct5: c5,
             count: batch.len() as u64,
+            ..StepStats::default()
         })
     }
 
@@ -203,6 +246,10 @@ impl CandleEngine {
     /// `evaluate` on the calling thread (a worker of the compute pool).
     fn evaluate_here(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (logits, y) = self.eval_logits(batch)?;
+        if let Some(loss) = &self.loss {
+            let value = loss.compute(&logits, &y)?;
+            return self.loss_stats(&value, batch.len());
+        }
         let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
         self.stats(&logits, &loss, batch)
     }
@@ -240,7 +287,13 @@ impl CandleEngine {
             };
             models::forward(&self.model, &self.params, &mut self.buffers, &x, &mut pass)?
         };
-        let loss = self.training_loss(&logits, &y)?;
+        let (loss, value) = match &self.loss {
+            Some(registered) => {
+                let value = registered.compute(&logits, &y)?;
+                (value.loss.clone(), Some(value))
+            }
+            None => (self.training_loss(&logits, &y)?, None),
+        };
         let grads = loss.affine(grad_scale, 0.0)?.backward()?;
         self.last_logits = Some(logits.detach());
         for (name, var) in &self.params {
@@ -253,8 +306,18 @@ impl CandleEngine {
             };
             self.grads.insert(name.clone(), sum);
         }
-        self.stats(&logits, &loss, batch)
+        match value {
+            Some(value) => self.loss_stats(&value, batch.len()),
+            None => self.stats(&logits, &loss, batch),
+        }
     }
+}
+
+/// The registered loss `loss:` names.
+fn build_loss(spec: &crate::schema::LossSpec) -> anyhow::Result<Box<dyn CandleLoss>> {
+    let entry = crate::registry::loss(&spec.spec.target)
+        .with_context(|| format!("loss: _target_ {} is not registered", spec.spec.target))?;
+    (entry.build)(&spec.spec.args).map_err(|e| anyhow::anyhow!(spec.spec.refused(&e)))
 }
 
 impl Engine for CandleEngine {

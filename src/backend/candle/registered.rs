@@ -23,7 +23,14 @@ impl CandleForward for Registered {
         );
         let model = (self.entry.candle)(&self.args, vb, &self.ctx)
             .map_err(|e| candle_core::Error::Msg(format!("{}: {e:#}", self.entry.target)))?;
-        model.forward_t(x, pass.train)
+        // The loader's NCHW view of a registered dataset's samples, back in their own shape.
+        let dims: Vec<usize> = std::iter::once(x.dim(0)?)
+            .chain(self.ctx.input_shape.iter().copied())
+            .collect();
+        match x.dims() == dims.as_slice() {
+            true => model.forward_t(x, pass.train),
+            false => model.forward_t(&x.reshape(dims)?, pass.train),
+        }
     }
 }
 

@@ -181,11 +181,7 @@ impl TchEngine {
             })
         };
         let arch = models::Arch {
-            arch: crate::model::Architecture::new(
-                &exp.model,
-                exp.data.channels,
-                exp.data.image_size,
-            )?,
+            arch: crate::model::Architecture::of(exp)?,
             sync_batchnorm: placement.sync_batchnorm.clone(),
         };
         let zoo = &arch.arch;
@@ -273,6 +269,7 @@ fn read_stats(packed: &Tensor, count: usize) -> anyhow::Result<StepStats> {
         correct1: v[1] as u64,
         correct5: v[2] as u64,
         count: count as u64,
+        ..StepStats::default()
     })
 }
 

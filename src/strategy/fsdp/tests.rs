@@ -51,6 +51,7 @@ fn batch(step: u64, rows: std::ops::Range<usize>) -> Batch {
         height: 8,
         width: 8,
         staged: None,
+        tensors: None,
     }
 }
 

@@ -1,0 +1,255 @@
+//! `_target_` nodes that name what a crate registered (`registry`): a model, a dataset, a loss. Each is
+//! read from the tree with its provenance (the node's other keys become the constructor's arguments, each
+//! with where it was set), so a constructor's refusal — serde's unknown field or wrong type, or its own
+//! check — points at the key and its file:line. A dataset and a loss are built once here, at compose
+//! time: a bad argument fails before any training starts, and the run learns the samples' shapes and the
+//! loss's metrics.
+
+use crate::config::errors::{at, did_you_mean, ConfigError};
+use crate::config::tree::Node;
+use crate::registry::{DataContext, DataSplit, Metric, Target};
+use std::sync::Arc;
+
+/// `<section>: {_target_: <registered>, ...}`: the constructor's name and its arguments (the node's other
+/// keys, less trainyard's own).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegisteredSpec {
+    pub target: String,
+    pub args: serde_json::Value,
+    /// `\n    (set at file:line)` of the `_target_`, or empty.
+    pub origin: String,
+    /// Each argument's key and where it was set (a file line or an override).
+    pub arg_origins: Vec<(String, String)>,
+    /// The config section it was read from (`model`, `data`, `loss`).
+    pub section: String,
+}
+
+impl RegisteredSpec {
+    /// Read `section`'s node when its `_target_` is one `is_registered` knows; `own` are trainyard's keys.
+    fn read(
+        job: &Node,
+        section: &str,
+        own: &[&str],
+        is_registered: impl Fn(&str) -> bool,
+    ) -> Option<RegisteredSpec> {
+        let node = job.child(section)?;
+        let target = node.child("_target_")?;
+        let name = target.as_str()?;
+        if !is_registered(name) {
+            return None;
+        }
+        let given: Vec<(&String, &Node)> = node
+            .as_map()?
+            .iter()
+            .filter(|(k, _)| {
+                !own.contains(&k.as_str()) && !matches!(k.as_str(), "_target_" | "_partial_")
+            })
+            .collect();
+        Some(RegisteredSpec {
+            target: name.to_string(),
+            args: serde_json::Value::Object(
+                given
+                    .iter()
+                    .map(|(k, v)| ((*k).clone(), v.to_json()))
+                    .collect(),
+            ),
+            origin: at(&target.source),
+            arg_origins: given
+                .iter()
+                .map(|(k, v)| ((*k).clone(), at(&v.source)))
+                .collect(),
+            section: section.to_string(),
+        })
+    }
+
+    /// The constructor's refusal, at the argument serde named (or the `_target_`).
+    pub fn refused(&self, error: &anyhow::Error) -> String {
+        let msg = format!("{error:#}");
+        let (key, origin) = self
+            .arg_origins
+            .iter()
+            .find(|(k, _)| msg.contains(&format!("field `{k}`")))
+            .map(|(k, o)| (format!("{}.{k}", self.section), o.as_str()))
+            .unwrap_or_else(|| (self.section.clone(), self.origin.as_str()));
+        format!(
+            "Error in config key '{key}' (_target_ {}): building it failed: {msg}{origin}",
+            self.target
+        )
+    }
+}
+
+/// A registered dataset: its spec and what its samples look like (read from the first training sample).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RegisteredData {
+    pub spec: RegisteredSpec,
+    /// One sample's input shape.
+    pub input_shape: Vec<usize>,
+    /// One sample's target shape when the targets are values; `None` when they are classes.
+    pub target_shape: Option<Vec<usize>>,
+    pub num_classes: Option<usize>,
+}
+
+/// A registered loss: its spec and the metrics it reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LossSpec {
+    pub spec: RegisteredSpec,
+    pub metrics: Vec<Metric>,
+}
+
+/// trainyard's own keys of a registered model's node (`num_classes` defaults to the data's); the others
+/// are its constructor's arguments.
+pub const REGISTERED_MODEL_FIELDS: &[&str] = &["num_classes", "pretrained", "label_smoothing"];
+
+/// trainyard's own keys of a registered dataset's node: the loader's, and `num_classes` (the model's
+/// outputs, which zoo configs read as `${data.num_classes}`; by default the dataset's classes, or its
+/// targets' size).
+pub const REGISTERED_DATA_FIELDS: &[&str] = &[
+    "batch_size",
+    "num_workers",
+    "pin_memory",
+    "drop_last",
+    "num_classes",
+];
+
+/// `model: {_target_: <a registered model>, ...}`.
+pub fn registered_model(job: &Node) -> Option<RegisteredSpec> {
+    RegisteredSpec::read(job, "model", REGISTERED_MODEL_FIELDS, |t| {
+        crate::registry::model(t).is_some()
+    })
+}
+
+/// `data: {_target_: <a registered dataset>, ...}`: opened once (training split) to check its arguments
+/// and read its first sample's shapes.
+pub fn registered_data(job: &Node) -> Result<Option<RegisteredData>, ConfigError> {
+    let Some(spec) = RegisteredSpec::read(job, "data", REGISTERED_DATA_FIELDS, |t| {
+        crate::registry::dataset(t).is_some()
+    }) else {
+        return Ok(None);
+    };
+    let fail = |msg: String| ConfigError::Schema(msg);
+    let entry = crate::registry::dataset(&spec.target).expect("read checked it is registered");
+    let seed = job
+        .child("seed")
+        .and_then(|s| s.to_json().as_u64())
+        .unwrap_or(0);
+    let ctx = DataContext {
+        split: DataSplit::Train,
+        seed,
+    };
+    let set = (entry.build)(&spec.args, &ctx).map_err(|e| fail(spec.refused(&e)))?;
+    if set.is_empty() {
+        return Err(fail(format!(
+            "Error in config key 'data' (_target_ {}): the training split has no samples{}",
+            spec.target, spec.origin
+        )));
+    }
+    let first = set.get(0).map_err(|e| {
+        fail(format!(
+            "data: _target_ {}: reading sample 0: {e:#}{}",
+            spec.target, spec.origin
+        ))
+    })?;
+    let numel: usize = first.shape.iter().product();
+    if numel != first.input.len() || first.shape.is_empty() {
+        return Err(fail(format!(
+            "data: _target_ {}: sample 0 has {} input values but its shape {:?} holds {numel}{}",
+            spec.target,
+            first.input.len(),
+            first.shape,
+            spec.origin
+        )));
+    }
+    let (target_shape, num_classes) = match &first.target {
+        Target::Class(_) => match set.num_classes() {
+            Some(n) => (None, Some(n)),
+            None => return Err(fail(format!(
+                "data: _target_ {}: its samples' targets are classes, but its num_classes() says \
+                     None; return Some(classes) from MapDataset::num_classes{}",
+                spec.target, spec.origin
+            ))),
+        },
+        Target::Values { shape, values } => {
+            if shape.iter().product::<usize>() != values.len() {
+                return Err(fail(format!(
+                    "data: _target_ {}: sample 0's target has {} values but its shape {shape:?} holds {}{}",
+                    spec.target,
+                    values.len(),
+                    shape.iter().product::<usize>(),
+                    spec.origin
+                )));
+            }
+            (Some(shape.clone()), set.num_classes())
+        }
+    };
+    Ok(Some(RegisteredData {
+        input_shape: first.shape,
+        target_shape,
+        num_classes,
+        spec,
+    }))
+}
+
+/// `loss: {_target_: <a registered loss>, ...}`: built once to check its arguments and learn its metrics.
+pub fn registered_loss(job: &Node) -> Result<Option<LossSpec>, ConfigError> {
+    let Some(node) = job.child("loss") else {
+        return Ok(None);
+    };
+    if matches!(node.value, crate::config::tree::Value::Null) {
+        return Ok(None);
+    }
+    let Some(target) = node.child("_target_").and_then(|t| t.as_str()) else {
+        return Err(ConfigError::Schema(format!(
+            "Error in config key 'loss': a loss is a node with a _target_ (loss: {{_target_: \
+             torch.nn.MSELoss}}){}",
+            at(&node.source)
+        )));
+    };
+    let Some(spec) = RegisteredSpec::read(job, "loss", &[], |t| crate::registry::loss(t).is_some())
+    else {
+        let known = crate::registry::loss_targets();
+        let hint = did_you_mean(target, known.iter().copied())
+            .map(|s| format!("\n    Did you mean '{s}'?"))
+            .unwrap_or_else(|| format!("\n    Registered losses: {}", known.join(", ")));
+        let place = node
+            .child("_target_")
+            .map(|t| at(&t.source))
+            .unwrap_or_default();
+        return Err(ConfigError::Schema(format!(
+            "Error in config key 'loss._target_': no loss is registered as '{target}'{place}{hint}\n    \
+             A loss written in Rust is registered with trainyard::register_candle_loss!"
+        )));
+    };
+    let entry = crate::registry::loss(&spec.target).expect("read checked it is registered");
+    let built = (entry.build)(&spec.args).map_err(|e| ConfigError::Schema(spec.refused(&e)))?;
+    let metrics = built.metrics();
+    let mut seen: Vec<&str> = vec!["loss"];
+    for m in &metrics {
+        let ok = !m.name.is_empty()
+            && m.name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok || seen.contains(&m.name.as_str()) {
+            return Err(ConfigError::Schema(format!(
+                "loss: _target_ {} reports a metric named '{}': metric names are distinct, not 'loss', \
+                 and made of letters, digits and _{}",
+                spec.target, m.name, spec.origin
+            )));
+        }
+        seen.push(&m.name);
+    }
+    if metrics.len() > crate::registry::MAX_METRICS {
+        return Err(ConfigError::Schema(format!(
+            "loss: _target_ {} reports {} metrics; a run records at most {}{}",
+            spec.target,
+            metrics.len(),
+            crate::registry::MAX_METRICS,
+            spec.origin
+        )));
+    }
+    Ok(Some(LossSpec { spec, metrics }))
+}
+
+/// Shared handles, as `Experiment` keeps them.
+pub fn shared<T>(v: Option<T>) -> Option<Arc<T>> {
+    v.map(Arc::new)
+}
