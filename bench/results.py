@@ -36,7 +36,22 @@ def machine(isa: str = "native") -> str:
     widest = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "sse/neon"
     if isa == "avx2" and widest != "avx2":
         widest = f"avx2 (both sides capped; the CPU has {widest})"
-    return f"{model}, {widest}, {os.cpu_count()} cores"
+    return f"{model}, {widest}{l1d()}, {os.cpu_count()} cores"
+
+
+def l1d() -> str:
+    """`, 32 KiB L1d per core` from sysfs (the level-1 data cache), or nothing where it cannot be read."""
+    base = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in sorted(os.listdir(base)):
+            d = os.path.join(base, index)
+            if open(os.path.join(d, "level")).read().strip() == "1" and \
+                    open(os.path.join(d, "type")).read().strip() == "Data":
+                size = open(os.path.join(d, "size")).read().strip().replace("K", " KiB")
+                return f", {size} L1d per core"
+    except OSError:
+        pass
+    return ""
 
 
 def record(section: str, row: str) -> None:
