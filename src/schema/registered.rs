@@ -162,11 +162,13 @@ pub fn registered_data(job: &Node) -> Result<Option<RegisteredData>, ConfigError
     let (target_shape, num_classes) = match &first.target {
         Target::Class(_) => match set.num_classes() {
             Some(n) => (None, Some(n)),
-            None => return Err(fail(format!(
+            None => {
+                return Err(fail(format!(
                 "data: _target_ {}: its samples' targets are classes, but its num_classes() says \
                      None; return Some(classes) from MapDataset::num_classes{}",
                 spec.target, spec.origin
-            ))),
+            )))
+            }
         },
         Target::Values { shape, values } => {
             if shape.iter().product::<usize>() != values.len() {
