@@ -290,6 +290,7 @@ fn refused(extra: &[&str]) -> String {
 #[case::loss_typo(&["loss._target_=torch.nn.MSELos"], &["loss._target_", "Did you mean 'torch.nn.MSELoss'?"])]
 #[case::loss_argument(&["loss.delta=-1"], &["loss.delta", "must be positive", "loss.delta=-1"])]
 #[case::monitor_typo(&["callbacks.model_checkpoint.monitor=val/mea"], &["callbacks.model_checkpoint.monitor", "val/mea", "Did you mean 'val/mae'?"])]
+#[case::smoothing_another_loss(&["+model.label_smoothing=0.1"], &["model.label_smoothing", "tests.losses.Huber", "+model.label_smoothing=0.1"])]
 #[case::accuracy_of_a_regression(&["callbacks.early_stopping.monitor=val/acc"], &["no metric 'val/acc'", "val/within_tenth"])]
 fn bad_data_loss_and_monitors_fail_before_training(
     #[case] extra: &[&str],
@@ -456,4 +457,24 @@ fn segmentation_with_per_pixel_cross_entropy_learns_the_masks() {
     // Calling every pixel background scores about 0.9 on these masks.
     assert!(acc > 0.97, "val/acc {acc}: the masks were not learned: {s}");
     assert_eq!(s["best"]["monitor"], "val/acc", "{s}");
+
+    // The dataset counts two classes; a config that says otherwise is refused at its override.
+    let mut bad = args(
+        project.path(),
+        &project.path().join("bad"),
+        &["data=blobs", "+data.num_classes=3"],
+    );
+    bad.extend(
+        [
+            "model=pixel_net",
+            "loss._target_=torch.nn.CrossEntropyLoss",
+            "~loss.delta",
+        ]
+        .map(String::from),
+    );
+    let err =
+        trainyard::app::try_main(bad.into_iter().map(Into::into)).expect_err("3 classes accepted");
+    for want in ["data.num_classes", "2 classes", "+data.num_classes=3"] {
+        assert!(err.contains(want), "missing {want:?} in:\n{err}");
+    }
 }

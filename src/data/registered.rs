@@ -4,9 +4,10 @@
 use super::{DataError, Dataset, Image, Split};
 use crate::registry::{DataContext, DataSplit, MapDataset, Sample};
 use crate::schema::DataConfig;
+use std::sync::Arc;
 
 pub struct Registered {
-    inner: Box<dyn MapDataset>,
+    inner: Arc<dyn MapDataset>,
     classes: usize,
     target: String,
 }
@@ -18,21 +19,25 @@ impl Registered {
                 "data.name=registered is set by a registered dataset's _target_".into(),
             )
         })?;
-        let entry = crate::registry::dataset(&spec.spec.target).ok_or_else(|| {
-            DataError::Unsupported(format!(
-                "data: _target_ {} is not registered",
-                spec.spec.target
-            ))
-        })?;
-        let ctx = DataContext {
-            split: match split {
-                Split::Train => DataSplit::Train,
-                Split::Val => DataSplit::Val,
-            },
-            seed,
+        // The training split was opened when the config was checked: the same one is read here.
+        let inner = match split {
+            Split::Train => spec.train.0.clone(),
+            Split::Val => {
+                let entry = crate::registry::dataset(&spec.spec.target).ok_or_else(|| {
+                    DataError::Unsupported(format!(
+                        "data: _target_ {} is not registered",
+                        spec.spec.target
+                    ))
+                })?;
+                let ctx = DataContext {
+                    split: DataSplit::Val,
+                    seed,
+                };
+                let built = (entry.build)(&spec.spec.args, &ctx)
+                    .map_err(|e| DataError::Unsupported(spec.spec.refused(&e)))?;
+                Arc::from(built)
+            }
         };
-        let inner = (entry.build)(&spec.spec.args, &ctx)
-            .map_err(|e| DataError::Unsupported(spec.spec.refused(&e)))?;
         Ok(Registered {
             inner,
             classes: cfg.num_classes,

@@ -7,7 +7,7 @@
 
 use crate::config::errors::{at, did_you_mean, ConfigError};
 use crate::config::tree::Node;
-use crate::registry::{DataContext, DataSplit, Metric, Target};
+use crate::registry::{DataContext, DataSplit, MapDataset, Metric, Target};
 use std::sync::Arc;
 
 /// `<section>: {_target_: <registered>, ...}`: the constructor's name and its arguments (the node's other
@@ -82,11 +82,29 @@ impl RegisteredSpec {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RegisteredData {
     pub spec: RegisteredSpec,
+    /// The training split, opened here to check it: the loader reads this one rather than build it again.
+    pub train: OpenedDataset,
     /// One sample's input shape.
     pub input_shape: Vec<usize>,
     /// One sample's target shape when the targets are values; `None` when they are classes.
     pub target_shape: Option<Vec<usize>>,
     pub num_classes: Option<usize>,
+}
+
+/// A dataset a constructor built, shared (the same one is the same; its contents are not compared).
+#[derive(Clone)]
+pub struct OpenedDataset(pub Arc<dyn MapDataset>);
+
+impl std::fmt::Debug for OpenedDataset {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OpenedDataset({} samples)", self.0.len())
+    }
+}
+
+impl PartialEq for OpenedDataset {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 /// A registered loss: its spec and the metrics it reports.
@@ -161,7 +179,10 @@ pub fn registered_data(job: &Node) -> Result<Option<RegisteredData>, ConfigError
     }
     let (target_shape, num_classes) = match &first.target {
         Target::Class(_) => match set.num_classes() {
-            Some(n) => (None, Some(n)),
+            Some(n) => {
+                check_classes(job, n, &spec)?;
+                (None, Some(n))
+            }
             None => {
                 return Err(fail(format!(
                 "data: _target_ {}: its samples' targets are classes, but its num_classes() says \
@@ -180,6 +201,9 @@ pub fn registered_data(job: &Node) -> Result<Option<RegisteredData>, ConfigError
                     spec.origin
                 )));
             }
+            if let Some(n) = set.num_classes() {
+                check_classes(job, n, &spec)?;
+            }
             (Some(shape.clone()), set.num_classes())
         }
     };
@@ -188,7 +212,25 @@ pub fn registered_data(job: &Node) -> Result<Option<RegisteredData>, ConfigError
         target_shape,
         num_classes,
         spec,
+        train: OpenedDataset(Arc::from(set)),
     }))
+}
+
+/// `data.num_classes`, when set beside a dataset that counts its classes, is that count.
+fn check_classes(job: &Node, classes: usize, spec: &RegisteredSpec) -> Result<(), ConfigError> {
+    let Some(node) = job.get("data.num_classes") else {
+        return Ok(());
+    };
+    match node.to_json().as_u64() {
+        Some(n) if n as usize == classes => Ok(()),
+        _ => Err(ConfigError::Schema(format!(
+            "Error in config key 'data.num_classes': {} says its samples have {classes} classes, the config \
+             says {}{}\n    Set data.num_classes={classes}, or leave it out (it defaults to the dataset's)",
+            spec.target,
+            node.to_json(),
+            at(&node.source)
+        ))),
+    }
 }
 
 /// `loss: {_target_: <a registered loss>, ...}`: built once to check its arguments and learn its metrics.
@@ -249,9 +291,4 @@ pub fn registered_loss(job: &Node) -> Result<Option<LossSpec>, ConfigError> {
         )));
     }
     Ok(Some(LossSpec { spec, metrics }))
-}
-
-/// Shared handles, as `Experiment` keeps them.
-pub fn shared<T>(v: Option<T>) -> Option<Arc<T>> {
-    v.map(Arc::new)
 }

@@ -49,7 +49,14 @@ pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
         if let Some(t) = data.child("_target_") {
             // A dataset a crate registered is opened by its constructor: `extract` reads it.
             if crate::registry::dataset(target_text(t)).is_none() {
-                return Err(unregistered_data(t));
+                let names = crate::registry::dataset_targets();
+                return Err(unregistered(
+                    "data",
+                    t,
+                    "dataset",
+                    "register_dataset!",
+                    &names,
+                ));
             }
         }
     }
@@ -693,19 +700,25 @@ fn scheduler_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `data: {_target_: ...}` naming no registered dataset: the project's own Python code, or a typo.
-fn unregistered_data(target: &Node) -> ConfigError {
-    let registered = crate::registry::dataset_targets();
-    let mut e = user_code("data", target).to_string();
-    e.push_str(
-        "\n    A dataset written in Rust is registered under its _target_ with \
-         trainyard::register_dataset! in your crate (see examples/own-model)",
-    );
+/// A `_target_` at `section` that nothing registered: the project's own Python code, or a typo among the
+/// names `registered` lists (`what`, registered with `register`).
+fn unregistered(
+    section: &str,
+    target: &Node,
+    what: &str,
+    register: &str,
+    registered: &[&str],
+) -> ConfigError {
+    let mut e = user_code(section, target).to_string();
+    e.push_str(&format!(
+        "\n    A {what} written in Rust is registered under its _target_ with trainyard::{register} in your \
+         crate (see examples/own-model)"
+    ));
     if let Some(s) = did_you_mean(target_text(target), registered.iter().copied()) {
         e.push_str(&format!("\n    Did you mean '{s}'?"));
     } else if !registered.is_empty() {
         e.push_str(&format!(
-            "\n    Registered datasets: {}",
+            "\n    Registered {what}s: {}",
             registered.join(", ")
         ));
     }
@@ -716,21 +729,14 @@ fn unregistered_data(target: &Node) -> ConfigError {
 /// own LightningModule.
 fn model_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
     if target_text(target) != "timm.create_model" {
-        let registered = crate::registry::model_targets();
-        let mut e = user_code("model", target).to_string();
-        e.push_str(
-            "\n    A model written in Rust is registered under its _target_ with \
-             trainyard::register_candle_model! in your crate (see examples/own-model)",
-        );
-        if let Some(s) = did_you_mean(target_text(target), registered.iter().copied()) {
-            e.push_str(&format!("\n    Did you mean '{s}'?"));
-        } else if !registered.is_empty() {
-            e.push_str(&format!(
-                "\n    Registered models: {}",
-                registered.join(", ")
-            ));
-        }
-        return Err(ConfigError::Schema(e));
+        let names = crate::registry::model_targets();
+        return Err(unregistered(
+            "model",
+            target,
+            "model",
+            "register_candle_model!",
+            &names,
+        ));
     }
     let Some(map) = node.as_map_mut() else {
         return Ok(());

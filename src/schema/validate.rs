@@ -61,6 +61,18 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
             )));
         }
     }
+    if let (Some(loss), true) = (&experiment.loss, experiment.model.label_smoothing > 0.0) {
+        let place = job
+            .get("model.label_smoothing")
+            .map(|n| at(&n.source))
+            .unwrap_or_default();
+        return Err(ConfigError::Schema(format!(
+            "Error in config key 'model.label_smoothing': it smooths the built-in cross-entropy, which \
+             loss: _target_ {} replaces{place}\n    Remove it (torch.nn.CrossEntropyLoss takes \
+             loss.label_smoothing)",
+            loss.spec.target
+        )));
+    }
     check_monitors(&job, &mut experiment)?;
     validate(&job, &experiment)?;
     Ok(experiment)
@@ -127,9 +139,11 @@ fn registered_data_fields(
 ) {
     node.retain(|k, _| super::registered::REGISTERED_DATA_FIELDS.contains(&k.as_str()));
     node.insert("name".into(), "registered".into());
+    // As the loader lays the samples out: square images as C x H x H, any other shape flattened.
     let (channels, side) = match d.input_shape.as_slice() {
         [c, h, w] if h == w => (*c, *h),
-        shape => (shape.first().copied().unwrap_or(1), 1),
+        [c, _, _] => (*c, 1), // not square: registered models only (`Architecture::of`)
+        shape => (shape.iter().product(), 1),
     };
     node.insert("channels".into(), channels.into());
     node.insert("image_size".into(), side.into());

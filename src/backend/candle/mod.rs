@@ -51,6 +51,8 @@ pub struct CandleEngine {
     sync_batchnorm: Option<Arc<dyn Collective>>,
     /// A registered loss (`loss:`): what a step computes in place of classification's cross-entropy.
     loss: Option<Box<dyn CandleLoss>>,
+    /// How many metrics it reports (asked once, not every step).
+    loss_metrics: usize,
 }
 
 fn to_candle(t: &HostTensor, device: &Device) -> candle_core::Result<Tensor> {
@@ -110,6 +112,7 @@ impl CandleEngine {
             forward_calls: 0,
             sync_batchnorm: placement.sync_batchnorm.clone(),
             loss: exp.loss.as_ref().map(|l| build_loss(l)).transpose()?,
+            loss_metrics: exp.loss.as_ref().map_or(0, |l| l.metrics.len()),
         })
     }
 
@@ -142,7 +145,7 @@ impl CandleEngine {
                 .copied()
                 .map_or(f64::NAN, f64::from))
         };
-        let wanted = self.loss.as_ref().map_or(0, |l| l.metrics().len());
+        let wanted = self.loss_metrics;
         anyhow::ensure!(
             value.metrics.len() == wanted && value.loss.elem_count() == 1,
             "the loss returned {} metric values and a loss of shape {:?}; its metrics() names {wanted}, and \
