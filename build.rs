@@ -11,6 +11,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH_USE_PYTORCH");
     println!("cargo:rerun-if-env-changed=LIBTORCH_LIB");
     println!("cargo:rerun-if-changed=src/backend/torch/shim.cpp");
+    println!("cargo:rerun-if-changed=src/backend/torch/jit_shim.cpp");
     println!("cargo:rerun-if-changed=src/comm/c10d_shim.cpp");
     println!("cargo:rerun-if-changed=src/comm/nccl_shim.cpp");
     println!("cargo:rerun-if-env-changed=TRAINYARD_CUDA_HEADERS");
@@ -66,6 +67,7 @@ fn main() {
     }
     shim.cpp(true)
         .file("src/backend/torch/shim.cpp")
+        .file("src/backend/torch/jit_shim.cpp")
         .file("src/comm/c10d_shim.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))

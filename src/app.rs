@@ -1,4 +1,5 @@
-//! From what the user typed to what happens: `train logbook ...` writes the logbook; otherwise find the
+//! From what the user typed to what happens: `train logbook ...` writes the logbook, `train export ...`
+//! writes a TorchScript run's trained module (`export`); otherwise find the
 //! project (`project`), then complete (`--shell-completion`, `--complete`), look (`--cfg`, `--info`:
 //! `introspect`) or run one job or a sweep (`launcher`).
 
@@ -77,6 +78,9 @@ pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, St
     let args = crate::cli::normalize_args(args);
     if args.get(1).is_some_and(|a| a == "logbook") {
         return Ok(logbook_entry(&args[2..]));
+    }
+    if args.get(1).is_some_and(|a| a == "export") {
+        return crate::export::run(&args[2..]).map_err(|e| format!("{e:#}"));
     }
     let wants_help = args.iter().skip(1).any(|a| a == "--help" || a == "-h");
     let mut command = Cli::command();

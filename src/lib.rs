@@ -11,6 +11,7 @@ pub mod config;
 #[cfg(feature = "torch")]
 pub mod cuda;
 pub mod data;
+pub mod export;
 pub mod introspect;
 pub mod launcher;
 pub mod logbook;

@@ -252,20 +252,26 @@ fn check_supported(exp: &Experiment, machine: &Machine) -> anyhow::Result<()> {
                 .into(),
         );
     }
-    if exp.model.name == crate::schema::ModelName::Registered {
+    if let Some(spec) = exp.model.registered.as_deref() {
+        let target = &spec.target;
         if t.strategy == Strategy::Fsdp {
-            missing.push(
-                "trainer.strategy=fsdp with a registered model: trainyard cannot see the stages inside its \
-                 forward pass to shard it unit by unit; use trainer=ddp"
-                    .into(),
-            );
+            missing.push(format!(
+                "trainer.strategy=fsdp with model _target_ {target}: trainyard cannot see the stages inside \
+                 its forward pass to shard it unit by unit; use trainer=ddp"
+            ));
         }
-        if exp.backend == Backend::Tch {
-            missing.push(
-                "backend=tch with a registered model: register_candle_model! registers a Candle model; use \
-                 backend=candle"
-                    .into(),
-            );
+        if exp.backend == Backend::Tch && !crate::registry::runs_on_tch(target) {
+            missing.push(format!(
+                "backend=tch with model _target_ {target}: it is registered for Candle \
+                 (register_candle_model!); register its tch version under the same _target_ with \
+                 register_tch_model!, or use backend=candle"
+            ));
+        }
+        if exp.backend == Backend::Candle && crate::registry::model(target).is_none() {
+            missing.push(format!(
+                "backend=candle with model _target_ {target}: it runs on libtorch only (register_tch_model!, \
+                 or a TorchScript module); use backend=tch"
+            ));
         }
     }
     if let Some(loss) = &exp.loss {

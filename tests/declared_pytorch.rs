@@ -4,6 +4,9 @@
 //! PyTorch comes from TRAINYARD_TORCH_PYTHON (a python with torch and safetensors; `.ci/run` makes one);
 //! without it the test says SKIPPED, except under CI, where it fails.
 
+mod common;
+
+use common::{torch_python, write_safetensors};
 use rstest::rstest;
 use std::path::Path;
 use std::process::Command;
@@ -70,40 +73,6 @@ fn batch(seed: u64) -> Batch {
         width: 16,
         staged: None,
         tensors: None,
-    }
-}
-
-fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
-    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
-        .iter()
-        .map(|(k, s, d)| {
-            (
-                k.clone(),
-                d.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                s.clone(),
-            )
-        })
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
-        .iter()
-        .map(|(k, b, s)| {
-            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b);
-            (k.clone(), view.unwrap())
-        })
-        .collect();
-    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
-}
-
-fn torch_python() -> Option<String> {
-    match std::env::var("TRAINYARD_TORCH_PYTHON") {
-        Ok(p) => Some(p),
-        Err(_) if std::env::var_os("CI").is_some() => {
-            panic!("CI must set TRAINYARD_TORCH_PYTHON (a python with torch and safetensors)")
-        }
-        Err(_) => {
-            eprintln!("SKIPPED: set TRAINYARD_TORCH_PYTHON to a python with torch and safetensors");
-            None
-        }
     }
 }
 

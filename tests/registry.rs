@@ -123,6 +123,13 @@ fn a_registered_model_is_built_with_its_typed_arguments_and_seeded_variables() {
     "{_target_: tests.models.Gatde, hidden: 6}",
     &["tests.models.Gatde is Python code of your project", "register_candle_model!", "Did you mean 'tests.models.Gated'?"]
 )]
+#[cfg_attr(
+    not(feature = "torch"),
+    case::torchscript_without_libtorch(
+        "{_target_: trainyard.TorchScript, path: net.pt}",
+        &["(model=torchscript) trains on libtorch", "rebuild with --features torch", "t.yaml:3"]
+    )
+)]
 fn bad_registered_models_fail_with_the_key_and_the_place(
     #[case] model: &str,
     #[case] wanted: &[&str],

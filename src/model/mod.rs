@@ -122,6 +122,12 @@ impl Architecture {
         match self {
             Architecture::ResNet(m) => m.buffers(),
             Architecture::Declared(m) => m.buffers(),
+            // A libtorch model's own buffers: their values are the model's, not these.
+            Architecture::Registered(m) => m
+                .buffer_shapes()
+                .into_iter()
+                .map(|(name, shape)| (name, shape, 0.0))
+                .collect(),
             _ => Vec::new(),
         }
     }

@@ -11,21 +11,21 @@ use std::sync::Mutex;
 
 /// A registered model sized for the data.
 pub struct Registered {
-    pub entry: &'static ModelEntry,
+    pub target: String,
+    /// Its Candle constructor, when it has one (`register_candle_model!`).
+    pub candle: Option<&'static ModelEntry>,
     pub args: serde_json::Value,
     pub ctx: ModelContext,
     specs: Vec<ParamSpec>,
+    /// Buffers of a libtorch model (name, shape): its own, saved with it.
+    buffers: Vec<(String, Vec<usize>)>,
 }
 
 impl Registered {
     pub fn new(spec: &RegisteredSpec, ctx: ModelContext) -> anyhow::Result<Self> {
-        let entry = crate::registry::model(&spec.target).ok_or_else(|| {
-            anyhow::anyhow!(
-                "model: _target_ {} is not registered{}",
-                spec.target,
-                spec.origin
-            )
-        })?;
+        let Some(entry) = crate::registry::model(&spec.target) else {
+            return Self::libtorch_only(spec, ctx);
+        };
         let recorder = Recorder::default();
         let vb = candle_nn::VarBuilder::from_backend(
             Box::new(RecordingBackend(&recorder)),
@@ -41,11 +41,84 @@ impl Registered {
             spec.origin
         );
         Ok(Registered {
-            entry,
+            target: spec.target.clone(),
+            candle: Some(entry),
             args: spec.args.clone(),
             ctx,
             specs,
+            buffers: Vec::new(),
         })
+    }
+
+    /// A model registered for libtorch only: built once on the CPU to learn its tensors' names and shapes
+    /// (its constructor's refusals surface here, before any engine starts). Its values are its own: the
+    /// tch engine trains the tensors the model holds.
+    #[cfg(feature = "torch")]
+    fn libtorch_only(spec: &RegisteredSpec, ctx: ModelContext) -> anyhow::Result<Self> {
+        let entry = crate::registry::tch_model(&spec.target).ok_or_else(|| {
+            anyhow::anyhow!(
+                "model: _target_ {} is not registered{}",
+                spec.target,
+                spec.origin
+            )
+        })?;
+        let model = (entry.build)(&spec.args, tch::Device::Cpu, &ctx)
+            .map_err(|e| anyhow::anyhow!(spec.refused(&e)))?;
+        let shape = |t: &tch::Tensor| t.size().iter().map(|&d| d as usize).collect::<Vec<_>>();
+        let specs: Vec<ParamSpec> = model
+            .parameters()?
+            .iter()
+            .map(|(name, t)| ParamSpec {
+                name: name.clone(),
+                shape: shape(t),
+                fan_in: 1,
+                init: Init::Constant(0.0),
+            })
+            .collect();
+        anyhow::ensure!(
+            !specs.is_empty(),
+            "model: _target_ {} has no trainable tensors: nothing to train{}",
+            spec.target,
+            spec.origin
+        );
+        let buffers = model
+            .buffers()?
+            .iter()
+            .map(|(name, t)| (name.clone(), shape(t)))
+            .collect();
+        Ok(Registered {
+            target: spec.target.clone(),
+            candle: None,
+            args: spec.args.clone(),
+            ctx,
+            specs,
+            buffers,
+        })
+    }
+
+    #[cfg(not(feature = "torch"))]
+    fn libtorch_only(spec: &RegisteredSpec, _: ModelContext) -> anyhow::Result<Self> {
+        anyhow::bail!(
+            "model: _target_ {} is not registered{}",
+            spec.target,
+            spec.origin
+        )
+    }
+
+    /// Its Candle constructor, or why Candle cannot build it.
+    pub fn candle_entry(&self) -> anyhow::Result<&'static ModelEntry> {
+        self.candle.ok_or_else(|| {
+            anyhow::anyhow!(
+                "model _target_ {} is registered for libtorch only (register_tch_model!, or a TorchScript \
+                 module): use backend=tch",
+                self.target
+            )
+        })
+    }
+
+    /// A libtorch model's buffers (name, shape); a Candle model keeps none of its own.
+    pub fn buffer_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.buffers.clone()
     }
 
     /// Its variables in the order its constructor created them.

@@ -27,6 +27,8 @@ mod data;
 mod loss;
 pub mod losses;
 mod model;
+#[cfg(feature = "torch")]
+mod tch_model;
 
 pub use anyhow::Result;
 pub use candle_core::Tensor;
@@ -36,6 +38,10 @@ pub use inventory;
 pub use loss::*;
 pub use model::*;
 pub use serde_json::Value;
+#[cfg(feature = "torch")]
+pub use tch;
+#[cfg(feature = "torch")]
+pub use tch_model::*;
 
 /// A `_target_` node's arguments as the type its constructor takes (serde; unknown keys and wrong types
 /// are errors when the type says `deny_unknown_fields`, as a Python constructor refuses them).

@@ -39,14 +39,39 @@ pub fn model(target: &str) -> Option<&'static ModelEntry> {
         .find(|e| e.target == target)
 }
 
-/// Every registered model's `_target_`, sorted (for `--help` and "did you mean").
+/// The `_target_` of a TorchScript module (`conf/model/torchscript.yaml`), registered in `torch` builds.
+pub const TORCHSCRIPT: &str = "trainyard.TorchScript";
+
+/// Is `target` registered for libtorch (`register_tch_model!`, TorchScript)? Never in a build without the
+/// `torch` feature.
+pub fn runs_on_tch(target: &str) -> bool {
+    #[cfg(feature = "torch")]
+    return super::tch_model(target).is_some();
+    #[cfg(not(feature = "torch"))]
+    return {
+        let _ = target;
+        false
+    };
+}
+
+/// Is `target` registered for some backend (Candle, or libtorch in a `torch` build)?
+pub fn is_model(target: &str) -> bool {
+    model_targets().contains(&target)
+}
+
+/// Every registered model's `_target_` (Candle's and libtorch's), sorted, each once (for `--help` and
+/// "did you mean").
 pub fn model_targets() -> Vec<&'static str> {
-    super::sorted(
-        inventory::iter::<ModelEntry>
-            .into_iter()
-            .map(|e| e.target)
-            .collect(),
-    )
+    #[allow(unused_mut)]
+    let mut names: Vec<&'static str> = inventory::iter::<ModelEntry>
+        .into_iter()
+        .map(|e| e.target)
+        .collect();
+    #[cfg(feature = "torch")]
+    names.extend(super::tch_model_targets());
+    let mut names = super::sorted(names);
+    names.dedup();
+    names
 }
 
 /// Register a Candle model under a `_target_` name: `build(args, vb, ctx) -> Result<M>` where `args`

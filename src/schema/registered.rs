@@ -132,7 +132,7 @@ pub const REGISTERED_DATA_FIELDS: &[&str] = &[
 /// `model: {_target_: <a registered model>, ...}`.
 pub fn registered_model(job: &Node) -> Option<RegisteredSpec> {
     RegisteredSpec::read(job, "model", REGISTERED_MODEL_FIELDS, |t| {
-        crate::registry::model(t).is_some()
+        crate::registry::is_model(t)
     })
 }
 
@@ -291,4 +291,32 @@ pub fn registered_loss(job: &Node) -> Result<Option<LossSpec>, ConfigError> {
         )));
     }
     Ok(Some(LossSpec { spec, metrics }))
+}
+
+/// A `_target_` at `section` that nothing registered: the project's own Python code, or a typo among the
+/// names `registered` lists (`what`, registered with `register`).
+pub(super) fn unregistered(
+    section: &str,
+    target: &Node,
+    what: &str,
+    register: &str,
+    registered: &[&str],
+) -> ConfigError {
+    let mut e = super::targets::user_code(section, target).to_string();
+    e.push_str(&format!(
+        "\n    A {what} written in Rust is registered under its _target_ with trainyard::{register} in your \
+         crate (see examples/own-model)"
+    ));
+    if let Some(s) = did_you_mean(
+        super::targets::target_text(target),
+        registered.iter().copied(),
+    ) {
+        e.push_str(&format!("\n    Did you mean '{s}'?"));
+    } else if !registered.is_empty() {
+        e.push_str(&format!(
+            "\n    Registered {what}s: {}",
+            registered.join(", ")
+        ));
+    }
+    ConfigError::Schema(e)
 }

@@ -8,7 +8,8 @@
 //!
 //! The README's "Lightning and torch `_target_`s" table documents every mapping below.
 
-use crate::config::errors::{at, did_you_mean, ConfigError};
+use super::registered::unregistered;
+use crate::config::errors::{at, ConfigError};
 use crate::config::tree::{Map, Node, Source, Value};
 
 /// Translate every known `_target_` node of a resolved job config in place.
@@ -38,7 +39,7 @@ pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
         let registered = model
             .child("_target_")
             .and_then(|t| t.as_str())
-            .is_some_and(|t| crate::registry::model(t).is_some());
+            .is_some_and(crate::registry::is_model);
         if !registered {
             if let Some(target) = take_target(model)? {
                 model_target(model, &target)?;
@@ -82,7 +83,7 @@ fn take_target(node: &mut Node) -> Result<Option<Node>, ConfigError> {
     }
 }
 
-fn target_text(t: &Node) -> &str {
+pub(super) fn target_text(t: &Node) -> &str {
     t.as_str().unwrap_or_default()
 }
 
@@ -105,7 +106,7 @@ fn unknown_target(section: &str, target: &Node, known: &[&str]) -> ConfigError {
 }
 
 /// A project's own Python class (its LightningModule or DataModule) named as a target.
-fn user_code(section: &str, target: &Node) -> ConfigError {
+pub(super) fn user_code(section: &str, target: &Node) -> ConfigError {
     ConfigError::Schema(format!(
         "{section}: _target_ {} is Python code of your project; trainyard runs no Python, so it cannot build \
          it. Choose one of trainyard's built-in {section} configs instead (`{section}=<option>`, see \
@@ -700,41 +701,24 @@ fn scheduler_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// A `_target_` at `section` that nothing registered: the project's own Python code, or a typo among the
-/// names `registered` lists (`what`, registered with `register`).
-fn unregistered(
-    section: &str,
-    target: &Node,
-    what: &str,
-    register: &str,
-    registered: &[&str],
-) -> ConfigError {
-    let mut e = user_code(section, target).to_string();
-    e.push_str(&format!(
-        "\n    A {what} written in Rust is registered under its _target_ with trainyard::{register} in your \
-         crate (see examples/own-model)"
-    ));
-    if let Some(s) = did_you_mean(target_text(target), registered.iter().copied()) {
-        e.push_str(&format!("\n    Did you mean '{s}'?"));
-    } else if !registered.is_empty() {
-        e.push_str(&format!(
-            "\n    Registered {what}s: {}",
-            registered.join(", ")
-        ));
-    }
-    ConfigError::Schema(e)
-}
-
 /// `timm.create_model` for the architectures trainyard builds; anything else at `model:` is the project's
 /// own LightningModule.
 fn model_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
+    if target_text(target) == crate::registry::TORCHSCRIPT {
+        return Err(ConfigError::Schema(format!(
+            "model: _target_ {} (model=torchscript) trains on libtorch, which this build lacks: \
+             eval \"$(scripts/install-libtorch.sh)\" and rebuild with --features torch{}",
+            crate::registry::TORCHSCRIPT,
+            at(&target.source)
+        )));
+    }
     if target_text(target) != "timm.create_model" {
         let names = crate::registry::model_targets();
         return Err(unregistered(
             "model",
             target,
             "model",
-            "register_candle_model!",
+            "register_candle_model! (or register_tch_model!)",
             &names,
         ));
     }

@@ -142,3 +142,40 @@ pub fn csv_rows(run_dir: &Path) -> Vec<Vec<(String, f64)>> {
         })
         .collect()
 }
+
+/// f32 tensors (name, shape, values) as a safetensors file.
+pub fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
+    let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
+        .iter()
+        .map(|(k, s, d)| {
+            (
+                k.clone(),
+                d.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                s.clone(),
+            )
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
+        .iter()
+        .map(|(k, b, s)| {
+            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b);
+            (k.clone(), view.unwrap())
+        })
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+/// A python with torch and safetensors (TRAINYARD_TORCH_PYTHON), or `None` with SKIPPED said; under CI
+/// it must be set.
+pub fn torch_python() -> Option<String> {
+    match std::env::var("TRAINYARD_TORCH_PYTHON") {
+        Ok(p) => Some(p),
+        Err(_) if std::env::var_os("CI").is_some() => {
+            panic!("CI must set TRAINYARD_TORCH_PYTHON (a python with torch and safetensors)")
+        }
+        Err(_) => {
+            eprintln!("SKIPPED: set TRAINYARD_TORCH_PYTHON to a python with torch and safetensors");
+            None
+        }
+    }
+}

@@ -2,11 +2,14 @@
 //! the `_target_` its config names, and `main` is trainyard's whole `train` command line (composition and
 //! overrides, sweeps, launchers, every strategy, checkpoints, loggers, the logbook).
 //!
-//! - `se_net`: an image classifier with a squeeze-and-excitation gate (`model=se_net`, the default).
+//! - `se_net`: an image classifier with a squeeze-and-excitation gate (`model=se_net`, the default), on
+//!   Candle; `se_net_tch`: the same network on libtorch (`--features torch`, `backend=tch`).
 //! - `houses`: a regression on a CSV table: its dataset, a network for table rows, and a loss with its own
 //!   metrics (`experiment=houses`).
 
 mod houses;
 mod se_net;
+#[cfg(feature = "torch")]
+mod se_net_tch;
 
 trainyard::main!();

@@ -144,6 +144,45 @@ fn the_own_model_trains_with_ddp() {
     assert!(acc > 0.5, "val/acc1 {acc} is not far above chance: {s}");
 }
 
+/// The same model written with tch (`register_tch_model!`, same `_target_`) trains on libtorch, resumes
+/// exactly, and trains with DDP over c10d.
+#[cfg(feature = "torch")]
+#[test]
+fn the_tch_version_trains_resumes_and_runs_ddp() {
+    let tmp = tempfile::tempdir().unwrap();
+    let straight = run(
+        &tmp.path().join("straight"),
+        &["backend=tch", "trainer.max_epochs=3"],
+    );
+    let s = summary(&straight);
+    assert_eq!(s["backend"], "tch", "{s}");
+    let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
+    assert!(acc > 0.5, "val/acc1 {acc} is not far above chance: {s}");
+    let names: Vec<String> = weights(&straight).into_iter().map(|(k, _)| k).collect();
+    assert!(names.iter().any(|n| n == "se.squeeze.weight"), "{names:?}");
+    let first = straight.join("checkpoints/epoch_000.safetensors");
+    let ckpt = format!("ckpt_path={}", first.display());
+    let resumed = run(
+        &tmp.path().join("resumed"),
+        &["backend=tch", "trainer.max_epochs=3", &ckpt],
+    );
+    assert_eq!(
+        weights(&straight),
+        weights(&resumed),
+        "resumed != uninterrupted"
+    );
+    let ddp = run(
+        &tmp.path().join("ddp"),
+        &[
+            "backend=tch",
+            "trainer=ddp_sim",
+            "data.batch_size=16",
+            "trainer.max_epochs=2",
+        ],
+    );
+    assert_eq!(summary(&ddp)["strategy"], "ddp");
+}
+
 /// `experiment=houses` into a fresh dir: the regression on data/houses.csv (checkpoints every epoch).
 fn houses(dir: &Path, extra: &[&str]) -> PathBuf {
     let out_dir = format!("hydra.run.dir={}", dir.display());

@@ -77,6 +77,9 @@ impl CandleEngine {
     pub fn placed(exp: &Experiment, placement: &Placement) -> anyhow::Result<Self> {
         let device = Device::Cpu;
         let model = Architecture::of(exp)?;
+        if let Architecture::Registered(m) = &model {
+            m.candle_entry()?;
+        }
         let bf16 = exp.trainer.precision == crate::schema::Precision::MixedBf16;
         anyhow::ensure!(
             !(bf16 && matches!(model, Architecture::Registered(_))),

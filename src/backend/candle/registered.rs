@@ -21,8 +21,11 @@ impl CandleForward for Registered {
             DType::F32,
             x.device().clone(),
         );
-        let model = (self.entry.candle)(&self.args, vb, &self.ctx)
-            .map_err(|e| candle_core::Error::Msg(format!("{}: {e:#}", self.entry.target)))?;
+        let entry = self
+            .candle_entry()
+            .map_err(|e| candle_core::Error::Msg(format!("{e:#}")))?;
+        let model = (entry.candle)(&self.args, vb, &self.ctx)
+            .map_err(|e| candle_core::Error::Msg(format!("{}: {e:#}", self.target)))?;
         // The loader's NCHW view of a registered dataset's samples, back in their own shape.
         let dims: Vec<usize> = std::iter::once(x.dim(0)?)
             .chain(self.ctx.input_shape.iter().copied())

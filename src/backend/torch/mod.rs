@@ -10,7 +10,9 @@ mod ddp_overlap;
 mod declared;
 mod fused_optim;
 mod models;
+mod own_model;
 mod staged;
+pub mod torchscript;
 
 use super::{
     BackwardOverlap, Engine, Gradient, Gradients, LossScaler, PendingStats, Placement, Sharding,
@@ -35,6 +37,8 @@ pub struct TchEngine {
     /// `data.pin_memory`: batches reach a GPU through page-locked memory.
     pin_memory: bool,
     arch: models::Arch,
+    /// A registered model (a crate's tch model, a TorchScript module): run instead of `arch`'s passes.
+    own: Option<own_model::OwnModel>,
     params: BTreeMap<String, Tensor>,
     /// Parameter names in the order the model defines them (DDP's first buckets follow it).
     param_order: Vec<String>,
@@ -127,11 +131,64 @@ fn cuda(index: usize) -> anyhow::Result<Device> {
 impl TchEngine {
     /// The eval-mode forward pass (under whatever autocast the caller entered), without a graph.
     fn eval_forward(&mut self, x: &Tensor) -> anyhow::Result<Tensor> {
+        Ok(self.eval_pass(x, None)?.0)
+    }
+
+    /// The eval-mode logits and loss (cross-entropy, or a registered model's own when it computes one)
+    /// without a graph; the loss only when `y` is given.
+    fn eval_pass(
+        &mut self,
+        x: &Tensor,
+        y: Option<&Tensor>,
+    ) -> anyhow::Result<(Tensor, Option<Tensor>)> {
         let mut rng = Rng::new(0);
         tch::no_grad(|| {
-            self.arch
-                .forward(&self.params, &mut self.buffers, x, false, &mut rng)
+            let (logits, own_loss) = match &mut self.own {
+                Some(own) => own.forward(x, y, false)?,
+                None => (
+                    self.arch
+                        .forward(&self.params, &mut self.buffers, x, false, &mut rng)?,
+                    None,
+                ),
+            };
+            let loss = match (own_loss, y) {
+                (Some(l), Some(_)) => Some(l),
+                (_, Some(y)) => Some(logits.f_cross_entropy_loss::<Tensor>(
+                    y,
+                    None,
+                    tch::Reduction::Mean,
+                    -100,
+                    0.0,
+                )?),
+                (_, None) => None,
+            };
+            Ok((logits, loss))
         })
+    }
+
+    /// The training-mode logits and loss (the graph kept for the backward pass).
+    fn train_pass(&mut self, x: &Tensor, y: &Tensor) -> anyhow::Result<(Tensor, Tensor)> {
+        let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
+        self.forward_calls += 1;
+        let (logits, own_loss) = match &mut self.own {
+            Some(own) => own.forward(x, Some(y), true)?,
+            None => (
+                self.arch
+                    .forward(&self.params, &mut self.buffers, x, true, &mut rng)?,
+                None,
+            ),
+        };
+        let loss = match own_loss {
+            Some(loss) => loss,
+            None => logits.f_cross_entropy_loss::<Tensor>(
+                y,
+                None,
+                tch::Reduction::Mean,
+                -100,
+                self.label_smoothing,
+            )?,
+        };
+        Ok((logits, loss))
     }
 
     /// A single-device engine (`Placement::single`).
@@ -185,31 +242,35 @@ impl TchEngine {
             sync_batchnorm: placement.sync_batchnorm.clone(),
         };
         let zoo = &arch.arch;
-        if let crate::model::Architecture::Registered(m) = zoo {
-            anyhow::bail!(
-                "model _target_ {} is a Candle model (registered with register_candle_model!): backend=tch \
-                 builds the zoo and declared models; use backend=candle",
-                m.entry.target
-            );
-        }
         let mut params = BTreeMap::new();
-        let param_order = zoo.specs().iter().map(|s| s.name.clone()).collect();
-        for spec in zoo.specs() {
-            let host = spec.initial_value(exp.seed);
-            params.insert(
-                spec.name.clone(),
-                store(to_tch(&host, device)?, &spec.name)?.set_requires_grad(true),
-            );
-        }
         let mut buffers = BTreeMap::new();
-        for (name, shape, value) in zoo.buffers() {
-            let t = store(to_tch(&init::constant(&shape, value), device)?, &name)?;
-            buffers.insert(name, t);
-        }
+        let (own, param_order) = if let crate::model::Architecture::Registered(m) = zoo {
+            let sync_bn = placement.sync_batchnorm.is_some();
+            let (own, (named, named_buffers)) =
+                own_model::OwnModel::build(m, exp, device, mode, sync_bn)?;
+            let order = named.iter().map(|(n, _)| n.clone()).collect();
+            params.extend(named);
+            buffers.extend(named_buffers);
+            (Some(own), order)
+        } else {
+            for spec in zoo.specs() {
+                let host = spec.initial_value(exp.seed);
+                params.insert(
+                    spec.name.clone(),
+                    store(to_tch(&host, device)?, &spec.name)?.set_requires_grad(true),
+                );
+            }
+            for (name, shape, value) in zoo.buffers() {
+                let t = store(to_tch(&init::constant(&shape, value), device)?, &name)?;
+                buffers.insert(name, t);
+            }
+            (None, zoo.specs().iter().map(|s| s.name.clone()).collect())
+        };
         Ok(TchEngine {
             device,
             pin_memory: exp.data.pin_memory,
             arch,
+            own,
             params,
             param_order,
             buffers,
@@ -284,21 +345,9 @@ impl Engine for TchEngine {
         grad_scale: f64,
     ) -> anyhow::Result<PendingStats> {
         let (x, y) = self.inputs(batch)?;
-        let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
-        self.forward_calls += 1;
         let (logits, loss) = {
             let _autocast = amp::autocast(self.mode, self.device)?;
-            let logits = self
-                .arch
-                .forward(&self.params, &mut self.buffers, &x, true, &mut rng)?;
-            let loss = logits.f_cross_entropy_loss::<Tensor>(
-                &y,
-                None,
-                tch::Reduction::Mean,
-                -100,
-                self.label_smoothing,
-            )?;
-            (logits, loss)
+            self.train_pass(&x, &y)?
         };
         // Gradients accumulate in each parameter's `.grad` until the optimizer step, as in PyTorch;
         // under 16-mixed the loss is scaled first (GradScaler.scale(loss)).
@@ -453,9 +502,8 @@ impl Engine for TchEngine {
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
         let _autocast = amp::autocast(self.mode, self.device)?;
-        let logits = self.eval_forward(&x)?;
-        let loss =
-            logits.f_cross_entropy_loss::<Tensor>(&y, None, tch::Reduction::Mean, -100, 0.0)?;
+        let (logits, loss) = self.eval_pass(&x, Some(&y))?;
+        let loss = loss.context("the evaluation pass computed no loss")?;
         read_stats(&device_stats(&logits, &loss, &y)?, batch.len())
     }
 

@@ -106,9 +106,8 @@ impl Arch {
                 super::declared::stage(net, k, p, b, x, (self.norm(train)?, train), rng)?
             }
             Architecture::Registered(m) => anyhow::bail!(
-                "model _target_ {} is a Candle model: backend=tch builds only the zoo and declared models; \
-                 use backend=candle",
-                m.entry.target
+                "model _target_ {}: the engine runs a registered model's own forward pass, not stages",
+                m.target
             ),
         })
     }
