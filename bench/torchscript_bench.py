@@ -74,8 +74,9 @@ def trainyard(args, net: str) -> float:
         cmd = [TRAIN, "model=torchscript", f"model.path={net}", "data=synthetic", "data.num_classes=10",
                f"data.image_size={args.image}", f"data.batch_size={args.batch}",
                f"data.train_size={args.batch * args.steps}", f"data.val_size={args.batch}",
-               "optimizer=sgd", "optimizer.lr=0.01", "optimizer.momentum=0.9", "scheduler=constant",
-               "trainer.max_epochs=1", "trainer.accelerator=cpu", "~callbacks.model_checkpoint",
+               "optimizer=sgd", "optimizer.lr=0.01", "optimizer.momentum=0.9", "optimizer.weight_decay=0",
+               "scheduler=constant",
+               "data.num_workers=0", "trainer.max_epochs=1", "trainer.accelerator=cpu", "~callbacks.model_checkpoint",
                "~callbacks.early_stopping", "~callbacks.device_stats", "callbacks.model_summary=null",
                f"hydra.run.dir={out}"]
         env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
@@ -133,7 +134,8 @@ def main() -> None:
         record("TorchScript modules (issue 38)",
                f"| {datetime.date.today()} | {what} | {t * 1e3:.1f} ms/step | PyTorch eager: {p * 1e3:.1f} "
                f"ms/step | **{ratio:.2f}x** | {machine()} | `python3 bench/torchscript_bench.py --steps "
-               f"{args.steps} --batch {args.batch} --image {args.image} --threads {args.threads} --record` |")
+               f"{args.steps} --batch {args.batch} --image {args.image} --threads {args.threads} --rounds {args.rounds} "
+               f"--record` |")
 
 
 if __name__ == "__main__":

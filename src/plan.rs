@@ -275,11 +275,18 @@ fn check_supported(exp: &Experiment, machine: &Machine) -> anyhow::Result<()> {
         }
     }
     if let Some(loss) = &exp.loss {
-        if exp.backend == Backend::Tch {
+        let target = &loss.spec.target;
+        if exp.backend == Backend::Tch && !crate::registry::loss_runs_on_tch(target) {
             missing.push(format!(
-                "backend=tch with loss: _target_ {}: a registered loss computes with Candle; use \
-                 backend=candle (tch trains classification's cross-entropy)",
-                loss.spec.target
+                "backend=tch with loss: _target_ {target}: it is registered for Candle \
+                 (register_candle_loss!); register its tch version under the same _target_ with \
+                 register_tch_loss!, or use backend=candle"
+            ));
+        }
+        if exp.backend == Backend::Candle && crate::registry::loss(target).is_none() {
+            missing.push(format!(
+                "backend=candle with loss: _target_ {target}: it runs on libtorch only \
+                 (register_tch_loss!); use backend=tch"
             ));
         }
         if t.strategy == Strategy::Fsdp {

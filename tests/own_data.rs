@@ -270,6 +270,44 @@ fn the_builtin_mse_loss_and_data_parallel_train_the_same_table() {
     assert_eq!(s["strategy"], "dp", "{s}");
 }
 
+/// torch.nn's MSELoss on libtorch is the Candle one: the same table, model (the zoo's MLP, the same
+/// starting weights on both backends), batches and Adam steps give the same metrics on both backends.
+#[cfg(feature = "torch")]
+#[test]
+fn the_builtin_losses_train_alike_on_both_backends() {
+    let project = project();
+    let both: Vec<serde_json::Value> = ["candle", "tch"]
+        .iter()
+        .map(|backend| {
+            let run = run(
+                project.path(),
+                backend,
+                &[
+                    &format!("backend={backend}"),
+                    "loss._target_=torch.nn.MSELoss",
+                    "~loss.delta",
+                    "trainer.max_epochs=2",
+                    "callbacks.early_stopping.monitor=val/mae",
+                    "callbacks.early_stopping.mode=min",
+                ],
+            );
+            common::summary(&run)
+        })
+        .collect();
+    assert_eq!(both[1]["backend"], "tch");
+    for key in ["train/loss", "train/mae", "val/loss", "val/mae"] {
+        let (c, t) = (
+            both[0]["final_metrics"][key].as_f64().unwrap(),
+            both[1]["final_metrics"][key].as_f64().unwrap(),
+        );
+        assert!(
+            (c - t).abs() <= 1e-3 * c.abs().max(1e-3),
+            "{key}: candle {c}, tch {t}"
+        );
+    }
+    assert!(both[1]["final_metrics"]["val/mae"].as_f64().unwrap() < 0.2);
+}
+
 /// The error of a run that must not start (in this process, where the test's dataset is registered).
 fn refused(extra: &[&str]) -> String {
     let project = project();
@@ -292,6 +330,7 @@ fn refused(extra: &[&str]) -> String {
 #[case::monitor_typo(&["callbacks.model_checkpoint.monitor=val/mea"], &["callbacks.model_checkpoint.monitor", "val/mea", "Did you mean 'val/mae'?"])]
 #[case::smoothing_another_loss(&["+model.label_smoothing=0.1"], &["model.label_smoothing", "tests.losses.Huber", "+model.label_smoothing=0.1"])]
 #[case::accuracy_of_a_regression(&["callbacks.early_stopping.monitor=val/acc"], &["no metric 'val/acc'", "val/within_tenth"])]
+#[cfg_attr(feature = "torch", case::candle_loss_on_tch(&["backend=tch"], &["backend=tch with loss: _target_ tests.losses.Huber", "register_tch_loss!"]))]
 fn bad_data_loss_and_monitors_fail_before_training(
     #[case] extra: &[&str],
     #[case] wanted: &[&str],

@@ -260,3 +260,59 @@ fn every_rank_of_a_sharded_checkpoint_goes_to_s3_and_resumes_from_there() {
         "rank 1 did not read its part:\n{rank1}"
     );
 }
+
+/// A TorchScript module is read from S3 (`model.path=s3://...`): downloaded, loaded, trained; a key that
+/// is not there is refused with its URL before training.
+#[cfg(feature = "torch")]
+#[test]
+fn a_torchscript_module_loads_from_s3() {
+    let Some(python) = common::torch_python() else {
+        return;
+    };
+    let server = start_server();
+    let nets = server.root.path().join("ckpts/nets");
+    std::fs::create_dir_all(&nets).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/torchscript_oracle.py");
+    let made = Command::new(python)
+        .arg(script)
+        .args(["make", &nets.display().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let p = real_project();
+    let run = |path: &str| {
+        train(
+            p.path(),
+            &server,
+            &[
+                "experiment=quickstart",
+                "model=torchscript",
+                "~model.channels",
+                &format!("model.path={path}"),
+                "data.num_classes=5",
+                "data.image_size=8",
+                "data.train_size=24",
+                "data.val_size=12",
+                "data.num_workers=0",
+                "trainer.max_epochs=1",
+            ],
+        )
+    };
+    let out = run("s3://ckpts/nets/cnn.pt");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(summary(&runs(p.path()).pop().unwrap())["backend"], "tch");
+    let out = run("s3://ckpts/nets/nope.pt");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("s3://ckpts/nets/nope.pt"),
+        "{err}"
+    );
+}

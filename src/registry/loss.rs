@@ -66,14 +66,47 @@ pub fn loss(target: &str) -> Option<&'static LossEntry> {
         .find(|e| e.target == target)
 }
 
-/// Every registered loss's `_target_`, sorted.
+/// Every registered loss's `_target_` (Candle's and libtorch's), sorted, each once.
 pub fn loss_targets() -> Vec<&'static str> {
-    super::sorted(
-        inventory::iter::<LossEntry>
-            .into_iter()
-            .map(|e| e.target)
-            .collect(),
-    )
+    #[allow(unused_mut)]
+    let mut names: Vec<&'static str> = inventory::iter::<LossEntry>
+        .into_iter()
+        .map(|e| e.target)
+        .collect();
+    #[cfg(feature = "torch")]
+    names.extend(super::tch_loss_targets());
+    let mut names = super::sorted(names);
+    names.dedup();
+    names
+}
+
+/// Is `target` a loss registered for some backend?
+pub fn is_loss(target: &str) -> bool {
+    loss_targets().contains(&target)
+}
+
+/// Is `target` a loss registered for libtorch? Never in a build without the `torch` feature.
+pub fn loss_runs_on_tch(target: &str) -> bool {
+    #[cfg(feature = "torch")]
+    return super::tch_loss(target).is_some();
+    #[cfg(not(feature = "torch"))]
+    return {
+        let _ = target;
+        false
+    };
+}
+
+/// The metrics the loss `target` reports, built from `args` (its Candle version's, else its libtorch
+/// version's).
+pub fn loss_metrics(target: &str, args: &Value) -> Result<Vec<Metric>> {
+    if let Some(entry) = loss(target) {
+        return Ok((entry.build)(args)?.metrics());
+    }
+    #[cfg(feature = "torch")]
+    if let Some(entry) = super::tch_loss(target) {
+        return Ok((entry.build)(args)?.metrics());
+    }
+    anyhow::bail!("no loss is registered as '{target}'")
 }
 
 /// Register a loss under a `_target_` name: `build(args) -> Result<L>` where `args` deserializes from the

@@ -7,7 +7,7 @@ use candle_core::{DType, Result, Tensor, D};
 /// No arguments (torch's `reduction` is always `mean` here).
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct NoArgs {}
+pub(super) struct NoArgs {}
 
 /// `torch.nn.MSELoss`: mean squared error; also reports the mean absolute error as `mae`.
 struct MseLoss;
@@ -50,9 +50,21 @@ crate::register_candle_loss!("torch.nn.L1Loss", l1);
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CrossEntropyArgs {
+pub(super) struct CrossEntropyArgs {
     #[serde(default)]
-    label_smoothing: f64,
+    pub(super) label_smoothing: f64,
+}
+
+impl CrossEntropyArgs {
+    /// torch's own check of `label_smoothing`.
+    pub(super) fn checked(self) -> anyhow::Result<f64> {
+        anyhow::ensure!(
+            (0.0..1.0).contains(&self.label_smoothing),
+            "field `label_smoothing`: {} is not in [0, 1)",
+            self.label_smoothing
+        );
+        Ok(self.label_smoothing)
+    }
 }
 
 /// `torch.nn.CrossEntropyLoss` over logits `[N, C, ...]` and class indices `[N, ...]` (a class per
@@ -108,13 +120,8 @@ impl CandleLoss for CrossEntropy {
 }
 
 fn cross_entropy(args: CrossEntropyArgs) -> anyhow::Result<CrossEntropy> {
-    anyhow::ensure!(
-        (0.0..1.0).contains(&args.label_smoothing),
-        "field `label_smoothing`: {} is not in [0, 1)",
-        args.label_smoothing
-    );
     Ok(CrossEntropy {
-        label_smoothing: args.label_smoothing,
+        label_smoothing: args.checked()?,
     })
 }
 crate::register_candle_loss!("torch.nn.CrossEntropyLoss", cross_entropy);

@@ -28,6 +28,10 @@ mod loss;
 pub mod losses;
 mod model;
 #[cfg(feature = "torch")]
+mod tch_loss;
+#[cfg(feature = "torch")]
+mod tch_losses;
+#[cfg(feature = "torch")]
 mod tch_model;
 
 pub use anyhow::Result;
@@ -40,6 +44,8 @@ pub use model::*;
 pub use serde_json::Value;
 #[cfg(feature = "torch")]
 pub use tch;
+#[cfg(feature = "torch")]
+pub use tch_loss::*;
 #[cfg(feature = "torch")]
 pub use tch_model::*;
 

@@ -248,8 +248,7 @@ pub fn registered_loss(job: &Node) -> Result<Option<LossSpec>, ConfigError> {
             at(&node.source)
         )));
     };
-    let Some(spec) = RegisteredSpec::read(job, "loss", &[], |t| crate::registry::loss(t).is_some())
-    else {
+    let Some(spec) = RegisteredSpec::read(job, "loss", &[], crate::registry::is_loss) else {
         let known = crate::registry::loss_targets();
         let hint = did_you_mean(target, known.iter().copied())
             .map(|s| format!("\n    Did you mean '{s}'?"))
@@ -260,12 +259,12 @@ pub fn registered_loss(job: &Node) -> Result<Option<LossSpec>, ConfigError> {
             .unwrap_or_default();
         return Err(ConfigError::Schema(format!(
             "Error in config key 'loss._target_': no loss is registered as '{target}'{place}{hint}\n    \
-             A loss written in Rust is registered with trainyard::register_candle_loss!"
+             A loss written in Rust is registered with trainyard::register_candle_loss! (or \
+             register_tch_loss!)"
         )));
     };
-    let entry = crate::registry::loss(&spec.target).expect("read checked it is registered");
-    let built = (entry.build)(&spec.args).map_err(|e| ConfigError::Schema(spec.refused(&e)))?;
-    let metrics = built.metrics();
+    let metrics = crate::registry::loss_metrics(&spec.target, &spec.args)
+        .map_err(|e| ConfigError::Schema(spec.refused(&e)))?;
     let mut seen: Vec<&str> = vec!["loss"];
     for m in &metrics {
         let ok = !m.name.is_empty()

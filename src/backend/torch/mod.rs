@@ -10,6 +10,7 @@ mod ddp_overlap;
 mod declared;
 mod fused_optim;
 mod models;
+mod objective;
 mod own_model;
 mod staged;
 pub mod torchscript;
@@ -44,7 +45,8 @@ pub struct TchEngine {
     param_order: Vec<String>,
     buffers: BTreeMap<String, Tensor>,
     optimizer: Optimizer<Tensor>,
-    label_smoothing: f64,
+    /// Cross-entropy, or a registered loss (`loss:`).
+    objective: objective::Objective,
     seed: u64,
     forward_calls: u64,
     last_logits: Option<Tensor>,
@@ -131,64 +133,46 @@ fn cuda(index: usize) -> anyhow::Result<Device> {
 impl TchEngine {
     /// The eval-mode forward pass (under whatever autocast the caller entered), without a graph.
     fn eval_forward(&mut self, x: &Tensor) -> anyhow::Result<Tensor> {
-        Ok(self.eval_pass(x, None)?.0)
-    }
-
-    /// The eval-mode logits and loss (cross-entropy, or a registered model's own when it computes one)
-    /// without a graph; the loss only when `y` is given.
-    fn eval_pass(
-        &mut self,
-        x: &Tensor,
-        y: Option<&Tensor>,
-    ) -> anyhow::Result<(Tensor, Option<Tensor>)> {
         let mut rng = Rng::new(0);
-        tch::no_grad(|| {
-            let (logits, own_loss) = match &mut self.own {
-                Some(own) => own.forward(x, y, false)?,
-                None => (
-                    self.arch
-                        .forward(&self.params, &mut self.buffers, x, false, &mut rng)?,
-                    None,
-                ),
-            };
-            let loss = match (own_loss, y) {
-                (Some(l), Some(_)) => Some(l),
-                (_, Some(y)) => Some(logits.f_cross_entropy_loss::<Tensor>(
-                    y,
-                    None,
-                    tch::Reduction::Mean,
-                    -100,
-                    0.0,
-                )?),
-                (_, None) => None,
-            };
-            Ok((logits, loss))
+        tch::no_grad(|| match &mut self.own {
+            Some(own) => Ok(own.forward(x, None, false)?.0),
+            None => self
+                .arch
+                .forward(&self.params, &mut self.buffers, x, false, &mut rng),
         })
     }
 
-    /// The training-mode logits and loss (the graph kept for the backward pass).
-    fn train_pass(&mut self, x: &Tensor, y: &Tensor) -> anyhow::Result<(Tensor, Tensor)> {
-        let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
-        self.forward_calls += 1;
-        let (logits, own_loss) = match &mut self.own {
-            Some(own) => own.forward(x, Some(y), true)?,
-            None => (
-                self.arch
-                    .forward(&self.params, &mut self.buffers, x, true, &mut rng)?,
-                None,
-            ),
+    /// The logits and the objective of one pass: training mode keeps the graph for the backward pass,
+    /// evaluation runs without one.
+    fn pass(
+        &mut self,
+        x: &Tensor,
+        y: &Tensor,
+        train: bool,
+    ) -> anyhow::Result<(Tensor, objective::Computed)> {
+        let mut run = || -> anyhow::Result<(Tensor, objective::Computed)> {
+            let mut rng = match train {
+                true => Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]),
+                false => Rng::new(0),
+            };
+            if train {
+                self.forward_calls += 1;
+            }
+            let (logits, own_loss) = match &mut self.own {
+                Some(own) => own.forward(x, Some(y), train)?,
+                None => (
+                    self.arch
+                        .forward(&self.params, &mut self.buffers, x, train, &mut rng)?,
+                    None,
+                ),
+            };
+            let computed = self.objective.compute(&logits, own_loss, y, train)?;
+            Ok((logits, computed))
         };
-        let loss = match own_loss {
-            Some(loss) => loss,
-            None => logits.f_cross_entropy_loss::<Tensor>(
-                y,
-                None,
-                tch::Reduction::Mean,
-                -100,
-                self.label_smoothing,
-            )?,
-        };
-        Ok((logits, loss))
+        match train {
+            true => run(),
+            false => tch::no_grad(run),
+        }
     }
 
     /// A single-device engine (`Placement::single`).
@@ -275,7 +259,7 @@ impl TchEngine {
             param_order,
             buffers,
             optimizer: Optimizer::new(exp.optimizer.clone()),
-            label_smoothing: exp.model.label_smoothing,
+            objective: objective::Objective::new(exp)?,
             seed: exp.seed,
             forward_calls: 0,
             last_logits: None,
@@ -290,8 +274,21 @@ impl TchEngine {
         })
     }
 
+    /// Inputs (NCHW) and targets on the device: class indices (`i64`, `[N]`), or a registered dataset's
+    /// values (`f32`, `[N, ...]`).
     fn inputs(&self, batch: &Batch) -> anyhow::Result<(Tensor, Tensor)> {
         let (x, y) = batch_transfer::to_device(batch, self.device, self.pin_memory)?;
+        let y = match batch.tensors.as_ref().and_then(|t| t.targets.as_ref()) {
+            Some((values, shape)) => {
+                let dims: Vec<i64> = std::iter::once(batch.len() as i64)
+                    .chain(shape.iter().map(|&d| d as i64))
+                    .collect();
+                Tensor::f_from_slice(values)?
+                    .f_reshape(&dims)?
+                    .f_to(self.device)?
+            }
+            None => y,
+        };
         // Cast on the device: the GPU converts far faster than the host would.
         Ok((x.f_to_kind(self.mode.storage())?, y))
     }
@@ -300,38 +297,6 @@ impl TchEngine {
     pub fn last_logits(&self) -> anyhow::Result<Option<HostTensor>> {
         self.last_logits.as_ref().map(to_host).transpose()
     }
-}
-
-/// The batch's loss and top-1/top-5 hits, computed on the device and packed into one f64 tensor, so
-/// reading them is one copy and one wait. A row's rank is how many classes score strictly higher than
-/// the true one (ties go to the true class), as `backend::topk_hits` counts on the host.
-fn device_stats(logits: &Tensor, loss: &Tensor, labels: &Tensor) -> anyhow::Result<Tensor> {
-    tch::no_grad(|| -> anyhow::Result<Tensor> {
-        let logits = logits.f_detach()?;
-        let target = logits.f_gather(1, &labels.f_unsqueeze(1)?, false)?;
-        let higher = logits.f_gt_tensor(&target)?.f_sum_dim_intlist(
-            Some([1i64].as_slice()),
-            false,
-            Kind::Int64,
-        )?;
-        let top1 = higher.f_eq(0)?.f_sum(Kind::Double)?;
-        let top5 = higher.f_lt(5)?.f_sum(Kind::Double)?;
-        let loss = loss.f_detach()?.f_to_kind(Kind::Double)?.f_reshape([])?;
-        Ok(Tensor::f_stack(&[loss, top1, top5], 0)?)
-    })
-}
-
-/// What `device_stats` packed, on the host: the host waits here for the device's queued work.
-fn read_stats(packed: &Tensor, count: usize) -> anyhow::Result<StepStats> {
-    let v =
-        Vec::<f64>::try_from(&packed.f_to(Device::Cpu)?).context("reading a batch's statistics")?;
-    Ok(StepStats {
-        loss_sum: v[0] * count as f64,
-        correct1: v[1] as u64,
-        correct5: v[2] as u64,
-        count: count as u64,
-        ..StepStats::default()
-    })
 }
 
 impl Engine for TchEngine {
@@ -345,10 +310,11 @@ impl Engine for TchEngine {
         grad_scale: f64,
     ) -> anyhow::Result<PendingStats> {
         let (x, y) = self.inputs(batch)?;
-        let (logits, loss) = {
+        let (logits, computed) = {
             let _autocast = amp::autocast(self.mode, self.device)?;
-            self.train_pass(&x, &y)?
+            self.pass(&x, &y, true)?
         };
+        let loss = computed.loss;
         // Gradients accumulate in each parameter's `.grad` until the optimizer step, as in PyTorch;
         // under 16-mixed the loss is scaled first (GradScaler.scale(loss)).
         self.overlap.before_backward(&[&logits])?;
@@ -364,10 +330,10 @@ impl Engine for TchEngine {
         } else {
             scaled.f_backward()?;
         }
-        let packed = device_stats(&logits, &loss, &y)?;
+        let packed = computed.stats;
         self.last_logits = Some(logits.detach());
         let count = batch.len();
-        Ok(PendingStats::deferred(move || read_stats(&packed, count)))
+        Ok(PendingStats::deferred(move || packed.read(count)))
     }
 
     fn optimizer_step(
@@ -502,9 +468,8 @@ impl Engine for TchEngine {
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
         let _autocast = amp::autocast(self.mode, self.device)?;
-        let (logits, loss) = self.eval_pass(&x, Some(&y))?;
-        let loss = loss.context("the evaluation pass computed no loss")?;
-        read_stats(&device_stats(&logits, &loss, &y)?, batch.len())
+        let (_, computed) = self.pass(&x, &y, false)?;
+        computed.stats.read(batch.len())
     }
 
     fn predict(&mut self, batch: &Batch) -> anyhow::Result<HostTensor> {
@@ -676,7 +641,8 @@ impl Sharding for TchEngine {
             };
             super::units::train_by_unit(&mut staged, x, grad_scale, exchange, &mut rng)?
         };
-        let stats = read_stats(&device_stats(&logits, &loss, &labels)?, batch.len())?;
+        let stats = objective::Packed::Classes(objective::class_stats(&logits, &loss, &labels)?)
+            .read(batch.len())?;
         self.last_logits = Some(logits);
         Ok(stats)
     }
@@ -698,7 +664,8 @@ impl Sharding for TchEngine {
             let _autocast = amp::autocast(self.mode, self.device)?; // as `evaluate` computes it
             logits.f_cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0)?
         };
-        read_stats(&device_stats(&logits, &loss, &labels)?, batch.len())
+        objective::Packed::Classes(objective::class_stats(&logits, &loss, &labels)?)
+            .read(batch.len())
     }
 }
 
@@ -715,31 +682,5 @@ impl BackwardOverlap for TchEngine {
 
     fn take_reduced(&mut self) -> anyhow::Result<bool> {
         self.overlap.take_reduced()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The device's count of hits is the host's (`topk_hits`), ties (to the true class) and fewer than
-    /// five classes included, and the loss comes back as it was.
-    #[rstest::rstest]
-    #[case::ties(3, vec![0.5, 0.5, 0.1, 0.2, 0.2, 0.2], vec![1, 2])]
-    #[case::six_classes(6, vec![6.0, 5.0, 4.0, 3.0, 2.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 9.0], vec![5, 0])]
-    #[case::nan_row(2, vec![f32::NAN, 1.0, 0.0, 1.0], vec![1, 0])]
-    fn device_hits_match_the_host_rule(
-        #[case] classes: usize,
-        #[case] logits: Vec<f32>,
-        #[case] labels: Vec<u32>,
-    ) {
-        let rows = labels.len() as i64;
-        let t = Tensor::from_slice(&logits).reshape([rows, classes as i64]);
-        let y = Tensor::from_slice(&labels.iter().map(|&l| i64::from(l)).collect::<Vec<_>>());
-        let loss = Tensor::from_slice(&[0.75f32]).reshape([]);
-        let stats = read_stats(&device_stats(&t, &loss, &y).unwrap(), labels.len()).unwrap();
-        let (top1, top5) = super::super::topk_hits(&logits, classes, &labels);
-        assert_eq!((stats.correct1, stats.correct5), (top1, top5));
-        assert_eq!(stats.loss_sum, 0.75 * labels.len() as f64);
     }
 }

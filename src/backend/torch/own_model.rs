@@ -58,6 +58,14 @@ impl OwnModel {
         );
         tch::manual_seed(exp.seed as i64);
         let model = (entry.build)(&m.args, device, &m.ctx)?;
+        if let (true, Some(loss)) = (model.wants_targets(), &exp.loss) {
+            anyhow::bail!(
+                "model _target_ {} computes its own loss (model.loss is set) and loss: _target_ {} is set \
+                 too: keep one (~loss, or model.loss=null)",
+                m.target,
+                loss.spec.target
+            );
+        }
         let params = model
             .parameters()?
             .into_iter()

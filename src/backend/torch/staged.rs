@@ -98,7 +98,7 @@ impl StagedCompute for Staged<'_> {
                 None,
                 tch::Reduction::Mean,
                 -100,
-                e.label_smoothing,
+                e.objective.label_smoothing(),
             )?;
             (logits, loss)
         };
