@@ -63,6 +63,7 @@ fn main() -> anyhow::Result<()> {
         best: None,
         epochs_without_improvement: 0,
         batches_done: 0,
+        plateau: None,
     };
     checkpoint::save(Path::new(out), &state, &training, spec)
 }

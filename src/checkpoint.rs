@@ -23,6 +23,9 @@ pub struct TrainingState {
     /// `val_check_interval` validation); resuming skips exactly these. 0 at an epoch's end.
     #[serde(default)]
     pub batches_done: u64,
+    /// ReduceLROnPlateau's rate, best value and counters (`scheduler.name: plateau`).
+    #[serde(default)]
+    pub plateau: Option<crate::optim::plateau::PlateauState>,
 }
 
 pub fn save(
@@ -134,6 +137,7 @@ mod tests {
             best: Some((0.5, 2)),
             epochs_without_improvement: 1,
             batches_done: 0,
+            plateau: None,
         };
         save(&path, &state, &training, "a: 1\n").unwrap();
         let back = load(&path).unwrap();

@@ -80,6 +80,7 @@ fn through_file(state: &StateDict) -> StateDict {
         best: None,
         epochs_without_improvement: 0,
         batches_done: 0,
+        plateau: None,
     };
     checkpoint::save(&path, &weights, &training, "").unwrap();
     checkpoint::load(&path).unwrap().state

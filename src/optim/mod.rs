@@ -3,6 +3,7 @@
 //! arithmetic in the same order (what makes cross-backend runs and checkpoints agree). State slots use
 //! PyTorch's names: `<param>.momentum_buffer`, `<param>.exp_avg`, `<param>.exp_avg_sq`.
 
+pub mod plateau;
 pub mod schedule;
 mod tensors;
 

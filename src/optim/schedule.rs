@@ -47,7 +47,8 @@ impl Schedule {
             Interval::Epoch => (step / self.steps_per_epoch) * self.steps_per_epoch,
         };
         match c.name {
-            SchedulerName::Constant => Point {
+            // ReduceLROnPlateau's rate is the fit loop's (`optim::plateau`): it follows the metric.
+            SchedulerName::Constant | SchedulerName::Plateau => Point {
                 lr: self.base_lr,
                 momentum: None,
             },
@@ -117,6 +118,14 @@ mod tests {
             min_lr: Some(0.0),
             step_size: Some(2),
             gamma: Some(0.5),
+            monitor: None,
+            mode: None,
+            factor: None,
+            patience: None,
+            threshold: None,
+            threshold_mode: None,
+            cooldown: None,
+            eps: None,
         }
     }
 

@@ -41,6 +41,17 @@ pub enum SchedulerName {
     Cosine,
     Step,
     Constant,
+    /// torch's `ReduceLROnPlateau`: the rate cut when the monitored metric stops improving.
+    Plateau,
+}
+
+/// `ReduceLROnPlateau`'s `threshold_mode`: a better value beats the best by a share of it, or by an amount.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ThresholdMode {
+    #[default]
+    Rel,
+    Abs,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -77,4 +88,23 @@ pub struct SchedulerConfig {
     pub step_size: Option<usize>,
     #[serde(default)]
     pub gamma: Option<f64>,
+    /// plateau: torch's `ReduceLROnPlateau` arguments under its names (`min_lr` above is its floor;
+    /// torch's defaults when unset), checked once per validation on `monitor` (`val/loss` unless set:
+    /// Lightning's `monitor` of the scheduler dict).
+    #[serde(default)]
+    pub monitor: Option<String>,
+    #[serde(default)]
+    pub mode: Option<super::Mode>,
+    #[serde(default)]
+    pub factor: Option<f64>,
+    #[serde(default)]
+    pub patience: Option<u64>,
+    #[serde(default)]
+    pub threshold: Option<f64>,
+    #[serde(default)]
+    pub threshold_mode: Option<ThresholdMode>,
+    #[serde(default)]
+    pub cooldown: Option<u64>,
+    #[serde(default)]
+    pub eps: Option<f64>,
 }

@@ -219,8 +219,12 @@ fn trainer_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
     ] {
         map.shift_remove(key);
     }
-    refuse_unless(map, s, "min_epochs", |v| matches!(v, Value::Null | Value::Int(0 | 1)),
-        "trainyard has no minimum epoch count (EarlyStopping may stop after the first epoch); remove it, or raise callbacks.early_stopping.patience")?;
+    if map
+        .get("min_epochs")
+        .is_some_and(|v| matches!(v.value, Value::Null))
+    {
+        map.shift_remove("min_epochs");
+    }
     refuse_unless(map, s, "detect_anomaly", is_false_or_null,
         "anomaly detection is not available here; remove it (a NaN loss already stops the run with an error)")?;
     if let Some(profiler) = map.get_mut("profiler") {
@@ -670,6 +674,20 @@ fn scheduler_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
             "cosine"
         }
         Some("StepLR") => "step",
+        Some("ReduceLROnPlateau") => {
+            // Lightning reads the monitored metric from the LightningModule's scheduler dict; the
+            // template's is `val/loss`, the default here (`scheduler.monitor`).
+            if map
+                .get("min_lr")
+                .is_some_and(|v| matches!(v.value, Value::List(_)))
+            {
+                return Err(ConfigError::Schema(format!(
+                    "scheduler.min_lr: one floor per parameter group; trainyard has one group, give a number{}",
+                    at(&target.source)
+                )));
+            }
+            "plateau"
+        }
         Some("ConstantLR")
             if map.get("factor").is_none_or(|n| {
                 matches!(n.value, Value::Float(f) if f == 1.0) || matches!(n.value, Value::Int(1))
@@ -688,6 +706,7 @@ fn scheduler_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
                     "torch.optim.lr_scheduler.CosineAnnealingLR",
                     "torch.optim.lr_scheduler.StepLR",
                     "torch.optim.lr_scheduler.ConstantLR (factor 1)",
+                    "torch.optim.lr_scheduler.ReduceLROnPlateau",
                 ],
             ))
         }
@@ -797,7 +816,7 @@ mod tests {
     #[case::trainer_defaults(
         "trainer: {_target_: lightning.pytorch.trainer.Trainer, default_root_dir: /x, min_epochs: 1, max_epochs: 3, devices: 1}",
         "trainer",
-        r#"{"max_epochs":3,"devices":1,"accelerator":"auto","precision":"32-true","strategy":"single"}"#
+        r#"{"min_epochs":1,"max_epochs":3,"devices":1,"accelerator":"auto","precision":"32-true","strategy":"single"}"#
     )]
     #[case::trainer_ddp_spawn(
         "trainer: {_target_: pytorch_lightning.Trainer, strategy: ddp_spawn, devices: 2, max_epochs: 1, benchmark: true}",
@@ -813,6 +832,11 @@ mod tests {
         "logger: {csv: {_target_: lightning.pytorch.loggers.csv_logs.CSVLogger, save_dir: /out, name: csv/, prefix: ''}}",
         "logger",
         r#"{"csv":{}}"#
+    )]
+    #[case::plateau(
+        "scheduler: {_target_: torch.optim.lr_scheduler.ReduceLROnPlateau, _partial_: true, mode: min, factor: 0.1, patience: 10}",
+        "scheduler",
+        r#"{"mode":"min","factor":0.1,"patience":10,"name":"plateau"}"#
     )]
     #[case::adam(
         "optimizer: {_target_: torch.optim.Adam, _partial_: true, lr: 0.001, weight_decay: 0.0}",
@@ -875,18 +899,14 @@ mod tests {
         "logger: {m: {_target_: lightning.pytorch.loggers.mlflow.MLFlowLogger, prefix: x}}\n",
         "logger.mlflow.prefix=x"
     )]
-    #[case::min_epochs(
-        "trainer: {_target_: lightning.pytorch.trainer.Trainer, min_epochs: 10}\n",
-        "trainer.min_epochs=10"
-    )]
     #[case::advanced_profiler(
         "trainer: {_target_: lightning.pytorch.trainer.Trainer, profiler: {_target_: lightning.pytorch.profilers.AdvancedProfiler}}\n",
         "cProfile"
     )]
     #[case::weights_only("callbacks: {c: {_target_: lightning.pytorch.callbacks.ModelCheckpoint, save_weights_only: true}}\n", "optimizer state")]
-    #[case::plateau(
-        "scheduler: {_target_: torch.optim.lr_scheduler.ReduceLROnPlateau}\n",
-        "ReduceLROnPlateau is not one"
+    #[case::plateau_min_lrs(
+        "scheduler: {_target_: torch.optim.lr_scheduler.ReduceLROnPlateau, min_lr: [0.1, 0.2]}\n",
+        "one floor per parameter group"
     )]
     #[case::timm_download(
         "model: {_target_: timm.create_model, model_name: resnet50, pretrained: true}\n",

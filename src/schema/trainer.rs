@@ -214,6 +214,9 @@ pub struct TrainerConfig {
     pub num_nodes: usize,
     pub precision: Precision,
     pub max_epochs: u64,
+    /// Lightning's `min_epochs`: EarlyStopping cannot stop the run before this many epochs.
+    #[serde(default)]
+    pub min_epochs: u64,
     #[serde(default = "minus_one")]
     pub max_steps: i64,
     #[serde(default)]

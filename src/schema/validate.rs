@@ -96,6 +96,7 @@ fn check_monitors(job: &Node, e: &mut Experiment) -> Result<(), ConfigError> {
     let known = metrics.names();
     let classification = metrics.is_classification();
     let c = &mut e.callbacks;
+    let plateau = e.scheduler.name == super::SchedulerName::Plateau;
     let monitors = [
         (
             "callbacks.model_checkpoint.monitor",
@@ -104,6 +105,10 @@ fn check_monitors(job: &Node, e: &mut Experiment) -> Result<(), ConfigError> {
         (
             "callbacks.early_stopping.monitor",
             c.early_stopping.as_mut().map(|s| &mut s.monitor),
+        ),
+        (
+            "scheduler.monitor",
+            e.scheduler.monitor.as_mut().filter(|_| plateau),
         ),
     ];
     for (key, monitor) in monitors {
@@ -315,9 +320,17 @@ const SCHEDULER_ONLY: &[(&str, &[&str])] = &[
     ("div_factor", &["onecycle"]),
     ("final_div_factor", &["onecycle"]),
     ("warmup_epochs", &["cosine"]),
-    ("min_lr", &["cosine"]),
+    ("min_lr", &["cosine", "plateau"]),
     ("step_size", &["step"]),
     ("gamma", &["step"]),
+    ("monitor", &["plateau"]),
+    ("mode", &["plateau"]),
+    ("factor", &["plateau"]),
+    ("patience", &["plateau"]),
+    ("threshold", &["plateau"]),
+    ("threshold_mode", &["plateau"]),
+    ("cooldown", &["plateau"]),
+    ("eps", &["plateau"]),
 ];
 
 /// A key set (not null) in `section` that its chosen `name` does not read is a mistake, typically left over

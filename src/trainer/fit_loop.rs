@@ -14,10 +14,11 @@ use crate::callbacks::timer::Timer;
 use crate::checkpoint::TrainingState;
 use crate::data::loader::EpochLoader;
 use crate::loggers::{MetricSink, Row, RowKind};
-use crate::optim::schedule::Schedule;
+use crate::optim::plateau::Plateau;
+use crate::optim::schedule::{Point, Schedule};
 use crate::optim::GradClip;
 use crate::plan::LoopPlan;
-use crate::schema::{Accelerator, Experiment, Interval, Precision, RunMetrics};
+use crate::schema::{Accelerator, Experiment, Interval, Precision, RunMetrics, SchedulerName};
 use crate::strategy::{Ranks, Strategy};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -32,6 +33,8 @@ pub struct FitLoop<'a> {
     strategy: Box<dyn Strategy>,
     ranks: Ranks,
     schedule: Schedule,
+    /// ReduceLROnPlateau (`scheduler.name: plateau`): its rate replaces the schedule's.
+    plateau: Option<Plateau>,
     sinks: Vec<Box<dyn MetricSink>>,
     keeper: Keeper<'a>,
     timer: Option<Timer>,
@@ -132,7 +135,18 @@ impl<'a> FitLoop<'a> {
         if let Some(t) = timer.as_mut() {
             t.start();
         }
+        let plateau = match exp.scheduler.name {
+            SchedulerName::Plateau => {
+                let mut p = Plateau::new(&exp.scheduler, exp.optimizer.lr)?;
+                if let Some(state) = resumed.as_ref().and_then(|r| r.plateau.clone()) {
+                    p.state = state;
+                }
+                Some(p)
+            }
+            _ => None,
+        };
         Ok(FitLoop {
+            plateau,
             schedule: Schedule::new(
                 &exp.scheduler,
                 exp.optimizer.lr,
@@ -175,6 +189,7 @@ impl<'a> FitLoop<'a> {
                 best: None,
                 epochs_without_improvement: 0,
                 batches_done: 0,
+                plateau: None,
             }),
             status: RunStatus::Completed,
             stopped_mid_epoch: None,
@@ -250,7 +265,7 @@ impl<'a> FitLoop<'a> {
         let mut epoch_stats = StepStats::default();
         let mut window = StepStats::default();
         let mut step_compute = 0.0;
-        self.lr_now = self.schedule.at(self.state.global_step).lr;
+        self.lr_now = self.point().lr;
         let bar = progress_bar(self.exp, plan.train_batches, epoch, plan.max_epochs)
             .filter(|_| self.ranks.is_global_zero());
         let mut batches = EpochLoader::new(&self.data.train_spec, epoch, indices)
@@ -277,7 +292,7 @@ impl<'a> FitLoop<'a> {
             self.profiler
                 .record(&self.actions.forward_backward, step_start);
             if ends_window {
-                let point = self.schedule.at(self.state.global_step);
+                let point = self.point();
                 self.lr_now = point.lr;
                 let update_start = Instant::now();
                 self.strategy
@@ -403,6 +418,52 @@ impl<'a> FitLoop<'a> {
         self.log(RowKind::Step, epoch, &values)
     }
 
+    /// The schedule's point for the next optimizer step; ReduceLROnPlateau's rate replaces its rate.
+    fn point(&self) -> Point {
+        let mut point = self.schedule.at(self.state.global_step);
+        if let Some(plateau) = &self.plateau {
+            point.lr = plateau.lr();
+        }
+        point
+    }
+
+    /// ReduceLROnPlateau after an epoch's validation (Lightning's `interval: epoch`), on its monitored
+    /// metric; its state goes into the training state the checkpoints save.
+    fn step_plateau(&mut self) {
+        let Some(plateau) = self.plateau.as_mut() else {
+            return;
+        };
+        let value = self
+            .state
+            .metrics
+            .get(&plateau.monitor)
+            .copied()
+            .unwrap_or(f64::NAN);
+        if let Some(lr) = plateau.step(value) {
+            tracing::info!(
+                "ReduceLROnPlateau: {} has not improved for {} validation(s); lr is now {lr:.3e}",
+                plateau.monitor,
+                self.exp.scheduler.patience.unwrap_or(10) + 1
+            );
+        }
+        self.state.plateau = Some(plateau.state.clone());
+    }
+
+    /// Lightning's `trainer.min_epochs`: EarlyStopping's stop is held until that many epochs have run
+    /// (its count of validations without improvement goes on).
+    fn hold_until_min_epochs(&self, stop: Option<RunStatus>, epoch: u64) -> Option<RunStatus> {
+        match stop {
+            Some(RunStatus::EarlyStopped(why)) if epoch + 1 < self.exp.trainer.min_epochs => {
+                tracing::info!(
+                    "EarlyStopping would stop ({why}), but trainer.min_epochs={} holds the run",
+                    self.exp.trainer.min_epochs
+                );
+                None
+            }
+            other => other,
+        }
+    }
+
     /// Validation after `batches_done` batches of the epoch, then (Lightning's on_validation_end)
     /// checkpoints and early stopping, so a checkpoint here records how far into the epoch it was taken.
     fn validate_mid_epoch(
@@ -426,7 +487,7 @@ impl<'a> FitLoop<'a> {
             .on_validation_end(self.strategy.as_mut(), &mut self.state, epoch)?;
         self.profiler.record(CHECKPOINT, saving);
         self.state.batches_done = 0;
-        Ok(stop)
+        Ok(self.hold_until_min_epochs(stop, epoch))
     }
 
     /// The epoch's end: validation (unless a mid-epoch one just stopped the run), the epoch row,
@@ -460,6 +521,7 @@ impl<'a> FitLoop<'a> {
         }
         if val.is_some() {
             record_best_so_far(&mut self.state.metrics, &self.metrics.val_directions());
+            self.step_plateau();
         }
         let mut row: BTreeMap<&str, f64> = measured.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         row.insert("epoch_time_s", epoch_time);
@@ -487,7 +549,7 @@ impl<'a> FitLoop<'a> {
                     epoch,
                 )?;
                 self.profiler.record(CHECKPOINT, saving);
-                stop
+                self.hold_until_min_epochs(stop, epoch)
             }
         };
         if let (Some(judge), true, None) = (self.judge, val.is_some(), &early_stop) {
