@@ -41,6 +41,8 @@ const LAYERS: &str = r#"[
   {"type": "Flatten"},
   {"type": "Dropout", "p": 0.2},
   {"type": "Linear", "out_features": 12},
+  {"type": "BatchNorm1d", "momentum": 0.3},
+  {"type": "ReLU"},
   {"type": "LayerNorm", "normalized_shape": 12, "eps": 0.0001},
   {"type": "GELU", "approximate": "tanh"},
   {"type": "Identity"},

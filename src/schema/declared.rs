@@ -57,6 +57,12 @@ pub enum LayerKind {
         eps: f64,
         momentum: f64,
     },
+    /// Over `[features]` or `[channels, length]` samples (an MLP's hidden layers).
+    BatchNorm1d {
+        num_features: Option<usize>,
+        eps: f64,
+        momentum: f64,
+    },
     ReLU,
     GELU {
         tanh: bool,
@@ -103,6 +109,7 @@ pub enum LayerKind {
 pub const LAYER_NAMES: &[&str] = &[
     "Conv2d",
     "BatchNorm2d",
+    "BatchNorm1d",
     "ReLU",
     "GELU",
     "SiLU",
@@ -363,13 +370,25 @@ impl Reader<'_> {
                     bias: a.bool("bias", true)?,
                 }
             }
-            "BatchNorm2d" | "LazyBatchNorm2d" => {
+            "BatchNorm2d" | "LazyBatchNorm2d" | "BatchNorm1d" | "LazyBatchNorm1d" => {
                 a.only_bool("affine", true)?;
                 a.only_bool("track_running_stats", true)?;
-                LayerKind::BatchNorm2d {
-                    num_features: a.opt_int("num_features")?,
-                    eps: a.float("eps", 1e-5)?,
-                    momentum: a.float("momentum", 0.1)?,
+                let (num_features, eps, momentum) = (
+                    a.opt_int("num_features")?,
+                    a.float("eps", 1e-5)?,
+                    a.float("momentum", 0.1)?,
+                );
+                match name.ends_with("1d") {
+                    true => LayerKind::BatchNorm1d {
+                        num_features,
+                        eps,
+                        momentum,
+                    },
+                    false => LayerKind::BatchNorm2d {
+                        num_features,
+                        eps,
+                        momentum,
+                    },
                 }
             }
             "ReLU" | "SiLU" | "Identity" => {

@@ -120,7 +120,16 @@ fn step(
                 momentum: *momentum,
             };
             let mode = (pass.train, pass.sync_batchnorm);
-            (batch_norm_with(p, b, (name, h), mode, then, bn)?, then_relu)
+            // BatchNorm1d's [N, C] or [N, C, L]: the same statistics over an [N, C, L, 1] view.
+            let y = match h.dims().to_vec() {
+                dims if dims.len() == 2 || dims.len() == 3 => {
+                    let (n, c, l) = (dims[0], dims[1], dims.get(2).copied().unwrap_or(1));
+                    let view = h.reshape((n, c, l, 1))?;
+                    batch_norm_with(p, b, (name, &view), mode, then, bn)?.reshape(dims)?
+                }
+                _ => batch_norm_with(p, b, (name, h), mode, then, bn)?,
+            };
+            (y, then_relu)
         }
         Op::Relu => (fused::relu(h)?, false),
         Op::Identity => (h.clone(), false),

@@ -29,6 +29,7 @@ fn kind_name(kind: &LayerKind) -> &'static str {
     match kind {
         LayerKind::Conv2d { .. } => "Conv2d",
         LayerKind::BatchNorm2d { .. } => "BatchNorm2d",
+        LayerKind::BatchNorm1d { .. } => "BatchNorm1d",
         LayerKind::ReLU => "ReLU",
         LayerKind::GELU { .. } => "GELU",
         LayerKind::SiLU => "SiLU",
@@ -60,9 +61,10 @@ fn size(decl: &LayerDecl, name: &str, input: &[usize]) -> anyhow::Result<Layer> 
         | LayerKind::MaxPool2d { .. }
         | LayerKind::AvgPool2d { .. }
         | LayerKind::AdaptiveAvgPool2d { .. } => at.image_layer(),
-        LayerKind::Flatten { .. } | LayerKind::Linear { .. } | LayerKind::LayerNorm { .. } => {
-            at.feature_layer()
-        }
+        LayerKind::Flatten { .. }
+        | LayerKind::Linear { .. }
+        | LayerKind::LayerNorm { .. }
+        | LayerKind::BatchNorm1d { .. } => at.feature_layer(),
         LayerKind::Sequential(_) | LayerKind::Residual { .. } => at.structure(),
     }?;
     if output.contains(&0) {
@@ -233,6 +235,34 @@ impl At<'_> {
     fn feature_layer(&self) -> Sized {
         let input = self.input;
         match &self.decl.kind {
+            // The same statistics as BatchNorm2d's, per channel over the batch (and the length): the
+            // engines run it as BatchNorm2d over a [N, C, L, 1] view.
+            LayerKind::BatchNorm1d {
+                num_features,
+                eps,
+                momentum,
+            } => {
+                let c = match input {
+                    [c] | [c, _] => *c,
+                    _ => return Err(self.fail(format!(
+                        "BatchNorm1d takes [features] or [channels, length] inputs, not {}: use \
+                             BatchNorm2d for images",
+                        shape(input)
+                    ))),
+                };
+                if let Some(given) = num_features.filter(|&n| n != c) {
+                    return Err(self.fail(format!(
+                        "num_features is {given} but its input has {c} features: set num_features={c}, \
+                         or leave it out"
+                    )));
+                }
+                let op = Op::BatchNorm2d {
+                    channels: c,
+                    eps: *eps,
+                    momentum: *momentum,
+                };
+                Ok((op, input.to_vec()))
+            }
             LayerKind::Flatten { start_dim, end_dim } => {
                 // torch's dims count the batch: dim 0 is the batch, dims 1.. the sample's.
                 let rank = input.len() as i64 + 1;

@@ -98,6 +98,14 @@ fn each_layer_with_parameters_starts_a_stage_and_the_rest_join_it() {
     "[{type: Sequential, layers: [{type: ReLU}, {type: BatchNorm2d, num_features: 5}]}]",
     &["model.layers.0.layers.1", "BatchNorm2d '0.1'", "num_features is 5 but its input has 3 channels"]
 )]
+#[case::batchnorm1d_on_images(
+    "[{type: BatchNorm1d}, {type: Flatten}, {type: Linear, out_features: 4}]",
+    &["model.layers.0", "BatchNorm1d takes [features] or [channels, length] inputs, not [3, 8, 8]"]
+)]
+#[case::batchnorm1d_features(
+    "[{type: Flatten}, {type: Linear, out_features: 6}, {type: BatchNorm1d, num_features: 5}]",
+    &["model.layers.2", "num_features is 5 but its input has 6 features"]
+)]
 #[case::window_too_big(
     "[{type: Conv2d, out_channels: 2, kernel_size: 11}]",
     &["model.layers.0", "the 11x11 window does not fit a 8x8 input"]
