@@ -1,5 +1,6 @@
-//! A user copies lightning-hydra-template's `trainer/`, `callbacks/`, `logger/` and `paths/` groups (Hydra
-//! `_target_` nodes naming Lightning's classes) into a trainyard project and trains with them.
+//! A user copies lightning-hydra-template's `trainer/`, `callbacks/`, `logger/`, `paths/` and `model/`
+//! groups (Hydra `_target_` nodes naming Lightning's classes and the template's own MNISTLitModule) into a
+//! trainyard project and trains with them.
 
 use rstest::rstest;
 mod common;
@@ -11,7 +12,7 @@ use std::process::{Command, Output};
 fn project_with_template_groups() -> tempfile::TempDir {
     let p = real_project();
     let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/template");
-    for group in ["trainer", "callbacks", "logger", "paths"] {
+    for group in ["trainer", "callbacks", "logger", "paths", "model"] {
         copy_dir(&fixtures.join(group), &p.path().join("conf").join(group));
     }
     p
@@ -129,7 +130,8 @@ fn the_template_trainer_takes_the_simple_profiler() {
 
 #[rstest]
 #[case::comet(&["+logger.comet._target_=lightning.pytorch.loggers.CometLogger"], "CometLogger")]
-#[case::user_module(&["+model._target_=src.models.mnist_module.MNISTLitModule"], "is Python code of your project")]
+#[case::user_module(&["+model._target_=src.models.cifar_module.CifarLitModule"], "is Python code of your project")]
+#[case::lit_module_without_net(&["+model._target_=src.models.mnist_module.MNISTLitModule"], "MNISTLitModule needs its net")]
 #[case::unknown_callback(&["+callbacks.swa._target_=lightning.pytorch.callbacks.StochasticWeightAveraging"], "StochasticWeightAveraging is not one trainyard knows")]
 #[case::advanced_profiler(&["+trainer.profiler=advanced"], "cProfile")]
 #[case::unknown_trainer_key(&["+trainer.reload_dataloaders_every_n_epochs=1"], "reload_dataloaders_every_n_epochs")]
@@ -140,4 +142,54 @@ fn what_cannot_run_is_refused_with_the_reason(#[case] extra: &[&str], #[case] ex
     let err = stderr(&out);
     assert!(err.contains(expected), "{extra:?}: {err}");
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// The template's `model=mnist` (its MNISTLitModule: SimpleDenseNet, a partial Adam and ReduceLROnPlateau
+/// on `val/loss`) trains as the declared network it is, with the template's trainer and callbacks.
+#[test]
+fn the_template_lit_module_trains_as_its_dense_net() {
+    let p = project_with_template_groups();
+    let out = train(
+        p.path(),
+        &[
+            "model=mnist",
+            "trainer=cpu",
+            "callbacks=default",
+            "logger=csv",
+            "data=synthetic",
+            "data.channels=1",
+            "data.image_size=28",
+            "data.train_size=1024",
+            "data.val_size=128",
+            "data.num_workers=0",
+            "trainer.max_epochs=4",
+            "callbacks.model_checkpoint.monitor=val/acc1",
+            "hydra.run.dir=run",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = p.path().join("run");
+    let s = summary(&run);
+    assert_eq!(s["model"], "declared", "{s}");
+    // 784·64+64 + 2·64 + 64·128+128 + 2·128 + 128·64+64 + 2·64 + 64·10+10: SimpleDenseNet's parameters.
+    assert_eq!(s["num_parameters"], 67_978, "{s}");
+    let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
+    assert!(acc > 0.4, "val/acc1 {acc} (chance 0.1): {s}");
+    let config = std::fs::read_to_string(run.join(".hydra/config.yaml")).unwrap();
+    assert!(config.contains("ReduceLROnPlateau"), "{config}");
+
+    // Another net than SimpleDenseNet is the project's own Python code.
+    let out = train(
+        p.path(),
+        &[
+            "model=mnist",
+            "model.net._target_=src.models.components.unet.UNet",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("net is src.models.components.simple_dense_net.SimpleDenseNet here"),
+        "{}",
+        stderr(&out)
+    );
 }

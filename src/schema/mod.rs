@@ -12,6 +12,7 @@ mod optim;
 mod profiler;
 mod registered;
 mod targets;
+mod template;
 mod trainer;
 mod validate;
 

@@ -244,11 +244,13 @@ impl At<'_> {
             } => {
                 let c = match input {
                     [c] | [c, _] => *c,
-                    _ => return Err(self.fail(format!(
+                    _ => {
+                        return Err(self.fail(format!(
                         "BatchNorm1d takes [features] or [channels, length] inputs, not {}: use \
                              BatchNorm2d for images",
                         shape(input)
-                    ))),
+                    )))
+                    }
                 };
                 if let Some(given) = num_features.filter(|&n| n != c) {
                     return Err(self.fail(format!(
