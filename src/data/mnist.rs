@@ -1,5 +1,6 @@
 //! MNIST and Fashion-MNIST in IDX format (`train-images-idx3-ubyte`, `train-labels-idx1-ubyte`,
-//! `t10k-...`), raw or gzip-compressed (`.gz`).
+//! `t10k-...`), raw or gzip-compressed (`.gz`), in the data root itself or where torchvision's
+//! `MNIST(root)`/`FashionMNIST(root)` keeps them (`<root>/MNIST/raw/`), so a user's download is read as it is.
 
 use super::{DataError, Dataset, Image, Split};
 use std::io::Read;
@@ -31,7 +32,7 @@ fn read_maybe_gz(root: &Path, stem: &str) -> Result<(PathBuf, Vec<u8>), DataErro
     Err(DataError::Missing {
         name: "mnist".into(),
         looked_for: format!("{} (or .gz)", root.join(stem).display()),
-        hint: "Put the IDX files there (train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-...), or point data.root at them, or set data.download=true to fetch them.".into(),
+        hint: "Put the IDX files there (train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-...; torchvision's <root>/MNIST/raw/ is read too), or point data.root at them, or set data.download=true to fetch them.".into(),
     })
 }
 
@@ -39,7 +40,25 @@ fn be_u32(bytes: &[u8], at: usize) -> usize {
     u32::from_be_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]) as usize
 }
 
+/// The folder holding the IDX files: `root`, or torchvision's `<root>/<folder>/raw/` when `root` has none.
+fn files_dir(root: &Path, torchvision_folder: &str) -> PathBuf {
+    let here = ["train-images-idx3-ubyte", "train-images-idx3-ubyte.gz"]
+        .iter()
+        .any(|f| root.join(f).exists());
+    let torchvision = root.join(torchvision_folder).join("raw");
+    match !here && torchvision.is_dir() {
+        true => torchvision,
+        false => root.to_path_buf(),
+    }
+}
+
 impl Mnist {
+    /// MNIST (`fashion`: Fashion-MNIST) under `root`.
+    pub fn open_in(root: &Path, fashion: bool, split: Split) -> Result<Self, DataError> {
+        let folder = if fashion { "FashionMNIST" } else { "MNIST" };
+        Self::open(&files_dir(root, folder), split)
+    }
+
     pub fn open(root: &Path, split: Split) -> Result<Self, DataError> {
         let prefix = match split {
             Split::Train => "train",
@@ -158,6 +177,30 @@ mod tests {
         assert_eq!(
             (img.label, img.height, img.channels, img.pixels[0]),
             (3, 28, 1, 30)
+        );
+    }
+
+    /// torchvision's layout: the files under `<root>/MNIST/raw/` (gzipped, as it downloads them), and
+    /// Fashion-MNIST's under `<root>/FashionMNIST/raw/` beside them.
+    #[test]
+    fn reads_torchvisions_layout() {
+        let dir = tempfile::tempdir().unwrap();
+        let raw = dir.path().join("MNIST/raw");
+        std::fs::create_dir_all(&raw).unwrap();
+        let digits: Vec<(u8, Vec<u8>)> = (0..4).map(|i| (i as u8, vec![7; 28 * 28])).collect();
+        write_idx(&raw, "t10k", 28, 28, &digits, true).unwrap();
+        write_idx(&raw, "train", 28, 28, &digits, true).unwrap();
+        let fashion = dir.path().join("FashionMNIST/raw");
+        std::fs::create_dir_all(&fashion).unwrap();
+        write_idx(&fashion, "t10k", 28, 28, &digits[..2], false).unwrap();
+        write_idx(&fashion, "train", 28, 28, &digits[..2], false).unwrap();
+        assert_eq!(
+            Mnist::open_in(dir.path(), false, Split::Val).unwrap().len(),
+            4
+        );
+        assert_eq!(
+            Mnist::open_in(dir.path(), true, Split::Val).unwrap().len(),
+            2
         );
     }
 

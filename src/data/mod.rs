@@ -87,7 +87,11 @@ pub fn open(cfg: &DataConfig, split: Split, seed: u64) -> Result<Arc<dyn Dataset
             cifar::Variant::Cifar100,
             split,
         )?),
-        DataName::Mnist | DataName::FashionMnist => Arc::new(mnist::Mnist::open(&root(), split)?),
+        DataName::Mnist | DataName::FashionMnist => Arc::new(mnist::Mnist::open_in(
+            &root(),
+            cfg.name == DataName::FashionMnist,
+            split,
+        )?),
         DataName::Cinic10 => Arc::new(folder::ImageFolder::open(&root(), split, "cinic10")?),
         DataName::Imagenet => Arc::new(folder::ImageFolder::open(&root(), split, "imagenet")?),
         DataName::Registered => Arc::new(registered::Registered::open(cfg, split, seed)?),
