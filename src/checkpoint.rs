@@ -63,6 +63,8 @@ pub fn save(
 pub struct Loaded {
     pub state: StateDict,
     pub training: Option<TrainingState>,
+    /// The run's resolved config (YAML) the checkpoint was written with.
+    pub config: Option<String>,
 }
 
 pub fn load(path: &Path) -> anyhow::Result<Loaded> {
@@ -104,7 +106,16 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
         .and_then(|m| m.get("training_state"))
         .map(|s| serde_json::from_str(s))
         .transpose()?;
-    Ok(Loaded { state, training })
+    let config = meta
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("config"))
+        .cloned();
+    Ok(Loaded {
+        state,
+        training,
+        config,
+    })
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! `train export ckpt=CHECKPOINT out=TRAINED.pt [module=SOURCE.pt]`: a run that trained a TorchScript
 //! module (`model=torchscript`) gives its network back to PyTorch — the checkpoint's weights written into
 //! the module it started from, so `torch.jit.load("trained.pt")` is the trained network. The source
-//! module is the run's own `model.path` (read from its `.hydra/config.yaml`) unless `module=` names one.
+//! module is the run's own `model.path` (from the resolved config the checkpoint keeps) unless `module=`
+//! names one.
 
 use anyhow::Context;
 use std::ffi::OsString;
@@ -35,11 +36,13 @@ pub fn run(args: &[OsString]) -> anyhow::Result<ExitCode> {
     }
     let ckpt = ckpt.with_context(|| format!("train export needs ckpt=; usage: {}", usage()))?;
     let out = out.with_context(|| format!("train export needs out=; usage: {}", usage()))?;
+    let loaded =
+        crate::checkpoint::load(&ckpt).with_context(|| format!("ckpt={}", ckpt.display()))?;
     let module = match module {
         Some(m) => m,
-        None => source_module(&ckpt)?,
+        None => source_module(&ckpt, loaded.config.as_deref())?,
     };
-    let written = export(&ckpt, &module, &out)?;
+    let written = export(&loaded.state, &module, &out)?;
     println!(
         "Exported {written} tensors of {} into {module}'s module: {}",
         ckpt.display(),
@@ -53,38 +56,30 @@ fn usage() -> &'static str {
 }
 
 #[cfg(feature = "torch")]
-fn export(ckpt: &Path, module: &str, out: &Path) -> anyhow::Result<usize> {
-    let loaded =
-        crate::checkpoint::load(ckpt).with_context(|| format!("ckpt={}", ckpt.display()))?;
-    crate::backend::torch::torchscript::export(module, &loaded.state, out)
+fn export(state: &crate::tensor::StateDict, module: &str, out: &Path) -> anyhow::Result<usize> {
+    crate::backend::torch::torchscript::export(module, state, out)
 }
 
 #[cfg(not(feature = "torch"))]
-fn export(_: &Path, _: &str, _: &Path) -> anyhow::Result<usize> {
+fn export(_: &crate::tensor::StateDict, _: &str, _: &Path) -> anyhow::Result<usize> {
     anyhow::bail!(
         "train export writes a TorchScript module with libtorch, which this build lacks: \
          eval \"$(scripts/install-libtorch.sh)\" and rebuild with --features torch"
     )
 }
 
-/// The TorchScript file the checkpoint's run trained (`<run>/checkpoints/x.safetensors` →
-/// `<run>/.hydra/config.yaml`'s `model.path`).
-fn source_module(ckpt: &Path) -> anyhow::Result<String> {
-    let config = ckpt
-        .parent()
-        .and_then(Path::parent)
-        .map(|run| run.join(".hydra/config.yaml"))
-        .filter(|c| c.exists())
-        .with_context(|| {
-            format!(
-                "ckpt={}: no .hydra/config.yaml beside its checkpoints/ folder to read model.path from; \
-                 name the source module with module=net.pt",
-                ckpt.display()
-            )
-        })?;
-    let text = std::fs::read_to_string(&config)?;
-    let name = config.display().to_string();
-    let tree = crate::config::yaml::parse(&text, &name)
+/// The TorchScript file the checkpoint's run trained: `model.path` of the resolved config the checkpoint
+/// keeps (a relative path is the launch directory's, as the run read it).
+fn source_module(ckpt: &Path, config: Option<&str>) -> anyhow::Result<String> {
+    let text = config.with_context(|| {
+        format!(
+            "ckpt={}: the checkpoint keeps no config to read model.path from; name the source module \
+             with module=net.pt",
+            ckpt.display()
+        )
+    })?;
+    let name = format!("{} (its config)", ckpt.display());
+    let tree = crate::config::yaml::parse(text, &name)
         .map_err(|e| anyhow::anyhow!("{e}"))?
         .with_context(|| format!("{name} is empty"))?;
     let target = tree.get("model._target_").and_then(|n| n.as_str());

@@ -84,6 +84,7 @@ fn torch_lrs(python: &str, kwargs: &str) -> Vec<f64> {
     "{patience: 0, cooldown: 2, factor: 0.5, min_lr: 0.05}",
     "patience=0, cooldown=2, factor=0.5, min_lr=0.05"
 )]
+#[case::rel_threshold_one("{patience: 1, threshold: 1.0}", "patience=1, threshold=1.0")]
 #[case::eps_stops_tiny_cuts(
     "{patience: 0, factor: 0.9, eps: 0.02}",
     "patience=0, factor=0.9, eps=0.02"
@@ -167,6 +168,7 @@ fn the_rate_is_cut_on_a_plateau_and_a_resumed_run_continues_the_curve() {
 #[rstest]
 #[case::stops_early(&[], 2)]
 #[case::held_by_min_epochs(&["trainer.min_epochs=5"], 5)]
+#[case::held_mid_epoch(&["trainer.min_epochs=3", "trainer.val_check_interval=0.5"], 3)]
 fn min_epochs_holds_early_stopping(#[case] extra: &[&str], #[case] epochs: u64) {
     let root = common::real_project();
     let base = [

@@ -153,6 +153,9 @@ fn the_template_lit_module_trains_as_its_dense_net() {
         p.path(),
         &[
             "model=mnist",
+            // The module builds its optimizer and scheduler: the project's own are removed.
+            "~optimizer",
+            "~scheduler",
             "trainer=cpu",
             "callbacks=default",
             "logger=csv",
@@ -164,6 +167,7 @@ fn the_template_lit_module_trains_as_its_dense_net() {
             "data.num_workers=0",
             "trainer.max_epochs=4",
             "callbacks.model_checkpoint.monitor=val/acc1",
+            "+callbacks.lr_monitor.logging_interval=epoch",
             "hydra.run.dir=run",
         ],
     );
@@ -175,8 +179,28 @@ fn the_template_lit_module_trains_as_its_dense_net() {
     assert_eq!(s["num_parameters"], 67_978, "{s}");
     let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
     assert!(acc > 0.4, "val/acc1 {acc} (chance 0.1): {s}");
-    let config = std::fs::read_to_string(run.join(".hydra/config.yaml")).unwrap();
-    assert!(config.contains("ReduceLROnPlateau"), "{config}");
+    // The module's Adam (its moments in the checkpoint) at the module's rate, which ReduceLROnPlateau
+    // (patience 10) left alone.
+    let ckpt = trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors")).unwrap();
+    assert!(
+        ckpt.state.keys().any(|k| k.ends_with("exp_avg_sq")),
+        "no Adam state"
+    );
+    let lrs: Vec<f64> = common::csv_rows(&run)
+        .iter()
+        .filter(|r| r.iter().any(|(k, _)| k == "val/loss"))
+        .filter_map(|r| r.iter().find(|(k, _)| k == "lr").map(|(_, v)| *v))
+        .collect();
+    assert_eq!(lrs, vec![0.001; 4]);
+
+    // The project's optimizer beside the module's would be ignored: refused.
+    let out = train(p.path(), &["model=mnist"]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("builds its own optimizer"),
+        "{}",
+        stderr(&out)
+    );
 
     // Another net than SimpleDenseNet is the project's own Python code.
     let out = train(

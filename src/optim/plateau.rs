@@ -63,10 +63,11 @@ impl Plateau {
 
     /// torch's `is_better`: does `a` beat `best` by the threshold?
     fn is_better(&self, a: f64, best: Option<f64>) -> bool {
-        let Some(best) = best else {
-            // torch's best starts at ±inf: any number beats it, NaN does not.
-            return !a.is_nan();
-        };
+        // torch's best starts at ±inf (`mode_worse`); kept as `None` here, as JSON has no infinity.
+        let best = best.unwrap_or(match self.mode {
+            Mode::Min => f64::INFINITY,
+            Mode::Max => f64::NEG_INFINITY,
+        });
         match (self.mode, self.threshold_mode) {
             (Mode::Min, ThresholdMode::Rel) => a < best * (1.0 - self.threshold),
             (Mode::Min, ThresholdMode::Abs) => a < best - self.threshold,

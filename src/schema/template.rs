@@ -43,10 +43,42 @@ pub(super) fn lit_module(job: &mut Node) -> Result<bool, ConfigError> {
     }
     *model = dense_net(&net)?;
     let root = job.as_map_mut().expect("a job is a map");
-    for (key, node) in moved {
+    for (key, mut node) in moved {
+        if let Some(own) = root.get(key).filter(|n| !matches!(n.value, Value::Null)) {
+            return Err(ConfigError::Schema(format!(
+                "Error in config key '{key}': {LIT_MODULE} builds its own {key} (model.{key}), so this one \
+                 would be ignored; remove it (~{key} on the command line, or {key}: null) and set \
+                 model.{key}.* instead{}",
+                at(&own.source)
+            )));
+        }
+        if key == "scheduler" {
+            node = epoch_scheduler(node);
+        }
         root.insert(key.to_string(), node);
     }
     Ok(true)
+}
+
+/// The module's scheduler as its `configure_optimizers` returns it: stepped once per epoch
+/// (`"interval": "epoch"`); none (`scheduler: null`) is a constant rate.
+fn epoch_scheduler(mut node: Node) -> Node {
+    let src = node.source.clone();
+    match node.as_map_mut() {
+        Some(map) => {
+            map.entry("interval".to_string())
+                .or_insert_with(|| Node::new(Value::Str("epoch".into()), src));
+        }
+        None => {
+            let mut map = Map::new();
+            map.insert(
+                "name".into(),
+                Node::new(Value::Str("constant".into()), src.clone()),
+            );
+            node = Node::new(Value::Map(map), src);
+        }
+    }
+    node
 }
 
 /// `SimpleDenseNet(input_size, lin1_size, lin2_size, lin3_size, output_size)` as a declared model.
@@ -71,6 +103,22 @@ fn dense_net(net: &Node) -> Result<Node, ConfigError> {
             ))),
         }
     };
+    const SIZES: [&str; 5] = [
+        "input_size",
+        "lin1_size",
+        "lin2_size",
+        "lin3_size",
+        "output_size",
+    ];
+    for (key, node) in net.as_map().into_iter().flatten() {
+        if key != "_target_" && !SIZES.contains(&key.as_str()) {
+            return Err(ConfigError::Schema(format!(
+                "Error in config key 'model.net.{key}': SimpleDenseNet takes {} only{}",
+                SIZES.join(", "),
+                at(&node.source)
+            )));
+        }
+    }
     let (input, out) = (size("input_size")?, size("output_size")?);
     let node = |v: Value| Node::new(v, src.clone());
     let layer = |kind: &str, args: &[(&str, i64)]| {

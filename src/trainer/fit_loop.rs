@@ -50,6 +50,8 @@ pub struct FitLoop<'a> {
     pub status: RunStatus,
     /// A mid-epoch validation stopped the run (EarlyStopping): the epoch ends without another.
     stopped_mid_epoch: Option<RunStatus>,
+    /// EarlyStopping's stop, held by `trainer.min_epochs` until enough epochs have run.
+    held_stop: Option<RunStatus>,
     /// Seconds spent in training epochs (validation included, as Lightning's epoch time).
     train_time: f64,
     /// Samples this rank trained on.
@@ -193,6 +195,7 @@ impl<'a> FitLoop<'a> {
             }),
             status: RunStatus::Completed,
             stopped_mid_epoch: None,
+            held_stop: None,
             train_time: 0.0,
             train_samples: 0,
             step_times: Vec::new(),
@@ -450,14 +453,22 @@ impl<'a> FitLoop<'a> {
     }
 
     /// Lightning's `trainer.min_epochs`: EarlyStopping's stop is held until that many epochs have run
-    /// (its count of validations without improvement goes on).
-    fn hold_until_min_epochs(&self, stop: Option<RunStatus>, epoch: u64) -> Option<RunStatus> {
-        match stop {
-            Some(RunStatus::EarlyStopped(why)) if epoch + 1 < self.exp.trainer.min_epochs => {
-                tracing::info!(
-                    "EarlyStopping would stop ({why}), but trainer.min_epochs={} holds the run",
-                    self.exp.trainer.min_epochs
-                );
+    /// (`epochs_done`: `epoch` mid-epoch, `epoch + 1` at its end), and kept (Lightning's `should_stop`
+    /// stays set): the run then stops at the first epoch end that reaches `min_epochs`.
+    fn hold_until_min_epochs(
+        &mut self,
+        stop: Option<RunStatus>,
+        epochs_done: u64,
+    ) -> Option<RunStatus> {
+        let min = self.exp.trainer.min_epochs;
+        match stop.or_else(|| self.held_stop.take()) {
+            Some(RunStatus::EarlyStopped(why)) if epochs_done < min => {
+                if self.held_stop.is_none() {
+                    tracing::info!(
+                        "EarlyStopping would stop ({why}), but trainer.min_epochs={min} holds the run"
+                    );
+                }
+                self.held_stop = Some(RunStatus::EarlyStopped(why));
                 None
             }
             other => other,
@@ -487,7 +498,11 @@ impl<'a> FitLoop<'a> {
             .on_validation_end(self.strategy.as_mut(), &mut self.state, epoch)?;
         self.profiler.record(CHECKPOINT, saving);
         self.state.batches_done = 0;
-        Ok(self.hold_until_min_epochs(stop, epoch))
+        // A held stop waits for an epoch's end.
+        Ok(match stop {
+            Some(stop) => self.hold_until_min_epochs(Some(stop), epoch),
+            None => None,
+        })
     }
 
     /// The epoch's end: validation (unless a mid-epoch one just stopped the run), the epoch row,
@@ -549,7 +564,7 @@ impl<'a> FitLoop<'a> {
                     epoch,
                 )?;
                 self.profiler.record(CHECKPOINT, saving);
-                self.hold_until_min_epochs(stop, epoch)
+                self.hold_until_min_epochs(stop, epoch + 1)
             }
         };
         if let (Some(judge), true, None) = (self.judge, val.is_some(), &early_stop) {

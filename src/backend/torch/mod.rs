@@ -135,7 +135,7 @@ impl TchEngine {
     fn eval_forward(&mut self, x: &Tensor) -> anyhow::Result<Tensor> {
         let mut rng = Rng::new(0);
         tch::no_grad(|| match &mut self.own {
-            Some(own) => Ok(own.forward(x, None, false)?.0),
+            Some(own) => Ok(own.forward(x, None, None)?.0),
             None => self
                 .arch
                 .forward(&self.params, &mut self.buffers, x, false, &mut rng),
@@ -159,7 +159,11 @@ impl TchEngine {
                 self.forward_calls += 1;
             }
             let (logits, own_loss) = match &mut self.own {
-                Some(own) => own.forward(x, Some(y), train)?,
+                Some(own) => {
+                    let seed = train
+                        .then(|| Rng::keyed(&[self.seed, 0x5EED, self.forward_calls]).next_u64());
+                    own.forward(x, Some(y), seed)?
+                }
                 None => (
                     self.arch
                         .forward(&self.params, &mut self.buffers, x, train, &mut rng)?,

@@ -66,12 +66,28 @@ impl OwnModel {
                 loss.spec.target
             );
         }
-        let params = model
-            .parameters()?
-            .into_iter()
-            .map(|(name, t)| (name, t.set_requires_grad(true)))
-            .collect();
-        let buffers = model.buffers()?;
+        if exp.model.label_smoothing != 0.0 && model.wants_targets() {
+            anyhow::bail!(
+                "model.label_smoothing={} with model _target_ {}: the model computes its own loss \
+                 (model.loss), so trainyard's smoothing would not reach it; smooth inside the model, or \
+                 set model.label_smoothing=0",
+                exp.model.label_smoothing,
+                m.target
+            );
+        }
+        // Frozen tensors (`requires_grad=False` in PyTorch) are kept and saved, not trained; a tensor
+        // shared under two names (tied weights) is trained once, under its first name.
+        let (mut params, mut buffers) = (Vec::new(), model.buffers()?);
+        let mut seen = std::collections::HashSet::new();
+        for (name, t) in model.parameters()? {
+            if t.numel() > 0 && !seen.insert(t.data_ptr() as usize) {
+                continue;
+            }
+            match t.requires_grad() {
+                true => params.push((name, t)),
+                false => buffers.push((name, t)),
+            }
+        }
         let mut own = OwnModel {
             model,
             input_shape: m.ctx.input_shape.iter().map(|&d| d as i64).collect(),
@@ -100,7 +116,7 @@ impl OwnModel {
             }
             None => Tensor::f_zeros([2], (Kind::Int64, device))?,
         };
-        let out = tch::no_grad(|| self.forward(&x, Some(&y), false))?;
+        let out = tch::no_grad(|| self.forward(&x, Some(&y), None))?;
         let logits = out.0.size();
         let classes = exp.model.num_classes as i64;
         anyhow::ensure!(
@@ -113,12 +129,19 @@ impl OwnModel {
     }
 
     /// The logits and, when the model computes one from the targets `y`, its own loss (else `None`).
+    /// A training pass first seeds libtorch's generators from `seed` (the run's seed and the engine's
+    /// count of training passes, which checkpoints keep), so the model's own dropout draws the same masks
+    /// after a resume.
     pub fn forward(
         &mut self,
         x: &Tensor,
         y: Option<&Tensor>,
-        train: bool,
+        train: Option<u64>,
     ) -> anyhow::Result<(Tensor, Option<Tensor>)> {
+        if let Some(seed) = train {
+            tch::manual_seed((seed & (i64::MAX as u64)) as i64);
+        }
+        let train = train.is_some();
         let n = x.size().first().copied().unwrap_or(0);
         let dims: Vec<i64> = std::iter::once(n).chain(self.input_shape.clone()).collect();
         let x = match x.size() == dims {

@@ -128,6 +128,11 @@ inventory::submit! {
 impl TorchScript {
     /// The output under `key` of what `forward` returned.
     fn pick(&self, out: &IValue, key: &OutputKey, what: &str) -> anyhow::Result<Tensor> {
+        if let (IValue::TensorList(items), OutputKey::Index(i)) = (out, key) {
+            if let Some(t) = items.get(*i) {
+                return Ok(t.shallow_clone());
+            }
+        }
         let found = match (out, key) {
             (IValue::Tuple(items) | IValue::GenericList(items), OutputKey::Index(i)) => {
                 items.get(*i)
@@ -162,6 +167,7 @@ fn describe(v: &IValue) -> String {
         IValue::Tensor(t) => format!("a tensor of shape {:?}", t.size()),
         IValue::Tuple(items) => format!("a tuple of {}", items.len()),
         IValue::GenericList(items) => format!("a list of {}", items.len()),
+        IValue::TensorList(items) => format!("a list of {} tensors", items.len()),
         IValue::GenericDict(pairs) => format!("a dict with keys [{}]", dict_keys(pairs).join(", ")),
         other => format!("{other:?}"),
     }
@@ -183,6 +189,7 @@ fn keys(out: &IValue) -> String {
         IValue::Tuple(items) | IValue::GenericList(items) => {
             format!("an index in 0..{}", items.len())
         }
+        IValue::TensorList(items) => format!("an index in 0..{}", items.len()),
         IValue::GenericDict(pairs) => format!("one of [{}]", dict_keys(pairs).join(", ")),
         _ => "null (forward returns the logits tensor itself)".into(),
     }
