@@ -179,3 +179,23 @@ fn min_epochs_holds_early_stopping(#[case] extra: &[&str], #[case] epochs: u64) 
     let s = common::summary(&run);
     assert_eq!(s["epochs_completed"], epochs, "{s}");
 }
+
+/// A plateau schedule in a run that never validates is refused (its rate would never move).
+#[test]
+fn a_plateau_without_validation_is_refused() {
+    let root = common::real_project();
+    let out = common::train(
+        root.path(),
+        &[
+            "experiment=quickstart",
+            "scheduler=plateau",
+            "trainer.limit_val_batches=0",
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("trainer.limit_val_batches") && err.contains("never validates"),
+        "{err}"
+    );
+}

@@ -74,8 +74,28 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
         )));
     }
     check_monitors(&job, &mut experiment)?;
+    check_plateau_validates(&job, &experiment)?;
     validate(&job, &experiment)?;
     Ok(experiment)
+}
+
+/// ReduceLROnPlateau steps on validations: a run that never validates would keep its rate without a word
+/// (Lightning stops: "ReduceLROnPlateau conditioned on metric ... which is not available").
+fn check_plateau_validates(job: &Node, e: &Experiment) -> Result<(), ConfigError> {
+    let never = matches!(e.trainer.limit_val_batches, super::Limit::Batches(0))
+        || matches!(e.trainer.limit_val_batches, super::Limit::Fraction(f) if f == 0.0);
+    if e.scheduler.name == super::SchedulerName::Plateau && never {
+        let place = job
+            .get("trainer.limit_val_batches")
+            .map(|n| at(&n.source))
+            .unwrap_or_default();
+        return Err(ConfigError::Schema(format!(
+            "Error in config key 'trainer.limit_val_batches': scheduler=plateau steps on each validation's \
+             {}, and this run never validates{place}\n    Let it validate, or choose another scheduler",
+            e.scheduler.monitor.as_deref().unwrap_or("val/loss")
+        )));
+    }
+    Ok(())
 }
 
 /// The `ModelConfig` fields a declared model reads; its other keys are its layers, its blocks, or free
