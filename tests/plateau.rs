@@ -180,22 +180,20 @@ fn min_epochs_holds_early_stopping(#[case] extra: &[&str], #[case] epochs: u64) 
     assert_eq!(s["epochs_completed"], epochs, "{s}");
 }
 
-/// A plateau schedule in a run that never validates is refused (its rate would never move).
-#[test]
-fn a_plateau_without_validation_is_refused() {
+/// A plateau schedule in a run that never validates is refused (its rate would never move), and so is a
+/// per-step interval it would not follow.
+#[rstest]
+#[case::no_validation("trainer.limit_val_batches=0", &["trainer.limit_val_batches", "never validates"])]
+#[case::step_interval("+scheduler.interval=step", &["scheduler.interval", "once per validation"])]
+fn a_plateau_it_could_not_follow_is_refused(#[case] extra: &str, #[case] says: &[&str]) {
     let root = common::real_project();
     let out = common::train(
         root.path(),
-        &[
-            "experiment=quickstart",
-            "scheduler=plateau",
-            "trainer.limit_val_batches=0",
-        ],
+        &["experiment=quickstart", "scheduler=plateau", extra],
     );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
-    assert!(
-        err.contains("trainer.limit_val_batches") && err.contains("never validates"),
-        "{err}"
-    );
+    for s in says {
+        assert!(err.contains(s), "{s}: {err}");
+    }
 }

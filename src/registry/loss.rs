@@ -68,16 +68,14 @@ pub fn loss(target: &str) -> Option<&'static LossEntry> {
 
 /// Every registered loss's `_target_` (Candle's and libtorch's), sorted, each once.
 pub fn loss_targets() -> Vec<&'static str> {
-    #[allow(unused_mut)]
-    let mut names: Vec<&'static str> = inventory::iter::<LossEntry>
+    let candle = inventory::iter::<LossEntry>
         .into_iter()
         .map(|e| e.target)
         .collect();
     #[cfg(feature = "torch")]
-    names.extend(super::tch_loss_targets());
-    let mut names = super::sorted(names);
-    names.dedup();
-    names
+    return super::merged(candle, super::tch_loss_targets);
+    #[cfg(not(feature = "torch"))]
+    return super::merged(candle, Vec::new);
 }
 
 /// Is `target` a loss registered for some backend?

@@ -67,3 +67,16 @@ fn sorted(mut names: Vec<&'static str>) -> Vec<&'static str> {
     names.sort_unstable();
     names
 }
+
+/// Candle's and libtorch's names of one kind, sorted, each once (a `_target_` registered for both
+/// backends is one name).
+#[allow(unused_variables)]
+fn merged(candle: Vec<&'static str>, tch: impl FnOnce() -> Vec<&'static str>) -> Vec<&'static str> {
+    #[allow(unused_mut)]
+    let mut names = candle;
+    #[cfg(feature = "torch")]
+    names.extend(tch());
+    let mut names = sorted(names);
+    names.dedup();
+    names
+}

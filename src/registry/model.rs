@@ -62,16 +62,14 @@ pub fn is_model(target: &str) -> bool {
 /// Every registered model's `_target_` (Candle's and libtorch's), sorted, each once (for `--help` and
 /// "did you mean").
 pub fn model_targets() -> Vec<&'static str> {
-    #[allow(unused_mut)]
-    let mut names: Vec<&'static str> = inventory::iter::<ModelEntry>
+    let candle = inventory::iter::<ModelEntry>
         .into_iter()
         .map(|e| e.target)
         .collect();
     #[cfg(feature = "torch")]
-    names.extend(super::tch_model_targets());
-    let mut names = super::sorted(names);
-    names.dedup();
-    names
+    return super::merged(candle, super::tch_model_targets);
+    #[cfg(not(feature = "torch"))]
+    return super::merged(candle, Vec::new);
 }
 
 /// Register a Candle model under a `_target_` name: `build(args, vb, ctx) -> Result<M>` where `args`

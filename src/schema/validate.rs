@@ -84,7 +84,18 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
 fn check_plateau_validates(job: &Node, e: &Experiment) -> Result<(), ConfigError> {
     let never = matches!(e.trainer.limit_val_batches, super::Limit::Batches(0))
         || matches!(e.trainer.limit_val_batches, super::Limit::Fraction(f) if f == 0.0);
-    if e.scheduler.name == super::SchedulerName::Plateau && never {
+    let plateau = e.scheduler.name == super::SchedulerName::Plateau;
+    if let Some(interval) = job
+        .get("scheduler.interval")
+        .filter(|n| plateau && n.as_str() == Some("step"))
+    {
+        return Err(ConfigError::Schema(format!(
+            "Error in config key 'scheduler.interval': scheduler=plateau is stepped once per validation, on \
+             its metric, not every step{}\n    Remove scheduler.interval (or set it to epoch)",
+            at(&interval.source)
+        )));
+    }
+    if plateau && never {
         let place = job
             .get("trainer.limit_val_batches")
             .map(|n| at(&n.source))

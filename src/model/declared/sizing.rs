@@ -130,6 +130,26 @@ impl At<'_> {
         Ok(((h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1))
     }
 
+    /// BatchNorm over `c` channels (or features), `num_features` checked against them; the shape is kept.
+    fn batch_norm(
+        &self,
+        (num_features, c, unit): (Option<usize>, usize, &str),
+        eps: f64,
+        momentum: f64,
+    ) -> Sized {
+        if let Some(given) = num_features.filter(|&n| n != c) {
+            return Err(self.fail(format!(
+                "num_features is {given} but its input has {c} {unit}: set num_features={c}, or leave it out"
+            )));
+        }
+        let op = Op::BatchNorm2d {
+            channels: c,
+            eps,
+            momentum,
+        };
+        Ok((op, self.input.to_vec()))
+    }
+
     /// Layers over images: convolution, BatchNorm, pooling.
     fn image_layer(&self) -> Sized {
         let (c, h, w) = self.image()?;
@@ -166,20 +186,7 @@ impl At<'_> {
                 num_features,
                 eps,
                 momentum,
-            } => {
-                if let Some(given) = num_features.filter(|&n| n != c) {
-                    return Err(self.fail(format!(
-                        "num_features is {given} but its input has {c} channels: set num_features={c}, \
-                         or leave it out"
-                    )));
-                }
-                let op = Op::BatchNorm2d {
-                    channels: c,
-                    eps: *eps,
-                    momentum: *momentum,
-                };
-                Ok((op, self.input.to_vec()))
-            }
+            } => self.batch_norm((*num_features, c, "channels"), *eps, *momentum),
             LayerKind::MaxPool2d {
                 kernel_size,
                 stride,
@@ -252,18 +259,7 @@ impl At<'_> {
                     )))
                     }
                 };
-                if let Some(given) = num_features.filter(|&n| n != c) {
-                    return Err(self.fail(format!(
-                        "num_features is {given} but its input has {c} features: set num_features={c}, \
-                         or leave it out"
-                    )));
-                }
-                let op = Op::BatchNorm2d {
-                    channels: c,
-                    eps: *eps,
-                    momentum: *momentum,
-                };
-                Ok((op, input.to_vec()))
+                self.batch_norm((*num_features, c, "features"), *eps, *momentum)
             }
             LayerKind::Flatten { start_dim, end_dim } => {
                 // torch's dims count the batch: dim 0 is the batch, dims 1.. the sample's.
