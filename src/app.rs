@@ -1,5 +1,6 @@
 //! From what the user typed to what happens: `train logbook ...` writes the logbook, `train export ...`
-//! writes a TorchScript run's trained module (`export`); otherwise find the
+//! writes a TorchScript run's trained module (`export`), `train eval ...` is a run with `train=false
+//! test=true` (lightning-hydra-template's `eval.py`); otherwise find the
 //! project (`project`), then complete (`--shell-completion`, `--complete`), look (`--cfg`, `--info`:
 //! `introspect`) or run one job or a sweep (`launcher`).
 
@@ -89,7 +90,12 @@ pub fn main_entry(args: impl IntoIterator<Item = OsString>) -> ExitCode {
 /// `main_entry` with its error returned rather than printed (for a crate's tests of its own config).
 /// Command-line syntax errors and `--help` are clap's, printed as usual.
 pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, String> {
-    let args = crate::cli::normalize_args(args);
+    let mut args = crate::cli::normalize_args(args);
+    if args.get(1).is_some_and(|a| a == "eval") {
+        // lightning-hydra-template's `src/eval.py`: test the model of `ckpt_path`, train nothing.
+        args.remove(1);
+        args.extend(["++train=false".into(), "++test=true".into()]);
+    }
     if args.get(1).is_some_and(|a| a == "logbook") {
         return Ok(logbook_entry(&args[2..]));
     }

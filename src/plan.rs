@@ -543,6 +543,28 @@ impl LoopPlan {
         })
     }
 
+    /// `test: true` over a test set of `test_len` samples: this rank's batches and the rounds every rank
+    /// takes part in (shares unpadded, as validation's), within `limit_test_batches` or `fast_dev_run`.
+    pub fn test_batches(
+        exp: &Experiment,
+        rank: usize,
+        world: usize,
+        test_len: usize,
+    ) -> (usize, usize) {
+        let batch = exp.data.batch_size.max(1);
+        let batches_of = |samples: usize| {
+            let available = samples.div_ceil(batch);
+            match exp.trainer.fast_dev_run {
+                FastDevRun::Flag(true) => available.min(1),
+                FastDevRun::Batches(n) if n > 0 => available.min(n as usize),
+                _ => limited(available, exp.trainer.limit_test_batches),
+            }
+        };
+        let mine = test_len.saturating_sub(rank).div_ceil(world.max(1));
+        let largest = test_len.div_ceil(world.max(1));
+        (batches_of(mine), batches_of(largest))
+    }
+
     /// Does any rank validate at all?
     pub fn validates(&self) -> bool {
         self.val_rounds > 0

@@ -31,7 +31,7 @@ fn line(args: LineArgs, ctx: &DataContext) -> anyhow::Result<Line> {
     anyhow::ensure!(args.features >= 1, "features must be at least 1");
     let (n, salt) = match ctx.split {
         DataSplit::Train => (args.train_size, 1),
-        DataSplit::Val => (args.val_size, 2),
+        DataSplit::Val | DataSplit::Test => (args.val_size, 2),
     };
     let mut state = ctx
         .seed
@@ -358,7 +358,7 @@ struct Blobs {
 fn blobs(args: BlobArgs, ctx: &DataContext) -> anyhow::Result<Blobs> {
     let (n, salt) = match ctx.split {
         DataSplit::Train => (args.train_size, 11),
-        DataSplit::Val => (args.val_size, 12),
+        DataSplit::Val | DataSplit::Test => (args.val_size, 12),
     };
     let mut state = ctx.seed ^ salt;
     let mut next = move || {

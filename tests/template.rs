@@ -1,6 +1,7 @@
-//! A user copies lightning-hydra-template's `trainer/`, `callbacks/`, `logger/`, `paths/` and `model/`
-//! groups (Hydra `_target_` nodes naming Lightning's classes and the template's own MNISTLitModule) into a
-//! trainyard project and trains with them.
+//! lightning-hydra-template's configs (tests/fixtures/template/configs, unchanged): its groups laid over a
+//! trainyard project (Hydra `_target_` nodes naming Lightning's classes and the template's own
+//! MNISTLitModule), and the template itself, `train -cp <template>/configs -cn train`, with its README's
+//! commands, on MNIST in torchvision's folder.
 
 use rstest::rstest;
 mod common;
@@ -11,7 +12,7 @@ use std::process::{Command, Output};
 /// This repository's conf/ and experiments/ with the template's groups laid over them.
 fn project_with_template_groups() -> tempfile::TempDir {
     let p = real_project();
-    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/template");
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/template/configs");
     for group in ["trainer", "callbacks", "logger", "paths", "model"] {
         copy_dir(&fixtures.join(group), &p.path().join("conf").join(group));
     }
@@ -166,8 +167,8 @@ fn the_template_lit_module_trains_as_its_dense_net() {
             "data.val_size=128",
             "data.num_workers=0",
             "trainer.max_epochs=4",
-            "callbacks.model_checkpoint.monitor=val/acc1",
-            "+callbacks.lr_monitor.logging_interval=epoch",
+            // In a project of the template's modules a callback is a Lightning `_target_`, as there.
+            "+callbacks.lr_monitor={_target_: lightning.pytorch.callbacks.LearningRateMonitor, logging_interval: epoch}",
             "hydra.run.dir=run",
         ],
     );
@@ -177,8 +178,11 @@ fn the_template_lit_module_trains_as_its_dense_net() {
     assert_eq!(s["model"], "declared", "{s}");
     // 784·64+64 + 2·64 + 64·128+128 + 2·128 + 128·64+64 + 2·64 + 64·10+10: SimpleDenseNet's parameters.
     assert_eq!(s["num_parameters"], 67_978, "{s}");
-    let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
-    assert!(acc > 0.4, "val/acc1 {acc} (chance 0.1): {s}");
+    // The module's own names: top-1 as `val/acc` (what its ModelCheckpoint monitors), no top-5.
+    let acc = s["final_metrics"]["val/acc"].as_f64().unwrap();
+    assert!(acc > 0.4, "val/acc {acc} (chance 0.1): {s}");
+    assert!(s["final_metrics"].get("val/acc5").is_none(), "{s}");
+    assert!(s["final_metrics"]["val/acc_best"].as_f64().unwrap() >= acc);
     // The module's Adam (its moments in the checkpoint) at the module's rate, which ReduceLROnPlateau
     // (patience 10) left alone.
     let ckpt = trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors")).unwrap();
@@ -216,4 +220,450 @@ fn the_template_lit_module_trains_as_its_dense_net() {
         "{}",
         stderr(&out)
     );
+}
+
+// ---- The template itself: its train.yaml / eval.yaml and README commands, unchanged configs ----
+
+/// The template's project: its `configs/` and MNIST where its MNISTDataModule reads it
+/// (`${paths.data_dir}/MNIST/raw/`, gzipped IDX as torchvision downloads it): `train` and `test` files of
+/// 28×28 digits whose class is a bright square's place, so a dense net can learn them.
+fn template_project(train: usize, test: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/template/configs");
+    copy_dir(&fixtures, &dir.path().join("configs"));
+    let raw = dir.path().join("data/MNIST/raw");
+    std::fs::create_dir_all(&raw).unwrap();
+    write_mnist(&raw, "train", train, 0);
+    write_mnist(&raw, "t10k", test, 1_000);
+    dir
+}
+
+fn write_mnist(dir: &Path, prefix: &str, n: usize, salt: usize) {
+    use std::io::Write;
+    let mut images = Vec::new();
+    for v in [0x0803u32, n as u32, 28, 28] {
+        images.extend_from_slice(&v.to_be_bytes());
+    }
+    let mut labels = Vec::new();
+    for v in [0x0801u32, n as u32] {
+        labels.extend_from_slice(&v.to_be_bytes());
+    }
+    for i in 0..n {
+        let class = (i * 7 + salt) % 10;
+        let (top, left) = (2 + (class / 5) * 13, 1 + (class % 5) * 5);
+        let mut px = vec![0u8; 28 * 28];
+        for (j, p) in px.iter_mut().enumerate() {
+            let (y, x) = (j / 28, j % 28);
+            let inside = (top..top + 8).contains(&y) && (left..left + 5).contains(&x);
+            // A little noise that differs per image, so no two are the same.
+            *p = if inside {
+                255
+            } else {
+                ((i * 31 + j * 17) % 23) as u8
+            };
+        }
+        images.extend_from_slice(&px);
+        labels.push(class as u8);
+    }
+    for (name, bytes) in [("images-idx3-ubyte", images), ("labels-idx1-ubyte", labels)] {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&bytes).unwrap();
+        std::fs::write(
+            dir.join(format!("{prefix}-{name}.gz")),
+            gz.finish().unwrap(),
+        )
+        .unwrap();
+    }
+}
+
+/// `train -cp <project>/configs -cn <name> args...` from the project, as the template's `python
+/// src/train.py args...` (its `PROJECT_ROOT` set, as its `.project-root` finder sets it).
+fn template(root: &Path, name: &str, args: &[&str]) -> Output {
+    let configs = root.join("configs");
+    let mut all = vec!["-cp", configs.to_str().unwrap(), "-cn", name];
+    all.extend_from_slice(args);
+    train(root, &all)
+}
+
+/// `train eval -cp <project>/configs -cn eval args...`, as the template's `python src/eval.py args...`.
+fn train_eval(root: &Path, args: &[&str]) -> Output {
+    let configs = root.join("configs");
+    let mut all = vec!["eval", "-cp", configs.to_str().unwrap(), "-cn", "eval"];
+    all.extend_from_slice(args);
+    train(root, &all)
+}
+
+/// The run directories under `logs/<task>/runs/`.
+fn template_runs(root: &Path, task: &str) -> Vec<PathBuf> {
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(root.join("logs").join(task).join("runs"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    runs.sort();
+    runs
+}
+
+/// 100 train + 20 test images, cut 80/20/20 (the template's 55k/5k/10k would need the real MNIST).
+const SMALL_SPLIT: &str = "data.train_val_test_split=[80,20,20]";
+
+/// `python src/train.py` as the template's README gives it: train, then test the best checkpoint, with
+/// its extras (tags enforced and saved, the config printed and saved) and its metric names.
+#[test]
+fn the_templates_train_yaml_trains_and_tests_unchanged() {
+    let p = template_project(100, 20);
+    let out = template(p.path(), "train", &[SMALL_SPLIT, "trainer.max_epochs=3"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let runs = template_runs(p.path(), "train");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run = &runs[0];
+    let s = summary(run);
+    let m = &s["final_metrics"];
+    for key in [
+        "train/loss",
+        "train/acc",
+        "val/acc",
+        "val/acc_best",
+        "test/loss",
+        "test/acc",
+    ] {
+        assert!(m[key].is_number(), "{key} missing: {s}");
+    }
+    assert_eq!(s["epochs_completed"], 3, "{s}");
+    // The template's batch of 128 over 80 training images: one step an epoch.
+    assert_eq!(s["global_step"], 3, "{s}");
+    // extras: print_config keeps the resolved config, enforce_tags the tags.
+    let tree = std::fs::read_to_string(run.join("config_tree.log")).unwrap();
+    assert!(
+        tree.contains("MNISTDataModule") || tree.contains("train_val_test_split"),
+        "{tree}"
+    );
+    let tags = std::fs::read_to_string(run.join("tags.log")).unwrap();
+    assert!(tags.contains("dev"), "{tags}");
+    // ModelCheckpoint: `epoch_{epoch:03d}` and last, in `${paths.output_dir}/checkpoints`.
+    let ckpts: Vec<String> = std::fs::read_dir(run.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(ckpts.iter().any(|c| c.starts_with("epoch_00")), "{ckpts:?}");
+    // The template's `${task_name}.log` beside them.
+    assert!(run.join("train.log").is_file());
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(log.contains("test  test/loss"), "{log}");
+    assert!(log.contains("seed: null, so this run drew seed"), "{log}");
+
+    // `python src/eval.py ckpt_path=...`: the best checkpoint tested again gives the same numbers.
+    let best = s["best_checkpoint"].as_str().unwrap().to_string();
+    let ckpt = format!("ckpt_path={best}");
+    let out = train_eval(p.path(), &[SMALL_SPLIT, &ckpt]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let evals = template_runs(p.path(), "eval");
+    assert_eq!(evals.len(), 1, "{evals:?}");
+    let e = summary(&evals[0]);
+    assert_eq!(
+        e["epochs_completed"],
+        s["best"]["epoch"].as_u64().unwrap() + 1,
+        "{e}\n{s}"
+    );
+    for key in ["test/loss", "test/acc"] {
+        assert_eq!(
+            e["final_metrics"][key], m[key],
+            "{key}: eval {e}\ntrain {s}"
+        );
+    }
+}
+
+/// `test: true` tests the best checkpoint, not the weights training ended with: ModelCheckpoint here keeps
+/// the epoch of the highest `val/loss` (an early one), and the test's numbers are that checkpoint's, not
+/// the last one's.
+#[test]
+fn the_test_after_fitting_is_the_best_checkpoints() {
+    let p = template_project(100, 20);
+    let args = [
+        SMALL_SPLIT,
+        "seed=3",
+        "trainer.max_epochs=4",
+        "callbacks.model_checkpoint.monitor=val/loss",
+        "callbacks.model_checkpoint.mode=max",
+    ];
+    let out = template(p.path(), "train", &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let s = summary(&template_runs(p.path(), "train")[0]);
+    assert!(s["best"]["epoch"].as_u64().unwrap() < 3, "{s}");
+    // Each evaluation in a directory of its own (two in one second would share the template's).
+    let tested = |which: &str| {
+        let ckpt = format!("ckpt_path={}", s[which].as_str().unwrap());
+        let dir = format!("hydra.run.dir=evals/{which}");
+        let out = train_eval(p.path(), &[SMALL_SPLIT, &ckpt, &dir]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        summary(&p.path().join("evals").join(which))["final_metrics"]["test/loss"].clone()
+    };
+    let test_loss = &s["final_metrics"]["test/loss"];
+    assert_eq!(&tested("best_checkpoint"), test_loss, "{s}");
+    assert_ne!(&tested("last_checkpoint"), test_loss, "{s}");
+}
+
+/// `train eval` (the template's eval.py) is the same as `eval.yaml` with `train=false test=true`; its
+/// `ckpt_path: ???` must be given.
+#[test]
+fn eval_needs_its_checkpoint_and_refuses_nothing_to_do() {
+    let p = template_project(40, 10);
+    let out = train_eval(p.path(), &[SMALL_SPLIT]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("ckpt_path"), "{}", stderr(&out));
+    let out = template(
+        p.path(),
+        "train",
+        &[
+            "data.train_val_test_split=[30,10,10]",
+            "train=false",
+            "test=false",
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("leaves nothing to do"),
+        "{}",
+        stderr(&out)
+    );
+    // logger=mlflow: its tracking_uri is a local `mlruns` folder, the file store MLflow 3 itself refuses
+    // (maintenance mode); trainyard logs to a tracking server and says so.
+    let out = template(
+        p.path(),
+        "train",
+        &["data.train_val_test_split=[30,10,10]", "logger=mlflow"],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("tracking server"), "{}", stderr(&out));
+    // extras.enforce_tags: an untagged run is refused, naming the fix.
+    let out = template(
+        p.path(),
+        "train",
+        &["data.train_val_test_split=[30,10,10]", "tags=[]"],
+    );
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("extras.enforce_tags"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// The template README's commands that train, each with its own configs: they run, and do what they say.
+#[rstest]
+#[case::experiment_example(&["experiment=example"], "experiment")]
+#[case::debug_fdr(&["debug=fdr"], "fdr")]
+#[case::debug_overfit(&["debug=overfit", "trainer.max_epochs=3"], "overfit")]
+#[case::callbacks_default(&["callbacks=default", "trainer.max_epochs=2"], "checkpoints")]
+#[case::logger_csv(&["logger=csv", "trainer.max_epochs=2"], "csv")]
+#[case::logger_tensorboard(&["logger=tensorboard", "trainer.max_epochs=2"], "tensorboard")]
+#[case::logger_wandb(&["logger=wandb", "trainer.max_epochs=2"], "wandb")]
+fn the_templates_readme_commands_train(#[case] args: &[&str], #[case] what: &str) {
+    let p = template_project(100, 20);
+    let task = if what == "fdr" || what == "overfit" {
+        "debug"
+    } else {
+        "train"
+    };
+    let (run, s) = readme_command(p.path(), args, task);
+    let run = &run;
+    let resolved = std::fs::read_to_string(run.join(".hydra/config.yaml")).unwrap();
+    match what {
+        "experiment" => {
+            // seed 12345, min/max_epochs 10, clipping 0.5, batch 64, SimpleDenseNet 128/256/64.
+            assert_eq!(s["epochs_completed"], 10, "{s}");
+            assert_eq!(s["batch_size"], 64, "{s}");
+            let params = 784 * 128
+                + 128
+                + 2 * 128
+                + 128 * 256
+                + 256
+                + 2 * 256
+                + 256 * 64
+                + 64
+                + 2 * 64
+                + 64 * 10
+                + 10;
+            assert_eq!(s["num_parameters"], params, "{s}");
+            assert!(resolved.contains("seed: 12345"), "{resolved}");
+            let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+            assert!(!log.contains("drew seed"), "{log}");
+        }
+        "fdr" => {
+            // fast_dev_run: one batch of each, no checkpoints; detect_anomaly on.
+            assert_eq!(s["global_step"], 1, "{s}");
+            assert!(!run.join("checkpoints").exists());
+            assert!(resolved.contains("detect_anomaly: true"), "{resolved}");
+        }
+        "overfit" => {
+            assert_eq!(s["epochs_completed"], 3, "{s}");
+            assert!(resolved.contains("overfit_batches: 3"), "{resolved}");
+        }
+        "checkpoints" => assert!(run.join("checkpoints/last.safetensors").is_file()),
+        "csv" => {
+            let rows = common::csv_rows(run);
+            let test = rows.iter().find(|r| r.iter().any(|(k, _)| k == "test/acc"));
+            assert!(test.is_some(), "no test row in metrics.csv: {rows:?}");
+        }
+        "tensorboard" => {
+            let events = walk(run)
+                .into_iter()
+                .any(|f| f.to_string_lossy().contains("tfevents"));
+            assert!(events, "no event file under {}", run.display());
+        }
+        "wandb" => {
+            let offline = walk(run)
+                .into_iter()
+                .any(|f| f.to_string_lossy().ends_with(".wandb"));
+            assert!(offline, "no W&B run under {}", run.display());
+        }
+        _ => unreachable!(),
+    }
+}
+
+/// One of the README's commands on the template's project, which must succeed and test: its run
+/// directory and summary.
+fn readme_command(root: &Path, args: &[&str], task: &str) -> (PathBuf, serde_json::Value) {
+    let mut all = vec![SMALL_SPLIT];
+    all.extend_from_slice(args);
+    let out = template(root, "train", &all);
+    assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+    let runs = template_runs(root, task);
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let s = summary(&runs[0]);
+    assert!(s["final_metrics"]["test/acc"].is_number(), "{args:?}: {s}");
+    (runs[0].clone(), s)
+}
+
+/// `trainer=ddp trainer.devices=2` (the template's ddp.yaml, `sync_batchnorm` on) as two CPU processes:
+/// c10d's collectives, so the torch build.
+#[cfg(feature = "torch")]
+#[test]
+fn the_templates_ddp_trains_on_two_processes() {
+    let p = template_project(100, 20);
+    let args = [
+        "trainer=ddp",
+        "trainer.devices=2",
+        "trainer.accelerator=cpu",
+        "trainer.max_epochs=2",
+    ];
+    let (_, s) = readme_command(p.path(), &args, "train");
+    assert_eq!(
+        (s["strategy"].as_str(), s["devices"].as_u64()),
+        (Some("ddp"), Some(2)),
+        "{s}"
+    );
+    // The template's batch of 128 is the step's: 64 a process.
+    assert_eq!(
+        (s["batch_size"].as_u64(), s["global_batch_size"].as_u64()),
+        (Some(64), Some(128)),
+        "{s}"
+    );
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        match entry.path().is_dir() {
+            true => files.extend(walk(&entry.path())),
+            false => files.push(entry.path()),
+        }
+    }
+    files
+}
+
+/// `-m` sweeps: the template's multirun directory, a job per value, each trained and tested.
+#[test]
+fn a_multirun_sweep_over_the_template() {
+    let p = template_project(100, 20);
+    let out = template(
+        p.path(),
+        "train",
+        &[
+            "-m",
+            SMALL_SPLIT,
+            "trainer.max_epochs=1",
+            "data.batch_size=32,64",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let sweeps: Vec<PathBuf> = std::fs::read_dir(p.path().join("logs/train/multiruns"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(sweeps.len(), 1, "{sweeps:?}");
+    for (job, batch) in [("0", 32), ("1", 64)] {
+        let s = summary(&sweeps[0].join(job));
+        assert_eq!(s["batch_size"], batch, "{s}");
+        assert!(s["final_metrics"]["test/acc"].is_number(), "{s}");
+    }
+}
+
+/// `-m hparams_search=mnist_optuna experiment=example`: the template's Optuna search (TPE, its params on
+/// the module's keys) optimising `val/acc_best`, shortened to 3 trials of 2 epochs.
+#[test]
+fn the_templates_optuna_search_runs() {
+    let p = template_project(100, 20);
+    let out = template(
+        p.path(),
+        "train",
+        &[
+            "-m",
+            "hparams_search=mnist_optuna",
+            "experiment=example",
+            SMALL_SPLIT,
+            "hydra.sweeper.n_trials=3",
+            "trainer.min_epochs=1",
+            "trainer.max_epochs=2",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let sweeps: Vec<PathBuf> = std::fs::read_dir(p.path().join("logs/train/multiruns"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(sweeps.len(), 1, "{sweeps:?}");
+    let trials: Vec<serde_json::Value> = (0..3)
+        .map(|i| summary(&sweeps[0].join(i.to_string())))
+        .collect();
+    let batches: Vec<u64> = trials
+        .iter()
+        .map(|s| s["batch_size"].as_u64().unwrap())
+        .collect();
+    assert!(
+        batches.iter().all(|b| [32, 64, 128, 256].contains(b)),
+        "{batches:?}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("val/acc_best"), "{stdout}");
+}
+
+/// The template cuts MNIST with `random_split(..., generator=torch.Generator().manual_seed(42))`: the
+/// same permutation as PyTorch's, all 70,000 places (torch oracle).
+#[test]
+fn the_split_is_pytorchs_random_split() {
+    let Some(python) = common::torch_python() else {
+        return;
+    };
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import torch\n\
+             from torch.utils.data import random_split\n\
+             parts = random_split(range(70000), [55000, 5000, 10000], generator=torch.Generator().manual_seed(42))\n\
+             print(' '.join(str(i) for p in parts for i in p.indices))",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let torch: Vec<usize> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(|t| t.parse().unwrap())
+        .collect();
+    assert_eq!(torch, trainyard::data::split::torch_randperm(70000, 42));
 }

@@ -32,9 +32,9 @@ impl Cifar {
                     "data_batch_5.bin",
                 ]
             }
-            (Variant::Cifar10, Split::Val) => vec!["test_batch.bin"],
+            (Variant::Cifar10, Split::Val | Split::Test) => vec!["test_batch.bin"],
             (Variant::Cifar100, Split::Train) => vec!["train.bin"],
-            (Variant::Cifar100, Split::Val) => vec!["test.bin"],
+            (Variant::Cifar100, Split::Val | Split::Test) => vec!["test.bin"],
         }
     }
 

@@ -140,6 +140,12 @@ pub fn ensure(cfg: &DataConfig) -> Result<(), DataError> {
     let fetcher = Fetcher::new(cfg);
     match source {
         Source::Files(remotes) => {
+            // MNIST already in torchvision's folder (`<root>/MNIST/raw/`) is used there.
+            let root = match cfg.name {
+                DataName::Mnist => super::mnist::files_dir(&root, "MNIST"),
+                DataName::FashionMnist => super::mnist::files_dir(&root, "FashionMNIST"),
+                _ => root,
+            };
             std::fs::create_dir_all(&root).map_err(|e| io_error(&root, e))?;
             for remote in remotes {
                 let dest = root.join(remote.file);

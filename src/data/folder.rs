@@ -18,6 +18,7 @@ impl ImageFolder {
         let candidates: &[&str] = match split {
             Split::Train => &["train"],
             Split::Val => &["val", "valid", "validation", "test"],
+            Split::Test => &["test", "val", "valid", "validation"],
         };
         let dir = candidates.iter().map(|c| root.join(c)).find(|d| d.is_dir()).ok_or_else(|| DataError::Missing {
             name: name.to_string(),

@@ -41,7 +41,7 @@ fn be_u32(bytes: &[u8], at: usize) -> usize {
 }
 
 /// The folder holding the IDX files: `root`, or torchvision's `<root>/<folder>/raw/` when `root` has none.
-fn files_dir(root: &Path, torchvision_folder: &str) -> PathBuf {
+pub(crate) fn files_dir(root: &Path, torchvision_folder: &str) -> PathBuf {
     let here = ["train-images-idx3-ubyte", "train-images-idx3-ubyte.gz"]
         .iter()
         .any(|f| root.join(f).exists());
@@ -62,7 +62,7 @@ impl Mnist {
     pub fn open(root: &Path, split: Split) -> Result<Self, DataError> {
         let prefix = match split {
             Split::Train => "train",
-            Split::Val => "t10k",
+            Split::Val | Split::Test => "t10k",
         };
         let (ipath, images) = read_maybe_gz(root, &format!("{prefix}-images-idx3-ubyte"))?;
         let (lpath, labels) = read_maybe_gz(root, &format!("{prefix}-labels-idx1-ubyte"))?;

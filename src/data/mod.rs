@@ -8,6 +8,7 @@ pub mod loader;
 pub mod mnist;
 pub mod registered;
 pub mod sampler;
+pub mod split;
 pub mod synthetic;
 pub mod transforms;
 
@@ -50,6 +51,9 @@ pub trait Dataset: Send + Sync {
 pub enum Split {
     Train,
     Val,
+    /// The held-out part `test: true` measures after training: the third part of
+    /// `data.train_val_test_split`, else the data set's test files.
+    Test,
 }
 
 /// A data set that cannot be read: says where it looked and how to get it.
@@ -76,8 +80,20 @@ impl DataError {
     }
 }
 
-/// Open the train or validation split named by the config.
+/// Open the train, validation or test split named by the config.
 pub fn open(cfg: &DataConfig, split: Split, seed: u64) -> Result<Arc<dyn Dataset>, DataError> {
+    if let Some(lengths) = &cfg.train_val_test_split {
+        let pool: Arc<dyn Dataset> = Arc::new(split::Concat::new(vec![
+            open_files(cfg, Split::Train, seed)?,
+            open_files(cfg, Split::Test, seed)?,
+        ]));
+        return split::part_of(pool, lengths, cfg.split_seed, split);
+    }
+    open_files(cfg, split, seed)
+}
+
+/// The split as the data set's own files have it.
+fn open_files(cfg: &DataConfig, split: Split, seed: u64) -> Result<Arc<dyn Dataset>, DataError> {
     let root = || PathBuf::from(cfg.root.clone().unwrap_or_else(|| "data".into()));
     Ok(match cfg.name {
         DataName::Synthetic => Arc::new(synthetic::Synthetic::new(cfg, split, seed)),

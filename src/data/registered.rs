@@ -22,7 +22,7 @@ impl Registered {
         // The training split was opened when the config was checked: the same one is read here.
         let inner = match split {
             Split::Train => spec.train.0.clone(),
-            Split::Val => {
+            Split::Val | Split::Test => {
                 let entry = crate::registry::dataset(&spec.spec.target).ok_or_else(|| {
                     DataError::Unsupported(format!(
                         "data: _target_ {} is not registered",
@@ -30,7 +30,10 @@ impl Registered {
                     ))
                 })?;
                 let ctx = DataContext {
-                    split: DataSplit::Val,
+                    split: match split {
+                        Split::Test => DataSplit::Test,
+                        _ => DataSplit::Val,
+                    },
                     seed,
                 };
                 let built = (entry.build)(&spec.spec.args, &ctx)

@@ -27,7 +27,7 @@ impl Synthetic {
     pub fn new(cfg: &DataConfig, split: Split, seed: u64) -> Self {
         let len = match split {
             Split::Train => cfg.train_size.unwrap_or(4096),
-            Split::Val => cfg.val_size.unwrap_or(1024),
+            Split::Val | Split::Test => cfg.val_size.unwrap_or(1024),
         };
         Synthetic::with_shape(
             len,
@@ -86,6 +86,7 @@ impl Dataset for Synthetic {
         let split_key = match self.split {
             Split::Train => 1,
             Split::Val => 2,
+            Split::Test => 3,
         };
         let mut rng = Rng::keyed(&[self.seed, split_key, index as u64]);
         let n = self.size;

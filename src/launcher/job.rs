@@ -89,7 +89,8 @@ pub fn run_job(
         group = Some(joined);
     }
     let output_dir = place.output_dir.clone();
-    let logging = log_setup(&settings, &job_cfg, &place.ctx, &output_dir)?;
+    let mut logging = log_setup(&settings, &job_cfg, &place.ctx, &output_dir)?;
+    logging.hide_warnings = experiment.extras.ignore_warnings;
     let _cwd = settings
         .chdir
         .then(|| WorkingDir::enter(&output_dir))
@@ -122,6 +123,9 @@ pub fn run_job(
             .map(|n| n.to_string_lossy().into_owned()),
         report: Some(&run_report),
     };
+    if group.as_ref().is_none_or(|g| g.rank == 0) {
+        super::extras::apply(&experiment, &config_yaml, &output_dir)?;
+    }
     super::requeue::arm_if_slurm_batch();
     if let Some(rank) = group.as_ref().map(|g| g.rank).filter(|&r| r > 0) {
         // Ranks other than 0 train and log to their own file; rank 0 writes the run's records.
@@ -191,6 +195,7 @@ fn log_setup(
         style: settings.job_logging.clone(),
         file,
         level,
+        hide_warnings: false,
     })
 }
 

@@ -20,6 +20,8 @@ pub struct LogSetup {
     /// The job's log file (`hydra.job_logging.handlers.file.filename`), absent when the style has none.
     pub file: Option<PathBuf>,
     pub level: Level,
+    /// `extras.ignore_warnings`: the job's warnings are not shown or kept (errors still are).
+    pub hide_warnings: bool,
 }
 
 impl LogSetup {
@@ -67,9 +69,13 @@ fn with_logging<T>(
             .with_target(false)
             .with_writer(writer.with_max_level(setup.level))
     });
+    let hide_warnings = setup.hide_warnings;
     let subscriber = tracing_subscriber::registry()
         .with(console_layer)
-        .with(file_layer.map(|l| l.boxed()));
+        .with(file_layer.map(|l| l.boxed()))
+        .with(tracing_subscriber::filter::filter_fn(move |meta| {
+            !(hide_warnings && *meta.level() == Level::WARN)
+        }));
     tracing::subscriber::with_default(subscriber, f)
 }
 

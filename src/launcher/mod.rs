@@ -6,6 +6,7 @@
 //! through `node`, torchrun's job. `requeue` is SLURM's auto-requeue on its warning signal. `place`
 //! decides where a job writes before it runs; `logs` routes its log lines into its run directory.
 
+pub mod extras;
 pub mod job;
 pub mod local;
 pub mod logs;

@@ -45,10 +45,14 @@ const ALIASES: [(&str, &str); 3] = [
 /// its `hparams_search` configs), checked against what runs record before any trial runs.
 pub fn optimized_metric(job_cfg: &Node, ctx: &ResolveContext) -> Result<String, ConfigError> {
     // A registered loss names its own metrics (and classification's accuracies are then not recorded).
+    // So does lightning-hydra-template's module (`accuracy_names: acc`: `val/acc`, no top-5).
     let loss = crate::schema::registered_loss(job_cfg)?;
-    let recorded: Vec<String> = match &loss {
-        Some(_) => crate::schema::RunMetrics::for_loss(loss.as_ref()).names(),
-        None => METRICS.iter().map(|m| m.to_string()).collect(),
+    let metrics =
+        crate::schema::RunMetrics::named(loss.as_ref(), crate::schema::accuracy_names_of(job_cfg));
+    let topk = metrics.is_topk_classification();
+    let recorded: Vec<String> = match topk {
+        false => metrics.names(),
+        true => METRICS.iter().map(|m| m.to_string()).collect(),
     };
     let known = recorded.join(", ");
     let Some(node) = job_cfg.get("optimized_metric") else {
@@ -66,14 +70,13 @@ pub fn optimized_metric(job_cfg: &Node, ctx: &ResolveContext) -> Result<String, 
             at(&node.source)
         )));
     };
-    if let (None, Some((_, canonical))) = (&loss, ALIASES.iter().find(|(alias, _)| *alias == name))
-    {
+    if let (true, Some((_, canonical))) = (topk, ALIASES.iter().find(|(alias, _)| *alias == name)) {
         return Ok(canonical.to_string());
     }
     if recorded.contains(&name) {
         return Ok(name);
     }
-    let aliases = ALIASES.iter().filter(|_| loss.is_none()).map(|(a, _)| *a);
+    let aliases = ALIASES.iter().filter(|_| topk).map(|(a, _)| *a);
     let candidates = recorded.iter().map(String::as_str).chain(aliases);
     let hint = did_you_mean(&name, candidates)
         .map(|s| format!(" Did you mean '{s}'?"))

@@ -136,11 +136,11 @@ impl Page {
         let _ = writeln!(
             self.md,
             "| run | status | tags | model | data | backend | strategy | nodes×devices | precision | global batch | \
-             epochs | best val top-1 | best val top-5 | val top-1 | val top-5 | val loss | train loss | own metrics (val, best) | wall time | \
+             epochs | best val top-1 | best val top-5 | val top-1 | val top-5 | val loss | train loss | own metrics (val, best) | test | wall time | \
              throughput | speed-up vs single | peak GPU mem | mean GPU mem | mean GPU util | max batch size | \
              peak RSS | train state per rank | checkpoint | TensorBoard |"
         );
-        let _ = writeln!(self.md, "|{}", "---|".repeat(29));
+        let _ = writeln!(self.md, "|{}", "---|".repeat(30));
         for r in group {
             let speedup = baseline(group, r).and_then(|b| {
                 let x = throughput(r)? / throughput(b)?;
@@ -182,6 +182,7 @@ impl Page {
                 num(r.final_metric("val/loss"), 4),
                 num(r.final_metric("train/loss"), 4),
                 own_metrics(r),
+                test_metrics(r),
                 r.summary
                     .as_ref()
                     .map(|s| s.wall_time_s)
@@ -635,6 +636,21 @@ fn relative(base: &Path, target: &Path) -> PathBuf {
     out
 }
 
+/// What `test: true` measured after training (`test/*`, with the best checkpoint's weights):
+/// `acc 0.9812, loss 0.0612`.
+fn test_metrics(r: &Run) -> String {
+    let cells: Vec<String> = r
+        .summary
+        .iter()
+        .flat_map(|s| &s.final_metrics)
+        .filter_map(|(key, value)| Some(format!("{} {value:.4}", key.strip_prefix("test/")?)))
+        .collect();
+    match cells.is_empty() {
+        true => "–".into(),
+        false => cells.join(", "),
+    }
+}
+
 /// A registered loss's validation metrics (`val/<name>`, not classification's), each with its best:
 /// `mae 0.1234 (best 0.1100)`.
 fn own_metrics(r: &Run) -> String {
@@ -646,7 +662,7 @@ fn own_metrics(r: &Run) -> String {
         .iter()
         .filter_map(|(key, value)| {
             let name = key.strip_prefix("val/")?;
-            if name.ends_with("_best") || matches!(name, "loss" | "acc1" | "acc5") {
+            if name.ends_with("_best") || matches!(name, "loss" | "acc" | "acc1" | "acc5") {
                 return None;
             }
             let best = summary

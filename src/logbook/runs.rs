@@ -76,7 +76,13 @@ pub struct Run {
 impl Run {
     /// A final metric of the run (`val/acc1`, `train/loss`, ...), from its summary.
     pub fn final_metric(&self, name: &str) -> Option<f64> {
-        self.summary.as_ref()?.final_metrics.get(name).copied()
+        let metrics = &self.summary.as_ref()?.final_metrics;
+        // lightning-hydra-template's names (`accuracy_names: acc`): its `val/acc` is top-1.
+        let alias = name.replace("acc1", "acc");
+        metrics
+            .get(name)
+            .or_else(|| metrics.get(&alias).filter(|_| name.contains("acc1")))
+            .copied()
     }
 
     /// A value from the resolved config by dotted path.
@@ -335,7 +341,7 @@ fn read_curve(path: &Path) -> anyhow::Result<(Vec<CurvePoint>, u64)> {
     let (tl, vl, va, va5) = (
         col("train/loss"),
         col("val/loss"),
-        col("val/acc1"),
+        col("val/acc1").or_else(|| col("val/acc")),
         col("val/acc5"),
     );
     let mut rows: Vec<(u64, bool, CurvePoint)> = Vec::new();

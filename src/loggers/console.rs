@@ -31,7 +31,7 @@ impl ConsoleLines {
             .filter_map(|k| {
                 let v = row.get(k)?;
                 Some(match k.strip_prefix(prefix).unwrap_or(k) {
-                    "acc1" | "acc5" => format!("{k} {v:.3}"),
+                    "acc" | "acc1" | "acc5" => format!("{k} {v:.3}"),
                     _ => format!("{k} {v:.4}"),
                 })
             })
@@ -52,6 +52,7 @@ impl MetricSink for ConsoleLines {
                 self.train_batches,
                 Self::validation(row).unwrap_or_default()
             ),
+            RowKind::Test => tracing::info!("test  {}", Self::phase(row, "test/")),
             RowKind::Epoch => tracing::info!(
                 "epoch {epoch}/{max_epochs}  step {}  {}{}  {:.1}s  {:.0} img/s",
                 row.step,

@@ -18,6 +18,8 @@ pub enum RowKind {
     MidEpochValidation { batches_done: usize },
     /// An epoch's end: its training metrics, validation, time, throughput and device statistics.
     Epoch,
+    /// `test: true`: the test split measured after training (`test/*`).
+    Test,
 }
 
 /// One row of metrics at a point of training.

@@ -10,6 +10,9 @@ use super::{Result, Value};
 pub enum DataSplit {
     Train,
     Val,
+    /// What `test: true` measures after training (a data set without test data may give its
+    /// validation data).
+    Test,
 }
 
 /// What a dataset's constructor is told besides its arguments.

@@ -35,6 +35,11 @@ pub struct DataConfig {
     #[serde(default = "three")]
     pub channels: usize,
     pub batch_size: usize,
+    /// `batch_size` is the whole step's, divided among the processes (lightning-hydra-template's
+    /// MNISTDataModule: `batch_size // trainer.world_size`, refused when it does not divide); false: each
+    /// process's.
+    #[serde(default)]
+    pub batch_size_is_global: bool,
     #[serde(default)]
     pub num_workers: usize,
     /// On a GPU (backend=tch): the loader copies each batch into page-locked memory, and the step's copy
@@ -48,6 +53,14 @@ pub struct DataConfig {
     pub train_size: Option<usize>,
     #[serde(default)]
     pub val_size: Option<usize>,
+    /// lightning-hydra-template's MNISTDataModule: the train and test files pooled, then cut into train,
+    /// validation and test parts as PyTorch's `random_split` cuts them (three counts adding up to the
+    /// pool, or fractions adding up to 1).
+    #[serde(default)]
+    pub train_val_test_split: Option<Vec<SplitLength>>,
+    /// The seed of that cut (the template's `torch.Generator().manual_seed(42)`).
+    #[serde(default = "forty_two")]
+    pub split_seed: u64,
     #[serde(default)]
     pub train_transforms: Vec<Transform>,
     #[serde(default)]
@@ -56,6 +69,18 @@ pub struct DataConfig {
     /// fills it).
     #[serde(skip)]
     pub registered: Option<std::sync::Arc<super::RegisteredData>>,
+}
+
+/// One part's size in `data.train_val_test_split`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum SplitLength {
+    Count(usize),
+    Fraction(f64),
+}
+
+fn forty_two() -> u64 {
+    42
 }
 
 fn three() -> usize {

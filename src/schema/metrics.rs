@@ -1,23 +1,43 @@
 //! The metrics a run records, named once for the loop, the loggers, the callbacks' `monitor` and a
-//! search's `optimized_metric`: classification's `loss`/`acc1`/`acc5`, or a registered loss's `loss` and
-//! its own metrics, each as `train/<name>` and `val/<name>`, with `val/<name>_best` kept as the run goes.
+//! search's `optimized_metric`: classification's `loss`/`acc1`/`acc5` (or `loss`/`acc` with
+//! `accuracy_names: acc`), or a registered loss's `loss` and its own metrics, each as `train/<name>` and
+//! `val/<name>`, with `val/<name>_best` kept as the run goes, and `test/<name>` after it with `test: true`.
 
 use super::Experiment;
+use serde::{Deserialize, Serialize};
+
+/// How classification's accuracies are named.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AccuracyNames {
+    /// Top-1 and top-5: `val/acc1`, `val/acc5`.
+    #[default]
+    Acc1Acc5,
+    /// Top-1 alone as `acc` (`train/acc`, `val/acc`, `test/acc`): what lightning-hydra-template's
+    /// module logs (torchmetrics' Accuracy).
+    Acc,
+}
 
 /// What one validation or one training window measured, named.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunMetrics {
-    /// (name, higher is better) besides `loss`; `None`: classification (acc1, acc5).
+    /// (name, higher is better) besides `loss`; `None`: classification.
     custom: Option<Vec<(String, bool)>>,
+    accuracy: AccuracyNames,
+    /// `test: true`: the test row's names are columns too.
+    tests: bool,
 }
 
 impl RunMetrics {
     pub fn of(exp: &Experiment) -> RunMetrics {
-        Self::for_loss(exp.loss.as_deref())
+        RunMetrics {
+            tests: exp.test,
+            ..Self::named(exp.loss.as_deref(), exp.accuracy_names)
+        }
     }
 
-    /// What a run with this loss records (`None`: classification).
-    pub fn for_loss(loss: Option<&super::LossSpec>) -> RunMetrics {
+    /// What a run with this loss records (`None`: classification, its accuracies named `accuracy`).
+    pub fn named(loss: Option<&super::LossSpec>, accuracy: AccuracyNames) -> RunMetrics {
         RunMetrics {
             custom: loss.map(|l| {
                 l.metrics
@@ -25,19 +45,30 @@ impl RunMetrics {
                     .map(|m| (m.name.clone(), m.higher_is_better))
                     .collect()
             }),
+            accuracy,
+            tests: false,
         }
     }
 
     /// Classification, as a run without `loss:` records.
     pub fn classification() -> RunMetrics {
-        RunMetrics { custom: None }
+        Self::named(None, AccuracyNames::Acc1Acc5)
     }
 
     /// The metrics of a validation besides `loss`, with their direction.
     fn val_metrics(&self) -> Vec<(String, bool)> {
-        match &self.custom {
-            Some(m) => m.clone(),
-            None => vec![("acc1".into(), true), ("acc5".into(), true)],
+        match (&self.custom, self.accuracy) {
+            (Some(m), _) => m.clone(),
+            (None, AccuracyNames::Acc) => vec![("acc".into(), true)],
+            (None, AccuracyNames::Acc1Acc5) => vec![("acc1".into(), true), ("acc5".into(), true)],
+        }
+    }
+
+    /// Top-1's name (`acc1`, or `acc`).
+    fn top1(&self) -> &'static str {
+        match self.accuracy {
+            AccuracyNames::Acc => "acc",
+            AccuracyNames::Acc1Acc5 => "acc1",
         }
     }
 
@@ -55,7 +86,7 @@ impl RunMetrics {
                     .enumerate()
                     .map(|(i, (name, _))| (format!("train/{name}"), metrics(i))),
             ),
-            None => row.push(("train/acc1".into(), acc1)),
+            None => row.push((format!("train/{}", self.top1()), acc1)),
         }
         row
     }
@@ -67,15 +98,40 @@ impl RunMetrics {
         metrics: impl Fn(usize) -> f64,
         acc: (f64, f64),
     ) -> Vec<(String, f64)> {
-        let mut row = vec![("val/loss".to_string(), loss)];
-        match &self.custom {
-            Some(m) => row.extend(
-                m.iter()
-                    .enumerate()
-                    .map(|(i, (name, _))| (format!("val/{name}"), metrics(i))),
-            ),
-            None => row.extend([("val/acc1".into(), acc.0), ("val/acc5".into(), acc.1)]),
-        }
+        self.evaluation_row("val", loss, metrics, acc)
+    }
+
+    /// The test's row (`test: true`): as a validation's, under `test/`.
+    pub fn test_row(
+        &self,
+        loss: f64,
+        metrics: impl Fn(usize) -> f64,
+        acc: (f64, f64),
+    ) -> Vec<(String, f64)> {
+        self.evaluation_row("test", loss, metrics, acc)
+    }
+
+    fn evaluation_row(
+        &self,
+        phase: &str,
+        loss: f64,
+        metrics: impl Fn(usize) -> f64,
+        acc: (f64, f64),
+    ) -> Vec<(String, f64)> {
+        let mut row = vec![(format!("{phase}/loss"), loss)];
+        row.extend(
+            self.val_metrics()
+                .into_iter()
+                .enumerate()
+                .map(|(i, (name, _))| {
+                    let value = match (&self.custom, i) {
+                        (Some(_), _) => metrics(i),
+                        (None, 0) => acc.0,
+                        (None, _) => acc.1,
+                    };
+                    (format!("{phase}/{name}"), value)
+                }),
+        );
         row
     }
 
@@ -90,14 +146,25 @@ impl RunMetrics {
             .collect()
     }
 
-    /// The names of a training row, then a validation row (a CSV header's metric columns).
+    /// The names of a training row, a validation row and, with `test: true`, the test row (a CSV
+    /// header's metric columns).
     pub fn row_names(&self) -> Vec<String> {
         let train = self.train_row(0.0, |_| 0.0, 0.0);
         let val = self.val_row(0.0, |_| 0.0, (0.0, 0.0));
-        train.into_iter().chain(val).map(|(n, _)| n).collect()
+        let test = match self.tests {
+            true => self.test_row(0.0, |_| 0.0, (0.0, 0.0)),
+            false => Vec::new(),
+        };
+        train
+            .into_iter()
+            .chain(val)
+            .chain(test)
+            .map(|(n, _)| n)
+            .collect()
     }
 
-    /// Every name a run records per epoch: train and val rows and the `_best` of each val metric.
+    /// Every name a run records per epoch: train and val rows and the `_best` of each val metric (what a
+    /// callback may monitor; the test comes after training).
     pub fn names(&self) -> Vec<String> {
         let mut names: Vec<String> = self
             .train_row(0.0, |_| 0.0, 0.0)
@@ -111,20 +178,10 @@ impl RunMetrics {
         names
     }
 
-    /// The metrics beyond classification's fixed columns (a CSV logger's extra columns), in order.
-    pub fn extra_columns(&self) -> Vec<String> {
-        match &self.custom {
-            Some(m) => m
-                .iter()
-                .flat_map(|(n, _)| [format!("train/{n}"), format!("val/{n}")])
-                .collect(),
-            None => Vec::new(),
-        }
-    }
-
-    /// Is this classification (top-1/top-5)?
-    pub fn is_classification(&self) -> bool {
-        self.custom.is_none()
+    /// Is this classification with top-1 and top-5 under trainyard's names (`acc1`, `acc5`), where
+    /// lightning-hydra-template's `val/acc` means `val/acc1`?
+    pub fn is_topk_classification(&self) -> bool {
+        self.custom.is_none() && self.accuracy == AccuracyNames::Acc1Acc5
     }
 }
 
@@ -136,6 +193,8 @@ mod tests {
     fn a_registered_loss_names_its_metrics_for_both_phases_and_their_best() {
         let m = RunMetrics {
             custom: Some(vec![("mae".into(), false), ("iou".into(), true)]),
+            accuracy: AccuracyNames::Acc1Acc5,
+            tests: false,
         };
         assert_eq!(
             m.names(),
@@ -168,5 +227,30 @@ mod tests {
         let names = RunMetrics::classification().names();
         assert!(names.contains(&"val/acc5_best".to_string()));
         assert!(names.contains(&"train/acc1".to_string()));
+    }
+
+    /// `accuracy_names: acc` with `test: true`: the template's names, each phase's top-1 as `acc`.
+    #[test]
+    fn the_templates_names_have_top1_as_acc_in_every_phase() {
+        let m = RunMetrics {
+            tests: true,
+            ..RunMetrics::named(None, AccuracyNames::Acc)
+        };
+        assert_eq!(
+            m.row_names(),
+            [
+                "train/loss",
+                "train/acc",
+                "val/loss",
+                "val/acc",
+                "test/loss",
+                "test/acc"
+            ]
+        );
+        assert!(m.names().contains(&"val/acc_best".to_string()));
+        assert_eq!(
+            m.test_row(0.5, |_| 0.0, (0.75, 0.9)),
+            [("test/loss".into(), 0.5), ("test/acc".into(), 0.75)]
+        );
     }
 }

@@ -19,11 +19,12 @@ mod validate;
 pub use callbacks::*;
 pub use data::*;
 pub use logger::*;
-pub use metrics::RunMetrics;
+pub use metrics::{AccuracyNames, RunMetrics};
 pub use model::*;
 pub use optim::*;
 pub use profiler::ProfilerConfig;
 pub use registered::*;
+pub use template::accuracy_names_of;
 pub use trainer::*;
 pub use validate::extract;
 
@@ -33,7 +34,26 @@ use serde::{Deserialize, Deserializer, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct Experiment {
     pub task_name: String,
+    /// `seed: null` (Lightning's "do not seed") draws one, the same on every rank (`seed_drawn`).
     pub seed: u64,
+    /// The config's `seed` was null and `seed` was drawn for this run (`schema::extract`).
+    #[serde(skip)]
+    pub seed_drawn: bool,
+    /// lightning-hydra-template's `train:`: fit the model; false: only test it (`test: true`), from
+    /// `ckpt_path` when one is given.
+    #[serde(default = "yes")]
+    pub train: bool,
+    /// lightning-hydra-template's `test:`: after fitting, one pass over the test split with the best
+    /// checkpoint's weights (the final ones when ModelCheckpoint kept none), as Lightning's
+    /// `trainer.test(ckpt_path="best")`; `test/*` metrics join the run's.
+    #[serde(default)]
+    pub test: bool,
+    /// How classification's accuracies are named (`acc1_acc5`, or `acc` as the template's module).
+    #[serde(default)]
+    pub accuracy_names: AccuracyNames,
+    /// lightning-hydra-template's `extras:` (what its `utils.extras` does before a run).
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub extras: Extras,
     #[serde(default)]
     pub backend: Backend,
     #[serde(default)]
@@ -60,6 +80,26 @@ pub struct Experiment {
     /// (`registry`); none: classification (cross-entropy, top-1/top-5). `schema::extract` fills it.
     #[serde(skip)]
     pub loss: Option<std::sync::Arc<LossSpec>>,
+}
+
+/// lightning-hydra-template's `extras:`, done before the run by rank 0 (`launcher`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Extras {
+    /// Hide the run's warnings (the template silences Python's `warnings`).
+    #[serde(default)]
+    pub ignore_warnings: bool,
+    /// Refuse a run without `tags` (the template asks for them at a terminal; a run here is
+    /// unattended), and write them to `tags.log` in the run directory.
+    #[serde(default)]
+    pub enforce_tags: bool,
+    /// Print the resolved config before the run and keep it as `config_tree.log` in the run directory.
+    #[serde(default)]
+    pub print_config: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn null_as_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(

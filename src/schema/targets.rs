@@ -14,6 +14,9 @@ use crate::config::tree::{Map, Node, Source, Value};
 
 /// Translate every known `_target_` node of a resolved job config in place.
 pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
+    // A project of Lightning modules (the template's) has Lightning's semantics throughout: a
+    // `callbacks`/`logger` entry without a `_target_` is skipped, as its `instantiate_*` skip one.
+    let lightning = super::template::is_lightning_project(job);
     // First: the template's LightningModule hands its optimizer and scheduler to the run.
     super::template::lit_module(job)?;
     if let Some(trainer) = job.child_mut("trainer") {
@@ -23,7 +26,7 @@ pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
     }
     for section in ["callbacks", "logger"] {
         if let Some(node) = job.child_mut(section) {
-            translate_entries(node, section)?;
+            translate_entries(node, section, lightning)?;
         }
     }
     if let Some(opt) = job.child_mut("optimizer") {
@@ -48,6 +51,7 @@ pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
             }
         }
     }
+    super::template::mnist_data_module(job)?;
     if let Some(data) = job.child("data") {
         if let Some(t) = data.child("_target_") {
             // A dataset a crate registered is opened by its constructor: `extract` reads it.
@@ -215,7 +219,6 @@ fn trainer_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
         "enable_progress_bar",
         "enable_model_summary",
         "num_sanity_val_steps",
-        "limit_test_batches",
         "limit_predict_batches",
         "logger",
     ] {
@@ -227,8 +230,7 @@ fn trainer_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
     {
         map.shift_remove("min_epochs");
     }
-    refuse_unless(map, s, "detect_anomaly", is_false_or_null,
-        "anomaly detection is not available here; remove it (a NaN loss already stops the run with an error)")?;
+    drop_null(map, "detect_anomaly");
     if let Some(profiler) = map.get_mut("profiler") {
         profiler_target(profiler)?;
     }
@@ -253,6 +255,7 @@ fn trainer_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
     rename(map, "benchmark", "cudnn_benchmark");
     drop_null(map, "benchmark");
     drop_null(map, "cudnn_benchmark");
+    drop_null(map, "limit_test_batches");
     for key in [
         "max_steps",
         "gradient_clip_val",
@@ -350,8 +353,10 @@ fn profiler_target(node: &mut Node) -> Result<(), ConfigError> {
     )))
 }
 
-/// `callbacks:` / `logger:` entries with a `_target_`, each moved to trainyard's key for it.
-fn translate_entries(node: &mut Node, section: &str) -> Result<(), ConfigError> {
+/// `callbacks:` / `logger:` entries with a `_target_`, each moved to trainyard's key for it; in a
+/// `lightning` project, one without is skipped (as the template's experiment configs rely on: their
+/// `logger.wandb.tags` means nothing until `logger=wandb` adds the logger).
+fn translate_entries(node: &mut Node, section: &str, lightning: bool) -> Result<(), ConfigError> {
     let Some(map) = node.as_map_mut() else {
         return Ok(());
     };
@@ -360,7 +365,11 @@ fn translate_entries(node: &mut Node, section: &str) -> Result<(), ConfigError> 
     for name in entries {
         let mut entry = map.shift_remove(&name).expect("key listed above");
         let Some(target) = take_target(&mut entry)? else {
-            out.insert(name, entry);
+            if lightning && entry.as_map().is_some() {
+                tracing::debug!("{section}.{name}: no _target_, skipped as Lightning skips it");
+            } else {
+                out.insert(name, entry);
+            }
             continue;
         };
         let key = match section {

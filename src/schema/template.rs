@@ -3,14 +3,21 @@
 //! `SimpleDenseNet` is Linear-BatchNorm1d-ReLU three times and a head) with the `optimizer` and
 //! `scheduler` its `configure_optimizers` builds (the run's own `optimizer:`/`scheduler:`, translated as
 //! torch's next). Its `compile` flag asks torch.compile to speed the model up; trainyard's kernels need
-//! no such step, so it is read and dropped.
+//! no such step, so it is read and dropped. Its metrics keep the module's names (`train/acc`, `val/acc`,
+//! `val/acc_best`, `test/acc`: `accuracy_names: acc`).
+//!
+//! `src.data.mnist_datamodule.MNISTDataModule` is MNIST from torchvision's folder under `data_dir`, its
+//! train and test files pooled and cut by `train_val_test_split` as its `random_split` with seed 42 cuts
+//! them, normalised as its transforms do, `batch_size` divided among the devices as it divides it.
 
 use super::targets::target_text;
+use super::AccuracyNames;
 use crate::config::errors::{at, ConfigError};
 use crate::config::tree::{Map, Node, Value};
 
 pub(super) const LIT_MODULE: &str = "src.models.mnist_module.MNISTLitModule";
 const DENSE_NET: &str = "src.models.components.simple_dense_net.SimpleDenseNet";
+pub(super) const DATA_MODULE: &str = "src.data.mnist_datamodule.MNISTDataModule";
 
 /// `model: {_target_: MNISTLitModule, ...}` in `job`, rewritten in place; false when it is not one.
 pub(super) fn lit_module(job: &mut Node) -> Result<bool, ConfigError> {
@@ -43,6 +50,8 @@ pub(super) fn lit_module(job: &mut Node) -> Result<bool, ConfigError> {
     }
     *model = dense_net(&net)?;
     let root = job.as_map_mut().expect("a job is a map");
+    root.entry("accuracy_names".to_string())
+        .or_insert_with(|| Node::new(Value::Str("acc".into()), src.clone()));
     for (key, mut node) in moved {
         if let Some(own) = root.get(key).filter(|n| !matches!(n.value, Value::Null)) {
             return Err(ConfigError::Schema(format!(
@@ -151,4 +160,114 @@ fn dense_net(net: &Node) -> Result<Node, ConfigError> {
     m.insert("num_classes".into(), node(Value::Int(out)));
     m.insert("layers".into(), node(Value::List(layers)));
     Ok(Node::new(Value::Map(m), net.source.clone()))
+}
+
+/// `data: {_target_: MNISTDataModule, ...}` in `job`, rewritten in place as the data config it amounts
+/// to; false when it is not one.
+pub(super) fn mnist_data_module(job: &mut Node) -> Result<bool, ConfigError> {
+    let Some(data) = job.child_mut("data") else {
+        return Ok(false);
+    };
+    let Some(target) = data.child("_target_").cloned() else {
+        return Ok(false);
+    };
+    if target_text(&target) != DATA_MODULE {
+        return Ok(false);
+    }
+    let src = target.source.clone();
+    let node = |v: Value| Node::new(v, src.clone());
+    let map = data.as_map_mut().expect("a node with a _target_ is a map");
+    map.shift_remove("_target_");
+    const KEYS: [&str; 5] = [
+        "data_dir",
+        "batch_size",
+        "train_val_test_split",
+        "num_workers",
+        "pin_memory",
+    ];
+    for (key, value) in map.iter() {
+        if !KEYS.contains(&key.as_str()) {
+            return Err(ConfigError::Schema(format!(
+                "Error in config key 'data.{key}': {DATA_MODULE} takes {}{}",
+                KEYS.join(", "),
+                at(&value.source)
+            )));
+        }
+    }
+    let mut out = Map::new();
+    out.insert("name".into(), node(Value::Str("mnist".into())));
+    if let Some(dir) = map.shift_remove("data_dir") {
+        out.insert("root".into(), dir);
+    }
+    // Its prepare_data downloads MNIST when it is not there (torchvision's `download=True`).
+    out.insert("download".into(), node(Value::Bool(true)));
+    out.insert("num_classes".into(), node(Value::Int(10)));
+    out.insert("image_size".into(), node(Value::Int(28)));
+    out.insert("channels".into(), node(Value::Int(1)));
+    // Defaults of its __init__: batch_size 64, (55_000, 5_000, 10_000), 0 workers, no pinning.
+    let batch = map
+        .shift_remove("batch_size")
+        .unwrap_or_else(|| node(Value::Int(64)));
+    out.insert("batch_size".into(), batch);
+    out.insert("batch_size_is_global".into(), node(Value::Bool(true)));
+    let split = map.shift_remove("train_val_test_split").unwrap_or_else(|| {
+        node(Value::List(
+            [55_000, 5_000, 10_000]
+                .into_iter()
+                .map(|n| node(Value::Int(n)))
+                .collect(),
+        ))
+    });
+    out.insert("train_val_test_split".into(), split);
+    out.insert(
+        "num_workers".into(),
+        map.shift_remove("num_workers")
+            .unwrap_or_else(|| node(Value::Int(0))),
+    );
+    out.insert(
+        "pin_memory".into(),
+        map.shift_remove("pin_memory")
+            .unwrap_or_else(|| node(Value::Bool(false))),
+    );
+    // transforms.Compose([ToTensor(), Normalize((0.1307,), (0.3081,))]) for every split.
+    let normalize = || {
+        let mut args = Map::new();
+        args.insert(
+            "mean".into(),
+            node(Value::List(vec![node(Value::Float(0.1307))])),
+        );
+        args.insert(
+            "std".into(),
+            node(Value::List(vec![node(Value::Float(0.3081))])),
+        );
+        let mut step = Map::new();
+        step.insert("normalize".into(), node(Value::Map(args)));
+        node(Value::List(vec![node(Value::Map(step))]))
+    };
+    out.insert("train_transforms".into(), normalize());
+    out.insert("val_transforms".into(), normalize());
+    *data = Node::new(Value::Map(out), data.source.clone());
+    Ok(true)
+}
+
+/// How a job config's run names its accuracies, read before it is typed (a search checks its
+/// `optimized_metric` against them): `accuracy_names` when set, else `acc` for the template's module.
+pub fn accuracy_names_of(job: &Node) -> AccuracyNames {
+    match job.child("accuracy_names").and_then(|n| n.as_str()) {
+        Some("acc") => AccuracyNames::Acc,
+        Some(_) => AccuracyNames::Acc1Acc5,
+        None => match job
+            .get("model._target_")
+            .is_some_and(|t| target_text(t) == LIT_MODULE)
+        {
+            true => AccuracyNames::Acc,
+            false => AccuracyNames::Acc1Acc5,
+        },
+    }
+}
+
+/// Is `job` a project of the template's Lightning modules (its LightningModule or DataModule named)?
+pub(super) fn is_lightning_project(job: &Node) -> bool {
+    let named = |path: &str, target: &str| job.get(path).is_some_and(|t| target_text(t) == target);
+    named("model._target_", LIT_MODULE) || named("data._target_", DATA_MODULE)
 }

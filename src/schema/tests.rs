@@ -116,10 +116,10 @@ fn hydra_node_is_ignored_and_null_sections_mean_none() {
     "Set it with optimizer.lr=<value>"
 )]
 #[case(
-    with("seed: 1\n", ""),
-    "Error in config key 'seed': missing",
+    with("task_name: t\n", ""),
+    "Error in config key 'task_name': missing",
     "",
-    "+seed=<value>"
+    "+task_name=<value>"
 )]
 #[case(
     with("  channels: [8, 16]", "  channels: [8, 16]\n  patch_size: 16"),
@@ -346,8 +346,8 @@ mod shipped {
     #[case::wrong_type_place(&["data.batch_size=many"], "(set at override 'data.batch_size=many')")]
     #[case::missing_value(&["model.num_classes=???"],
         "Missing mandatory value: model.num_classes\n    (set at override 'model.num_classes=???')\n    Set it with model.num_classes=<value>")]
-    #[case::missing_key(&["~seed"], "Error in config key 'seed': missing")]
-    #[case::missing_key_fix(&["~seed"], "+seed=<value>")]
+    #[case::missing_key(&["~task_name"], "Error in config key 'task_name': missing")]
+    #[case::missing_key_fix(&["~task_name"], "+task_name=<value>")]
     #[case::wrong_for_model(&["model=resnet50", "+model.hidden=[64]"],
         "Error in config key 'model.hidden' = [64]: model 'resnet50' does not use this key (only mlp do)")]
     #[case::bad_transform(&["data.train_transforms=[{flip: {p: 0.5}}]"], "Valid choices: random_crop")]
@@ -432,4 +432,16 @@ mod shipped {
             }
         }
     }
+}
+
+/// `seed: null` or no `seed` (Lightning's "do not seed"): one is drawn for the run, below 2^32 (the ranks
+/// agree on rank 0's through an f64); a given seed is kept.
+#[test]
+fn a_null_or_missing_seed_is_drawn() {
+    for text in [with("seed: 1\n", "seed: null\n"), with("seed: 1\n", "")] {
+        let e = extract(&parse(&text)).unwrap();
+        assert!(e.seed_drawn && e.seed <= u64::from(u32::MAX), "{text}");
+    }
+    let e = extract(&parse(GOOD)).unwrap();
+    assert!(!e.seed_drawn && e.seed == 1);
 }

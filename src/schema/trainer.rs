@@ -217,12 +217,19 @@ pub struct TrainerConfig {
     /// Lightning's `min_epochs`: EarlyStopping cannot stop the run before this many epochs.
     #[serde(default)]
     pub min_epochs: u64,
+    /// Lightning's `detect_anomaly`: every step's gradients are checked, and a NaN or infinite one stops
+    /// the run naming the step (the loss is always checked).
+    #[serde(default)]
+    pub detect_anomaly: bool,
     #[serde(default = "minus_one")]
     pub max_steps: i64,
     #[serde(default)]
     pub limit_train_batches: Limit,
     #[serde(default)]
     pub limit_val_batches: Limit,
+    /// The test's batches (`test: true`), as Lightning's `limit_test_batches`.
+    #[serde(default)]
+    pub limit_test_batches: Limit,
     #[serde(default)]
     pub val_check_interval: Limit,
     #[serde(default = "super::one_u64")]

@@ -20,6 +20,7 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     }
     super::targets::translate(&mut job)?;
     check_no_missing(&job)?;
+    let seed_drawn = draw_null_seed(&mut job);
     let declared = declared_model(&job)?;
     let registered = super::registered::registered_model(&job);
     let data = super::registered::registered_data(&job)?;
@@ -45,6 +46,7 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     }
     let figment = Figment::from(Serialized::defaults(json));
     let mut experiment: Experiment = figment.extract().map_err(|e| describe(&job, e))?;
+    experiment.seed_drawn = seed_drawn;
     experiment.model.declared = declared.map(std::sync::Arc::new);
     experiment.model.registered = registered.map(std::sync::Arc::new);
     experiment.data.registered = data.map(std::sync::Arc::new);
@@ -75,12 +77,40 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     }
     check_monitors(&job, &mut experiment)?;
     check_plateau_validates(&job, &experiment)?;
+    if !experiment.train && !experiment.test {
+        let place = job.get("train").map(|n| at(&n.source)).unwrap_or_default();
+        return Err(ConfigError::Schema(format!(
+            "Error in config key 'train': train=false with test=false leaves nothing to do{place}\n    \
+             To test a checkpoint: test=true ckpt_path=<its path> (or `train eval ckpt_path=...`)"
+        )));
+    }
     validate(&job, &experiment)?;
     Ok(experiment)
 }
 
 /// ReduceLROnPlateau steps on validations: a run that never validates would keep its rate without a word
 /// (Lightning stops: "ReduceLROnPlateau conditioned on metric ... which is not available").
+/// `seed: null` or no `seed` (Lightning's "do not seed"; the template's eval.yaml has none): a seed is
+/// drawn for this run, so it is still one seed that the run's ranks share (`trainer::fit` hands rank 0's
+/// to all) and the log names; false when one was given.
+fn draw_null_seed(job: &mut Node) -> bool {
+    use crate::config::tree::Value;
+    // Below 2^32: exact as the f64 the ranks agree on it through.
+    let drawn = Value::Int(i64::from(rand::random::<u32>()));
+    match job.child_mut("seed") {
+        Some(seed) if matches!(seed.value, Value::Null) => seed.value = drawn,
+        Some(_) => return false,
+        None => {
+            let source = job.source.clone();
+            let Some(root) = job.as_map_mut() else {
+                return false;
+            };
+            root.insert("seed".into(), Node::new(drawn, source));
+        }
+    }
+    true
+}
+
 fn check_plateau_validates(job: &Node, e: &Experiment) -> Result<(), ConfigError> {
     let never = matches!(e.trainer.limit_val_batches, super::Limit::Batches(0))
         || matches!(e.trainer.limit_val_batches, super::Limit::Fraction(f) if f == 0.0);
@@ -125,7 +155,7 @@ const DECLARED_MODEL_FIELDS: &[&str] = &[
 fn check_monitors(job: &Node, e: &mut Experiment) -> Result<(), ConfigError> {
     let metrics = RunMetrics::of(e);
     let known = metrics.names();
-    let classification = metrics.is_classification();
+    let classification = metrics.is_topk_classification();
     let c = &mut e.callbacks;
     let plateau = e.scheduler.name == super::SchedulerName::Plateau;
     let monitors = [
@@ -144,7 +174,7 @@ fn check_monitors(job: &Node, e: &mut Experiment) -> Result<(), ConfigError> {
     ];
     for (key, monitor) in monitors {
         let Some(name) = monitor else { continue };
-        if classification {
+        if classification && !known.contains(name) {
             if let Some(top1) = name
                 .strip_prefix("val/acc")
                 .filter(|r| r.is_empty() || *r == "_best")

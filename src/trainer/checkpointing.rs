@@ -90,6 +90,8 @@ pub struct Keeper<'a> {
     pub config_yaml: &'a str,
     pub storage: Storage,
     pub best: Option<Saved>,
+    /// The best checkpoint's path, known on every rank (`test: true` loads it after fitting).
+    pub best_path: Option<PathBuf>,
     pub last: Option<Saved>,
 }
 
@@ -170,7 +172,9 @@ impl Keeper<'_> {
                 state.global_step,
                 &state.metrics,
             );
-            let saved = save(&dir.join(format!("{name}.safetensors")))?;
+            let path = dir.join(format!("{name}.safetensors"));
+            let saved = save(&path)?;
+            self.best_path = Some(path);
             let replaced = self.best.replace(saved.clone());
             if cfg.save_top_k == 1 {
                 if let Some(old) = replaced.and_then(|old| old.written) {

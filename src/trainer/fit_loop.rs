@@ -74,6 +74,7 @@ const TRAIN_BATCH: &str = "run_training_batch";
 const TRAIN_NEXT: &str = "train_dataloader_next";
 const VALIDATION: &str = "run_validation";
 const VAL_NEXT: &str = "val_dataloader_next";
+const TEST: &str = "run_test";
 const LOG: &str = "log_metrics";
 /// Reading a batch's loss and hits: on a GPU, the wait for the step's queued work.
 const READ_STATS: &str = "read_batch_stats";
@@ -155,7 +156,7 @@ impl<'a> FitLoop<'a> {
                 plan.total_steps,
                 plan.steps_per_epoch,
             ),
-            sinks: sinks(exp, job, plan, lead, resuming, lr_each_step)?,
+            sinks: super::sinks::sinks(exp, job, plan, lead, resuming, lr_each_step)?,
             keeper: Keeper {
                 dir: ckpt_cfg.map(|c| storage.local_dir(c, job.output_dir)),
                 ckpt_cfg,
@@ -166,6 +167,7 @@ impl<'a> FitLoop<'a> {
                 config_yaml: job.config_yaml,
                 storage,
                 best: None,
+                best_path: None,
                 last: None,
             },
             // DeviceStatsMonitor: the GPU is sampled only when the run is on one (NVML index 0 of the
@@ -298,8 +300,10 @@ impl<'a> FitLoop<'a> {
                 let point = self.point();
                 self.lr_now = point.lr;
                 let update_start = Instant::now();
-                self.strategy
-                    .optimizer_step(point.lr, point.momentum, self.clip)?;
+                let norm =
+                    self.strategy
+                        .optimizer_step(point.lr, point.momentum, self.step_clip())?;
+                self.check_anomaly(norm, epoch)?;
                 step_compute += update_start.elapsed().as_secs_f64();
                 self.profiler
                     .record(&self.actions.optimizer_step, update_start);
@@ -375,6 +379,31 @@ impl<'a> FitLoop<'a> {
             bar.finish_and_clear();
         }
         Ok(EpochEnd::Batches(epoch_stats))
+    }
+
+    /// The clipping the optimizer step does; with `detect_anomaly` and no norm clipping, a limit no norm
+    /// reaches, so the step measures the norm without changing the gradients.
+    fn step_clip(&self) -> Option<GradClip> {
+        match (self.clip, self.exp.trainer.detect_anomaly) {
+            (None, true) => Some(GradClip::Norm(f64::INFINITY)),
+            (clip, _) => clip,
+        }
+    }
+
+    /// `detect_anomaly`: a NaN or infinite gradient norm stops the run (under `16-mixed` an infinite one
+    /// is the loss scaler's skipped step, not an anomaly; clipping by value measures no norm).
+    fn check_anomaly(&self, norm: f64, epoch: u64) -> anyhow::Result<()> {
+        let t = &self.exp.trainer;
+        let measured = matches!(self.step_clip(), Some(GradClip::Norm(_)));
+        let skipped = norm == f64::INFINITY && t.precision == Precision::Mixed16;
+        anyhow::ensure!(
+            !t.detect_anomaly || !measured || norm.is_finite() || skipped,
+            "trainer.detect_anomaly: the gradients became {norm} (their norm) at epoch {epoch}, step {}; \
+             lower optimizer.lr, set trainer.gradient_clip_val, or look for a log/sqrt/division of zero \
+             in the model or loss",
+            self.state.global_step
+        );
+        Ok(())
     }
 
     /// `max_steps` reached after `batches_done` batches of the epoch, with no validation due: the
@@ -617,6 +646,37 @@ impl<'a> FitLoop<'a> {
         Ok(v)
     }
 
+    /// `test: true`: the test split measured once (`after_fit`: with the best checkpoint's weights);
+    /// `test/*` join the run's metrics and go to every sink as a test row.
+    pub fn test(&mut self, after_fit: bool) -> anyhow::Result<()> {
+        let Some(set) = &self.data.test else {
+            return Ok(());
+        };
+        if after_fit {
+            super::test_loop::load_best(self.strategy.as_mut(), self.keeper.best_path.as_deref())?;
+        }
+        let (batches, rounds) = LoopPlan::test_batches(
+            self.exp,
+            self.ranks.rank,
+            self.ranks.world_size,
+            set.spec.dataset.len(),
+        );
+        let started = Instant::now();
+        let stats =
+            super::test_loop::evaluate(self.strategy.as_mut(), &self.ranks, set, batches, rounds)?;
+        self.profiler.record(TEST, started);
+        let row = self.metrics.test_row(
+            stats.loss(),
+            |i| stats.metric(i),
+            (stats.acc1(), stats.acc5()),
+        );
+        for (key, value) in &row {
+            self.state.metrics.insert(key.clone(), *value);
+        }
+        let values: Vec<(&str, f64)> = row.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        self.log(RowKind::Test, self.state.epoch.saturating_sub(1), &values)
+    }
+
     fn log(&mut self, kind: RowKind, epoch: u64, values: &[(&str, f64)]) -> anyhow::Result<()> {
         let started = Instant::now();
         let row = Row {
@@ -761,84 +821,6 @@ fn state_bytes_per_rank(ranks: &Ranks, mine: StateBytes) -> anyhow::Result<Vec<S
             unsharded_peak: r[3] as u64,
         })
         .collect())
-}
-
-/// The run's metric sinks: `metrics.csv`, W&B, MLflow and TensorBoard on rank 0 (not under `fast_dev_run`), and the
-/// console's lines on every rank (each into its own log).
-fn sinks(
-    exp: &Experiment,
-    job: &Job,
-    plan: &LoopPlan,
-    lead: bool,
-    resuming: bool,
-    lr_each_step: bool,
-) -> anyhow::Result<Vec<Box<dyn MetricSink>>> {
-    let mut sinks: Vec<Box<dyn MetricSink>> =
-        vec![Box::new(crate::loggers::console::ConsoleLines {
-            max_epochs: plan.max_epochs,
-            train_batches: plan.train_batches,
-        })];
-    if !(plan.callbacks_on && lead) {
-        return Ok(sinks);
-    }
-    if let Some(csv) = &exp.logger.csv {
-        let mut extra: Vec<&'static str> = Vec::new();
-        if exp.trainer.precision == Precision::Mixed16 {
-            extra.push("loss_scale");
-        }
-        if exp.callbacks.device_stats.is_some() {
-            extra.extend(crate::callbacks::device_stats::COLUMNS);
-        }
-        sinks.push(Box::new(crate::loggers::csv::CsvLogger::open(
-            job.output_dir,
-            resuming,
-            crate::loggers::csv::columns(&RunMetrics::of(exp), &extra),
-            csv.flush_every_n_steps,
-        )?));
-    }
-    if let Some(settings) = &exp.logger.wandb {
-        sinks.push(Box::new(crate::loggers::wandb::WandbSink::create(
-            job.output_dir,
-            &crate::loggers::wandb::WandbRun {
-                settings,
-                config: serde_json::to_value(exp)?,
-                config_yaml: job.config_yaml,
-                task_name: &exp.task_name,
-                sweep: job.sweep_name.as_deref(),
-            },
-        )?));
-    }
-    if let Some(settings) = &exp.logger.mlflow {
-        let run_name = match &job.sweep_name {
-            Some(_) => format!(
-                "{}-{}",
-                exp.task_name,
-                job.output_dir
-                    .file_name()
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default()
-            ),
-            None => exp.task_name.clone(),
-        };
-        sinks.push(Box::new(crate::loggers::mlflow::MlflowSink::create(
-            &crate::loggers::mlflow::MlflowRun {
-                settings,
-                config: serde_json::to_value(exp)?,
-                run_name,
-                sweep: job.sweep_name.as_deref(),
-                run_dir: job.output_dir,
-            },
-        )?));
-    }
-    if let Some(tb) = &exp.logger.tensorboard {
-        sinks.push(Box::new(crate::loggers::tensorboard::TensorBoardSink {
-            writer: crate::loggers::tensorboard::TensorBoardWriter::create(
-                &job.output_dir.join(&tb.dir),
-            )?,
-            lr_each_step,
-        }));
-    }
-    Ok(sinks)
 }
 
 /// The console logger's bar (batches, ETA, loss, throughput) when stdout is a terminal and the logger is

@@ -13,7 +13,9 @@ pub mod checkpointing;
 pub mod finder;
 mod fit_loop;
 pub mod profiler;
+mod sinks;
 pub mod summary;
+mod test_loop;
 
 pub use summary::{RunStatus, Summary};
 
@@ -70,16 +72,48 @@ pub fn fit(job: &Job, group: Option<Distributed>) -> anyhow::Result<Summary> {
     for warning in &job.plan.warnings {
         tracing::warn!("{warning}");
     }
+    let exp = for_this_world(
+        job.exp,
+        &group.as_ref().map_or_else(Ranks::single, Ranks::of),
+    )?;
     let Some(cfg) = &job.plan.batch_size_finder else {
-        return fit_with(job.exp, job, None, group);
+        return fit_with(&exp, job, None, group);
     };
-    let finding = finder::find_batch_size(job.exp, job.plan, cfg)?;
-    let mut tuned = job.exp.clone();
+    let finding = finder::find_batch_size(&exp, job.plan, cfg)?;
+    let mut tuned = exp.clone();
     tuned.data.batch_size = finding.found;
     if !cfg.fit_after {
         tuned.trainer.max_epochs = 0;
     }
     fit_with(&tuned, job, Some(finding), group)
+}
+
+/// The experiment as this process runs it: a drawn seed (`seed: null`) made rank 0's on every rank, so
+/// the ranks start from the same weights and shuffle alike; a whole step's batch size
+/// (`data.batch_size_is_global`) divided among the processes.
+fn for_this_world(exp: &Experiment, ranks: &Ranks) -> anyhow::Result<Experiment> {
+    let mut exp = exp.clone();
+    if exp.seed_drawn {
+        let mut seed = [match ranks.is_global_zero() {
+            true => exp.seed as f64,
+            false => 0.0,
+        }];
+        ranks.sum(&mut seed)?;
+        exp.seed = seed[0] as u64;
+        if ranks.is_global_zero() {
+            tracing::info!("seed: null, so this run drew seed {}", exp.seed);
+        }
+    }
+    if exp.data.batch_size_is_global {
+        let world = ranks.world_size.max(1);
+        anyhow::ensure!(
+            exp.data.batch_size.is_multiple_of(world),
+            "data.batch_size={} is not divisible by the number of processes ({world}); it is the whole              step's batch (as lightning-hydra-template's MNISTDataModule divides it): choose a multiple              of {world}",
+            exp.data.batch_size
+        );
+        exp.data.batch_size /= world;
+    }
+    Ok(exp)
 }
 
 fn fit_with(
@@ -103,6 +137,9 @@ fn fit_with(
     // A GPU engine's batches are copied to page-locked memory by the loader, off the step's path.
     data.train_spec.stager = strategy.batch_stager();
     data.val_spec.stager = data.train_spec.stager.clone();
+    if let Some(test) = data.test.as_mut() {
+        test.spec.stager = data.train_spec.stager.clone();
+    }
     if let Some(ms) = exp
         .callbacks
         .model_summary
@@ -116,8 +153,14 @@ fn fit_with(
     strategy.start()?;
     let mut profiler = profiler::Profiler::new(exp.trainer.profiler.as_ref(), started);
     profiler.record("setup", started);
-    let mut outcome =
-        fit_loop::FitLoop::new(exp, job, &plan, &data, strategy, resumed_state, profiler)?.run()?;
+    let fit = fit_loop::FitLoop::new(exp, job, &plan, &data, strategy, resumed_state, profiler)?;
+    let mut outcome = match exp.train {
+        true => fit.run()?,
+        false => fit,
+    };
+    if exp.test && outcome.status.tests_after() {
+        outcome.test(exp.train)?;
+    }
     let mut status = outcome.status.clone();
     if exp.trainer.max_epochs == 0 && finding.is_some() {
         status = RunStatus::BatchSizeOnly;
@@ -154,6 +197,14 @@ pub struct DataSets {
     /// repeats samples to even out the shares); a rank whose share runs out first keeps taking part in
     /// the others' collectives.
     pub val_sampler: DistributedSampler,
+    /// `test: true`: the test split, sampled as validation is.
+    pub test: Option<EvalSet>,
+}
+
+/// A split measured without training on it (the test split): its loader's settings and this rank's share.
+pub struct EvalSet {
+    pub spec: LoaderSpec,
+    pub sampler: DistributedSampler,
 }
 
 impl DataSets {
@@ -189,7 +240,21 @@ impl DataSets {
             rank: ranks.rank,
             ..DistributedSampler::single(len, shuffle, exp.seed)
         };
+        let test = match exp.test {
+            true => {
+                let set = data::open(&exp.data, Split::Test, exp.seed)?;
+                Some(EvalSet {
+                    sampler: DistributedSampler {
+                        pad: false,
+                        ..sampler(set.len(), false)
+                    },
+                    spec: spec(set, &exp.data.val_transforms, false),
+                })
+            }
+            false => None,
+        };
         Ok(DataSets {
+            test,
             train_spec: spec(
                 train.clone(),
                 &exp.data.train_transforms,

@@ -85,7 +85,11 @@ impl Summary {
 
     /// The final `val/acc1`, the sweep table's main metric.
     pub fn main_metric(&self) -> Option<f64> {
-        self.final_metrics.get("val/acc1").copied()
+        let metrics = &self.final_metrics;
+        metrics
+            .get("val/acc1")
+            .or_else(|| metrics.get("val/acc"))
+            .copied()
     }
 
     /// What the console's last line reports: the monitored metric when there is one, else `val/acc1`,
@@ -94,7 +98,7 @@ impl Summary {
         let monitored = self.best.as_ref().map(|b| b.monitor.as_str());
         monitored
             .into_iter()
-            .chain(["val/acc1", "val/loss"])
+            .chain(["val/acc1", "val/acc", "val/loss"])
             .find_map(|k| Some((k, *self.final_metrics.get(k)?)))
     }
 }
@@ -118,6 +122,17 @@ pub enum RunStatus {
     Preempted(String),
     /// A search's pruner stopped the trial after a validation: why, in its words.
     Pruned(String),
+}
+
+impl RunStatus {
+    /// Does `test: true` test after a run that ended so? Not after a preemption (the run goes on when
+    /// requeued), a pruned trial (Lightning's pruning callback raises) or a finder-only run.
+    pub fn tests_after(&self) -> bool {
+        !matches!(
+            self,
+            RunStatus::Preempted(_) | RunStatus::Pruned(_) | RunStatus::BatchSizeOnly
+        )
+    }
 }
 
 const COMPLETED: &str = "completed";

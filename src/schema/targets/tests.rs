@@ -82,7 +82,7 @@ fn known_targets_map_onto_the_schema(
     "is Python code of your project"
 )]
 #[case::user_data(
-    "data: {_target_: src.data.mnist_datamodule.MNISTDataModule}\n",
+    "data: {_target_: src.data.cifar_datamodule.CIFARDataModule}\n",
     "is Python code of your project"
 )]
 #[case::unknown_trainer(

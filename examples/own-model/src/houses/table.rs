@@ -71,7 +71,7 @@ fn csv_table(args: TableArgs, ctx: &DataContext) -> anyhow::Result<Table> {
     }
     let rows = match ctx.split {
         DataSplit::Train => rows[..train_rows].to_vec(),
-        DataSplit::Val => rows[train_rows..].to_vec(),
+        DataSplit::Val | DataSplit::Test => rows[train_rows..].to_vec(),
     };
     Ok(Table { rows })
 }

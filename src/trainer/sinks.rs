@@ -1,0 +1,84 @@
+//! The run's metric sinks, as its `logger:` and `trainer` settings ask for them.
+
+use super::Job;
+use crate::loggers::MetricSink;
+use crate::plan::LoopPlan;
+use crate::schema::{Experiment, Precision, RunMetrics};
+
+/// The run's metric sinks: `metrics.csv`, W&B, MLflow and TensorBoard on rank 0 (not under `fast_dev_run`), and the
+/// console's lines on every rank (each into its own log).
+pub(super) fn sinks(
+    exp: &Experiment,
+    job: &Job,
+    plan: &LoopPlan,
+    lead: bool,
+    resuming: bool,
+    lr_each_step: bool,
+) -> anyhow::Result<Vec<Box<dyn MetricSink>>> {
+    let mut sinks: Vec<Box<dyn MetricSink>> =
+        vec![Box::new(crate::loggers::console::ConsoleLines {
+            max_epochs: plan.max_epochs,
+            train_batches: plan.train_batches,
+        })];
+    if !(plan.callbacks_on && lead) {
+        return Ok(sinks);
+    }
+    if let Some(csv) = &exp.logger.csv {
+        let mut extra: Vec<&'static str> = Vec::new();
+        if exp.trainer.precision == Precision::Mixed16 {
+            extra.push("loss_scale");
+        }
+        if exp.callbacks.device_stats.is_some() {
+            extra.extend(crate::callbacks::device_stats::COLUMNS);
+        }
+        sinks.push(Box::new(crate::loggers::csv::CsvLogger::open(
+            job.output_dir,
+            resuming,
+            crate::loggers::csv::columns(&RunMetrics::of(exp), &extra),
+            csv.flush_every_n_steps,
+        )?));
+    }
+    if let Some(settings) = &exp.logger.wandb {
+        sinks.push(Box::new(crate::loggers::wandb::WandbSink::create(
+            job.output_dir,
+            &crate::loggers::wandb::WandbRun {
+                settings,
+                config: serde_json::to_value(exp)?,
+                config_yaml: job.config_yaml,
+                task_name: &exp.task_name,
+                sweep: job.sweep_name.as_deref(),
+            },
+        )?));
+    }
+    if let Some(settings) = &exp.logger.mlflow {
+        let run_name = match &job.sweep_name {
+            Some(_) => format!(
+                "{}-{}",
+                exp.task_name,
+                job.output_dir
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            ),
+            None => exp.task_name.clone(),
+        };
+        sinks.push(Box::new(crate::loggers::mlflow::MlflowSink::create(
+            &crate::loggers::mlflow::MlflowRun {
+                settings,
+                config: serde_json::to_value(exp)?,
+                run_name,
+                sweep: job.sweep_name.as_deref(),
+                run_dir: job.output_dir,
+            },
+        )?));
+    }
+    if let Some(tb) = &exp.logger.tensorboard {
+        sinks.push(Box::new(crate::loggers::tensorboard::TensorBoardSink {
+            writer: crate::loggers::tensorboard::TensorBoardWriter::create(
+                &job.output_dir.join(&tb.dir),
+            )?,
+            lr_each_step,
+        }));
+    }
+    Ok(sinks)
+}
