@@ -14,8 +14,10 @@ pub struct TrainingState {
     /// Epochs fully completed.
     pub epoch: u64,
     pub global_step: u64,
+    #[serde(deserialize_with = "crate::json_nan::map")]
     pub metrics: HashMap<String, f64>,
     /// The best monitored value so far and its epoch, for ModelCheckpoint/EarlyStopping after resume.
+    #[serde(deserialize_with = "crate::json_nan::best")]
     pub best: Option<(f64, u64)>,
     /// Validation checks without improvement (EarlyStopping's patience counts these).
     pub epochs_without_improvement: u64,

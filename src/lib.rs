@@ -13,6 +13,7 @@ pub mod cuda;
 pub mod data;
 pub mod export;
 pub mod introspect;
+pub mod json_nan;
 pub mod launcher;
 pub mod logbook;
 pub mod loggers;

@@ -402,6 +402,32 @@ fn the_test_after_fitting_is_the_best_checkpoints() {
     assert_ne!(&tested("last_checkpoint"), test_loss, "{s}");
 }
 
+/// `trainer.detect_anomaly` (on in the template's debug configs) stops the run at the first step whose
+/// gradients are not finite, naming it; the same run without it goes on (its loss stays finite).
+#[test]
+fn detect_anomaly_stops_at_the_first_nan_gradient() {
+    let p = template_project(100, 20);
+    let args = [
+        SMALL_SPLIT,
+        "seed=1",
+        "model.optimizer.lr=1e30",
+        "trainer.max_epochs=3",
+    ];
+    let out = template(p.path(), "train", &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let mut anomaly = args.to_vec();
+    anomaly.push("+trainer.detect_anomaly=true");
+    let out = template(p.path(), "train", &anomaly);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(
+            "trainer.detect_anomaly: the gradients became NaN (their norm) at epoch 1, step 1"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
 /// `train eval` (the template's eval.py) is the same as `eval.yaml` with `train=false test=true`; its
 /// `ckpt_path: ???` must be given.
 #[test]

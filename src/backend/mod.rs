@@ -91,9 +91,15 @@ pub fn topk_hits(logits: &[f32], classes: usize, labels: &[u32]) -> (u64, u64) {
     let mut top1 = 0;
     let mut top5 = 0;
     for (row, &label) in logits.chunks(classes).zip(labels) {
-        let target = row[label as usize];
-        // Rank = how many classes score strictly higher (ties go to the true class, as torch.topk mostly does).
-        let rank = row.iter().filter(|&&v| v > target).count();
+        let label = label as usize;
+        let target = row[label];
+        // Rank = how many classes score strictly higher (ties go to the true class, as torch.topk mostly
+        // does), a NaN score counting as higher; a NaN for the true class is a miss, so a diverged
+        // model's NaN logits are not counted as hits.
+        let rank = match target.is_nan() {
+            true => classes.max(5),
+            false => row.iter().filter(|&&v| v > target || v.is_nan()).count(),
+        };
         top1 += u64::from(rank == 0);
         top5 += u64::from(rank < 5);
     }
@@ -295,5 +301,10 @@ mod tests {
         let logits = [0.1, 0.9, 0.0, 0.5, 0.2, 0.3];
         assert_eq!(topk_hits(&logits, 3, &[1, 0]), (2, 2));
         assert_eq!(topk_hits(&logits, 3, &[0, 1]), (0, 2));
+        // NaN logits (a diverged model) are never hits.
+        let nan = [f32::NAN; 6];
+        assert_eq!(topk_hits(&nan, 3, &[1, 0]), (0, 0));
+        let one_nan = [0.1, f32::NAN, 0.0];
+        assert_eq!(topk_hits(&one_nan, 3, &[0]), (0, 1));
     }
 }

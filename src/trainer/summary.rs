@@ -29,6 +29,7 @@ pub struct Summary {
     pub epochs_completed: u64,
     pub global_step: u64,
     pub best: Option<BestMetric>,
+    #[serde(deserialize_with = "crate::json_nan::map")]
     pub final_metrics: BTreeMap<String, f64>,
     pub wall_time_s: f64,
     pub train_time_s: f64,
@@ -56,6 +57,7 @@ pub struct Summary {
 #[serde(default)]
 pub struct BestMetric {
     pub monitor: String,
+    #[serde(deserialize_with = "crate::json_nan::value")]
     pub value: f64,
     pub epoch: u64,
 }

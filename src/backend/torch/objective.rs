@@ -122,7 +122,8 @@ fn scalar(t: &Tensor) -> anyhow::Result<Tensor> {
 }
 
 /// The batch's loss and top-1/top-5 hits. A row's rank is how many classes score strictly higher than
-/// the true one (ties go to the true class), as `backend::topk_hits` counts on the host.
+/// the true one (ties go to the true class; a NaN scores higher; a NaN true class misses), as
+/// `backend::topk_hits` counts on the host.
 pub(super) fn class_stats(
     logits: &Tensor,
     loss: &Tensor,
@@ -131,11 +132,17 @@ pub(super) fn class_stats(
     tch::no_grad(|| -> anyhow::Result<Tensor> {
         let logits = logits.f_detach()?;
         let target = logits.f_gather(1, &labels.f_unsqueeze(1)?, false)?;
-        let higher = logits.f_gt_tensor(&target)?.f_sum_dim_intlist(
-            Some([1i64].as_slice()),
-            false,
-            Kind::Int64,
-        )?;
+        let classes = logits.size().get(1).copied().unwrap_or(1).max(5);
+        let missed = target
+            .f_isnan()?
+            .f_squeeze_dim(1)?
+            .f_to_kind(Kind::Int64)?
+            .f_mul_scalar(classes)?;
+        let higher = logits
+            .f_gt_tensor(&target)?
+            .f_logical_or(&logits.f_isnan()?)?
+            .f_sum_dim_intlist(Some([1i64].as_slice()), false, Kind::Int64)?
+            .f_add(&missed)?;
         let top1 = higher.f_eq(0)?.f_sum(Kind::Double)?;
         let top5 = higher.f_lt(5)?.f_sum(Kind::Double)?;
         Ok(Tensor::f_stack(&[scalar(loss)?, top1, top5], 0)?)
