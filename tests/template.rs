@@ -479,16 +479,17 @@ fn eval_needs_its_checkpoint_and_refuses_nothing_to_do() {
 #[case::experiment_example(&["experiment=example"], "experiment")]
 #[case::debug_fdr(&["debug=fdr"], "fdr")]
 #[case::debug_overfit(&["debug=overfit", "trainer.max_epochs=3"], "overfit")]
+#[case::debug_limit(&["debug=limit"], "limit")]
+#[case::debug_profiler(&["debug=profiler"], "profiler")]
 #[case::callbacks_default(&["callbacks=default", "trainer.max_epochs=2"], "checkpoints")]
 #[case::logger_csv(&["logger=csv", "trainer.max_epochs=2"], "csv")]
 #[case::logger_tensorboard(&["logger=tensorboard", "trainer.max_epochs=2"], "tensorboard")]
 #[case::logger_wandb(&["logger=wandb", "trainer.max_epochs=2"], "wandb")]
 fn the_templates_readme_commands_train(#[case] args: &[&str], #[case] what: &str) {
     let p = template_project(100, 20);
-    let task = if what == "fdr" || what == "overfit" {
-        "debug"
-    } else {
-        "train"
+    let task = match what {
+        "fdr" | "overfit" | "limit" | "profiler" => "debug",
+        _ => "train",
     };
     let (run, s) = readme_command(p.path(), args, task);
     let run = &run;
@@ -523,6 +524,22 @@ fn the_templates_readme_commands_train(#[case] args: &[&str], #[case] what: &str
         "overfit" => {
             assert_eq!(s["epochs_completed"], 3, "{s}");
             assert!(resolved.contains("overfit_batches: 3"), "{resolved}");
+        }
+        "limit" => {
+            // 1% of the one training batch is still one; 3 epochs.
+            assert_eq!(
+                (s["epochs_completed"].as_u64(), s["global_step"].as_u64()),
+                (Some(3), Some(3)),
+                "{s}"
+            );
+            assert!(resolved.contains("limit_test_batches: 0.05"), "{resolved}");
+        }
+        "profiler" => {
+            let log = std::fs::read_to_string(run.join("debug.log")).unwrap();
+            assert!(
+                log.contains("FIT Profiler Report") && log.contains("run_test"),
+                "{log}"
+            );
         }
         "checkpoints" => assert!(run.join("checkpoints/last.safetensors").is_file()),
         "csv" => {
@@ -577,6 +594,18 @@ fn the_templates_ddp_trains_on_two_processes() {
         (s["strategy"].as_str(), s["devices"].as_u64()),
         (Some("ddp"), Some(2)),
         "{s}"
+    );
+    // ddp_sim: Lightning's `ddp_spawn` on two CPU processes.
+    let sim = template_project(100, 20);
+    let (_, d) = readme_command(
+        sim.path(),
+        &["trainer=ddp_sim", "trainer.max_epochs=1"],
+        "train",
+    );
+    assert_eq!(
+        (d["strategy"].as_str(), d["devices"].as_u64()),
+        (Some("ddp"), Some(2)),
+        "{d}"
     );
     // The template's batch of 128 is the step's: 64 a process.
     assert_eq!(
