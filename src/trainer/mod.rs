@@ -1,7 +1,9 @@
 //! The one training loop (fit + validate) for every strategy and backend, as burn-train's learner and
 //! Lightning's fit loop: it executes the run plan (`plan::LoopPlan`) through a `strategy::Strategy` and
 //! knows nothing of devices, ranks' collectives or backends.
-//! - `fit_loop`: epochs, steps, accumulation, validation, stopping;
+//! - `fit_loop`: epochs, steps, accumulation, validation, stopping, and the test after them (`test: true`);
+//! - `test_loop`: the test split with the best checkpoint's weights;
+//! - `sinks`: where the run's metrics go (its `logger:`);
 //! - `checkpointing`: ModelCheckpoint/EarlyStopping, where checkpoints go (S3 too), resuming;
 //! - `finder`: the batch-size finder's trial runs;
 //! - `profiler`: `trainer.profiler: simple`, each action's time;

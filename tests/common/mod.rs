@@ -99,31 +99,47 @@ pub fn weights(run: &Path) -> trainyard::tensor::StateDict {
         .collect()
 }
 
-/// ‖a − b‖ / ‖b‖ over every tensor, worst case.
+/// ‖a − b‖ / ‖b‖ over every tensor, worst case. Fails (naming the tensor) on a missing or extra tensor, a
+/// shape or length mismatch, or a NaN/infinite value on either side: a broken run cannot pass as close.
 pub fn worst_relative_difference(
     a: &trainyard::tensor::StateDict,
     b: &trainyard::tensor::StateDict,
 ) -> f64 {
-    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
-    a.iter()
-        .map(|(k, x)| {
-            let y = &b[k];
-            let diff: f64 = x
-                .data
-                .iter()
-                .zip(&y.data)
-                .map(|(p, q)| f64::from(p - q).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            let norm: f64 = y
-                .data
-                .iter()
-                .map(|q| f64::from(*q).powi(2))
-                .sum::<f64>()
-                .sqrt();
-            diff / norm.max(1e-12)
-        })
-        .fold(0.0, f64::max)
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "the two state dicts hold different tensors"
+    );
+    let mut worst = (0.0f64, "");
+    for (k, x) in a {
+        let y = &b[k];
+        assert_eq!(x.shape, y.shape, "{k}: shapes differ");
+        assert_eq!(x.data.len(), y.data.len(), "{k}: lengths differ");
+        if let Some(i) = x.data.iter().chain(&y.data).position(|v| !v.is_finite()) {
+            panic!("{k}: a non-finite value (element {i} of the two tensors, first then second)");
+        }
+        let diff: f64 = x
+            .data
+            .iter()
+            .zip(&y.data)
+            .map(|(p, q)| f64::from(p - q).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let norm: f64 = y
+            .data
+            .iter()
+            .map(|q| f64::from(*q).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        let relative = diff / norm.max(1e-12);
+        if relative > worst.0 {
+            worst = (relative, k);
+        }
+    }
+    if worst.0 > 0.0 {
+        eprintln!("worst relative difference {:.3e} in {}", worst.0, worst.1);
+    }
+    worst.0
 }
 
 /// A run's `metrics.csv` rows as (column, value) pairs, empty cells left out.
