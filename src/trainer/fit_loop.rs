@@ -653,6 +653,8 @@ impl<'a> FitLoop<'a> {
             return Ok(());
         };
         if after_fit {
+            // Rank 0 may still be writing the best checkpoint that every rank is about to read.
+            self.ranks.barrier()?;
             super::test_loop::load_best(self.strategy.as_mut(), self.keeper.best_path.as_deref())?;
         }
         let (batches, rounds) = LoopPlan::test_batches(
