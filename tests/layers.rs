@@ -1,5 +1,5 @@
 //! The layering of `src/`, checked: each layer uses the ones below it and never names the ones that
-//! drive it (`README.md`, "Source map"). A `use crate::…` or `crate::…::` path to a layer above is an
+//! drive it (`docs/src/source-map.md`). A `use crate::…` or `crate::…::` path to a layer above is an
 //! error naming the file and line, so an import circle cannot come back unnoticed.
 
 use std::path::{Path, PathBuf};

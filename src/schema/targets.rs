@@ -6,7 +6,7 @@
 //! here with the reason when trainyard cannot honour the value. A `_target_` outside the known set is an
 //! error naming it; a project's own Python class cannot run here, and the error says so.
 //!
-//! The README's "Lightning and torch `_target_`s" table documents every mapping below.
+//! The guide's "Coming from Lightning + Hydra" page (docs/src/lightning.md) documents every mapping below.
 
 use super::registered::unregistered;
 use crate::config::errors::{at, ConfigError};
