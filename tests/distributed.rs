@@ -620,10 +620,13 @@ fn two_nodes_in_two_network_namespaces() {
     };
     let created = ip(&["netns", "add", &ns0]);
     if !matches!(&created, Ok(o) if o.status.success()) {
-        eprintln!(
-            "SKIPPED two_nodes_in_two_network_namespaces: `ip netns add` is not permitted here (needs root \
-             and CAP_SYS_ADMIN): {:?}",
-            created.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+        common::skip(
+            "netns",
+            &format!(
+                "two_nodes_in_two_network_namespaces: `ip netns add` is not permitted here (needs root \
+                 and CAP_SYS_ADMIN): {:?}",
+                created.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+            ),
         );
         return;
     }

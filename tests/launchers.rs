@@ -230,11 +230,17 @@ impl Cluster {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/slurm-test-cluster.sh");
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED: a SLURM test cluster needs root (slurmd runs jobs as their user)");
+            common::skip(
+                "slurm",
+                "a SLURM test cluster needs root (slurmd runs jobs as their user)",
+            );
             return None;
         }
         if Command::new("slurmctld").arg("-V").output().is_err() {
-            eprintln!("SKIPPED: SLURM is not installed (scripts/slurm-test-cluster.sh install)");
+            common::skip(
+                "slurm",
+                "SLURM is not installed (scripts/slurm-test-cluster.sh install)",
+            );
             return None;
         }
         let dir = tempfile::tempdir().unwrap();

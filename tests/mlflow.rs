@@ -17,7 +17,10 @@ fn mlflow_bin() -> Option<PathBuf> {
     if dir.join("mlflow").is_file() {
         return Some(dir);
     }
-    eprintln!("SKIPPED: MLflow is not installed (TRAINYARD_MLFLOW, or .venv-mlflow with `pip install mlflow`)");
+    common::skip(
+        "mlflow",
+        "MLflow is not installed (TRAINYARD_MLFLOW, or .venv-mlflow with `pip install mlflow`)",
+    );
     None
 }
 

@@ -15,7 +15,10 @@ fn wandb_cli() -> Option<PathBuf> {
     if path.is_file() {
         return Some(path);
     }
-    eprintln!("SKIPPED: W&B's client is not installed (TRAINYARD_WANDB, or .venv-wandb with wandb==0.31.0)");
+    common::skip(
+        "wandb",
+        "W&B's client is not installed (TRAINYARD_WANDB, or .venv-wandb with wandb==0.31.0)",
+    );
     None
 }
 

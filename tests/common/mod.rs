@@ -181,6 +181,17 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]
     std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
 }
 
+/// A test's prerequisite (`what`: slurm, netns, mlflow, wandb) is missing: it says SKIPPED and passes,
+/// unless `TRAINYARD_REQUIRE` (a comma list; CI sets it) names it, where it fails instead, so a CI run
+/// cannot go green with the test not run.
+pub fn skip(what: &str, why: &str) {
+    let required = std::env::var("TRAINYARD_REQUIRE").unwrap_or_default();
+    if required.split(',').any(|r| r.trim() == what) {
+        panic!("{what} is required here (TRAINYARD_REQUIRE={required}), but {why}");
+    }
+    eprintln!("SKIPPED: {why}");
+}
+
 /// A python with torch and safetensors (TRAINYARD_TORCH_PYTHON), or `None` with SKIPPED said; under CI
 /// it must be set.
 pub fn torch_python() -> Option<String> {
