@@ -6,12 +6,51 @@
 pub mod runs;
 mod search;
 pub mod svg;
+mod table;
 
 use runs::Run;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+
+/// An experiment table's columns, in the order of `Page::experiment`'s cells, and how each is kept
+/// (`table`: shared settings above the table, paths under it).
+const EXPERIMENT_COLUMNS: [(&str, table::Keep); 30] = {
+    use table::Keep::{Extra, File, Key, Setting};
+    [
+        ("run", Key),
+        ("status", Key),
+        ("tags", Setting),
+        ("model", Setting),
+        ("data", Setting),
+        ("backend", Setting),
+        ("strategy", Setting),
+        ("nodes×devices", Setting),
+        ("precision", Setting),
+        ("global batch", Setting),
+        ("epochs", Setting),
+        ("best val top-1", Key),
+        ("best val top-5", Key),
+        ("val top-1", Extra),
+        ("val top-5", Extra),
+        ("val loss", Key),
+        ("train loss", Extra),
+        ("own metrics (val, best)", Key),
+        ("test", Key),
+        ("wall time", Key),
+        ("throughput", Key),
+        ("speed-up vs single", Key),
+        ("peak GPU mem", Key),
+        ("mean GPU mem", Extra),
+        ("mean GPU util", Key),
+        ("max batch size", Key),
+        ("peak RSS", Extra),
+        ("train state per rank", Extra),
+        ("checkpoint", File),
+        ("TensorBoard", File),
+    ]
+};
 
 /// What a logbook write produced.
 #[derive(Debug)]
@@ -133,14 +172,7 @@ impl Page {
 
     fn experiment(&mut self, task: &str, group: &[&Run]) -> anyhow::Result<()> {
         let _ = writeln!(self.md, "## Experiment `{task}`\n");
-        let _ = writeln!(
-            self.md,
-            "| run | status | tags | model | data | backend | strategy | nodes×devices | precision | global batch | \
-             epochs | best val top-1 | best val top-5 | val top-1 | val top-5 | val loss | train loss | own metrics (val, best) | test | wall time | \
-             throughput | speed-up vs single | peak GPU mem | mean GPU mem | mean GPU util | max batch size | \
-             peak RSS | train state per rank | checkpoint | TensorBoard |"
-        );
-        let _ = writeln!(self.md, "|{}", "---|".repeat(30));
+        let mut rows = Vec::new();
         for r in group {
             let speedup = baseline(group, r).and_then(|b| {
                 let x = throughput(r)? / throughput(b)?;
@@ -221,8 +253,9 @@ impl Page {
                     .map(|d| format!("`{}`", self.link(d)))
                     .unwrap_or_else(|| "–".into()),
             ];
-            let _ = writeln!(self.md, "| {} |", cells.join(" | "));
+            rows.push(cells.to_vec());
         }
+        let _ = write!(self.md, "{}", table::render(&EXPERIMENT_COLUMNS, &rows));
         let _ = writeln!(self.md, "\nReproduce:\n\n```sh");
         for r in group {
             let _ = writeln!(self.md, "{}   # {}", command(r), r.label());
