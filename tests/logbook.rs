@@ -170,6 +170,27 @@ fn sweep_then_logbook() {
         );
     }
     assert!(book.contains("- Best val top-1:") && book.contains("- Highest throughput:"));
+    // The sweep leads with its answer; its rows run best first; its metric is plotted by batch size.
+    let sweep_part = &book[book.find("## Sweep `").unwrap()..];
+    assert!(
+        sweep_part.find("- Best val top-1:").unwrap() < sweep_part.find("| job |").unwrap(),
+        "{sweep_part}"
+    );
+    let top1: Vec<f64> = sweep_part
+        .lines()
+        .skip_while(|l| !l.starts_with("| job |"))
+        .skip(2)
+        .take_while(|l| l.starts_with("| ["))
+        .map(|l| l.split('|').map(str::trim).nth(6).unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        top1.len() >= 2 && top1.windows(2).all(|w| w[0] >= w[1]),
+        "{top1:?}"
+    );
+    assert!(
+        sweep_part.contains("val/acc1 by data.batch_size"),
+        "{sweep_part}"
+    );
     // What every run of the experiment shares is one line; no table is wider than a screen.
     assert!(book.contains("tags quickstart, synthetic, cnn"), "{book}");
     for header in book.lines().filter(|l| l.starts_with("| run |")) {

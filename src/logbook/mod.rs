@@ -356,6 +356,36 @@ impl Page {
                     .join(", ")
             }
         );
+        let describe = |r: &Run| {
+            let values = override_values(r);
+            let what: Vec<String> = swept
+                .iter()
+                .filter_map(|k| values.get(k).map(|v| format!("{k}={v}")))
+                .collect();
+            format!(
+                "job {} ({})",
+                r.sweep.as_ref().map(|s| s.1).unwrap_or(0),
+                what.join(" ")
+            )
+        };
+        let finished: Vec<&&Run> = jobs.iter().filter(|r| r.status.is_finished()).collect();
+        let best_by = |f: &dyn Fn(&Run) -> Option<f64>| {
+            finished
+                .iter()
+                .filter_map(|r| Some((**r, f(r)?)))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+        };
+        // The answer first: the best job, then the table that shows how the others compare.
+        if let Some((r, v)) = best_by(&|r| r.final_metric("val/acc1")) {
+            let _ = writeln!(self.md, "- Best val top-1: **{v:.4}**, {}", describe(r));
+        }
+        if let Some((r, v)) = best_by(&throughput) {
+            let _ = writeln!(
+                self.md,
+                "- Highest throughput: **{v:.1} img/s**, {}",
+                describe(r)
+            );
+        }
         let mut header = vec!["job".to_string()];
         header.extend(swept.iter().cloned());
         header.extend(
@@ -369,9 +399,9 @@ impl Page {
             ]
             .map(String::from),
         );
-        let _ = writeln!(self.md, "| {} |", header.join(" | "));
+        let _ = writeln!(self.md, "\n| {} |", header.join(" | "));
         let _ = writeln!(self.md, "|{}", "---|".repeat(header.len()));
-        for r in jobs {
+        for r in sorted_by_outcome(jobs) {
             let values = override_values(r);
             let mut cells =
                 vec![self.run_cell(r, &r.sweep.as_ref().map(|s| s.1).unwrap_or(0).to_string())];
@@ -396,41 +426,15 @@ impl Page {
             ]);
             let _ = writeln!(self.md, "| {} |", cells.join(" | "));
         }
-        let describe = |r: &Run| {
-            let values = override_values(r);
-            let what: Vec<String> = swept
-                .iter()
-                .filter_map(|k| values.get(k).map(|v| format!("{k}={v}")))
-                .collect();
-            format!(
-                "job {} ({})",
-                r.sweep.as_ref().map(|s| s.1).unwrap_or(0),
-                what.join(" ")
-            )
-        };
-        let finished: Vec<&&Run> = jobs.iter().filter(|r| r.status.is_finished()).collect();
-        let best_by = |f: &dyn Fn(&Run) -> Option<f64>| {
-            finished
-                .iter()
-                .filter_map(|r| Some((**r, f(r)?)))
-                .max_by(|a, b| a.1.total_cmp(&b.1))
-        };
-        let _ = writeln!(self.md);
-        if let Some((r, v)) = best_by(&|r| r.final_metric("val/acc1")) {
-            let _ = writeln!(self.md, "- Best val top-1: **{v:.4}**, {}", describe(r));
-        }
-        if let Some((r, v)) = best_by(&throughput) {
-            let _ = writeln!(
-                self.md,
-                "- Highest throughput: **{v:.1} img/s**, {}",
-                describe(r)
-            );
-        }
         let unfinished = jobs.len() - finished.len();
         if unfinished > 0 {
-            let _ = writeln!(self.md, "- {unfinished} job(s) did not finish (see status)");
+            let _ = writeln!(
+                self.md,
+                "\n- {unfinished} job(s) did not finish (see status)"
+            );
         }
         let _ = writeln!(self.md);
+        self.metric_by_value(&name, &swept, &finished)?;
         self.search(dir, &name)?;
         let bars: Vec<(String, f64)> = jobs
             .iter()
@@ -458,6 +462,67 @@ impl Page {
         }
         self.curves(&format!("sweep-{name}"), jobs)
     }
+
+    /// For a sweep over one number: val top-1 (else val loss) against the swept value, which says more
+    /// than a bar per job number.
+    fn metric_by_value(
+        &mut self,
+        name: &str,
+        swept: &[String],
+        jobs: &[&&Run],
+    ) -> anyhow::Result<()> {
+        let [key] = swept else {
+            return Ok(());
+        };
+        let metric = match jobs.iter().any(|r| r.final_metric("val/acc1").is_some()) {
+            true => "val/acc1",
+            false => "val/loss",
+        };
+        let mut points: Vec<(f64, f64)> = jobs
+            .iter()
+            .filter_map(|r| {
+                let x: f64 = override_values(r).get(key)?.parse().ok()?;
+                Some((x, r.final_metric(metric)?))
+            })
+            .collect();
+        if points.len() < 2 || points.len() < jobs.len() {
+            return Ok(());
+        }
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let series = [svg::Series {
+            name: metric.to_string(),
+            points,
+        }];
+        self.figure(
+            &format!("sweep-{name}-{}", metric.replace('/', "-")),
+            &format!("sweep {name}: {metric} by {key}"),
+            svg::line_chart(
+                &format!("sweep {name}: {metric} by {key}"),
+                key,
+                metric,
+                &series,
+            ),
+        )
+    }
+}
+
+/// A sweep's jobs, best first: by final val top-1 (highest first), else val loss (lowest first); jobs
+/// without either (failed, not started) last, in their order.
+fn sorted_by_outcome<'a>(jobs: &[&'a Run]) -> Vec<&'a Run> {
+    let key = |r: &Run| {
+        r.final_metric("val/acc1")
+            .map(|a| -a)
+            .or_else(|| r.final_metric("val/loss"))
+            .filter(|v| !v.is_nan())
+    };
+    let mut sorted = jobs.to_vec();
+    sorted.sort_by(|a, b| match (key(a), key(b)) {
+        (Some(x), Some(y)) => x.total_cmp(&y),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    });
+    sorted
 }
 
 /// The highest validation top-1 the run logged (its metrics.csv curve), whatever the checkpoint callback
