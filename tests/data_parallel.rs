@@ -62,8 +62,8 @@ fn dp_matches_one_process_with_the_same_batch(
     let (vs, vd) = (metric(&s, "val/loss"), metric(&d, "val/loss"));
     assert!((vs - vd).abs() < 1e-4 * vs.abs(), "val/loss {vd} vs {vs}");
     assert_eq!(metric(&d, "val/acc1"), metric(&s, "val/acc1"));
-    // Sanity: the runs trained (the loss left chance level, ln 10 = 2.30, behind).
-    assert!(metric(&s, "train/loss") < 2.5);
+    // The runs trained: the weights moved from where they started.
+    common::assert_trained(p.path(), &single, &common, 1e-3);
 }
 
 /// DataParallel is one process on one node: several nodes, or being one of several processes under

@@ -64,8 +64,13 @@ fn ddp_matches_one_process_with_the_same_global_batch(
         worst < 1e-5,
         "DDP weights differ from single-process by {worst:e}"
     );
-    // Sanity: the runs trained (the first step moved the weights away from initialisation).
-    assert!(s["final_metrics"]["train/loss"].as_f64().unwrap() < 2.5);
+    // The runs trained: the weights moved from where they started.
+    common::assert_trained(
+        p.path(),
+        &single,
+        &[&common[..], &["data.batch_size=32"]].concat(),
+        1e-3,
+    );
     // Metrics are global and exact: each validation image counted once, as in one process.
     same_validation(&d, &s);
     let acc = d["final_metrics"]["val/acc1"].as_f64().unwrap();

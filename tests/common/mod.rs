@@ -142,6 +142,21 @@ pub fn worst_relative_difference(
     worst.0
 }
 
+/// The run trained: its weights moved from where the same config starts (`args` run again with a tiny
+/// learning rate, which needs `optimizer=sgd scheduler=constant` in `args`) by more than `at_least`
+/// (relative, worst tensor), so a no-op optimizer cannot pass for training. (The rate must be positive:
+/// 1e-30 moves nothing a float32 can show.)
+pub fn assert_trained(root: &Path, trained: &Path, args: &[&str], at_least: f64) {
+    let mut start = args.to_vec();
+    start.push("optimizer.lr=1e-30");
+    let initial = run_in(root, "initial-weights", &start);
+    let moved = worst_relative_difference(&weights(trained), &weights(&initial));
+    assert!(
+        moved > at_least,
+        "the weights moved only {moved:e} from their initial values (at least {at_least:e} expected)"
+    );
+}
+
 /// A run's `metrics.csv` rows as (column, value) pairs, empty cells left out.
 pub fn csv_rows(run_dir: &Path) -> Vec<Vec<(String, f64)>> {
     let text = std::fs::read_to_string(run_dir.join("metrics.csv")).unwrap();
