@@ -64,6 +64,7 @@ fn main() -> anyhow::Result<()> {
         epochs_without_improvement: 0,
         batches_done: 0,
         plateau: None,
+        best_checkpoint: None,
     };
     checkpoint::save(Path::new(out), &state, &training, spec)
 }

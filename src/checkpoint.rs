@@ -28,6 +28,10 @@ pub struct TrainingState {
     /// ReduceLROnPlateau's rate, best value and counters (`scheduler.name: plateau`).
     #[serde(default)]
     pub plateau: Option<crate::optim::plateau::PlateauState>,
+    /// The best checkpoint's path (Lightning's `best_model_path`), so a resumed run tests the best
+    /// checkpoint even when no later epoch beats it.
+    #[serde(default)]
+    pub best_checkpoint: Option<String>,
 }
 
 pub fn save(
@@ -151,6 +155,7 @@ mod tests {
             epochs_without_improvement: 1,
             batches_done: 0,
             plateau: None,
+            best_checkpoint: None,
         };
         save(&path, &state, &training, "a: 1\n").unwrap();
         let back = load(&path).unwrap();

@@ -40,6 +40,7 @@ mod tests {
             epochs_without_improvement: 0,
             batches_done: 0,
             plateau: None,
+            best_checkpoint: None,
         };
         let text = serde_json::to_string(&state).unwrap();
         let back: crate::checkpoint::TrainingState = serde_json::from_str(&text).unwrap();

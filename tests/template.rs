@@ -402,6 +402,44 @@ fn the_test_after_fitting_is_the_best_checkpoints() {
     assert_ne!(&tested("last_checkpoint"), test_loss, "{s}");
 }
 
+/// A resumed run (`ckpt_path=last`) still tests the best checkpoint when no later epoch beats it: the
+/// checkpoint names it (Lightning's `best_model_path`), so the test is the first run's.
+#[test]
+fn a_resumed_run_still_tests_the_best_checkpoint() {
+    let p = template_project(100, 20);
+    let base = [
+        SMALL_SPLIT,
+        "seed=3",
+        "callbacks.model_checkpoint.monitor=val/loss",
+        "callbacks.model_checkpoint.mode=max",
+    ];
+    let run = |dir: &str, extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let hydra_dir = format!("hydra.run.dir={dir}");
+        args.push(&hydra_dir);
+        let out = template(p.path(), "train", &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        summary(&p.path().join(dir))
+    };
+    let first = run("first", &["trainer.max_epochs=2"]);
+    let last = p.path().join("first/checkpoints/last.safetensors");
+    let ckpt = format!("ckpt_path={}", last.display());
+    let resumed = run("resumed", &["trainer.max_epochs=4", &ckpt]);
+    assert_eq!(
+        resumed["best"]["epoch"], first["best"]["epoch"],
+        "a later epoch won: {resumed}"
+    );
+    assert_eq!(
+        resumed["best_checkpoint"], first["best_checkpoint"],
+        "{resumed}"
+    );
+    assert_eq!(
+        resumed["final_metrics"]["test/loss"], first["final_metrics"]["test/loss"],
+        "{resumed}\n{first}"
+    );
+}
+
 /// `trainer.detect_anomaly` (on in the template's debug configs) stops the run at the first step whose
 /// gradients are not finite, naming it; the same run without it goes on (its loss stays finite).
 #[test]
@@ -690,8 +728,29 @@ fn the_templates_optuna_search_runs() {
         batches.iter().all(|b| [32, 64, 128, 256].contains(b)),
         "{batches:?}"
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("val/acc_best"), "{stdout}");
+    // The sampler chose each trial's learning rate (experiment=example's is 0.002): three different ones.
+    let lrs: Vec<String> = (0..3)
+        .map(|i| {
+            let config =
+                std::fs::read_to_string(sweeps[0].join(format!("{i}/.hydra/config.yaml"))).unwrap();
+            let optimizer = &config[config.find("optimizer:").unwrap()..];
+            let line = optimizer
+                .lines()
+                .find(|l| l.trim_start().starts_with("lr:"))
+                .unwrap();
+            line.trim().to_string()
+        })
+        .collect();
+    assert!(
+        lrs[0] != lrs[1]
+            && lrs[1] != lrs[2]
+            && lrs[0] != lrs[2]
+            && !lrs.contains(&"lr: 0.002".into()),
+        "{lrs:?}"
+    );
+    // The study optimised the template's metric, as its logbook section says.
+    let logbook = std::fs::read_to_string(sweeps[0].join("logbook.md")).unwrap();
+    assert!(logbook.contains("maximize `val/acc_best`"), "{logbook}");
 }
 
 /// The template cuts MNIST with `random_split(..., generator=torch.Generator().manual_seed(42))`: the

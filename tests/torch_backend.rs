@@ -81,6 +81,7 @@ fn through_file(state: &StateDict) -> StateDict {
         epochs_without_improvement: 0,
         batches_done: 0,
         plateau: None,
+        best_checkpoint: None,
     };
     checkpoint::save(&path, &weights, &training, "").unwrap();
     checkpoint::load(&path).unwrap().state

@@ -31,8 +31,9 @@ pub fn part_of(
     }))
 }
 
-/// The three parts' sizes, as `random_split` reads `lengths`: counts that add up to the pool, or fractions
-/// that add up to 1 (each part the floor of its share, the remainder dealt one by one from the first).
+/// The three parts' sizes, as `random_split` reads `lengths`: fractions when they add up to 1 (any mix of
+/// `0.9` and `0`: each part the floor of its share, the remainder dealt one by one from the first), else
+/// counts that add up to the pool.
 pub fn counts(lengths: &[SplitLength], total: usize) -> Result<Vec<usize>, DataError> {
     if lengths.len() != 3 {
         return Err(DataError::Unsupported(format!(
@@ -40,21 +41,22 @@ pub fn counts(lengths: &[SplitLength], total: usize) -> Result<Vec<usize>, DataE
             lengths.len()
         )));
     }
-    let fractions: Option<Vec<f64>> = lengths
+    let values: Vec<f64> = lengths
         .iter()
         .map(|l| match l {
-            SplitLength::Fraction(f) => Some(*f),
-            SplitLength::Count(_) => None,
+            SplitLength::Count(n) => *n as f64,
+            SplitLength::Fraction(f) => *f,
         })
         .collect();
-    if let Some(fractions) = fractions {
-        let sum: f64 = fractions.iter().sum();
-        if (sum - 1.0).abs() > 1e-9 || fractions.iter().any(|f| !(0.0..=1.0).contains(f)) {
+    let sum: f64 = values.iter().sum();
+    // PyTorch's test: math.isclose(sum(lengths), 1) and sum(lengths) <= 1.
+    if (sum - 1.0).abs() <= 1e-9 && sum <= 1.0 {
+        if values.iter().any(|f| !(0.0..=1.0).contains(f)) {
             return Err(DataError::Unsupported(format!(
-                "data.train_val_test_split {fractions:?}: fractions must each be in [0, 1] and add up to 1"
+                "data.train_val_test_split {values:?}: fractions must each be in [0, 1]"
             )));
         }
-        let mut counts: Vec<usize> = fractions
+        let mut counts: Vec<usize> = values
             .iter()
             .map(|f| (f * total as f64).floor() as usize)
             .collect();
@@ -64,13 +66,13 @@ pub fn counts(lengths: &[SplitLength], total: usize) -> Result<Vec<usize>, DataE
         }
         return Ok(counts);
     }
-    let counts: Vec<usize> = lengths
-        .iter()
-        .map(|l| match l {
-            SplitLength::Count(n) => *n,
-            SplitLength::Fraction(f) => *f as usize,
-        })
-        .collect();
+    if let Some(f) = values.iter().find(|v| v.fract() != 0.0 || **v < 0.0) {
+        return Err(DataError::Unsupported(format!(
+            "data.train_val_test_split {values:?}: {f} is not a count, and the parts do not add up to 1 \
+             as fractions; give three counts that add up to {total}, or fractions (e.g. [0.8, 0.1, 0.1])"
+        )));
+    }
+    let counts: Vec<usize> = values.iter().map(|v| *v as usize).collect();
     let sum: usize = counts.iter().sum();
     if sum != total {
         return Err(DataError::Unsupported(format!(
@@ -181,6 +183,7 @@ mod tests {
     #[rstest]
     #[case::counts(vec![Count(6), Count(2), Count(2)], 10, vec![6, 2, 2])]
     #[case::fractions_with_a_remainder(vec![Fraction(0.5), Fraction(0.25), Fraction(0.25)], 11, vec![6, 3, 2])]
+    #[case::fractions_and_a_zero(vec![Fraction(0.9), Fraction(0.1), Count(0)], 10, vec![9, 1, 0])]
     fn lengths_are_read_as_random_split_reads_them(
         #[case] lengths: Vec<SplitLength>,
         #[case] total: usize,
@@ -192,7 +195,7 @@ mod tests {
     #[rstest]
     #[case::wrong_sum(vec![Count(6), Count(2), Count(1)], "adds up to 9")]
     #[case::two_parts(vec![Count(6), Count(4)], "three")]
-    #[case::fractions_off(vec![Fraction(0.5), Fraction(0.2), Fraction(0.2)], "add up to 1")]
+    #[case::fractions_off(vec![Fraction(0.5), Fraction(0.2), Fraction(0.2)], "do not add up to 1")]
     fn bad_lengths_are_named(#[case] lengths: Vec<SplitLength>, #[case] want: &str) {
         let err = counts(&lengths, 10).unwrap_err().to_string();
         assert!(err.contains(want), "{err}");

@@ -1,6 +1,7 @@
 //! lightning-hydra-template's `extras:` (its `utils.extras`), done once per run by the process that
-//! writes the run's records, before training: `enforce_tags` refuses an untagged run and writes
-//! `tags.log`; `print_config` prints the resolved config and keeps it as `config_tree.log`.
+//! writes the run's records, before training: `enforce_tags` writes `tags.log` (an untagged run was
+//! refused when the config was read); `print_config` prints the resolved config and keeps it as
+//! `config_tree.log`.
 //! (`ignore_warnings` is the job's logging: `logs::LogSetup::hide_warnings`.)
 
 use crate::config::errors::ConfigError;
@@ -18,15 +19,8 @@ pub fn apply(exp: &Experiment, config_yaml: &str, output_dir: &Path) -> Result<(
         crate::records::write_atomic(&path, text.as_bytes())
             .map_err(|e| ConfigError::Io(format!("could not write {}: {e}", path.display())))
     };
+    // An untagged run was refused when the config was read (`schema::extract`), on every rank.
     if extras.enforce_tags {
-        if exp.tags.is_empty() {
-            return Err(ConfigError::Schema(
-                "extras.enforce_tags: this run has no tags. The template asks for them at a terminal; \
-                 a trainyard run is unattended, so give them: tags=[mnist,baseline] (or \
-                 extras.enforce_tags=false)"
-                    .into(),
-            ));
-        }
         write("tags.log", &format!("{:?}\n", exp.tags))?;
     }
     if extras.print_config {

@@ -33,22 +33,26 @@ pub fn render(columns: &[(&str, Keep)], rows: &[Vec<String>]) -> String {
         column(i).all(|c| Some(c) == first)
     };
     let status = columns.iter().position(|(n, _)| *n == "status");
-    let mut kept: Vec<usize> = std::iter::once(0).chain(status).collect();
     let mut shared = Vec::new();
-    // Differing settings first (after the run's name and status), then the numbers, in their order.
+    let keys: Vec<usize> = (1..columns.len())
+        .filter(|&i| columns[i].1 == Keep::Key && Some(i) != status && !empty(i))
+        .collect();
+    let mut differing = Vec::new();
     for (i, (name, keep)) in columns.iter().enumerate().skip(1) {
         if *keep == Keep::Setting && !empty(i) {
             match same(i) {
                 true => shared.push(format!("{name} {}", rows[0][i])),
-                false => kept.push(i),
+                false => differing.push(i),
             }
         }
     }
-    for (i, (_, keep)) in columns.iter().enumerate().skip(1) {
-        if *keep == Keep::Key && Some(i) != status && !empty(i) {
-            kept.push(i);
-        }
-    }
+    // The run, its status and the numbers first claim their room; differing settings take what is left
+    // (the rest are named under the table), then secondary numbers.
+    let mut kept: Vec<usize> = std::iter::once(0).chain(status).collect();
+    let room = MAX_COLUMNS.saturating_sub(kept.len() + keys.len());
+    let unshown: Vec<&str> = differing.iter().skip(room).map(|&i| columns[i].0).collect();
+    kept.extend(differing.iter().take(room));
+    kept.extend(&keys);
     // A secondary number the runs share is said once too; differing ones fill the table's room.
     for (i, (name, keep)) in columns.iter().enumerate() {
         if *keep == Keep::Extra && !empty(i) {
@@ -70,6 +74,13 @@ pub fn render(columns: &[(&str, Keep)], rows: &[Vec<String>]) -> String {
     for row in rows {
         let cells: Vec<&str> = kept.iter().map(|&i| row[i].as_str()).collect();
         let _ = writeln!(md, "| {} |", cells.join(" | "));
+    }
+    if !unshown.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nAlso differing between these runs (in each run's config): {}.",
+            unshown.join(", ")
+        );
     }
     let files: Vec<usize> = (0..columns.len())
         .filter(|&i| columns[i].1 == Keep::File && !empty(i))
@@ -146,5 +157,30 @@ mod tests {
         let md = render(&columns, &rows);
         let header = md.lines().next().unwrap();
         assert_eq!(header.matches(" | ").count() + 1, MAX_COLUMNS, "{header}");
+    }
+
+    /// Many differing settings do not push the numbers out: the settings that do not fit are named.
+    #[test]
+    fn the_numbers_keep_their_place() {
+        let mut columns: Vec<(&str, Keep)> = vec![("run", Keep::Key), ("status", Keep::Key)];
+        columns.extend((0..20).map(|_| ("setting", Keep::Setting)));
+        columns.push(("val top-1", Keep::Key));
+        let rows = [
+            std::iter::once("a".to_string())
+                .chain(std::iter::once("completed".to_string()))
+                .chain((0..20).map(|i| i.to_string()))
+                .chain(std::iter::once("0.5".to_string()))
+                .collect::<Vec<_>>(),
+            std::iter::once("b".to_string())
+                .chain(std::iter::once("completed".to_string()))
+                .chain((0..20).map(|i| (i + 1).to_string()))
+                .chain(std::iter::once("0.6".to_string()))
+                .collect::<Vec<_>>(),
+        ];
+        let md = render(&columns, &rows);
+        let header = md.lines().next().unwrap();
+        assert!(header.ends_with("| val top-1 |"), "{header}");
+        assert_eq!(header.matches(" | ").count() + 1, MAX_COLUMNS, "{header}");
+        assert!(md.contains("Also differing between these runs"), "{md}");
     }
 }

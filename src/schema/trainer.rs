@@ -217,8 +217,9 @@ pub struct TrainerConfig {
     /// Lightning's `min_epochs`: EarlyStopping cannot stop the run before this many epochs.
     #[serde(default)]
     pub min_epochs: u64,
-    /// Lightning's `detect_anomaly`: every step's gradients are checked, and a NaN or infinite one stops
-    /// the run naming the step (the loss is always checked).
+    /// Lightning's `detect_anomaly`: every step's gradient norm is measured, and a NaN or infinite one
+    /// stops the run naming the step (the loss is always checked). Not under clipping by value (no norm is
+    /// taken; only the loss is checked), and under `16-mixed` a non-finite step is the loss scaler's to skip.
     #[serde(default)]
     pub detect_anomaly: bool,
     #[serde(default = "minus_one")]

@@ -77,6 +77,14 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     }
     check_monitors(&job, &mut experiment)?;
     check_plateau_validates(&job, &experiment)?;
+    if experiment.extras.enforce_tags && experiment.tags.is_empty() {
+        let place = job.get("tags").map(|n| at(&n.source)).unwrap_or_default();
+        return Err(ConfigError::Schema(format!(
+            "extras.enforce_tags: this run has no tags{place}\n    The template asks for them at a \
+             terminal; a trainyard run is unattended, so give them: tags=[mnist,baseline] (or \
+             extras.enforce_tags=false)"
+        )));
+    }
     if !experiment.train && !experiment.test {
         let place = job.get("train").map(|n| at(&n.source)).unwrap_or_default();
         return Err(ConfigError::Schema(format!(
@@ -88,8 +96,6 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     Ok(experiment)
 }
 
-/// ReduceLROnPlateau steps on validations: a run that never validates would keep its rate without a word
-/// (Lightning stops: "ReduceLROnPlateau conditioned on metric ... which is not available").
 /// `seed: null` or no `seed` (Lightning's "do not seed"; the template's eval.yaml has none): a seed is
 /// drawn for this run, so it is still one seed that the run's ranks share (`trainer::fit` hands rank 0's
 /// to all) and the log names; false when one was given.
@@ -111,6 +117,8 @@ fn draw_null_seed(job: &mut Node) -> bool {
     true
 }
 
+/// ReduceLROnPlateau steps on validations: a run that never validates would keep its rate without a word
+/// (Lightning stops: "ReduceLROnPlateau conditioned on metric ... which is not available").
 fn check_plateau_validates(job: &Node, e: &Experiment) -> Result<(), ConfigError> {
     let never = matches!(e.trainer.limit_val_batches, super::Limit::Batches(0))
         || matches!(e.trainer.limit_val_batches, super::Limit::Fraction(f) if f == 0.0);

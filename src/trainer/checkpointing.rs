@@ -154,7 +154,10 @@ impl Keeper<'_> {
         let (Some(cfg), Some(dir)) = (self.ckpt_cfg, self.dir.clone()) else {
             return Ok(());
         };
-        let mut save = |path: &Path| -> anyhow::Result<Saved> {
+        // Every checkpoint records where the best one is, so a resumed run still knows it.
+        let mut state = state.clone();
+        state.best_checkpoint = self.best_path.as_ref().map(|p| p.display().to_string());
+        let mut save = |path: &Path, state: &TrainingState| -> anyhow::Result<Saved> {
             // Every rank calls it: the strategy decides who writes what (and gathers a sharded model).
             let written = strategy.save_checkpoint(path, state, self.config_yaml)?;
             let location = match &written {
@@ -173,7 +176,8 @@ impl Keeper<'_> {
                 &state.metrics,
             );
             let path = dir.join(format!("{name}.safetensors"));
-            let saved = save(&path)?;
+            state.best_checkpoint = Some(path.display().to_string());
+            let saved = save(&path, &state)?;
             self.best_path = Some(path);
             let replaced = self.best.replace(saved.clone());
             if cfg.save_top_k == 1 {
@@ -185,7 +189,7 @@ impl Keeper<'_> {
             }
         }
         if cfg.save_last {
-            self.last = Some(save(&dir.join("last.safetensors"))?);
+            self.last = Some(save(&dir.join("last.safetensors"), &state)?);
         }
         Ok(())
     }
@@ -199,7 +203,10 @@ impl Keeper<'_> {
                     .or_else(|| s.written.as_ref().map(|p| p.display().to_string()))
             })
         };
-        (location(&self.best), location(&self.last))
+        // Resumed without a new best: the best is the one the checkpoint named.
+        let best = location(&self.best)
+            .or_else(|| self.best_path.as_ref().map(|p| p.display().to_string()));
+        (best, location(&self.last))
     }
 }
 

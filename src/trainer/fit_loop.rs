@@ -167,7 +167,10 @@ impl<'a> FitLoop<'a> {
                 config_yaml: job.config_yaml,
                 storage,
                 best: None,
-                best_path: None,
+                best_path: resumed
+                    .as_ref()
+                    .and_then(|r| r.best_checkpoint.as_deref())
+                    .map(std::path::PathBuf::from),
                 last: None,
             },
             // DeviceStatsMonitor: the GPU is sampled only when the run is on one (NVML index 0 of the
@@ -194,6 +197,7 @@ impl<'a> FitLoop<'a> {
                 epochs_without_improvement: 0,
                 batches_done: 0,
                 plateau: None,
+                best_checkpoint: None,
             }),
             status: RunStatus::Completed,
             stopped_mid_epoch: None,

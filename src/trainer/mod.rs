@@ -110,7 +110,9 @@ fn for_this_world(exp: &Experiment, ranks: &Ranks) -> anyhow::Result<Experiment>
         let world = ranks.world_size.max(1);
         anyhow::ensure!(
             exp.data.batch_size.is_multiple_of(world),
-            "data.batch_size={} is not divisible by the number of processes ({world}); it is the whole              step's batch (as lightning-hydra-template's MNISTDataModule divides it): choose a multiple              of {world}",
+            "data.batch_size={} is not divisible by the number of processes ({world}); it is the whole \
+             step's batch (as lightning-hydra-template's MNISTDataModule divides it): choose a multiple \
+             of {world}",
             exp.data.batch_size
         );
         exp.data.batch_size /= world;
@@ -160,12 +162,12 @@ fn fit_with(
         true => fit.run()?,
         false => fit,
     };
-    if exp.test && outcome.status.tests_after() {
-        outcome.test(exp.train)?;
-    }
     let mut status = outcome.status.clone();
     if exp.trainer.max_epochs == 0 && finding.is_some() {
         status = RunStatus::BatchSizeOnly;
+    }
+    if exp.test && status.tests_after() {
+        outcome.test(exp.train)?;
     }
     let summary = outcome.summary(exp, &ranks, status, started, resumed_from, finding)?;
     if ranks.is_global_zero() {
