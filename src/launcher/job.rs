@@ -155,7 +155,8 @@ pub fn run_job(
             output_dir.display()
         ))
     })?;
-    if sweep_dir.is_none() {
+    // extras.print_config printed it already.
+    if sweep_dir.is_none() && !experiment.extras.print_config {
         print!("{config_yaml}");
     }
     train_and_record(&job, group, &logging)
