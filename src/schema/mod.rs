@@ -34,7 +34,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct Experiment {
     pub task_name: String,
-    /// `seed: null` (Lightning's "do not seed") draws one, the same on every rank (`seed_drawn`).
+    /// `seed: null` (Lightning's "do not seed") draws one, the same on every rank and for a run requeued
+    /// into its own directory (`seed_drawn`; `trainer::fit` derives it from the run directory).
     pub seed: u64,
     /// The config's `seed` was null and `seed` was drawn for this run (`schema::extract`).
     #[serde(skip)]

@@ -77,6 +77,7 @@ pub fn fit(job: &Job, group: Option<Distributed>) -> anyhow::Result<Summary> {
     let exp = for_this_world(
         job.exp,
         &group.as_ref().map_or_else(Ranks::single, Ranks::of),
+        job.output_dir,
     )?;
     let Some(cfg) = &job.plan.batch_size_finder else {
         return fit_with(&exp, job, None, group);
@@ -93,17 +94,24 @@ pub fn fit(job: &Job, group: Option<Distributed>) -> anyhow::Result<Summary> {
 /// The experiment as this process runs it: a drawn seed (`seed: null`) made rank 0's on every rank, so
 /// the ranks start from the same weights and shuffle alike; a whole step's batch size
 /// (`data.batch_size_is_global`) divided among the processes.
-fn for_this_world(exp: &Experiment, ranks: &Ranks) -> anyhow::Result<Experiment> {
+fn for_this_world(
+    exp: &Experiment,
+    ranks: &Ranks,
+    output_dir: &Path,
+) -> anyhow::Result<Experiment> {
     let mut exp = exp.clone();
     if exp.seed_drawn {
         let mut seed = [match ranks.is_global_zero() {
-            true => exp.seed as f64,
+            true => run_dir_seed(output_dir) as f64,
             false => 0.0,
         }];
         ranks.sum(&mut seed)?;
         exp.seed = seed[0] as u64;
         if ranks.is_global_zero() {
-            tracing::info!("seed: null, so this run drew seed {}", exp.seed);
+            tracing::info!(
+                "seed: null, so this run drew seed {} (from its run directory: a requeued run keeps it)",
+                exp.seed
+            );
         }
     }
     if exp.data.batch_size_is_global {
@@ -118,6 +126,16 @@ fn for_this_world(exp: &Experiment, ranks: &Ranks) -> anyhow::Result<Experiment>
         exp.data.batch_size /= world;
     }
     Ok(exp)
+}
+
+/// `seed: null`'s seed for a run: a hash of its directory (a fresh run has a new one; a run requeued into
+/// its own directory, to resume from its checkpoint, draws the same seed and so the same shuffles), below
+/// 2^32 so the f64 the ranks agree through holds it exactly.
+fn run_dir_seed(output_dir: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    output_dir.hash(&mut hasher);
+    hasher.finish() & u64::from(u32::MAX)
 }
 
 fn fit_with(
@@ -297,4 +315,20 @@ fn print_model_summary(exp: &Experiment, max_depth: u64) -> anyhow::Result<()> {
     }
     tracing::info!("{:<32} {total:>12}", "total trainable");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// `seed: null`: the same run directory draws the same seed (a requeued run resumes with its own
+    /// shuffles); another directory, another seed.
+    #[test]
+    fn a_run_directory_keeps_its_drawn_seed() {
+        let a = super::run_dir_seed(std::path::Path::new("logs/train/runs/2026-11-27_10-00-00"));
+        let again =
+            super::run_dir_seed(std::path::Path::new("logs/train/runs/2026-11-27_10-00-00"));
+        let b = super::run_dir_seed(std::path::Path::new("logs/train/runs/2026-11-27_10-00-01"));
+        assert_eq!(a, again);
+        assert_ne!(a, b);
+        assert!(a <= u64::from(u32::MAX));
+    }
 }
