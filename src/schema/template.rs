@@ -19,17 +19,18 @@ pub(super) const LIT_MODULE: &str = "src.models.mnist_module.MNISTLitModule";
 const DENSE_NET: &str = "src.models.components.simple_dense_net.SimpleDenseNet";
 pub(super) const DATA_MODULE: &str = "src.data.mnist_datamodule.MNISTDataModule";
 
+/// `job`'s `section` node and its `_target_`, when that target is `target`.
+fn section_of<'a>(job: &'a mut Node, section: &str, target: &str) -> Option<(&'a mut Node, Node)> {
+    let node = job.child_mut(section)?;
+    let found = node.child("_target_").cloned()?;
+    (target_text(&found) == target).then_some((node, found))
+}
+
 /// `model: {_target_: MNISTLitModule, ...}` in `job`, rewritten in place; false when it is not one.
 pub(super) fn lit_module(job: &mut Node) -> Result<bool, ConfigError> {
-    let Some(model) = job.child_mut("model") else {
+    let Some((model, target)) = section_of(job, "model", LIT_MODULE) else {
         return Ok(false);
     };
-    let Some(target) = model.child("_target_").cloned() else {
-        return Ok(false);
-    };
-    if target_text(&target) != LIT_MODULE {
-        return Ok(false);
-    }
     let src = target.source.clone();
     let map = model.as_map_mut().expect("a node with a _target_ is a map");
     let moved: Vec<(&str, Node)> = ["optimizer", "scheduler"]
@@ -165,15 +166,9 @@ fn dense_net(net: &Node) -> Result<Node, ConfigError> {
 /// `data: {_target_: MNISTDataModule, ...}` in `job`, rewritten in place as the data config it amounts
 /// to; false when it is not one.
 pub(super) fn mnist_data_module(job: &mut Node) -> Result<bool, ConfigError> {
-    let Some(data) = job.child_mut("data") else {
+    let Some((data, target)) = section_of(job, "data", DATA_MODULE) else {
         return Ok(false);
     };
-    let Some(target) = data.child("_target_").cloned() else {
-        return Ok(false);
-    };
-    if target_text(&target) != DATA_MODULE {
-        return Ok(false);
-    }
     let src = target.source.clone();
     let node = |v: Value| Node::new(v, src.clone());
     let map = data.as_map_mut().expect("a node with a _target_ is a map");
