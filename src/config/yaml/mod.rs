@@ -34,6 +34,7 @@ pub const ALIAS_NODES_PER_WRITTEN_NODE: usize = 10;
 /// caps flow collections at 255 levels; block collections `- - - ...` have no such cap).
 pub const MAX_DEPTH: usize = 1_000;
 
+mod lenient;
 mod reader;
 mod scalars;
 mod writer;
@@ -44,6 +45,30 @@ pub use writer::{key_text, quote_if_needed, to_yaml};
 
 /// Parse one YAML document. An empty document is `None` (Hydra treats it as an empty config).
 pub fn parse(text: &str, path: &str) -> Result<Option<Node>, YamlError> {
+    let mut pads = Vec::new();
+    let mut reindented: Option<String> = None;
+    loop {
+        let current = reindented.as_deref().unwrap_or(text);
+        let (result, reindent) = parse_once(current, path, &pads);
+        if result.is_ok() {
+            return result;
+        }
+        // An error after a re-indent is the file's next problem (or the same one, when indenting did not
+        // help): it is reported, with its position as written.
+        match reindent.and_then(|r| lenient::reindent(current, &mut pads, r)) {
+            Some(next) => reindented = Some(next),
+            None => return result,
+        }
+    }
+}
+
+/// One pass of the reader over `text`, whose lines `pads` says were indented; with an error PyYAML would
+/// not raise, the line to indent and how far.
+fn parse_once(
+    text: &str,
+    path: &str,
+    pads: &[usize],
+) -> (Result<Option<Node>, YamlError>, Option<lenient::Reindent>) {
     let mut builder = Builder {
         text,
         events: Parser::new_from_str(text),
@@ -56,8 +81,16 @@ pub fn parse(text: &str, path: &str) -> Result<Option<Node>, YamlError> {
         keys: Vec::new(),
         last_end: 0,
         cursor: (0, 0),
+        pads,
+        reindent: None,
     };
-    builder.document()
+    let result = builder.document();
+    let reindent = if result.is_err() {
+        builder.reindent
+    } else {
+        None
+    };
+    (result, reindent)
 }
 
 #[cfg(test)]
@@ -97,6 +130,30 @@ mod tests {
             Source::File { line, col, .. } => assert_eq!((*line, *col), (3, 6)),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn flow_lines_left_of_their_key_read_as_pyyaml_reads_them_at_their_written_columns() {
+        let text = "model:\n  m: [1,\n2]\n  q: 'a\nb'\n";
+        let node = parse(text, "f.yaml").unwrap().unwrap();
+        let two = &node.get("model.m").unwrap();
+        let Value::List(items) = &two.value else {
+            panic!("{two:?}")
+        };
+        assert_eq!(items[1].value, Value::Int(2));
+        match &items[1].source {
+            Source::File { line, col, .. } => assert_eq!((*line, *col), (3, 1)),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(node.get("model.q").unwrap().value, Value::Str("a b".into()));
+        // A real error after a re-indented line keeps the position the file has.
+        let err = parse("model:\n  m: [1,\n2]\n  n: {a: 1\n", "f.yaml").unwrap_err();
+        assert_eq!((err.line, err.col), (5, 1), "{err}");
+        assert!(
+            err.message
+                .contains("flow mapping that began at f.yaml:4:6"),
+            "{err}"
+        );
     }
 
     #[test]

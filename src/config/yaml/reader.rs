@@ -96,6 +96,10 @@ pub(super) struct Builder<'a> {
     pub(super) last_end: usize,
     /// (character index, byte offset) of the last character looked up, to walk the text forward.
     pub(super) cursor: (usize, usize),
+    /// Spaces added in front of each line (0-based) by [`super::lenient`]; positions are reported as written.
+    pub(super) pads: &'a [usize],
+    /// After an indentation error PyYAML would not raise: what to indent for the YAML 1.2 scanner.
+    pub(super) reindent: Option<super::lenient::Reindent>,
 }
 
 impl<'a> Builder<'a> {
@@ -107,13 +111,23 @@ impl<'a> Builder<'a> {
         YamlError {
             path: self.path.to_string(),
             line,
-            col,
+            col: self.written_col(line, col),
             message: message.into(),
         }
     }
 
     fn location(&self, line: usize, col: usize) -> String {
-        format!("{}:{line}:{col}", self.path)
+        format!("{}:{line}:{}", self.path, self.written_col(line, col))
+    }
+
+    /// A 1-based column of the (possibly re-indented) text as the file has it.
+    fn written_col(&self, line: usize, col: usize) -> usize {
+        let pad = line
+            .checked_sub(1)
+            .and_then(|i| self.pads.get(i))
+            .copied()
+            .unwrap_or(0);
+        col.saturating_sub(pad).max(1)
     }
 
     fn next(&mut self) -> Result<(Event<'a>, Span), YamlError> {
@@ -122,11 +136,15 @@ impl<'a> Builder<'a> {
                 self.last_end = span.end.index();
                 Ok((event, span))
             }
-            Some(Err(e)) => Err(self.error_at(
-                e.marker().line(),
-                e.marker().col() + 1,
-                self.syntax_context(e.info()),
-            )),
+            Some(Err(e)) => {
+                self.reindent =
+                    self.lenient_indentation(e.info(), e.marker().line(), e.marker().col() + 1);
+                Err(self.error_at(
+                    e.marker().line(),
+                    e.marker().col() + 1,
+                    self.syntax_context(e.info()),
+                ))
+            }
             None => Err(self.error_at(0, 0, "unexpected end of YAML")),
         }
     }
@@ -179,6 +197,38 @@ impl<'a> Builder<'a> {
                 open.construct.hint()
             ),
             None => info.to_string(),
+        }
+    }
+
+    /// An indentation error inside a flow collection or a quoted scalar, where PyYAML does not look at
+    /// indentation (the scanner reports the first at the offending line, the second at the opening quote).
+    fn lenient_indentation(
+        &self,
+        info: &str,
+        line: usize,
+        col: usize,
+    ) -> Option<super::lenient::Reindent> {
+        use super::lenient::Reindent;
+        if !info.starts_with("invalid indentation") {
+            return None;
+        }
+        if info.contains("quoted scalar") {
+            return Some(Reindent::QuotedScalar { line, col });
+        }
+        let flow = self.open.iter().rev().find(|o| {
+            matches!(
+                o.construct,
+                Construct::FlowSequence | Construct::FlowMapping
+            )
+        });
+        match flow {
+            Some(open) => Some(Reindent::FlowLine {
+                line,
+                col: Some(open.col + 1),
+            }),
+            // The scanner can be ahead of the events: the collection is not open here yet.
+            None if info.contains("flow construct") => Some(Reindent::FlowLine { line, col: None }),
+            None => None,
         }
     }
 
@@ -295,7 +345,12 @@ impl<'a> Builder<'a> {
     }
 
     fn node(&mut self, event: Event<'a>, span: Span) -> Result<Node, YamlError> {
-        let source = Source::file(&self.path, span.start.line(), span.start.col() + 1);
+        let line = span.start.line();
+        let source = Source::file(
+            &self.path,
+            line,
+            self.written_col(line, span.start.col() + 1),
+        );
         match event {
             Event::Scalar(text, style, anchor, tag) => {
                 self.written += 1;
