@@ -87,11 +87,8 @@ fn closing_quote_line(text: &str, line: usize, col: usize) -> Option<usize> {
     while let Some(c) = chars.next() {
         match c {
             '\n' => at += 1,
-            '\\' if quote == '"' => {
-                if chars.next() == Some('\n') {
-                    at += 1;
-                }
-            }
+            // An escaped character is never the closing quote; an escaped line break still ends a line.
+            '\\' if quote == '"' => at += usize::from(chars.next() == Some('\n')),
             '\'' if quote == '\'' && chars.peek() == Some(&'\'') => {
                 chars.next();
             }
