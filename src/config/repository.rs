@@ -49,8 +49,14 @@ impl Repository {
     }
 
     /// Directories that could hold `group` (a group path like `model` or `experiment`), in search order.
+    /// A relative entry's `..` (`- ../default` in `db/mysql.yaml` is `db/../default`) steps up as a file
+    /// path does, never above a search root.
     fn dirs_for(&self, group: &str) -> Vec<PathBuf> {
         let mut out = Vec::new();
+        let Some(group) = without_dot_dot(group) else {
+            return out;
+        };
+        let group = group.as_str();
         for root in &self.roots {
             if root.mount.is_empty() {
                 out.push(root.dir.join(group));
@@ -268,6 +274,21 @@ enum Located {
 }
 
 /// Built-in configs below `group` (at any depth).
+/// `a/b/../c` as `a/c`; `None` when the path climbs above its root (`../x`).
+fn without_dot_dot(path: &str) -> Option<String> {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            ".." => {
+                parts.pop()?;
+            }
+            "" | "." if !parts.is_empty() => {}
+            part => parts.push(part),
+        }
+    }
+    Some(parts.join("/"))
+}
+
 fn builtin_in_group(group: &str) -> impl Iterator<Item = &'static BuiltinConfig> + '_ {
     BUILTIN.iter().filter(move |b| {
         b.config_path

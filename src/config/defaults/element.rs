@@ -392,13 +392,6 @@ pub fn parse_defaults_list(
                         at(&item.source)
                     )));
                 }
-                if path.split('/').any(|part| part == "..") {
-                    check_option_names(
-                        config_path,
-                        &GroupValue::Name(Some(path.to_string())),
-                        &item.source,
-                    )?;
-                }
                 InputDefault::config(path, package, item.source.clone())
             }
             other => {
