@@ -259,7 +259,7 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         crate::config::hydra::runtime::record_mode(&mut composed.config, RunMode::Run);
     }
     if let Some(kind) = cli.cfg {
-        print_cfg(cli, &setup, kind, &composed.config, 0, &ctx)?;
+        print_cfg(cli, kind, &composed.config, &ctx)?;
         return Ok(ExitCode::SUCCESS);
     }
     let job = run_job(&setup, composed, &cli.overrides, None, &ctx)?;

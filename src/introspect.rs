@@ -7,30 +7,26 @@ use crate::config::compose::RunMode;
 use crate::config::errors::ConfigError;
 use crate::config::grammar::Override;
 use crate::config::hydra::{compose_with_hydra, split_hydra};
-use crate::config::interpolate::{resolve_all, ResolveContext};
+use crate::config::interpolate::{resolve_leaving_missing, ResolveContext};
 use crate::config::repository::Repository;
 use crate::config::tree::Node;
 use crate::config::{defaults, yaml};
-use crate::launcher::place::place_job;
 use crate::project::Setup;
 
+/// `--cfg job|hydra|all` as Hydra's `show_cfg` prints it. With `--resolve`, `ctx.hydra` is the `hydra`
+/// node `${hydra:...}` reads: a placed job's (a sweep's job) or, when the caller has none, the node as
+/// composed (no run directory yet: `${hydra:runtime.output_dir}` is null, as under Hydra).
 pub fn print_cfg(
     cli: &Cli,
-    setup: &Setup,
     kind: CfgKind,
     full: &Node,
-    num: usize,
     ctx: &ResolveContext,
 ) -> Result<(), ConfigError> {
     let (job, hydra) = split_hydra(full.clone());
-    let ctx = &if cli.resolve {
-        let sweep_dir = cli
-            .multirun
-            .then(|| setup.project_root.join("logs").join("<sweep>"));
-        place_job(setup, &job, hydra.clone(), num, sweep_dir.as_deref(), ctx)?.ctx
-    } else {
-        ctx.clone()
-    };
+    let mut ctx = ctx.clone();
+    if ctx.hydra.is_none() {
+        ctx.hydra = Some(hydra.clone());
+    }
     let mut node = match kind {
         CfgKind::Job => job,
         CfgKind::Hydra => {
@@ -43,7 +39,7 @@ pub fn print_cfg(
         CfgKind::All => full.clone(),
     };
     if cli.resolve {
-        node = resolve_all(&node, ctx)?;
+        node = resolve_leaving_missing(&node, &ctx)?;
     }
     if let Some(key) = &cli.package {
         node = node.get(key).cloned().ok_or_else(|| {

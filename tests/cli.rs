@@ -253,7 +253,12 @@ fn every_shipped_experiment_composes_and_validates() {
             &["--cfg", "job", "--resolve", &format!("experiment={name}")],
         );
         assert!(out.status.success(), "experiment {name}: {}", stderr(&out));
-        let resolved = trainyard::config::yaml::parse(&stdout(&out), "printed")
+        // No job is placed by --cfg, so `${hydra:runtime.output_dir}` prints null as under Hydra; a run
+        // has its directory there.
+        let printed = stdout(&out);
+        assert!(printed.contains("  output_dir: null\n"), "{printed}");
+        let printed = printed.replace("  output_dir: null\n", "  output_dir: /placed/run\n");
+        let resolved = trainyard::config::yaml::parse(&printed, "printed")
             .unwrap()
             .unwrap();
         if let Err(e) = trainyard::schema::extract(&resolved) {

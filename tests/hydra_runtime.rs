@@ -302,10 +302,7 @@ fn hydra_values_resolve_in_the_job_config() {
         p.path(),
         &["--cfg", "job", "--resolve", "+n=${hydra:job.num}"],
     );
-    assert!(!num.status.success());
-    assert!(
-        stderr(&num).contains("Missing mandatory value: hydra.job.num"),
-        "{}",
-        stderr(&num)
-    );
+    // A single run has no job number: `OmegaConf.select` under `${hydra:...}` reads the `???` as null.
+    assert!(num.status.success(), "{}", stderr(&num));
+    assert!(stdout(&num).contains("'n': null\n"), "{}", stdout(&num));
 }

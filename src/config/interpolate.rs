@@ -32,6 +32,16 @@ pub fn resolve_all(root: &Node, ctx: &ResolveContext) -> Result<Node, ConfigErro
     with_resolver(root, ctx, |r| r.resolve_node("", root))
 }
 
+/// Resolve every interpolation in `root` as OmegaConf's `resolve` does (what `--cfg job --resolve`
+/// prints): an interpolation that reaches a `???` value, directly or through others, is left `???`
+/// instead of failing; every other error still fails.
+pub fn resolve_leaving_missing(root: &Node, ctx: &ResolveContext) -> Result<Node, ConfigError> {
+    with_resolver(root, ctx, |r| {
+        r.leave_missing = true;
+        r.resolve_node("", root)
+    })
+}
+
 /// Resolve the node at `path` only.
 pub fn resolve_path(root: &Node, path: &str, ctx: &ResolveContext) -> Result<Node, ConfigError> {
     with_resolver(root, ctx, |r| r.resolve_at(path, &Source::Internal, path))
@@ -60,6 +70,7 @@ fn with_resolver<T>(root: &Node, ctx: &ResolveContext, f: impl FnOnce(&mut Resol
         cache: HashMap::new(),
         stack: Vec::new(),
         hydra_from_ctx,
+        leave_missing: false,
     };
     f(&mut r)
 }
@@ -92,6 +103,8 @@ struct Resolver<'a> {
     /// The `hydra` node came from the context: the job's own keys may reach it only through
     /// `${hydra:...}` (under Hydra the job's config has no `hydra` key).
     hydra_from_ctx: bool,
+    /// OmegaConf's `resolve`: an interpolation to a missing value becomes `???` (`resolve_leaving_missing`).
+    leave_missing: bool,
 }
 
 /// A parsed piece of a string: literal text or a `${...}` expression.
@@ -121,7 +134,12 @@ struct Arg {
 impl Resolver<'_> {
     fn resolve_node(&mut self, path: &str, node: &Node) -> Result<Node, ConfigError> {
         match &node.value {
-            Value::Str(s) if s.contains("${") => self.resolve_at(path, &node.source, path),
+            Value::Str(s) if s.contains("${") => match self.resolve_at(path, &node.source, path) {
+                Err(e) if self.leave_missing && is_to_missing(&e) => {
+                    Ok(Node::new(Value::Missing, node.source.clone()))
+                }
+                other => other,
+            },
             Value::Map(m) => {
                 let mut out = Map::new();
                 for (k, v) in m {
@@ -360,9 +378,12 @@ impl Resolver<'_> {
                 self.stack.push("hydra".into());
                 let node = self.resolve_at(&target, source, path);
                 self.stack.pop();
+                // `OmegaConf.select` on Hydra's config: a key that is itself `???` reads as null
+                // (`runtime.output_dir` before a job is placed); an interpolation inside the `hydra`
+                // node that reaches one still fails, as above.
                 let node = node?;
                 if node.is_missing() {
-                    return Err(missing_error(&target, path, source));
+                    return Ok(Node::new(Value::Null, source.clone()));
                 }
                 Ok(node)
             }
@@ -394,9 +415,16 @@ impl Resolver<'_> {
     }
 }
 
+/// OmegaConf's `InterpolationToMissingValueError`, whose message starts this way.
+const TO_MISSING: &str = "MissingMandatoryValue while resolving interpolation:";
+
+fn is_to_missing(e: &ConfigError) -> bool {
+    matches!(e, ConfigError::Interpolation(m) if m.starts_with(TO_MISSING))
+}
+
 fn missing_error(target: &str, path: &str, source: &Source) -> ConfigError {
     ConfigError::Interpolation(format!(
-        "MissingMandatoryValue while resolving interpolation: Missing mandatory value: {target}\n    full_key: {path}{}\n    \
+        "{TO_MISSING} Missing mandatory value: {target}\n    full_key: {path}{}\n    \
          Set {target} (in its config file or with {target}=<value>) before it is used.",
         at(source)
     ))

@@ -5,6 +5,7 @@
 
 use super::job::{run_job, SweepSlot};
 use super::local::{joblib_n_jobs, JobCommand, LocalLauncher, SweepJob};
+use super::place::place_job;
 use super::sweep_job::JobResult;
 use crate::cli::{CfgKind, Cli};
 use crate::config::compose::RunMode;
@@ -82,14 +83,17 @@ pub fn run_sweep(
             if i > 0 {
                 println!("---");
             }
-            print_cfg(
-                cli,
-                setup,
-                cli.cfg.unwrap_or(CfgKind::Job),
-                &composed.config,
-                i,
-                ctx,
-            )?;
+            // Resolved, each job reads its number and its directory in the sweep as it would run.
+            let job_ctx = match cli.resolve {
+                true => {
+                    let (job_cfg, hydra) = split_hydra(composed.config.clone());
+                    let sweep_dir = setup.project_root.join("logs").join("<sweep>");
+                    place_job(setup, &job_cfg, hydra, i, Some(&sweep_dir), ctx)?.ctx
+                }
+                false => ctx.clone(),
+            };
+            let kind = cli.cfg.unwrap_or(CfgKind::Job);
+            print_cfg(cli, kind, &composed.config, &job_ctx)?;
         }
         return Ok(ExitCode::SUCCESS);
     }
