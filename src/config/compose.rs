@@ -335,10 +335,20 @@ fn apply_override(cfg: &mut Node, o: &Override) -> Result<(), ConfigError> {
 }
 
 fn delete(cfg: &mut Node, key: &str, expected: Option<&Node>) -> Result<(), ConfigError> {
-    let existing = cfg.get(key).filter(|n| !matches!(n.value, Value::Null));
+    // Hydra looks the key up with `OmegaConf.select`, which reads a null or `???` value as absent.
+    let found = cfg.get(key);
+    let existing = found.filter(|n| !matches!(n.value, Value::Null | Value::Missing));
     let Some(existing) = existing else {
+        let why = match found {
+            Some(n) if n.is_missing() => format!(
+                " Its value is ???, which Hydra reads as no value: leave it out, or set it with \
+                 {key}=<value>.{}",
+                at(&n.source)
+            ),
+            _ => String::new(),
+        };
         return Err(ConfigError::composition(format!(
-            "Could not delete from config. '{key}' does not exist."
+            "Could not delete from config. '{key}' does not exist.{why}"
         )));
     };
     if let Some(expected) = expected {
