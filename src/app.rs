@@ -201,7 +201,13 @@ fn decide_launch(
         }
         return Ok(Launch::Sweep);
     }
-    match compose_with_hydra(&setup.repo, &setup.config_name, overrides, RunMode::Run) {
+    let composed = compose_with_hydra(&setup.repo, &setup.config_name, overrides, RunMode::Run);
+    // `--cfg` without `-m` prints the one job's config, as Hydra's `show_cfg` composes it, even where
+    // the config asks for a sweep (`hydra.mode: MULTIRUN`, as the template's `hparams_search` does).
+    if cli.cfg.is_some() {
+        return Ok(Launch::Single(Box::new(composed?)));
+    }
+    match composed {
         Ok(c) if configured_mode(&c.config) == Some(RunMode::Multirun) => Ok(Launch::Sweep),
         Ok(c) => Ok(Launch::Single(Box::new(c))),
         Err(_) if configured() == Some(RunMode::Multirun) => Ok(Launch::Sweep),

@@ -435,3 +435,37 @@ fn hydra_conformance(#[files("tests/conformance/expected/*.json")] path: PathBuf
     let case: J = serde_json::from_str(&text).unwrap();
     run_case(&case);
 }
+
+/// `train --cfg job` without `-m` prints the one job's config even where the config asks for a sweep (the
+/// template's `hparams_search` sets `hydra.mode: MULTIRUN` and the optuna sweeper), as Hydra's `--cfg`
+/// composes it: the text hydra-core printed for the same overrides.
+#[test]
+fn cfg_job_prints_the_job_where_the_config_asks_for_a_search() {
+    let case: J = serde_json::from_str(
+        &std::fs::read_to_string(
+            "tests/conformance/expected/lht_hparams_search_mnist_optuna_experiment_example.json",
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_train"))
+        .args([
+            "-cp",
+            "tests/conformance/trees/lht",
+            "-cn",
+            "train",
+            "--cfg",
+            "job",
+        ])
+        .args(["hparams_search=mnist_optuna", "experiment=example"])
+        .env("PROJECT_ROOT", "/lht_project")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let read = |text: &str| yaml::to_yaml(&yaml::parse(text, "printed").unwrap().unwrap());
+    assert_eq!(
+        read(&String::from_utf8_lossy(&out.stdout)),
+        read(case["expect"]["cfg_job"].as_str().unwrap())
+    );
+}

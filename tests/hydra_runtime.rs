@@ -231,6 +231,10 @@ fn a_config_that_sets_multirun_mode_sweeps_without_dash_m() {
     "is not a sampler trainyard runs"
 )]
 #[case::sweep_hydra(&["-m", "hydra.job.name=a,b"], "Sweeping over Hydra's configuration is not supported")]
+#[case::sweep_hydra_in_a_search(
+    &["-m", "hydra/sweeper=optuna", "+optimized_metric=val/loss", "optimizer.lr=interval(0.001,0.1)", "hydra.job.chdir=true,false"],
+    "Sweeping over Hydra's configuration is not supported : 'hydra.job.chdir=true,false'"
+)]
 #[case::searchpath(&["hydra.searchpath=[pkg://my.configs]"], "only file:// paths can be searched here")]
 #[case::logging_null(&["hydra.job_logging=null"], "Error merging override hydra.job_logging=null")]
 fn refused_hydra_settings_say_why(#[case] args: &[&str], #[case] expected: &str) {

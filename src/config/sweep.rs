@@ -37,6 +37,21 @@ pub fn param_override_text(v: &crate::config::tree::Node) -> String {
     }
 }
 
+/// A sweep over Hydra's own config (`hydra.job.chdir=true,false`, `hydra/launcher=a,b`) is refused before
+/// any job starts, by every sweeper, as Hydra's basic and optuna sweepers refuse it.
+pub fn refuse_sweeps_over_hydra(cli: &[Override]) -> Result<(), ConfigError> {
+    match cli
+        .iter()
+        .find(|o| o.is_sweep() && crate::config::hydra::runtime::is_hydra_override(o))
+    {
+        Some(o) => Err(ConfigError::composition(format!(
+            "Sweeping over Hydra's configuration is not supported : '{}'",
+            o.input
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Each job's overrides, in launch order. Overrides of Hydra's own config (`hydra.*`, `hydra/*`) are not
 /// part of a job's overrides (the launcher composes every job with them, as Hydra's `load_sweep_config`
 /// does), and sweeping over them is refused as Hydra refuses it.
@@ -52,17 +67,11 @@ pub fn expand(
                 .map_err(|e| ConfigError::Parse(format!("{e}\n    (in hydra.sweeper.params)")))?,
         );
     }
+    refuse_sweeps_over_hydra(cli)?;
     for o in cli {
-        if crate::config::hydra::runtime::is_hydra_override(o) {
-            if o.is_sweep() {
-                return Err(ConfigError::composition(format!(
-                    "Sweeping over Hydra's configuration is not supported : '{}'",
-                    o.input
-                )));
-            }
-            continue;
+        if !crate::config::hydra::runtime::is_hydra_override(o) {
+            parsed.push(o.clone());
         }
-        parsed.push(o.clone());
     }
     // Per key: its values and, for a `tag(zip...)` sweep, the group it moves in lockstep with.
     let mut lists: IndexMap<String, (Vec<String>, Option<String>, &Override)> = IndexMap::new();

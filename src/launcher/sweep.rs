@@ -35,6 +35,7 @@ pub fn run_sweep(
         overrides,
         RunMode::Multirun,
     )?;
+    sweep::refuse_sweeps_over_hydra(overrides)?;
     let params: Vec<String> = match master.config.get("hydra.sweeper.params").map(|n| &n.value) {
         Some(Value::Map(m)) => m
             .iter()
