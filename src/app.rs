@@ -253,7 +253,12 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut composed = match decide_launch(cli, &setup, &overrides)? {
-        Launch::Single(composed) => *composed,
+        Launch::Single(composed) => {
+            for warning in composed.defaults.dropped_warnings(&setup.repo) {
+                eprintln!("{warning}");
+            }
+            *composed
+        }
         Launch::Sweep => {
             let mut overrides = overrides;
             overrides.extend(parse_overrides(&["hydra.mode=MULTIRUN".to_string()])?);

@@ -469,3 +469,26 @@ fn cfg_job_prints_the_job_where_the_config_asks_for_a_search() {
         read(case["expect"]["cfg_job"].as_str().unwrap())
     );
 }
+
+/// A member of an optional multi-select that the command line names and that does not exist is left out
+/// as Hydra leaves it out (`hdl_select_multi_optional_override`), and the run says so.
+#[test]
+fn a_missing_member_of_an_optional_list_is_left_out_with_a_warning() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_train"))
+        .args([
+            "-cp",
+            "tests/conformance/trees/hydra_dl",
+            "-cn",
+            "select_multi_optional",
+        ])
+        .args(["--cfg", "job", "group1=[file1,not_found2]"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("warning: 'group1/not_found2' does not exist; it is left out of the optional group 'group1'"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("file1, file2"), "{stderr}");
+}

@@ -36,6 +36,9 @@ pub fn run_sweep(
         RunMode::Multirun,
     )?;
     sweep::refuse_sweeps_over_hydra(overrides)?;
+    for warning in master.defaults.dropped_warnings(&setup.repo) {
+        eprintln!("{warning}");
+    }
     let params: Vec<String> = match master.config.get("hydra.sweeper.params").map(|n| &n.value) {
         Some(Value::Map(m)) => m
             .iter()

@@ -52,6 +52,26 @@ pub struct DefaultsList {
     pub defaults: Vec<ResultDefault>,
     pub tree: TreeNode,
     pub known_choices: IndexMap<String, Option<String>>,
+    /// Members of an optional multi-select (`optional group1: [a, b]`) the command line named that do
+    /// not exist: dropped as Hydra drops them, and worth a warning.
+    pub dropped_options: Vec<String>,
+}
+
+impl DefaultsList {
+    /// One warning per dropped member of an optional multi-select, with the group's options.
+    pub fn dropped_warnings(&self, repo: &Repository) -> Vec<String> {
+        self.dropped_options
+            .iter()
+            .map(|path| {
+                let group = path.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
+                format!(
+                    "warning: '{path}' does not exist; it is left out of the optional group '{group}' \
+                     as Hydra leaves it out (options: {})",
+                    repo.group_options(group).join(", ")
+                )
+            })
+            .collect()
+    }
 }
 
 /// Build the defaults list of `config_name` under the group overrides (Hydra's `create_defaults_list`).
@@ -74,6 +94,7 @@ pub fn create_defaults_list(
         repo,
         overrides: &mut overrides,
         skip_missing,
+        dropped_options: Vec::new(),
     };
     let primary_tree = walker.create_tree(root, true, false, None)?;
     let tree = if prepend_hydra {
@@ -95,6 +116,7 @@ pub fn create_defaults_list(
     } else {
         primary_tree
     };
+    let dropped_options = std::mem::take(&mut walker.dropped_options);
     let mut defaults = Vec::new();
     tree_to_list(&tree, None, &mut defaults);
     ensure_no_duplicates(&defaults)?;
@@ -104,6 +126,7 @@ pub fn create_defaults_list(
         defaults,
         tree,
         known_choices: overrides.known_choices,
+        dropped_options,
     })
 }
 

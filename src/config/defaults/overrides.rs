@@ -83,8 +83,11 @@ impl GroupOverrides {
     pub(super) fn override_default_option(&mut self, d: &mut InputDefault) {
         let key = d.get_override_key();
         if let Some(value) = self.choices.get(&key) {
+            // Choosing the option the defaults list already names (`local=default`) changes nothing: an
+            // optional group's missing option is then skipped as it would be without the override.
+            let same = matches!(&d.entry, Entry::Group { value: current, .. } if current == value);
             d.set_value(value.clone());
-            d.overridden = true;
+            d.overridden |= !same;
             if let Some(meta) = self.meta.get_mut(&key) {
                 meta.used = true;
                 d.source = meta.source.clone();

@@ -11,6 +11,8 @@ pub(super) struct Walker<'a> {
     pub(super) repo: &'a Repository,
     pub(super) overrides: &'a mut GroupOverrides,
     pub(super) skip_missing: bool,
+    /// Options of an optional multi-select the command line named and that do not exist (Hydra drops them).
+    pub(super) dropped_options: Vec<String>,
 }
 
 impl Walker<'_> {
@@ -108,9 +110,17 @@ impl Walker<'_> {
                         d.source.clone(),
                     );
                     node.optional = d.optional;
-                    // An option the user named is not dropped silently when it is missing.
                     node.overridden = d.overridden;
                     node.update_parent(&parent_group, &parent_package);
+                    // Hydra drops a missing member of an optional multi-select, also one the command
+                    // line named; the caller is told which (a typo must not vanish unseen).
+                    if node.optional
+                        && node.overridden
+                        && !self.repo.config_exists(&node.get_config_path())
+                    {
+                        self.dropped_options.push(node.get_config_path());
+                        continue;
+                    }
                     self.add_child(&mut children, node, interpolated_subtree, &path)?;
                 }
             } else if d.is_interpolation() {
