@@ -277,5 +277,8 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
     if !job.message.is_empty() {
         println!("{}", job.message);
     }
+    if job.preempted {
+        return Ok(crate::launcher::job::preempted_exit_code());
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,6 +1,8 @@
 //! Checkpoints are safetensors files: weights under their model names, optimizer state under
 //! `optimizer.*`, and the training state (epoch, step, metrics, config) as JSON in the metadata.
-//! Written to a temporary file and renamed, so a crash never leaves a torn checkpoint.
+//! Written to a temporary file and renamed, so a crash never leaves a torn checkpoint; the metadata
+//! carries a CRC-32C of the tensors (`tensors_crc32c`), so a file damaged afterwards (a bad disk, a copy
+//! cut short) is refused on load instead of resuming from wrong weights.
 
 use crate::tensor::{HostTensor, StateDict};
 use anyhow::Context;
@@ -61,9 +63,42 @@ pub fn save(
     );
     metadata.insert("config".to_string(), config_yaml.to_string());
     metadata.insert("format".to_string(), "trainyard-1".to_string());
+    let checksum = tensors_checksum(
+        bytes
+            .iter()
+            .map(|(k, b, s)| (k.as_str(), s.as_slice(), b.as_slice())),
+    );
+    metadata.insert(CHECKSUM_KEY.to_string(), format!("{checksum:08x}"));
     let data = safetensors::serialize(views, Some(metadata))?;
     crate::records::write_atomic(path, &data)
         .with_context(|| format!("writing checkpoint {}", path.display()))
+}
+
+/// The metadata key of the tensors' checksum.
+const CHECKSUM_KEY: &str = "tensors_crc32c";
+
+/// CRC-32C over every tensor in name order: its name, shape and bytes (independent of the file's layout).
+fn tensors_checksum<'a>(tensors: impl Iterator<Item = (&'a str, &'a [usize], &'a [u8])>) -> u32 {
+    let mut sorted: Vec<_> = tensors.collect();
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    let mut crc = 0u32;
+    for (name, shape, bytes) in sorted {
+        crc = crc32c::crc32c_append(crc, name.as_bytes());
+        for dim in shape {
+            crc = crc32c::crc32c_append(crc, &(*dim as u64).to_le_bytes());
+        }
+        crc = crc32c::crc32c_append(crc, bytes);
+    }
+    crc
+}
+
+/// A checkpoint that cannot be trusted: cut short, not a checkpoint, or its tensors changed since it was
+/// written. Callers that have an older checkpoint fall back to it.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {why}")]
+pub struct Damaged {
+    pub path: String,
+    pub why: String,
 }
 
 pub struct Loaded {
@@ -76,9 +111,28 @@ pub struct Loaded {
 pub fn load(path: &Path) -> anyhow::Result<Loaded> {
     let data =
         std::fs::read(path).with_context(|| format!("reading checkpoint {}", path.display()))?;
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&data)
-        .with_context(|| format!("{} is not a safetensors file", path.display()))?;
-    let tensors = safetensors::SafeTensors::deserialize(&data)?;
+    let damaged = |why: String| Damaged {
+        path: path.display().to_string(),
+        why,
+    };
+    let (_, meta) = safetensors::SafeTensors::read_metadata(&data).map_err(|e| {
+        damaged(format!(
+            "not a complete safetensors file ({e}): cut short while written or copied?"
+        ))
+    })?;
+    let tensors = safetensors::SafeTensors::deserialize(&data)
+        .map_err(|e| damaged(format!("not a complete safetensors file ({e})")))?;
+    if let Some(recorded) = meta.metadata().as_ref().and_then(|m| m.get(CHECKSUM_KEY)) {
+        let views = tensors.tensors();
+        let actual = tensors_checksum(views.iter().map(|(k, v)| (k.as_str(), v.shape(), v.data())));
+        if format!("{actual:08x}") != *recorded {
+            return Err(damaged(format!(
+                "its tensors' checksum is {actual:08x}, the file records {recorded}: the file was damaged \
+                 after it was written"
+            ))
+            .into());
+        }
+    }
     let mut state = StateDict::new();
     for (name, view) in tensors.tensors() {
         let bytes = view.data();
@@ -161,5 +215,46 @@ mod tests {
         let back = load(&path).unwrap();
         assert_eq!(back.state, state);
         assert_eq!(back.training, Some(training));
+    }
+
+    /// A byte changed in a tensor, or the file cut short: refused as damaged, naming the file.
+    #[test]
+    fn a_damaged_or_truncated_checkpoint_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.safetensors");
+        let state: StateDict = [(
+            "w".to_string(),
+            HostTensor {
+                shape: vec![4],
+                data: vec![1.0, 2.0, 3.0, 4.0],
+            },
+        )]
+        .into_iter()
+        .collect();
+        let training = TrainingState {
+            epoch: 0,
+            global_step: 1,
+            metrics: HashMap::new(),
+            best: None,
+            epochs_without_improvement: 0,
+            batches_done: 0,
+            plateau: None,
+            best_checkpoint: None,
+        };
+        save(&path, &state, &training, "a: 1\n").unwrap();
+        let good = std::fs::read(&path).unwrap();
+        let mut flipped = good.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0x40;
+        std::fs::write(&path, &flipped).unwrap();
+        let err = load(&path).err().unwrap();
+        let damaged = err.downcast_ref::<Damaged>().expect("a Damaged error");
+        assert!(damaged.why.contains("checksum"), "{err}");
+        std::fs::write(&path, &good[..good.len() - 3]).unwrap();
+        let err = load(&path).err().unwrap();
+        assert!(err.downcast_ref::<Damaged>().is_some(), "{err}");
+        assert!(err.to_string().contains("c.safetensors"), "{err}");
+        std::fs::write(&path, &good).unwrap();
+        assert_eq!(load(&path).unwrap().state, state);
     }
 }

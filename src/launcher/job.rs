@@ -72,7 +72,8 @@ pub fn run_job(
             if slot.is_some_and(|s| !s.own_process) {
                 plan.check_sweepable().map_err(run_error)?;
             }
-            return launch_node(cluster.clone(), &place.output_dir, &place.ctx);
+            let grace = std::time::Duration::from_secs(experiment.trainer.preemption_grace_s);
+            return launch_node(cluster.clone(), &place.output_dir, &place.ctx, grace);
         }
         let now = place.ctx.now.to_rfc3339();
         let (joined, agreed) = crate::comm::join(cluster, &plan.join, &now).map_err(run_error)?;
@@ -96,6 +97,7 @@ pub fn run_job(
         .then(|| WorkingDir::enter(&output_dir))
         .transpose()?;
     let config_yaml = yaml::to_yaml(&resolved);
+    let job_config_yaml = yaml::to_yaml(&job_cfg);
     // A trial of a search with a pruner reports each validation to the study.
     let judge = match slot.as_ref() {
         Some(s) => super::trial_judge::TrialJudge::for_job(s.dir, s.num)?,
@@ -113,6 +115,7 @@ pub fn run_job(
         plan: &plan,
         output_dir: &output_dir,
         config_yaml: &config_yaml,
+        job_config: &job_config_yaml,
         // A sweep's job directory is its own (numbered): a checkpoint in it is from an earlier attempt.
         resume_own: sweep_dir.is_some(),
         judge: judge
@@ -126,13 +129,17 @@ pub fn run_job(
     if group.as_ref().is_none_or(|g| g.rank == 0) {
         super::extras::apply(&experiment, &config_yaml, &output_dir)?;
     }
-    super::requeue::arm_if_slurm_batch();
+    // SIGTERM or SIGUSR1 stops the run at a resume checkpoint instead of killing it.
+    let grace = std::time::Duration::from_secs(experiment.trainer.preemption_grace_s);
+    if let Err(e) = crate::signals::arm_preemption(grace) {
+        tracing::warn!("could not catch SIGTERM/SIGUSR1 (a stop signal will kill the run): {e}");
+    }
     if let Some(rank) = group.as_ref().map(|g| g.rank).filter(|&r| r > 0) {
         // Ranks other than 0 train and log to their own file; rank 0 writes the run's records.
         std::fs::create_dir_all(&output_dir).map_err(|e| {
             ConfigError::Io(format!("could not create {}: {e}", output_dir.display()))
         })?;
-        with_rank_log(&output_dir, rank, &logging, || {
+        let summary = with_rank_log(&output_dir, rank, &logging, || {
             crate::trainer::fit(&job, group)
         })?
         .map_err(|e| ConfigError::Run(format!("rank {rank}: {e:#}")))?;
@@ -141,7 +148,7 @@ pub fn run_job(
             message: String::new(),
             main_metric: None,
             rank,
-            preempted: false,
+            preempted: matches!(summary.status, crate::trainer::RunStatus::Preempted(_)),
         });
     }
     let info = JobInfo {
@@ -291,10 +298,16 @@ fn train_and_record(
     };
     record_state(&ended)?;
     if preempted {
-        // Only rank 0 asks SLURM to requeue the job; every rank stops at the same step.
-        let requeued = super::requeue::requeue_this_job().map_err(ConfigError::Run)?;
+        // SLURM's warning signal in a batch job: rank 0 asks SLURM to requeue the job (every rank stopped
+        // at the same step). Any other stop waits for the same command with ckpt_path=auto.
+        let message = match crate::signals::received_signal() {
+            Some("SIGUSR1") if super::requeue::in_slurm_batch_job() => {
+                super::requeue::requeue_this_job().map_err(ConfigError::Run)?
+            }
+            signal => preempted_message(signal.unwrap_or("a stop signal"), output_dir),
+        };
         return Ok(JobOutcome {
-            message: requeued,
+            message,
             main_metric: None,
             output_dir: output_dir.to_path_buf(),
             rank: 0,
@@ -319,6 +332,27 @@ fn train_and_record(
         rank: 0,
         preempted: false,
     })
+}
+
+/// How a process whose run a signal stopped exits: success when SLURM requeued the job (its next
+/// attempt goes on), else [`crate::signals::EXIT_PREEMPTED`].
+pub fn preempted_exit_code() -> std::process::ExitCode {
+    match crate::signals::received_signal() == Some("SIGUSR1")
+        && super::requeue::in_slurm_batch_job()
+    {
+        true => std::process::ExitCode::SUCCESS,
+        false => std::process::ExitCode::from(crate::signals::EXIT_PREEMPTED),
+    }
+}
+
+/// What a run stopped by a signal tells its user.
+pub fn preempted_message(signal: &str, output_dir: &Path) -> String {
+    format!(
+        "{signal}: the run stopped at a resume checkpoint and is recorded as preempted in {} \
+         (exit status {}); run the same command with ckpt_path=auto to continue it",
+        records::display(&output_dir.join("run.json")),
+        crate::signals::EXIT_PREEMPTED
+    )
 }
 
 /// The console's report of a finished job (`processes`: how many trained it, when more than one).

@@ -21,6 +21,17 @@ pub struct NodeLaunch {
     pub now: String,
     /// Where the workers write (for the failed rank's log).
     pub run_dir: PathBuf,
+    /// `trainer.preemption_grace_s`: how long workers have to checkpoint after a stop signal.
+    pub grace: Duration,
+}
+
+/// How this node's workers ended, when none failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NodeEnd {
+    Completed,
+    /// A stop signal (to the launcher, passed on, or to the workers): every worker stopped at a resume
+    /// checkpoint.
+    Preempted,
 }
 
 /// A free TCP port on this machine for the rendezvous (single node, MASTER_PORT not set).
@@ -84,8 +95,9 @@ fn stop_all(children: &mut [(usize, Child)]) {
     }
 }
 
-/// Start this node's workers and wait for them. Ok when every worker succeeded.
-fn run_node(launch: &NodeLaunch) -> anyhow::Result<()> {
+/// Start this node's workers and wait for them. Ok when every worker succeeded or stopped at a resume
+/// checkpoint after a stop signal.
+fn run_node(launch: &NodeLaunch) -> anyhow::Result<NodeEnd> {
     let c = &launch.cluster;
     let port = match c.master_port {
         Some(p) => p,
@@ -143,12 +155,37 @@ fn run_node(launch: &NodeLaunch) -> anyhow::Result<()> {
         (c.node_rank + 1) * c.local_world_size - 1,
         c.master_addr
     );
+    // A stop signal to the launcher (`docker stop`, a spot notice, `kill`) is passed on to every worker,
+    // which checkpoint at the same step; past the grace, the launcher stops them.
+    let mut passed_on: Option<Instant> = None;
+    let mut preempted = false;
     loop {
+        if passed_on.is_none() && crate::signals::preemption_requested() {
+            for (_, child) in children.iter_mut() {
+                if matches!(child.try_wait(), Ok(None)) {
+                    // SAFETY: signalling a child we started and have not reaped.
+                    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                }
+            }
+            passed_on = Some(Instant::now());
+        }
+        if passed_on.is_some_and(|t| t.elapsed() > launch.grace + Duration::from_secs(5)) {
+            stop_all(&mut children);
+            anyhow::bail!(
+                "the workers did not stop within trainer.preemption_grace_s={} after {}; the last complete \
+                 checkpoint is kept (run the same command with ckpt_path=auto)",
+                launch.grace.as_secs(),
+                crate::signals::received_signal().unwrap_or("a stop signal")
+            );
+        }
         let mut running = 0;
         let mut failed = None;
         for (i, (_, child)) in children.iter_mut().enumerate() {
             match child.try_wait()? {
                 None => running += 1,
+                Some(status) if status.code() == Some(crate::signals::EXIT_PREEMPTED.into()) => {
+                    preempted = true;
+                }
                 Some(status) if !status.success() => {
                     failed = Some((i, status));
                     break;
@@ -184,7 +221,10 @@ fn run_node(launch: &NodeLaunch) -> anyhow::Result<()> {
             );
         }
         if running == 0 {
-            return Ok(());
+            return Ok(match preempted {
+                true => NodeEnd::Preempted,
+                false => NodeEnd::Completed,
+            });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -195,7 +235,13 @@ pub fn launch_node(
     cluster: crate::comm::env::Cluster,
     output_dir: &Path,
     ctx: &ResolveContext,
+    grace: Duration,
 ) -> Result<JobOutcome, ConfigError> {
+    // Caught, the launcher passes a stop signal on to its workers and waits for their checkpoint; its own
+    // watchdog leaves them the grace and a margin.
+    if let Err(e) = crate::signals::arm_preemption(grace + Duration::from_secs(10)) {
+        tracing::warn!("could not catch SIGTERM/SIGUSR1 in the node launcher: {e}");
+    }
     let exe = std::env::current_exe()
         .map_err(|e| ConfigError::Io(format!("cannot find this program to start workers: {e}")))?;
     let node = cluster.node_rank;
@@ -205,9 +251,20 @@ pub fn launch_node(
         now: ctx.now.to_rfc3339(),
         run_dir: output_dir.to_path_buf(),
         cluster,
+        grace,
     };
     let started = std::time::Instant::now();
-    run_node(&launch).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
+    let end = run_node(&launch).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
+    if end == NodeEnd::Preempted {
+        let signal = crate::signals::received_signal().unwrap_or("a stop signal");
+        return Ok(JobOutcome {
+            message: super::job::preempted_message(signal, output_dir),
+            main_metric: None,
+            output_dir: output_dir.to_path_buf(),
+            rank: 0,
+            preempted: true,
+        });
+    }
     let summary = Summary::read(output_dir).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
     let seconds = started.elapsed().as_secs_f64();
     let message = match &summary {

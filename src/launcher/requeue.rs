@@ -8,21 +8,15 @@ use std::process::Command;
 /// The cap on requeues a launcher passes to its jobs.
 pub const MAX_REQUEUES_ENV: &str = "TRAINYARD_MAX_REQUEUES";
 
-/// Catch the warning signal when this process is a task of a SLURM batch job (not an interactive
-/// allocation, where the user's shell owns the job).
-pub fn arm_if_slurm_batch() {
+/// Whether this process is a task of a SLURM batch job (not an interactive allocation, where the user's
+/// shell owns the job): only such a job is requeued when SLURM's warning signal stops it.
+pub fn in_slurm_batch_job() -> bool {
     let env = |k: &str| std::env::var(k).ok();
-    if env("SLURM_JOB_ID").is_none()
-        || matches!(
+    env("SLURM_JOB_ID").is_some()
+        && !matches!(
             env("SLURM_JOB_NAME").as_deref(),
             Some("bash" | "interactive")
         )
-    {
-        return;
-    }
-    if let Err(e) = crate::signals::arm_preemption() {
-        tracing::warn!("could not catch SIGUSR1 for SLURM's requeue warning: {e}");
-    }
 }
 
 /// The id `scontrol` knows this job by: `<array job>_<task>` for an array task, else the job id.

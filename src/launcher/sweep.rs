@@ -268,6 +268,15 @@ impl Launch<'_> {
                             run_job(setup, composed, &job.overrides, Some(slot), ctx)
                         });
                     let result = match outcome {
+                        // A stop signal: the job is at a resume checkpoint; the sweep stops with it and a
+                        // rerun in the same sweep directory continues the job from there.
+                        Ok(o) if o.preempted => JobResult {
+                            num: job.num,
+                            state: records::JobState::Preempted,
+                            output_dir: Some(o.output_dir),
+                            main_metric: None,
+                            error: Some(o.message),
+                        },
                         Ok(o) => JobResult {
                             num: job.num,
                             state: records::JobState::Completed,
@@ -342,6 +351,17 @@ impl Tally {
         if result.state == records::JobState::Completed {
             return Ok(true);
         }
+        if result.state == records::JobState::Preempted {
+            let why = format!(
+                "job #{num} was stopped by {} at a resume checkpoint; rerun with hydra.sweep.dir={} to \
+                 continue the sweep",
+                crate::signals::received_signal().unwrap_or("a stop signal"),
+                records::display(&self.sweep_dir)
+            );
+            eprintln!("{why}");
+            self.stopped_because = Some(why);
+            return Ok(false);
+        }
         self.failed += 1;
         eprintln!(
             "Error in job #{num}: {}",
@@ -377,6 +397,7 @@ impl Tally {
                 records::JobState::Completed => "ok",
                 records::JobState::Pruned => "pruned",
                 records::JobState::Failed => "FAILED",
+                records::JobState::Preempted => "preempted",
                 records::JobState::Planned => "not run",
                 _ => "unfinished",
             };
@@ -398,7 +419,14 @@ impl Tally {
             Ok(w) => println!("Logbook section: {}", records::display(&w.markdown)),
             Err(e) => eprintln!("warning: could not write the sweep's logbook section: {e:#}"),
         }
-        Ok(if failed > 0 {
+        let preempted = self
+            .record
+            .jobs
+            .iter()
+            .any(|j| j.state == records::JobState::Preempted);
+        Ok(if preempted {
+            ExitCode::from(crate::signals::EXIT_PREEMPTED)
+        } else if failed > 0 {
             ExitCode::from(1)
         } else {
             ExitCode::SUCCESS

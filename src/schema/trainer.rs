@@ -263,6 +263,10 @@ pub struct TrainerConfig {
     pub process_group_backend: Option<ProcessGroupBackend>,
     #[serde(default = "rendezvous_timeout")]
     pub rendezvous_timeout_s: u64,
+    /// After SIGTERM or SIGUSR1: how long the run may take to finish its step and write the resume
+    /// checkpoint before it exits anyway (a spot instance's notice leaves 30-120 s).
+    #[serde(default = "preemption_grace")]
+    pub preemption_grace_s: u64,
     #[serde(default = "collective_timeout")]
     pub collective_timeout_s: u64,
     #[serde(default)]
@@ -319,6 +323,9 @@ fn minus_one() -> i64 {
 }
 fn fifty() -> u64 {
     50
+}
+fn preemption_grace() -> u64 {
+    25
 }
 fn rendezvous_timeout() -> u64 {
     300

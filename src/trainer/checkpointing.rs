@@ -157,14 +157,10 @@ impl Keeper<'_> {
         // Every checkpoint records where the best one is, so a resumed run still knows it.
         let mut state = state.clone();
         state.best_checkpoint = self.best_path.as_ref().map(|p| p.display().to_string());
+        let config_yaml = self.config_yaml;
+        let storage = &self.storage;
         let mut save = |path: &Path, state: &TrainingState| -> anyhow::Result<Saved> {
-            // Every rank calls it: the strategy decides who writes what (and gathers a sharded model).
-            let written = strategy.save_checkpoint(path, state, self.config_yaml)?;
-            let location = match &written {
-                Some(file) => Some(self.storage.publish(file)?),
-                None => None,
-            };
-            Ok(Saved { written, location })
+            save_published(strategy, storage, config_yaml, path, state)
         };
         // `every_n_epochs` counts the epoch in progress, as Lightning's (current_epoch + 1).
         let due = (epoch + 1).is_multiple_of(cfg.every_n_epochs.max(1));
@@ -194,6 +190,32 @@ impl Keeper<'_> {
         Ok(())
     }
 
+    /// A stop signal came: the resume point is also written as `last` where ModelCheckpoint keeps it
+    /// (`s3://` included), so `ckpt_path=last` or `auto` on another machine continues from it.
+    pub fn on_preempt(
+        &mut self,
+        strategy: &mut dyn Strategy,
+        state: &TrainingState,
+    ) -> anyhow::Result<()> {
+        let (Some(cfg), Some(dir)) = (self.ckpt_cfg, self.dir.clone()) else {
+            return Ok(());
+        };
+        if !cfg.save_last {
+            return Ok(());
+        }
+        let mut state = state.clone();
+        state.best_checkpoint = self.best_path.as_ref().map(|p| p.display().to_string());
+        let path = dir.join("last.safetensors");
+        self.last = Some(save_published(
+            strategy,
+            &self.storage,
+            self.config_yaml,
+            &path,
+            &state,
+        )?);
+        Ok(())
+    }
+
     /// Where the best and the last checkpoint are (URLs for an `s3://` dirpath).
     pub fn locations(&self) -> (Option<String>, Option<String>) {
         let location = |s: &Option<Saved>| {
@@ -208,6 +230,23 @@ impl Keeper<'_> {
             .or_else(|| self.best_path.as_ref().map(|p| p.display().to_string()));
         (best, location(&self.last))
     }
+}
+
+/// Write a checkpoint (every rank calls it: the strategy decides who writes what, and gathers a sharded
+/// model) and publish rank 0's file where the storage keeps it.
+fn save_published(
+    strategy: &mut dyn Strategy,
+    storage: &Storage,
+    config_yaml: &str,
+    path: &Path,
+    state: &TrainingState,
+) -> anyhow::Result<Saved> {
+    let written = strategy.save_checkpoint(path, state, config_yaml)?;
+    let location = match &written {
+        Some(file) => Some(storage.publish(file)?),
+        None => None,
+    };
+    Ok(Saved { written, location })
 }
 
 fn better(mode: Mode, new: f64, old: f64, min_delta: f64) -> bool {
@@ -225,6 +264,7 @@ pub fn restore(
     strategy: &mut dyn Strategy,
     output_dir: &Path,
     resume_own: bool,
+    job_config: &str,
 ) -> anyhow::Result<(Option<TrainingState>, Option<String>)> {
     if let Some(file) = &exp.model.pretrained {
         let loaded = checkpoint::load(Path::new(file))
@@ -242,33 +282,44 @@ pub fn restore(
             }
         );
     }
-    let path = match own_checkpoint(exp, output_dir, resume_own, &|name| {
-        strategy.checkpoint_file(name)
-    })? {
-        Some(path) => path,
-        None => {
-            let Some(ckpt) = &exp.ckpt_path else {
-                return Ok((None, None));
-            };
-            resolve_ckpt_path(ckpt, exp, output_dir, &|name| {
-                strategy.checkpoint_file(name)
-            })?
+    let part = |name: &str| strategy.checkpoint_file(name);
+    let candidates =
+        super::resume_from::candidates(exp, output_dir, resume_own, job_config, &part)?;
+    if candidates.is_empty() {
+        if exp.ckpt_path.as_deref() == Some(super::resume_from::AUTO) {
+            tracing::info!(
+                "ckpt_path=auto: no earlier run of this config left a checkpoint; starting fresh"
+            );
         }
-    };
-    let loaded = checkpoint::load(&path)?;
-    strategy
-        .load_state_dict(&loaded.state)
-        .with_context(|| format!("loading {}", path.display()))?;
-    let training = loaded.training;
-    if let Some(t) = &training {
-        tracing::info!(
-            "Resumed from {} (epoch {}, step {})",
-            path.display(),
-            t.epoch,
-            t.global_step
-        );
+        return Ok((None, None));
     }
-    Ok((training, Some(checkpoint_origin(&path, output_dir, exp))))
+    let count = candidates.len();
+    for (i, candidate) in candidates.into_iter().enumerate() {
+        let path = candidate.fetch(output_dir)?;
+        let loaded = match checkpoint::load(&path) {
+            Ok(loaded) => loaded,
+            // A damaged checkpoint (cut short, checksum wrong) with an older one behind it: use that.
+            Err(e) if i + 1 < count && e.downcast_ref::<checkpoint::Damaged>().is_some() => {
+                tracing::warn!("{e:#}; resuming from the checkpoint before it");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        strategy
+            .load_state_dict(&loaded.state)
+            .with_context(|| format!("loading {}", path.display()))?;
+        let training = loaded.training;
+        if let Some(t) = &training {
+            tracing::info!(
+                "Resumed from {} (epoch {}, step {})",
+                candidate.origin,
+                t.epoch,
+                t.global_step
+            );
+        }
+        return Ok((training, Some(candidate.origin)));
+    }
+    anyhow::bail!("no checkpoint to resume from could be loaded")
 }
 
 /// The checkpoint written when the cluster's warning signal came (Lightning's `hpc_ckpt`): in the run's
@@ -277,134 +328,12 @@ pub fn preemption_checkpoint(output_dir: &Path) -> PathBuf {
     output_dir.join("checkpoints").join("hpc_ckpt.safetensors")
 }
 
-/// A checkpoint of this very job written by an earlier attempt of it, which wins over `ckpt_path`: the
-/// preemption checkpoint (always, as Lightning's hpc checkpoint), then, for a job that is resumed
-/// (`resume_own`: a sweep's job rerun in its own directory), its ModelCheckpoint `last` file.
-fn own_checkpoint(
-    exp: &Experiment,
-    output_dir: &Path,
-    resume_own: bool,
-    part: &dyn Fn(&str) -> String,
-) -> anyhow::Result<Option<PathBuf>> {
-    let mine = |path: PathBuf| {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        path.with_file_name(part(&name))
-    };
-    let hpc = mine(preemption_checkpoint(output_dir));
-    if hpc.is_file() {
-        return Ok(Some(hpc));
-    }
-    if !resume_own {
-        return Ok(None);
-    }
-    let Some(cfg) = exp.callbacks.model_checkpoint.as_ref() else {
-        return Ok(None);
-    };
-    let last = mine(
-        Storage::of(exp)?
-            .local_dir(cfg, output_dir)
-            .join("last.safetensors"),
-    );
-    Ok(last.is_file().then_some(last))
-}
-
-/// Where `ckpt_path` points for this rank: a file, `last` (the newest `last.safetensors` among this task's
-/// runs, or under an `s3://` dirpath), or an `s3://` URL; `part` names this rank's file of a checkpoint
-/// (`Strategy::checkpoint_file`).
-fn resolve_ckpt_path(
-    ckpt: &str,
-    exp: &Experiment,
-    output_dir: &Path,
-    part: &dyn Fn(&str) -> String,
-) -> anyhow::Result<PathBuf> {
-    let mine = |url: crate::s3::S3Url| {
-        let name = part(url.file_name());
-        url.with_file_name(&name)
-    };
-    if crate::s3::is_s3(ckpt) {
-        return fetch_remote_checkpoint(&mine(crate::s3::S3Url::parse(ckpt)?), output_dir);
-    }
-    if ckpt == "last" {
-        if let Some(prefix) = remote_checkpoint_prefix(exp)? {
-            let last = prefix.join("last.safetensors");
-            if crate::s3::exists(&last)? {
-                return fetch_remote_checkpoint(&mine(last), output_dir);
-            }
-        }
-    }
-    let local = resolve_local_checkpoint(ckpt, exp, output_dir)?;
-    let name = local
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    Ok(local.with_file_name(part(&name)))
-}
-
-/// `ckpt_path` on this machine: a file, or `last` (the newest run's `checkpoints/last.safetensors`).
-fn resolve_local_checkpoint(
-    ckpt: &str,
-    exp: &Experiment,
-    output_dir: &Path,
-) -> anyhow::Result<PathBuf> {
-    if ckpt != "last" {
-        let p = PathBuf::from(ckpt);
-        anyhow::ensure!(p.is_file(), "ckpt_path={ckpt}: no such checkpoint file");
-        return Ok(p);
-    }
-    let runs = output_dir
-        .parent()
-        .context("the run directory has no parent")?;
-    let mut candidates: Vec<PathBuf> = std::fs::read_dir(runs)
-        .map(|r| {
-            r.flatten()
-                .map(|e| e.path().join("checkpoints").join("last.safetensors"))
-                .filter(|p| p.is_file())
-                .collect()
-        })
-        .unwrap_or_default();
-    candidates.sort();
-    candidates.pop().with_context(|| {
-        format!(
-            "ckpt_path=last: no checkpoints/last.safetensors in any earlier run of '{}' under {}",
-            exp.task_name,
-            runs.display()
-        )
-    })
-}
-
 /// `callbacks.model_checkpoint.dirpath` when it is an `s3://` prefix.
-fn remote_checkpoint_prefix(exp: &Experiment) -> anyhow::Result<Option<crate::s3::S3Url>> {
+pub(super) fn remote_checkpoint_prefix(
+    exp: &Experiment,
+) -> anyhow::Result<Option<crate::s3::S3Url>> {
     match &exp.callbacks.model_checkpoint {
         Some(c) if crate::s3::is_s3(&c.dirpath) => Ok(Some(crate::s3::S3Url::parse(&c.dirpath)?)),
         _ => Ok(None),
     }
-}
-
-/// Where a resumed run came from: the remote URL for checkpoints fetched from S3, else the file.
-fn checkpoint_origin(path: &Path, output_dir: &Path, exp: &Experiment) -> String {
-    if path.starts_with(output_dir.join(".resume")) {
-        if let Some(ckpt) = exp.ckpt_path.as_deref().filter(|c| crate::s3::is_s3(c)) {
-            return ckpt.to_string();
-        }
-        if let Ok(Some(prefix)) = remote_checkpoint_prefix(exp) {
-            return prefix.join("last.safetensors").to_string();
-        }
-    }
-    path.display().to_string()
-}
-
-/// Download a checkpoint from S3 into the run directory (`.resume/`) for loading.
-fn fetch_remote_checkpoint(url: &crate::s3::S3Url, output_dir: &Path) -> anyhow::Result<PathBuf> {
-    let name = url
-        .key
-        .rsplit('/')
-        .next()
-        .unwrap_or("checkpoint.safetensors");
-    let local = output_dir.join(".resume").join(name);
-    tracing::info!("downloading {url}");
-    crate::s3::download(url, &local).with_context(|| format!("ckpt_path={url}"))?;
-    Ok(local)
 }

@@ -433,7 +433,10 @@ impl<'a> FitLoop<'a> {
         self.state.batches_done = batches_done as u64;
         self.strategy
             .save_checkpoint(&path, &self.state, self.keeper.config_yaml)?;
-        let status = RunStatus::preempted(epoch, self.state.global_step, &path);
+        self.keeper
+            .on_preempt(self.strategy.as_mut(), &self.state)?;
+        let signal = crate::signals::received_signal().unwrap_or("a stop signal");
+        let status = RunStatus::preempted(signal, epoch, self.state.global_step, &path);
         tracing::warn!("{status}");
         Ok(status)
     }

@@ -15,6 +15,7 @@ pub mod checkpointing;
 pub mod finder;
 mod fit_loop;
 pub mod profiler;
+mod resume_from;
 mod sinks;
 pub mod summary;
 mod test_loop;
@@ -40,6 +41,9 @@ pub struct Job<'a> {
     pub output_dir: &'a Path,
     /// The resolved config, stored in checkpoints.
     pub config_yaml: &'a str,
+    /// The config as composed, unresolved (`.hydra/config.yaml`): `ckpt_path=auto` resumes an earlier run
+    /// of the same one.
+    pub job_config: &'a str,
     /// The job runs again in its own directory (a resumed sweep): it continues from its own last
     /// checkpoint, if an earlier attempt wrote one.
     pub resume_own: bool,
@@ -170,8 +174,13 @@ fn fit_with(
     {
         print_model_summary(exp, ms.max_depth)?;
     }
-    let (resumed_state, resumed_from) =
-        checkpointing::restore(exp, strategy.as_mut(), job.output_dir, job.resume_own)?;
+    let (resumed_state, resumed_from) = checkpointing::restore(
+        exp,
+        strategy.as_mut(),
+        job.output_dir,
+        job.resume_own,
+        job.job_config,
+    )?;
     strategy.start()?;
     let mut profiler = profiler::Profiler::new(exp.trainer.profiler.as_ref(), started);
     profiler.record("setup", started);

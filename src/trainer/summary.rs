@@ -183,10 +183,15 @@ impl TryFrom<String> for RunStatus {
 }
 
 impl RunStatus {
-    /// Stopped by the cluster's warning signal, with the checkpoint written to resume from.
-    pub fn preempted(epoch: u64, step: u64, checkpoint: &std::path::Path) -> RunStatus {
+    /// Stopped by a signal (SIGTERM, SLURM's SIGUSR1), with the checkpoint written to resume from.
+    pub fn preempted(
+        signal: &str,
+        epoch: u64,
+        step: u64,
+        checkpoint: &std::path::Path,
+    ) -> RunStatus {
         RunStatus::Preempted(format!(
-            "{PREEMPTED} at epoch {epoch}, step {step}: resumes from {}",
+            "{PREEMPTED} by {signal} at epoch {epoch}, step {step}: resumes from {}",
             checkpoint.display()
         ))
     }
