@@ -178,6 +178,31 @@ pub fn load(path: &Path) -> anyhow::Result<Loaded> {
     })
 }
 
+/// The training state of a checkpoint, read from its header alone (a launcher reporting where a restart
+/// resumes, without reading the tensors).
+pub fn read_training_state(path: &Path) -> anyhow::Result<Option<TrainingState>> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)
+        .with_context(|| format!("reading checkpoint {}", path.display()))?;
+    let mut size = [0u8; 8];
+    file.read_exact(&mut size)?;
+    let size = u64::from_le_bytes(size);
+    anyhow::ensure!(
+        size < 100 << 20,
+        "{}: not a safetensors header",
+        path.display()
+    );
+    let mut header = vec![0u8; size as usize];
+    file.read_exact(&mut header)?;
+    let header: serde_json::Value = serde_json::from_slice(&header)
+        .with_context(|| format!("{}: not a safetensors header", path.display()))?;
+    header["__metadata__"]["training_state"]
+        .as_str()
+        .map(serde_json::from_str)
+        .transpose()
+        .with_context(|| format!("{}: its training state", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,6 +239,10 @@ mod tests {
         save(&path, &state, &training, "a: 1\n").unwrap();
         let back = load(&path).unwrap();
         assert_eq!(back.state, state);
+        assert_eq!(
+            read_training_state(&path).unwrap().as_ref(),
+            Some(&training)
+        );
         assert_eq!(back.training, Some(training));
     }
 

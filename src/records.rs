@@ -133,10 +133,47 @@ pub struct RunState {
     pub ended_at: Option<String>,
     #[serde(default)]
     pub error: Option<String>,
+    /// Each time the launcher restarted the run's processes (`trainer.max_restarts`), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restarts: Vec<Restart>,
 }
 
+/// One restart of a run's processes after a failure: why, who failed, and where training went on from.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Restart {
+    pub at: String,
+    /// The failure, as the launcher saw it ("was killed by signal 9 (SIGKILL: ...)").
+    pub cause: String,
+    pub rank: usize,
+    pub node: usize,
+    /// The checkpoint the restarted processes resume from, and its step; none: from the start.
+    pub resumed_from: Option<String>,
+    pub resumed_at_step: Option<u64>,
+}
+
+impl Restart {
+    /// The launcher's list (`restarts.json`), which a restarted rank 0 copies into `run.json`.
+    pub fn read_all(run_dir: &Path) -> Vec<Restart> {
+        std::fs::read_to_string(run_dir.join(RESTARTS_FILE))
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default()
+    }
+
+    /// Add one to the launcher's list (atomically).
+    pub fn append(run_dir: &Path, restart: Restart) -> std::io::Result<()> {
+        let mut all = Restart::read_all(run_dir);
+        all.push(restart);
+        let text = serde_json::to_string_pretty(&all).map_err(std::io::Error::other)?;
+        write_atomic(&run_dir.join(RESTARTS_FILE), text.as_bytes())
+    }
+}
+
+const RESTARTS_FILE: &str = "restarts.json";
+
 impl RunState {
-    pub fn started() -> Self {
+    /// A run starting in `run_dir` (again, after the restarts the launcher recorded there).
+    pub fn started(run_dir: &Path) -> Self {
         RunState {
             state: JobState::Running,
             pid: std::process::id(),
@@ -144,6 +181,7 @@ impl RunState {
             started_at: chrono::Local::now().to_rfc3339(),
             ended_at: None,
             error: None,
+            restarts: Restart::read_all(run_dir),
         }
     }
 

@@ -18,6 +18,7 @@ const LONG: &[&str] = &[
     "data.batch_size=32",
     "trainer.max_epochs=2",
     "trainer.log_every_n_steps=1",
+    "logger.csv.flush_every_n_steps=1",
     "trainer.deterministic=true",
 ];
 
@@ -223,4 +224,112 @@ fn a_damaged_checkpoint_is_passed_over_for_the_one_before() {
         log.contains("checksum") && log.contains("resuming from the checkpoint before it"),
         "{log}"
     );
+}
+
+/// The processes `pid` started (Linux's `/proc/<pid>/task/<pid>/children`).
+fn children_of(pid: u32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The largest `step` in `metrics.csv` so far.
+fn logged_step(run: &Path) -> u64 {
+    std::fs::read_to_string(run.join("metrics.csv"))
+        .ok()
+        .and_then(|text| {
+            let mut lines = text.lines();
+            let column = lines.next()?.split(',').position(|c| c == "step")?;
+            lines
+                .filter_map(|l| l.split(',').nth(column)?.parse::<f64>().ok())
+                .map(|v| v as u64)
+                .max()
+        })
+        .unwrap_or(0)
+}
+
+/// `trainer.max_restarts=1`: a training process killed (-9) in its second epoch is started again from
+/// the first epoch's checkpoint; the run ends as the uninterrupted one, its record names the restart,
+/// and `metrics.csv` has every step once.
+fn killed_and_restarted(strategy: &[&str], victim: usize, tolerance: f64) {
+    let p = real_project();
+    let root = p.path();
+    let clean = root.join("clean/run");
+    finished(&mut command(root, "clean/run", strategy, &[]));
+
+    let run = root.join("runs/restarted");
+    let mut cmd = command(
+        root,
+        "runs/restarted",
+        strategy,
+        &["trainer.max_restarts=1"],
+    );
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while logged_step(&run) < 36 {
+        assert!(
+            Instant::now() < deadline,
+            "the run never reached its second epoch"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let workers = children_of(child.id());
+    assert!(workers.len() > victim, "workers {workers:?}");
+    // SAFETY: killing a process of this test's run.
+    unsafe { libc::kill(workers[victim], libc::SIGKILL) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    assert_eq!(record["state"], "completed", "{record}");
+    let restarts = record["restarts"].as_array().expect("restarts in run.json");
+    assert_eq!(restarts.len(), 1, "{record}");
+    assert_eq!(restarts[0]["rank"], victim, "{record}");
+    assert!(
+        restarts[0]["cause"].as_str().unwrap().contains("signal 9"),
+        "{record}"
+    );
+    assert_eq!(restarts[0]["resumed_at_step"], 32, "{record}");
+    let s = summary(&run);
+    assert_eq!(s["global_step"], 64, "{s}");
+    assert!(
+        s["resumed_from"]
+            .as_str()
+            .is_some_and(|f| f.contains("runs/restarted")),
+        "{s}"
+    );
+    // Each row once, as in the uninterrupted run: none repeated from before the restart, none lost.
+    let steps = |run: &Path| -> Vec<(u64, bool)> {
+        common::csv_rows(run)
+            .iter()
+            .filter_map(|row| {
+                let step = row.iter().find(|(k, _)| k == "step")?.1 as u64;
+                Some((step, row.iter().any(|(k, _)| k == "train/loss")))
+            })
+            .collect()
+    };
+    assert_eq!(steps(&run), steps(&clean));
+    let diff = worst_relative_difference(&weights(&run), &weights(&clean));
+    assert!(
+        diff <= tolerance,
+        "restarted and uninterrupted runs differ by {diff:e}"
+    );
+}
+
+#[test]
+fn a_killed_training_process_restarts_from_its_checkpoint() {
+    killed_and_restarted(&[], 0, 0.0);
+}
+
+#[cfg(feature = "torch")]
+#[test]
+fn a_killed_worker_restarts_every_rank_from_the_checkpoint() {
+    killed_and_restarted(&["trainer=ddp_sim"], 1, 1e-6);
 }

@@ -67,13 +67,30 @@ pub fn run_job(
     })
     .map_err(run_error)?;
     let mut group = None;
+    // `max_restarts` on one process: this process supervises the training in a child.
+    if plan.cluster.is_none()
+        && experiment.trainer.max_restarts > 0
+        && slot.is_none()
+        && !super::supervisor::is_supervised()
+    {
+        let watch = super::node::NodeWatch {
+            grace: std::time::Duration::from_secs(experiment.trainer.preemption_grace_s),
+            max_restarts: experiment.trainer.max_restarts,
+            resume_files: crate::trainer::own_checkpoints(&experiment, &place.output_dir),
+        };
+        return super::supervisor::supervise(&place.output_dir, &place.ctx, watch);
+    }
     if let Some(cluster) = &plan.cluster {
         if plan.launches_workers() {
             if slot.is_some_and(|s| !s.own_process) {
                 plan.check_sweepable().map_err(run_error)?;
             }
-            let grace = std::time::Duration::from_secs(experiment.trainer.preemption_grace_s);
-            return launch_node(cluster.clone(), &place.output_dir, &place.ctx, grace);
+            let watch = super::node::NodeWatch {
+                grace: std::time::Duration::from_secs(experiment.trainer.preemption_grace_s),
+                max_restarts: experiment.trainer.max_restarts,
+                resume_files: crate::trainer::own_checkpoints(&experiment, &place.output_dir),
+            };
+            return launch_node(cluster.clone(), &place.output_dir, &place.ctx, watch);
         }
         let now = place.ctx.now.to_rfc3339();
         let (joined, agreed) = crate::comm::join(cluster, &plan.join, &now).map_err(run_error)?;
@@ -117,7 +134,8 @@ pub fn run_job(
         config_yaml: &config_yaml,
         job_config: &job_config_yaml,
         // A sweep's job directory is its own (numbered): a checkpoint in it is from an earlier attempt.
-        resume_own: sweep_dir.is_some(),
+        // ... or a worker the node launcher restarted after a failure (`trainer.max_restarts`).
+        resume_own: sweep_dir.is_some() || std::env::var_os(super::node::RESTART_ENV).is_some(),
         judge: judge
             .as_ref()
             .map(|j| j as &dyn crate::trainer::ValidationJudge),
@@ -275,7 +293,7 @@ fn train_and_record(
     logging: &LogSetup,
 ) -> Result<JobOutcome, ConfigError> {
     let output_dir = job.output_dir;
-    let run_state = records::RunState::started();
+    let run_state = records::RunState::started(output_dir);
     let record_state = |state: &records::RunState| {
         state.write(output_dir).map_err(|e| {
             ConfigError::Io(format!(

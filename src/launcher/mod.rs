@@ -17,6 +17,7 @@ pub mod resume;
 pub mod search_sweep;
 pub mod slurm;
 pub mod slurm_sweep;
+pub mod supervisor;
 pub mod sweep;
 pub mod sweep_job;
 pub mod trial_judge;

@@ -1,6 +1,8 @@
 //! The node launcher: without an external launcher, `trainer.devices=N` makes this process start N workers
 //! (this same binary, same arguments, torchrun's environment variables), watch them, and on the first
-//! failure stop the others and report which rank died, how, and the end of its log.
+//! failure stop the others and report which rank died, how, and the end of its log — or, with
+//! `trainer.max_restarts=N` (torchrun's `--max-restarts`), start them all again from the run's latest
+//! checkpoint, recording each restart in the run directory (`restarts.json`, copied into `run.json`).
 
 use super::job::{report, JobOutcome};
 use crate::comm::env::Cluster;
@@ -23,6 +25,29 @@ pub struct NodeLaunch {
     pub run_dir: PathBuf,
     /// `trainer.preemption_grace_s`: how long workers have to checkpoint after a stop signal.
     pub grace: Duration,
+    /// `trainer.max_restarts`.
+    pub max_restarts: u32,
+    /// The run's own checkpoints a restart resumes from (the newest), for the restart's record.
+    pub resume_files: Vec<PathBuf>,
+}
+
+/// How the launcher watches its workers: the run's grace after a stop signal, its restarts and the
+/// checkpoints they resume from.
+pub struct NodeWatch {
+    pub grace: Duration,
+    pub max_restarts: u32,
+    pub resume_files: Vec<PathBuf>,
+}
+
+/// Set for workers started again after a failure: they resume from their run directory's newest
+/// checkpoint (as a resumed sweep job does). Its value is the restart's number.
+pub const RESTART_ENV: &str = "TRAINYARD_RESTART";
+
+/// A worker that failed: which, and how.
+pub(super) struct Failure {
+    pub rank: usize,
+    pub pid: u32,
+    pub status: ExitStatus,
 }
 
 /// How this node's workers ended, when none failed.
@@ -45,7 +70,7 @@ pub fn rank_log(run_dir: &Path, rank: usize) -> PathBuf {
     run_dir.join(format!("train.rank{rank}.log"))
 }
 
-fn describe(status: ExitStatus) -> String {
+pub(super) fn describe(status: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(code), _) => format!("exited with code {code}"),
@@ -76,7 +101,7 @@ fn tail(path: &Path, lines: usize) -> String {
 }
 
 /// Stop every worker still running: SIGTERM, then SIGKILL after a grace period.
-fn stop_all(children: &mut [(usize, Child)]) {
+pub(super) fn stop_all(children: &mut [(usize, Child)]) {
     for (_, child) in children.iter_mut() {
         if matches!(child.try_wait(), Ok(None)) {
             // SAFETY: signalling a child we started and have not reaped.
@@ -95,10 +120,61 @@ fn stop_all(children: &mut [(usize, Child)]) {
     }
 }
 
-/// Start this node's workers and wait for them. Ok when every worker succeeded or stopped at a resume
-/// checkpoint after a stop signal.
+/// Start this node's workers and wait for them, restarting them all after a failure while
+/// `max_restarts` allows. Ok when every worker succeeded or stopped at a resume checkpoint after a stop
+/// signal.
 fn run_node(launch: &NodeLaunch) -> anyhow::Result<NodeEnd> {
+    let mut restarts = 0;
+    loop {
+        let mut children = start_workers(launch, restarts)?;
+        let failure = match watch(launch, &mut children)? {
+            Ok(end) => return Ok(end),
+            Err(failure) => failure,
+        };
+        let others = children.len() - 1;
+        stop_all(&mut children);
+        let cause = describe(failure.status);
+        let log = rank_log(&launch.run_dir, failure.rank);
+        if restarts < launch.max_restarts && !crate::signals::preemption_requested() {
+            restarts += 1;
+            let restart = record_restart(
+                &launch.run_dir,
+                launch.cluster.node_rank,
+                &launch.resume_files,
+                &failure,
+                &cause,
+            );
+            tracing::warn!(
+                "worker rank {} (pid {}) {cause}; restarting all {} worker(s) of this node ({restarts} of \
+                 trainer.max_restarts={}) from {}",
+                failure.rank,
+                failure.pid,
+                others + 1,
+                launch.max_restarts,
+                resume_point(&restart)
+            );
+            continue;
+        }
+        let spent = match launch.max_restarts {
+            0 => String::new(),
+            n => format!(" after {restarts} of trainer.max_restarts={n} restart(s)"),
+        };
+        anyhow::bail!(
+            "worker rank {} (pid {}) {cause}{spent}; stopped the other {others} worker(s) of this node.\n    \
+             Last lines of {}:\n{}\n    \
+             To resume from the last checkpoint: run the same command with ckpt_path=auto",
+            failure.rank,
+            failure.pid,
+            log.display(),
+            tail(&log, 8)
+        );
+    }
+}
+
+/// Start this node's workers (`restart`: how many times they were started before).
+fn start_workers(launch: &NodeLaunch, restart: u32) -> anyhow::Result<Vec<(usize, Child)>> {
     let c = &launch.cluster;
+    // A fresh port each round on one node: the last round's store may still hold the old one.
     let port = match c.master_port {
         Some(p) => p,
         None => free_port()?,
@@ -121,6 +197,9 @@ fn run_node(launch: &NodeLaunch) -> anyhow::Result<NodeEnd> {
             .env("MASTER_ADDR", &c.master_addr)
             .env("MASTER_PORT", port.to_string())
             .env(crate::comm::NOW_ENV, &launch.now);
+        if restart > 0 {
+            cmd.env(RESTART_ENV, restart.to_string());
+        }
         for pool in ["OMP_NUM_THREADS", "RAYON_NUM_THREADS"] {
             if std::env::var_os(pool).is_none() {
                 cmd.env(pool, &threads);
@@ -155,6 +234,15 @@ fn run_node(launch: &NodeLaunch) -> anyhow::Result<NodeEnd> {
         (c.node_rank + 1) * c.local_world_size - 1,
         c.master_addr
     );
+    Ok(children)
+}
+
+/// Wait for the workers: how they ended, or the first that failed (the rank killed by a signal, when the
+/// others failed only because their peer was gone).
+fn watch(
+    launch: &NodeLaunch,
+    children: &mut [(usize, Child)],
+) -> anyhow::Result<Result<NodeEnd, Failure>> {
     // A stop signal to the launcher (`docker stop`, a spot notice, `kill`) is passed on to every worker,
     // which checkpoint at the same step; past the grace, the launcher stops them.
     let mut passed_on: Option<Instant> = None;
@@ -170,7 +258,7 @@ fn run_node(launch: &NodeLaunch) -> anyhow::Result<NodeEnd> {
             passed_on = Some(Instant::now());
         }
         if passed_on.is_some_and(|t| t.elapsed() > launch.grace + Duration::from_secs(5)) {
-            stop_all(&mut children);
+            stop_all(children);
             anyhow::bail!(
                 "the workers did not stop within trainer.preemption_grace_s={} after {}; the last complete \
                  checkpoint is kept (run the same command with ckpt_path=auto)",
@@ -207,27 +295,64 @@ fn run_node(launch: &NodeLaunch) -> anyhow::Result<NodeEnd> {
                 }
             }
             let (i, status) = cause;
-            let (rank, pid) = (children[i].0, children[i].1.id());
-            let others = children.len() - 1;
-            stop_all(&mut children);
-            let log = rank_log(&launch.run_dir, rank);
-            anyhow::bail!(
-                "worker rank {rank} (pid {pid}) {}; stopped the other {others} worker(s) of this node.\n    \
-                 Last lines of {}:\n{}\n    \
-                 To resume from the last checkpoint: run the same command with ckpt_path=last",
-                describe(status),
-                log.display(),
-                tail(&log, 8)
-            );
+            return Ok(Err(Failure {
+                rank: children[i].0,
+                pid: children[i].1.id(),
+                status,
+            }));
         }
         if running == 0 {
-            return Ok(match preempted {
+            return Ok(Ok(match preempted {
                 true => NodeEnd::Preempted,
                 false => NodeEnd::Completed,
-            });
+            }));
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Record a restart in the run directory (node 0's launcher keeps the run's records) and return it:
+/// the failure, and the newest of `resume_files` with its step, where training goes on from.
+pub(super) fn record_restart(
+    run_dir: &Path,
+    node: usize,
+    resume_files: &[PathBuf],
+    failure: &Failure,
+    cause: &str,
+) -> crate::records::Restart {
+    let newest = resume_files
+        .iter()
+        .filter_map(|f| Some((std::fs::metadata(f).ok()?.modified().ok()?, f)))
+        .max_by_key(|(modified, _)| *modified)
+        .map(|(_, f)| f.clone());
+    let step = newest
+        .as_ref()
+        .and_then(|f| crate::checkpoint::read_training_state(f).ok().flatten())
+        .map(|t| t.global_step);
+    let restart = crate::records::Restart {
+        at: chrono::Local::now().to_rfc3339(),
+        cause: format!("rank {} (pid {}) {cause}", failure.rank, failure.pid),
+        rank: failure.rank,
+        node,
+        resumed_from: newest.map(|f| f.display().to_string()),
+        resumed_at_step: step,
+    };
+    if node == 0 {
+        if let Err(e) = crate::records::Restart::append(run_dir, restart.clone()) {
+            tracing::warn!("could not record the restart in {}: {e}", run_dir.display());
+        }
+    }
+    restart
+}
+
+/// "checkpoints/last.safetensors (step 32)", or "the start".
+pub(super) fn resume_point(restart: &crate::records::Restart) -> String {
+    restart
+        .resumed_from
+        .as_deref()
+        .map_or("the start".to_string(), |f| {
+            format!("{f} (step {})", restart.resumed_at_step.unwrap_or(0))
+        })
 }
 
 /// The node launcher's side of a distributed job: start this node's workers, wait, and report.
@@ -235,8 +360,9 @@ pub fn launch_node(
     cluster: crate::comm::env::Cluster,
     output_dir: &Path,
     ctx: &ResolveContext,
-    grace: Duration,
+    watch: NodeWatch,
 ) -> Result<JobOutcome, ConfigError> {
+    let grace = watch.grace;
     // Caught, the launcher passes a stop signal on to its workers and waits for their checkpoint; its own
     // watchdog leaves them the grace and a margin.
     if let Err(e) = crate::signals::arm_preemption(grace + Duration::from_secs(10)) {
@@ -252,6 +378,8 @@ pub fn launch_node(
         run_dir: output_dir.to_path_buf(),
         cluster,
         grace,
+        max_restarts: watch.max_restarts,
+        resume_files: watch.resume_files,
     };
     let started = std::time::Instant::now();
     let end = run_node(&launch).map_err(|e| ConfigError::Run(format!("{e:#}")))?;

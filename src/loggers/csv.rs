@@ -43,17 +43,21 @@ pub struct CsvLogger {
 }
 
 impl CsvLogger {
-    /// Create (or, when resuming, append to) `metrics.csv` in `dir`, with `columns` (`columns()`: the
-    /// run's metrics, then callbacks' such as device stats).
+    /// Create `metrics.csv` in `dir`, with `columns` (`columns()`: the run's metrics, then callbacks' such
+    /// as device stats); or, resuming at a step in the same directory, append to it after dropping the
+    /// rows logged past that step (a restarted or preempted run logs them again: each step once).
     pub fn open(
         dir: &Path,
-        append: bool,
+        resumed_at: Option<u64>,
         columns: Vec<String>,
         flush_every_n_steps: u64,
     ) -> std::io::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let path = dir.join("metrics.csv");
-        let exists = append && path.is_file();
+        let exists = resumed_at.is_some() && path.is_file();
+        if let (true, Some(step)) = (exists, resumed_at) {
+            drop_rows_after(&path, step)?;
+        }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(exists)
@@ -102,6 +106,35 @@ impl CsvLogger {
     }
 }
 
+/// Rewrite `metrics.csv` (atomically) without the rows whose `step` is past `step`.
+fn drop_rows_after(path: &Path, step: u64) -> std::io::Result<()> {
+    let text = std::fs::read_to_string(path)?;
+    let mut lines = text.lines();
+    let Some(header) = lines.next() else {
+        return Ok(());
+    };
+    let Some(column) = header.split(',').position(|c| c == "step") else {
+        return Ok(());
+    };
+    let kept: Vec<&str> = lines
+        .filter(|line| {
+            line.split(',')
+                .nth(column)
+                .and_then(|v| v.parse::<f64>().ok())
+                .is_none_or(|v| v <= step as f64)
+        })
+        .collect();
+    let mut out = String::with_capacity(text.len());
+    for line in std::iter::once(header).chain(kept) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    if out != text {
+        crate::records::write_atomic(path, out.as_bytes())?;
+    }
+    Ok(())
+}
+
 /// Every row, with its epoch and step.
 impl super::MetricSink for CsvLogger {
     fn log(&mut self, row: &super::Row) -> anyhow::Result<()> {
@@ -139,7 +172,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut csv = CsvLogger::open(
             dir.path(),
-            false,
+            None,
             columns(&RunMetrics::classification(), &[]),
             every,
         )
@@ -155,5 +188,31 @@ mod tests {
         }
         drop(csv);
         assert_eq!(rows_on_disk(dir.path()), rows.len());
+    }
+
+    /// Resuming at step 2 in the same directory: the rows logged past it are dropped, then appended again.
+    #[test]
+    fn resuming_drops_the_rows_past_the_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let columns = vec![
+            "epoch".to_string(),
+            "step".to_string(),
+            "train/loss".to_string(),
+        ];
+        let row = |step: f64, loss: f64| -> BTreeMap<&'static str, f64> {
+            [("epoch", 0.0), ("step", step), ("train/loss", loss)].into()
+        };
+        {
+            let mut csv = CsvLogger::open(dir.path(), None, columns.clone(), 0).unwrap();
+            for step in 1..=4 {
+                csv.write_row(&row(step as f64, 1.0)).unwrap();
+            }
+        }
+        {
+            let mut csv = CsvLogger::open(dir.path(), Some(2), columns, 0).unwrap();
+            csv.write_row(&row(3.0, 0.5)).unwrap();
+        }
+        let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+        assert_eq!(text, "epoch,step,train/loss\n0,1,1\n0,2,1\n0,3,0.5\n");
     }
 }

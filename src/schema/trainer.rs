@@ -267,6 +267,10 @@ pub struct TrainerConfig {
     /// checkpoint before it exits anyway (a spot instance's notice leaves 30-120 s).
     #[serde(default = "preemption_grace")]
     pub preemption_grace_s: u64,
+    /// torchrun's `--max-restarts`: when a worker (or a single run's training process) fails, stop the
+    /// others and start them all again from the latest complete checkpoint, up to this many times.
+    #[serde(default)]
+    pub max_restarts: u32,
     #[serde(default = "collective_timeout")]
     pub collective_timeout_s: u64,
     #[serde(default)]

@@ -120,7 +120,7 @@ impl<'a> FitLoop<'a> {
     ) -> anyhow::Result<Self> {
         let ranks = strategy.ranks().clone();
         let lead = ranks.is_global_zero();
-        let resuming = resumed.is_some();
+        let resumed_at = resumed.as_ref().map(|t| t.global_step);
         let callbacks = &exp.callbacks;
         let ckpt_cfg = callbacks
             .model_checkpoint
@@ -156,7 +156,7 @@ impl<'a> FitLoop<'a> {
                 plan.total_steps,
                 plan.steps_per_epoch,
             ),
-            sinks: super::sinks::sinks(exp, job, plan, lead, resuming, lr_each_step)?,
+            sinks: super::sinks::sinks(exp, job, plan, lead, resumed_at, lr_each_step)?,
             keeper: Keeper {
                 dir: ckpt_cfg.map(|c| storage.local_dir(c, job.output_dir)),
                 ckpt_cfg,

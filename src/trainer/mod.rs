@@ -16,6 +16,7 @@ pub mod finder;
 mod fit_loop;
 pub mod profiler;
 mod resume_from;
+pub use resume_from::own_checkpoints;
 mod sinks;
 pub mod summary;
 mod test_loop;

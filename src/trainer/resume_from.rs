@@ -78,20 +78,16 @@ pub fn candidates(
         let name = part(url.file_name());
         url.with_file_name(&name)
     };
-    let mut out = Vec::new();
-    // This job's own earlier attempt wins over `ckpt_path`.
-    let hpc = mine(preemption_checkpoint(output_dir));
-    if hpc.is_file() {
-        out.push(Candidate::local(hpc));
-    }
+    // This job's own earlier attempt wins over `ckpt_path`, its newest checkpoint first: the one a stop
+    // signal wrote, or (a resumed sweep job, a restarted run) ModelCheckpoint's `last`.
+    let mut own = vec![mine(preemption_checkpoint(output_dir))];
     if resume_own {
-        if let Some(last) = local_last(exp, output_dir, output_dir)?
-            .map(mine)
-            .filter(|p| p.is_file())
-        {
-            out.push(Candidate::local(last));
-        }
+        own.extend(local_last(exp, output_dir, output_dir)?.map(mine));
     }
+    let mut out: Vec<Candidate> = newest_first(own)
+        .into_iter()
+        .map(Candidate::local)
+        .collect();
     let Some(ckpt) = exp.ckpt_path.as_deref() else {
         return Ok(out);
     };
@@ -144,6 +140,13 @@ pub fn candidates(
     Ok(out)
 }
 
+/// The run's own checkpoints a restart of its processes resumes from (the newest that exists).
+pub fn own_checkpoints(exp: &Experiment, output_dir: &Path) -> Vec<PathBuf> {
+    let mut files = vec![preemption_checkpoint(output_dir)];
+    files.extend(local_last(exp, output_dir, output_dir).ok().flatten());
+    files
+}
+
 /// Checkpoints of earlier runs (beside this one) whose config is this run's, `ckpt_path` aside: the stop
 /// signal's and ModelCheckpoint's `last`, newest first.
 fn same_config_checkpoints(
@@ -152,28 +155,31 @@ fn same_config_checkpoints(
     job_config: &str,
 ) -> anyhow::Result<Vec<PathBuf>> {
     let ours = without_ckpt_path(job_config);
-    let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    let mut files = Vec::new();
     for run in earlier_runs(output_dir) {
         let Ok(theirs) = std::fs::read_to_string(run.join(".hydra").join("config.yaml")) else {
             continue;
         };
-        if without_ckpt_path(&theirs) != ours {
-            continue;
+        if without_ckpt_path(&theirs) == ours {
+            files.push(preemption_checkpoint(&run));
+            files.extend(local_last(exp, output_dir, &run)?);
         }
-        let files = [
-            Some(preemption_checkpoint(&run)),
-            local_last(exp, output_dir, &run)?,
-        ];
-        for file in files.into_iter().flatten() {
-            if let Ok(modified) = std::fs::metadata(&file).and_then(|m| m.modified()) {
-                if !found.iter().any(|(_, f)| *f == file) {
-                    found.push((modified, file));
-                }
+    }
+    Ok(newest_first(files))
+}
+
+/// The files that exist, the most recently written first.
+fn newest_first(files: Vec<PathBuf>) -> Vec<PathBuf> {
+    let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
+    for file in files {
+        if let Ok(modified) = std::fs::metadata(&file).and_then(|m| m.modified()) {
+            if !found.iter().any(|(_, f)| *f == file) {
+                found.push((modified, file));
             }
         }
     }
     found.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
-    Ok(found.into_iter().map(|(_, f)| f).collect())
+    found.into_iter().map(|(_, f)| f).collect()
 }
 
 /// A config's text without its top-level `ckpt_path` (a run started without `auto` is the same run).

@@ -12,7 +12,7 @@ pub(super) fn sinks(
     job: &Job,
     plan: &LoopPlan,
     lead: bool,
-    resuming: bool,
+    resumed_at: Option<u64>,
     lr_each_step: bool,
 ) -> anyhow::Result<Vec<Box<dyn MetricSink>>> {
     let mut sinks: Vec<Box<dyn MetricSink>> =
@@ -33,7 +33,7 @@ pub(super) fn sinks(
         }
         sinks.push(Box::new(crate::loggers::csv::CsvLogger::open(
             job.output_dir,
-            resuming,
+            resumed_at,
             crate::loggers::csv::columns(&RunMetrics::of(exp), &extra),
             csv.flush_every_n_steps,
         )?));
