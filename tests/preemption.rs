@@ -253,7 +253,7 @@ fn logged_step(run: &Path) -> u64 {
 /// `trainer.max_restarts=1`: a training process killed (-9) in its second epoch is started again from
 /// the first epoch's checkpoint; the run ends as the uninterrupted one, its record names the restart,
 /// and `metrics.csv` has every step once.
-fn killed_and_restarted(strategy: &[&str], victim: usize, tolerance: f64) {
+fn killed_and_restarted(strategy: &[&str], victim: usize, epoch_steps: u64, tolerance: f64) {
     let p = real_project();
     let root = p.path();
     let clean = root.join("clean/run");
@@ -272,7 +272,7 @@ fn killed_and_restarted(strategy: &[&str], victim: usize, tolerance: f64) {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while logged_step(&run) < 36 {
+    while logged_step(&run) < epoch_steps + 4 {
         assert!(
             Instant::now() < deadline,
             "the run never reached its second epoch"
@@ -296,9 +296,9 @@ fn killed_and_restarted(strategy: &[&str], victim: usize, tolerance: f64) {
         restarts[0]["cause"].as_str().unwrap().contains("signal 9"),
         "{record}"
     );
-    assert_eq!(restarts[0]["resumed_at_step"], 32, "{record}");
+    assert_eq!(restarts[0]["resumed_at_step"], epoch_steps, "{record}");
     let s = summary(&run);
-    assert_eq!(s["global_step"], 64, "{s}");
+    assert_eq!(s["global_step"], 2 * epoch_steps, "{s}");
     assert!(
         s["resumed_from"]
             .as_str()
@@ -325,11 +325,12 @@ fn killed_and_restarted(strategy: &[&str], victim: usize, tolerance: f64) {
 
 #[test]
 fn a_killed_training_process_restarts_from_its_checkpoint() {
-    killed_and_restarted(&[], 0, 0.0);
+    killed_and_restarted(&[], 0, 32, 0.0);
 }
 
 #[cfg(feature = "torch")]
 #[test]
 fn a_killed_worker_restarts_every_rank_from_the_checkpoint() {
-    killed_and_restarted(&["trainer=ddp_sim"], 1, 1e-6);
+    // Two ranks: 16 steps an epoch.
+    killed_and_restarted(&["trainer=ddp_sim"], 1, 16, 1e-6);
 }

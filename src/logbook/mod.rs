@@ -184,7 +184,10 @@ impl Page {
             });
             let cells = [
                 self.run_cell(r, &r.label()),
-                r.status.label(),
+                match r.restarts.len() {
+                    0 => r.status.label(),
+                    n => format!("{} ({n} restart(s))", r.status.label()),
+                },
                 tags(r),
                 text(r.config_str("model.name")),
                 text(r.config_str("data.name")),
@@ -256,6 +259,7 @@ impl Page {
             rows.push(cells.to_vec());
         }
         let _ = write!(self.md, "{}", table::render(&EXPERIMENT_COLUMNS, &rows));
+        self.restarts(group);
         let _ = writeln!(self.md, "\nReproduce:\n\n```sh");
         for r in group {
             let _ = writeln!(self.md, "{}   # {}", command(r), r.label());
@@ -289,6 +293,31 @@ impl Page {
             )?;
         }
         Ok(())
+    }
+
+    /// Each restart of a run's processes: when, who failed and how, where training went on from.
+    fn restarts(&mut self, group: &[&Run]) {
+        for r in group.iter().filter(|r| !r.restarts.is_empty()) {
+            let _ = writeln!(self.md, "\nRestarts of {}:\n", self.run_cell(r, &r.label()));
+            for (i, restart) in r.restarts.iter().enumerate() {
+                let from = match (&restart.resumed_from, restart.resumed_at_step) {
+                    (Some(_), Some(step)) => format!("resumed at step {step}"),
+                    _ => "started again from the beginning".into(),
+                };
+                let _ = writeln!(
+                    self.md,
+                    "{}. {} on node {}: {}; {from}",
+                    i + 1,
+                    restart
+                        .at
+                        .get(..19)
+                        .unwrap_or(&restart.at)
+                        .replace('T', " "),
+                    restart.node,
+                    restart.cause
+                );
+            }
+        }
     }
 
     fn curves(&mut self, name: &str, runs: &[&Run]) -> anyhow::Result<()> {
@@ -821,6 +850,7 @@ mod tests {
             epochs_logged: 3,
             tensorboard_dir: None,
             planned_only: false,
+            restarts: Vec::new(),
         };
         assert_eq!(best(&run), from_curve);
         run.curve.clear();
@@ -863,6 +893,7 @@ mod tests {
             epochs_logged: 0,
             tensorboard_dir: None,
             planned_only: false,
+            restarts: Vec::new(),
         };
         assert_eq!(
             command(&run),

@@ -71,6 +71,8 @@ pub struct Run {
     pub tensorboard_dir: Option<PathBuf>,
     /// Known only from its sweep's plan: `dir` was never made.
     pub planned_only: bool,
+    /// The launcher's restarts of the run's processes (`trainer.max_restarts`), from `run.json`.
+    pub restarts: Vec<crate::records::Restart>,
 }
 
 impl Run {
@@ -188,6 +190,7 @@ fn planned_run(
         epochs_logged: 0,
         tensorboard_dir: None,
         planned_only: true,
+        restarts: Vec::new(),
     }
 }
 
@@ -281,6 +284,7 @@ fn read_run(dir: &Path) -> anyhow::Result<Run> {
         epochs_logged,
         tensorboard_dir: find_tensorboard(dir),
         planned_only: false,
+        restarts: RunState::read(dir).map(|s| s.restarts).unwrap_or_default(),
     })
 }
 
