@@ -34,6 +34,17 @@ pub struct TrainingState {
     /// checkpoint even when no later epoch beats it.
     #[serde(default)]
     pub best_checkpoint: Option<String>,
+    /// Taken mid-epoch: the epoch's and the logging window's sums so far over every rank, so the resumed
+    /// run's epoch means and next step row are the uninterrupted run's.
+    #[serde(default)]
+    pub running: Option<RunningSums>,
+}
+
+/// Training statistics summed since the epoch and since the last logged step (`TrainingState::running`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RunningSums {
+    pub epoch: crate::backend::StepStats,
+    pub window: crate::backend::StepStats,
 }
 
 pub fn save(
@@ -235,6 +246,7 @@ mod tests {
             batches_done: 0,
             plateau: None,
             best_checkpoint: None,
+            running: None,
         };
         save(&path, &state, &training, "a: 1\n").unwrap();
         let back = load(&path).unwrap();
@@ -269,6 +281,7 @@ mod tests {
             batches_done: 0,
             plateau: None,
             best_checkpoint: None,
+            running: None,
         };
         save(&path, &state, &training, "a: 1\n").unwrap();
         let good = std::fs::read(&path).unwrap();

@@ -198,6 +198,7 @@ impl<'a> FitLoop<'a> {
                 batches_done: 0,
                 plateau: None,
                 best_checkpoint: None,
+                running: None,
             }),
             status: RunStatus::Completed,
             stopped_mid_epoch: None,
@@ -228,6 +229,12 @@ impl<'a> FitLoop<'a> {
     pub fn run(mut self) -> anyhow::Result<Self> {
         while self.state.epoch < self.plan.max_epochs {
             let epoch = self.state.epoch;
+            // A stop signal during the last epoch's last step, validation or checkpoints: the resume
+            // point is this epoch's start.
+            if self.stop_requested()? {
+                self.status = self.preempt(epoch, 0)?;
+                break;
+            }
             let epoch_start = Instant::now();
             let end = self.train_epoch(epoch, epoch_start)?;
             self.profiler.record(TRAIN_EPOCH, epoch_start);
@@ -271,8 +278,12 @@ impl<'a> FitLoop<'a> {
         let all_indices = self.data.train_sampler.indices(epoch);
         let batch_size = self.exp.data.batch_size;
         let indices = &all_indices[(skip * batch_size).min(all_indices.len())..];
-        let mut epoch_stats = StepStats::default();
-        let mut window = StepStats::default();
+        // Resumed mid-epoch: the sums so far over every rank continue on rank 0.
+        let running = self.state.running.take().filter(|_| skip > 0);
+        let (mut epoch_stats, mut window) = match running {
+            Some(r) if self.ranks.is_global_zero() => (r.epoch, r.window),
+            _ => (StepStats::default(), StepStats::default()),
+        };
         let mut step_compute = 0.0;
         self.lr_now = self.point().lr;
         let bar = progress_bar(self.exp, plan.train_batches, epoch, plan.max_epochs)
@@ -349,7 +360,10 @@ impl<'a> FitLoop<'a> {
             }
             self.profiler.record(TRAIN_BATCH, step_start);
             if plan.validates_after_batch(epoch, i) {
-                if let Some(stop) = self.validate_mid_epoch(epoch, i + 1)? {
+                self.state.running = Some(self.running_sums(epoch_stats, window)?);
+                let stop = self.validate_mid_epoch(epoch, i + 1)?;
+                self.state.running = None;
+                if let Some(stop) = stop {
                     self.stopped_mid_epoch = Some(stop);
                     break;
                 }
@@ -363,12 +377,14 @@ impl<'a> FitLoop<'a> {
                 && i + 1 < plan.train_batches
             {
                 self.last_train = self.ranks.sum_stats(epoch_stats)?;
+                self.state.running = Some(self.running_sums(epoch_stats, window)?);
                 self.checkpoint_mid_epoch(epoch, i + 1)?;
                 return Ok(EpochEnd::MaxSteps);
             }
-            if crate::signals::preemption_armed()
-                && self.ranks.any(crate::signals::preemption_requested())?
-            {
+            // On the epoch's last batch the epoch ends first (validation, checkpoints): the next check
+            // is at the next epoch's start.
+            if i + 1 < plan.train_batches && self.stop_requested()? {
+                self.state.running = Some(self.running_sums(epoch_stats, window)?);
                 return self.preempt(epoch, i + 1).map(EpochEnd::Preempted);
             }
             // Timer: out of time mid-epoch; the epoch ends here (validation, checkpoint, then stop).
@@ -423,6 +439,24 @@ impl<'a> FitLoop<'a> {
         Ok(())
     }
 
+    /// Did a stop signal reach any rank? (Every rank asks at the same step, so they agree.)
+    fn stop_requested(&self) -> anyhow::Result<bool> {
+        Ok(crate::signals::preemption_armed()
+            && self.ranks.any(crate::signals::preemption_requested())?)
+    }
+
+    /// The epoch's and the window's sums over every rank, for a mid-epoch checkpoint.
+    fn running_sums(
+        &self,
+        epoch: StepStats,
+        window: StepStats,
+    ) -> anyhow::Result<crate::checkpoint::RunningSums> {
+        Ok(crate::checkpoint::RunningSums {
+            epoch: self.ranks.sum_stats(epoch)?,
+            window: self.ranks.sum_stats(window)?,
+        })
+    }
+
     /// The cluster warned that it stops the job: write the resume checkpoint of this point (every rank
     /// takes part: a sharded model is gathered) and stop.
     fn preempt(&mut self, epoch: u64, batches_done: usize) -> anyhow::Result<RunStatus> {
@@ -431,10 +465,12 @@ impl<'a> FitLoop<'a> {
             std::fs::create_dir_all(dir)?;
         }
         self.state.batches_done = batches_done as u64;
-        self.strategy
-            .save_checkpoint(&path, &self.state, self.keeper.config_yaml)?;
+        // `last` first, so the preemption checkpoint is the newest: a job requeued into this directory
+        // resumes from it (the same point either way).
         self.keeper
             .on_preempt(self.strategy.as_mut(), &self.state)?;
+        self.strategy
+            .save_checkpoint(&path, &self.state, self.keeper.config_yaml)?;
         let signal = crate::signals::received_signal().unwrap_or("a stop signal");
         let status = RunStatus::preempted(signal, epoch, self.state.global_step, &path);
         tracing::warn!("{status}");

@@ -81,7 +81,8 @@ pub fn candidates(
     // This job's own earlier attempt wins over `ckpt_path`, its newest checkpoint first: the one a stop
     // signal wrote, or (a resumed sweep job, a restarted run) ModelCheckpoint's `last`.
     let mut own = vec![mine(preemption_checkpoint(output_dir))];
-    if resume_own {
+    // `auto` rerun into the same directory (a fixed `hydra.run.dir`) continues it as a restart would.
+    if resume_own || exp.ckpt_path.as_deref() == Some(AUTO) {
         own.extend(local_last(exp, output_dir, output_dir)?.map(mine));
     }
     let mut out: Vec<Candidate> = newest_first(own)
