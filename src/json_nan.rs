@@ -41,6 +41,7 @@ mod tests {
             batches_done: 0,
             plateau: None,
             best_checkpoint: None,
+            running: None,
         };
         let text = serde_json::to_string(&state).unwrap();
         let back: crate::checkpoint::TrainingState = serde_json::from_str(&text).unwrap();

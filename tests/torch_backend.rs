@@ -82,6 +82,7 @@ fn through_file(state: &StateDict) -> StateDict {
         batches_done: 0,
         plateau: None,
         best_checkpoint: None,
+        running: None,
     };
     checkpoint::save(&path, &weights, &training, "").unwrap();
     checkpoint::load(&path).unwrap().state
