@@ -180,7 +180,7 @@ fn chaos(strategy: &[&str], ranks: usize, seed: u64, faults: usize, tolerance: f
             Fault::KillInCheckpointWrite => wait_for(&mut child, || writing_checkpoint(&run)),
             Fault::KillInValidation => wait_for(&mut child, || {
                 let step = logged_step(&run);
-                step >= at && step % epoch_steps == 0
+                step >= at && step.is_multiple_of(epoch_steps)
             }),
             _ => wait_for(&mut child, || logged_step(&run) >= at),
         };
