@@ -65,6 +65,7 @@ fn main() -> anyhow::Result<()> {
         batches_done: 0,
         plateau: None,
         best_checkpoint: None,
+        running: None,
     };
     checkpoint::save(Path::new(out), &state, &training, spec)
 }
