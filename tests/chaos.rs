@@ -300,3 +300,10 @@ fn chaos_for_a_while() {
     println!("chaos: {runs} runs with 5 faults each in {minutes} min: {equal} ended equal to the uninterrupted run");
     assert_eq!(equal, runs);
 }
+
+/// libtorch's engine (`backend=tch`): the same faults, within 1e-6.
+#[cfg(feature = "torch")]
+#[test]
+fn a_tch_run_interrupted_at_random_moments_ends_as_if_never_interrupted() {
+    chaos(&["backend=tch"], 1, 0x5eed_0003, 4, 1e-6);
+}
