@@ -238,6 +238,13 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
     }
     let overrides = parse_overrides(&cli.overrides)?;
     let mut ctx = ResolveContext::from_process();
+    // A process started by a launcher (a worker, a supervised run) notes a stop signal from its very start:
+    // one passed on while it starts up is acted on at its first step, not fatal.
+    if std::env::var_os(crate::comm::NOW_ENV).is_some() {
+        if let Err(e) = crate::signals::arm_preemption(std::time::Duration::from_secs(25)) {
+            tracing::warn!("could not catch SIGTERM/SIGUSR1: {e}");
+        }
+    }
     // A worker started by the node launcher resolves `${now:...}` at the launcher's time: one run directory.
     if let Some(now) = std::env::var(crate::comm::NOW_ENV)
         .ok()

@@ -6,7 +6,7 @@
 //! auto-requeue does). A watchdog bounds the wait: a run that has not stopped `grace` seconds after the
 //! signal exits with the same code, keeping the last complete checkpoint (checkpoints are written atomically).
 
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// The exit status of a run stopped by a signal at a resume checkpoint (BSD's `EX_TEMPFAIL`: try again).
@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 pub const EXIT_PREEMPTED: u8 = 75;
 
 static ARMED: AtomicBool = AtomicBool::new(false);
+/// The grace in milliseconds; the latest `arm_preemption` sets it (a worker arms at start-up, before its
+/// config is read, and again with `trainer.preemption_grace_s`).
+static GRACE_MS: AtomicU64 = AtomicU64::new(25_000);
 /// The signal that asked the run to stop; 0 when none came.
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
 
@@ -26,6 +29,7 @@ extern "C" fn on_signal(signal: libc::c_int) {
 /// watchdog that ends the process `grace` after one arrives if the run has not stopped by then.
 /// Idempotent.
 pub fn arm_preemption(grace: Duration) -> std::io::Result<()> {
+    GRACE_MS.store(grace.as_millis() as u64, Ordering::SeqCst);
     if ARMED.swap(true, Ordering::SeqCst) {
         return Ok(());
     }
@@ -45,16 +49,17 @@ pub fn arm_preemption(grace: Duration) -> std::io::Result<()> {
     }
     std::thread::Builder::new()
         .name("preemption-watchdog".into())
-        .spawn(move || watchdog(grace))?;
+        .spawn(watchdog)?;
     Ok(())
 }
 
 /// Waits for a signal, says what happens next, and ends the process when the grace runs out.
-fn watchdog(grace: Duration) {
+fn watchdog() {
     while RECEIVED.load(Ordering::SeqCst) == 0 {
         std::thread::sleep(Duration::from_millis(20));
     }
     let since = Instant::now();
+    let grace = Duration::from_millis(GRACE_MS.load(Ordering::SeqCst));
     tracing::warn!(
         "{} received: finishing the current step and writing a resume checkpoint (grace {:.0} s)",
         signal_name(RECEIVED.load(Ordering::SeqCst)),

@@ -115,6 +115,17 @@ fn wait_for(child: &mut Child, mut ready: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Wait until the run started after `since` is training (its `run.json` rewritten: the signal handlers
+/// are in place and the workers running), so a fault lands on this attempt, not on its start-up; false
+/// when it ended first.
+fn started_training(child: &mut Child, run: &Path, since: std::time::SystemTime) -> bool {
+    wait_for(child, || {
+        std::fs::metadata(run.join("run.json"))
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t > since)
+    })
+}
+
 /// A checkpoint being written: `write_atomic`'s temporary file in the checkpoint folder.
 fn writing_checkpoint(run: &Path) -> bool {
     std::fs::read_dir(run.join("checkpoints"))
@@ -173,7 +184,9 @@ fn chaos(strategy: &[&str], ranks: usize, seed: u64, faults: usize, tolerance: f
     let mut child = command(root, "runs/chaos", strategy, &extra)
         .spawn()
         .unwrap();
-    while injected.len() < faults {
+    let mut completed = false;
+    let mut started = started_training(&mut child, &run, std::time::SystemTime::UNIX_EPOCH);
+    while started && injected.len() < faults {
         let fault = kinds[rng.below(kinds.len() as u64) as usize];
         let at = (logged_step(&run) + 2 + rng.below(epoch_steps)).min(total - 2);
         let reached = match fault {
@@ -206,26 +219,38 @@ fn chaos(strategy: &[&str], ranks: usize, seed: u64, faults: usize, tolerance: f
             }
         }
         injected.push((fault, step));
-        let out = child.wait_with_output().unwrap();
+        let out = std::mem::replace(&mut child, Command::new("true").spawn().unwrap())
+            .wait_with_output()
+            .unwrap();
         if fault == Fault::TermLauncher {
-            assert_eq!(
-                out.status.code(),
-                Some(75),
-                "{fault:?} at step {step}: {}",
+            // A signal during the last epoch's last step or validation: the run completes (exit 0).
+            let code = out.status.code();
+            assert!(
+                code == Some(75) || code == Some(0),
+                "{fault:?} at step {step}: {:?}: {}",
+                out.status,
                 String::from_utf8_lossy(&out.stderr)
             );
+            if code == Some(0) {
+                completed = true;
+                break;
+            }
         }
         attempts += 1;
+        let spawned = std::time::SystemTime::now();
         child = command(root, "runs/chaos", strategy, &extra)
             .spawn()
             .unwrap();
+        started = started_training(&mut child, &run, spawned);
     }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "after {injected:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if !completed {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "after {injected:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     println!(
         "faults injected (kind, step): {injected:?}; the command was run {} times",
         attempts + 1

@@ -85,6 +85,7 @@ fn run_case(case: &J) {
                 expect.get("error").is_some(),
                 "case {name}: we failed to parse: {e}"
             );
+            check_error(name, &e, expect);
             return;
         }
     };

@@ -135,7 +135,15 @@ fn run_node(launch: &NodeLaunch) -> anyhow::Result<NodeEnd> {
         stop_all(&mut children);
         let cause = describe(failure.status);
         let log = rank_log(&launch.run_dir, failure.rank);
-        if restarts < launch.max_restarts && !crate::signals::preemption_requested() {
+        if crate::signals::preemption_requested() {
+            // Stopping anyway: the run ends at its last complete checkpoint, to be continued.
+            tracing::warn!(
+                "worker rank {} {cause} while the run was stopping; the last complete checkpoint is kept",
+                failure.rank
+            );
+            return Ok(NodeEnd::Preempted);
+        }
+        if restarts < launch.max_restarts {
             restarts += 1;
             let restart = record_restart(
                 &launch.run_dir,

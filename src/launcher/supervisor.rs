@@ -60,8 +60,11 @@ pub fn supervise(
         if status.success() {
             break;
         }
-        if status.code() == Some(crate::signals::EXIT_PREEMPTED.into()) {
-            // The run said so itself.
+        // Stopped by a signal (passed on by this process, or its own): the run said so itself, or died
+        // while stopping; either way it goes on from its last complete checkpoint.
+        if status.code() == Some(crate::signals::EXIT_PREEMPTED.into())
+            || crate::signals::preemption_requested()
+        {
             return Ok(JobOutcome {
                 message: String::new(),
                 main_metric: None,
@@ -76,7 +79,7 @@ pub fn supervise(
             status,
         };
         let cause = describe(status);
-        if restarts >= watch.max_restarts || crate::signals::preemption_requested() {
+        if restarts >= watch.max_restarts {
             return Err(ConfigError::Run(format!(
                 "the training process (pid {}) {cause} after {restarts} of trainer.max_restarts={} \
                  restart(s); run the same command with ckpt_path=auto to resume from its last checkpoint",
