@@ -67,3 +67,27 @@ impl MetricSink for ConsoleLines {
         Ok(())
     }
 }
+
+/// The console logger's bar (batches, ETA, loss, throughput) when stdout is a terminal and the logger is
+/// not in plain mode; otherwise none, and the per-epoch lines are the console output.
+pub fn progress_bar(
+    exp: &crate::schema::Experiment,
+    batches: usize,
+    epoch: u64,
+    max_epochs: u64,
+) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    let console = exp.logger.console.as_ref()?;
+    if console.plain || !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(batches as u64);
+    let style = indicatif::ProgressStyle::with_template(
+        "epoch {prefix} [{bar:30}] {pos}/{len} ETA {eta} {msg}",
+    )
+    .ok()?
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_prefix(format!("{}/{max_epochs}", epoch + 1));
+    Some(bar)
+}

@@ -286,8 +286,13 @@ impl<'a> FitLoop<'a> {
         };
         let mut step_compute = 0.0;
         self.lr_now = self.point().lr;
-        let bar = progress_bar(self.exp, plan.train_batches, epoch, plan.max_epochs)
-            .filter(|_| self.ranks.is_global_zero());
+        let bar = crate::loggers::console::progress_bar(
+            self.exp,
+            plan.train_batches,
+            epoch,
+            plan.max_epochs,
+        )
+        .filter(|_| self.ranks.is_global_zero());
         let mut batches = EpochLoader::new(&self.data.train_spec, epoch, indices)
             .take(plan.train_batches.saturating_sub(skip))
             .enumerate();
@@ -607,7 +612,10 @@ impl<'a> FitLoop<'a> {
             self.state.metrics.insert(key.clone(), *value);
         }
         if val.is_some() {
-            record_best_so_far(&mut self.state.metrics, &self.metrics.val_directions());
+            super::summary::record_best_so_far(
+                &mut self.state.metrics,
+                &self.metrics.val_directions(),
+            );
             self.step_plateau();
         }
         let mut row: BTreeMap<&str, f64> = measured.iter().map(|(k, v)| (k.as_str(), *v)).collect();
@@ -866,67 +874,4 @@ fn state_bytes_per_rank(ranks: &Ranks, mine: StateBytes) -> anyhow::Result<Vec<S
             unsharded_peak: r[3] as u64,
         })
         .collect())
-}
-
-/// The console logger's bar (batches, ETA, loss, throughput) when stdout is a terminal and the logger is
-/// not in plain mode; otherwise none, and the per-epoch lines are the console output.
-fn progress_bar(
-    exp: &Experiment,
-    batches: usize,
-    epoch: u64,
-    max_epochs: u64,
-) -> Option<indicatif::ProgressBar> {
-    use std::io::IsTerminal;
-    let console = exp.logger.console.as_ref()?;
-    if console.plain || !std::io::stdout().is_terminal() {
-        return None;
-    }
-    let bar = indicatif::ProgressBar::new(batches as u64);
-    let style = indicatif::ProgressStyle::with_template(
-        "epoch {prefix} [{bar:30}] {pos}/{len} ETA {eta} {msg}",
-    )
-    .ok()?
-    .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_prefix(format!("{}/{max_epochs}", epoch + 1));
-    Some(bar)
-}
-
-/// `<metric>_best` for each validation metric: the best value so far (highest accuracy, lowest loss), what
-/// lightning-hydra-template's `val/acc_best` is, and what a search may optimise.
-fn record_best_so_far(metrics: &mut HashMap<String, f64>, directions: &[(String, bool)]) {
-    for (key, higher_is_better) in directions {
-        let higher_is_better = *higher_is_better;
-        let Some(&now) = metrics.get(key.as_str()) else {
-            continue;
-        };
-        let best_key = format!("{key}_best");
-        let best = match metrics.get(&best_key) {
-            Some(&b) if (higher_is_better && b >= now) || (!higher_is_better && b <= now) => b,
-            _ => now,
-        };
-        metrics.insert(best_key, best);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Each validation metric keeps its best by its own direction: the lowest error, the highest share.
-    #[test]
-    fn the_best_so_far_follows_each_metrics_direction() {
-        let directions = [
-            ("val/mae".to_string(), false),
-            ("val/iou".to_string(), true),
-        ];
-        let mut metrics = HashMap::new();
-        for (mae, iou) in [(0.5, 0.2), (0.3, 0.6), (0.4, 0.5)] {
-            metrics.insert("val/mae".to_string(), mae);
-            metrics.insert("val/iou".to_string(), iou);
-            record_best_so_far(&mut metrics, &directions);
-        }
-        assert_eq!(metrics["val/mae_best"], 0.3);
-        assert_eq!(metrics["val/iou_best"], 0.6);
-    }
 }

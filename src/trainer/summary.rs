@@ -213,6 +213,26 @@ pub fn median(values: &[f64]) -> Option<f64> {
     (!v.is_empty()).then(|| v[v.len() / 2])
 }
 
+/// `<metric>_best` for each validation metric: the best value so far (highest accuracy, lowest loss), what
+/// lightning-hydra-template's `val/acc_best` is, and what a search may optimise.
+pub(super) fn record_best_so_far(
+    metrics: &mut std::collections::HashMap<String, f64>,
+    directions: &[(String, bool)],
+) {
+    for (key, higher_is_better) in directions {
+        let higher_is_better = *higher_is_better;
+        let Some(&now) = metrics.get(key.as_str()) else {
+            continue;
+        };
+        let best_key = format!("{key}_best");
+        let best = match metrics.get(&best_key) {
+            Some(&b) if (higher_is_better && b >= now) || (!higher_is_better && b <= now) => b,
+            _ => now,
+        };
+        metrics.insert(best_key, best);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,5 +285,22 @@ mod tests {
                 .unwrap();
         assert_eq!((s.task_name.as_str(), s.global_step), ("t", 7));
         assert!(s.state_bytes_per_rank.is_empty() && s.best.is_none());
+    }
+
+    /// Each validation metric keeps its best by its own direction: the lowest error, the highest share.
+    #[test]
+    fn the_best_so_far_follows_each_metrics_direction() {
+        let directions = [
+            ("val/mae".to_string(), false),
+            ("val/iou".to_string(), true),
+        ];
+        let mut metrics = std::collections::HashMap::new();
+        for (mae, iou) in [(0.5, 0.2), (0.3, 0.6), (0.4, 0.5)] {
+            metrics.insert("val/mae".to_string(), mae);
+            metrics.insert("val/iou".to_string(), iou);
+            record_best_so_far(&mut metrics, &directions);
+        }
+        assert_eq!(metrics["val/mae_best"], 0.3);
+        assert_eq!(metrics["val/iou_best"], 0.6);
     }
 }
