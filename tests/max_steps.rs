@@ -13,6 +13,7 @@ const STEADY: &[&str] = &[
     "scheduler=constant",
     "data.batch_size=64",
     "trainer.max_epochs=3",
+    "trainer.log_every_n_steps=1",
 ];
 
 fn args<'a>(strategy: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
@@ -61,6 +62,16 @@ fn a_run_stopped_mid_epoch_keeps_its_weights_and_resumes_exactly(
         &args(strategy, &["trainer.max_steps=7"]),
     );
     assert_eq!(summary(&resumed)["global_step"], 7);
+    // Only the remaining steps ran: the resumed run's first row is past the checkpoint's step.
+    let first = common::csv_rows(&resumed)
+        .iter()
+        .find_map(|row| {
+            row.iter()
+                .find(|(k, _)| k == "step")
+                .map(|(_, v)| *v as u64)
+        })
+        .unwrap();
+    assert!(first > stop_at, "the resumed run logged step {first} again");
     let diff = worst_relative_difference(&weights(&resumed), &weights(&straight));
     assert!(
         diff < 1e-6,

@@ -299,6 +299,12 @@ fn killed_and_restarted(strategy: &[&str], victim: usize, epoch_steps: u64, tole
     assert_eq!(restarts[0]["resumed_at_step"], epoch_steps, "{record}");
     let s = summary(&run);
     assert_eq!(s["global_step"], 2 * epoch_steps, "{s}");
+    // The restarted process loaded the first epoch's state, not only its name.
+    let log = std::fs::read_to_string(run.join("train.log")).unwrap();
+    assert!(
+        log.contains(&format!("(epoch 1, step {epoch_steps})")),
+        "{log}"
+    );
     assert!(
         s["resumed_from"]
             .as_str()

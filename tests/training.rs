@@ -174,6 +174,25 @@ fn deterministic_and_resume_is_exact(#[case] cifar: bool) {
         tensors(weights(&full_a, "last.safetensors")),
         tensors(weights(&resumed, "last.safetensors"))
     );
+    // Only the remaining steps ran (a restart from scratch would end with the same weights): the resumed
+    // run logged exactly the uninterrupted run's rows after the checkpoint's step.
+    let at = trainyard::checkpoint::read_training_state(&epoch0)
+        .unwrap()
+        .unwrap()
+        .global_step;
+    let steps = |run: &Path| -> Vec<u64> {
+        common::csv_rows(run)
+            .iter()
+            .filter_map(|row| {
+                row.iter()
+                    .find(|(k, _)| k == "step")
+                    .map(|(_, v)| *v as u64)
+            })
+            .collect()
+    };
+    let after: Vec<u64> = steps(&full_a).into_iter().filter(|&s| s > at).collect();
+    assert!(!after.is_empty());
+    assert_eq!(steps(&resumed), after);
 }
 
 #[test]
