@@ -267,12 +267,13 @@ fn watch(
         }
         if passed_on.is_some_and(|t| t.elapsed() > launch.grace + Duration::from_secs(5)) {
             stop_all(children);
-            anyhow::bail!(
+            tracing::warn!(
                 "the workers did not stop within trainer.preemption_grace_s={} after {}; the last complete \
                  checkpoint is kept (run the same command with ckpt_path=auto)",
                 launch.grace.as_secs(),
                 crate::signals::received_signal().unwrap_or("a stop signal")
             );
+            return Ok(Ok(NodeEnd::Preempted));
         }
         let mut running = 0;
         let mut failed = None;

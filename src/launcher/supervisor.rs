@@ -128,12 +128,14 @@ fn wait(
         }
         if passed_on.is_some_and(|t| t.elapsed() > grace + Duration::from_secs(5)) {
             stop_all(children);
-            anyhow::bail!(
+            tracing::warn!(
                 "the run did not stop within trainer.preemption_grace_s={} after {}; the last complete \
                  checkpoint is kept (run the same command with ckpt_path=auto)",
                 grace.as_secs(),
                 crate::signals::received_signal().unwrap_or("a stop signal")
             );
+            // Stopped: ends as preempted below.
+            return Ok(children[0].1.wait()?);
         }
         std::thread::sleep(Duration::from_millis(50));
     }
