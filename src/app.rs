@@ -171,7 +171,7 @@ fn logbook_entry(args: &[OsString]) -> ExitCode {
 }
 
 /// What a launch runs: one job (already composed), or a sweep.
-enum Launch {
+enum Invocation {
     Single(Box<crate::config::compose::Composed>),
     Sweep,
 }
@@ -184,7 +184,7 @@ fn decide_launch(
     cli: &Cli,
     setup: &Setup,
     overrides: &[crate::config::grammar::Override],
-) -> Result<Launch, ConfigError> {
+) -> Result<Invocation, ConfigError> {
     let configured = || {
         compose_with_hydra(
             &setup.repo,
@@ -199,18 +199,18 @@ fn decide_launch(
         if configured() == Some(RunMode::Run) {
             eprintln!("warning: running with --multirun, overriding the config's hydra.mode=RUN");
         }
-        return Ok(Launch::Sweep);
+        return Ok(Invocation::Sweep);
     }
     let composed = compose_with_hydra(&setup.repo, &setup.config_name, overrides, RunMode::Run);
     // `--cfg` without `-m` prints the one job's config, as Hydra's `show_cfg` composes it, even where
     // the config asks for a sweep (`hydra.mode: MULTIRUN`, as the template's `hparams_search` does).
     if cli.cfg.is_some() {
-        return Ok(Launch::Single(Box::new(composed?)));
+        return Ok(Invocation::Single(Box::new(composed?)));
     }
     match composed {
-        Ok(c) if configured_mode(&c.config) == Some(RunMode::Multirun) => Ok(Launch::Sweep),
-        Ok(c) => Ok(Launch::Single(Box::new(c))),
-        Err(_) if configured() == Some(RunMode::Multirun) => Ok(Launch::Sweep),
+        Ok(c) if configured_mode(&c.config) == Some(RunMode::Multirun) => Ok(Invocation::Sweep),
+        Ok(c) => Ok(Invocation::Single(Box::new(c))),
+        Err(_) if configured() == Some(RunMode::Multirun) => Ok(Invocation::Sweep),
         Err(e) => Err(e),
     }
 }
@@ -260,13 +260,13 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut composed = match decide_launch(cli, &setup, &overrides)? {
-        Launch::Single(composed) => {
+        Invocation::Single(composed) => {
             for warning in composed.defaults.dropped_warnings(&setup.repo) {
                 eprintln!("{warning}");
             }
             *composed
         }
-        Launch::Sweep => {
+        Invocation::Sweep => {
             let mut overrides = overrides;
             overrides.extend(parse_overrides(&["hydra.mode=MULTIRUN".to_string()])?);
             return run_sweep(cli, &setup, &overrides, &ctx);

@@ -65,7 +65,7 @@ impl Machine {
 
 /// How a job's ranks start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Launch {
+pub enum RankProcesses {
     /// This process trains (single device; DataParallel's replicas in threads).
     InProcess,
     /// One process per device: `train` starts this node's workers, or an external launcher (torchrun,
@@ -77,7 +77,7 @@ pub enum Launch {
 #[derive(Debug, Clone)]
 pub struct RunPlan {
     pub strategy: Strategy,
-    pub launch: Launch,
+    pub launch: RankProcesses,
     /// Devices on each node: DDP/FSDP processes, DataParallel replicas; 1 for a single device.
     pub devices_per_node: usize,
     /// Where this process sits among the run's processes (process-per-device strategies).
@@ -104,20 +104,21 @@ impl RunPlan {
         check_in_process_placement(exp, env)?;
         let t = &exp.trainer;
         let launch = match t.strategy {
-            Strategy::Single | Strategy::Dp => Launch::InProcess,
-            Strategy::Ddp | Strategy::Fsdp => Launch::ProcessPerDevice,
+            Strategy::Single | Strategy::Dp => RankProcesses::InProcess,
+            Strategy::Ddp | Strategy::Fsdp => RankProcesses::ProcessPerDevice,
         };
         let devices_per_node = devices_per_node(exp, machine);
         let cluster = match launch {
-            Launch::ProcessPerDevice => Some(crate::comm::env::detect(
+            RankProcesses::ProcessPerDevice => Some(crate::comm::env::detect(
                 env,
                 devices_per_node,
                 t.num_nodes,
             )?),
-            Launch::InProcess => None,
+            RankProcesses::InProcess => None,
         };
         let mut warnings = Vec::new();
-        let nccl = launch == Launch::ProcessPerDevice && wants_nccl(exp, machine, &mut warnings)?;
+        let nccl =
+            launch == RankProcesses::ProcessPerDevice && wants_nccl(exp, machine, &mut warnings)?;
         let batch_size_finder = finder_config(exp, &mut warnings)?;
         if let Some(cfg) = &batch_size_finder {
             check_finder(exp, cfg, machine)?;

@@ -8,7 +8,7 @@
 use std::fmt;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Launcher {
+pub enum ClusterSource {
     /// torchrun, or our own node launcher (which sets the same variables).
     Torchrun,
     Slurm,
@@ -18,13 +18,13 @@ pub enum Launcher {
     Local,
 }
 
-impl fmt::Display for Launcher {
+impl fmt::Display for ClusterSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Launcher::Torchrun => "torchrun-style environment (RANK, LOCAL_RANK, WORLD_SIZE)",
-            Launcher::Slurm => "SLURM",
-            Launcher::Lightning => "MASTER_ADDR / NODE_RANK",
-            Launcher::Local => "single node",
+            ClusterSource::Torchrun => "torchrun-style environment (RANK, LOCAL_RANK, WORLD_SIZE)",
+            ClusterSource::Slurm => "SLURM",
+            ClusterSource::Lightning => "MASTER_ADDR / NODE_RANK",
+            ClusterSource::Local => "single node",
         })
     }
 }
@@ -38,7 +38,7 @@ pub struct Worker {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cluster {
-    pub launcher: Launcher,
+    pub launcher: ClusterSource,
     pub node_rank: usize,
     pub num_nodes: usize,
     /// Workers per node.
@@ -112,7 +112,7 @@ pub fn detect(
         let master_port =
             master_port.ok_or_else(|| anyhow::anyhow!("{why} but MASTER_PORT is not set"))?;
         return Ok(Cluster {
-            launcher: Launcher::Torchrun,
+            launcher: ClusterSource::Torchrun,
             node_rank: parse(get, "GROUP_RANK")?
                 .or(parse(get, "NODE_RANK")?)
                 .unwrap_or(rank / local_world.max(1)),
@@ -171,7 +171,7 @@ pub fn detect(
              run with `srun --ntasks-per-node={devices}` on {num_nodes} node(s), or set trainer.devices/num_nodes to match"
         );
         return Ok(Cluster {
-            launcher: Launcher::Slurm,
+            launcher: ClusterSource::Slurm,
             node_rank: node_id,
             num_nodes,
             local_world_size: devices,
@@ -214,7 +214,7 @@ pub fn detect(
             "trainer.num_nodes={num_nodes}: set MASTER_PORT (the same free port on every node)"
         );
         return Ok(Cluster {
-            launcher: Launcher::Lightning,
+            launcher: ClusterSource::Lightning,
             node_rank,
             num_nodes,
             local_world_size: devices,
@@ -225,7 +225,7 @@ pub fn detect(
         });
     }
     Ok(Cluster {
-        launcher: Launcher::Local,
+        launcher: ClusterSource::Local,
         node_rank: 0,
         num_nodes: 1,
         local_world_size: devices,
@@ -251,20 +251,20 @@ mod tests {
     }
 
     #[rstest]
-    #[case::nothing(&[], 2, 1, Launcher::Local, 0, 2, None)]
+    #[case::nothing(&[], 2, 1, ClusterSource::Local, 0, 2, None)]
     #[case::torchrun(&[("RANK", "3"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "2"),
-        ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")], 1, 1, Launcher::Torchrun, 1, 4,
+        ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")], 1, 1, ClusterSource::Torchrun, 1, 4,
         Some(Worker { rank: 3, local_rank: 1 }))]
     #[case::slurm(&[("SLURM_NTASKS", "4"), ("SLURM_PROCID", "2"), ("SLURM_NODEID", "1"), ("SLURM_LOCALID", "0"),
-        ("SLURM_JOB_NODELIST", "gpu[07-08]"), ("SLURM_JOB_ID", "123456")], 2, 2, Launcher::Slurm, 1, 4,
+        ("SLURM_JOB_NODELIST", "gpu[07-08]"), ("SLURM_JOB_ID", "123456")], 2, 2, ClusterSource::Slurm, 1, 4,
         Some(Worker { rank: 2, local_rank: 0 }))]
     #[case::lightning(&[("MASTER_ADDR", "10.1.1.1"), ("MASTER_PORT", "1234"), ("NODE_RANK", "1"),
-        ("WORLD_SIZE", "2")], 1, 2, Launcher::Lightning, 1, 2, None)]
+        ("WORLD_SIZE", "2")], 1, 2, ClusterSource::Lightning, 1, 2, None)]
     fn detects(
         #[case] vars: &[(&str, &str)],
         #[case] devices: usize,
         #[case] nodes: usize,
-        #[case] launcher: Launcher,
+        #[case] launcher: ClusterSource,
         #[case] node_rank: usize,
         #[case] world: usize,
         #[case] worker: Option<Worker>,
@@ -307,7 +307,7 @@ mod tests {
             1,
         )
         .unwrap();
-        assert_eq!((c.launcher, c.worker), (Launcher::Local, None));
+        assert_eq!((c.launcher, c.worker), (ClusterSource::Local, None));
     }
 
     #[rstest]

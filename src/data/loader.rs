@@ -22,7 +22,7 @@ pub struct Batch {
     pub height: usize,
     pub width: usize,
     /// The backend's own copy of this batch, when the loader made one (`LoaderSpec::stager`).
-    pub staged: Option<Staged>,
+    pub staged: Option<BackendBatch>,
     /// A registered dataset's samples: their shape (which `channels`/`height`/`width` flatten) and their
     /// value targets.
     pub tensors: Option<TensorSamples>,
@@ -56,15 +56,15 @@ impl TensorSamples {
 /// A backend's copy of a batch (for a GPU: images and labels in page-locked memory, ready for an
 /// asynchronous copy), opaque to the loader; the backend that made it reads it back by downcasting.
 #[derive(Clone)]
-pub struct Staged(pub Arc<dyn Any + Send + Sync>);
+pub struct BackendBatch(pub Arc<dyn Any + Send + Sync>);
 
-impl std::fmt::Debug for Staged {
+impl std::fmt::Debug for BackendBatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Staged(..)")
+        f.write_str("BackendBatch(..)")
     }
 }
 
-impl PartialEq for Staged {
+impl PartialEq for BackendBatch {
     /// The same copy; two stagings of equal batches are still equal batches by their pixels.
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
@@ -74,7 +74,7 @@ impl PartialEq for Staged {
 /// Copies each finished batch where its backend reads it fastest, in the loader's worker threads, so
 /// the copy is off the training step's path: PyTorch DataLoader's `pin_memory`, for a GPU.
 pub trait StageBatch: Send + Sync {
-    fn stage(&self, batch: &Batch) -> anyhow::Result<Staged>;
+    fn stage(&self, batch: &Batch) -> anyhow::Result<BackendBatch>;
 }
 
 impl Batch {
@@ -349,11 +349,11 @@ mod tests {
     }
 
     impl StageBatch for CopyLabels {
-        fn stage(&self, batch: &Batch) -> anyhow::Result<Staged> {
+        fn stage(&self, batch: &Batch) -> anyhow::Result<BackendBatch> {
             if let Some(bad) = self.fail_on.filter(|l| batch.labels.contains(l)) {
                 anyhow::bail!("no room for label {bad}");
             }
-            Ok(Staged(Arc::new(batch.labels.clone())))
+            Ok(BackendBatch(Arc::new(batch.labels.clone())))
         }
     }
 

@@ -5,7 +5,7 @@
 //! the command with `hydra.sweep.dir=` continues it, completed and pruned trials kept, failed and
 //! unfinished ones run again under their own numbers and values.
 
-use super::sweep::{Launch, Tally};
+use super::sweep::{JobLauncher, Tally};
 use super::trial_judge::point_at;
 use crate::config::errors::{at, did_you_mean, ConfigError};
 use crate::config::grammar::{parse_override, Element, ParsedValue, Quote};
@@ -90,7 +90,7 @@ pub fn optimized_metric(job_cfg: &Node, ctx: &ResolveContext) -> Result<String, 
 
 /// The search: trials in batches through `launch`, until `n_trials` have a result.
 pub fn run(
-    launch: &Launch,
+    launch: &JobLauncher,
     search: &OptunaSettings,
     metric: &str,
     task_name: &str,

@@ -135,7 +135,7 @@ pub fn run_sweep(
         yaml::to_yaml(&job_cfg).as_bytes(),
     )
     .map_err(|e| ConfigError::Io(e.to_string()))?;
-    let launch = Launch {
+    let launch = JobLauncher {
         setup,
         ctx,
         command: JobCommand {
@@ -198,7 +198,7 @@ pub fn run_sweep(
 }
 
 /// What every sweeper hands its jobs to: the chosen launcher, with how to start and compose a job.
-pub struct Launch<'a> {
+pub struct JobLauncher<'a> {
     pub setup: &'a Setup,
     ctx: &'a ResolveContext,
     command: JobCommand,
@@ -207,7 +207,7 @@ pub struct Launch<'a> {
     pub sweep_dir: PathBuf,
 }
 
-impl Launch<'_> {
+impl JobLauncher<'_> {
     /// A job's overrides parsed: the sweep's Hydra overrides first, then its own.
     fn job_overrides(&self, job: &[String]) -> Result<Vec<Override>, ConfigError> {
         let texts: Vec<String> = self

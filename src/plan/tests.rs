@@ -51,7 +51,10 @@ fn data_parallel_is_one_process_on_one_node(
         refused_for,
     ) {
         (Ok(plan), None) => {
-            assert_eq!((plan.launch, plan.devices_per_node), (Launch::InProcess, 2))
+            assert_eq!(
+                (plan.launch, plan.devices_per_node),
+                (RankProcesses::InProcess, 2)
+            )
         }
         (Err(e), Some(key)) => {
             let e = e.to_string();

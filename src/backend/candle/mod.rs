@@ -521,7 +521,7 @@ impl Sharding for CandleEngine {
         let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
         self.forward_calls += 1;
         let (logits, loss) = {
-            let mut staged = staged::Staged {
+            let mut staged = staged::LossStage {
                 engine: self,
                 labels,
             };
@@ -538,7 +538,7 @@ impl Sharding for CandleEngine {
     ) -> anyhow::Result<StepStats> {
         let (x, labels) = self.inputs(batch)?;
         let logits = {
-            let mut staged = staged::Staged {
+            let mut staged = staged::LossStage {
                 engine: self,
                 labels: labels.clone(),
             };

@@ -10,14 +10,14 @@ use crate::tensor::Flat;
 use candle_core::{backprop::GradStore, DType, Tensor, Var};
 
 /// The engine with the batch's labels, for the loss stage.
-pub struct Staged<'a> {
+pub struct LossStage<'a> {
     pub engine: &'a mut CandleEngine,
     pub labels: Tensor,
 }
 
 type Layout = [(String, Vec<usize>)];
 
-impl Staged<'_> {
+impl LossStage<'_> {
     /// Stage `k` from `x` as a graph leaf (`None`: the batch, which needs no gradient).
     fn leaf(x: &Tensor, input_grad: bool) -> anyhow::Result<(Tensor, Option<Var>)> {
         if !input_grad {
@@ -56,7 +56,7 @@ impl Staged<'_> {
     }
 }
 
-impl StagedCompute for Staged<'_> {
+impl StagedCompute for LossStage<'_> {
     type Act = Tensor;
     type Out = (Tensor, Tensor);
 

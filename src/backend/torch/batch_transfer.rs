@@ -8,7 +8,7 @@
 //! faults, 4 ms a step at batch 1024 on an H200). libtorch's pinned-memory cache keeps a block until
 //! the copy from it has run.
 
-use crate::data::loader::{Batch, StageBatch, Staged};
+use crate::data::loader::{BackendBatch, Batch, StageBatch};
 use std::sync::{Arc, Mutex};
 use tch::{Device, Kind, Tensor};
 
@@ -26,7 +26,7 @@ pub struct PinBatches {
 }
 
 impl StageBatch for PinBatches {
-    fn stage(&self, batch: &Batch) -> anyhow::Result<Staged> {
+    fn stage(&self, batch: &Batch) -> anyhow::Result<BackendBatch> {
         let copy = || -> anyhow::Result<(Tensor, Tensor)> {
             let images = pinned(&batch.images, &image_shape(batch), self.device)?;
             let labels = labels_i64(batch);
@@ -41,7 +41,7 @@ impl StageBatch for PinBatches {
                  data.pin_memory=false to copy batches from pageable memory"
             )
         })?;
-        Ok(Staged(Arc::new(PinnedBatch {
+        Ok(BackendBatch(Arc::new(PinnedBatch {
             tensors: Mutex::new((images, labels)),
         })))
     }

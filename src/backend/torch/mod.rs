@@ -639,7 +639,7 @@ impl Sharding for TchEngine {
         self.forward_calls += 1;
         // Autocast is entered around each stage's forward computation (`staged`), not the backward passes.
         let (logits, loss) = {
-            let mut staged = staged::Staged {
+            let mut staged = staged::LossStage {
                 engine: self,
                 labels: labels.shallow_clone(),
             };
@@ -658,7 +658,7 @@ impl Sharding for TchEngine {
     ) -> anyhow::Result<StepStats> {
         let (x, labels) = self.inputs(batch)?;
         let logits = {
-            let mut staged = staged::Staged {
+            let mut staged = staged::LossStage {
                 engine: self,
                 labels: labels.shallow_clone(),
             };

@@ -11,14 +11,14 @@ use std::collections::BTreeMap;
 use tch::{Device, Kind, Tensor};
 
 /// The engine with the batch's labels, for the loss stage.
-pub struct Staged<'a> {
+pub struct LossStage<'a> {
     pub engine: &'a mut TchEngine,
     pub labels: Tensor,
 }
 
 type Layout = [(String, Vec<usize>)];
 
-impl Staged<'_> {
+impl LossStage<'_> {
     /// The unit's parameter gradients, flat in layout order (zero where one got none), on the
     /// engine's device.
     fn flat_gradient(&self, layout: &Layout) -> anyhow::Result<Flat> {
@@ -37,7 +37,7 @@ impl Staged<'_> {
     }
 }
 
-impl StagedCompute for Staged<'_> {
+impl StagedCompute for LossStage<'_> {
     type Act = Tensor;
     type Out = (Tensor, Tensor);
 
