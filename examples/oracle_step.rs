@@ -11,8 +11,8 @@ use trainyard::backend::candle::CandleEngine;
 #[cfg(feature = "torch")]
 use trainyard::backend::torch::TchEngine;
 use trainyard::backend::Engine;
-use trainyard::checkpoint::{self, TrainingState};
 use trainyard::data::loader::Batch;
+use trainyard::storage::checkpoint::{self, TrainingState};
 use trainyard::tensor::HostTensor;
 
 fn main() -> anyhow::Result<()> {

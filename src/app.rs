@@ -13,7 +13,7 @@ use crate::introspect::{complete, completion_script, groups_help, print_cfg, pri
 use crate::launcher::job::{parse_now, run_job};
 use crate::launcher::sweep::run_sweep;
 use crate::project::{find_project, Setup};
-use crate::records;
+use crate::storage::records;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -67,8 +67,8 @@ macro_rules! main {
         /// of handing pages back to the kernel and faulting them in again. The counting wrapper measures
         /// heap use for the batch-size finder.
         #[global_allocator]
-        static ALLOCATOR: $crate::memory::Counting<$crate::mimalloc::MiMalloc> =
-            $crate::memory::Counting($crate::mimalloc::MiMalloc);
+        static ALLOCATOR: $crate::platform::memory::Counting<$crate::mimalloc::MiMalloc> =
+            $crate::platform::memory::Counting($crate::mimalloc::MiMalloc);
 
         fn main() -> ::std::process::ExitCode {
             $crate::app::run_main()
@@ -241,7 +241,8 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
     // A process started by a launcher (a worker, a supervised run) notes a stop signal from its very start:
     // one passed on while it starts up is acted on at its first step, not fatal.
     if std::env::var_os(crate::comm::NOW_ENV).is_some() {
-        if let Err(e) = crate::signals::arm_preemption(std::time::Duration::from_secs(25)) {
+        if let Err(e) = crate::platform::signals::arm_preemption(std::time::Duration::from_secs(25))
+        {
             tracing::warn!("could not catch SIGTERM/SIGUSR1: {e}");
         }
     }

@@ -36,8 +36,8 @@ pub fn run(args: &[OsString]) -> anyhow::Result<ExitCode> {
     }
     let ckpt = ckpt.with_context(|| format!("train export needs ckpt=; usage: {}", usage()))?;
     let out = out.with_context(|| format!("train export needs out=; usage: {}", usage()))?;
-    let loaded =
-        crate::checkpoint::load(&ckpt).with_context(|| format!("ckpt={}", ckpt.display()))?;
+    let loaded = crate::storage::checkpoint::load(&ckpt)
+        .with_context(|| format!("ckpt={}", ckpt.display()))?;
     let module = match module {
         Some(m) => m,
         None => source_module(&ckpt, loaded.config.as_deref())?,

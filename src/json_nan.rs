@@ -32,7 +32,7 @@ mod tests {
     /// A diverged run's training state round-trips through JSON.
     #[test]
     fn non_finite_values_come_back_as_nan() {
-        let state = crate::checkpoint::TrainingState {
+        let state = crate::storage::checkpoint::TrainingState {
             epoch: 2,
             global_step: 4,
             metrics: [("val/loss".to_string(), f64::NAN)].into_iter().collect(),
@@ -44,7 +44,7 @@ mod tests {
             running: None,
         };
         let text = serde_json::to_string(&state).unwrap();
-        let back: crate::checkpoint::TrainingState = serde_json::from_str(&text).unwrap();
+        let back: crate::storage::checkpoint::TrainingState = serde_json::from_str(&text).unwrap();
         assert!(back.metrics["val/loss"].is_nan());
         assert!(back.best.unwrap().0.is_nan());
     }

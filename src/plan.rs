@@ -40,20 +40,20 @@ impl Machine {
     pub fn probe(exp: &Experiment) -> Machine {
         let mut machine = Machine {
             torch: cfg!(feature = "torch"),
-            s3: crate::s3::AVAILABLE,
+            s3: crate::storage::s3::AVAILABLE,
             nccl_shim: false,
             cuda_devices: 0,
             cuda_missing: "CUDA was not asked about (not a tch run on a GPU)".into(),
-            heap_accounting: crate::memory::is_counting(),
+            heap_accounting: crate::platform::memory::is_counting(),
         };
         #[cfg(feature = "torch")]
         {
             machine.nccl_shim = crate::comm::nccl::built();
             if exp.backend == Backend::Tch && exp.trainer.accelerator != Accelerator::Cpu {
-                if crate::cuda::is_available() {
-                    machine.cuda_devices = crate::cuda::device_count();
+                if crate::platform::cuda::is_available() {
+                    machine.cuda_devices = crate::platform::cuda::device_count();
                 } else {
-                    machine.cuda_missing = crate::cuda::why_unavailable();
+                    machine.cuda_missing = crate::platform::cuda::why_unavailable();
                 }
             }
         }
@@ -321,8 +321,11 @@ fn check_supported(exp: &Experiment, machine: &Machine) -> anyhow::Result<()> {
         .callbacks
         .model_checkpoint
         .as_ref()
-        .is_some_and(|c| crate::s3::is_s3(&c.dirpath));
-    let remote_ckpt = exp.ckpt_path.as_deref().is_some_and(crate::s3::is_s3);
+        .is_some_and(|c| crate::storage::s3::is_s3(&c.dirpath));
+    let remote_ckpt = exp
+        .ckpt_path
+        .as_deref()
+        .is_some_and(crate::storage::s3::is_s3);
     if (remote_dir || remote_ckpt) && !machine.s3 {
         missing.push(
             "s3:// checkpoints (callbacks.model_checkpoint.dirpath / ckpt_path): this build has no S3 \

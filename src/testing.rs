@@ -25,7 +25,7 @@ pub fn experiment(model: &str, optimizer: &str, trainer: &str, classes: usize) -
 
 /// Four random 8x8 RGB images (seeded), labelled 0..4.
 pub fn batch(seed: u64) -> crate::data::loader::Batch {
-    let mut rng = crate::rng::Rng::new(seed);
+    let mut rng = crate::platform::rng::Rng::new(seed);
     crate::data::loader::Batch {
         images: (0..4 * 3 * 8 * 8).map(|_| rng.normal() as f32).collect(),
         labels: vec![0, 1, 2, 3],

@@ -152,7 +152,7 @@ fn loss_curve(run: &Path) -> Vec<(u64, f64)> {
 
 /// Every tensor of a run's last checkpoint, the optimizer's included.
 fn full_state(run: &Path) -> trainyard::tensor::StateDict {
-    trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors"))
+    trainyard::storage::checkpoint::load(&run.join("checkpoints/last.safetensors"))
         .unwrap()
         .state
 }

@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::Command;
 use trainyard::backend::{build, Placement};
 use trainyard::data::loader::Batch;
-use trainyard::rng::Rng;
+use trainyard::platform::rng::Rng;
 
 /// Every layer type and structure a declared model has, as JSON (which is YAML too): PyTorch builds the
 /// same list with torch.nn's modules.

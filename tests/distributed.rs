@@ -15,7 +15,7 @@ use rstest::rstest;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use trainyard::checkpoint;
+use trainyard::storage::checkpoint;
 
 /// 2 processes × batch 16 over Gloo = 1 process × batch 32: same weights after an epoch (SGD with
 /// momentum, so a wrong average or a missed bucket shows at once), for both backends; with buckets small
@@ -436,7 +436,7 @@ fn torchrun_worker(root: &Path, rank: usize, world: usize, args: &[&str]) -> std
 #[case::with_candle(&["backend=candle"], "needs backend=tch")]
 #[case::on_a_gpu_that_is_not_there(&["backend=tch", "trainer.accelerator=gpu"], "finds no GPU: libtorch's CUDA library")]
 fn nccl_where_it_cannot_run_is_refused_by_name(#[case] extra: &[&str], #[case] says: &str) {
-    if trainyard::cuda::is_available() {
+    if trainyard::platform::cuda::is_available() {
         eprintln!("SKIPPED: this machine has a CUDA device, so NCCL is not refused here");
         return;
     }

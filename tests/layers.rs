@@ -85,6 +85,18 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "the search engine (samplers, study, pruner) is pure: the sweeper drives it",
     ),
     (
+        "src/storage",
+        &["strategy", "plan", "trainer", "launcher", "app", "introspect"],
+        "a run's records and checkpoints are written by the layers above; storage names none of them",
+    ),
+    (
+        "src/platform",
+        &[
+            "strategy", "plan", "trainer", "launcher", "app", "introspect", "storage",
+        ],
+        "the platform (devices, memory, randomness, signals) is below everything that runs",
+    ),
+    (
         "src/config",
         &[
             "tensor", "comm", "model", "optim", "backend", "strategy", "plan", "trainer",

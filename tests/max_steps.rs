@@ -41,7 +41,7 @@ fn a_run_stopped_mid_epoch_keeps_its_weights_and_resumes_exactly(
     assert_eq!(s["status"], "max_steps reached", "{s}");
     assert_eq!(s["global_step"], stop_at, "{s}");
     let last = stopped.join("checkpoints/last.safetensors");
-    let training = trainyard::checkpoint::load(&last)
+    let training = trainyard::storage::checkpoint::load(&last)
         .unwrap()
         .training
         .expect("training state in the checkpoint");
@@ -87,7 +87,7 @@ fn max_steps_on_an_epochs_last_batch_validates_and_checkpoints_that_epoch() {
     assert_eq!(s["status"], "max_steps reached", "{s}");
     assert_eq!(s["epochs_completed"], 1, "{s}");
     assert!(s["final_metrics"]["val/acc1"].is_number(), "validated: {s}");
-    let training = trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors"))
+    let training = trainyard::storage::checkpoint::load(&run.join("checkpoints/last.safetensors"))
         .unwrap()
         .training
         .unwrap();

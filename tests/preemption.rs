@@ -202,7 +202,7 @@ fn a_damaged_checkpoint_is_passed_over_for_the_one_before() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0x01;
     std::fs::write(&damaged, &bytes).unwrap();
-    let err = trainyard::checkpoint::load(&damaged)
+    let err = trainyard::storage::checkpoint::load(&damaged)
         .err()
         .expect("refused");
     assert!(err.to_string().contains("checksum"), "{err}");

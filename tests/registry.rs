@@ -182,7 +182,8 @@ fn a_registered_model_trains_from_the_command_line() {
         acc > 0.4,
         "val/acc1 {acc}: not far above chance (0.1): {summary}"
     );
-    let ckpt = trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors")).unwrap();
+    let ckpt =
+        trainyard::storage::checkpoint::load(&run.join("checkpoints/last.safetensors")).unwrap();
     for name in ["value.weight", "gate.bias", "head.weight"] {
         assert!(ckpt.state.contains_key(name), "no {name}");
     }

@@ -2,7 +2,7 @@
 //! the whole process's resident memory, so unit tests allocating and freeing beside it (the library's
 //! run in parallel threads of one process) moved its reading, and it failed now and then.
 
-use trainyard::memory::Meter;
+use trainyard::platform::memory::Meter;
 
 #[test]
 fn a_tch_cpu_run_is_measured_on_resident_memory() {

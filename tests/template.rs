@@ -185,7 +185,8 @@ fn the_template_lit_module_trains_as_its_dense_net() {
     assert!(s["final_metrics"]["val/acc_best"].as_f64().unwrap() >= acc);
     // The module's Adam (its moments in the checkpoint) at the module's rate, which ReduceLROnPlateau
     // (patience 10) left alone.
-    let ckpt = trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors")).unwrap();
+    let ckpt =
+        trainyard::storage::checkpoint::load(&run.join("checkpoints/last.safetensors")).unwrap();
     assert!(
         ckpt.state.keys().any(|k| k.ends_with("exp_avg_sq")),
         "no Adam state"

@@ -10,11 +10,11 @@ use common::{real_project, summary, train};
 use trainyard::backend::candle::CandleEngine;
 use trainyard::backend::torch::TchEngine;
 use trainyard::backend::Engine;
-use trainyard::checkpoint::{self, TrainingState};
 use trainyard::data::loader::Batch;
 use trainyard::optim::GradClip;
-use trainyard::rng::Rng;
+use trainyard::platform::rng::Rng;
 use trainyard::schema::Experiment;
+use trainyard::storage::checkpoint::{self, TrainingState};
 use trainyard::tensor::StateDict;
 
 fn experiment(model: &str, optimizer: &str, image: usize) -> Experiment {
@@ -213,7 +213,7 @@ fn quickstart_trains_on_tch() {
 /// library missing its CUDA libraries, or no device) and what to do; `auto` trains on the CPU.
 #[test]
 fn a_gpu_that_is_not_there_is_refused_and_auto_falls_back_to_the_cpu() {
-    if trainyard::cuda::is_available() {
+    if trainyard::platform::cuda::is_available() {
         eprintln!("SKIPPED: this machine has a CUDA device");
         return;
     }

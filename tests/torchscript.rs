@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use trainyard::backend::{build, Placement};
 use trainyard::data::loader::Batch;
-use trainyard::rng::Rng;
+use trainyard::platform::rng::Rng;
 
 const ORACLE: &str = "tests/fixtures/torchscript_oracle.py";
 const STEPS: usize = 4;
@@ -116,7 +116,7 @@ fn training_matches_pytorch(#[case] name: &str, #[case] optimizer: &str) {
     write_batches(&dir.path().join("batches.safetensors"), &data);
     let d = dir.path().display().to_string();
     oracle(&python, &["train", &d, name, optimizer, &STEPS.to_string()]);
-    let theirs = trainyard::checkpoint::load(
+    let theirs = trainyard::storage::checkpoint::load(
         &dir.path()
             .join(format!("{name}-{optimizer}-torch.safetensors")),
     )

@@ -3,7 +3,7 @@
 mod common;
 use common::{real_project, summary, train};
 use std::path::{Path, PathBuf};
-use trainyard::checkpoint;
+use trainyard::storage::checkpoint;
 
 fn only_run(root: &Path, task: &str) -> PathBuf {
     let mut runs: Vec<PathBuf> = std::fs::read_dir(root.join("logs").join(task).join("runs"))
@@ -176,7 +176,7 @@ fn deterministic_and_resume_is_exact(#[case] cifar: bool) {
     );
     // Only the remaining steps ran (a restart from scratch would end with the same weights): the resumed
     // run logged exactly the uninterrupted run's rows after the checkpoint's step.
-    let at = trainyard::checkpoint::read_training_state(&epoch0)
+    let at = trainyard::storage::checkpoint::read_training_state(&epoch0)
         .unwrap()
         .unwrap()
         .global_step;

@@ -15,7 +15,7 @@
 //! the collectives (`UnitExchange`); `train_by_unit` is the schedule both share.
 
 use crate::model::stages::{unit_layout, StageLayouts};
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 use crate::tensor::{Flat, FlatHome};
 
 /// What the sharding strategy does for an engine computing unit by unit.

@@ -379,9 +379,10 @@ impl DeviceStatsMonitor {
         self.stop.store(true, Ordering::Relaxed);
         let gpu = self.thread.take().and_then(|t| t.join().ok()).flatten();
         if let Some(g) = &gpu {
-            if let Err(e) =
-                crate::records::write_atomic(&run_dir.join("nvidia-smi.txt"), g.report().as_bytes())
-            {
+            if let Err(e) = crate::storage::records::write_atomic(
+                &run_dir.join("nvidia-smi.txt"),
+                g.report().as_bytes(),
+            ) {
                 tracing::warn!("device stats: could not write nvidia-smi.txt: {e}");
             }
         }

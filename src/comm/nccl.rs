@@ -56,9 +56,9 @@ fn shim() -> anyhow::Result<&'static Shim> {
                  nvidia/nccl/include) and rebuild"
                     .to_string()
             })?;
-            crate::cuda::load().map_err(|why| format!("libtorch's CUDA library did not load: {why}"))?;
+            crate::platform::cuda::load().map_err(|why| format!("libtorch's CUDA library did not load: {why}"))?;
             let path = in_memory_file("trainyard_nccl", bytes)?;
-            let handle = crate::cuda::open_library(&path, libc::RTLD_NOW | libc::RTLD_LOCAL)
+            let handle = crate::platform::cuda::open_library(&path, libc::RTLD_NOW | libc::RTLD_LOCAL)
                 .map_err(|e| format!("loading the NCCL shim: {e}"))?;
             let symbol = |name: &CStr| -> Result<*mut c_void, String> {
                 // SAFETY: a live handle and a NUL-terminated name.
@@ -160,7 +160,7 @@ mod tests {
     fn bytes_in_memory_open_as_a_library_path() {
         let path = in_memory_file("trainyard_test", b"not an ELF file").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"not an ELF file");
-        let err = crate::cuda::open_library(&path, libc::RTLD_NOW).unwrap_err();
+        let err = crate::platform::cuda::open_library(&path, libc::RTLD_NOW).unwrap_err();
         assert!(
             err.contains("invalid ELF header") || err.contains("too short"),
             "{err}"
@@ -175,7 +175,7 @@ mod tests {
         let port = crate::testing::loopback_port();
         let store = Store::connect("127.0.0.1", port, true, 1, Duration::from_secs(10)).unwrap();
         let made = NcclBackend::new(&store, "test/nccl", 0, 1, 0, Duration::from_secs(10));
-        match (built(), crate::cuda::load(), made) {
+        match (built(), crate::platform::cuda::load(), made) {
             (false, _, Err(e)) => assert!(e.to_string().contains("no NCCL shim"), "{e:#}"),
             (true, Err(_), Err(e)) => {
                 assert!(e.to_string().contains("libtorch_cuda.so"), "{e:#}")

@@ -2,7 +2,7 @@
 //! them, and the trainer receives them in sampler order whatever order the workers finish in.
 
 use super::{transforms, DataError, Dataset};
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 use crate::schema::Transform;
 use std::any::Any;
 use std::collections::BTreeMap;

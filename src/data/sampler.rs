@@ -3,7 +3,7 @@
 //! count, or `drop_last` truncation; rank r takes every `num_replicas`-th index starting at r. Without
 //! `pad` the shares stay uneven and every sample is seen exactly once (exact distributed validation).
 
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 
 #[derive(Debug, Clone)]
 pub struct DistributedSampler {

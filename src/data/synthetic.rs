@@ -3,7 +3,7 @@
 //! brightened and noised. Deterministic by (seed, split, index); any size and resolution.
 
 use super::{DataError, Dataset, Image, Split};
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 use crate::schema::DataConfig;
 
 #[derive(Debug, Clone)]

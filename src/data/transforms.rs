@@ -2,7 +2,7 @@
 //! a generator keyed by (seed, epoch, sample index), so results do not depend on worker scheduling.
 
 use super::Image;
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 use crate::schema::Transform;
 
 /// Apply the geometric/colour steps, then append normalised `f32` CHW to `out`; returns (C, H, W).

@@ -16,7 +16,7 @@ pub fn apply(exp: &Experiment, config_yaml: &str, output_dir: &Path) -> Result<(
     let write = |name: &str, text: &str| {
         let path = output_dir.join(name);
         let _ = std::fs::create_dir_all(output_dir);
-        crate::records::write_atomic(&path, text.as_bytes())
+        crate::storage::records::write_atomic(&path, text.as_bytes())
             .map_err(|e| ConfigError::Io(format!("could not write {}: {e}", path.display())))
     };
     // An untagged run was refused when the config was read (`schema::extract`), on every rank.

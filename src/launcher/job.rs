@@ -13,7 +13,7 @@ use crate::config::tree::{Node, Value};
 use crate::config::yaml;
 use crate::plan::{Machine, RunPlan};
 use crate::project::Setup;
-use crate::records::{self, JobInfo};
+use crate::storage::records::{self, JobInfo};
 use crate::trainer::{Job, Summary};
 use std::path::{Path, PathBuf};
 
@@ -149,7 +149,7 @@ pub fn run_job(
     }
     // SIGTERM or SIGUSR1 stops the run at a resume checkpoint instead of killing it.
     let grace = std::time::Duration::from_secs(experiment.trainer.preemption_grace_s);
-    if let Err(e) = crate::signals::arm_preemption(grace) {
+    if let Err(e) = crate::platform::signals::arm_preemption(grace) {
         tracing::warn!("could not catch SIGTERM/SIGUSR1 (a stop signal will kill the run): {e}");
     }
     if let Some(rank) = group.as_ref().map(|g| g.rank).filter(|&r| r > 0) {
@@ -318,7 +318,7 @@ fn train_and_record(
     if preempted {
         // SLURM's warning signal in a batch job: rank 0 asks SLURM to requeue the job (every rank stopped
         // at the same step). Any other stop waits for the same command with ckpt_path=auto.
-        let message = match crate::signals::received_signal() {
+        let message = match crate::platform::signals::received_signal() {
             Some("SIGUSR1") if super::requeue::in_slurm_batch_job() => {
                 super::requeue::requeue_this_job().map_err(ConfigError::Run)?
             }
@@ -353,13 +353,13 @@ fn train_and_record(
 }
 
 /// How a process whose run a signal stopped exits: success when SLURM requeued the job (its next
-/// attempt goes on), else [`crate::signals::EXIT_PREEMPTED`].
+/// attempt goes on), else [`crate::platform::signals::EXIT_PREEMPTED`].
 pub fn preempted_exit_code() -> std::process::ExitCode {
-    match crate::signals::received_signal() == Some("SIGUSR1")
+    match crate::platform::signals::received_signal() == Some("SIGUSR1")
         && super::requeue::in_slurm_batch_job()
     {
         true => std::process::ExitCode::SUCCESS,
-        false => std::process::ExitCode::from(crate::signals::EXIT_PREEMPTED),
+        false => std::process::ExitCode::from(crate::platform::signals::EXIT_PREEMPTED),
     }
 }
 
@@ -369,7 +369,7 @@ pub fn preempted_message(signal: &str, output_dir: &Path) -> String {
         "{signal}: the run stopped at a resume checkpoint and is recorded as preempted in {} \
          (exit status {}); run the same command with ckpt_path=auto to continue it",
         records::display(&output_dir.join("run.json")),
-        crate::signals::EXIT_PREEMPTED
+        crate::platform::signals::EXIT_PREEMPTED
     )
 }
 

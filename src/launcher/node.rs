@@ -135,7 +135,7 @@ fn run_node(launch: &NodeLaunch) -> anyhow::Result<NodeEnd> {
         stop_all(&mut children);
         let cause = describe(failure.status);
         let log = rank_log(&launch.run_dir, failure.rank);
-        if crate::signals::preemption_requested() {
+        if crate::platform::signals::preemption_requested() {
             // Stopping anyway: the run ends at its last complete checkpoint, to be continued.
             tracing::warn!(
                 "worker rank {} {cause} while the run was stopping; the last complete checkpoint is kept",
@@ -256,7 +256,7 @@ fn watch(
     let mut passed_on: Option<Instant> = None;
     let mut preempted = false;
     loop {
-        if passed_on.is_none() && crate::signals::preemption_requested() {
+        if passed_on.is_none() && crate::platform::signals::preemption_requested() {
             for (_, child) in children.iter_mut() {
                 if matches!(child.try_wait(), Ok(None)) {
                     // SAFETY: signalling a child we started and have not reaped.
@@ -271,7 +271,7 @@ fn watch(
                 "the workers did not stop within trainer.preemption_grace_s={} after {}; the last complete \
                  checkpoint is kept (run the same command with ckpt_path=auto)",
                 launch.grace.as_secs(),
-                crate::signals::received_signal().unwrap_or("a stop signal")
+                crate::platform::signals::received_signal().unwrap_or("a stop signal")
             );
             return Ok(Ok(NodeEnd::Preempted));
         }
@@ -280,7 +280,9 @@ fn watch(
         for (i, (_, child)) in children.iter_mut().enumerate() {
             match child.try_wait()? {
                 None => running += 1,
-                Some(status) if status.code() == Some(crate::signals::EXIT_PREEMPTED.into()) => {
+                Some(status)
+                    if status.code() == Some(crate::platform::signals::EXIT_PREEMPTED.into()) =>
+                {
                     preempted = true;
                 }
                 Some(status) if !status.success() => {
@@ -328,7 +330,7 @@ pub(super) fn record_restart(
     resume_files: &[PathBuf],
     failure: &Failure,
     cause: &str,
-) -> crate::records::Restart {
+) -> crate::storage::records::Restart {
     let newest = resume_files
         .iter()
         .filter_map(|f| Some((std::fs::metadata(f).ok()?.modified().ok()?, f)))
@@ -336,9 +338,13 @@ pub(super) fn record_restart(
         .map(|(_, f)| f.clone());
     let step = newest
         .as_ref()
-        .and_then(|f| crate::checkpoint::read_training_state(f).ok().flatten())
+        .and_then(|f| {
+            crate::storage::checkpoint::read_training_state(f)
+                .ok()
+                .flatten()
+        })
         .map(|t| t.global_step);
-    let restart = crate::records::Restart {
+    let restart = crate::storage::records::Restart {
         at: chrono::Local::now().to_rfc3339(),
         cause: format!("rank {} (pid {}) {cause}", failure.rank, failure.pid),
         rank: failure.rank,
@@ -347,7 +353,7 @@ pub(super) fn record_restart(
         resumed_at_step: step,
     };
     if node == 0 {
-        if let Err(e) = crate::records::Restart::append(run_dir, restart.clone()) {
+        if let Err(e) = crate::storage::records::Restart::append(run_dir, restart.clone()) {
             tracing::warn!("could not record the restart in {}: {e}", run_dir.display());
         }
     }
@@ -355,7 +361,7 @@ pub(super) fn record_restart(
 }
 
 /// "checkpoints/last.safetensors (step 32)", or "the start".
-pub(super) fn resume_point(restart: &crate::records::Restart) -> String {
+pub(super) fn resume_point(restart: &crate::storage::records::Restart) -> String {
     restart
         .resumed_from
         .as_deref()
@@ -374,7 +380,7 @@ pub fn launch_node(
     let grace = watch.grace;
     // Caught, the launcher passes a stop signal on to its workers and waits for their checkpoint; its own
     // watchdog leaves them the grace and a margin.
-    if let Err(e) = crate::signals::arm_preemption(grace + Duration::from_secs(10)) {
+    if let Err(e) = crate::platform::signals::arm_preemption(grace + Duration::from_secs(10)) {
         tracing::warn!("could not catch SIGTERM/SIGUSR1 in the node launcher: {e}");
     }
     let exe = std::env::current_exe()
@@ -393,7 +399,7 @@ pub fn launch_node(
     let started = std::time::Instant::now();
     let end = run_node(&launch).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
     if end == NodeEnd::Preempted {
-        let signal = crate::signals::received_signal().unwrap_or("a stop signal");
+        let signal = crate::platform::signals::received_signal().unwrap_or("a stop signal");
         return Ok(JobOutcome {
             message: super::job::preempted_message(signal, output_dir),
             main_metric: None,

@@ -4,7 +4,7 @@
 //! that holds a different sweep, or one whose sweep is still running, is refused.
 
 use crate::config::errors::ConfigError;
-use crate::records::{self, JobState, SweepRecord, SweepState};
+use crate::storage::records::{self, JobState, SweepRecord, SweepState};
 use std::path::{Path, PathBuf};
 
 /// The sweep's record: a new plan, or the earlier record of the same sweep to resume.

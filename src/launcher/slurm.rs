@@ -450,7 +450,7 @@ pub fn record_beside_job(conf: &SlurmConf, submitted: &Submitted, output_dir: &P
         "stdout": submitted.log(&folder, "out"),
         "stderr": log_file(conf, submitted),
     });
-    let _ = crate::records::write_atomic(
+    let _ = crate::storage::records::write_atomic(
         &output_dir.join("slurm.json"),
         serde_json::to_string_pretty(&info)
             .unwrap_or_default()

@@ -72,7 +72,7 @@ pub fn run(
         let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S%.3f");
         let script = folder.join(format!("array-{stamp}-{n}.sbatch"));
         let text = slurm::sbatch_script(&conf, &group, cmd, &script);
-        crate::records::write_atomic(&script, text.as_bytes())
+        crate::storage::records::write_atomic(&script, text.as_bytes())
             .map_err(|e| ConfigError::Io(format!("could not write {}: {e}", script.display())))?;
         for job in &group.jobs {
             JobResult::clear(&cmd.sweep_dir, job.num);

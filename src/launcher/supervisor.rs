@@ -29,7 +29,8 @@ pub fn supervise(
     watch: NodeWatch,
 ) -> Result<JobOutcome, ConfigError> {
     let run_error = |e: anyhow::Error| ConfigError::Run(format!("{e:#}"));
-    if let Err(e) = crate::signals::arm_preemption(watch.grace + Duration::from_secs(10)) {
+    if let Err(e) = crate::platform::signals::arm_preemption(watch.grace + Duration::from_secs(10))
+    {
         tracing::warn!("could not catch SIGTERM/SIGUSR1 in the supervisor: {e}");
     }
     let exe = std::env::current_exe()
@@ -62,8 +63,8 @@ pub fn supervise(
         }
         // Stopped by a signal (passed on by this process, or its own): the run said so itself, or died
         // while stopping; either way it goes on from its last complete checkpoint.
-        if status.code() == Some(crate::signals::EXIT_PREEMPTED.into())
-            || crate::signals::preemption_requested()
+        if status.code() == Some(crate::platform::signals::EXIT_PREEMPTED.into())
+            || crate::platform::signals::preemption_requested()
         {
             return Ok(JobOutcome {
                 message: String::new(),
@@ -121,7 +122,7 @@ fn wait(
         if let Some(status) = children[0].1.try_wait()? {
             return Ok(status);
         }
-        if passed_on.is_none() && crate::signals::preemption_requested() {
+        if passed_on.is_none() && crate::platform::signals::preemption_requested() {
             // SAFETY: signalling the child we started and have not reaped.
             unsafe { libc::kill(children[0].1.id() as i32, libc::SIGTERM) };
             passed_on = Some(Instant::now());
@@ -132,7 +133,7 @@ fn wait(
                 "the run did not stop within trainer.preemption_grace_s={} after {}; the last complete \
                  checkpoint is kept (run the same command with ckpt_path=auto)",
                 grace.as_secs(),
-                crate::signals::received_signal().unwrap_or("a stop signal")
+                crate::platform::signals::received_signal().unwrap_or("a stop signal")
             );
             // Stopped: ends as preempted below.
             return Ok(children[0].1.wait()?);

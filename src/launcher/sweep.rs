@@ -19,7 +19,7 @@ use crate::config::tree::{Node, Value};
 use crate::config::yaml;
 use crate::introspect::print_cfg;
 use crate::project::Setup;
-use crate::records;
+use crate::storage::records;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -355,7 +355,7 @@ impl Tally {
             let why = format!(
                 "job #{num} was stopped by {} at a resume checkpoint; rerun with hydra.sweep.dir={} to \
                  continue the sweep",
-                crate::signals::received_signal().unwrap_or("a stop signal"),
+                crate::platform::signals::received_signal().unwrap_or("a stop signal"),
                 records::display(&self.sweep_dir)
             );
             eprintln!("{why}");
@@ -425,7 +425,7 @@ impl Tally {
             .iter()
             .any(|j| j.state == records::JobState::Preempted);
         Ok(if preempted {
-            ExitCode::from(crate::signals::EXIT_PREEMPTED)
+            ExitCode::from(crate::platform::signals::EXIT_PREEMPTED)
         } else if failed > 0 {
             ExitCode::from(1)
         } else {

@@ -10,7 +10,7 @@ use crate::config::hydra::runtime::is_hydra_override;
 use crate::config::hydra::{compose_with_hydra, parse_overrides};
 use crate::config::interpolate::ResolveContext;
 use crate::project::Setup;
-use crate::records::{write_atomic, JobState};
+use crate::storage::records::{write_atomic, JobState};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

@@ -18,7 +18,7 @@ pub struct TrialJudge {
 
 /// Name the journal of the search in `sweep_dir`.
 pub fn point_at(sweep_dir: &Path, journal: &Path) -> Result<(), ConfigError> {
-    crate::records::write_atomic(
+    crate::storage::records::write_atomic(
         &sweep_dir.join(POINTER),
         journal.display().to_string().as_bytes(),
     )

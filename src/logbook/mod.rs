@@ -139,7 +139,7 @@ impl Page {
     }
 
     fn finish(self, output: &Path, runs: usize) -> anyhow::Result<Written> {
-        crate::records::write_atomic(output, self.md.as_bytes())?;
+        crate::storage::records::write_atomic(output, self.md.as_bytes())?;
         Ok(Written {
             markdown: output.to_path_buf(),
             svgs: self.svgs,
@@ -151,7 +151,7 @@ impl Page {
     fn figure(&mut self, name: &str, alt: &str, svg: String) -> anyhow::Result<()> {
         let file = format!("{}-{}.svg", self.stem, file_safe(name));
         let path = self.out_dir.join(&file);
-        crate::records::write_atomic(&path, svg.as_bytes())?;
+        crate::storage::records::write_atomic(&path, svg.as_bytes())?;
         self.svgs.push(path);
         let _ = writeln!(self.md, "![{alt}]({file})\n");
         Ok(())

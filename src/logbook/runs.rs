@@ -4,7 +4,7 @@
 //! A sweep's plan (`sweep.json`) adds the jobs that have no run directory: failed before it was made, or
 //! never started because the sweep stopped or was killed.
 
-use crate::records::{JobState, PlannedJob, RunState, SweepRecord, SweepState};
+use crate::storage::records::{JobState, PlannedJob, RunState, SweepRecord, SweepState};
 use crate::trainer::{RunStatus, Summary};
 use anyhow::Context;
 use serde_json::Value;
@@ -72,7 +72,7 @@ pub struct Run {
     /// Known only from its sweep's plan: `dir` was never made.
     pub planned_only: bool,
     /// The launcher's restarts of the run's processes (`trainer.max_restarts`), from `run.json`.
-    pub restarts: Vec<crate::records::Restart>,
+    pub restarts: Vec<crate::storage::records::Restart>,
 }
 
 impl Run {
@@ -150,7 +150,7 @@ pub fn discover(paths: &[PathBuf]) -> anyhow::Result<Vec<Run>> {
         let Some(record) = SweepRecord::read(&sweep_dir)? else {
             continue;
         };
-        let sweep_alive = crate::records::process_alive(&record.host, record.pid);
+        let sweep_alive = crate::storage::records::process_alive(&record.host, record.pid);
         for job in &record.jobs {
             let known = runs
                 .iter()
@@ -319,7 +319,7 @@ fn status_of(dir: &Path, summary: Option<&Summary>) -> Status {
     match state {
         Some(st) if st.state == JobState::Failed => Status::Failed(st.error.unwrap_or_default()),
         Some(st) if st.state == JobState::Running => {
-            match crate::records::process_alive(&st.host, st.pid) {
+            match crate::storage::records::process_alive(&st.host, st.pid) {
                 None => Status::Unknown(format!("running on {} as process {}", st.host, st.pid)),
                 Some(true) => Status::Running,
                 Some(false) => {

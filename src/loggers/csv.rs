@@ -130,7 +130,7 @@ fn drop_rows_after(path: &Path, step: u64) -> std::io::Result<()> {
         out.push('\n');
     }
     if out != text {
-        crate::records::write_atomic(path, out.as_bytes())?;
+        crate::storage::records::write_atomic(path, out.as_bytes())?;
     }
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Dropout masks drawn on the host from the step's seeded generator: every backend draws the same mask,
 //! so runs agree across backends (and FSDP's recomputed stages replay the same masks).
 
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 
 /// Inverted-dropout multipliers (0 or 1/keep) drawn on the host from the step's seeded generator: every
 /// backend draws the same mask, so runs agree across backends.

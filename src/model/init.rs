@@ -1,7 +1,7 @@
 //! Deterministic parameter initialisation on the host, with PyTorch's default rules, so a seed gives the
 //! same starting weights in every backend and every process (no broadcast needed to agree).
 
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 use crate::tensor::HostTensor;
 
 /// `nn.Conv2d` / `nn.Linear` default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias

@@ -275,7 +275,7 @@ impl Strategy for DataParallel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rng::Rng;
+    use crate::platform::rng::Rng;
     use crate::schema::Backend;
     use rstest::rstest;
 

@@ -18,13 +18,13 @@ pub mod scatter;
 pub mod single;
 
 use crate::backend::{PendingStats, StateBytes, StepStats};
-use crate::checkpoint::TrainingState;
 use crate::comm::collective::{Collective, ReduceOp};
 use crate::comm::Distributed;
 use crate::data::loader::{Batch, StageBatch};
 use crate::optim::GradClip;
 use crate::plan::RunPlan;
 use crate::schema::Experiment;
+use crate::storage::checkpoint::TrainingState;
 use crate::tensor::StateDict;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -116,7 +116,7 @@ pub trait Strategy {
         if !self.ranks().is_global_zero() {
             return Ok(None);
         }
-        crate::checkpoint::save(path, &self.state_dict()?, training, config_yaml)?;
+        crate::storage::checkpoint::save(path, &self.state_dict()?, training, config_yaml)?;
         Ok(Some(path.to_path_buf()))
     }
     /// The dynamic loss scale (`16-mixed`), when there is one.

@@ -4,8 +4,8 @@
 //! files is the strategy's (`Strategy::save_checkpoint`, `Strategy::checkpoint_file`).
 
 use super::summary::RunStatus;
-use crate::checkpoint::{self, TrainingState};
 use crate::schema::{EarlyStopping, Experiment, Mode, ModelCheckpoint};
+use crate::storage::checkpoint::{self, TrainingState};
 use crate::strategy::Strategy;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
@@ -13,7 +13,7 @@ use std::time::Instant;
 
 /// Where checkpoints end up: the local file itself, or an `s3://` prefix they are uploaded to.
 pub struct Storage {
-    remote: Option<crate::s3::S3Url>,
+    remote: Option<crate::storage::s3::S3Url>,
 }
 
 impl Storage {
@@ -27,7 +27,7 @@ impl Storage {
     /// Fail before training, not at the first checkpoint, when the bucket cannot be reached.
     pub fn check_reachable(&self) -> anyhow::Result<()> {
         if let Some(prefix) = &self.remote {
-            crate::s3::exists(&prefix.join("last.safetensors"))
+            crate::storage::s3::exists(&prefix.join("last.safetensors"))
                 .with_context(|| format!("callbacks.model_checkpoint.dirpath={prefix}"))?;
         }
         Ok(())
@@ -53,7 +53,7 @@ impl Storage {
             .unwrap_or_default();
         let url = prefix.join(&name);
         let started = Instant::now();
-        crate::s3::upload(path, &url)?;
+        crate::storage::s3::upload(path, &url)?;
         tracing::info!(
             "uploaded {url} ({} bytes) in {:.1}s",
             std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
@@ -66,7 +66,7 @@ impl Storage {
     pub fn unpublish(&self, path: &Path) {
         let _ = std::fs::remove_file(path);
         if let (Some(prefix), Some(name)) = (&self.remote, path.file_name()) {
-            if let Err(e) = crate::s3::delete(&prefix.join(&name.to_string_lossy())) {
+            if let Err(e) = crate::storage::s3::delete(&prefix.join(&name.to_string_lossy())) {
                 tracing::warn!("could not delete the replaced checkpoint: {e:#}");
             }
         }
@@ -331,9 +331,11 @@ pub fn preemption_checkpoint(output_dir: &Path) -> PathBuf {
 /// `callbacks.model_checkpoint.dirpath` when it is an `s3://` prefix.
 pub(super) fn remote_checkpoint_prefix(
     exp: &Experiment,
-) -> anyhow::Result<Option<crate::s3::S3Url>> {
+) -> anyhow::Result<Option<crate::storage::s3::S3Url>> {
     match &exp.callbacks.model_checkpoint {
-        Some(c) if crate::s3::is_s3(&c.dirpath) => Ok(Some(crate::s3::S3Url::parse(&c.dirpath)?)),
+        Some(c) if crate::storage::s3::is_s3(&c.dirpath) => {
+            Ok(Some(crate::storage::s3::S3Url::parse(&c.dirpath)?))
+        }
         _ => Ok(None),
     }
 }

@@ -25,7 +25,7 @@ pub fn find_batch_size(
     let finding = search(cfg, train_set.len(), |b| {
         let mut trial_exp = exp.clone();
         trial_exp.data.batch_size = b;
-        let meter = crate::memory::Meter::start(&trial_exp)?;
+        let meter = crate::platform::memory::Meter::start(&trial_exp)?;
         {
             let mut strategy = crate::strategy::build(&trial_exp, plan, None)?;
             let spec = LoaderSpec {

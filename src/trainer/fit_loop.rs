@@ -11,7 +11,6 @@ use crate::backend::{StateBytes, StepStats};
 use crate::callbacks::batch_size_finder::Finding;
 use crate::callbacks::device_stats::DeviceStatsMonitor;
 use crate::callbacks::timer::Timer;
-use crate::checkpoint::TrainingState;
 use crate::data::loader::EpochLoader;
 use crate::loggers::{MetricSink, Row, RowKind};
 use crate::optim::plateau::Plateau;
@@ -19,6 +18,7 @@ use crate::optim::schedule::{Point, Schedule};
 use crate::optim::GradClip;
 use crate::plan::LoopPlan;
 use crate::schema::{Accelerator, Experiment, Interval, Precision, RunMetrics, SchedulerName};
+use crate::storage::checkpoint::TrainingState;
 use crate::strategy::{Ranks, Strategy};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -446,8 +446,10 @@ impl<'a> FitLoop<'a> {
 
     /// Did a stop signal reach any rank? (Every rank asks at the same step, so they agree.)
     fn stop_requested(&self) -> anyhow::Result<bool> {
-        Ok(crate::signals::preemption_armed()
-            && self.ranks.any(crate::signals::preemption_requested())?)
+        Ok(crate::platform::signals::preemption_armed()
+            && self
+                .ranks
+                .any(crate::platform::signals::preemption_requested())?)
     }
 
     /// The epoch's and the window's sums over every rank, for a mid-epoch checkpoint.
@@ -455,8 +457,8 @@ impl<'a> FitLoop<'a> {
         &self,
         epoch: StepStats,
         window: StepStats,
-    ) -> anyhow::Result<crate::checkpoint::RunningSums> {
-        Ok(crate::checkpoint::RunningSums {
+    ) -> anyhow::Result<crate::storage::checkpoint::RunningSums> {
+        Ok(crate::storage::checkpoint::RunningSums {
             epoch: self.ranks.sum_stats(epoch)?,
             window: self.ranks.sum_stats(window)?,
         })
@@ -476,7 +478,7 @@ impl<'a> FitLoop<'a> {
             .on_preempt(self.strategy.as_mut(), &self.state)?;
         self.strategy
             .save_checkpoint(&path, &self.state, self.keeper.config_yaml)?;
-        let signal = crate::signals::received_signal().unwrap_or("a stop signal");
+        let signal = crate::platform::signals::received_signal().unwrap_or("a stop signal");
         let status = RunStatus::preempted(signal, epoch, self.state.global_step, &path);
         tracing::warn!("{status}");
         Ok(status)

@@ -101,7 +101,10 @@ impl Profiler {
         std::fs::create_dir_all(&dir)?;
         let suffix = rank.map(|r| format!("-{r}")).unwrap_or_default();
         let path = dir.join(format!("fit-{filename}{suffix}.txt"));
-        crate::records::write_atomic(&path, format!("FIT Profiler Report\n{text}").as_bytes())?;
+        crate::storage::records::write_atomic(
+            &path,
+            format!("FIT Profiler Report\n{text}").as_bytes(),
+        )?;
         Ok(Some(path))
     }
 }

@@ -6,8 +6,8 @@
 //! (cut short, checksum wrong) is passed over for the one behind it by `checkpointing::restore`.
 
 use super::checkpointing::{preemption_checkpoint, remote_checkpoint_prefix, Storage};
-use crate::s3::S3Url;
 use crate::schema::Experiment;
+use crate::storage::s3::S3Url;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 
@@ -53,7 +53,8 @@ impl Candidate {
                     .unwrap_or("checkpoint.safetensors");
                 let local = output_dir.join(".resume").join(name);
                 tracing::info!("downloading {url}");
-                crate::s3::download(url, &local).with_context(|| format!("resuming from {url}"))?;
+                crate::storage::s3::download(url, &local)
+                    .with_context(|| format!("resuming from {url}"))?;
                 Ok(local)
             }
         }
@@ -96,13 +97,13 @@ pub fn candidates(
         match remote_checkpoint_prefix(exp)? {
             Some(prefix) => {
                 let last = mine_remote(prefix.join("last.safetensors"));
-                Ok(crate::s3::exists(&last)?.then(|| Candidate::remote(last)))
+                Ok(crate::storage::s3::exists(&last)?.then(|| Candidate::remote(last)))
             }
             None => Ok(None),
         }
     };
     match ckpt {
-        url if crate::s3::is_s3(url) => {
+        url if crate::storage::s3::is_s3(url) => {
             out.push(Candidate::remote(mine_remote(S3Url::parse(url)?)))
         }
         "last" => {

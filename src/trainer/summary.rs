@@ -78,7 +78,7 @@ impl Summary {
 
     /// Written atomically.
     pub fn write(&self, run_dir: &Path) -> anyhow::Result<()> {
-        crate::records::write_atomic(
+        crate::storage::records::write_atomic(
             &run_dir.join(Self::FILE),
             serde_json::to_string_pretty(self)?.as_bytes(),
         )?;
@@ -204,7 +204,7 @@ impl RunStatus {
     }
 }
 
-pub use crate::memory::{peak_rss_bytes, reset_peak_rss};
+pub use crate::platform::memory::{peak_rss_bytes, reset_peak_rss};
 
 /// The median of measured step times (forward, backward and optimizer step; no data loading).
 pub fn median(values: &[f64]) -> Option<f64> {

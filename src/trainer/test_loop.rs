@@ -27,7 +27,7 @@ pub fn load_best(strategy: &mut dyn Strategy, best: Option<&Path>) -> anyhow::Re
          multi-node run reads it from callbacks.model_checkpoint.dirpath, which must then be a shared \
          file system"
     );
-    let loaded = crate::checkpoint::load(Path::new(&file))?;
+    let loaded = crate::storage::checkpoint::load(Path::new(&file))?;
     strategy
         .load_state_dict(&loaded.state)
         .with_context(|| format!("test: loading the best checkpoint {file}"))?;

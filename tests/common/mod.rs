@@ -91,7 +91,7 @@ pub fn run_with(root: &Path, dir: &str, base: &[&str], extra: &[&str]) -> PathBu
 
 /// The weights and buffers (no optimizer state) of a run's last checkpoint.
 pub fn weights(run: &Path) -> trainyard::tensor::StateDict {
-    trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors"))
+    trainyard::storage::checkpoint::load(&run.join("checkpoints/last.safetensors"))
         .unwrap()
         .state
         .into_iter()

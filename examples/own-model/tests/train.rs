@@ -44,7 +44,8 @@ fn summary(run: &Path) -> serde_json::Value {
 }
 
 fn weights(run: &Path) -> Vec<(String, Vec<f32>)> {
-    let ckpt = trainyard::checkpoint::load(&run.join("checkpoints/last.safetensors")).unwrap();
+    let ckpt =
+        trainyard::storage::checkpoint::load(&run.join("checkpoints/last.safetensors")).unwrap();
     ckpt.state
         .into_iter()
         .filter(|(k, _)| !k.starts_with("optimizer."))

@@ -26,7 +26,7 @@ use candle_core::{Device, Tensor};
 /// A deterministic test tensor with values uniform in [lo, hi).
 #[cfg(test)]
 pub fn seeded(shape: &[usize], seed: u64, lo: f32, hi: f32) -> Tensor {
-    let mut rng = crate::rng::Rng::new(seed);
+    let mut rng = crate::platform::rng::Rng::new(seed);
     let n: usize = shape.iter().product();
     let v: Vec<f32> = (0..n)
         .map(|_| lo + rng.next_f64() as f32 * (hi - lo))

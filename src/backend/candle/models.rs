@@ -7,7 +7,7 @@ use crate::model::cnn::Cnn;
 use crate::model::dropout::dropout_mask;
 use crate::model::mlp::Mlp;
 use crate::model::Architecture;
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 use candle_core::{Result, Tensor, Var, D};
 use std::collections::BTreeMap;
 use std::sync::Arc;

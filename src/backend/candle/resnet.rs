@@ -311,7 +311,7 @@ impl CandleForward for ResNet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rng::Rng;
+    use crate::platform::rng::Rng;
     use candle_core::Device;
 
     #[test]

@@ -5,7 +5,7 @@
 use super::models::{Buffers, CandleForward, Pass};
 use super::CandleEngine;
 use crate::backend::units::StagedCompute;
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 use crate::tensor::Flat;
 use candle_core::{backprop::GradStore, DType, Tensor, Var};
 

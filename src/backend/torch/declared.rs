@@ -4,7 +4,7 @@
 
 use super::models::{add_, batch_norm_with, drop, get, relu_, Named, Norm};
 use crate::model::declared::{Declared, Layer, Op};
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 use tch::{Kind, Tensor};
 
 /// Stage `k` of a declared model (the same cut as on Candle).

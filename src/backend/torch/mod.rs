@@ -25,7 +25,7 @@ use crate::comm::collective::Collective;
 use crate::data::loader::{Batch, StageBatch};
 use crate::model::init;
 use crate::optim::{clip_factor, GradClip, Optimizer};
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 use crate::schema::{Accelerator, Experiment};
 use crate::tensor::{Flat, FlatHome, HostTensor, StateDict};
 use anyhow::Context;
@@ -121,7 +121,7 @@ fn apply_determinism(t: &crate::schema::TrainerConfig) -> anyhow::Result<()> {
 
 /// CUDA device `index` checked against what libtorch sees (a clear error instead of a CUDA one later).
 fn cuda(index: usize) -> anyhow::Result<Device> {
-    let count = crate::cuda::device_count();
+    let count = crate::platform::cuda::device_count();
     anyhow::ensure!(
         index < count,
         "cuda:{index} does not exist: libtorch sees {count} CUDA device(s); set trainer.devices to at most \
@@ -196,18 +196,18 @@ impl TchEngine {
             Accelerator::Cpu => Device::Cpu,
             Accelerator::Gpu | Accelerator::Cuda => {
                 anyhow::ensure!(
-                    crate::cuda::is_available(),
+                    crate::platform::cuda::is_available(),
                     "trainer.accelerator={}: {}; or set trainer.accelerator=cpu",
                     format!("{:?}", exp.trainer.accelerator).to_lowercase(),
-                    crate::cuda::why_unavailable()
+                    crate::platform::cuda::why_unavailable()
                 );
                 cuda(index)?
             }
-            Accelerator::Auto if crate::cuda::is_available() => cuda(index)?,
+            Accelerator::Auto if crate::platform::cuda::is_available() => cuda(index)?,
             Accelerator::Auto => Device::Cpu,
         };
         if make_current && device.is_cuda() {
-            crate::cuda::set_current_device(index)?;
+            crate::platform::cuda::set_current_device(index)?;
         }
         if exp.trainer.cudnn_benchmark {
             if device.is_cuda() {

@@ -7,7 +7,7 @@ use crate::model::dropout::dropout_mask;
 use crate::model::resnet::ResNet;
 use crate::model::vit::Vit;
 use crate::model::Architecture;
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -5,7 +5,7 @@
 
 use super::TchEngine;
 use crate::backend::units::StagedCompute;
-use crate::rng::Rng;
+use crate::platform::rng::Rng;
 use crate::tensor::{Flat, FlatHome};
 use std::collections::BTreeMap;
 use tch::{Device, Kind, Tensor};

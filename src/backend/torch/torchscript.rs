@@ -57,10 +57,10 @@ pub struct TorchScript {
 /// Load `path` (downloaded first when it is an `s3://` URL) onto `device`.
 pub fn load(path: &str, device: Device) -> anyhow::Result<CModule> {
     let local;
-    let file = if crate::s3::is_s3(path) {
-        let url = crate::s3::S3Url::parse(path)?;
+    let file = if crate::storage::s3::is_s3(path) {
+        let url = crate::storage::s3::S3Url::parse(path)?;
         local = tempfile_for(url.file_name());
-        crate::s3::download(&url, &local)?;
+        crate::storage::s3::download(&url, &local)?;
         local.as_path()
     } else {
         std::path::Path::new(path)
@@ -71,7 +71,7 @@ pub fn load(path: &str, device: Device) -> anyhow::Result<CModule> {
          (or torch.jit.trace), and give its path"
     );
     let loaded = CModule::load_on_device(file, device).map_err(|e| refused(path, &e.to_string()));
-    if crate::s3::is_s3(path) {
+    if crate::storage::s3::is_s3(path) {
         let _ = std::fs::remove_file(file);
     }
     loaded

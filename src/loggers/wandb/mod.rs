@@ -167,7 +167,7 @@ impl WandbSink {
             notes: non_empty(&s.notes).unwrap_or_default().to_string(),
             display_name: non_empty(&s.name).unwrap_or(run.task_name).to_string(),
             tags: s.tags.clone(),
-            host: crate::records::hostname(),
+            host: crate::storage::records::hostname(),
             start_time: Some(prost_types::Timestamp {
                 seconds: now.as_secs() as i64,
                 nanos: now.subsec_nanos() as i32,
@@ -290,7 +290,7 @@ impl WandbSink {
 
     /// Upload with the real client when asked to and able to; otherwise say how.
     fn upload_or_say_how(&self) {
-        let shown = crate::records::display(&self.dir);
+        let shown = crate::storage::records::display(&self.dir);
         let has_key = std::env::var_os("WANDB_API_KEY").is_some_and(|k| !k.is_empty());
         if self.sync && has_key {
             match std::process::Command::new("wandb")
@@ -359,7 +359,7 @@ impl Drop for WandbSink {
             let _ = self.end(1, &BTreeMap::new());
             eprintln!(
                 "W&B run (offline, failed): {}",
-                crate::records::display(&self.dir)
+                crate::storage::records::display(&self.dir)
             );
         }
     }

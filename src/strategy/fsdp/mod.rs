@@ -37,7 +37,6 @@ use units::{Comms, Exchange, Unit};
 
 use super::{Ranks, Strategy};
 use crate::backend::{self, Engine, Placement, Sharding, StateBytes, StepStats};
-use crate::checkpoint::TrainingState;
 use crate::comm::collective::{broadcast_state, Collective, ReduceOp};
 use crate::comm::Distributed;
 use crate::data::loader::{Batch, StageBatch};
@@ -45,6 +44,7 @@ use crate::model::stages::{group_stages, unit_layout, StageLayouts};
 use crate::optim::GradClip;
 use crate::optim::{OptTensor, Optimizer};
 use crate::schema::{Experiment, ShardingStrategy, StateDictType};
+use crate::storage::checkpoint::TrainingState;
 use crate::tensor::{Flat, FlatHome, HostTensor, StateDict};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
@@ -610,7 +610,7 @@ impl Strategy for Fsdp {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let mine = path.with_file_name(self.checkpoint_file(&name));
-        crate::checkpoint::save(&mine, &state, training, config_yaml)?;
+        crate::storage::checkpoint::save(&mine, &state, training, config_yaml)?;
         Ok(Some(mine))
     }
 

@@ -40,7 +40,7 @@ fn experiment(model: &str, sharding: &str, min_num_params: Option<usize>) -> Exp
 
 /// Rows `rows` of a fixed batch of 8 random images.
 fn batch(step: u64, rows: std::ops::Range<usize>) -> Batch {
-    let mut rng = crate::rng::Rng::new(step);
+    let mut rng = crate::platform::rng::Rng::new(step);
     let images: Vec<f32> = (0..8 * 3 * 8 * 8).map(|_| rng.normal() as f32).collect();
     let labels: Vec<u32> = (0..8u32).map(|i| (i * 7 + step as u32) % 4).collect();
     let px = 3 * 8 * 8;

@@ -153,7 +153,7 @@ mod client {
                 .await
                 .with_context(|| format!("{url}: download interrupted"))
         })?;
-        crate::records::write_atomic(local, &bytes)
+        crate::storage::records::write_atomic(local, &bytes)
             .with_context(|| format!("cannot write {}", local.display()))
     }
 

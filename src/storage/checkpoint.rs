@@ -81,7 +81,7 @@ pub fn save(
     );
     metadata.insert(CHECKSUM_KEY.to_string(), format!("{checksum:08x}"));
     let data = safetensors::serialize(views, Some(metadata))?;
-    crate::records::write_atomic(path, &data)
+    crate::storage::records::write_atomic(path, &data)
         .with_context(|| format!("writing checkpoint {}", path.display()))
 }
 

@@ -109,9 +109,9 @@ impl Meter {
         #[cfg(feature = "torch")]
         if uses_cuda(exp) {
             let mut before = Vec::new();
-            for index in 0..crate::cuda::device_count() {
-                crate::cuda::reset_peak(index)?;
-                before.push(crate::cuda::memory_stats(index)?.allocated);
+            for index in 0..crate::platform::cuda::device_count() {
+                crate::platform::cuda::reset_peak(index)?;
+                before.push(crate::platform::cuda::memory_stats(index)?.allocated);
             }
             return Ok(Meter::Cuda { before });
         }
@@ -147,7 +147,7 @@ impl Meter {
             Meter::Cuda { before } => {
                 let mut most = 0;
                 for (index, before) in before.iter().enumerate() {
-                    let peak = crate::cuda::memory_stats(index)?.peak_allocated;
+                    let peak = crate::platform::cuda::memory_stats(index)?.peak_allocated;
                     most = most.max(peak.saturating_sub(*before));
                 }
                 Ok(most)
@@ -190,7 +190,7 @@ fn uses_cuda(exp: &crate::schema::Experiment) -> bool {
     exp.backend == Backend::Tch
         && match exp.trainer.accelerator {
             Accelerator::Gpu | Accelerator::Cuda => true,
-            Accelerator::Auto => crate::cuda::is_available(),
+            Accelerator::Auto => crate::platform::cuda::is_available(),
             Accelerator::Cpu => false,
         }
 }
