@@ -5,7 +5,8 @@
 
 use candle_core::{Device, Tensor, Var};
 use std::time::Instant;
-use trainyard::backend::candle::{batchnorm, conv, conv_relu, direct, fused, CandleEngine};
+use trainyard::backend::candle::kernels::{batchnorm, conv, conv_relu, direct, fused};
+use trainyard::backend::candle::CandleEngine;
 use trainyard::backend::Engine;
 use trainyard::data::loader::Batch;
 
@@ -103,7 +104,7 @@ fn main() -> anyhow::Result<()> {
         _ => None,
     };
     if let Some(table) = per_op {
-        return trainyard::backend::candle::cpu::on_compute_pool(|| table(steps));
+        return trainyard::backend::candle::kernels::cpu::on_compute_pool(|| table(steps));
     }
     let mut engine = CandleEngine::new(&experiment(model, size)?)?;
     let x = rand(&[64, 3, size, size])?
@@ -156,7 +157,7 @@ fn main() -> anyhow::Result<()> {
     if which != "cnn" {
         return Ok(());
     }
-    trainyard::backend::candle::cpu::on_compute_pool(|| cnn_ops(steps))
+    trainyard::backend::candle::kernels::cpu::on_compute_pool(|| cnn_ops(steps))
 }
 
 /// The small CNN's kernels one at a time, forward and backward.

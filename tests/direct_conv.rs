@@ -9,8 +9,8 @@ mod common;
 use candle_core::Var;
 use common::kernels::{assert_same_gradients, max_diff, tensor, values};
 use rstest::rstest;
-use trainyard::backend::candle::batchnorm::{self, Then};
-use trainyard::backend::candle::direct;
+use trainyard::backend::candle::kernels::batchnorm::{self, Then};
+use trainyard::backend::candle::kernels::direct;
 use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
 use trainyard_conv::layout::{block, unblock};
 use trainyard_conv::Isa;
@@ -167,7 +167,8 @@ fn candle_op_gradients_match_the_im2col_path(
     let blocked = direct::layout::to_blocked(&x, isa.lanes()).unwrap();
     let ours = direct::conv::conv2d(isa, &blocked, &w, stride, padding).unwrap();
     let ours = direct::layout::from_blocked(&ours, 20).unwrap();
-    let theirs = trainyard::backend::candle::conv::conv2d(&x, &w, stride, padding).unwrap();
+    let theirs =
+        trainyard::backend::candle::kernels::conv::conv2d(&x, &w, stride, padding).unwrap();
     assert!(max_diff(&ours, &theirs) < 1e-5);
     let probe = tensor(ours.dims(), 6);
     assert_same_gradients((&ours, &theirs), &probe, &[&x, &w], 1e-4);
@@ -231,7 +232,7 @@ fn blocked_batch_norm_matches_the_planar_one(#[case] then: Then) {
 /// max-pooling on an odd-sized plane (the last row and column dropped, as PyTorch's floor mode does).
 #[test]
 fn blocked_bias_relu_and_max_pool_match_the_planar_ops() {
-    use trainyard::backend::candle::fused;
+    use trainyard::backend::candle::kernels::fused;
     let lanes = Isa::detected().lanes();
     let x = Var::from_tensor(&tensor(&[2, 11, 7, 5], 13)).unwrap();
     let bias = Var::from_tensor(&tensor(&[11], 14)).unwrap();

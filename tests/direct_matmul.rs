@@ -9,7 +9,7 @@ mod common;
 use candle_core::Var;
 use common::kernels::{assert_same_gradients, max_diff, tensor, values};
 use rstest::rstest;
-use trainyard::backend::candle::direct::matmul::{linear, matmul as candle_matmul};
+use trainyard::backend::candle::kernels::direct::matmul::{linear, matmul as candle_matmul};
 use trainyard_conv::gemm::{matmul, matmul_bias, Dims, Strides};
 use trainyard_conv::Isa;
 

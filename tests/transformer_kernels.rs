@@ -9,7 +9,7 @@ mod common;
 use candle_core::{Device, Tensor, Var, D};
 use common::kernels::{assert_same_gradients, max_diff, scaled};
 use rstest::rstest;
-use trainyard::backend::candle::direct;
+use trainyard::backend::candle::kernels::direct;
 use trainyard_conv::attention::{self, Heads};
 use trainyard_conv::rowwise;
 use trainyard_conv::Isa;

@@ -33,8 +33,8 @@ impl Autocast {
     /// `a @ b` (batched, broadcasting) under autocast's rules.
     pub fn matmul(self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
         if !self.bf16 {
-            return match super::direct::active() {
-                Some(isa) => super::direct::matmul::matmul(isa, a, b),
+            return match super::kernels::direct::active() {
+                Some(isa) => super::kernels::direct::matmul::matmul(isa, a, b),
                 None => a.broadcast_matmul(b),
             };
         }
@@ -45,8 +45,8 @@ impl Autocast {
     /// of the f32-accumulated result, as a bf16 `addmm` does.
     pub fn linear(self, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
         if !self.bf16 {
-            return match super::direct::active() {
-                Some(isa) => super::direct::matmul::linear(isa, x, w, b),
+            return match super::kernels::direct::active() {
+                Some(isa) => super::kernels::direct::matmul::linear(isa, x, w, b),
                 None => x.broadcast_matmul(&w.t()?)?.broadcast_add(b),
             };
         }
@@ -61,9 +61,9 @@ impl Autocast {
     /// `conv2d(x, w)` (`conv::conv2d`): under autocast, bf16 operands and one rounding of the result.
     pub fn conv2d(self, x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
         if !self.bf16 {
-            return super::conv::conv2d(x, w, stride, padding);
+            return super::kernels::conv::conv2d(x, w, stride, padding);
         }
-        let y = super::conv::conv2d(&self.round(x)?, &self.round(w)?, stride, padding)?;
+        let y = super::kernels::conv::conv2d(&self.round(x)?, &self.round(w)?, stride, padding)?;
         self.round(&y)
     }
 
@@ -78,10 +78,10 @@ impl Autocast {
         padding: usize,
     ) -> Result<Tensor> {
         if !self.bf16 {
-            return super::conv_relu::conv2d_bias_relu(x, w, bias, stride, padding);
+            return super::kernels::conv_relu::conv2d_bias_relu(x, w, bias, stride, padding);
         }
         let y = self.conv2d(x, w, stride, padding)?;
-        super::fused::relu(&super::fused::add_channel_bias(&y, bias)?)
+        super::kernels::fused::relu(&super::kernels::fused::add_channel_bias(&y, bias)?)
     }
 }
 

@@ -5,11 +5,11 @@
 //! has no blocked kernel gets its input back in NCHW first.
 
 use super::autocast::Autocast;
-use super::batchnorm::Then;
+use super::kernels::batchnorm::Then;
+use super::kernels::{direct, fused};
 use super::models::{dropout, param, Buffers, CandleForward, Params, Pass};
 use super::resnet::{batch_norm_with, blocks_activations, conv, BnConst};
 use super::vit::{gelu_erf, layer_norm_eps};
-use super::{direct, fused};
 use crate::model::declared::{Declared, Layer, Op};
 use candle_core::{Result, Tensor, D};
 
@@ -161,7 +161,7 @@ fn step(
                 return Ok((direct::elementwise::max_pool2(h)?, false));
             }
             let h = planar(h, channels)?;
-            if super::cpu::is_cpu_f32(&h) {
+            if super::kernels::cpu::is_cpu_f32(&h) {
                 (fused::max_pool2d(&h, *kernel, *stride, *padding)?, false)
             } else if *padding == 0 {
                 (h.max_pool2d_with_stride(*kernel, *stride)?, false)

@@ -2,18 +2,15 @@
 //! gradients accumulated across micro-batches, and PyTorch-equivalent SGD / Adam / AdamW updates.
 
 pub mod autocast;
-pub mod batchnorm;
-pub mod conv;
-pub mod conv_relu;
-pub mod cpu;
 mod declared;
-pub mod direct;
-pub mod fused;
+pub mod kernels;
 mod models;
 mod registered;
 mod resnet;
 mod staged;
 mod vit;
+
+use kernels::cpu;
 
 use super::{topk_hits, Engine, Gradient, Gradients, Placement, Sharding, StepStats};
 use crate::comm::collective::Collective;
@@ -656,9 +653,9 @@ mod tests {
     #[test]
     fn fused_sgd_matches_the_separate_operations() {
         use crate::optim::{OptTensor, SgdStep};
-        let p = crate::backend::candle::cpu::seeded(&[3, 70000], 1, -1.0, 1.0);
-        let g = crate::backend::candle::cpu::seeded(&[3, 70000], 2, -1.0, 1.0);
-        let b = crate::backend::candle::cpu::seeded(&[3, 70000], 3, -1.0, 1.0);
+        let p = crate::backend::candle::kernels::cpu::seeded(&[3, 70000], 1, -1.0, 1.0);
+        let g = crate::backend::candle::kernels::cpu::seeded(&[3, 70000], 2, -1.0, 1.0);
+        let b = crate::backend::candle::kernels::cpu::seeded(&[3, 70000], 3, -1.0, 1.0);
         for nesterov in [false, true] {
             let k = SgdStep {
                 lr: 0.1,

@@ -121,7 +121,7 @@ impl CandleForward for Mlp {
         match k {
             0 => x.flatten_from(1),
             k if k <= layers => {
-                let h = super::fused::relu(&linear(
+                let h = super::kernels::fused::relu(&linear(
                     p,
                     &format!("layers.{}", k - 1),
                     x,
@@ -151,15 +151,15 @@ impl CandleForward for Cnn {
                     get(p, &format!("{prefix}.weight"))?,
                     get(p, &format!("{prefix}.bias"))?,
                 );
-                let isa = super::direct::active().ok_or_else(|| {
+                let isa = super::kernels::direct::active().ok_or_else(|| {
                     candle_core::Error::Msg("blocked activations without a direct path".into())
                 })?;
-                let h = super::direct::conv::conv2d(isa, x, w, 1, 1)?;
-                let h = super::direct::elementwise::bias_relu(&h, b)?;
+                let h = super::kernels::direct::conv::conv2d(isa, x, w, 1, 1)?;
+                let h = super::kernels::direct::elementwise::bias_relu(&h, b)?;
                 if h.dim(2)? < 2 || h.dim(3)? < 2 {
                     Ok(h)
                 } else {
-                    super::direct::elementwise::max_pool2(&h)
+                    super::kernels::direct::elementwise::max_pool2(&h)
                 }
             }
             k if k <= self.blocks() => {
@@ -167,22 +167,22 @@ impl CandleForward for Cnn {
                 let h = if h.dim(2)? < 2 || h.dim(3)? < 2 {
                     h
                 } else if matches!(h.device(), candle_core::Device::Cpu) {
-                    super::fused::max_pool2d(&h, 2, 2, 0)?
+                    super::kernels::fused::max_pool2d(&h, 2, 2, 0)?
                 } else {
                     h.max_pool2d(2)?
                 };
                 // The first block (3 input channels) runs planar; the blocks after it blocked, where a
                 // direct path runs.
-                match super::direct::active().filter(|_| {
-                    k < self.blocks() && !pass.autocast.bf16 && super::cpu::is_cpu_f32(&h)
+                match super::kernels::direct::active().filter(|_| {
+                    k < self.blocks() && !pass.autocast.bf16 && super::kernels::cpu::is_cpu_f32(&h)
                 }) {
-                    Some(isa) => super::direct::layout::to_blocked(&h, isa.lanes()),
+                    Some(isa) => super::kernels::direct::layout::to_blocked(&h, isa.lanes()),
                     None => Ok(h),
                 }
             }
             _ => {
                 let x = if x.rank() == 5 {
-                    super::direct::layout::from_blocked(x, get(p, "head.weight")?.dim(1)?)?
+                    super::kernels::direct::layout::from_blocked(x, get(p, "head.weight")?.dim(1)?)?
                 } else {
                     x.clone()
                 };

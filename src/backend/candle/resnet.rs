@@ -5,8 +5,8 @@
 //! `cifar_stem`: a 3x3 stride-1 first conv and no max-pool, for 32x32 images.
 
 use super::autocast::Autocast;
-use super::batchnorm::{self, Then};
-use super::direct;
+use super::kernels::batchnorm::{self, Then};
+use super::kernels::direct;
 use super::models::{param, Buffers, CandleForward, Params, Pass};
 use crate::comm::collective::Collective;
 use crate::model::resnet::ResNet;
@@ -54,7 +54,7 @@ fn blocked_path(x: &Tensor) -> Option<direct::Isa> {
 /// Whether this pass keeps activations blocked between the stem and the head: on the CPU in f32 with a
 /// direct-convolution path (bf16 autocast keeps the im2col path, which rounds operands as autocast does).
 pub(super) fn blocks_activations(x: &Tensor, autocast: Autocast) -> Option<direct::Isa> {
-    direct::active().filter(|_| !autocast.bf16 && super::cpu::is_cpu_f32(x))
+    direct::active().filter(|_| !autocast.bf16 && super::kernels::cpu::is_cpu_f32(x))
 }
 
 /// BatchNorm2d: batch statistics in train mode (running stats updated with the unbiased variance, as
@@ -102,7 +102,7 @@ pub(super) fn batch_norm_with(
     }
     let y = batch_norm_basic_ops(gamma, beta, b, (name, x), train, bn)?;
     match then {
-        Then::Relu => super::fused::relu(&y),
+        Then::Relu => super::kernels::fused::relu(&y),
         Then::Nothing => Ok(y),
     }
 }
@@ -202,7 +202,7 @@ fn every_second(x: &Tensor, dim: usize, offset: usize, count: usize) -> Result<T
 /// 3x3 stride-2 padding-1 max-pool on non-negative input (it follows a ReLU, so zero padding is exact).
 pub(super) fn max_pool_3x3_s2(x: &Tensor) -> Result<Tensor> {
     if matches!(x.device(), candle_core::Device::Cpu) && x.dtype() == candle_core::DType::F32 {
-        return super::fused::max_pool2d(x, 3, 2, 1);
+        return super::kernels::fused::max_pool2d(x, 3, 2, 1);
     }
     max_pool_3x3_s2_views(x)
 }
@@ -304,7 +304,7 @@ impl CandleForward for ResNet {
             let o = conv(pa, &format!("{name}.conv2"), &o, 1, 1)?;
             batch_norm(p, b, (&format!("{name}.bn2"), &o), mode, Then::Nothing)?
         };
-        super::fused::add_relu(&out, &identity)
+        super::kernels::fused::add_relu(&out, &identity)
     }
 }
 

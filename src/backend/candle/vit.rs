@@ -29,8 +29,8 @@ pub(super) fn layer_norm_eps(p: &Params, name: &str, x: &Tensor, eps: f64) -> Re
         param(p, &format!("{name}.weight"))?,
         param(p, &format!("{name}.bias"))?,
     );
-    if let Some(isa) = super::direct::active() {
-        if let Some(y) = super::direct::rowwise::layer_norm(isa, x, w, b, eps)? {
+    if let Some(isa) = super::kernels::direct::active() {
+        if let Some(y) = super::kernels::direct::rowwise::layer_norm(isa, x, w, b, eps)? {
             return Ok(y);
         }
     }
@@ -44,8 +44,8 @@ pub(super) fn layer_norm_eps(p: &Params, name: &str, x: &Tensor, eps: f64) -> Re
 /// Softmax over the last dimension from basic ops (differentiable). The max is a constant shift, so
 /// it is detached.
 fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
-    if let Some(isa) = super::direct::active() {
-        if let Some(y) = super::direct::rowwise::softmax_last_dim(isa, x)? {
+    if let Some(isa) = super::kernels::direct::active() {
+        if let Some(y) = super::kernels::direct::rowwise::softmax_last_dim(isa, x)? {
             return Ok(y);
         }
     }
@@ -56,8 +56,8 @@ fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 
 /// GELU (erf form): one pass each way on the blocked path's CPUs, Candle's op otherwise.
 pub(super) fn gelu_erf(x: &Tensor) -> Result<Tensor> {
-    if let Some(isa) = super::direct::active() {
-        if let Some(y) = super::direct::rowwise::gelu_erf(isa, x)? {
+    if let Some(isa) = super::kernels::direct::active() {
+        if let Some(y) = super::kernels::direct::rowwise::gelu_erf(isa, x)? {
             return Ok(y);
         }
     }
@@ -70,8 +70,10 @@ fn attention(vit: &Vit, p: &Params, name: &str, x: &Tensor, ac: Autocast) -> Res
     let hd = d / vit.heads;
     let qkv = linear(p, &format!("{name}.qkv"), x, ac)?;
     let scale = 1.0 / (hd as f64).sqrt();
-    if let (Some(isa), false) = (super::direct::active(), ac.bf16) {
-        if let Some(out) = super::direct::attention::self_attention(isa, &qkv, vit.heads, scale)? {
+    if let (Some(isa), false) = (super::kernels::direct::active(), ac.bf16) {
+        if let Some(out) =
+            super::kernels::direct::attention::self_attention(isa, &qkv, vit.heads, scale)?
+        {
             return linear(p, &format!("{name}.proj"), &out, ac);
         }
     }

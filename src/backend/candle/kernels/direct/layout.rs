@@ -2,7 +2,7 @@
 //! is the other conversion). Channels past C in the last block are zeros, and stay zeros through the
 //! blocked ops, so a model only converts at its edges.
 
-use crate::backend::candle::cpu::{f32_slice as slice, with_f32};
+use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use trainyard_conv::layout::{block, unblock};
 
@@ -82,7 +82,7 @@ mod tests {
 
     #[test]
     fn blocking_round_trips_with_zero_lanes_past_the_channels() {
-        let x = crate::backend::candle::cpu::seeded(&[2, 5, 3, 2], 1, -1.0, 1.0);
+        let x = crate::backend::candle::kernels::cpu::seeded(&[2, 5, 3, 2], 1, -1.0, 1.0);
         let b = to_blocked(&x, 4).unwrap();
         assert_eq!(b.dims(), &[2, 2, 3, 2, 4]);
         // channel 1 of image 1 at pixel (2, 1) is block 0 lane 1
@@ -130,14 +130,14 @@ mod tests {
 
     #[test]
     fn gradients_pass_through_both_conversions() {
-        let x = Var::from_tensor(&crate::backend::candle::cpu::seeded(
+        let x = Var::from_tensor(&crate::backend::candle::kernels::cpu::seeded(
             &[1, 3, 2, 2],
             2,
             -1.0,
             1.0,
         ))
         .unwrap();
-        let probe = crate::backend::candle::cpu::seeded(&[1, 3, 2, 2], 3, -1.0, 1.0);
+        let probe = crate::backend::candle::kernels::cpu::seeded(&[1, 3, 2, 2], 3, -1.0, 1.0);
         let y = from_blocked(&to_blocked(&x, 8).unwrap(), 3).unwrap();
         let grads = (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
         let g = grads.get(&x).unwrap();

@@ -1,7 +1,7 @@
 //! The small CNN's other ops over blocked activations `(N, CB, H, W, L)`, each one Candle op with its own
 //! backward: `relu(x + bias)` per channel, and 2x2 max-pooling (stride 2, floor, as `nn.MaxPool2d(2)`).
 
-use crate::backend::candle::cpu::{f32_slice as slice, with_f32};
+use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -65,7 +65,7 @@ impl CustomOp2 for BiasRelu {
             with_f32(grad, |g| {
                 // The masked gradient is the input's; its per-channel sums (image by image, in order)
                 // the bias's.
-                let dx = crate::backend::candle::fused::relu_grad(y, g);
+                let dx = crate::backend::candle::kernels::fused::relu_grad(y, g);
                 let sums: Vec<Vec<f64>> = (0..cb)
                     .into_par_iter()
                     .map(|b| {

@@ -416,7 +416,7 @@ mod tests {
     use candle_core::{Device, Var};
 
     fn seeded(shape: &[usize], seed: u64) -> Tensor {
-        crate::backend::candle::cpu::seeded(shape, seed, -1.0, 1.0)
+        crate::backend::candle::kernels::cpu::seeded(shape, seed, -1.0, 1.0)
     }
 
     fn diff(a: &Tensor, b: &Tensor) -> f32 {

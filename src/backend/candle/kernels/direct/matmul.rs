@@ -210,7 +210,7 @@ impl candle_core::CustomOp3 for Linear {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let ((rows, k), out) = (x.dims2()?, w.dim(0)?);
         let dev = x.device();
-        crate::backend::candle::cpu::with_f32(grad, |dy| {
+        crate::backend::candle::kernels::cpu::with_f32(grad, |dy| {
             let sdy = Strides::contiguous(rows, out);
             let dx = if x.track_op() {
                 let d = Dims {

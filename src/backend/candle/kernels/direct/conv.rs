@@ -2,7 +2,7 @@
 //! own backward (input gradient only when something upstream needs it).
 
 use super::layout::with_blocked;
-use crate::backend::candle::cpu::{f32_slice as slice, with_f32};
+use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
 use trainyard_conv::Isa;

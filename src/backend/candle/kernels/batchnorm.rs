@@ -386,7 +386,7 @@ mod tests {
     use candle_core::{Device, Var, D};
 
     fn seeded(shape: &[usize], seed: u64) -> Tensor {
-        crate::backend::candle::cpu::seeded(shape, seed, -0.5, 1.5)
+        crate::backend::candle::kernels::cpu::seeded(shape, seed, -0.5, 1.5)
     }
 
     fn reference(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Tensor {

@@ -820,7 +820,7 @@ mod tests {
     use candle_core::Var;
 
     fn seeded(shape: &[usize], seed: u64) -> Tensor {
-        crate::backend::candle::cpu::seeded(shape, seed, -1.0, 1.0)
+        crate::backend::candle::kernels::cpu::seeded(shape, seed, -1.0, 1.0)
     }
 
     fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
