@@ -9,10 +9,12 @@ use crate::config::compose::RunMode;
 use crate::config::errors::ConfigError;
 use crate::config::hydra::{compose_with_hydra, parse_overrides};
 use crate::config::interpolate::ResolveContext;
-use crate::introspect::{complete, completion_script, groups_help, print_cfg, print_info};
+use crate::introspect::{
+    complete, completion_script, groups_help, print_cfg, print_info, CfgPrint,
+};
 use crate::launcher::job::{parse_now, run_job};
 use crate::launcher::sweep::run_sweep;
-use crate::project::{find_project, Setup};
+use crate::project::{find_project, ConfigLocation, Setup};
 use crate::storage::records;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use std::ffi::OsString;
@@ -105,7 +107,7 @@ pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, St
     let wants_help = args.iter().skip(1).any(|a| a == "--help" || a == "-h");
     let mut command = Cli::command();
     if wants_help {
-        if let Ok(setup) = Setup::discover(&Cli::parse_from(["train"])) {
+        if let Ok(setup) = Setup::discover(&ConfigLocation::default()) {
             command = command.after_help(groups_help(&setup.repo));
         }
     }
@@ -224,12 +226,30 @@ fn configured_mode(config: &crate::config::tree::Node) -> Option<RunMode> {
     }
 }
 
+/// Where the command line says configs come from.
+fn config_source(cli: &Cli) -> ConfigLocation {
+    ConfigLocation {
+        config_path: cli.config_path.clone(),
+        config_name: cli.config_name.clone(),
+        config_dir: cli.config_dir.clone(),
+    }
+}
+
+/// What `--cfg` asks to print, if it is given.
+fn cfg_print(cli: &Cli) -> Option<CfgPrint> {
+    cli.cfg.map(|kind| CfgPrint {
+        kind,
+        resolve: cli.resolve,
+        package: cli.package.clone(),
+    })
+}
+
 fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
     if let Some(shell) = cli.shell_completion {
         print!("{}", completion_script(shell));
         return Ok(ExitCode::SUCCESS);
     }
-    let setup = Setup::discover(cli)?;
+    let setup = Setup::discover(&config_source(cli))?;
     if let Some(word) = &cli.complete {
         for c in complete(&setup, word) {
             println!("{c}");
@@ -270,15 +290,27 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         Invocation::Sweep => {
             let mut overrides = overrides;
             overrides.extend(parse_overrides(&["hydra.mode=MULTIRUN".to_string()])?);
-            return run_sweep(cli, &setup, &overrides, &ctx);
+            if let Some(print) = cfg_print(cli) {
+                // `--cfg ... -m`: each job's config, as it would run.
+                let jobs =
+                    crate::launcher::sweep::cfg_jobs(&setup, &overrides, &ctx, print.resolve)?;
+                for (i, (config, job_ctx)) in jobs.iter().enumerate() {
+                    if i > 0 {
+                        println!("---");
+                    }
+                    print_cfg(&print, config, job_ctx)?;
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            return run_sweep(cli.fail_fast, &setup, &overrides, &ctx);
         }
     };
     if configured_mode(&composed.config).is_none() {
         // What composing with `hydra.mode=RUN` appended would give, without composing twice.
         crate::config::hydra::runtime::record_mode(&mut composed.config, RunMode::Run);
     }
-    if let Some(kind) = cli.cfg {
-        print_cfg(cli, kind, &composed.config, &ctx)?;
+    if let Some(print) = cfg_print(cli) {
+        print_cfg(&print, &composed.config, &ctx)?;
         return Ok(ExitCode::SUCCESS);
     }
     let job = run_job(&setup, composed, &cli.overrides, None, &ctx)?;

@@ -2,7 +2,7 @@
 //! package), `--info` (search path, defaults tree and list, config), `--help`'s list of config groups, and
 //! shell completion (`--shell-completion`, `--complete WORD`).
 
-use crate::cli::{CfgKind, Cli, InfoKind, Shell};
+use crate::cli::{CfgKind, InfoKind, Shell};
 use crate::config::compose::RunMode;
 use crate::config::errors::ConfigError;
 use crate::config::grammar::Override;
@@ -13,15 +13,19 @@ use crate::config::tree::Node;
 use crate::config::{defaults, yaml};
 use crate::project::Setup;
 
+/// What `--cfg` prints: which part, resolved or not, cut to a package or not.
+#[derive(Debug, Clone)]
+pub struct CfgPrint {
+    pub kind: CfgKind,
+    pub resolve: bool,
+    pub package: Option<String>,
+}
+
 /// `--cfg job|hydra|all` as Hydra's `show_cfg` prints it. With `--resolve`, `ctx.hydra` is the `hydra`
 /// node `${hydra:...}` reads: a placed job's (a sweep's job) or, when the caller has none, the node as
 /// composed (no run directory yet: `${hydra:runtime.output_dir}` is null, as under Hydra).
-pub fn print_cfg(
-    cli: &Cli,
-    kind: CfgKind,
-    full: &Node,
-    ctx: &ResolveContext,
-) -> Result<(), ConfigError> {
+pub fn print_cfg(print: &CfgPrint, full: &Node, ctx: &ResolveContext) -> Result<(), ConfigError> {
+    let kind = print.kind;
     let (job, hydra) = split_hydra(full.clone());
     let mut ctx = ctx.clone();
     if ctx.hydra.is_none() {
@@ -38,10 +42,10 @@ pub fn print_cfg(
         }
         CfgKind::All => full.clone(),
     };
-    if cli.resolve {
+    if print.resolve {
         node = resolve_leaving_missing(&node, &ctx)?;
     }
-    if let Some(key) = &cli.package {
+    if let Some(key) = &print.package {
         node = node.get(key).cloned().ok_or_else(|| {
             ConfigError::composition(format!("--package: no key '{key}' in the composed config"))
         })?;

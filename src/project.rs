@@ -1,7 +1,6 @@
 //! Where a run's configs come from and where its outputs go: the project root (found by walking up to
 //! `conf/train.yaml`, or `TRAIN_CONFIG_PATH`) and the config search path (`--config-path`, `--config-dir`).
 
-use crate::cli::Cli;
 use crate::config::errors::ConfigError;
 use crate::config::repository::{Repository, SearchRoot};
 use std::path::{Path, PathBuf};
@@ -11,16 +10,43 @@ const PROJECT_MARKER: &str = "conf/train.yaml";
 
 const DEFAULT_CONFIG_NAME: &str = "train";
 
+/// The command line's say on where configs come from (`--config-path`, `--config-name`, `--config-dir`).
+#[derive(Debug, Clone, Default)]
+pub struct ConfigLocation {
+    pub config_path: Option<PathBuf>,
+    pub config_name: Option<String>,
+    pub config_dir: Vec<PathBuf>,
+}
+
+impl ConfigLocation {
+    /// The same flags again, for the command line of a job started in its own process.
+    pub fn flags(&self) -> Vec<std::ffi::OsString> {
+        let mut flags = Vec::new();
+        if let Some(p) = &self.config_path {
+            flags.extend(["--config-path".into(), p.clone().into_os_string()]);
+        }
+        if let Some(n) = &self.config_name {
+            flags.extend(["--config-name".into(), n.into()]);
+        }
+        for d in &self.config_dir {
+            flags.extend(["--config-dir".into(), d.clone().into_os_string()]);
+        }
+        flags
+    }
+}
+
 /// Where configs come from and where outputs go.
 pub struct Setup {
     pub repo: Repository,
     pub config_name: String,
     /// Outputs (`logs/`) are written relative to this directory.
     pub project_root: PathBuf,
+    /// How the command line named them.
+    pub source: ConfigLocation,
 }
 
 impl Setup {
-    pub fn discover(cli: &Cli) -> Result<Setup, ConfigError> {
+    pub fn discover(cli: &ConfigLocation) -> Result<Setup, ConfigError> {
         let cwd = std::env::current_dir()
             .map_err(|e| ConfigError::Io(format!("no current directory: {e}")))?;
         let config_name = cli
@@ -75,6 +101,7 @@ impl Setup {
             repo: Repository::new(roots),
             config_name,
             project_root,
+            source: cli.clone(),
         })
     }
 }

@@ -85,6 +85,16 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "the search engine (samplers, study, pruner) is pure: the sweeper drives it",
     ),
     (
+        "src/launcher",
+        &["app", "introspect"],
+        "the launcher never names the app that drives it, nor the printing beside it",
+    ),
+    (
+        "src/introspect.rs",
+        &["launcher", "app"],
+        "looking without running names nothing that runs",
+    ),
+    (
         "src/storage",
         &["strategy", "plan", "trainer", "launcher", "app", "introspect"],
         "a run's records and checkpoints are written by the layers above; storage names none of them",
@@ -174,4 +184,34 @@ fn the_check_sees_paths_not_prefixes_or_comments() {
         "use crate::strategy::Ranks;\n// crate::strategy in a comment\nuse crate::strategyx;\n";
     assert_eq!(naming(text, "strategy").len(), 1);
     assert_eq!(naming("let x = crate::trainer::fit();", "trainer")[0].0, 1);
+}
+
+/// `app` turns the command line into plans once; nothing below it reads the parsed command line itself.
+#[test]
+fn nothing_below_app_reads_the_command_line() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let mut found = Vec::new();
+    for file in files {
+        let name = file.strip_prefix(root).unwrap().display().to_string();
+        if ["src/app.rs", "src/cli.rs", "src/main.rs"].contains(&name.as_str()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if code
+                .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .any(|word| word == "Cli")
+            {
+                found.push(format!("{name}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "cli::Cli below app:\n{}",
+        found.join("\n")
+    );
 }

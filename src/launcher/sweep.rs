@@ -7,7 +7,6 @@ use super::job::{run_job, SweepSlot};
 use super::local::{joblib_n_jobs, JobCommand, LocalLauncher, SweepJob};
 use super::place::place_job;
 use super::sweep_job::JobResult;
-use crate::cli::{CfgKind, Cli};
 use crate::config::compose::RunMode;
 use crate::config::errors::ConfigError;
 use crate::config::grammar::Override;
@@ -17,90 +16,128 @@ use crate::config::interpolate::{resolve_path, ResolveContext};
 use crate::config::sweep;
 use crate::config::tree::{Node, Value};
 use crate::config::yaml;
-use crate::introspect::print_cfg;
 use crate::project::Setup;
 use crate::storage::records;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-pub fn run_sweep(
-    cli: &Cli,
+/// What every sweep starts from: the master config (composed as a multirun), the jobs the basic sweeper
+/// expands (none for a search, which chooses them as it runs), and how each job is composed.
+struct SweepStart {
+    master: crate::config::compose::Composed,
+    /// The command line's overrides of the job config (a search's settings read them).
+    job_args: Vec<Override>,
+    optuna: bool,
+    jobs: Vec<Vec<String>>,
+    /// The sweep's Hydra overrides, composed first into every job (Hydra's `load_sweep_config`).
+    hydra_overrides: Vec<String>,
+}
+
+impl SweepStart {
+    fn compose(setup: &Setup, overrides: &[Override]) -> Result<SweepStart, ConfigError> {
+        let master = compose_with_hydra(
+            &setup.repo,
+            &setup.config_name,
+            overrides,
+            RunMode::Multirun,
+        )?;
+        sweep::refuse_sweeps_over_hydra(overrides)?;
+        for warning in master.defaults.dropped_warnings(&setup.repo) {
+            eprintln!("{warning}");
+        }
+        let params: Vec<String> = match master.config.get("hydra.sweeper.params").map(|n| &n.value)
+        {
+            Some(Value::Map(m)) => m
+                .iter()
+                .map(|(k, v)| format!("{k}={}", sweep::param_override_text(v)))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let job_args: Vec<Override> = overrides
+            .iter()
+            .filter(|o| !is_hydra_override(o))
+            .cloned()
+            .collect();
+        let optuna = master
+            .config
+            .get("hydra.runtime.choices")
+            .and_then(|c| c.as_map())
+            .and_then(|m| m.get("hydra/sweeper"))
+            .and_then(Node::as_str)
+            == Some("optuna");
+        // A search chooses its jobs as it runs; the basic sweeper expands them all now.
+        let jobs = match optuna {
+            true => Vec::new(),
+            false => sweep::expand(&setup.repo, &params, overrides)?,
+        };
+        let hydra_overrides: Vec<String> = overrides
+            .iter()
+            .filter(|o| is_hydra_override(o))
+            .map(|o| o.input.clone())
+            .collect();
+        Ok(SweepStart {
+            master,
+            job_args,
+            optuna,
+            jobs,
+            hydra_overrides,
+        })
+    }
+
+    /// A job's overrides, the sweep's Hydra overrides first.
+    fn job_overrides(&self, job: &[String]) -> Result<Vec<Override>, ConfigError> {
+        let texts: Vec<String> = self.hydra_overrides.iter().chain(job).cloned().collect();
+        parse_overrides(&texts)
+    }
+}
+
+/// `--cfg ... -m`: every job's config as it would run, and (`resolve`) the context it resolves in — its
+/// number and its directory in the sweep. The caller prints them.
+pub fn cfg_jobs(
     setup: &Setup,
     overrides: &[Override],
     ctx: &ResolveContext,
-) -> Result<ExitCode, ConfigError> {
-    let master = compose_with_hydra(
-        &setup.repo,
-        &setup.config_name,
-        overrides,
-        RunMode::Multirun,
-    )?;
-    sweep::refuse_sweeps_over_hydra(overrides)?;
-    for warning in master.defaults.dropped_warnings(&setup.repo) {
-        eprintln!("{warning}");
-    }
-    let params: Vec<String> = match master.config.get("hydra.sweeper.params").map(|n| &n.value) {
-        Some(Value::Map(m)) => m
-            .iter()
-            .map(|(k, v)| format!("{k}={}", sweep::param_override_text(v)))
-            .collect(),
-        _ => Vec::new(),
-    };
-    let job_args: Vec<Override> = overrides
-        .iter()
-        .filter(|o| !is_hydra_override(o))
-        .cloned()
-        .collect();
-    let optuna = master
-        .config
-        .get("hydra.runtime.choices")
-        .and_then(|c| c.as_map())
-        .and_then(|m| m.get("hydra/sweeper"))
-        .and_then(Node::as_str)
-        == Some("optuna");
-    // A search chooses its jobs as it runs; the basic sweeper expands them all now.
-    let jobs = match optuna {
-        true => Vec::new(),
-        false => sweep::expand(&setup.repo, &params, overrides)?,
-    };
-    // Every job is composed with the sweep's Hydra overrides first, then its own (Hydra's load_sweep_config).
-    let hydra_overrides: Vec<String> = overrides
-        .iter()
-        .filter(|o| is_hydra_override(o))
-        .map(|o| o.input.clone())
-        .collect();
-    let job_overrides = |job: &[String]| {
-        let texts: Vec<String> = hydra_overrides.iter().chain(job).cloned().collect();
-        parse_overrides(&texts)
-    };
-    if cli.cfg.is_some() && optuna {
+    resolve: bool,
+) -> Result<Vec<(Node, ResolveContext)>, ConfigError> {
+    let start = SweepStart::compose(setup, overrides)?;
+    if start.optuna {
         return Err(ConfigError::composition(
             "--cfg with hydra/sweeper=optuna: a search chooses its trials' values as it runs, so there \
              are no jobs to print yet; print one job's config without -m",
         ));
     }
-    if cli.cfg.is_some() {
-        for (i, job) in jobs.iter().enumerate() {
-            let parsed = job_overrides(job)?;
-            let composed =
-                compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)?;
-            if i > 0 {
-                println!("---");
+    let mut out = Vec::new();
+    for (i, job) in start.jobs.iter().enumerate() {
+        let parsed = start.job_overrides(job)?;
+        let composed = compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run)?;
+        let job_ctx = match resolve {
+            true => {
+                let (job_cfg, hydra) = split_hydra(composed.config.clone());
+                let sweep_dir = setup.project_root.join("logs").join("<sweep>");
+                place_job(setup, &job_cfg, hydra, i, Some(&sweep_dir), ctx)?.ctx
             }
-            // Resolved, each job reads its number and its directory in the sweep as it would run.
-            let job_ctx = match cli.resolve {
-                true => {
-                    let (job_cfg, hydra) = split_hydra(composed.config.clone());
-                    let sweep_dir = setup.project_root.join("logs").join("<sweep>");
-                    place_job(setup, &job_cfg, hydra, i, Some(&sweep_dir), ctx)?.ctx
-                }
-                false => ctx.clone(),
-            };
-            let kind = cli.cfg.unwrap_or(CfgKind::Job);
-            print_cfg(cli, kind, &composed.config, &job_ctx)?;
-        }
-        return Ok(ExitCode::SUCCESS);
+            false => ctx.clone(),
+        };
+        out.push((composed.config, job_ctx));
     }
+    Ok(out)
+}
+
+/// Run a sweep: the basic sweeper's jobs, or a search's trials, through the configured launcher
+/// (`fail_fast`: stop at the first failed job).
+pub fn run_sweep(
+    fail_fast: bool,
+    setup: &Setup,
+    overrides: &[Override],
+    ctx: &ResolveContext,
+) -> Result<ExitCode, ConfigError> {
+    let SweepStart {
+        master,
+        job_args,
+        jobs,
+        hydra_overrides,
+        ..
+    } = SweepStart::compose(setup, overrides)?;
     let (job_cfg, hydra) = split_hydra(master.config.clone());
     let settings = HydraSettings::read(&hydra)?;
     check_sweeper(&settings)?;
@@ -142,7 +179,7 @@ pub fn run_sweep(
             exe: std::env::current_exe().map_err(|e| {
                 ConfigError::Io(format!("cannot find this program to start jobs: {e}"))
             })?,
-            config_flags: config_flags(cli),
+            config_flags: setup.source.flags(),
             hydra_overrides: hydra_overrides.clone(),
             sweep_dir: sweep_dir.clone(),
             now: ctx.now.to_rfc3339(),
@@ -155,14 +192,14 @@ pub fn run_sweep(
     };
     if let Some((search, metric)) = search {
         let record = super::resume::reopen(&sweep_dir, &task_name)?;
-        let tally = Tally::new(&sweep_dir, record, cli.fail_fast);
+        let tally = Tally::new(&sweep_dir, record, fail_fast);
         tally.save()?;
         return super::search_sweep::run(&launch, &search, &metric, &task_name, tally);
     }
     // The plan, before any job runs: the logbook lists every job from it, started or not. An earlier
     // record of the same sweep in this directory is resumed.
     let (record, resumed) = super::resume::plan_or_resume(&sweep_dir, &task_name, &jobs)?;
-    let mut tally = Tally::new(&sweep_dir, record, cli.fail_fast);
+    let mut tally = Tally::new(&sweep_dir, record, fail_fast);
     tally.save()?;
     let todo: Vec<SweepJob> = tally
         .record
@@ -432,21 +469,6 @@ impl Tally {
             ExitCode::SUCCESS
         })
     }
-}
-
-/// The config flags the sweep was started with, for its jobs' command lines.
-fn config_flags(cli: &Cli) -> Vec<std::ffi::OsString> {
-    let mut flags = Vec::new();
-    if let Some(p) = &cli.config_path {
-        flags.extend(["--config-path".into(), p.clone().into_os_string()]);
-    }
-    if let Some(n) = &cli.config_name {
-        flags.extend(["--config-name".into(), n.into()]);
-    }
-    for d in &cli.config_dir {
-        flags.extend(["--config-dir".into(), d.clone().into_os_string()]);
-    }
-    flags
 }
 
 /// The joblib launcher (`n_jobs`, `timeout` in seconds) or submitit's local one (every job at once,
