@@ -318,7 +318,7 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         println!("{}", job.message);
     }
     if job.preempted {
-        return Ok(crate::launcher::job::preempted_exit_code());
+        return Ok(crate::launcher::outcome::preempted_exit_code());
     }
     Ok(ExitCode::SUCCESS)
 }

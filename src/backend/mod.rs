@@ -22,7 +22,7 @@ pub use capabilities::{BackwardOverlap, LossScaler, Sharding};
 use std::sync::Arc;
 
 /// What one forward pass measured (sums, so batches of different sizes combine exactly).
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct StepStats {
     pub loss_sum: f64,
     pub correct1: u64,

@@ -2,7 +2,7 @@
 //! (`conf/` at the root, `experiments/` as the `experiment` group), with Hydra's own groups (`hydra/...`,
 //! built in) before and after them as Hydra orders its search path. Loads each config once.
 
-use super::defaults::{parse_defaults_list, InputDefault};
+use super::default_entry::{parse_defaults_list, InputDefault};
 use super::errors::ConfigError;
 use super::hydra::builtin::{BuiltinConfig, BUILTIN};
 use super::tree::{Node, Value};

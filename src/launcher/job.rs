@@ -3,6 +3,7 @@
 
 use super::logs::{with_rank_log, with_run_log, LogSetup};
 use super::node::launch_node;
+use super::outcome::{preempted_message, report, JobOutcome};
 use super::place::place_job;
 use crate::comm::Distributed;
 use crate::config::compose::Composed;
@@ -14,20 +15,8 @@ use crate::config::yaml;
 use crate::plan::{Machine, RunPlan};
 use crate::project::Setup;
 use crate::storage::records::{self, JobInfo};
-use crate::trainer::{Job, Summary};
+use crate::trainer::Job;
 use std::path::{Path, PathBuf};
-
-/// What one job did.
-pub struct JobOutcome {
-    pub output_dir: PathBuf,
-    pub message: String,
-    /// Final `val/acc1`, shown in the sweep table.
-    pub main_metric: Option<f64>,
-    /// This process's rank in the run (0 for a run of one process): rank 0 reports the job.
-    pub rank: usize,
-    /// The cluster's warning signal stopped the job at a checkpoint; it was requeued to resume.
-    pub preempted: bool,
-}
 
 /// A job's place in a sweep: the sweep's directory and the job's number.
 #[derive(Clone, Copy)]
@@ -350,47 +339,6 @@ fn train_and_record(
         rank: 0,
         preempted: false,
     })
-}
-
-/// How a process whose run a signal stopped exits: success when SLURM requeued the job (its next
-/// attempt goes on), else [`crate::platform::signals::EXIT_PREEMPTED`].
-pub fn preempted_exit_code() -> std::process::ExitCode {
-    match crate::platform::signals::received_signal() == Some("SIGUSR1")
-        && super::requeue::in_slurm_batch_job()
-    {
-        true => std::process::ExitCode::SUCCESS,
-        false => std::process::ExitCode::from(crate::platform::signals::EXIT_PREEMPTED),
-    }
-}
-
-/// What a run stopped by a signal tells its user.
-pub fn preempted_message(signal: &str, output_dir: &Path) -> String {
-    format!(
-        "{signal}: the run stopped at a resume checkpoint and is recorded as preempted in {} \
-         (exit status {}); run the same command with ckpt_path=auto to continue it",
-        records::display(&output_dir.join("run.json")),
-        crate::platform::signals::EXIT_PREEMPTED
-    )
-}
-
-/// The console's report of a finished job (`processes`: how many trained it, when more than one).
-pub fn report(summary: &Summary, output_dir: &Path, processes: Option<(usize, f64)>) -> String {
-    let (on, seconds) = match processes {
-        Some((n, s)) => (format!(" on {n} process(es)"), s),
-        None => (String::new(), summary.wall_time_s),
-    };
-    format!(
-        "{}: {} after {} epochs ({} steps){on} in {seconds:.1}s; {}\nRun directory: {}",
-        summary.task_name,
-        summary.status,
-        summary.epochs_completed,
-        summary.global_step,
-        match summary.headline() {
-            Some((name, value)) => format!("{name} {value:.4}"),
-            None => "no validation".to_string(),
-        },
-        records::display(output_dir)
-    )
 }
 
 /// A launch time from the launcher or rank 0, in its own offset (not converted to this node's zone).

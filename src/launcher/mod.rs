@@ -8,9 +8,11 @@
 
 pub mod extras;
 pub mod job;
+pub mod launch;
 pub mod local;
 pub mod logs;
 pub mod node;
+pub mod outcome;
 pub mod place;
 pub mod requeue;
 pub mod resume;
@@ -20,4 +22,5 @@ pub mod slurm_sweep;
 pub mod supervisor;
 pub mod sweep;
 pub mod sweep_job;
+pub mod tally;
 pub mod trial_judge;

@@ -4,7 +4,7 @@
 //! `trainer.max_restarts=N` (torchrun's `--max-restarts`), start them all again from the run's latest
 //! checkpoint, recording each restart in the run directory (`restarts.json`, copied into `run.json`).
 
-use super::job::{report, JobOutcome};
+use super::outcome::{report, JobOutcome};
 use crate::comm::env::Cluster;
 use crate::config::errors::ConfigError;
 use crate::config::interpolate::ResolveContext;
@@ -401,7 +401,7 @@ pub fn launch_node(
     if end == NodeEnd::Preempted {
         let signal = crate::platform::signals::received_signal().unwrap_or("a stop signal");
         return Ok(JobOutcome {
-            message: super::job::preempted_message(signal, output_dir),
+            message: super::outcome::preempted_message(signal, output_dir),
             main_metric: None,
             output_dir: output_dir.to_path_buf(),
             rank: 0,

@@ -5,7 +5,8 @@
 //! the command with `hydra.sweep.dir=` continues it, completed and pruned trials kept, failed and
 //! unfinished ones run again under their own numbers and values.
 
-use super::sweep::{JobLauncher, Tally};
+use super::launch::JobLauncher;
+use super::tally::Tally;
 use super::trial_judge::point_at;
 use crate::config::errors::{at, did_you_mean, ConfigError};
 use crate::config::grammar::{parse_override, Element, ParsedValue, Quote};

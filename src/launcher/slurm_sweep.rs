@@ -5,8 +5,8 @@
 
 use super::local::{JobCommand, SweepJob};
 use super::slurm::{self, ArrayGroup, SlurmConf, Submitted};
-use super::sweep::Tally;
 use super::sweep_job::JobResult;
+use super::tally::Tally;
 use crate::config::errors::ConfigError;
 use crate::config::tree::Node;
 use std::collections::BTreeMap;

@@ -3,10 +3,10 @@
 //! to it, and when it fails starts it again from the run's newest checkpoint, recording each restart,
 //! as the node launcher does for its workers.
 
-use super::job::{report, JobOutcome};
 use super::node::{
     describe, record_restart, resume_point, stop_all, Failure, NodeWatch, RESTART_ENV,
 };
+use super::outcome::{report, JobOutcome};
 use crate::config::errors::ConfigError;
 use crate::config::interpolate::ResolveContext;
 use crate::trainer::Summary;

@@ -97,7 +97,7 @@ pub fn run_sweep_job(
         Ok(o) if o.preempted => {
             println!("{}", o.message);
             // Requeued: the job's next attempt reports it; otherwise the sweep sees it stopped.
-            return Ok(super::job::preempted_exit_code());
+            return Ok(super::outcome::preempted_exit_code());
         }
         Ok(o) if o.rank > 0 => return Ok(ExitCode::SUCCESS),
         Ok(o) => JobResult {

@@ -41,10 +41,20 @@ pub struct TrainingState {
 }
 
 /// Training statistics summed since the epoch and since the last logged step (`TrainingState::running`).
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunningSums {
-    pub epoch: crate::backend::StepStats,
-    pub window: crate::backend::StepStats,
+    pub epoch: StatSums,
+    pub window: StatSums,
+}
+
+/// A step's statistics summed over samples (the trainer's `StepStats`, as the checkpoint stores them).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StatSums {
+    pub loss_sum: f64,
+    pub correct1: u64,
+    pub correct5: u64,
+    pub count: u64,
+    pub metric_sums: Vec<f64>,
 }
 
 pub fn save(

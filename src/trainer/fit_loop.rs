@@ -5,6 +5,7 @@
 
 use super::checkpointing::{Keeper, Storage};
 use super::profiler::Profiler;
+use super::running_sums;
 use super::summary::{median, peak_rss_bytes, BestMetric, RunStatus, Summary};
 use super::{DataSets, Job};
 use crate::backend::{StateBytes, StepStats};
@@ -281,7 +282,10 @@ impl<'a> FitLoop<'a> {
         // Resumed mid-epoch: the sums so far over every rank continue on rank 0.
         let running = self.state.running.take().filter(|_| skip > 0);
         let (mut epoch_stats, mut window) = match running {
-            Some(r) if self.ranks.is_global_zero() => (r.epoch, r.window),
+            Some(r) if self.ranks.is_global_zero() => (
+                running_sums::from_sums(&r.epoch),
+                running_sums::from_sums(&r.window),
+            ),
             _ => (StepStats::default(), StepStats::default()),
         };
         let mut step_compute = 0.0;
@@ -459,8 +463,8 @@ impl<'a> FitLoop<'a> {
         window: StepStats,
     ) -> anyhow::Result<crate::storage::checkpoint::RunningSums> {
         Ok(crate::storage::checkpoint::RunningSums {
-            epoch: self.ranks.sum_stats(epoch)?,
-            window: self.ranks.sum_stats(window)?,
+            epoch: running_sums::to_sums(&self.ranks.sum_stats(epoch)?),
+            window: running_sums::to_sums(&self.ranks.sum_stats(window)?),
         })
     }
 

@@ -16,6 +16,7 @@ pub mod finder;
 mod fit_loop;
 pub mod profiler;
 mod resume_from;
+mod running_sums;
 pub use resume_from::own_checkpoints;
 mod sinks;
 pub mod summary;
@@ -175,7 +176,7 @@ fn fit_with(
     {
         print_model_summary(exp, ms.max_depth)?;
     }
-    let (resumed_state, resumed_from) = checkpointing::restore(
+    let (resumed_state, resumed_from) = resume_from::restore(
         exp,
         strategy.as_mut(),
         job.output_dir,

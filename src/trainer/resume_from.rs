@@ -7,7 +7,9 @@
 
 use super::checkpointing::{preemption_checkpoint, remote_checkpoint_prefix, Storage};
 use crate::schema::Experiment;
+use crate::storage::checkpoint::{self, TrainingState};
 use crate::storage::s3::S3Url;
+use crate::strategy::Strategy;
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 
@@ -236,4 +238,69 @@ fn file_name(path: &Path) -> String {
     path.file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default()
+}
+
+/// Load what the run starts from: published weights (`model.pretrained`, every rank reads the file),
+/// then a checkpoint to resume (`ckpt_path`: each rank its own part of it). Returns the training state
+/// to resume at and where the checkpoint came from.
+pub fn restore(
+    exp: &Experiment,
+    strategy: &mut dyn Strategy,
+    output_dir: &Path,
+    resume_own: bool,
+    job_config: &str,
+) -> anyhow::Result<(Option<TrainingState>, Option<String>)> {
+    if let Some(file) = &exp.model.pretrained {
+        let loaded = checkpoint::load(Path::new(file))
+            .with_context(|| format!("model.pretrained={file}"))?;
+        let head = crate::model::Architecture::of(exp)?.head();
+        let kept = strategy
+            .load_pretrained(&loaded.state, &head)
+            .with_context(|| format!("model.pretrained={file}"))?;
+        tracing::info!(
+            "loaded pretrained weights from {file}; newly initialised: {}",
+            if kept.is_empty() {
+                "none".into()
+            } else {
+                kept.join(", ")
+            }
+        );
+    }
+    let part = |name: &str| strategy.checkpoint_file(name);
+    let candidates = candidates(exp, output_dir, resume_own, job_config, &part)?;
+    if candidates.is_empty() {
+        if exp.ckpt_path.as_deref() == Some(AUTO) {
+            tracing::info!(
+                "ckpt_path=auto: no earlier run of this config left a checkpoint; starting fresh"
+            );
+        }
+        return Ok((None, None));
+    }
+    let count = candidates.len();
+    for (i, candidate) in candidates.into_iter().enumerate() {
+        let path = candidate.fetch(output_dir)?;
+        let loaded = match checkpoint::load(&path) {
+            Ok(loaded) => loaded,
+            // A damaged checkpoint (cut short, checksum wrong) with an older one behind it: use that.
+            Err(e) if i + 1 < count && e.downcast_ref::<checkpoint::Damaged>().is_some() => {
+                tracing::warn!("{e:#}; resuming from the checkpoint before it");
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        strategy
+            .load_state_dict(&loaded.state)
+            .with_context(|| format!("loading {}", path.display()))?;
+        let training = loaded.training;
+        if let Some(t) = &training {
+            tracing::info!(
+                "Resumed from {} (epoch {}, step {})",
+                candidate.origin,
+                t.epoch,
+                t.global_step
+            );
+        }
+        return Ok((training, Some(candidate.origin)));
+    }
+    anyhow::bail!("no checkpoint to resume from could be loaded")
 }

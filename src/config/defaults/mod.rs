@@ -6,7 +6,8 @@
 //! Split as Hydra's code is: `element` (the entries, `default_element.py`), `overrides` (command-line and
 //! `override` choices), `walker` (building the tree); this file the tree, its flattening and rendering.
 
-mod element;
+// The entries of a defaults list live beside this module: the repository parses them too.
+use super::default_entry as element;
 mod overrides;
 mod walker;
 

@@ -1,7 +1,6 @@
 //! The grammar functions (Hydra's `grammar_functions.py`): casts `int() float() str() bool()`, `choice`,
 //! `range`, `interval`, `sort`, `shuffle`, `glob`, `tag`, with Python's argument binding and errors.
 
-use super::parser::Val;
 use super::*;
 
 pub(super) const FUNCTIONS: &[&str] = &[

@@ -299,6 +299,14 @@ fn fail<T>(input: &str, column: usize, reason: impl fmt::Display) -> Result<T, P
     })
 }
 
+/// What an expression evaluates to before it lands in an override: a plain element or a sweep (what the
+/// parser and the grammar's functions exchange).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Val {
+    Elem(Element),
+    Sweep(Sweep),
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -135,13 +135,6 @@ pub(super) fn parse_key(text: &str, offset: usize, input: &str) -> Result<Key, P
     })
 }
 
-/// What an expression evaluates to before it lands in an override: a plain element or a sweep.
-#[derive(Debug, Clone, PartialEq)]
-pub(super) enum Val {
-    Elem(Element),
-    Sweep(Sweep),
-}
-
 pub(super) struct Parser<'a> {
     pub(super) tokens: &'a [Token],
     pub(super) pos: usize,

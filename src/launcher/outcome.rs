@@ -1,0 +1,60 @@
+//! What a job did, and how the console and the exit status say it: a report for a finished job, a message
+//! and exit status 75 for one a signal stopped at a resume checkpoint. Shared by the job runner and the
+//! launchers that start its processes.
+
+use crate::storage::records;
+use crate::trainer::Summary;
+use std::path::{Path, PathBuf};
+
+/// What one job did.
+pub struct JobOutcome {
+    pub output_dir: PathBuf,
+    pub message: String,
+    /// Final `val/acc1`, shown in the sweep table.
+    pub main_metric: Option<f64>,
+    /// This process's rank in the run (0 for a run of one process): rank 0 reports the job.
+    pub rank: usize,
+    /// The cluster's warning signal stopped the job at a checkpoint; it was requeued to resume.
+    pub preempted: bool,
+}
+
+/// How a process whose run a signal stopped exits: success when SLURM requeued the job (its next
+/// attempt goes on), else [`crate::platform::signals::EXIT_PREEMPTED`].
+pub fn preempted_exit_code() -> std::process::ExitCode {
+    match crate::platform::signals::received_signal() == Some("SIGUSR1")
+        && super::requeue::in_slurm_batch_job()
+    {
+        true => std::process::ExitCode::SUCCESS,
+        false => std::process::ExitCode::from(crate::platform::signals::EXIT_PREEMPTED),
+    }
+}
+
+/// What a run stopped by a signal tells its user.
+pub fn preempted_message(signal: &str, output_dir: &Path) -> String {
+    format!(
+        "{signal}: the run stopped at a resume checkpoint and is recorded as preempted in {} \
+         (exit status {}); run the same command with ckpt_path=auto to continue it",
+        records::display(&output_dir.join("run.json")),
+        crate::platform::signals::EXIT_PREEMPTED
+    )
+}
+
+/// The console's report of a finished job (`processes`: how many trained it, when more than one).
+pub fn report(summary: &Summary, output_dir: &Path, processes: Option<(usize, f64)>) -> String {
+    let (on, seconds) = match processes {
+        Some((n, s)) => (format!(" on {n} process(es)"), s),
+        None => (String::new(), summary.wall_time_s),
+    };
+    format!(
+        "{}: {} after {} epochs ({} steps){on} in {seconds:.1}s; {}\nRun directory: {}",
+        summary.task_name,
+        summary.status,
+        summary.epochs_completed,
+        summary.global_step,
+        match summary.headline() {
+            Some((name, value)) => format!("{name} {value:.4}"),
+            None => "no validation".to_string(),
+        },
+        records::display(output_dir)
+    )
+}
