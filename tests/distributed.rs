@@ -571,7 +571,7 @@ fn a_killed_worker_stops_the_run_and_the_run_resumes_from_its_checkpoint() {
         err.contains("worker rank 1") && err.contains("signal 9"),
         "{err}"
     );
-    assert!(err.contains("ckpt_path=last"), "{err}");
+    assert!(err.contains("ckpt_path=auto"), "{err}");
     for (pid, _) in &workers {
         assert!(
             !Path::new(&format!("/proc/{pid}")).exists()
