@@ -11,6 +11,7 @@ mod model;
 mod optim;
 mod profiler;
 mod registered;
+mod target_names;
 mod targets;
 mod template;
 mod trainer;

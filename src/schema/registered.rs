@@ -301,13 +301,13 @@ pub(super) fn unregistered(
     register: &str,
     registered: &[&str],
 ) -> ConfigError {
-    let mut e = super::targets::user_code(section, target).to_string();
+    let mut e = super::target_names::user_code(section, target).to_string();
     e.push_str(&format!(
         "\n    A {what} written in Rust is registered under its _target_ with trainyard::{register} in your \
          crate (see examples/own-model)"
     ));
     if let Some(s) = did_you_mean(
-        super::targets::target_text(target),
+        super::target_names::target_text(target),
         registered.iter().copied(),
     ) {
         e.push_str(&format!("\n    Did you mean '{s}'?"));

@@ -9,6 +9,7 @@
 //! The guide's "Coming from Lightning + Hydra" page (docs/src/lightning.md) documents every mapping below.
 
 use super::registered::unregistered;
+use super::target_names::target_text;
 use crate::config::errors::{at, ConfigError};
 use crate::config::tree::{Map, Node, Source, Value};
 
@@ -89,10 +90,6 @@ fn take_target(node: &mut Node) -> Result<Option<Node>, ConfigError> {
     }
 }
 
-pub(super) fn target_text(t: &Node) -> &str {
-    t.as_str().unwrap_or_default()
-}
-
 /// The class name of a target, when its module is one of `modules` (`lightning.pytorch.callbacks`, …).
 fn class_in<'a>(target: &'a str, modules: &[&str]) -> Option<&'a str> {
     let (module, class) = target.rsplit_once('.')?;
@@ -107,17 +104,6 @@ fn unknown_target(section: &str, target: &Node, known: &[&str]) -> ConfigError {
         "{section}: _target_ {} is not one trainyard knows.\n    Known here (module lightning.pytorch.*, or pytorch_lightning.*): {}{}",
         target_text(target),
         known.join(", "),
-        at(&target.source)
-    ))
-}
-
-/// A project's own Python class (its LightningModule or DataModule) named as a target.
-pub(super) fn user_code(section: &str, target: &Node) -> ConfigError {
-    ConfigError::Schema(format!(
-        "{section}: _target_ {} is Python code of your project; trainyard runs no Python, so it cannot build \
-         it. Choose one of trainyard's built-in {section} configs instead (`{section}=<option>`, see \
-         `train --help` for the options of conf/{section}/){}",
-        target_text(target),
         at(&target.source)
     ))
 }

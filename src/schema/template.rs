@@ -10,7 +10,7 @@
 //! train and test files pooled and cut by `train_val_test_split` as its `random_split` with seed 42 cuts
 //! them, normalised as its transforms do, `batch_size` divided among the devices as it divides it.
 
-use super::targets::target_text;
+use super::target_names::target_text;
 use super::AccuracyNames;
 use crate::config::errors::{at, ConfigError};
 use crate::config::tree::{Map, Node, Value};
