@@ -2,7 +2,7 @@
 //! parameters under `nn.Sequential`'s names. ReLU after a layer that made a fresh tensor (Conv2d,
 //! BatchNorm2d, Linear, a Residual's sum) runs in place, as torchvision's `ReLU(inplace=True)` does.
 
-use super::models::{add_, batch_norm_with, drop, get, relu_, Named, Norm};
+use super::ops::{add_, batch_norm_with, drop, get, relu_, Named, Norm};
 use crate::model::declared::{Declared, Layer, Op};
 use crate::platform::rng::Rng;
 use tch::{Kind, Tensor};

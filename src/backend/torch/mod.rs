@@ -11,6 +11,7 @@ mod declared;
 mod fused_optim;
 mod models;
 mod objective;
+mod ops;
 mod own_model;
 mod staged;
 pub mod torchscript;
