@@ -316,18 +316,10 @@ fn no_import_circles() {
         }
         false
     };
-    // Circles known when this check came, each between two or three sibling files sharing helpers; they
-    // are to be cut (issue 41), and the check fails on any other.
-    const KNOWN: &[(&str, &str)] = &[("comm::c10d", "comm::nccl")];
-    let known_circle = |a: &str, b: &str| {
-        KNOWN
-            .iter()
-            .any(|&(x, y)| (x, y) == (a, b) || (y, x) == (a, b))
-    };
     let mut circles = Vec::new();
     for (module, named) in &edges {
         for other in named {
-            if reaches(other, module) && !known_circle(module, other) {
+            if reaches(other, module) {
                 circles.push(format!("{module} -> {other} -> ... -> {module}"));
             }
         }

@@ -100,6 +100,12 @@ pub(super) fn c_string(s: &str) -> anyhow::Result<CString> {
     CString::new(s).with_context(|| format!("'{s}' contains a NUL byte"))
 }
 
+/// A ProcessGroupNCCL, not yet part of a group (`ProcessGroup::gloo` takes it in); made by `comm::nccl`,
+/// which loads NCCL's shim.
+pub struct NcclBackend {
+    pub(super) ptr: *mut c_void,
+}
+
 /// The rendezvous point: rank 0 hosts it at `MASTER_ADDR:MASTER_PORT`, every rank connects to it.
 pub struct Store {
     pub(super) ptr: *mut c_void,
@@ -262,7 +268,7 @@ impl ProcessGroup {
         world_size: usize,
         hostname: &str,
         timeout: Duration,
-        nccl: Option<super::nccl::NcclBackend>,
+        nccl: Option<NcclBackend>,
     ) -> anyhow::Result<ProcessGroup> {
         let prefix = c_string(name)?;
         let host = c_string(hostname)?;

@@ -116,7 +116,7 @@ pub fn join(
     let me = local_address_towards(&cluster.master_addr, port)?;
     let collective_timeout = Duration::from_secs(options.collective_timeout_s.max(1));
     let nccl = if options.nccl {
-        Some(nccl::NcclBackend::new(
+        Some(c10d::NcclBackend::new(
             &store,
             "trainyard/default_pg/cuda",
             worker.rank,

@@ -5,7 +5,7 @@
 //! `cuda::load` has put libtorch_cuda.so in place. The backend it makes joins the Gloo group as
 //! the backend for CUDA tensors (`c10d::ProcessGroup::gloo`).
 
-use super::c10d::{c_string, Store};
+use super::c10d::{c_string, NcclBackend, Store};
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -102,11 +102,6 @@ fn in_memory_file(name: &str, bytes: &[u8]) -> Result<std::path::PathBuf, String
         .map_err(|e| format!("writing the NCCL shim to memory: {e}"))?;
     std::mem::forget(file); // the loader may map it again (a later dlopen of the same path)
     Ok(format!("/proc/self/fd/{fd}").into())
-}
-
-/// A ProcessGroupNCCL, not yet part of a group (`c10d::ProcessGroup::gloo` takes it in).
-pub struct NcclBackend {
-    pub(super) ptr: *mut c_void,
 }
 
 impl NcclBackend {
