@@ -5,7 +5,7 @@
 //! per-step losses of a run never interrupted: bitwise on Candle, within 1e-6 across two DDP processes.
 
 mod common;
-use common::{real_project, worst_relative_difference, SMALL_CNN, TRAIN};
+use common::{logged_step, real_project, worst_relative_difference, SMALL_CNN, TRAIN};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -64,16 +64,12 @@ fn command(root: &Path, dir: &str, strategy: &[&str], extra: &[&str]) -> Command
     cmd
 }
 
-/// Every process below `pid` (Linux's `/proc/<pid>/task/<pid>/children`), children first.
+/// Every process below `pid`, children first.
 fn descendants(pid: u32) -> Vec<u32> {
-    let mut out: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect();
+    let mut out = common::child_pids(pid);
     let mut i = 0;
     while i < out.len() {
-        let below = descendants(out[i]);
+        let below = common::child_pids(out[i]);
         out.extend(below);
         i += 1;
     }
@@ -85,19 +81,14 @@ fn kill(pid: u32, signal: i32) {
     unsafe { libc::kill(pid as i32, signal) };
 }
 
-/// The largest `step` in `metrics.csv` so far.
-fn logged_step(run: &Path) -> u64 {
-    std::fs::read_to_string(run.join("metrics.csv"))
-        .ok()
-        .and_then(|text| {
-            let mut lines = text.lines();
-            let column = lines.next()?.split(',').position(|c| c == "step")?;
-            lines
-                .filter_map(|l| l.split(',').nth(column)?.parse::<f64>().ok())
-                .map(|v| v as u64)
-                .max()
-        })
-        .unwrap_or(0)
+/// Wait for the run to end: its status and what it wrote to stderr (read to the end first, as
+/// `wait_with_output` does, so a full pipe cannot stall it).
+fn finish(child: &mut Child) -> (std::process::ExitStatus, String) {
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut pipe, &mut stderr).unwrap();
+    }
+    (child.wait().unwrap(), stderr)
 }
 
 /// Wait until `ready` or the run ends; false when it ended first.
@@ -219,17 +210,13 @@ fn chaos(strategy: &[&str], ranks: usize, seed: u64, faults: usize, tolerance: f
             }
         }
         injected.push((fault, step));
-        let out = std::mem::replace(&mut child, Command::new("true").spawn().unwrap())
-            .wait_with_output()
-            .unwrap();
+        let (status, stderr) = finish(&mut child);
         if fault == Fault::TermLauncher {
             // A signal during the last epoch's last step or validation: the run completes (exit 0).
-            let code = out.status.code();
+            let code = status.code();
             assert!(
                 code == Some(75) || code == Some(0),
-                "{fault:?} at step {step}: {:?}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr)
+                "{fault:?} at step {step}: {status:?}: {stderr}"
             );
             if code == Some(0) {
                 completed = true;
@@ -244,12 +231,8 @@ fn chaos(strategy: &[&str], ranks: usize, seed: u64, faults: usize, tolerance: f
         started = started_training(&mut child, &run, spawned);
     }
     if !completed {
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "after {injected:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (status, stderr) = finish(&mut child);
+        assert!(status.success(), "after {injected:?}: {stderr}");
     }
     println!(
         "faults injected (kind, step): {injected:?}; the command was run {} times",

@@ -226,30 +226,6 @@ fn a_damaged_checkpoint_is_passed_over_for_the_one_before() {
     );
 }
 
-/// The processes `pid` started (Linux's `/proc/<pid>/task/<pid>/children`).
-fn children_of(pid: u32) -> Vec<i32> {
-    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .collect()
-}
-
-/// The largest `step` in `metrics.csv` so far.
-fn logged_step(run: &Path) -> u64 {
-    std::fs::read_to_string(run.join("metrics.csv"))
-        .ok()
-        .and_then(|text| {
-            let mut lines = text.lines();
-            let column = lines.next()?.split(',').position(|c| c == "step")?;
-            lines
-                .filter_map(|l| l.split(',').nth(column)?.parse::<f64>().ok())
-                .map(|v| v as u64)
-                .max()
-        })
-        .unwrap_or(0)
-}
-
 /// `trainer.max_restarts=1`: a training process killed (-9) in its second epoch is started again from
 /// the first epoch's checkpoint; the run ends as the uninterrupted one, its record names the restart,
 /// and `metrics.csv` has every step once.
@@ -272,17 +248,17 @@ fn killed_and_restarted(strategy: &[&str], victim: usize, epoch_steps: u64, tole
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
-    while logged_step(&run) < epoch_steps + 4 {
+    while common::logged_step(&run) < epoch_steps + 4 {
         assert!(
             Instant::now() < deadline,
             "the run never reached its second epoch"
         );
         std::thread::sleep(Duration::from_millis(5));
     }
-    let workers = children_of(child.id());
+    let workers = common::child_pids(child.id());
     assert!(workers.len() > victim, "workers {workers:?}");
     // SAFETY: killing a process of this test's run.
-    unsafe { libc::kill(workers[victim], libc::SIGKILL) };
+    unsafe { libc::kill(workers[victim] as i32, libc::SIGKILL) };
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success(), "{}", text(&out));
 

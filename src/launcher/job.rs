@@ -56,6 +56,26 @@ pub fn run_job(
     })
     .map_err(run_error)?;
     let mut group = None;
+    // Restarts are the launcher's: a sweep's job (the sweep records its failure and resumes it) and a
+    // worker of an external launcher (torchrun's own --max-restarts, SLURM's requeue) are not restarted here.
+    let external = plan.cluster.is_some() && !plan.launches_workers();
+    let ours = std::env::var_os(crate::comm::NOW_ENV).is_some();
+    if experiment.trainer.max_restarts > 0 && (slot.is_some() || (external && !ours)) {
+        tracing::warn!(
+            "trainer.max_restarts={} is not applied to {}: {}",
+            experiment.trainer.max_restarts,
+            if slot.is_some() {
+                "a sweep's job"
+            } else {
+                "a worker another launcher started"
+            },
+            if slot.is_some() {
+                "a failed job is marked failed and rerunning the sweep with hydra.sweep.dir=... continues it"
+            } else {
+                "use that launcher's restarts (torchrun --max-restarts, SLURM's requeue)"
+            }
+        );
+    }
     // `max_restarts` on one process: this process supervises the training in a child.
     if plan.cluster.is_none()
         && experiment.trainer.max_restarts > 0

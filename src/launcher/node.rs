@@ -101,7 +101,7 @@ fn tail(path: &Path, lines: usize) -> String {
 }
 
 /// Stop every worker still running: SIGTERM, then SIGKILL after a grace period.
-pub(super) fn stop_all(children: &mut [(usize, Child)]) {
+fn stop_all(children: &mut [(usize, Child)]) {
     for (_, child) in children.iter_mut() {
         if matches!(child.try_wait(), Ok(None)) {
             // SAFETY: signalling a child we started and have not reaped.
@@ -253,26 +253,10 @@ fn watch(
 ) -> anyhow::Result<Result<NodeEnd, Failure>> {
     // A stop signal to the launcher (`docker stop`, a spot notice, `kill`) is passed on to every worker,
     // which checkpoint at the same step; past the grace, the launcher stops them.
-    let mut passed_on: Option<Instant> = None;
+    let mut relay = StopRelay::new(launch.grace);
     let mut preempted = false;
     loop {
-        if passed_on.is_none() && crate::platform::signals::preemption_requested() {
-            for (_, child) in children.iter_mut() {
-                if matches!(child.try_wait(), Ok(None)) {
-                    // SAFETY: signalling a child we started and have not reaped.
-                    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-                }
-            }
-            passed_on = Some(Instant::now());
-        }
-        if passed_on.is_some_and(|t| t.elapsed() > launch.grace + Duration::from_secs(5)) {
-            stop_all(children);
-            tracing::warn!(
-                "the workers did not stop within trainer.preemption_grace_s={} after {}; the last complete \
-                 checkpoint is kept (run the same command with ckpt_path=auto)",
-                launch.grace.as_secs(),
-                crate::platform::signals::received_signal().unwrap_or("a stop signal")
-            );
+        if relay.outlasted(children) {
             return Ok(Ok(NodeEnd::Preempted));
         }
         let mut running = 0;
@@ -322,6 +306,50 @@ fn watch(
     }
 }
 
+/// A stop signal to a launcher (`docker stop`, a spot notice, `kill`) passed on to its children, which
+/// checkpoint at the same step; past the grace (and a margin), the launcher stops them itself.
+pub(super) struct StopRelay {
+    grace: Duration,
+    passed_on: Option<Instant>,
+}
+
+impl StopRelay {
+    pub(super) fn new(grace: Duration) -> StopRelay {
+        StopRelay {
+            grace,
+            passed_on: None,
+        }
+    }
+
+    /// Called while waiting for the children: passes a stop signal on, once; true when they outlasted
+    /// the grace and were stopped (the last complete checkpoint is kept).
+    pub(super) fn outlasted(&mut self, children: &mut [(usize, Child)]) -> bool {
+        use crate::platform::signals::{preemption_requested, received_signal};
+        if self.passed_on.is_none() && preemption_requested() {
+            for (_, child) in children.iter_mut() {
+                if matches!(child.try_wait(), Ok(None)) {
+                    // SAFETY: signalling a child we started and have not reaped.
+                    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+                }
+            }
+            self.passed_on = Some(Instant::now());
+        }
+        let outlasted = self
+            .passed_on
+            .is_some_and(|t| t.elapsed() > self.grace + Duration::from_secs(5));
+        if outlasted {
+            stop_all(children);
+            tracing::warn!(
+                "the run did not stop within trainer.preemption_grace_s={} after {}; the last complete \
+                 checkpoint is kept (run the same command with ckpt_path=auto)",
+                self.grace.as_secs(),
+                received_signal().unwrap_or("a stop signal")
+            );
+        }
+        outlasted
+    }
+}
+
 /// Record a restart in the run directory (node 0's launcher keeps the run's records) and return it:
 /// the failure, and the newest of `resume_files` with its step, where training goes on from.
 pub(super) fn record_restart(
@@ -331,11 +359,9 @@ pub(super) fn record_restart(
     failure: &Failure,
     cause: &str,
 ) -> crate::storage::records::Restart {
-    let newest = resume_files
-        .iter()
-        .filter_map(|f| Some((std::fs::metadata(f).ok()?.modified().ok()?, f)))
-        .max_by_key(|(modified, _)| *modified)
-        .map(|(_, f)| f.clone());
+    let newest = crate::trainer::newest_first(resume_files.to_vec())
+        .into_iter()
+        .next();
     let step = newest
         .as_ref()
         .and_then(|f| {

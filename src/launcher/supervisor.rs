@@ -4,7 +4,7 @@
 //! as the node launcher does for its workers.
 
 use super::node::{
-    describe, record_restart, resume_point, stop_all, Failure, NodeWatch, RESTART_ENV,
+    describe, record_restart, resume_point, Failure, NodeWatch, StopRelay, RESTART_ENV,
 };
 use super::outcome::{report, JobOutcome};
 use crate::config::errors::ConfigError;
@@ -117,25 +117,13 @@ fn wait(
     children: &mut [(usize, Child)],
     grace: Duration,
 ) -> anyhow::Result<std::process::ExitStatus> {
-    let mut passed_on: Option<Instant> = None;
+    let mut relay = StopRelay::new(grace);
     loop {
         if let Some(status) = children[0].1.try_wait()? {
             return Ok(status);
         }
-        if passed_on.is_none() && crate::platform::signals::preemption_requested() {
-            // SAFETY: signalling the child we started and have not reaped.
-            unsafe { libc::kill(children[0].1.id() as i32, libc::SIGTERM) };
-            passed_on = Some(Instant::now());
-        }
-        if passed_on.is_some_and(|t| t.elapsed() > grace + Duration::from_secs(5)) {
-            stop_all(children);
-            tracing::warn!(
-                "the run did not stop within trainer.preemption_grace_s={} after {}; the last complete \
-                 checkpoint is kept (run the same command with ckpt_path=auto)",
-                grace.as_secs(),
-                crate::platform::signals::received_signal().unwrap_or("a stop signal")
-            );
-            // Stopped: ends as preempted below.
+        if relay.outlasted(children) {
+            // Stopped: ends as preempted.
             return Ok(children[0].1.wait()?);
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -17,7 +17,7 @@ mod fit_loop;
 pub mod profiler;
 mod resume_from;
 mod running_sums;
-pub use resume_from::own_checkpoints;
+pub use resume_from::{newest_first, own_checkpoints};
 mod sinks;
 pub mod summary;
 mod test_loop;

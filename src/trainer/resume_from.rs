@@ -173,7 +173,7 @@ fn same_config_checkpoints(
 }
 
 /// The files that exist, the most recently written first.
-fn newest_first(files: Vec<PathBuf>) -> Vec<PathBuf> {
+pub fn newest_first(files: Vec<PathBuf>) -> Vec<PathBuf> {
     let mut found: Vec<(std::time::SystemTime, PathBuf)> = Vec::new();
     for file in files {
         if let Ok(modified) = std::fs::metadata(&file).and_then(|m| m.modified()) {

@@ -221,3 +221,27 @@ pub fn torch_python() -> Option<String> {
         }
     }
 }
+
+/// The processes `pid` started (Linux's `/proc/<pid>/task/<pid>/children`).
+pub fn child_pids(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+/// The largest `step` in a run's `metrics.csv` so far (0 before any row).
+pub fn logged_step(run: &Path) -> u64 {
+    std::fs::read_to_string(run.join("metrics.csv"))
+        .ok()
+        .and_then(|text| {
+            let mut lines = text.lines();
+            let column = lines.next()?.split(',').position(|c| c == "step")?;
+            lines
+                .filter_map(|l| l.split(',').nth(column)?.parse::<f64>().ok())
+                .map(|v| v as u64)
+                .max()
+        })
+        .unwrap_or(0)
+}
