@@ -12,10 +12,10 @@ use crate::config::interpolate::ResolveContext;
 use crate::introspect::{
     complete, completion_script, groups_help, print_cfg, print_info, CfgPrint,
 };
-use crate::launcher::job::{parse_now, run_job};
-use crate::launcher::sweep::run_sweep;
+use crate::job::run::{parse_now, run_job};
 use crate::project::{find_project, ConfigLocation, Setup};
 use crate::storage::records;
+use crate::sweep::run_sweep;
 use clap::{CommandFactory, FromArgMatches, Parser};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -108,7 +108,11 @@ pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, St
     let mut command = Cli::command();
     if wants_help {
         if let Ok(setup) = Setup::discover(&ConfigLocation::default()) {
-            command = command.after_help(groups_help(&setup.repo));
+            let plugins = [
+                ("Sweepers", "hydra/sweeper", crate::sweep::names()),
+                ("Launchers", "hydra/launcher", crate::launch::names()),
+            ];
+            command = command.after_help(groups_help(&setup.repo, &plugins));
         }
     }
     let matches = match command.try_get_matches_from(&args) {
@@ -274,7 +278,7 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         ctx.now = now;
     }
     if let (Some(num), Some(dir)) = (cli.sweep_job, &cli.sweep_dir) {
-        return crate::launcher::sweep_job::run_sweep_job(&setup, num, dir, &cli.overrides, &ctx);
+        return crate::job::in_sweep::run_sweep_job(&setup, num, dir, &cli.overrides, &ctx);
     }
     if let Some(info) = cli.info {
         print_info(&setup, &overrides, info, cli.multirun)?;
@@ -292,8 +296,7 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
             overrides.extend(parse_overrides(&["hydra.mode=MULTIRUN".to_string()])?);
             if let Some(print) = cfg_print(cli) {
                 // `--cfg ... -m`: each job's config, as it would run.
-                let jobs =
-                    crate::launcher::sweep::cfg_jobs(&setup, &overrides, &ctx, print.resolve)?;
+                let jobs = crate::sweep::cfg_jobs(&setup, &overrides, &ctx, print.resolve)?;
                 for (i, (config, job_ctx)) in jobs.iter().enumerate() {
                     if i > 0 {
                         println!("---");
@@ -318,7 +321,7 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         println!("{}", job.message);
     }
     if job.preempted {
-        return Ok(crate::launcher::outcome::preempted_exit_code());
+        return Ok(crate::job::outcome::preempted_exit_code());
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -108,7 +108,9 @@ pub fn print_info(
 }
 
 /// The `--help` footer: every config group and its options.
-pub fn groups_help(repo: &Repository) -> String {
+/// `plugins`: what runs a sweep here (the sweepers' and launchers' names, from their registries; the app
+/// passes them, as nothing that runs is named here).
+pub fn groups_help(repo: &Repository, plugins: &[(&str, &str, Vec<&str>)]) -> String {
     let mut out = String::from("Config groups (override with GROUP=OPTION):\n");
     let mut stack: Vec<String> = repo.list_groups("");
     stack.sort();
@@ -153,7 +155,13 @@ pub fn groups_help(repo: &Repository) -> String {
             ));
         }
     }
-    out.push_str("\nPrint the composed config with --cfg job; sweep with -m key=a,b.");
+    for (what, group, names) in plugins {
+        out.push_str(&format!(
+            "\n{what} this program runs ({group}=NAME): {}",
+            names.join(", ")
+        ));
+    }
+    out.push_str("\n\nPrint the composed config with --cfg job; sweep with -m key=a,b.");
     out
 }
 

@@ -4,8 +4,8 @@
 //!
 //! ```text
 //! cli ─► app ─► introspect (--cfg, --info)
-//!         └──► launcher (sweeps, jobs, node launcher) ─► trainer (the fit loop) ─► strategy ─► backend ─► model, optim ─► tensor
-//!                  │                                        │                                 └──► comm (c10d) ─► tensor
+//!         └──► sweep (Sweeper) ─► launch (Launcher) ─► job (one job, node launcher) ─► trainer (the fit loop) ─► strategy ─► backend ─► model, optim ─► tensor
+//!                  │                                                                       │                              └──► comm (c10d) ─► tensor
 //!                  └──► config (compose, interpolate, sweep) ─► schema (typed) ─► plan (decided once)
 //! storage (records, checkpoints, S3) and platform (CUDA, memory, rng, signals) serve every layer.
 //! ```
@@ -18,8 +18,9 @@ pub mod config;
 pub mod data;
 pub mod export;
 pub mod introspect;
+pub mod job;
 pub mod json_nan;
-pub mod launcher;
+pub mod launch;
 pub mod logbook;
 pub mod loggers;
 pub mod model;
@@ -34,6 +35,7 @@ pub mod schema;
 pub mod search;
 pub mod storage;
 pub mod strategy;
+pub mod sweep;
 pub mod tensor;
 #[cfg(test)]
 mod testing;

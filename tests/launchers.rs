@@ -202,6 +202,37 @@ fn bad_launcher_settings_fail_before_any_job(#[case] extra: &[&str], #[case] exp
     assert!(!dir.join("0").exists());
 }
 
+/// A launcher the project configures but this program cannot run (its own `hydra/launcher/ray.yaml`, as
+/// hydra-ray-launcher's users have) is refused by name, with the list of those that run, before any job.
+#[test]
+fn a_configured_launcher_that_does_not_run_here_is_refused_by_name() {
+    let p = real_project();
+    let group = p.path().join("conf/hydra/launcher");
+    std::fs::create_dir_all(&group).unwrap();
+    std::fs::write(
+        group.join("ray.yaml"),
+        "_target_: hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher\n",
+    )
+    .unwrap();
+    let dir = p.path().join("s");
+    let out = sweep(
+        p.path(),
+        &dir,
+        &[TWO_JOBS, &["hydra/launcher=ray"]].concat(),
+        &[],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot run the ray launcher") && err.contains("joblib ("),
+        "{err}"
+    );
+    assert!(
+        !dir.exists(),
+        "nothing is written before the launcher is known"
+    );
+}
+
 #[test]
 fn a_missing_sbatch_is_named() {
     let p = real_project();

@@ -9,7 +9,7 @@ const RULES: &[(&str, &[&str], &str)] = &[
     (
         "src/tensor",
         &[
-            "comm", "model", "optim", "backend", "strategy", "plan", "trainer", "launcher",
+            "comm", "model", "optim", "backend", "strategy", "plan", "trainer", "job", "launch", "sweep",
             "config", "schema", "data",
         ],
         "the bottom layer: tensors only",
@@ -17,18 +17,18 @@ const RULES: &[(&str, &[&str], &str)] = &[
     (
         "src/comm",
         &[
-            "model", "optim", "backend", "strategy", "plan", "trainer", "launcher",
+            "model", "optim", "backend", "strategy", "plan", "trainer", "job", "launch", "sweep",
         ],
         "the communication layer names neither engines nor strategies",
     ),
     (
         "src/model",
-        &["comm", "backend", "strategy", "plan", "trainer", "launcher"],
+        &["comm", "backend", "strategy", "plan", "trainer", "job", "launch", "sweep"],
         "the model zoo is described once, below every backend",
     ),
     (
         "src/optim",
-        &["comm", "backend", "strategy", "plan", "trainer", "launcher"],
+        &["comm", "backend", "strategy", "plan", "trainer", "job", "launch", "sweep"],
         "the optimizer rules are below every backend",
     ),
     (
@@ -37,7 +37,7 @@ const RULES: &[(&str, &[&str], &str)] = &[
             "strategy",
             "plan",
             "trainer",
-            "launcher",
+            "job", "launch", "sweep",
             "app",
             "introspect",
         ],
@@ -55,24 +55,24 @@ const RULES: &[(&str, &[&str], &str)] = &[
     ),
     (
         "src/strategy",
-        &["plan::LoopPlan", "trainer", "launcher", "app", "introspect"],
+        &["plan::LoopPlan", "trainer", "job", "launch", "sweep", "app", "introspect"],
         "a strategy never names the loop that drives it",
     ),
     (
         "src/plan.rs",
-        &["strategy", "trainer", "launcher", "app"],
+        &["strategy", "trainer", "job", "launch", "sweep", "app"],
         "the plan is made before anything runs",
     ),
     (
         "src/trainer",
-        &["launcher", "app", "introspect"],
+        &["job", "launch", "sweep", "app", "introspect"],
         "the loop never names the launcher that starts it",
     ),
     (
         "src/registry",
         &[
             "tensor", "comm", "model", "optim", "backend", "strategy", "plan", "trainer",
-            "launcher", "data", "schema", "config", "app",
+            "job", "launch", "sweep", "data", "schema", "config", "app",
         ],
         "the registry only maps names to a crate's constructors: everything reads it, it reads nothing",
     ),
@@ -80,29 +80,39 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "src/search",
         &[
             "tensor", "comm", "model", "optim", "backend", "strategy", "plan", "trainer",
-            "launcher", "data", "schema", "config",
+            "job", "launch", "sweep", "data", "schema", "config",
         ],
         "the search engine (samplers, study, pruner) is pure: the sweeper drives it",
     ),
     (
-        "src/launcher",
+        "src/sweep",
         &["app", "introspect"],
-        "the launcher never names the app that drives it, nor the printing beside it",
+        "a sweeper never names the app that drives it, nor the printing beside it",
+    ),
+    (
+        "src/launch",
+        &["sweep", "app", "introspect"],
+        "a launcher runs what a sweeper chose and never names the sweeper",
+    ),
+    (
+        "src/job",
+        &["launch", "sweep", "app", "introspect"],
+        "a job runs the same whichever sweeper chose it and whichever launcher started it",
     ),
     (
         "src/introspect.rs",
-        &["launcher", "app"],
+        &["job", "launch", "sweep", "app"],
         "looking without running names nothing that runs",
     ),
     (
         "src/storage",
-        &["strategy", "plan", "trainer", "launcher", "app", "introspect"],
+        &["strategy", "plan", "trainer", "job", "launch", "sweep", "app", "introspect"],
         "a run's records and checkpoints are written by the layers above; storage names none of them",
     ),
     (
         "src/platform",
         &[
-            "strategy", "plan", "trainer", "launcher", "app", "introspect", "storage",
+            "strategy", "plan", "trainer", "job", "launch", "sweep", "app", "introspect", "storage",
         ],
         "the platform (devices, memory, randomness, signals) is below everything that runs",
     ),
@@ -110,7 +120,7 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "src/config",
         &[
             "tensor", "comm", "model", "optim", "backend", "strategy", "plan", "trainer",
-            "launcher", "data", "schema",
+            "job", "launch", "sweep", "data", "schema",
         ],
         "the config engine knows nothing of machine learning",
     ),
@@ -216,7 +226,7 @@ fn nothing_below_app_reads_the_command_line() {
     );
 }
 
-/// Every `src/` module path (`launcher::job`, `config::defaults`) and its file.
+/// Every `src/` module path (`job::run`, `config::defaults`) and its file.
 fn modules(root: &Path) -> Vec<(String, PathBuf)> {
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
@@ -330,4 +340,43 @@ fn no_import_circles() {
         circles.join("\n")
     );
     assert!(edges.len() > 100, "only {} modules read", edges.len());
+}
+
+/// The source map (`docs/src/source-map.md`) has a row for every module at the top of `src/`, so a new
+/// folder cannot appear without a line saying what it owns, and a moved one cannot leave a stale row.
+#[test]
+fn the_source_map_matches_the_tree() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let map = std::fs::read_to_string(root.join("docs/src/source-map.md")).unwrap();
+    let rows: Vec<String> = map
+        .lines()
+        .filter(|l| l.starts_with("| `"))
+        .flat_map(|l| {
+            let first = l.split(" | ").next().unwrap_or("");
+            first
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .map(|name| {
+                    name.trim_end_matches('/')
+                        .trim_end_matches(".rs")
+                        .to_string()
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mut tree = Vec::new();
+    for entry in std::fs::read_dir(root.join("src")).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let module = name.trim_end_matches(".rs").to_string();
+        if !["lib", "testing"].contains(&module.as_str()) && !tree.contains(&module) {
+            tree.push(module);
+        }
+    }
+    let missing: Vec<&String> = tree.iter().filter(|m| !rows.contains(m)).collect();
+    let stale: Vec<&String> = rows.iter().filter(|r| !tree.contains(r)).collect();
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "source map: no row for {missing:?}; rows for modules that are gone: {stale:?}"
+    );
 }

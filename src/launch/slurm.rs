@@ -6,10 +6,11 @@
 //! script is kept in the submitit folder and beside each job (`slurm.sbatch`, with `slurm.json`: ids and
 //! log files).
 
-use super::local::{folder_of, JobCommand, SweepJob};
-use super::sweep_job::JobResult;
+use super::local::folder_of;
+use super::{JobCommand, SweepJob};
 use crate::config::errors::ConfigError;
 use crate::config::tree::{Node, Value};
+use crate::job::in_sweep::JobResult;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -233,7 +234,7 @@ pub fn sbatch_script(
         "export {}={}\nexport {}={}\ncd {}\n",
         crate::comm::NOW_ENV,
         sh(&cmd.now),
-        super::requeue::MAX_REQUEUES_ENV,
+        crate::job::requeue::MAX_REQUEUES_ENV,
         conf.max_num_timeout,
         sh(&cmd.cwd.to_string_lossy())
     ));

@@ -5,15 +5,15 @@
 //! the command with `hydra.sweep.dir=` continues it, completed and pruned trials kept, failed and
 //! unfinished ones run again under their own numbers and values.
 
-use super::launch::JobLauncher;
 use super::tally::Tally;
-use super::trial_judge::point_at;
+use super::{SweepInput, SweepRun, Sweeper};
 use crate::config::errors::{at, did_you_mean, ConfigError};
 use crate::config::grammar::{parse_override, Element, ParsedValue, Quote};
 use crate::config::hydra::optuna::OptunaSettings;
 use crate::config::interpolate::{resolve_path, ResolveContext};
 use crate::config::tree::{Map, Node, Source, Value};
-use crate::launcher::local::SweepJob;
+use crate::job::trial_judge::point_at;
+use crate::launch::{Progress, SweepJob};
 use crate::search::journal::{Entry, Journal, StudyHeader};
 use crate::search::{Choice, Sampler, Study, Trial, TrialState};
 use crate::storage::records::{self, JobState};
@@ -89,18 +89,48 @@ pub fn optimized_metric(job_cfg: &Node, ctx: &ResolveContext) -> Result<String, 
     )))
 }
 
-/// The search: trials in batches through `launch`, until `n_trials` have a result.
-pub fn run(
-    launch: &JobLauncher,
+/// The optuna sweeper, its settings and the metric it optimises read (and checked) from the master
+/// config before anything is written.
+pub struct OptunaSweeper {
+    search: OptunaSettings,
+    metric: String,
+}
+
+impl OptunaSweeper {
+    pub fn build(input: &SweepInput) -> Result<OptunaSweeper, ConfigError> {
+        let sweeper =
+            crate::job::place::master_key(input.job_cfg, input.hydra, "sweeper", input.ctx)?;
+        let metric = optimized_metric(input.job_cfg, input.ctx)?;
+        let search = OptunaSettings::read(&sweeper, &input.job_args())?;
+        Ok(OptunaSweeper { search, metric })
+    }
+}
+
+impl Sweeper for OptunaSweeper {
+    fn planned_jobs(&self) -> Option<&[Vec<String>]> {
+        None
+    }
+
+    fn sweep(&self, run: &SweepRun) -> Result<ExitCode, ConfigError> {
+        let record = super::resume::reopen(run.sweep_dir(), run.task_name)?;
+        let tally = Tally::new(run.sweep_dir(), record, run.fail_fast);
+        tally.save()?;
+        search(run, &self.search, &self.metric, tally)
+    }
+}
+
+/// The search: trials in batches through the launcher, until `n_trials` have a result.
+fn search(
+    run: &SweepRun,
     search: &OptunaSettings,
     metric: &str,
-    task_name: &str,
     mut tally: Tally,
 ) -> Result<ExitCode, ConfigError> {
+    let (task_name, sweep_dir) = (run.task_name, run.sweep_dir());
     let journal = Journal::at(&journal_path(
         search.storage.as_deref(),
-        &launch.sweep_dir,
-        &launch.setup.project_root,
+        sweep_dir,
+        &run.cx.setup.project_root,
     )?);
     let header = StudyHeader {
         study_name: search
@@ -113,7 +143,7 @@ pub fn run(
         pruner: search.pruner,
     };
     let mut study = open_study(&journal, &header)?;
-    point_at(&launch.sweep_dir, &journal.path)?;
+    point_at(sweep_dir, &journal.path)?;
     recover_finished(&journal, &mut study, &mut tally, metric)?;
     let total = match search.sampler {
         Sampler::Grid { .. } => search
@@ -192,7 +222,7 @@ pub fn run(
             })
             .collect();
         tally.save()?;
-        launch.run(&todo, &mut tally)?;
+        run.launcher.launch(run.cx, &todo, &mut tally)?;
         study = reload(&journal)?;
         for &number in &batch {
             tell(&journal, &mut study, &mut tally, number, metric)?;
@@ -205,7 +235,7 @@ pub fn run(
             break None;
         }
     };
-    write_results(&launch.sweep_dir, &study)?;
+    write_results(sweep_dir, &study)?;
     if let Some(why) = failure {
         tally.stop(why.clone());
         eprintln!("{why}");

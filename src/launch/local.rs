@@ -4,50 +4,13 @@
 //! the cores as thread-pool sizes (a value the user set is kept). Killing the launching `train` kills
 //! the jobs (they die with it), and the sweep can then be resumed.
 
-use super::sweep_job::JobResult;
+use super::{JobCommand, LaunchContext, Launcher, Progress, SweepJob};
 use crate::config::errors::ConfigError;
-use std::ffi::OsString;
+use crate::config::tree::{Node, Value};
+use crate::job::in_sweep::JobResult;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// One job of a sweep as a launcher sees it: its number and its own overrides.
-#[derive(Debug, Clone)]
-pub struct SweepJob {
-    pub num: usize,
-    pub overrides: Vec<String>,
-    /// The launcher's id for an earlier attempt (a resumed sweep), which may still be queued or running.
-    pub previous_launch_id: Option<String>,
-}
-
-/// How to start one job as a process: this program, the config flags the sweep was started with, the
-/// sweep's Hydra overrides, then the job's.
-#[derive(Debug, Clone)]
-pub struct JobCommand {
-    pub exe: PathBuf,
-    pub config_flags: Vec<OsString>,
-    pub hydra_overrides: Vec<String>,
-    pub sweep_dir: PathBuf,
-    /// The sweep's launch time: every job resolves `${now:...}` with it, as in-process jobs do.
-    pub now: String,
-    pub cwd: PathBuf,
-}
-
-impl JobCommand {
-    pub fn args(&self, job: &SweepJob) -> Vec<OsString> {
-        let mut args = self.config_flags.clone();
-        args.extend([
-            "--sweep-job".into(),
-            job.num.to_string().into(),
-            "--sweep-dir".into(),
-            self.sweep_dir.clone().into_os_string(),
-            "--".into(),
-        ]);
-        args.extend(self.hydra_overrides.iter().map(OsString::from));
-        args.extend(job.overrides.iter().map(OsString::from));
-        args
-    }
-}
 
 /// The local launchers' settings.
 #[derive(Debug, Clone)]
@@ -119,9 +82,31 @@ struct Running {
 }
 
 impl LocalLauncher {
+    /// hydra-joblib-launcher: `n_jobs` at once (-1: one per core), `timeout` in seconds.
+    pub fn joblib(settings: &Node, sweep_dir: &Path) -> Result<LocalLauncher, ConfigError> {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        Ok(LocalLauncher {
+            n_jobs: joblib_n_jobs(number(settings, "n_jobs").unwrap_or(-1.0) as i64, cores)?,
+            timeout: number(settings, "timeout").map(Duration::from_secs_f64),
+            log_dir: sweep_dir.join(".jobs"),
+        })
+    }
+
+    /// submitit's local launcher: every job at once, `timeout_min`, logs in `submitit_folder`.
+    pub fn submitit(settings: &Node, sweep_dir: &Path) -> LocalLauncher {
+        LocalLauncher {
+            n_jobs: usize::MAX,
+            timeout: number(settings, "timeout_min").map(|m| Duration::from_secs_f64(m * 60.0)),
+            log_dir: match settings.get("submitit_folder").and_then(Node::as_str) {
+                Some(f) => folder_of(f).to_path_buf(),
+                None => sweep_dir.join(".submitit"),
+            },
+        }
+    }
+
     /// Run the jobs, `n_jobs` at a time; `done` gets each result as its job ends and returns false to stop
     /// the sweep (`--fail-fast`): the running jobs are then stopped.
-    pub fn launch(
+    pub fn run(
         &self,
         cmd: &JobCommand,
         jobs: &[SweepJob],
@@ -240,6 +225,30 @@ impl LocalLauncher {
                 cmd.exe.display()
             ))
         })
+    }
+}
+
+impl Launcher for LocalLauncher {
+    fn launch(
+        &self,
+        cx: &LaunchContext,
+        batch: &[SweepJob],
+        progress: &mut dyn Progress,
+    ) -> Result<(), ConfigError> {
+        for job in batch {
+            progress.started(job);
+        }
+        progress.save()?;
+        self.run(&cx.command, batch, &mut |result| progress.ended(result))
+    }
+}
+
+/// A number of the launcher's settings (an int or a float), when set.
+fn number(settings: &Node, key: &str) -> Option<f64> {
+    match settings.get(key).map(|n| &n.value) {
+        Some(Value::Int(i)) => Some(*i as f64),
+        Some(Value::Float(f)) => Some(*f),
+        _ => None,
     }
 }
 

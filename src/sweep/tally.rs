@@ -1,9 +1,9 @@
 //! How far a sweep got: its record (`sweep.json`, saved as each job starts and ends), its failures, and
 //! whether it stopped early; the table and the logbook section it ends with.
 
-use super::local::SweepJob;
-use super::sweep_job::JobResult;
 use crate::config::errors::ConfigError;
+use crate::job::in_sweep::JobResult;
+use crate::launch::{Progress, SweepJob};
 use crate::storage::records;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -27,64 +27,6 @@ impl Tally {
             failed: 0,
             stopped_because: None,
         }
-    }
-
-    pub fn save(&self) -> Result<(), ConfigError> {
-        self.record.write(&self.sweep_dir).map_err(|e| {
-            ConfigError::Io(format!(
-                "could not write {}: {e}",
-                self.sweep_dir.join(records::SweepRecord::FILE).display()
-            ))
-        })
-    }
-
-    /// Job `job` is about to run (or was submitted as `launch_id`).
-    pub fn start(&mut self, job: &SweepJob) {
-        self.record
-            .set_job(job.num, records::JobState::Running, None);
-    }
-
-    /// Remember the launcher's id for job `num` (a resumed sweep looks for it).
-    pub fn launched(&mut self, num: usize, launch_id: &str) {
-        if let Some(j) = self.record.jobs.iter_mut().find(|j| j.num == num) {
-            j.launch_id = Some(launch_id.to_string());
-        }
-    }
-
-    /// A job ended; false when the sweep must stop (`--fail-fast`).
-    pub fn done(&mut self, result: JobResult) -> Result<bool, ConfigError> {
-        let num = result.num;
-        self.record.set_job(num, result.state, result.error.clone());
-        if let Some(j) = self.record.jobs.iter_mut().find(|j| j.num == num) {
-            j.output_dir = result.output_dir.clone();
-            j.main_metric = result.main_metric;
-        }
-        self.save()?;
-        if result.state == records::JobState::Completed {
-            return Ok(true);
-        }
-        if result.state == records::JobState::Preempted {
-            let why = format!(
-                "job #{num} was stopped by {} at a resume checkpoint; rerun with hydra.sweep.dir={} to \
-                 continue the sweep",
-                crate::platform::signals::received_signal().unwrap_or("a stop signal"),
-                records::display(&self.sweep_dir)
-            );
-            eprintln!("{why}");
-            self.stopped_because = Some(why);
-            return Ok(false);
-        }
-        self.failed += 1;
-        eprintln!(
-            "Error in job #{num}: {}",
-            result.error.as_deref().unwrap_or("failed")
-        );
-        if self.fail_fast {
-            eprintln!("--fail-fast: stopping after the first failed job");
-            self.stopped_because = Some(format!("--fail-fast: job #{num} failed"));
-            return Ok(false);
-        }
-        Ok(true)
     }
 
     /// Did `--fail-fast` stop the sweep?
@@ -143,5 +85,63 @@ impl Tally {
         } else {
             ExitCode::SUCCESS
         })
+    }
+}
+
+/// The launcher reports into the sweep's record, saved as each job starts and ends.
+impl Progress for Tally {
+    fn save(&self) -> Result<(), ConfigError> {
+        self.record.write(&self.sweep_dir).map_err(|e| {
+            ConfigError::Io(format!(
+                "could not write {}: {e}",
+                self.sweep_dir.join(records::SweepRecord::FILE).display()
+            ))
+        })
+    }
+
+    fn started(&mut self, job: &SweepJob) {
+        self.record
+            .set_job(job.num, records::JobState::Running, None);
+    }
+
+    fn submitted(&mut self, num: usize, launch_id: &str) {
+        if let Some(j) = self.record.jobs.iter_mut().find(|j| j.num == num) {
+            j.launch_id = Some(launch_id.to_string());
+        }
+    }
+
+    fn ended(&mut self, result: JobResult) -> Result<bool, ConfigError> {
+        let num = result.num;
+        self.record.set_job(num, result.state, result.error.clone());
+        if let Some(j) = self.record.jobs.iter_mut().find(|j| j.num == num) {
+            j.output_dir = result.output_dir.clone();
+            j.main_metric = result.main_metric;
+        }
+        self.save()?;
+        if result.state == records::JobState::Completed {
+            return Ok(true);
+        }
+        if result.state == records::JobState::Preempted {
+            let why = format!(
+                "job #{num} was stopped by {} at a resume checkpoint; rerun with hydra.sweep.dir={} to \
+                 continue the sweep",
+                crate::platform::signals::received_signal().unwrap_or("a stop signal"),
+                records::display(&self.sweep_dir)
+            );
+            eprintln!("{why}");
+            self.stopped_because = Some(why);
+            return Ok(false);
+        }
+        self.failed += 1;
+        eprintln!(
+            "Error in job #{num}: {}",
+            result.error.as_deref().unwrap_or("failed")
+        );
+        if self.fail_fast {
+            eprintln!("--fail-fast: stopping after the first failed job");
+            self.stopped_because = Some(format!("--fail-fast: job #{num} failed"));
+            return Ok(false);
+        }
+        Ok(true)
     }
 }

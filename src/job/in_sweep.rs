@@ -3,7 +3,7 @@
 //! and leave its result where the launching `train` reads it (`DIR/.jobs/N.json`). Only the process that
 //! reports the job writes the result (rank 0, not a worker of a node launcher).
 
-use super::job::{run_job, SweepSlot};
+use super::run::{run_job, SweepSlot};
 use crate::config::compose::RunMode;
 use crate::config::errors::ConfigError;
 use crate::config::hydra::runtime::is_hydra_override;
