@@ -146,6 +146,16 @@ pub fn groups_help(repo: &Repository, plugins: &[(&str, &str, Vec<&str>)]) -> St
         ("Models", "model", crate::registry::model_targets()),
         ("Datasets", "data", crate::registry::dataset_targets()),
         ("Losses", "loss", crate::registry::loss_targets()),
+        (
+            "Loggers",
+            "logger.<name>",
+            crate::registry::logger_targets(),
+        ),
+        (
+            "Callbacks",
+            "callbacks.<name>",
+            crate::registry::callback_targets(),
+        ),
     ];
     for (what, key, names) in registered {
         if !names.is_empty() {

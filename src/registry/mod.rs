@@ -23,7 +23,9 @@
 //! trainyard::main!();
 //! ```
 
+mod callback;
 mod data;
+mod logger;
 mod loss;
 pub mod losses;
 mod model;
@@ -35,10 +37,12 @@ mod tch_losses;
 mod tch_model;
 
 pub use anyhow::Result;
+pub use callback::*;
 pub use candle_core::Tensor;
 pub use candle_nn::VarBuilder;
 pub use data::*;
 pub use inventory;
+pub use logger::*;
 pub use loss::*;
 pub use model::*;
 pub use serde_json::Value;
@@ -60,6 +64,15 @@ pub fn typed_args<A: serde::de::DeserializeOwned>(args: &Value) -> Result<A> {
             field => anyhow::anyhow!("field `{field}`: {inner}"),
         }
     })
+}
+
+/// Deserialize `args` as the type `_build` takes first (for checking a registered logger's or callback's
+/// arguments before the run starts, without building it).
+pub fn checked_args<A: serde::de::DeserializeOwned, X, R>(
+    args: &Value,
+    _build: impl FnOnce(A, X) -> R,
+) -> Result<()> {
+    typed_args::<A>(args).map(|_| ())
 }
 
 /// Registered names in sorted order (for `--help` and "did you mean").

@@ -149,4 +149,7 @@ pub struct CallbacksConfig {
     pub batch_size_finder: Option<BatchSizeFinder>,
     #[serde(default)]
     pub model_summary: Option<ModelSummary>,
+    /// Callbacks a crate registered (`register_callback!`), as `callbacks.<name>` names them.
+    #[serde(skip)]
+    pub registered: Vec<super::registered::RegisteredSpec>,
 }

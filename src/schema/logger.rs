@@ -45,6 +45,9 @@ pub struct LoggerConfig {
     pub wandb: Option<WandbLogger>,
     #[serde(default)]
     pub mlflow: Option<MlflowLogger>,
+    /// Loggers a crate registered (`register_logger!`), as `logger.<name>` names them.
+    #[serde(skip)]
+    pub registered: Vec<super::registered::RegisteredSpec>,
 }
 
 /// Lightning's `MLFlowLogger` keys, on an MLflow tracking server (HTTP).

@@ -33,11 +33,17 @@ impl RegisteredSpec {
         is_registered: impl Fn(&str) -> bool,
     ) -> Option<RegisteredSpec> {
         let node = job.child(section)?;
-        let target = node.child("_target_")?;
-        let name = target.as_str()?;
+        let name = node.child("_target_")?.as_str()?;
         if !is_registered(name) {
             return None;
         }
+        Self::from_node(node, section, own)
+    }
+
+    /// `node` (a map with a string `_target_`) read as the `section` it is.
+    fn from_node(node: &Node, section: &str, own: &[&str]) -> Option<RegisteredSpec> {
+        let target = node.child("_target_")?;
+        let name = target.as_str()?;
         let given: Vec<(&String, &Node)> = node
             .as_map()?
             .iter()
@@ -318,4 +324,34 @@ pub(super) fn unregistered(
         ));
     }
     ConfigError::Schema(e)
+}
+
+/// The loggers and callbacks a crate registered, as the config names them (`logger.<name>`,
+/// `callbacks.<name>` with a registered `_target_`), their arguments checked against the types their
+/// constructors take: a bad one fails here, at its key and file:line, before anything runs.
+pub fn registered_plugins(
+    job: &Node,
+) -> Result<(Vec<RegisteredSpec>, Vec<RegisteredSpec>), ConfigError> {
+    let read = |section: &str| -> Result<Vec<RegisteredSpec>, ConfigError> {
+        let Some(map) = job.child(section).and_then(Node::as_map) else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for (name, node) in map {
+            let Some(target) = node.child("_target_").and_then(Node::as_str) else {
+                continue;
+            };
+            let check = match section {
+                "callbacks" => crate::registry::callback(target).map(|e| e.check),
+                _ => crate::registry::logger(target).map(|e| e.check),
+            };
+            let Some(check) = check else { continue };
+            let spec = RegisteredSpec::from_node(node, &format!("{section}.{name}"), &[])
+                .expect("a map with a string _target_");
+            check(&spec.args).map_err(|e| ConfigError::Schema(spec.refused(&e)))?;
+            out.push(spec);
+        }
+        Ok(out)
+    };
+    Ok((read("logger")?, read("callbacks")?))
 }

@@ -10,7 +10,7 @@
 
 use super::registered::unregistered;
 use super::target_names::target_text;
-use crate::config::errors::{at, ConfigError};
+use crate::config::errors::{at, did_you_mean, ConfigError};
 use crate::config::tree::{Map, Node, Source, Value};
 
 /// Translate every known `_target_` node of a resolved job config in place.
@@ -100,8 +100,33 @@ fn class_in<'a>(target: &'a str, modules: &[&str]) -> Option<&'a str> {
 }
 
 fn unknown_target(section: &str, target: &Node, known: &[&str]) -> ConfigError {
+    let registered = match section {
+        "callbacks" => crate::registry::callback_targets(),
+        "logger" => crate::registry::logger_targets(),
+        _ => Vec::new(),
+    };
+    let (macro_name, trait_name) = match section {
+        "callbacks" => ("register_callback!", "Callback"),
+        _ => ("register_logger!", "MetricSink"),
+    };
+    let own = match (section, registered.is_empty()) {
+        ("callbacks" | "logger", true) => format!(
+            "\n    Your own, written in Rust: implement trainyard::registry::{trait_name} and register it \
+             with trainyard::{macro_name}(\"my_project.Name\", constructor)"
+        ),
+        ("callbacks" | "logger", false) => {
+            let hint = did_you_mean(target_text(target), registered.iter().copied())
+                .map(|s| format!(" Did you mean '{s}'?"))
+                .unwrap_or_default();
+            format!(
+                "\n    Registered by this program: {}.{hint}",
+                registered.join(", ")
+            )
+        }
+        _ => String::new(),
+    };
     ConfigError::Schema(format!(
-        "{section}: _target_ {} is not one trainyard knows.\n    Known here (module lightning.pytorch.*, or pytorch_lightning.*): {}{}",
+        "{section}: _target_ {} is not one trainyard knows.\n    Known here (module lightning.pytorch.*, or pytorch_lightning.*): {}{own}{}",
         target_text(target),
         known.join(", "),
         at(&target.source)
@@ -358,6 +383,15 @@ fn translate_entries(node: &mut Node, section: &str, lightning: bool) -> Result<
             }
             continue;
         };
+        // A user's crate registered it (`register_logger!`, `register_callback!`): kept under its own
+        // name with its `_target_`, for `registered::registered_plugins` to read.
+        if is_registered_plugin(section, target_text(&target)) {
+            if let Some(m) = entry.as_map_mut() {
+                m.insert("_target_".to_string(), target);
+            }
+            out.insert(name, entry);
+            continue;
+        }
         let key = match section {
             "callbacks" => callback_target(&mut entry, &target)?,
             _ => logger_target(&mut entry, &target)?,
@@ -374,6 +408,14 @@ fn translate_entries(node: &mut Node, section: &str, lightning: bool) -> Result<
     }
     *map = out;
     Ok(())
+}
+
+/// Is `target` a logger (`section` `logger`) or a callback a crate registered?
+pub(super) fn is_registered_plugin(section: &str, target: &str) -> bool {
+    match section {
+        "callbacks" => crate::registry::callback(target).is_some(),
+        _ => crate::registry::logger(target).is_some(),
+    }
 }
 
 /// One callback: its trainyard key (`None` when it is Lightning's console only).

@@ -25,7 +25,16 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     let registered = super::registered::registered_model(&job);
     let data = super::registered::registered_data(&job)?;
     let loss = super::registered::registered_loss(&job)?;
+    let (loggers, callbacks) = super::registered::registered_plugins(&job)?;
     let mut json = job.to_json();
+    for (section, specs) in [("logger", &loggers), ("callbacks", &callbacks)] {
+        if let Some(node) = json.get_mut(section).and_then(|n| n.as_object_mut()) {
+            for spec in specs {
+                let name = spec.section.split_once('.').map_or("", |(_, n)| n);
+                node.remove(name);
+            }
+        }
+    }
     if let (Some(d), Some(node)) = (&data, json.get_mut("data").and_then(|d| d.as_object_mut())) {
         registered_data_fields(node, d);
     }
@@ -51,6 +60,8 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     experiment.model.registered = registered.map(std::sync::Arc::new);
     experiment.data.registered = data.map(std::sync::Arc::new);
     experiment.loss = loss.map(std::sync::Arc::new);
+    experiment.logger.registered = loggers;
+    experiment.callbacks.registered = callbacks;
     if let (Some(d), None) = (&experiment.data.registered, &experiment.loss) {
         if d.target_shape.is_some() {
             return Err(ConfigError::Schema(format!(

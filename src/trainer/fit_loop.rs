@@ -37,6 +37,8 @@ pub struct FitLoop<'a> {
     /// ReduceLROnPlateau (`scheduler.name: plateau`): its rate replaces the schedule's.
     plateau: Option<Plateau>,
     sinks: Vec<Box<dyn MetricSink>>,
+    /// The callbacks a crate registered (`callbacks.<name>` with their `_target_`).
+    user_callbacks: super::user_callbacks::UserCallbacks,
     keeper: Keeper<'a>,
     timer: Option<Timer>,
     device_stats: Option<DeviceStatsMonitor>,
@@ -158,6 +160,11 @@ impl<'a> FitLoop<'a> {
                 plan.steps_per_epoch,
             ),
             sinks: super::sinks::sinks(exp, job, plan, lead, resumed_at, lr_each_step)?,
+            user_callbacks: super::user_callbacks::UserCallbacks::build(
+                exp,
+                job.output_dir,
+                &ranks,
+            )?,
             keeper: Keeper {
                 dir: ckpt_cfg.map(|c| storage.local_dir(c, job.output_dir)),
                 ckpt_cfg,
@@ -664,6 +671,17 @@ impl<'a> FitLoop<'a> {
                 }))));
             }
         }
+        let mut seen: BTreeMap<String, f64> = self.state.metrics.clone().into_iter().collect();
+        seen.extend(values.iter().map(|(k, v)| (k.to_string(), *v)));
+        let stop = self.user_callbacks.stop_after_epoch(
+            epoch,
+            self.state.global_step,
+            &seen,
+            &self.ranks,
+        )?;
+        if let (Some(why), None) = (stop, &early_stop) {
+            return Ok(Some(RunStatus::stopped_by_callback(&why)));
+        }
         let ranks = &self.ranks;
         if let Some(t) = self.timer.as_mut() {
             if let Some(why) = t.stop_at_epoch_end(|here| ranks.any(here))? {
@@ -747,6 +765,7 @@ impl<'a> FitLoop<'a> {
         for sink in &mut self.sinks {
             sink.log(&row)?;
         }
+        self.user_callbacks.on_row(&row)?;
         self.profiler.record(LOG, started);
         Ok(())
     }
@@ -776,7 +795,7 @@ impl<'a> FitLoop<'a> {
         for sink in &mut self.sinks {
             sink.finish(&end)?;
         }
-        Ok(())
+        self.user_callbacks.on_fit_end(&end)
     }
 
     /// What the run measured, with every rank's contribution (a collective: every rank calls it).

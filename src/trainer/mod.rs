@@ -21,6 +21,7 @@ pub use resume_from::{newest_first, own_checkpoints};
 mod sinks;
 pub mod summary;
 mod test_loop;
+mod user_callbacks;
 
 pub use summary::{RunStatus, Summary};
 

@@ -5,7 +5,7 @@ use crate::loggers::MetricSink;
 use crate::plan::LoopPlan;
 use crate::schema::{Experiment, Precision, RunMetrics};
 
-/// The run's metric sinks: `metrics.csv`, W&B, MLflow and TensorBoard on rank 0 (not under `fast_dev_run`), and the
+/// The run's metric sinks: `metrics.csv`, W&B, MLflow, the loggers a crate registered and TensorBoard on rank 0 (not under `fast_dev_run`), and the
 /// console's lines on every rank (each into its own log).
 pub(super) fn sinks(
     exp: &Experiment,
@@ -71,6 +71,28 @@ pub(super) fn sinks(
                 run_dir: job.output_dir,
             },
         )?));
+    }
+    if !exp.logger.registered.is_empty() {
+        let config = serde_json::to_value(exp)?;
+        let run = crate::registry::LoggerRun {
+            run_dir: job.output_dir,
+            task_name: &exp.task_name,
+            config: &config,
+            sweep: job.sweep_name.as_deref(),
+            resumed_at,
+        };
+        for spec in &exp.logger.registered {
+            let entry = crate::registry::logger(&spec.target).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{}: _target_ {} is not registered",
+                    spec.section,
+                    spec.target
+                )
+            })?;
+            sinks.push(
+                (entry.build)(&spec.args, &run).map_err(|e| anyhow::anyhow!(spec.refused(&e)))?,
+            );
+        }
     }
     if let Some(tb) = &exp.logger.tensorboard {
         sinks.push(Box::new(crate::loggers::tensorboard::TensorBoardSink {

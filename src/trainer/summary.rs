@@ -196,6 +196,11 @@ impl RunStatus {
         ))
     }
 
+    /// A registered callback stopped the run (`what`: which, when and why).
+    pub fn stopped_by_callback(what: &str) -> RunStatus {
+        RunStatus::EarlyStopped(format!("{EARLY_STOPPED}: {what}"))
+    }
+
     /// EarlyStopping's reason for stopping.
     pub fn early_stopped(monitor: &str, patience: u64) -> RunStatus {
         RunStatus::EarlyStopped(format!(
