@@ -253,6 +253,10 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
         print!("{}", completion_script(shell));
         return Ok(ExitCode::SUCCESS);
     }
+    if cli.info == Some(crate::cli::InfoKind::Schema) {
+        print!("{}", crate::schema::reference::reference_markdown());
+        return Ok(ExitCode::SUCCESS);
+    }
     let setup = Setup::discover(&config_source(cli))?;
     if let Some(word) = &cli.complete {
         for c in complete(&setup, word) {

@@ -26,6 +26,9 @@ pub enum InfoKind {
     Searchpath,
     /// The composed config.
     Config,
+    /// The configuration reference: every key of the typed config, its type, default and meaning
+    /// (Markdown; not part of `all`).
+    Schema,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

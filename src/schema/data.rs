@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DataName {
     Cifar10,
@@ -16,12 +16,17 @@ pub enum DataName {
     Registered,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
+    /// The dataset, in its published file format (`synthetic` generates images; `registered` is set for a
+    /// `_target_` dataset).
     pub name: DataName,
+    /// The directory holding the dataset's files; unset: `paths.data_dir`.
     #[serde(default)]
     pub root: Option<String>,
+    /// Download the dataset's official files (checked against their published MD5) when they are not in
+    /// `root`.
     #[serde(default)]
     pub download: bool,
     /// With `download`: a base URL that replaces the official one (same file names).
@@ -30,27 +35,35 @@ pub struct DataConfig {
     /// With `download`: MD5 per file name, replacing the published checksum (for re-packed mirrors).
     #[serde(default)]
     pub checksums: std::collections::BTreeMap<String, String>,
+    /// Classes of the dataset (the model's outputs read it as `${data.num_classes}`).
     pub num_classes: usize,
+    /// The side of the square images the model receives, after the transforms.
     pub image_size: usize,
+    /// Colour channels of the images (1 for MNIST).
     #[serde(default = "three")]
     pub channels: usize,
+    /// Samples per step on each process (DataLoader's `batch_size`), unless `batch_size_is_global`.
     pub batch_size: usize,
     /// `batch_size` is the whole step's, divided among the processes (lightning-hydra-template's
     /// MNISTDataModule: `batch_size // trainer.world_size`, refused when it does not divide); false: each
     /// process's.
     #[serde(default)]
     pub batch_size_is_global: bool,
+    /// Loader worker threads preparing batches ahead of the step (DataLoader's `num_workers`); 0: in the
+    /// training thread.
     #[serde(default)]
     pub num_workers: usize,
     /// On a GPU (backend=tch): the loader copies each batch into page-locked memory, and the step's copy
     /// to the GPU does not block (PyTorch DataLoader's `pin_memory`). false: copied from pageable memory.
     #[serde(default = "yes")]
     pub pin_memory: bool,
+    /// Leave out the last, incomplete training batch of each epoch (DataLoader's `drop_last`).
     #[serde(default)]
     pub drop_last: bool,
     /// synthetic: number of generated training / validation images.
     #[serde(default)]
     pub train_size: Option<usize>,
+    /// synthetic: number of generated validation images.
     #[serde(default)]
     pub val_size: Option<usize>,
     /// lightning-hydra-template's MNISTDataModule: the train and test files pooled, then cut into train,
@@ -61,8 +74,11 @@ pub struct DataConfig {
     /// The seed of that cut (the template's `torch.Generator().manual_seed(42)`).
     #[serde(default = "forty_two")]
     pub split_seed: u64,
+    /// Augmentation of training images, in order (`random_crop`, `random_resized_crop`, `horizontal_flip`,
+    /// `normalize`, ...).
     #[serde(default)]
     pub train_transforms: Vec<Transform>,
+    /// Transforms of validation and test images, in order (`resize`, `center_crop`, `normalize`, ...).
     #[serde(default)]
     pub val_transforms: Vec<Transform>,
     /// `registered`: the `_target_`, its arguments and what its samples look like (`schema::extract`
@@ -72,7 +88,7 @@ pub struct DataConfig {
 }
 
 /// One part's size in `data.train_val_test_split`.
-#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(untagged)]
 pub enum SplitLength {
     Count(usize),
@@ -92,7 +108,7 @@ fn yes() -> bool {
 }
 
 /// One augmentation step, written as a one-key mapping: `- random_crop: {size: 32, padding: 4}`.
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 pub enum Transform {
     RandomCrop {

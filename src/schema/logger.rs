@@ -2,9 +2,11 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CsvLogger {
+    /// Write buffered rows to `metrics.csv` every this many steps (Lightning's `flush_logs_every_n_steps`);
+    /// every epoch row is written at once.
     #[serde(default = "hundred")]
     pub flush_every_n_steps: u64,
 }
@@ -13,7 +15,7 @@ fn hundred() -> u64 {
     100
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TensorBoardLogger {
     /// Sub-directory of the run directory.
@@ -25,24 +27,30 @@ fn tb_dir() -> String {
     "tensorboard".into()
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConsoleLogger {
+    /// Plain lines instead of a progress bar (also when the output is not a terminal).
     #[serde(default)]
     pub plain: bool,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LoggerConfig {
+    /// Lightning's `CSVLogger`: `metrics.csv` in the run directory.
     #[serde(default)]
     pub csv: Option<CsvLogger>,
+    /// Lightning's `TensorBoardLogger`: event files TensorBoard reads.
     #[serde(default)]
     pub tensorboard: Option<TensorBoardLogger>,
+    /// The console's progress and epoch lines.
     #[serde(default)]
     pub console: Option<ConsoleLogger>,
+    /// Lightning's `WandbLogger`: a Weights & Biases run, written offline and synced.
     #[serde(default)]
     pub wandb: Option<WandbLogger>,
+    /// Lightning's `MLFlowLogger`: a run on an MLflow tracking server.
     #[serde(default)]
     pub mlflow: Option<MlflowLogger>,
     /// Loggers a crate registered (`register_logger!`), as `logger.<name>` names them.
@@ -51,9 +59,10 @@ pub struct LoggerConfig {
 }
 
 /// Lightning's `MLFlowLogger` keys, on an MLflow tracking server (HTTP).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MlflowLogger {
+    /// The MLflow experiment the run goes in (created when missing).
     #[serde(default = "lightning_logs")]
     pub experiment_name: String,
     /// Default: the task name (and the job's number in a sweep).
@@ -62,6 +71,7 @@ pub struct MlflowLogger {
     /// `http(s)://host:port`; default: the `MLFLOW_TRACKING_URI` environment variable.
     #[serde(default)]
     pub tracking_uri: Option<String>,
+    /// Tags set on the MLflow run.
     #[serde(default, deserialize_with = "null_as_empty")]
     pub tags: indexmap::IndexMap<String, serde_json::Value>,
     /// `true`/`all`: the best checkpoint (or every one) and summary.json become artifacts of the run.
@@ -80,9 +90,10 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>>(
 }
 
 /// Lightning's `WandbLogger` keys. The run is written offline in `<run dir>/<save_dir>/wandb/`.
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WandbLogger {
+    /// The W&B project.
     #[serde(default = "wandb_project")]
     pub project: String,
     /// The run's display name (default: the task name).
@@ -94,17 +105,22 @@ pub struct WandbLogger {
     /// `false` (Lightning's default): upload with `wandb sync` at the end when `WANDB_API_KEY` is set.
     #[serde(default)]
     pub offline: bool,
+    /// The W&B run id (unset: a new one).
     #[serde(default)]
     pub id: Option<String>,
+    /// Tags of the W&B run.
     #[serde(default)]
     pub tags: Vec<String>,
     /// Default: the sweep's name for a sweep's job.
     #[serde(default)]
     pub group: Option<String>,
+    /// W&B's `job_type` of the run.
     #[serde(default)]
     pub job_type: Option<String>,
+    /// The W&B user or team the run belongs to.
     #[serde(default)]
     pub entity: Option<String>,
+    /// W&B's notes of the run.
     #[serde(default)]
     pub notes: Option<String>,
     /// `true`/`all`: the best checkpoint becomes a file of the run (uploaded by `wandb sync`).
@@ -145,5 +161,18 @@ impl<'de> Deserialize<'de> for LogModel {
                 "log_model must be false, true or 'all', got '{t}'"
             ))),
         }
+    }
+}
+
+impl schemars::JsonSchema for LogModel {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LogModel".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Lightning's log_model: false, true (the best checkpoint) or all (every one).",
+            "anyOf": [{"type": "boolean"}, {"const": "all"}]
+        })
     }
 }

@@ -7,7 +7,9 @@ use super::Experiment;
 use serde::{Deserialize, Serialize};
 
 /// How classification's accuracies are named.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum AccuracyNames {
     /// Top-1 and top-5: `val/acc1`, `val/acc5`.

@@ -10,6 +10,7 @@ mod metrics;
 mod model;
 mod optim;
 mod profiler;
+pub mod reference;
 mod registered;
 mod target_names;
 mod targets;
@@ -31,9 +32,10 @@ pub use validate::extract;
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Experiment {
+    /// The run's name (lightning-hydra-template's `task_name`): runs go in `logs/<task_name>/`.
     pub task_name: String,
     /// `seed: null` (Lightning's "do not seed") draws one, the same on every rank and for a run requeued
     /// into its own directory (`seed_drawn`; `trainer::fit` derives it from the run directory).
@@ -56,8 +58,11 @@ pub struct Experiment {
     /// lightning-hydra-template's `extras:` (what its `utils.extras` does before a run).
     #[serde(default, deserialize_with = "null_as_default")]
     pub extras: Extras,
+    /// The engine that trains: `candle` (CPU, no system dependency) or `tch` (libtorch: CPU and CUDA; a
+    /// build with `--features torch`).
     #[serde(default)]
     pub backend: Backend,
+    /// Free-form tags of the run (the template's `tags`), recorded with it and given to the loggers.
     #[serde(default)]
     pub tags: Vec<String>,
     /// `last`, `best` or a checkpoint file to resume from.
@@ -67,16 +72,24 @@ pub struct Experiment {
     /// `val/acc1_best`, `val/loss`, ... (checked by the sweeper before its first trial).
     #[serde(default)]
     pub optimized_metric: Option<String>,
+    /// The network: a zoo model by name, a declared layer list, a registered `_target_`, or a TorchScript
+    /// module.
     pub model: ModelConfig,
+    /// The dataset, its loader and its transforms (Lightning's DataModule).
     pub data: DataConfig,
+    /// The optimizer (torch.optim's names and arguments).
     pub optimizer: OptimizerConfig,
+    /// The learning-rate schedule (torch.optim.lr_scheduler's).
     pub scheduler: SchedulerConfig,
+    /// Lightning's `Trainer` arguments: devices, strategy, precision, limits.
     pub trainer: TrainerConfig,
     /// `callbacks: null` (as the Lightning-Hydra template's debug configs write it) means none.
     #[serde(default, deserialize_with = "null_as_default")]
     pub callbacks: CallbacksConfig,
+    /// Where metrics go besides the console.
     #[serde(default, deserialize_with = "null_as_default")]
     pub logger: LoggerConfig,
+    /// The template's `paths`: where data, logs and this run's output are.
     pub paths: PathsConfig,
     /// `loss: {_target_: ...}`: what a training step computes, a registered loss with its metrics
     /// (`registry`); none: classification (cross-entropy, top-1/top-5). `schema::extract` fills it.
@@ -85,7 +98,7 @@ pub struct Experiment {
 }
 
 /// lightning-hydra-template's `extras:`, done before the run by rank 0 (`launcher`).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Extras {
     /// Hide the run's warnings (the template silences Python's `warnings`).
@@ -110,7 +123,9 @@ fn null_as_default<'de, D: Deserializer<'de>, T: Deserialize<'de> + Default>(
     Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Backend {
     /// Pure Rust (Candle); the default build.
@@ -120,12 +135,16 @@ pub enum Backend {
     Tch,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PathsConfig {
+    /// The project's root directory.
     pub root_dir: String,
+    /// Where datasets are (the default of `data.root`).
     pub data_dir: String,
+    /// Where runs are written (`logs/`).
     pub log_dir: String,
+    /// This run's directory (Hydra's `hydra.runtime.output_dir`).
     pub output_dir: String,
     /// lightning-hydra-template's `${hydra:runtime.cwd}`: where the run was launched from.
     #[serde(default)]

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ModelName {
     Mlp,
@@ -19,7 +19,7 @@ pub enum ModelName {
     Registered,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum VitVariant {
     Tiny,
@@ -27,10 +27,13 @@ pub enum VitVariant {
     Base,
 }
 
-#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
+    /// The architecture: a zoo model (torchvision's/timm's names) or one set for you (`declared`,
+    /// `registered`).
     pub name: ModelName,
+    /// Outputs of the classifier head (usually `${data.num_classes}`).
     pub num_classes: usize,
     /// mlp: hidden layer widths.
     #[serde(default)]
@@ -38,11 +41,13 @@ pub struct ModelConfig {
     /// cnn: channels of each conv block.
     #[serde(default)]
     pub channels: Option<Vec<usize>>,
+    /// Dropout before the classifier head (mlp, cnn, vit).
     #[serde(default)]
     pub dropout: f64,
     /// resnet: 3x3 stride-1 stem without max-pool, for 32x32 images.
     #[serde(default)]
     pub cifar_stem: bool,
+    /// resnet: each residual block's last BatchNorm starts at zero (torchvision's `zero_init_residual`).
     #[serde(default)]
     pub zero_init_residual: bool,
     /// vit: tiny | small | base.

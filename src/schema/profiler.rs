@@ -103,6 +103,27 @@ impl<'de> Deserialize<'de> for ProfilerConfig {
     }
 }
 
+impl schemars::JsonSchema for ProfilerConfig {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ProfilerConfig".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "description": "Lightning's SimpleProfiler: `simple`, or {name: simple, dirpath, filename, extended}.",
+            "anyOf": [
+                {"const": "simple"},
+                {"type": "object", "properties": {
+                    "name": {"const": "simple"},
+                    "dirpath": {"type": ["string", "null"]},
+                    "filename": {"type": ["string", "null"]},
+                    "extended": {"type": "boolean", "default": true}
+                }}
+            ]
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
