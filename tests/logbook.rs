@@ -223,6 +223,83 @@ fn sweep_then_logbook() {
         assert_svg(&root.join("logs").join(svg));
     }
     example_in_the_guide(&book, &root.join("logs"), &svgs);
+    rendered_as_a_person_sees_it(&book, &root.join("logs"));
+}
+
+/// The logbook as a person sees it: rendered to HTML (pulldown-cmark, as a Markdown viewer does) and each
+/// plot to a PNG (resvg), written to `target/tmp/logbook-render/` to look at. Every table of the page is at
+/// most 14 columns wide, every image it shows exists, and every plot draws something (not a blank image).
+fn rendered_as_a_person_sees_it(book: &str, logs: &Path) {
+    let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("logbook-render");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let parser = pulldown_cmark::Parser::new_ext(book, pulldown_cmark::Options::ENABLE_TABLES);
+    let mut html = String::new();
+    pulldown_cmark::html::push_html(&mut html, parser);
+    std::fs::write(out.join("logbook.html"), &html).unwrap();
+    let tables: Vec<&str> = html.split("<table>").skip(1).collect();
+    assert!(
+        tables.len() >= 3,
+        "{} tables in the rendered logbook",
+        tables.len()
+    );
+    for table in &tables {
+        let header = table.split("</tr>").next().unwrap();
+        let columns = header.matches("<th").count();
+        assert!(
+            (2..=14).contains(&columns),
+            "a table {columns} columns wide:\n{header}"
+        );
+    }
+    let images: Vec<&str> = html
+        .split("<img src=\"")
+        .skip(1)
+        .map(|s| s.split('"').next().unwrap())
+        .collect();
+    assert!(images.len() >= 6, "{images:?}");
+    let fonts = {
+        let mut db = resvg::usvg::fontdb::Database::new();
+        db.load_system_fonts();
+        // The plots ask for `sans-serif`: the machine's sans face (DejaVu Sans on Debian), else any.
+        let family = |db: &resvg::usvg::fontdb::Database, want: &str| {
+            db.faces()
+                .flat_map(|f| f.families.iter().map(|(name, _)| name.clone()))
+                .find(|name| name.contains(want))
+        };
+        if let Some(sans) = family(&db, "Sans").or_else(|| family(&db, "")) {
+            db.set_sans_serif_family(sans);
+        }
+        std::sync::Arc::new(db)
+    };
+    for image in images {
+        let svg = std::fs::read(logs.join(image)).unwrap_or_else(|e| panic!("{image}: {e}"));
+        let options = resvg::usvg::Options {
+            fontdb: fonts.clone(),
+            ..Default::default()
+        };
+        let tree =
+            resvg::usvg::Tree::from_data(&svg, &options).unwrap_or_else(|e| panic!("{image}: {e}"));
+        let size = tree.size().to_int_size();
+        let mut pixmap = resvg::tiny_skia::Pixmap::new(size.width(), size.height()).unwrap();
+        pixmap.fill(resvg::tiny_skia::Color::WHITE);
+        resvg::render(
+            &tree,
+            resvg::tiny_skia::Transform::default(),
+            &mut pixmap.as_mut(),
+        );
+        let drawn = pixmap
+            .pixels()
+            .iter()
+            .filter(|p| (p.red(), p.green(), p.blue()) != (255, 255, 255))
+            .count();
+        let share = drawn as f64 / (size.width() * size.height()) as f64;
+        assert!(
+            share > 0.002,
+            "{image}: {drawn} drawn pixels of {size:?}: a blank plot"
+        );
+        let png = out.join(Path::new(image).with_extension("png").file_name().unwrap());
+        pixmap.save_png(&png).unwrap();
+    }
 }
 
 /// The guide's example logbook (`docs/src/example-logbook.md`, its plots in `docs/src/example-logbook/`) is

@@ -266,22 +266,29 @@ impl Page {
         }
         let _ = writeln!(self.md, "```\n");
         self.curves(task, group)?;
+        // Each bar is its run; the placement (`ddp 2×4`) joins the label only where runs differ in it.
+        let placement = |r: &Run| {
+            format!(
+                "{} {}×{}",
+                r.config_str("trainer.strategy").unwrap_or_default(),
+                r.summary
+                    .as_ref()
+                    .map(|s| s.num_nodes.to_string())
+                    .unwrap_or_default(),
+                r.summary
+                    .as_ref()
+                    .map(|s| s.devices.to_string())
+                    .unwrap_or_default(),
+            )
+        };
+        let same_placement = group.windows(2).all(|w| placement(w[0]) == placement(w[1]));
         let bars: Vec<(String, f64)> = group
             .iter()
             .filter_map(|r| {
-                let label = format!(
-                    "{} {}×{} {}",
-                    r.config_str("trainer.strategy").unwrap_or_default(),
-                    r.summary
-                        .as_ref()
-                        .map(|s| s.num_nodes.to_string())
-                        .unwrap_or_default(),
-                    r.summary
-                        .as_ref()
-                        .map(|s| s.devices.to_string())
-                        .unwrap_or_default(),
-                    r.label()
-                );
+                let label = match same_placement {
+                    true => r.label(),
+                    false => format!("{} {}", placement(r), r.label()),
+                };
                 Some((label, throughput(r)?))
             })
             .collect();

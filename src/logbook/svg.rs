@@ -20,6 +20,22 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+/// A legend label cut to the legend's width (the canvas's right margin), with `…` where it was cut;
+/// `prefix` characters (such as `1: `) come before it.
+fn fit_legend(label: &str, prefix: usize) -> String {
+    let room = ((RIGHT - 32.0) / 6.2) as usize - prefix;
+    match label.chars().count() > room {
+        true => {
+            label
+                .chars()
+                .take(room.saturating_sub(1))
+                .collect::<String>()
+                + "…"
+        }
+        false => label.to_string(),
+    }
+}
+
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -189,7 +205,7 @@ pub fn line_chart(title: &str, x_label: &str, y_label: &str, series: &[Series]) 
             WIDTH - RIGHT + 32.0,
             WIDTH - RIGHT + 38.0,
             ly + 4.0,
-            escape(&s.name)
+            escape(&fit_legend(&s.name, 1))
         );
     }
     svg + "</svg>\n"
@@ -247,7 +263,7 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[(String, f64)]) -> String {
                 WIDTH - RIGHT + 28.0,
                 ly + 4.0,
                 i + 1,
-                escape(label)
+                escape(&fit_legend(label, 5))
             );
         }
     }
@@ -327,7 +343,7 @@ pub fn trials_chart(
             "{mark}<text x=\"{}\" y=\"{}\">{}</text>\n",
             WIDTH - RIGHT + 38.0,
             ly + 4.0,
-            escape(name)
+            escape(&fit_legend(name, 1))
         );
     }
     svg + "</svg>\n"
