@@ -108,6 +108,24 @@ fn sweep_then_logbook() {
     child.kill().unwrap(); // SIGKILL: no chance to write anything more
     child.wait().unwrap();
 
+    // Single against distributed: the same run on one device and data-parallel on two (`dp_sim`, any
+    // backend), compared in one experiment.
+    for strategy in ["single", "dp_sim"] {
+        let mut args: Vec<String> = SHORT.iter().map(|s| s.to_string()).collect();
+        args.extend([
+            "task_name=compare".to_string(),
+            format!("trainer={strategy}"),
+            format!("hydra.run.dir=logs/compare/runs/{strategy}"),
+        ]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = train(root, &args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     let out = train(root, &["logbook"]);
     assert!(
         out.status.success(),
@@ -115,6 +133,21 @@ fn sweep_then_logbook() {
         String::from_utf8_lossy(&out.stderr)
     );
     let book = std::fs::read_to_string(root.join("logs/logbook.md")).unwrap();
+    let compare: String = book
+        .lines()
+        .skip_while(|l| !l.starts_with("## Experiment `compare`"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let header = compare
+        .lines()
+        .find(|l| l.starts_with("| run |"))
+        .unwrap_or_default();
+    assert!(header.contains("speed-up"), "{compare}");
+    let rows: Vec<&str> = compare.lines().filter(|l| l.starts_with("| [")).collect();
+    assert_eq!(rows.len(), 2, "{compare}");
+    assert!(rows.iter().any(|r| r.contains("dp")), "{compare}");
 
     // One row per sweep job in the experiment table, with the job's measured numbers.
     for job in &jobs {
