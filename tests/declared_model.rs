@@ -85,6 +85,14 @@ fn a_declared_model_learns_on_every_strategy(#[case] extra: &[&str]) {
     let run = run(p.path(), "run", extra);
     assert_learned(&run);
     let s = summary(&run);
+    // It ran as asked: the strategy and the devices, not a silent fall-back to one device.
+    let strategy = extra
+        .iter()
+        .find_map(|a| a.strip_prefix("trainer="))
+        .map_or("single", |t| t.trim_end_matches("_sim"));
+    assert_eq!(s["strategy"], strategy, "{s}");
+    let devices = if strategy == "single" { 1 } else { 2 };
+    assert_eq!(s["devices"], devices, "{s}");
     // Parameters of TINY: conv 216, bn 16, block 2x(576+16), residual 1152+16, shortcut 128+16, head 170.
     assert_eq!(
         s["num_parameters"],

@@ -307,6 +307,13 @@ fn sharded_fsdp_checkpoints_resume_to_the_same_state() {
         summary(&resumed)["global_step"],
         summary(&whole)["global_step"]
     );
+    // Only the second epoch ran: the first logged step is past the checkpoint's.
+    let stopped_at = summary(&part)["global_step"].as_u64().unwrap();
+    let first = common::first_logged_step(&resumed);
+    assert!(
+        first > stopped_at,
+        "the resumed run logged step {first} again (checkpoint at {stopped_at})"
+    );
     for file in ["last.safetensors", "last.shard1.safetensors"] {
         let slice = |run: &Path| {
             let state = checkpoint::load(&run.join("checkpoints").join(file))

@@ -164,9 +164,16 @@ fn checkpoints_go_to_s3_and_resume_from_there() {
         "trainer.max_epochs=3",
         "ckpt_path=s3://ckpts/exp1/last.safetensors",
     ]);
-    let (_, s) = train_ok(p.path(), &server, &resume);
+    let stopped_at = summary(&run)["global_step"].as_u64().unwrap();
+    let (resumed, s) = train_ok(p.path(), &server, &resume);
     assert_eq!(s["resumed_from"], "s3://ckpts/exp1/last.safetensors");
     assert_eq!(s["epochs_completed"], 3);
+    // Only the third epoch ran: a restart from scratch would log the first two epochs' steps again.
+    let first = common::first_logged_step(&resumed);
+    assert!(
+        first > stopped_at,
+        "the resumed run logged step {first} again (checkpoint at {stopped_at})"
+    );
 
     // The credentials never reach a record, a log or a checkpoint.
     let mut files = Vec::new();
@@ -254,6 +261,12 @@ fn every_rank_of_a_sharded_checkpoint_goes_to_s3_and_resumes_from_there() {
     );
     assert_eq!(s["resumed_from"], "s3://ckpts/fsdp/last.safetensors");
     assert_eq!(s["epochs_completed"], 3);
+    let stopped_at = summary(&run)["global_step"].as_u64().unwrap();
+    let first = common::first_logged_step(&resumed);
+    assert!(
+        first > stopped_at,
+        "the resumed run logged step {first} again (checkpoint at {stopped_at})"
+    );
     let rank1 = std::fs::read_to_string(resumed.join("train.rank1.log")).unwrap();
     assert!(
         rank1.contains("last.shard1.safetensors"),

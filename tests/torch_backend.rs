@@ -283,20 +283,23 @@ fn deterministic_sets_libtorchs_deterministic_algorithms() {
     assert!(!deterministic_algorithms());
 }
 
-/// A deterministic run trains as an ordinary one on the CPU: none of the ops it uses lacks a
-/// deterministic implementation.
+/// A deterministic run trains on the CPU (none of the ops it uses lacks a deterministic implementation)
+/// and repeats exactly: two runs end with the same weights, bit for bit.
 #[test]
 fn quickstart_trains_deterministically_on_tch() {
     let p = real_project();
-    let run = quickstart_run(
-        p.path(),
-        &[
-            "backend=tch",
-            "trainer.deterministic=true",
-            "trainer.max_epochs=1",
-        ],
-    );
-    assert_eq!(summary(&run)["backend"], "tch");
+    let args = [
+        "backend=tch",
+        "trainer.deterministic=true",
+        "trainer.max_epochs=1",
+        "data.train_size=512",
+        "data.val_size=128",
+    ];
+    let a = common::run_with(p.path(), "a", &["experiment=quickstart"], &args);
+    let b = common::run_with(p.path(), "b", &["experiment=quickstart"], &args);
+    assert_eq!(summary(&a)["backend"], "tch");
+    let diff = common::worst_relative_difference(&common::weights(&a), &common::weights(&b));
+    assert_eq!(diff, 0.0, "two deterministic runs differ by {diff:e}");
 }
 
 const MLP: &str = "{num_classes: 10, name: mlp, hidden: [64, 32], dropout: 0.0}";

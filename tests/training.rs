@@ -236,13 +236,19 @@ fn vit_trains_from_the_command_line() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let s = summary(&only_run(p.path(), "quickstart"));
+    let trained = only_run(p.path(), "quickstart");
+    let s = summary(&trained);
     assert_eq!(s["model"], "vit");
     assert_eq!(s["global_step"], 4);
     assert!(s["final_metrics"]["train/loss"]
         .as_f64()
         .unwrap()
         .is_finite());
+    // It trained: the same run with a learning rate of nothing keeps the initial weights; ours moved.
+    let initial = common::run_with(p.path(), "initial", &args, &["optimizer.lr=1e-30"]);
+    let moved =
+        common::worst_relative_difference(&common::weights(&trained), &common::weights(&initial));
+    assert!(moved > 1e-3, "the ViT's weights moved only {moved:e}");
 }
 
 /// `val_check_interval` (fraction or batch count) validates inside the epoch: extra val rows in
@@ -381,7 +387,7 @@ fn val_check_interval_beyond_the_epoch_is_refused() {
 
 /// Label smoothing changes the training loss as PyTorch defines it, and is range-checked.
 #[test]
-fn label_smoothing_raises_the_training_loss_floor() {
+fn label_smoothing_changes_the_loss_and_is_range_checked() {
     let p = real_project();
     let mut plain: Vec<&str> = SMALL.to_vec();
     plain.extend(["trainer.max_epochs=1", "trainer.limit_train_batches=1"]);

@@ -15,10 +15,13 @@ use trainyard_conv::rowwise;
 use trainyard_conv::Isa;
 
 fn paths() -> Vec<Isa> {
-    [Isa::Avx512, Isa::Avx2, Isa::Portable16]
+    let paths: Vec<Isa> = [Isa::Avx512, Isa::Avx2, Isa::Portable16]
         .into_iter()
         .filter(|i| i.supported())
-        .collect()
+        .collect();
+    // The portable path runs on every machine: a `supported()` that said no to all would check nothing.
+    assert!(paths.contains(&Isa::Portable16), "{paths:?}");
+    paths
 }
 
 /// erf from its Taylor series (|x| ≤ 4; float64 keeps ~1e-10 through the cancellation) and 1 beyond.

@@ -174,6 +174,20 @@ pub fn csv_rows(run_dir: &Path) -> Vec<Vec<(String, f64)>> {
         .collect()
 }
 
+/// The first optimizer step a run logged in `metrics.csv`: a resumed run's is past its checkpoint's step
+/// (a restart from scratch logs the early steps again).
+#[allow(dead_code)]
+pub fn first_logged_step(run_dir: &Path) -> u64 {
+    csv_rows(run_dir)
+        .iter()
+        .find_map(|row| {
+            row.iter()
+                .find(|(k, _)| k == "step")
+                .map(|(_, v)| *v as u64)
+        })
+        .unwrap_or_else(|| panic!("{}: no step logged", run_dir.display()))
+}
+
 /// f32 tensors (name, shape, values) as a safetensors file.
 pub fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
     let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors

@@ -160,6 +160,14 @@ mod tests {
     ) {
         let l = layout(world - 1, world);
         assert_eq!((l.numel, l.shard_len, l.padded()), (11, shard, padded));
+        // Every rank's shard is its own slice, in rank order, and together they are the padded vector.
+        for rank in 0..world {
+            assert_eq!(
+                layout(rank, world).shard_range(),
+                rank * shard..(rank + 1) * shard,
+                "rank {rank}"
+            );
+        }
         assert_eq!(l.shard_range().end, padded);
     }
 
