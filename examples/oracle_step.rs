@@ -62,6 +62,7 @@ fn main() -> anyhow::Result<()> {
         metrics: HashMap::new(),
         best: None,
         epochs_without_improvement: 0,
+        stop_best: None,
         batches_done: 0,
         plateau: None,
         best_checkpoint: None,

@@ -38,6 +38,7 @@ mod tests {
             metrics: [("val/loss".to_string(), f64::NAN)].into_iter().collect(),
             best: Some((f64::INFINITY, 1)),
             epochs_without_improvement: 0,
+            stop_best: None,
             batches_done: 0,
             plateau: None,
             best_checkpoint: None,

@@ -79,6 +79,7 @@ fn through_file(state: &StateDict) -> StateDict {
         metrics: Default::default(),
         best: None,
         epochs_without_improvement: 0,
+        stop_best: None,
         batches_done: 0,
         plateau: None,
         best_checkpoint: None,

@@ -21,8 +21,11 @@ pub struct TrainingState {
     /// The best monitored value so far and its epoch, for ModelCheckpoint/EarlyStopping after resume.
     #[serde(deserialize_with = "crate::json_nan::best")]
     pub best: Option<(f64, u64)>,
-    /// Validation checks without improvement (EarlyStopping's patience counts these).
+    /// Validation checks without improvement of EarlyStopping's monitor (its patience counts these).
     pub epochs_without_improvement: u64,
+    /// EarlyStopping's best value of its own monitor (which may differ from ModelCheckpoint's).
+    #[serde(default)]
+    pub stop_best: Option<f64>,
     /// Batches of epoch `epoch` already trained when the checkpoint was taken mid-epoch (after a
     /// `val_check_interval` validation); resuming skips exactly these. 0 at an epoch's end.
     #[serde(default)]
@@ -253,6 +256,7 @@ mod tests {
             metrics: [("val/acc1".to_string(), 0.5)].into(),
             best: Some((0.5, 2)),
             epochs_without_improvement: 1,
+            stop_best: None,
             batches_done: 0,
             plateau: None,
             best_checkpoint: None,
@@ -288,6 +292,7 @@ mod tests {
             metrics: HashMap::new(),
             best: None,
             epochs_without_improvement: 0,
+            stop_best: None,
             batches_done: 0,
             plateau: None,
             best_checkpoint: None,

@@ -104,7 +104,8 @@ impl Keeper<'_> {
         state: &mut TrainingState,
         epoch: u64,
     ) -> anyhow::Result<Option<RunStatus>> {
-        // ModelCheckpoint and EarlyStopping share the "did the monitored metric improve" question.
+        // ModelCheckpoint's best: its `monitor` (else EarlyStopping's, so the summary still names a best),
+        // with no margin (Lightning's ModelCheckpoint has no `min_delta`).
         let monitor = self
             .ckpt_cfg
             .and_then(|c| c.monitor.clone().map(|m| (m, c.mode)))
@@ -112,24 +113,22 @@ impl Keeper<'_> {
         let mut improved = false;
         if let Some((name, mode)) = &monitor {
             if let Some(&value) = state.metrics.get(name.as_str()) {
-                let min_delta = self.stop_cfg.map(|s| s.min_delta).unwrap_or(0.0);
-                improved = state
-                    .best
-                    .is_none_or(|(b, _)| better(*mode, value, b, min_delta));
+                improved = state.best.is_none_or(|(b, _)| better(*mode, value, b, 0.0));
                 if improved {
                     state.best = Some((value, epoch));
-                    state.epochs_without_improvement = 0;
-                } else {
-                    state.epochs_without_improvement += 1;
                 }
             }
         }
         self.save_checkpoints(strategy, state, epoch, improved)?;
-        Ok(self.stop_cfg.and_then(|stop| {
-            (state.metrics.contains_key(stop.monitor.as_str())
-                && state.epochs_without_improvement >= stop.patience)
-                .then(|| RunStatus::early_stopped(&stop.monitor, stop.patience))
-        }))
+        let Some(stop) = self.stop_cfg else {
+            return Ok(None);
+        };
+        // EarlyStopping's own question, on its own monitor, mode and `min_delta` (Lightning's rule): an
+        // improvement resets the count; otherwise the count grows, and the run stops once it reaches
+        // `patience`. A checkpoint from before `stop_best` was kept carries it in `best` when the monitors
+        // were the same.
+        let same_monitor = monitor.as_ref().is_some_and(|(m, _)| *m == stop.monitor);
+        Ok(early_stopping(stop, state, same_monitor))
     }
 
     /// A training epoch ended without a validation (`max_steps` mid-epoch): nothing new to compare, so
@@ -249,6 +248,30 @@ fn save_published(
     Ok(Saved { written, location })
 }
 
+/// EarlyStopping after a validation, Lightning's rule on its own monitor: an improvement by more than
+/// `min_delta` resets the count; otherwise the count grows, and the run stops once it reaches `patience`
+/// (`same_monitor`: ModelCheckpoint watches the same metric, so an older checkpoint's `best` stands in for
+/// a missing `stop_best`).
+fn early_stopping(
+    stop: &EarlyStopping,
+    state: &mut TrainingState,
+    same_monitor: bool,
+) -> Option<RunStatus> {
+    let &value = state.metrics.get(stop.monitor.as_str())?;
+    let best = state
+        .stop_best
+        .or_else(|| same_monitor.then(|| state.best.map(|(b, _)| b)).flatten());
+    if best.is_none_or(|b| better(stop.mode, value, b, stop.min_delta)) {
+        state.stop_best = Some(value);
+        state.epochs_without_improvement = 0;
+        return None;
+    }
+    state.stop_best = best;
+    state.epochs_without_improvement += 1;
+    (state.epochs_without_improvement >= stop.patience)
+        .then(|| RunStatus::early_stopped(&stop.monitor, stop.patience))
+}
+
 fn better(mode: Mode, new: f64, old: f64, min_delta: f64) -> bool {
     match mode {
         Mode::Max => new > old + min_delta,
@@ -271,5 +294,59 @@ pub(super) fn remote_checkpoint_prefix(
             Ok(Some(crate::storage::s3::S3Url::parse(&c.dirpath)?))
         }
         _ => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn state() -> TrainingState {
+        TrainingState {
+            epoch: 0,
+            global_step: 0,
+            metrics: Default::default(),
+            best: None,
+            epochs_without_improvement: 0,
+            stop_best: None,
+            batches_done: 0,
+            plateau: None,
+            best_checkpoint: None,
+            running: None,
+        }
+    }
+
+    /// Lightning's EarlyStopping on a run of `val/loss` values: the check (1-based) it stops at.
+    #[rstest]
+    #[case::patience_0_stops_at_the_first_check_without_improvement(0, 0.0, &[2.0, 1.9, 1.95, 1.8], Some(3))]
+    #[case::patience_2(2, 0.0, &[2.0, 1.9, 1.95, 1.96, 1.97], Some(4))]
+    #[case::an_improvement_resets_the_count(2, 0.0, &[2.0, 2.1, 1.5, 1.6, 1.7], Some(5))]
+    #[case::min_delta_is_a_margin(0, 0.5, &[2.0, 1.6], Some(2))]
+    #[case::never(1, 0.0, &[2.0, 1.9, 1.8], None)]
+    fn early_stopping_follows_lightnings_rule(
+        #[case] patience: u64,
+        #[case] min_delta: f64,
+        #[case] losses: &[f64],
+        #[case] stops_at: Option<usize>,
+    ) {
+        let stop = EarlyStopping {
+            monitor: "val/loss".into(),
+            mode: Mode::Min,
+            patience,
+            min_delta,
+        };
+        let mut s = state();
+        // ModelCheckpoint's best is another metric's: it must not count for EarlyStopping.
+        s.best = Some((0.9, 0));
+        let mut stopped = None;
+        for (i, loss) in losses.iter().enumerate() {
+            s.metrics.insert("val/loss".into(), *loss);
+            if early_stopping(&stop, &mut s, false).is_some() {
+                stopped = Some(i + 1);
+                break;
+            }
+        }
+        assert_eq!(stopped, stops_at);
     }
 }

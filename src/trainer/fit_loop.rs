@@ -203,6 +203,7 @@ impl<'a> FitLoop<'a> {
                 metrics: HashMap::new(),
                 best: None,
                 epochs_without_improvement: 0,
+                stop_best: None,
                 batches_done: 0,
                 plateau: None,
                 best_checkpoint: None,
