@@ -70,4 +70,28 @@ fn clipping_by_value_bounds_every_update(#[case] strategy: &[&str]) {
         at_limit_norm < at_limit / 10,
         "{at_limit_norm} vs {at_limit}"
     );
+    // The whole update (every parameter; BatchNorm's running statistics are not gradients) is lr × limit
+    // long: the gradient's norm was cut to the limit, not to zero nor left whole.
+    let length = update_length(&start, &by_norm);
+    assert!(
+        (length / (lr * limit) as f64 - 1.0).abs() < 0.01,
+        "the clipped update is {length:e} long, not lr × limit = {:e}",
+        lr * limit
+    );
+}
+
+/// The L2 length of the change of every parameter between two runs (buffers left out).
+fn update_length(a: &std::path::Path, b: &std::path::Path) -> f64 {
+    let (wa, wb) = (weights(a), weights(b));
+    wa.iter()
+        .filter(|(name, _)| !name.contains("running_") && !name.ends_with("num_batches_tracked"))
+        .flat_map(|(name, ta)| {
+            ta.data
+                .iter()
+                .zip(&wb[name].data)
+                .map(|(x, y)| (f64::from(*x) - f64::from(*y)).powi(2))
+                .collect::<Vec<_>>()
+        })
+        .sum::<f64>()
+        .sqrt()
 }
