@@ -72,7 +72,7 @@ fn only_run(root: &Path) -> PathBuf {
 }
 
 #[test]
-fn trains_with_the_template_trainer_callbacks_and_csv_logger() {
+fn runs_with_the_template_trainer_callbacks_and_csv_logger() {
     let p = project_with_template_groups();
     let run = run_with_template(p.path(), &["trainer.max_epochs=3"]);
     let s = summary(&run);
