@@ -212,6 +212,25 @@ fn fast_dev_run_and_limits() {
         s["last_checkpoint"].is_null(),
         "fast_dev_run writes no checkpoints"
     );
+    // The limits: 2 of the epoch's 8 training batches, 1 of its 4 validation batches, in each of 2 epochs.
+    let limited = common::run_with(
+        p.path(),
+        "limited",
+        SMALL,
+        &[
+            "trainer.max_epochs=2",
+            "trainer.limit_train_batches=2",
+            "trainer.limit_val_batches=1",
+        ],
+    );
+    let s = summary(&limited);
+    assert_eq!(s["global_step"], 4, "{s}");
+    assert_eq!(s["epochs_completed"], 2, "{s}");
+    let epoch_rows = common::csv_rows(&limited)
+        .into_iter()
+        .filter(|row| row.iter().any(|(k, _)| k == "val/loss"))
+        .count();
+    assert_eq!(epoch_rows, 2, "one validated epoch row per epoch");
 }
 
 /// A ViT (timm layout, our differentiable softmax/LayerNorm) trains end to end from the CLI.
