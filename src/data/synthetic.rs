@@ -178,6 +178,12 @@ mod tests {
         assert_ne!(a.get(7).unwrap().pixels, a.get(17).unwrap().pixels);
         let c = Synthetic::with_shape(100, 16, 3, 10, 2, Split::Train);
         assert_ne!(a.get(7).unwrap().pixels, c.get(7).unwrap().pixels);
+        // Balanced: 100 samples over 10 classes is 10 of each.
+        let mut counts = [0usize; 10];
+        for i in 0..100 {
+            counts[a.get(i).unwrap().label as usize] += 1;
+        }
+        assert_eq!(counts, [10; 10]);
     }
 
     /// The pixel noise is standard normal: mean 0, variance 1, and about 68% within one deviation.

@@ -159,7 +159,13 @@ mod tests {
         let s = Schedule::new(&cfg(SchedulerName::Cosine), 1.0, 100, 10);
         assert!((s.at(0).lr - 0.1).abs() < 1e-12);
         assert!((s.at(9).lr - 1.0).abs() < 1e-12);
-        assert!(s.at(50).lr < 1.0 && s.at(50).lr > 0.0);
+        // After the 10 warm-up steps, half a cosine over the 90 left: (1 + cos(π · 40/90)) / 2 at step 50.
+        let want = (1.0 + (std::f64::consts::PI * 40.0 / 90.0).cos()) / 2.0;
+        assert!(
+            (s.at(50).lr - want).abs() < 1e-12,
+            "{} vs {want}",
+            s.at(50).lr
+        );
         assert!(s.at(99).lr < 0.001);
     }
 
