@@ -113,6 +113,14 @@ fn stop_and_resume(strategy: &[&str], tolerance: f64) {
         (1..64).contains(&stopped_at),
         "stopped at step {stopped_at}: {s}"
     );
+    // Every rank stopped at that one step (rank 1 says so in its own log).
+    if strategy.iter().any(|a| a.contains("ddp")) {
+        let log = std::fs::read_to_string(first.join("train.rank1.log")).unwrap_or_default();
+        assert!(
+            log.contains("preempted by SIGTERM") && log.contains(&format!("step {stopped_at}:")),
+            "rank 1 did not stop at step {stopped_at}:\n{log}"
+        );
+    }
 
     let second = root.join("runs/second");
     finished(&mut command(
