@@ -361,9 +361,11 @@ fn reduced_precision_rounds_and_trains(
         rel > lo && rel < hi,
         "{precision}: losses {reduced:?} vs fp32 {reference:?}: {rel:e} is not a {precision} rounding"
     );
+    // It learned as float32 learns: six steps on one batch take off at least half of float32's drop.
+    let drop = |l: &[f64]| l[0] - l[l.len() - 1];
     assert!(
-        reduced.last() < reduced.first(),
-        "{precision} did not learn: {reduced:?}"
+        drop(&reference) > 0.0 && drop(&reduced) > 0.5 * drop(&reference),
+        "{precision} did not learn: {reduced:?} (float32: {reference:?})"
     );
     if precision == "bf16-mixed" {
         let emulated = losses(&mut CandleEngine::new(&low).unwrap(), &init, &data);
