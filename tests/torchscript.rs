@@ -337,13 +337,18 @@ fn strategies_and_precisions_train(#[case] extra: &[&str], #[case] strategy: &st
     let run = common::run_with(root.path(), "run", RUN, &args);
     let s = common::summary(&run);
     assert_eq!(s["strategy"], strategy, "{s}");
+    let devices = if strategy == "single" { 1 } else { 2 };
+    assert_eq!(s["devices"], devices, "{s}");
     let rows = common::csv_rows(&run);
     let losses: Vec<f64> = rows
         .iter()
         .filter_map(|r| r.iter().find(|(k, _)| k == "train/loss").map(|(_, v)| *v))
         .collect();
     assert!(
-        losses.len() >= 2 && losses[losses.len() - 1] < losses[0],
+        // Five classes: chance is ln 5 = 1.609; a model that learns nothing stays there.
+        losses.len() >= 2
+            && losses[losses.len() - 1] < losses[0]
+            && losses[losses.len() - 1] < 5f64.ln() - 0.05,
         "{strategy}: train/loss by epoch {losses:?}"
     );
 }
