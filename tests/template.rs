@@ -570,7 +570,14 @@ fn the_templates_readme_commands_train(#[case] args: &[&str], #[case] what: &str
             assert!(resolved.contains("detect_anomaly: true"), "{resolved}");
         }
         "overfit" => {
+            // The split's 80 training samples are one batch of 128: that batch (of the 3 asked) is
+            // trained on in each of 3 epochs, and memorised far past chance (0.1).
             assert_eq!(s["epochs_completed"], 3, "{s}");
+            assert_eq!(s["global_step"], 3, "{s}");
+            assert!(
+                s["final_metrics"]["train/acc"].as_f64().unwrap() > 0.5,
+                "{s}"
+            );
             assert!(resolved.contains("overfit_batches: 3"), "{resolved}");
         }
         "limit" => {
