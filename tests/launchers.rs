@@ -109,21 +109,7 @@ fn joblib_runs_jobs_in_parallel_with_the_sequential_launchers_results() {
     let rec = sweep_record(&par);
     assert_eq!(rec["state"], "completed", "{rec}");
     // In parallel: two processes, each started before the other ended.
-    let run = |n: usize| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(par.join(format!("{n}/run.json"))).unwrap())
-            .unwrap()
-    };
-    let (a, b) = (run(0), run(1));
-    assert_ne!(a["pid"], b["pid"], "one process per job: {a} {b}");
-    let time = |v: &serde_json::Value, k: &str| {
-        chrono::DateTime::parse_from_rfc3339(v[k].as_str().unwrap_or_default())
-            .unwrap_or_else(|e| panic!("{k} of {v}: {e}"))
-    };
-    assert!(
-        time(&a, "started_at") < time(&b, "ended_at")
-            && time(&b, "started_at") < time(&a, "ended_at"),
-        "the jobs ran one after the other: {a} {b}"
-    );
+    common::assert_ran_at_once(&par.join("0"), &par.join("1"));
     eprintln!("joblib sweep of 2 jobs took {:.1}s", elapsed.as_secs_f64());
 }
 

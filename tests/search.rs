@@ -316,21 +316,7 @@ fn trials_run_in_parallel_through_the_joblib_launcher_and_report_from_their_proc
         }
     }
     // The first batch's two trials ran at once: two processes, each started before the other ended.
-    let run = |n: usize| -> serde_json::Value {
-        serde_json::from_str(&std::fs::read_to_string(sweep.join(format!("{n}/run.json"))).unwrap())
-            .unwrap()
-    };
-    let (a, b) = (run(0), run(1));
-    assert_ne!(a["pid"], b["pid"], "one process per trial: {a} {b}");
-    let time = |v: &serde_json::Value, k: &str| {
-        chrono::DateTime::parse_from_rfc3339(v[k].as_str().unwrap_or_default())
-            .unwrap_or_else(|e| panic!("{k} of {v}: {e}"))
-    };
-    assert!(
-        time(&a, "started_at") < time(&b, "ended_at")
-            && time(&b, "started_at") < time(&a, "ended_at"),
-        "the trials ran one after the other: {a} {b}"
-    );
+    common::assert_ran_at_once(&sweep.join("0"), &sweep.join("1"));
 }
 
 #[test]

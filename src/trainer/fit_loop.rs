@@ -24,6 +24,8 @@ use crate::strategy::{Ranks, Strategy};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
+mod run_summary;
+
 pub struct FitLoop<'a> {
     exp: &'a Experiment,
     /// What the run records: classification's or a registered loss's metrics.
@@ -798,106 +800,4 @@ impl<'a> FitLoop<'a> {
         }
         self.user_callbacks.on_fit_end(&end)
     }
-
-    /// What the run measured, with every rank's contribution (a collective: every rank calls it).
-    pub fn summary(
-        &mut self,
-        exp: &Experiment,
-        ranks: &Ranks,
-        status: RunStatus,
-        started: Instant,
-        resumed_from: Option<String>,
-        finding: Option<Finding>,
-    ) -> anyhow::Result<Summary> {
-        let mut final_metrics: BTreeMap<String, f64> = self
-            .state
-            .metrics
-            .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        if self.last_val.is_none() && self.last_train.count > 0 {
-            final_metrics.insert("train/loss".into(), self.last_train.loss());
-        }
-        let monitor = self
-            .keeper
-            .ckpt_cfg
-            .and_then(|c| c.monitor.clone())
-            .or_else(|| self.keeper.stop_cfg.map(|s| s.monitor.clone()));
-        let mut samples = [self.train_samples as f64];
-        ranks.sum(&mut samples)?;
-        let train_samples = samples[0] as u64;
-        let state_bytes_per_rank = state_bytes_per_rank(ranks, self.strategy.state_bytes())?;
-        let (best_checkpoint, last_checkpoint) = self.keeper.locations();
-        let t = &exp.trainer;
-        let accumulate = t.accumulate_grad_batches.max(1) as usize;
-        // Read before the wall time: the timer started after the run did, so its training time can then
-        // never exceed the wall time (read after it, it did by the microseconds between the reads).
-        let timer = self.timer.take().map(|t| t.summary());
-        Ok(Summary {
-            state_bytes_per_rank,
-            task_name: exp.task_name.clone(),
-            status,
-            backend: format!("{:?}", exp.backend).to_lowercase(),
-            model: format!("{:?}", exp.model.name).to_lowercase(),
-            data: format!("{:?}", exp.data.name).to_lowercase(),
-            strategy: t.strategy.to_string(),
-            precision: serde_json::to_value(t.precision)?
-                .as_str()
-                .unwrap_or_default()
-                .to_string(),
-            num_nodes: ranks.num_nodes,
-            devices: ranks.world_size / ranks.num_nodes.max(1) * self.strategy.replicas(),
-            batch_size: exp.data.batch_size,
-            global_batch_size: exp.data.batch_size * accumulate * ranks.world_size,
-            num_parameters: self.strategy.num_parameters(),
-            epochs_completed: self.state.epoch,
-            global_step: self.state.global_step,
-            best: match (monitor, self.state.best) {
-                (Some(monitor), Some((value, epoch))) => Some(BestMetric {
-                    monitor,
-                    value,
-                    epoch,
-                }),
-                _ => None,
-            },
-            final_metrics,
-            wall_time_s: started.elapsed().as_secs_f64(),
-            train_time_s: self.train_time,
-            train_samples_per_s: train_samples as f64 / self.train_time.max(1e-9),
-            median_step_time_s: median(&self.step_times),
-            peak_rss_bytes: peak_rss_bytes(),
-            best_checkpoint,
-            last_checkpoint,
-            resumed_from,
-            batch_size_finder: finding,
-            timer,
-            device_stats: self
-                .device_stats
-                .take()
-                .and_then(|m| m.finish(self.output_dir)),
-            profile: self.profiler.actions(),
-        })
-    }
-}
-
-/// Each rank's training memory, every rank's row filled by its owner (the sum leaves each in place).
-fn state_bytes_per_rank(ranks: &Ranks, mine: StateBytes) -> anyhow::Result<Vec<StateBytes>> {
-    const FIELDS: usize = 4;
-    let mut bytes = vec![0.0f64; FIELDS * ranks.world_size];
-    bytes[FIELDS * ranks.rank..FIELDS * (ranks.rank + 1)].copy_from_slice(&[
-        mine.parameters as f64,
-        mine.gradients as f64,
-        mine.optimizer_state as f64,
-        mine.unsharded_peak as f64,
-    ]);
-    ranks.sum(&mut bytes)?;
-    Ok(bytes
-        .chunks(FIELDS)
-        .map(|r| StateBytes {
-            parameters: r[0] as u64,
-            gradients: r[1] as u64,
-            optimizer_state: r[2] as u64,
-            unsharded_peak: r[3] as u64,
-        })
-        .collect())
 }

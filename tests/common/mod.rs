@@ -188,6 +188,25 @@ pub fn first_logged_step(run_dir: &Path) -> u64 {
         .unwrap_or_else(|| panic!("{}: no step logged", run_dir.display()))
 }
 
+/// Two runs ran at once: two processes (their `run.json` pids differ), each started before the other ended.
+#[allow(dead_code)]
+pub fn assert_ran_at_once(a: &Path, b: &Path) {
+    let record = |dir: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap()
+    };
+    let (a, b) = (record(a), record(b));
+    assert_ne!(a["pid"], b["pid"], "one process each: {a} {b}");
+    let time = |v: &serde_json::Value, k: &str| {
+        chrono::DateTime::parse_from_rfc3339(v[k].as_str().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{k} of {v}: {e}"))
+    };
+    assert!(
+        time(&a, "started_at") < time(&b, "ended_at")
+            && time(&b, "started_at") < time(&a, "ended_at"),
+        "they ran one after the other: {a} {b}"
+    );
+}
+
 /// f32 tensors (name, shape, values) as a safetensors file.
 pub fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<f32>)]) {
     let bytes: Vec<(String, Vec<u8>, Vec<usize>)> = tensors
