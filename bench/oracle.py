@@ -30,6 +30,10 @@ from safetensors.torch import load_file, save_file
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from results import ROOT, record, machine  # noqa: E402
 
+# The ReLU-tie check is the CI test's (tests/fixtures/zoo_oracle.py), shared.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures"))
+from zoo_oracle import smallest_relu_input  # noqa: E402
+
 TOL = 1e-4
 TOL_TCH = 1e-5
 BACKEND = "candle"
@@ -118,23 +122,6 @@ def run_case(name, model, model_yaml, size, weights_for_rust=None, tmp="."):
         f"PyTorch float32's own worst tensor {torch_f32_error:.1e})"
     )
     return err
-
-
-def smallest_relu_input(model, x) -> float:
-    """The smallest |input| of any ReLU in a float64 train-mode forward pass (on a copy of the model)."""
-    probe = copy.deepcopy(model).double().train()
-    smallest = [float("inf")]
-
-    def hook(_mod, inp, _out):
-        smallest[0] = min(smallest[0], float(inp[0].detach().abs().min()))
-
-    for mod in probe.modules():
-        if isinstance(mod, nn.ReLU):
-            mod.inplace = False
-            mod.register_forward_hook(hook)
-    with torch.no_grad():
-        probe(x.double())
-    return smallest[0]
 
 
 def clear_batch(model, size):
