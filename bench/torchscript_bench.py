@@ -69,6 +69,10 @@ def resnet18(classes: int):
     return ResNet18()
 
 
+def accelerator(args) -> str:
+    return "gpu" if args.device == "cuda" else "cpu"
+
+
 def trainyard(args, net: str) -> float:
     with tempfile.TemporaryDirectory() as out:
         cmd = [TRAIN, "model=torchscript", f"model.path={net}", "data=synthetic", "data.num_classes=10",
@@ -76,7 +80,8 @@ def trainyard(args, net: str) -> float:
                f"data.train_size={args.batch * args.steps}", f"data.val_size={args.batch}",
                "optimizer=sgd", "optimizer.lr=0.01", "optimizer.momentum=0.9", "optimizer.weight_decay=0",
                "scheduler=constant",
-               "data.num_workers=0", "trainer.max_epochs=1", "trainer.accelerator=cpu", "~callbacks.model_checkpoint",
+               "data.num_workers=0", "trainer.max_epochs=1", f"trainer.accelerator={accelerator(args)}",
+               "backend=tch", "~callbacks.model_checkpoint",
                "~callbacks.early_stopping", "~callbacks.device_stats", "callbacks.model_summary=null",
                f"hydra.run.dir={out}"]
         env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads), OMP_NUM_THREADS=str(args.threads))
@@ -88,15 +93,20 @@ def pytorch(args, net: str) -> float:
     import torch
     import torch.nn.functional as F
     torch.set_num_threads(args.threads)
-    model = torch.jit.load(net)
+    device = torch.device(args.device)
+    model = torch.jit.load(net, map_location=device)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     g = torch.Generator().manual_seed(0)
+    # On CUDA the batches start in pinned host memory and are copied in each step, as a loader's are.
     batches = [(torch.randn(args.batch, 3, args.image, args.image, generator=g),
                 torch.randint(0, 10, (args.batch,), generator=g)) for _ in range(args.steps)]
+    if device.type == "cuda":
+        batches = [(x.pin_memory(), y.pin_memory()) for x, y in batches]
     times = []
     for x, y in batches:
         started = time.perf_counter()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -113,6 +123,7 @@ def main() -> None:
     ap.add_argument("--image", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     import torch
@@ -128,14 +139,15 @@ def main() -> None:
     ratio = p / t
     print(f"trainyard {t * 1e3:.1f} ms/step, PyTorch eager {p * 1e3:.1f} ms/step: {ratio:.2f}x")
     if args.record:
+        where = torch.cuda.get_device_name(0) if args.device == "cuda" else machine()
         what = (f"scripted ResNet-18 (`torch.jit.script`, {args.image}x{args.image}, batch {args.batch}, SGD "
                 f"momentum), median step over {args.steps} steps, {args.threads} threads, median of "
-                f"{args.rounds} rounds; PyTorch trains the same `torch.jit.load`ed module")
+                f"{args.rounds} rounds, {args.device}; PyTorch trains the same `torch.jit.load`ed module")
         record("TorchScript modules (issue 38)",
                f"| {datetime.date.today()} | {what} | {t * 1e3:.1f} ms/step | PyTorch eager: {p * 1e3:.1f} "
-               f"ms/step | **{ratio:.2f}x** | {machine()} | `python3 bench/torchscript_bench.py --steps "
+               f"ms/step | **{ratio:.2f}x** | {where} | `python3 bench/torchscript_bench.py --steps "
                f"{args.steps} --batch {args.batch} --image {args.image} --threads {args.threads} --rounds {args.rounds} "
-               f"--record` |")
+               f"--device {args.device} --record` |")
 
 
 if __name__ == "__main__":

@@ -11,12 +11,18 @@
 #     memory (the out-of-memory error must end a trial, not the run);
 #   - a declared model (conf/model/declared_resnet18.yaml) on CUDA: 32-true, 16-mixed, and FSDP over NCCL
 #     (each top-level layer a unit);
+#   - a TorchScript module (tests/fixtures/torchscript_oracle.py's cnn, scripted by PyTorch here) on CUDA:
+#     32-true, 16-mixed and bf16-mixed under libtorch's autocast, DDP over NCCL, DataParallel;
+#   - lightning-hydra-template's `trainer=gpu` with its own configs (tests/fixtures/template) on MNIST in
+#     torchvision's folder (written here);
 #   - the logbook over all of them (GPU memory and utilisation from DeviceStatsMonitor's NVML samples).
 # Each run's summary.json is copied to $OUT_DIR, with the wall time in times.txt; then (BENCH=0 skips it)
 # bench/train_step_bench.py on CUDA against PyTorch eager, recorded in bench/RESULTS.md (copied to $OUT_DIR).
 # Each run is stopped after RUN_TIMEOUT seconds (default 180), so one hang does not spend the lease.
+# CHECKS picks the groups (default all): core finder declared torchscript template bench; ROUNDS the
+# benches' rounds (default 3).
 #
-#   TRAIN=target-torch/gpu/train OUT_DIR=$OUT/gpu scripts/gpu-check.sh
+#   TRAIN=target-torch/release/train OUT_DIR=$OUT/gpu CHECKS="core torchscript" scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -33,6 +39,9 @@ cp -r conf experiments "$work"/
 cd "$work"
 : >"$OUT_DIR/times.txt"
 failed=0
+CHECKS=" ${CHECKS:-core finder declared torchscript template bench} "
+# want GROUP: is GROUP among $CHECKS?
+want() { [[ "$CHECKS" == *" $1 "* ]]; }
 
 # run NAME ARGS...: one `train` run; its summary.json goes to $OUT_DIR/NAME.json.
 run() {
@@ -57,6 +66,7 @@ run() {
 }
 
 QS=(experiment=quickstart backend=tch trainer.accelerator=gpu)
+if want core; then
 run tch_gpu_32 "${QS[@]}"
 run tch_gpu_16_mixed "${QS[@]}" trainer.precision=16-mixed
 run tch_gpu_bf16_mixed "${QS[@]}" trainer.precision=bf16-mixed
@@ -74,16 +84,57 @@ run dp_gpu "${QS[@]}" trainer=dp trainer.devices=1 trainer.accelerator=gpu
 DET=("${QS[@]}" model.dropout=0.3 trainer.deterministic=true trainer.max_epochs=1)
 run dropout_det_a "${DET[@]}"
 run dropout_det_b "${DET[@]}"
-run batch_finder_gpu model=resnet50 data=synthetic data.image_size=224 data.train_size=4096 data.val_size=64 \
+fi
+want finder && run batch_finder_gpu model=resnet50 data=synthetic data.image_size=224 data.train_size=4096 data.val_size=64 \
     backend=tch trainer.accelerator=gpu trainer.max_epochs=1 \
     +callbacks.batch_size_finder.mode=power +callbacks.batch_size_finder.fit_after=false
 # A declared model (YAML layers) on CUDA, with mixed precision and as FSDP units over NCCL.
+if want declared; then
 DECL=(experiment=quickstart model=declared_resnet18 backend=tch trainer.accelerator=gpu data.train_size=1024
     data.val_size=256 trainer.max_epochs=1)
 run declared_gpu_32 "${DECL[@]}"
 run declared_gpu_16_mixed "${DECL[@]}" trainer.precision=16-mixed
 run declared_fsdp_nccl "${DECL[@]}" trainer=fsdp trainer.devices=1 trainer.accelerator=gpu \
     trainer.fsdp.sharding_strategy=FULL_SHARD trainer.process_group_backend=nccl
+fi
+if want torchscript; then
+    # PyTorch scripts the tests' modules on this machine (its own libtorch, the one `train` runs on).
+    mkdir -p nets && python3 "$REPO/tests/fixtures/torchscript_oracle.py" make nets
+    TS=(model=torchscript model.path=nets/cnn.pt backend=tch trainer.accelerator=gpu data=synthetic
+        data.num_classes=5 data.image_size=16 data.train_size=1024 data.val_size=256 data.batch_size=64
+        trainer.max_epochs=2 optimizer.lr=0.05)
+    run ts_gpu_32 "${TS[@]}"
+    run ts_gpu_16_mixed "${TS[@]}" trainer.precision=16-mixed
+    run ts_gpu_bf16_mixed "${TS[@]}" trainer.precision=bf16-mixed
+    run ts_ddp_nccl "${TS[@]}" trainer=ddp trainer.devices=1 trainer.accelerator=gpu trainer.process_group_backend=nccl
+    run ts_dp_gpu "${TS[@]}" trainer=dp trainer.devices=1 trainer.accelerator=gpu
+    run ts_transformer_gpu_16_mixed "${TS[@]}" model.path=nets/transformer.pt trainer.precision=16-mixed
+fi
+if want template; then
+    # The template's configs untouched, MNIST as torchvision keeps it: `python src/train.py trainer=gpu`.
+    cp -r "$REPO/tests/fixtures/template" tpl
+    python3 - tpl/data/MNIST/raw <<'MNIST'
+import gzip, os, struct, sys
+raw = sys.argv[1]
+os.makedirs(raw, exist_ok=True)
+for prefix, n, salt in [("train", 1000, 0), ("t10k", 200, 1000)]:
+    images, labels = bytearray(struct.pack(">IIII", 0x0803, n, 28, 28)), bytearray(struct.pack(">II", 0x0801, n))
+    for i in range(n):
+        c = (i * 7 + salt) % 10
+        top, left = 2 + (c // 5) * 13, 1 + (c % 5) * 5
+        images += bytes(255 if top <= j // 28 < top + 8 and left <= j % 28 < left + 5 else (i * 31 + j * 17) % 23
+                        for j in range(784))
+        labels.append(c)
+    for name, data in [("images-idx3-ubyte", images), ("labels-idx1-ubyte", labels)]:
+        with gzip.open(f"{raw}/{prefix}-{name}.gz", "wb") as f:
+            f.write(bytes(data))
+MNIST
+    cd tpl
+    PROJECT_ROOT="$PWD" run template_gpu -cp "$PWD/configs" -cn train trainer=gpu \
+        "data.train_val_test_split=[800,200,200]" trainer.max_epochs=3
+    cd ..
+    if [ -d tpl/all-logs ]; then mkdir -p all-logs && mv tpl/all-logs/* all-logs/; fi
+fi
 if [ -d all-logs ]; then
     "$TRAIN" logbook all-logs -o "$OUT_DIR/logbook.md" || failed=1
 fi
@@ -96,7 +147,8 @@ def final(name):
     return json.loads(p.read_text())["final_metrics"] if p.exists() else None
 for name in ["tch_gpu_32", "tch_gpu_16_mixed", "tch_gpu_bf16_mixed", "tch_gpu_no_pin", "ddp_nccl", "ddp_gloo",
              "ddp_nccl_16_mixed", "fsdp_nccl", "fsdp_gloo", "dp_gpu", "declared_gpu_32", "declared_gpu_16_mixed",
-             "declared_fsdp_nccl"]:
+             "declared_fsdp_nccl", "ts_gpu_32", "ts_gpu_16_mixed", "ts_gpu_bf16_mixed", "ts_ddp_nccl", "ts_dp_gpu",
+             "ts_transformer_gpu_16_mixed", "template_gpu"]:
     print(name, final(name))
     p = out / f"{name}.json"
     if p.exists():
@@ -118,15 +170,18 @@ for what in ["ddp", "fsdp"]:
 PY
 
 # Train-step speed on the GPU against PyTorch eager, recorded in bench/RESULTS.md (with the GPU's name).
-if [ "${BENCH:-1}" = "1" ]; then
+if [ "${BENCH:-1}" = "1" ] && want bench; then
     cd "$REPO"
     for precision in 32-true 16-mixed; do
         TRAIN="$TRAIN" python3 bench/train_step_bench.py --models cnn,resnet18-cifar --backend tch --device cuda \
-            --precision "$precision" --threads 4 --rounds 3 --batch 256 --record || failed=1
+            --precision "$precision" --threads 4 --rounds "${ROUNDS:-3}" --batch 256 --record || failed=1
     done
     # The declared ResNet-18 against the built-in one, same binary (must keep the built-in's speed).
-    TRAIN="$TRAIN" python3 bench/declared_bench.py --backend tch --device cuda --batch 256 --threads 4 --rounds 3 \
+    TRAIN="$TRAIN" python3 bench/declared_bench.py --backend tch --device cuda --batch 256 --threads 4 --rounds "${ROUNDS:-3}" \
         --record || failed=1
+    # A scripted ResNet-18 on CUDA against PyTorch eager training the same loaded module.
+    TRAIN="$TRAIN" python3 bench/torchscript_bench.py --device cuda --steps 40 --batch 256 --image 32 --threads 4 \
+        --rounds "${ROUNDS:-3}" --record || failed=1
     cp bench/RESULTS.md "$OUT_DIR/RESULTS.md"
 fi
 exit "$failed"

@@ -670,6 +670,28 @@ fn the_templates_ddp_trains_on_two_processes() {
     );
 }
 
+/// The template's `trainer=gpu` (`accelerator: gpu`, its configs naming no backend) runs on libtorch,
+/// trainyard's GPU backend, not on the default Candle: on a GPU it trains; on this CPU machine the refusal is
+/// the missing GPU's (a `torch` build) or the missing libtorch's (the default build), never Candle's.
+#[test]
+fn the_templates_gpu_trainer_runs_on_libtorch() {
+    let p = template_project(100, 20);
+    let out = template(p.path(), "train", &[SMALL_SPLIT, "trainer=gpu"]);
+    if out.status.success() {
+        let runs = template_runs(p.path(), "train");
+        assert_eq!(summary(&runs[0])["backend"], "tch");
+        return;
+    }
+    let err = stderr(&out);
+    assert!(!err.contains("on backend=candle"), "{err}");
+    let expected = if cfg!(feature = "torch") {
+        "trainer.accelerator=gpu: libtorch's CUDA library"
+    } else {
+        "backend=tch: this build has no libtorch"
+    };
+    assert!(err.contains(expected), "expected '{expected}' in:\n{err}");
+}
+
 fn walk(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {

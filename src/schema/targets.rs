@@ -13,6 +13,25 @@ use super::target_names::target_text;
 use crate::config::errors::{at, did_you_mean, ConfigError};
 use crate::config::tree::{Map, Node, Source, Value};
 
+/// A Lightning project names no backend (its trainer is PyTorch's): on a GPU (`trainer=gpu`) it runs on
+/// libtorch, trainyard's GPU backend, as the template's `python src/train.py trainer=gpu` runs on CUDA. On a
+/// CPU the default backend stays. A `backend` the project sets is kept.
+fn gpu_means_libtorch(job: &mut Node) {
+    let Some(accelerator) = job.get("trainer.accelerator").cloned() else {
+        return;
+    };
+    let on_gpu = accelerator
+        .as_str()
+        .is_some_and(|a| matches!(a.to_ascii_lowercase().as_str(), "gpu" | "cuda"));
+    let root = job.as_map_mut().expect("a job is a map");
+    if on_gpu && !root.contains_key("backend") {
+        root.insert(
+            "backend".to_string(),
+            Node::new(Value::Str("tch".into()), accelerator.source.clone()),
+        );
+    }
+}
+
 /// Translate every known `_target_` node of a resolved job config in place.
 pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
     // A project of Lightning modules (the template's) has Lightning's semantics throughout: a
@@ -53,6 +72,9 @@ pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
         }
     }
     super::template::mnist_data_module(job)?;
+    if lightning {
+        gpu_means_libtorch(job);
+    }
     if let Some(data) = job.child("data") {
         if let Some(t) = data.child("_target_") {
             // A dataset a crate registered is opened by its constructor: `extract` reads it.

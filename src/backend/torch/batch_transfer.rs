@@ -19,21 +19,15 @@ struct PinnedBatch {
 }
 
 /// The loader-side staging of a GPU engine: each batch copied into pinned memory by the worker that
-/// made it.
-pub struct PinBatches {
-    /// The GPU the batches go to (pinned memory is set up through its context).
-    pub device: Device,
-}
+/// made it (page-locked host memory, which every GPU of the machine can copy from).
+pub struct PinBatches;
 
 impl StageBatch for PinBatches {
     fn stage(&self, batch: &Batch) -> anyhow::Result<BackendBatch> {
         let copy = || -> anyhow::Result<(Tensor, Tensor)> {
-            let images = pinned(&batch.images, &image_shape(batch), self.device)?;
+            let images = pinned(&batch.images, &image_shape(batch))?;
             let labels = labels_i64(batch);
-            Ok((
-                images,
-                pinned(&labels, &[labels.len() as i64], self.device)?,
-            ))
+            Ok((images, pinned(&labels, &[labels.len() as i64])?))
         };
         let (images, labels) = copy().map_err(|e| {
             anyhow::anyhow!(
@@ -79,8 +73,8 @@ pub fn to_device(
             pageable(&labels, &[labels.len() as i64], device)?,
         ));
     }
-    let images = pinned(&batch.images, &shape, device)?;
-    let labels = pinned(&labels, &[labels.len() as i64], device)?;
+    let images = pinned(&batch.images, &shape)?;
+    let labels = pinned(&labels, &[labels.len() as i64])?;
     Ok((upload(&images, device)?, upload(&labels, device)?))
 }
 
@@ -121,12 +115,31 @@ fn from_borrowed<T: tch::kind::Element>(
 }
 
 /// A pinned-memory tensor of `shape` holding `data` (one host copy, into libtorch's pinned cache).
-fn pinned<T: tch::kind::Element>(
-    data: &[T],
-    shape: &[i64],
-    device: Device,
-) -> anyhow::Result<Tensor> {
-    from_borrowed(data, shape, |t| t.f_pin_memory(device))
+fn pinned<T: tch::kind::Element>(data: &[T], shape: &[i64]) -> anyhow::Result<Tensor> {
+    from_borrowed(data, shape, pin_memory)
+}
+
+extern "C" {
+    fn trainyard_pin_memory(
+        x: *const std::ffi::c_void,
+        out: *mut *mut std::ffi::c_void,
+    ) -> std::os::raw::c_int;
+}
+
+/// `x.pin_memory()` as PyTorch calls it, without the device argument that tch's binding always passes
+/// (deprecated in PyTorch 2.11, which then warns on every call).
+fn pin_memory(x: &Tensor) -> Result<Tensor, tch::TchError> {
+    let mut out: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: `x` is a live tch handle; the shim writes a new `torch::Tensor*` into `out` on success
+    // (owned by the Tensor made from it) and catches C++ exceptions.
+    let status = unsafe { trainyard_pin_memory(x.as_ptr().cast(), &mut out) };
+    if status != 0 || out.is_null() {
+        return Err(tch::TchError::Torch(
+            "libtorch could not pin host memory".into(),
+        ));
+    }
+    // SAFETY: `out` is a heap-allocated `torch::Tensor` the shim made for us, i.e. a tch C_tensor.
+    Ok(unsafe { Tensor::from_ptr(out.cast()) })
 }
 
 /// `data` onto the GPU straight from the loader's pageable buffer (`data.pin_memory=false`): one

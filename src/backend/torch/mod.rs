@@ -463,11 +463,8 @@ impl Engine for TchEngine {
     }
 
     fn batch_stager(&self) -> Option<Arc<dyn StageBatch>> {
-        (self.device.is_cuda() && self.pin_memory).then(|| {
-            Arc::new(batch_transfer::PinBatches {
-                device: self.device,
-            }) as Arc<dyn StageBatch>
-        })
+        (self.device.is_cuda() && self.pin_memory)
+            .then(|| Arc::new(batch_transfer::PinBatches) as Arc<dyn StageBatch>)
     }
 
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {

@@ -310,6 +310,18 @@ int trainyard_dropout(const at::Tensor* x, double p, uint64_t seed, at::Tensor**
   }
 }
 
+// x copied into pinned (page-locked) host memory for the current accelerator, as `x.pin_memory()` does
+// in PyTorch. tch's binding always passes a device, which PyTorch 2.11 deprecates with a warning printed
+// on every call (two lines a batch). Writes a new tch handle to *out; 0 on success.
+int trainyard_pin_memory(const at::Tensor* x, at::Tensor** out) {
+  try {
+    *out = new at::Tensor(x->pin_memory());
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
 // Is torch.use_deterministic_algorithms on?
 int trainyard_deterministic() { return at::globalContext().deterministicAlgorithms() ? 1 : 0; }
 
