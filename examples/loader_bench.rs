@@ -1,39 +1,49 @@
-//! The Rust half of `bench/loader_bench.py`: one pass over an image folder's training split with the
-//! trainer's loader (worker threads decoding JPEG and augmenting), printing images per second as JSON.
+//! The Rust half of `bench/loader_bench.py` and `bench/parquet_bench.py`: one pass over a training split
+//! with the trainer's loader (worker threads decoding and augmenting), printing images per second as JSON.
 //!
-//! usage: loader_bench <root> <num_workers> <batch_size> <epochs>
-//! (ImageNet's training transforms: random resized crop 224, horizontal flip, normalize.)
+//! usage: loader_bench <root> <num_workers> <batch_size> <epochs> [folder|parquet]
+//! folder (default): an image folder of JPEGs with ImageNet's training transforms (random resized crop
+//! 224, horizontal flip, normalize); parquet: the hub's CIFAR-10 parquet files with CIFAR's (random crop
+//! 32 padded by 4, flip, normalize).
 
 use std::sync::Arc;
 use std::time::Instant;
 use trainyard::data::folder::ImageFolder;
 use trainyard::data::loader::{EpochLoader, LoaderSpec};
+use trainyard::data::parquet::{Columns, ParquetDataset};
 use trainyard::data::sampler::DistributedSampler;
 use trainyard::data::{Dataset, Split};
 use trainyard::schema::Transform;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let [root, workers, batch_size, epochs] = &args[..] else {
-        anyhow::bail!("usage: loader_bench <root> <num_workers> <batch_size> <epochs>");
+    let (root, workers, batch_size, epochs, kind) = match &args[..] {
+        [r, w, b, e] => (r, w, b, e, "folder"),
+        [r, w, b, e, k] => (r, w, b, e, k.as_str()),
+        _ => anyhow::bail!(
+            "usage: loader_bench <root> <num_workers> <batch_size> <epochs> [folder|parquet]"
+        ),
     };
-    let dataset: Arc<dyn Dataset> = Arc::new(ImageFolder::open(
-        std::path::Path::new(root),
-        Split::Train,
-        "bench",
-    )?);
-    let transforms = vec![
-        Transform::RandomResizedCrop {
-            size: 224,
-            scale: [0.08, 1.0],
-            ratio: [3.0 / 4.0, 4.0 / 3.0],
-        },
-        Transform::HorizontalFlip { p: 0.5 },
-        Transform::Normalize {
-            mean: vec![0.485, 0.456, 0.406],
-            std: vec![0.229, 0.224, 0.225],
-        },
-    ];
+    let root = std::path::Path::new(root);
+    let (dataset, transforms): (Arc<dyn Dataset>, _) = match kind {
+        "parquet" => (
+            Arc::new(ParquetDataset::open(
+                root,
+                Split::Train,
+                &Columns {
+                    image: None,
+                    label: "label".into(),
+                },
+                10,
+                3,
+            )?),
+            cifar_transforms(),
+        ),
+        _ => (
+            Arc::new(ImageFolder::open(root, Split::Train, "bench")?),
+            imagenet_transforms(),
+        ),
+    };
     let spec = LoaderSpec {
         dataset: dataset.clone(),
         transforms: Arc::new(transforms),
@@ -59,4 +69,35 @@ fn main() -> anyhow::Result<()> {
         images as f64 / seconds
     );
     Ok(())
+}
+
+/// ImageNet's training input: random resized crop 224, horizontal flip, normalize.
+fn imagenet_transforms() -> Vec<Transform> {
+    vec![
+        Transform::RandomResizedCrop {
+            size: 224,
+            scale: [0.08, 1.0],
+            ratio: [3.0 / 4.0, 4.0 / 3.0],
+        },
+        Transform::HorizontalFlip { p: 0.5 },
+        Transform::Normalize {
+            mean: vec![0.485, 0.456, 0.406],
+            std: vec![0.229, 0.224, 0.225],
+        },
+    ]
+}
+
+/// CIFAR's training input (`conf/data/cifar10.yaml`): random crop 32 padded by 4, flip, normalize.
+fn cifar_transforms() -> Vec<Transform> {
+    vec![
+        Transform::RandomCrop {
+            size: 32,
+            padding: 4,
+        },
+        Transform::HorizontalFlip { p: 0.5 },
+        Transform::Normalize {
+            mean: vec![0.4914, 0.4822, 0.4465],
+            std: vec![0.2470, 0.2435, 0.2616],
+        },
+    ]
 }

@@ -329,3 +329,77 @@ fn a_torchscript_module_loads_from_s3() {
         "{err}"
     );
 }
+
+/// `data=parquet` with `data.root=s3://...`: the hub's parquet files are listed under the prefix, copied
+/// once into the local cache (`TRAINYARD_CACHE`), and trained on; a second run reads the cached copies
+/// (not downloaded again); a prefix with no parquet files is refused naming it.
+#[test]
+fn a_parquet_dataset_is_read_from_s3() {
+    let Some(python) = common::torch_python() else {
+        return;
+    };
+    let server = start_server();
+    let bucket = server.root.path().join("ckpts");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hub_parquet.py");
+    let made = Command::new(&python)
+        .arg(script)
+        .args(["cifar10", &bucket.join("cifar").display().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let p = real_project();
+    let cache = tempfile::tempdir().unwrap();
+    let run = |root: &str| {
+        Command::new(TRAIN)
+            .args([
+                "experiment=quickstart",
+                "data=parquet_cifar10",
+                &format!("data.root={root}"),
+                "data.train_size=null",
+                "data.val_size=null",
+                "data.batch_size=5",
+                "model=cnn",
+                "trainer.max_epochs=1",
+            ])
+            .current_dir(p.path())
+            .env_remove("TRAIN_CONFIG_PATH")
+            .env("TRAINYARD_CACHE", cache.path())
+            .env("AWS_ACCESS_KEY_ID", KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT_URL", &server.endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .output()
+            .unwrap()
+    };
+    let out = run("s3://ckpts/cifar/hub");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = summary(&runs(p.path()).pop().unwrap());
+    assert_eq!(s["global_step"], 4, "{s}");
+    let cached = cache
+        .path()
+        .join("s3/ckpts/cifar/hub/plain_text/train-00000-of-00002.parquet");
+    let modified = std::fs::metadata(&cached).unwrap().modified().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let out = run("s3://ckpts/cifar/hub");
+    assert!(out.status.success());
+    assert_eq!(
+        std::fs::metadata(&cached).unwrap().modified().unwrap(),
+        modified,
+        "copied again"
+    );
+    let out = run("s3://ckpts/nothing-here");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no *.parquet objects under s3://ckpts/nothing-here"),
+        "{err}"
+    );
+}

@@ -6,6 +6,7 @@ pub mod download;
 pub mod folder;
 pub mod loader;
 pub mod mnist;
+pub mod parquet;
 pub mod registered;
 pub mod sampler;
 pub mod split;
@@ -92,6 +93,17 @@ pub fn open(cfg: &DataConfig, split: Split, seed: u64) -> Result<Arc<dyn Dataset
     open_files(cfg, split, seed)
 }
 
+/// `data.root` of a parquet dataset as a local directory: an `s3://` prefix is copied to the local
+/// cache first (only the files not already there, or of another size).
+fn parquet_root(cfg: &DataConfig) -> Result<PathBuf, DataError> {
+    let root = cfg.root.clone().unwrap_or_else(|| "data".into());
+    if !crate::storage::s3::is_s3(&root) {
+        return Ok(PathBuf::from(root));
+    }
+    crate::storage::s3::mirror_prefix(&root, ".parquet")
+        .map_err(|e| DataError::Unsupported(format!("data.root={root}: {e:#}")))
+}
+
 /// The split as the data set's own files have it.
 fn open_files(cfg: &DataConfig, split: Split, seed: u64) -> Result<Arc<dyn Dataset>, DataError> {
     let root = || PathBuf::from(cfg.root.clone().unwrap_or_else(|| "data".into()));
@@ -110,6 +122,16 @@ fn open_files(cfg: &DataConfig, split: Split, seed: u64) -> Result<Arc<dyn Datas
         )?),
         DataName::Cinic10 => Arc::new(folder::ImageFolder::open(&root(), split, "cinic10")?),
         DataName::Imagenet => Arc::new(folder::ImageFolder::open(&root(), split, "imagenet")?),
+        DataName::Parquet => Arc::new(parquet::ParquetDataset::open(
+            &parquet_root(cfg)?,
+            split,
+            &parquet::Columns {
+                image: cfg.image_column.clone(),
+                label: cfg.label_column.clone(),
+            },
+            cfg.num_classes,
+            cfg.channels,
+        )?),
         DataName::Registered => Arc::new(registered::Registered::open(cfg, split, seed)?),
     })
 }

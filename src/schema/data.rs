@@ -12,6 +12,9 @@ pub enum DataName {
     Mnist,
     FashionMnist,
     Synthetic,
+    /// Parquet files as the Hugging Face hub publishes datasets (`train-00000-of-00001.parquet`; image
+    /// bytes and an integer label per row), in `root`: a directory or an `s3://` prefix.
+    Parquet,
     /// A dataset a crate registered under its `_target_` (`registry`); set by `schema::extract`.
     Registered,
 }
@@ -81,6 +84,13 @@ pub struct DataConfig {
     /// Transforms of validation and test images, in order (`resize`, `center_crop`, `normalize`, ...).
     #[serde(default)]
     pub val_transforms: Vec<Transform>,
+    /// parquet: the column holding each row's image (a struct `{bytes, path}` as the hub writes it, or
+    /// raw bytes); unset: `image` or `img`, whichever the files have.
+    #[serde(default)]
+    pub image_column: Option<String>,
+    /// parquet: the column holding each row's class (an integer).
+    #[serde(default = "label")]
+    pub label_column: String,
     /// `registered`: the `_target_`, its arguments and what its samples look like (`schema::extract`
     /// fills it).
     #[serde(skip)]
@@ -97,6 +107,10 @@ pub enum SplitLength {
 
 fn forty_two() -> u64 {
     42
+}
+
+fn label() -> String {
+    "label".into()
 }
 
 fn three() -> usize {

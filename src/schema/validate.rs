@@ -386,8 +386,11 @@ const MODEL_ONLY: &[(&str, &[&str])] = &[
     ("patch_size", &["vit"]),
     ("image_size", &["vit"]),
 ];
-const DATA_ONLY: &[(&str, &[&str])] =
-    &[("train_size", &["synthetic"]), ("val_size", &["synthetic"])];
+const DATA_ONLY: &[(&str, &[&str])] = &[
+    ("train_size", &["synthetic"]),
+    ("val_size", &["synthetic"]),
+    ("image_column", &["parquet"]),
+];
 const OPTIMIZER_ONLY: &[(&str, &[&str])] = &[
     ("momentum", &["sgd"]),
     ("nesterov", &["sgd"]),

@@ -75,7 +75,7 @@ pub fn is_s3(path: &str) -> bool {
 mod client {
     use super::S3Url;
     use anyhow::Context;
-    use object_store::{ObjectStoreExt, WriteMultipart};
+    use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
     use std::io::Read;
     use std::path::Path;
 
@@ -164,6 +164,29 @@ mod client {
             .with_context(|| format!("{url}: cannot delete{}", hint()))
     }
 
+    /// Every object under the prefix `url` (recursively) and its size.
+    pub fn list(url: &S3Url) -> anyhow::Result<Vec<(S3Url, u64)>> {
+        let store = store(url)?;
+        let rt = runtime()?;
+        let mut found = Vec::new();
+        let mut pending = vec![(!url.key.is_empty()).then(|| key(url))];
+        while let Some(prefix) = pending.pop() {
+            let listed = rt
+                .block_on(store.list_with_delimiter(prefix.as_ref()))
+                .with_context(|| format!("{url}: cannot list{}", hint()))?;
+            pending.extend(listed.common_prefixes.into_iter().map(Some));
+            found.extend(listed.objects.into_iter().map(|o| {
+                let object = S3Url {
+                    bucket: url.bucket.clone(),
+                    key: o.location.to_string(),
+                };
+                (object, o.size)
+            }));
+        }
+        found.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+        Ok(found)
+    }
+
     pub fn exists(url: &S3Url) -> anyhow::Result<bool> {
         let store = store(url)?;
         match runtime()?.block_on(store.head(&key(url))) {
@@ -198,6 +221,9 @@ mod client {
     pub fn exists(url: &S3Url) -> anyhow::Result<bool> {
         Err(unavailable(url))
     }
+    pub fn list(url: &S3Url) -> anyhow::Result<Vec<(S3Url, u64)>> {
+        Err(unavailable(url))
+    }
 }
 
 /// Whether this build can reach S3.
@@ -219,6 +245,52 @@ pub fn delete(url: &S3Url) -> anyhow::Result<()> {
 
 pub fn exists(url: &S3Url) -> anyhow::Result<bool> {
     client::exists(url)
+}
+
+/// The local cache of objects read from S3: `TRAINYARD_CACHE`, else `$XDG_CACHE_HOME/trainyard`, else
+/// `~/.cache/trainyard`.
+pub fn cache_dir() -> std::path::PathBuf {
+    let env = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty());
+    if let Some(dir) = env("TRAINYARD_CACHE") {
+        return dir.into();
+    }
+    let base = env("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| env("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("trainyard")
+}
+
+/// The objects under the prefix `url` whose names end with `suffix`, copied to
+/// `cache_dir()/s3/<bucket>/<key>` (each one not there yet, or there with another size, downloaded
+/// atomically); the local directory of the prefix. An empty listing is an error naming the prefix.
+pub fn mirror_prefix(url: &str, suffix: &str) -> anyhow::Result<std::path::PathBuf> {
+    let prefix = S3Url::parse(url)?;
+    let base = cache_dir().join("s3").join(&prefix.bucket);
+    let objects: Vec<(S3Url, u64)> = client::list(&prefix)?
+        .into_iter()
+        .filter(|(o, _)| o.key.ends_with(suffix))
+        .collect();
+    anyhow::ensure!(
+        !objects.is_empty(),
+        "no *{suffix} objects under {prefix} (check the bucket and prefix)"
+    );
+    for (object, size) in &objects {
+        let local = base.join(&object.key);
+        let cached = std::fs::metadata(&local).is_ok_and(|m| m.len() == *size);
+        if !cached {
+            if let Some(dir) = local.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            tracing::info!("{object}: copying to {}", local.display());
+            client::download(object, &local)?;
+        }
+    }
+    Ok(if prefix.key.is_empty() {
+        base
+    } else {
+        base.join(&prefix.key)
+    })
 }
 
 #[cfg(test)]
