@@ -1,10 +1,10 @@
 //! The Rust half of `bench/loader_bench.py` and `bench/parquet_bench.py`: one pass over a training split
 //! with the trainer's loader (worker threads decoding and augmenting), printing images per second as JSON.
 //!
-//! usage: loader_bench <root> <num_workers> <batch_size> <epochs> [folder|parquet]
+//! usage: loader_bench <root> <num_workers> <batch_size> <epochs> [folder|parquet|webdataset]
 //! folder (default): an image folder of JPEGs with ImageNet's training transforms (random resized crop
 //! 224, horizontal flip, normalize); parquet: the hub's CIFAR-10 parquet files with CIFAR's (random crop
-//! 32 padded by 4, flip, normalize).
+//! 32 padded by 4, flip, normalize); webdataset: the `.tar` shards in <root>, CIFAR-shaped, the same.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,6 +12,7 @@ use trainyard::data::folder::ImageFolder;
 use trainyard::data::loader::{EpochLoader, LoaderSpec};
 use trainyard::data::parquet::{Columns, ParquetDataset};
 use trainyard::data::sampler::DistributedSampler;
+use trainyard::data::webdataset::{Keys, WebDataset};
 use trainyard::data::{Dataset, Split};
 use trainyard::schema::Transform;
 
@@ -21,7 +22,7 @@ fn main() -> anyhow::Result<()> {
         [r, w, b, e] => (r, w, b, e, "folder"),
         [r, w, b, e, k] => (r, w, b, e, k.as_str()),
         _ => anyhow::bail!(
-            "usage: loader_bench <root> <num_workers> <batch_size> <epochs> [folder|parquet]"
+            "usage: loader_bench <root> <num_workers> <batch_size> <epochs> [folder|parquet|webdataset]"
         ),
     };
     let root = std::path::Path::new(root);
@@ -39,6 +40,23 @@ fn main() -> anyhow::Result<()> {
             )?),
             cifar_transforms(),
         ),
+        "webdataset" => {
+            let mut shards: Vec<std::path::PathBuf> = std::fs::read_dir(root)?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.extension().is_some_and(|x| x == "tar"))
+                .collect();
+            shards.sort();
+            (
+                Arc::new(WebDataset::open(
+                    shards,
+                    &Keys::parse("png;jpg", "cls"),
+                    10,
+                    3,
+                )?),
+                cifar_transforms(),
+            )
+        }
         _ => (
             Arc::new(ImageFolder::open(root, Split::Train, "bench")?),
             imagenet_transforms(),

@@ -104,6 +104,9 @@ pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, St
     if args.get(1).is_some_and(|a| a == "export") {
         return crate::export::run(&args[2..]).map_err(|e| format!("{e:#}"));
     }
+    if args.get(1).is_some_and(|a| a == "pack") {
+        return crate::pack::run(&args[2..]).map_err(|e| format!("{e:#}"));
+    }
     let wants_help = args.iter().skip(1).any(|a| a == "--help" || a == "-h");
     let mut command = Cli::command();
     if wants_help {

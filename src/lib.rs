@@ -25,6 +25,7 @@ pub mod logbook;
 pub mod loggers;
 pub mod model;
 pub mod optim;
+pub mod pack;
 pub mod plan;
 pub mod platform;
 pub mod project;

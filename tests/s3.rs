@@ -403,3 +403,88 @@ fn a_parquet_dataset_is_read_from_s3() {
         "{err}"
     );
 }
+
+/// `data=webdataset` with `s3://` shard URLs: each shard named by the pattern is listed, copied once to the
+/// local cache and trained on; a pattern naming a shard that is not there is refused with its URL.
+#[test]
+fn webdataset_shards_are_read_from_s3() {
+    let server = start_server();
+    let p = real_project();
+    let cifar = p.path().join("data/cifar");
+    std::fs::create_dir_all(&cifar).unwrap();
+    for (name, n) in [
+        ("data_batch_1.bin", 4),
+        ("data_batch_2.bin", 4),
+        ("data_batch_3.bin", 4),
+        ("data_batch_4.bin", 4),
+        ("data_batch_5.bin", 4),
+        ("test_batch.bin", 6),
+    ] {
+        let bytes: Vec<u8> = (0..n * 3073).map(|i| (i * 7 % 251) as u8 % 10).collect();
+        std::fs::write(cifar.join(name), bytes).unwrap();
+    }
+    let shards = server.root.path().join("ckpts/shards");
+    for split in ["split=train", "split=val"] {
+        let out = Command::new(TRAIN)
+            .args([
+                "pack",
+                &format!("out={}", shards.display()),
+                split,
+                "maxcount=8",
+                "data=cifar10",
+                &format!("data.root={}", cifar.display()),
+            ])
+            .current_dir(p.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let run = |train_urls: &str| {
+        Command::new(TRAIN)
+            .args([
+                "experiment=quickstart",
+                "data=webdataset",
+                &format!("data.train_urls='{train_urls}'"),
+                "data.val_urls=s3://ckpts/shards/val-000000.tar",
+                "data.train_size=null",
+                "data.val_size=null",
+                "data.num_classes=10",
+                "data.image_size=32",
+                "data.batch_size=5",
+                "model=cnn",
+                "trainer.max_epochs=1",
+            ])
+            .current_dir(p.path())
+            .env_remove("TRAIN_CONFIG_PATH")
+            .env("TRAINYARD_CACHE", cache.path())
+            .env("AWS_ACCESS_KEY_ID", KEY)
+            .env("AWS_SECRET_ACCESS_KEY", SECRET)
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_ENDPOINT_URL", &server.endpoint)
+            .env("AWS_ALLOW_HTTP", "true")
+            .output()
+            .unwrap()
+    };
+    let out = run("s3://ckpts/shards/train-{000000..000002}.tar");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(summary(&runs(p.path()).pop().unwrap())["global_step"], 4);
+    assert!(cache
+        .path()
+        .join("s3/ckpts/shards/train-000002.tar")
+        .is_file());
+    let out = run("s3://ckpts/shards/train-{000000..000003}.tar");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("s3://ckpts/shards/train-000003.tar: no such object"),
+        "{err}"
+    );
+}

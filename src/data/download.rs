@@ -94,7 +94,9 @@ const FASHION_FILES: &[Remote] = &[
 
 fn source(name: DataName) -> Result<Option<Source>, DataError> {
     Ok(match name {
-        DataName::Synthetic | DataName::Registered | DataName::Parquet => None,
+        DataName::Synthetic | DataName::Registered | DataName::Parquet | DataName::Webdataset => {
+            None
+        }
         DataName::Cifar10 => Some(Source::Archive {
             remote: Remote {
                 base: TORONTO,

@@ -74,14 +74,21 @@ impl Dataset for ImageFolder {
         let (path, label) = &self.files[index];
         let decoded = image::open(path)
             .map_err(|e| DataError::corrupt(path, format!("cannot decode image: {e}")))?;
-        let rgb = decoded.to_rgb8();
-        Ok(Image {
-            height: rgb.height() as usize,
-            width: rgb.width() as usize,
-            channels: 3,
-            pixels: rgb.into_raw(),
-            label: *label,
-        })
+        Ok(super::decoded_image(decoded, 3, *label))
+    }
+
+    fn encoded(&self, index: usize) -> Option<Result<(Vec<u8>, String), DataError>> {
+        let (path, _) = &self.files[index];
+        let ext = path
+            .extension()
+            .and_then(|x| x.to_str())
+            .map(|x| x.to_ascii_lowercase().replace("jpeg", "jpg"))
+            .unwrap_or_else(|| "jpg".into());
+        Some(
+            std::fs::read(path)
+                .map(|bytes| (bytes, ext))
+                .map_err(|e| DataError::corrupt(path, e.to_string())),
+        )
     }
 }
 

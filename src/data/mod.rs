@@ -12,6 +12,7 @@ pub mod sampler;
 pub mod split;
 pub mod synthetic;
 pub mod transforms;
+pub mod webdataset;
 
 use crate::schema::{DataConfig, DataName};
 use std::path::PathBuf;
@@ -38,6 +39,13 @@ pub trait Dataset: Send + Sync {
     /// Does it yield ready tensors (`tensor`) rather than images to decode and transform (`get`)?
     fn yields_tensors(&self) -> bool {
         false
+    }
+    /// Sample `index` as the encoded file it was read from (its bytes and extension: `jpg`, `png`), for
+    /// `train pack` to copy into shards without re-encoding; `None` where there is no such file (the
+    /// images are made or stored raw), and `pack` encodes the decoded image as PNG.
+    fn encoded(&self, index: usize) -> Option<Result<(Vec<u8>, String), DataError>> {
+        let _ = index;
+        None
     }
     /// A sample as a tensor and its target (datasets a crate registered).
     fn tensor(&self, index: usize) -> Result<crate::registry::Sample, DataError> {
@@ -78,6 +86,24 @@ impl DataError {
             path: path.display().to_string(),
             message: message.into(),
         }
+    }
+}
+
+/// A decoded image as the loader takes it: 8-bit RGB, or gray when the dataset has one channel.
+pub fn decoded_image(decoded: image::DynamicImage, channels: usize, label: u32) -> Image {
+    let (width, height, channels, pixels) = if channels == 1 {
+        let gray = decoded.to_luma8();
+        (gray.width(), gray.height(), 1, gray.into_raw())
+    } else {
+        let rgb = decoded.to_rgb8();
+        (rgb.width(), rgb.height(), 3, rgb.into_raw())
+    };
+    Image {
+        height: height as usize,
+        width: width as usize,
+        channels,
+        pixels,
+        label,
     }
 }
 
@@ -132,6 +158,20 @@ fn open_files(cfg: &DataConfig, split: Split, seed: u64) -> Result<Arc<dyn Datas
             cfg.num_classes,
             cfg.channels,
         )?),
+        DataName::Webdataset => {
+            let (urls, key) = webdataset::urls_of(
+                split,
+                cfg.train_urls.as_deref(),
+                cfg.val_urls.as_deref(),
+                cfg.test_urls.as_deref(),
+            )?;
+            Arc::new(webdataset::WebDataset::open(
+                webdataset::split_paths(urls, key)?,
+                &webdataset::Keys::parse(&cfg.image_key, &cfg.label_key),
+                cfg.num_classes,
+                cfg.channels,
+            )?)
+        }
         DataName::Registered => Arc::new(registered::Registered::open(cfg, split, seed)?),
     })
 }

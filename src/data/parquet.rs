@@ -227,20 +227,24 @@ impl Dataset for ParquetDataset {
                 ),
             )
         })?;
-        let (width, height, pixels) = if self.channels == 1 {
-            let gray = decoded.to_luma8();
-            (gray.width(), gray.height(), gray.into_raw())
-        } else {
-            let rgb = decoded.to_rgb8();
-            (rgb.width(), rgb.height(), rgb.into_raw())
-        };
-        Ok(Image {
-            height: height as usize,
-            width: width as usize,
-            channels: if self.channels == 1 { 1 } else { 3 },
-            pixels,
-            label: self.labels[index],
-        })
+        Ok(super::decoded_image(
+            decoded,
+            self.channels,
+            self.labels[index],
+        ))
+    }
+
+    fn encoded(&self, index: usize) -> Option<Result<(Vec<u8>, String), DataError>> {
+        let part = self.parts.partition_point(|p| p.start + p.rows <= index);
+        Some(self.row_group(part).map(|images| {
+            let bytes = images[index - self.parts[part].start].clone();
+            let ext = if bytes.starts_with(b"\x89PNG") {
+                "png"
+            } else {
+                "jpg"
+            };
+            (bytes, ext.to_string())
+        }))
     }
 }
 

@@ -15,6 +15,8 @@ pub enum DataName {
     /// Parquet files as the Hugging Face hub publishes datasets (`train-00000-of-00001.parquet`; image
     /// bytes and an integer label per row), in `root`: a directory or an `s3://` prefix.
     Parquet,
+    /// WebDataset tar shards (`data.train_urls`: `shards/train-{000000..000099}.tar`, local or `s3://`).
+    Webdataset,
     /// A dataset a crate registered under its `_target_` (`registry`); set by `schema::extract`.
     Registered,
 }
@@ -91,6 +93,22 @@ pub struct DataConfig {
     /// parquet: the column holding each row's class (an integer).
     #[serde(default = "label")]
     pub label_column: String,
+    /// webdataset: the training shards, a WebDataset URL pattern (`train-{000000..001281}.tar`, `{a,b}`,
+    /// `::` between patterns), local paths or `s3://`.
+    #[serde(default)]
+    pub train_urls: Option<String>,
+    /// webdataset: the validation shards.
+    #[serde(default)]
+    pub val_urls: Option<String>,
+    /// webdataset: the test shards (what `test: true` reads); unset: the validation shards.
+    #[serde(default)]
+    pub test_urls: Option<String>,
+    /// webdataset: the image member's extensions, in order of preference (`jpg;png`).
+    #[serde(default = "image_key")]
+    pub image_key: String,
+    /// webdataset: the label member's extension: `cls` (the class as text) or `json` (its `label`).
+    #[serde(default = "cls")]
+    pub label_key: String,
     /// `registered`: the `_target_`, its arguments and what its samples look like (`schema::extract`
     /// fills it).
     #[serde(skip)]
@@ -107,6 +125,14 @@ pub enum SplitLength {
 
 fn forty_two() -> u64 {
     42
+}
+
+fn image_key() -> String {
+    "jpg;png;jpeg".into()
+}
+
+fn cls() -> String {
+    "cls".into()
 }
 
 fn label() -> String {

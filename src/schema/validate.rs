@@ -390,6 +390,9 @@ const DATA_ONLY: &[(&str, &[&str])] = &[
     ("train_size", &["synthetic"]),
     ("val_size", &["synthetic"]),
     ("image_column", &["parquet"]),
+    ("train_urls", &["webdataset"]),
+    ("val_urls", &["webdataset"]),
+    ("test_urls", &["webdataset"]),
 ];
 const OPTIMIZER_ONLY: &[(&str, &[&str])] = &[
     ("momentum", &["sgd"]),

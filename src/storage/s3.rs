@@ -275,8 +275,53 @@ pub fn mirror_prefix(url: &str, suffix: &str) -> anyhow::Result<std::path::PathB
         !objects.is_empty(),
         "no *{suffix} objects under {prefix} (check the bucket and prefix)"
     );
-    for (object, size) in &objects {
-        let local = base.join(&object.key);
+    copy_to_cache(&objects)?;
+    Ok(if prefix.key.is_empty() {
+        base
+    } else {
+        base.join(&prefix.key)
+    })
+}
+
+/// The objects `urls` (each one listed beside its neighbours, so a missing one is named) copied to the
+/// local cache as `mirror_prefix` copies them; their local paths, in the same order.
+pub fn mirror_objects(urls: &[String]) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut listed: std::collections::HashMap<(String, String), Vec<(S3Url, u64)>> =
+        std::collections::HashMap::new();
+    let mut objects = Vec::with_capacity(urls.len());
+    for url in urls {
+        let object = S3Url::parse(url)?;
+        let dir = object
+            .key
+            .rsplit_once('/')
+            .map_or("", |(d, _)| d)
+            .to_string();
+        let siblings = match listed.entry((object.bucket.clone(), dir.clone())) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(client::list(&S3Url {
+                bucket: object.bucket.clone(),
+                key: dir,
+            })?),
+        };
+        let size = siblings
+            .iter()
+            .find(|(o, _)| *o == object)
+            .map(|(_, size)| *size)
+            .ok_or_else(|| anyhow::anyhow!("{object}: no such object"))?;
+        objects.push((object, size));
+    }
+    copy_to_cache(&objects)
+}
+
+/// Each object not yet in `cache_dir()/s3/<bucket>/<key>` with its size downloaded there (atomically);
+/// the local paths.
+fn copy_to_cache(objects: &[(S3Url, u64)]) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut paths = Vec::with_capacity(objects.len());
+    for (object, size) in objects {
+        let local = cache_dir()
+            .join("s3")
+            .join(&object.bucket)
+            .join(&object.key);
         let cached = std::fs::metadata(&local).is_ok_and(|m| m.len() == *size);
         if !cached {
             if let Some(dir) = local.parent() {
@@ -285,12 +330,9 @@ pub fn mirror_prefix(url: &str, suffix: &str) -> anyhow::Result<std::path::PathB
             tracing::info!("{object}: copying to {}", local.display());
             client::download(object, &local)?;
         }
+        paths.push(local);
     }
-    Ok(if prefix.key.is_empty() {
-        base
-    } else {
-        base.join(&prefix.key)
-    })
+    Ok(paths)
 }
 
 #[cfg(test)]

@@ -1,0 +1,329 @@
+//! `data=webdataset` and `train pack`: a dataset's split packed into tar shards reads back sample for
+//! sample equal to the original files; shards written by Python's `tarfile` as WebDataset writes them
+//! (keys with folders, `.json` labels) read too; training on shards runs from the CLI, stops mid-epoch and
+//! resumes exactly; bad shards are refused naming the shard and the sample's key.
+
+mod common;
+use common::{real_project, run_with, summary, weights, worst_relative_difference};
+use rstest::rstest;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use trainyard::data::webdataset::{expand_urls, Keys, WebDataset};
+use trainyard::data::{Dataset, Split};
+
+/// CIFAR-10's binary files (the real format): 5 training files of `per_file` images and a test file of
+/// `test` images, random pixels, labels cycling through the classes.
+fn write_cifar(dir: &Path, per_file: usize, test: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut seed = 12345u64;
+    let mut byte = || {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) as u8
+    };
+    let mut file = |name: &str, n: usize, first: usize| {
+        let mut bytes = Vec::new();
+        for i in 0..n {
+            bytes.push(((first + i) % 10) as u8);
+            bytes.extend((0..3072).map(|_| byte()));
+        }
+        std::fs::write(dir.join(name), bytes).unwrap();
+    };
+    for k in 1..=5 {
+        file(&format!("data_batch_{k}.bin"), per_file, k * per_file);
+    }
+    file("test_batch.bin", test, 3);
+}
+
+fn train(root: &Path, args: &[&str]) -> Output {
+    Command::new(common::TRAIN)
+        .args(args)
+        .current_dir(root)
+        .env_remove("TRAIN_CONFIG_PATH")
+        .output()
+        .unwrap()
+}
+
+fn ok(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// A project with CIFAR-10 (20 training images, 6 test) packed into shards of 7: `train-00000{0..2}.tar`
+/// and `val-000000.tar` under `shards/`.
+fn packed() -> (tempfile::TempDir, PathBuf) {
+    let p = real_project();
+    let cifar = p.path().join("data/cifar");
+    write_cifar(&cifar, 4, 6);
+    let shards = p.path().join("shards");
+    let root = format!("data.root={}", cifar.display());
+    let out_dir = format!("out={}", shards.display());
+    for split in ["split=train", "split=val"] {
+        let said = ok(&train(
+            p.path(),
+            &["pack", &out_dir, split, "maxcount=7", "data=cifar10", &root],
+        ));
+        assert!(said.contains("Packed"), "{said}");
+    }
+    (p, shards)
+}
+
+fn keys() -> Keys {
+    Keys::parse("jpg;png", "cls")
+}
+
+/// `train pack` writes 3 shards of at most 7 samples, and they read back as the binary files: same
+/// pixels, labels and order (PNG is lossless).
+#[test]
+fn packed_shards_read_back_as_the_original_files() {
+    let (p, shards) = packed();
+    let pattern = format!("{}/train-{{000000..000002}}.tar", shards.display());
+    let paths: Vec<PathBuf> = expand_urls(&pattern)
+        .unwrap()
+        .into_iter()
+        .map(PathBuf::from)
+        .collect();
+    assert!(paths.iter().all(|p| p.is_file()), "{paths:?}");
+    assert!(!shards.join("train-000003.tar").exists());
+    let set = WebDataset::open(paths, &keys(), 10, 3).unwrap();
+    for (split, set) in [(Split::Train, set)] {
+        let original = trainyard::data::cifar::Cifar::open(
+            &p.path().join("data/cifar"),
+            trainyard::data::cifar::Variant::Cifar10,
+            split,
+        )
+        .unwrap();
+        assert_eq!(set.len(), original.len());
+        for i in 0..set.len() {
+            let (a, b) = (set.get(i).unwrap(), original.get(i).unwrap());
+            assert_eq!((a.label, a.width, a.height), (b.label, b.width, b.height));
+            assert!(a.pixels == b.pixels, "sample {i} ({}) differs", set.key(i));
+        }
+    }
+    let val = WebDataset::open(vec![shards.join("val-000000.tar")], &keys(), 10, 3).unwrap();
+    assert_eq!(val.len(), 6);
+}
+
+/// Shards as Python's `tarfile` writes them for WebDataset: keys in folders, PNG and JPEG members (the
+/// preferred extension wins), `.json` labels; the pixels of the PNG ones equal what Python wrote.
+#[test]
+fn shards_written_by_python_read_as_webdataset_groups_them() {
+    let Some(python) = common::torch_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"
+import io, json, sys, tarfile
+import numpy as np
+from PIL import Image
+out = sys.argv[1]
+rng = np.random.default_rng(3)
+expected = bytearray()
+with tarfile.open(f"{out}/shard-0.tar", "w") as tar:
+    def add(name, data):
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    for i in range(5):
+        px = rng.integers(0, 256, (6, 9, 3), dtype=np.uint8)
+        expected += px.tobytes()
+        png = io.BytesIO(); Image.fromarray(px).save(png, format="PNG")
+        jpg = io.BytesIO(); Image.fromarray(px).save(jpg, format="JPEG")
+        key = f"n0{i % 2}/sample_{i}"
+        add(f"{key}.jpg", jpg.getvalue())
+        add(f"{key}.png", png.getvalue())
+        add(f"{key}.json", json.dumps({"label": i % 3, "note": "x"}).encode())
+open(f"{out}/expected.bin", "wb").write(bytes(expected))
+"#;
+    let made = Command::new(python)
+        .args(["-c", script, dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let set = WebDataset::open(
+        vec![dir.path().join("shard-0.tar")],
+        &Keys::parse("png;jpg", "json"),
+        3,
+        3,
+    )
+    .unwrap();
+    assert_eq!(set.len(), 5);
+    let expected = std::fs::read(dir.path().join("expected.bin")).unwrap();
+    for i in 0..5 {
+        let img = set.get(i).unwrap();
+        assert_eq!(set.key(i), format!("n0{}/sample_{i}", i % 2));
+        assert_eq!((img.width, img.height, img.label), (9, 6, (i % 3) as u32));
+        assert!(img.pixels == expected[i * 162..(i + 1) * 162], "sample {i}");
+    }
+}
+
+const ON_SHARDS: &[&str] = &[
+    "experiment=quickstart",
+    "data=webdataset",
+    "data.train_size=null",
+    "data.val_size=null",
+    "data.num_classes=10",
+    "data.image_size=32",
+    "data.batch_size=5",
+    "data.num_workers=2",
+    "model=cnn",
+    "optimizer=sgd",
+    "scheduler=constant",
+    "trainer.log_every_n_steps=1",
+    "callbacks.model_summary=null",
+];
+
+fn urls(shards: &Path) -> [String; 2] {
+    [
+        // Braces start a dict in Hydra's override grammar: the pattern is quoted, as on a command line.
+        format!(
+            "data.train_urls='{}/train-{{000000..000002}}.tar'",
+            shards.display()
+        ),
+        format!("data.val_urls={}/val-000000.tar", shards.display()),
+    ]
+}
+
+/// Training on shards from the CLI: 20 images at 5 a batch are 4 steps an epoch. A run stopped mid-epoch
+/// (step 3 of 4) resumes from its checkpoint with the next unseen batch and ends with the uninterrupted
+/// run's weights; the resumed run logs only the steps after the checkpoint (a run that ignored the
+/// checkpoint would log from step 1).
+#[test]
+fn trains_on_shards_and_resumes_mid_epoch_exactly() {
+    let (p, shards) = packed();
+    let [train_urls, val_urls] = urls(&shards);
+    let mut base: Vec<&str> = ON_SHARDS.to_vec();
+    base.extend([train_urls.as_str(), val_urls.as_str(), "seed=7"]);
+    let straight = run_with(p.path(), "straight", &base, &["trainer.max_epochs=2"]);
+    assert_eq!(summary(&straight)["global_step"], 8);
+    let stopped = run_with(p.path(), "stopped", &base, &["trainer.max_steps=3"]);
+    assert_eq!(summary(&stopped)["global_step"], 3);
+    let ckpt = format!(
+        "ckpt_path={}",
+        stopped.join("checkpoints/last.safetensors").display()
+    );
+    let resumed = run_with(p.path(), "resumed", &base, &["trainer.max_epochs=2", &ckpt]);
+    assert_eq!(summary(&resumed)["global_step"], 8);
+    assert!(common::first_logged_step(&resumed) > 3);
+    let diff = worst_relative_difference(&weights(&resumed), &weights(&straight));
+    assert!(
+        diff < 1e-6,
+        "resumed and uninterrupted runs differ by {diff:e}"
+    );
+}
+
+/// DDP over two processes reads the shards through the distributed sampler: 20 images, 5 a batch on
+/// each of 2 ranks, 2 steps an epoch.
+#[cfg(feature = "torch")]
+#[test]
+fn ddp_ranks_share_the_shards() {
+    let (p, shards) = packed();
+    let [train_urls, val_urls] = urls(&shards);
+    let mut base: Vec<&str> = ON_SHARDS.to_vec();
+    base.extend([train_urls.as_str(), val_urls.as_str()]);
+    let run = run_with(
+        p.path(),
+        "ddp",
+        &base,
+        &["trainer=ddp_sim", "trainer.max_epochs=1"],
+    );
+    let s = summary(&run);
+    assert_eq!(
+        (s["devices"].as_u64(), s["global_step"].as_u64()),
+        (Some(2), Some(2)),
+        "{s}"
+    );
+}
+
+/// A shard pattern naming files that are not there, a truncated shard, a sample without its label, a
+/// label past `num_classes`: each refused naming the shard and, where there is one, the sample's key.
+#[rstest]
+#[case::missing_shard("missing", "train-000000.tar")]
+#[case::truncated("truncated", "truncated or damaged tar")]
+#[case::no_label("no_label", "sample '000000003' has no .cls member")]
+#[case::label_too_big("label_too_big", "its .cls: class 5 is not below data.num_classes=5")]
+fn bad_shards_are_refused(#[case] what: &str, #[case] says: &str) {
+    let (_p, shards) = packed();
+    let shard = shards.join("train-000000.tar");
+    let classes = if what == "label_too_big" { 5 } else { 10 };
+    match what {
+        "missing" => std::fs::remove_file(&shard).unwrap(),
+        "truncated" => {
+            let bytes = std::fs::read(&shard).unwrap();
+            std::fs::write(&shard, &bytes[..bytes.len() / 2 + 100]).unwrap();
+        }
+        "no_label" => {
+            let mut tar = tar::Archive::new(std::fs::File::open(&shard).unwrap());
+            let mut out = tar::Builder::new(Vec::new());
+            for entry in tar.entries().unwrap() {
+                let mut entry = entry.unwrap();
+                let name = entry.path().unwrap().to_string_lossy().to_string();
+                if name == "000000003.cls" {
+                    continue;
+                }
+                let mut header = entry.header().clone();
+                let mut data = Vec::new();
+                std::io::Read::read_to_end(&mut entry, &mut data).unwrap();
+                out.append_data(&mut header, &name, data.as_slice())
+                    .unwrap();
+            }
+            std::fs::write(&shard, out.into_inner().unwrap()).unwrap();
+        }
+        _ => {}
+    }
+    let err = WebDataset::open(vec![shard.clone()], &keys(), classes, 3)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains(says), "expected '{says}' in: {err}");
+    assert!(err.contains("train-000000.tar"), "names the shard: {err}");
+}
+
+/// A damaged image stops the run naming its shard and key; from the CLI, bad patterns and missing URLs
+/// are refused before training.
+#[test]
+fn a_damaged_image_and_bad_urls_are_named() {
+    let (p, shards) = packed();
+    let shard = shards.join("train-000000.tar");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    // The first member's data starts after its 512-byte header: overwrite the PNG signature.
+    bytes[512..520].copy_from_slice(b"garbage!");
+    std::fs::write(&shard, bytes).unwrap();
+    let set = WebDataset::open(vec![shard], &keys(), 10, 3).unwrap();
+    let err = set.get(0).unwrap_err().to_string();
+    assert!(
+        err.contains("train-000000.tar")
+            && err.contains("sample '000000000'")
+            && err.contains("cannot be decoded"),
+        "{err}"
+    );
+    assert!(set.get(1).is_ok());
+    let bad = format!(
+        "data.train_urls='{}/train-{{000..002.tar'",
+        shards.display()
+    );
+    let mut args: Vec<&str> = ON_SHARDS.to_vec();
+    args.extend([bad.as_str(), "data.val_urls=x.tar"]);
+    let out = train(p.path(), &args);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && text.contains("data.train_urls") && text.contains("without '}'"),
+        "{text}"
+    );
+    let out = train(p.path(), ON_SHARDS);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && text.contains("data.train_urls"),
+        "{text}"
+    );
+}
