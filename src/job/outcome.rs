@@ -45,8 +45,20 @@ pub fn report(summary: &Summary, output_dir: &Path, processes: Option<(usize, f6
         Some((n, s)) => (format!(" on {n} process(es)"), s),
         None => (String::new(), summary.wall_time_s),
     };
+    let input = summary
+        .input
+        .filter(|i| i.input_bound())
+        .and_then(|i| i.fraction())
+        .map(|f| {
+            format!(
+                "\nInput-bound: the training steps waited for their batches {:.0}% of the time; more \
+                 data.num_workers (or a faster input pipeline) would speed this run up",
+                f * 100.0
+            )
+        })
+        .unwrap_or_default();
     format!(
-        "{}: {} after {} epochs ({} steps){on} in {seconds:.1}s; {}\nRun directory: {}",
+        "{}: {} after {} epochs ({} steps){on} in {seconds:.1}s; {}{input}\nRun directory: {}",
         summary.task_name,
         summary.status,
         summary.epochs_completed,

@@ -6,7 +6,7 @@
 use super::checkpointing::{Keeper, Storage};
 use super::profiler::Profiler;
 use super::running_sums;
-use super::summary::{median, peak_rss_bytes, BestMetric, RunStatus, Summary};
+use super::summary::{median, peak_rss_bytes, BestMetric, InputWait, RunStatus, Summary};
 use super::{DataSets, Job};
 use crate::backend::{StateBytes, StepStats};
 use crate::callbacks::batch_size_finder::Finding;
@@ -63,6 +63,8 @@ pub struct FitLoop<'a> {
     train_samples: u64,
     /// Each optimizer step's compute (forward, backward, update), without data loading.
     step_times: Vec<f64>,
+    /// Seconds the training steps waited for the loader's next batch, and spent computing.
+    input_wait: InputWait,
     last_train: StepStats,
     last_val: Option<StepStats>,
     /// `trainer.profiler`: each action's time (does nothing when off).
@@ -217,6 +219,7 @@ impl<'a> FitLoop<'a> {
             train_time: 0.0,
             train_samples: 0,
             step_times: Vec::new(),
+            input_wait: InputWait::default(),
             last_train: StepStats::default(),
             last_val: None,
             profiler,
@@ -316,6 +319,7 @@ impl<'a> FitLoop<'a> {
                 break;
             };
             self.profiler.record(TRAIN_NEXT, fetch_start);
+            self.input_wait.waiting += fetch_start.elapsed().as_secs_f64();
             let i = i + skip;
             let batch = batch?;
             let ends_window = plan.ends_window(i);
@@ -368,6 +372,7 @@ impl<'a> FitLoop<'a> {
                 continue;
             }
             self.step_times.push(step_compute);
+            self.input_wait.computing += step_compute;
             step_compute = 0.0;
             self.state.global_step += 1;
             if self

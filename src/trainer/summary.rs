@@ -36,6 +36,8 @@ pub struct Summary {
     pub train_samples_per_s: f64,
     /// Median time of one optimizer step's compute (forward, backward, update), excluding data loading.
     pub median_step_time_s: Option<f64>,
+    /// How long the training steps waited for their batches against how long they computed (rank 0's).
+    pub input: Option<InputWait>,
     pub peak_rss_bytes: Option<u64>,
     pub best_checkpoint: Option<String>,
     pub last_checkpoint: Option<String>,
@@ -52,6 +54,34 @@ pub struct Summary {
     /// `trainer.profiler: simple`: this rank's time per action of the loop, the longest first.
     pub profile: Option<Vec<super::profiler::ActionTime>>,
 }
+
+/// The training steps' time waiting for the loader's next batch and computing (forward, backward,
+/// update). A run that waits a large share is input-bound: more `data.num_workers` (or a faster input
+/// pipeline) would speed it up, a faster model would not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InputWait {
+    #[serde(rename = "waiting_s")]
+    pub waiting: f64,
+    #[serde(rename = "computing_s")]
+    pub computing: f64,
+}
+
+impl InputWait {
+    /// The share of the steps' time spent waiting for data, when the steps took any time.
+    pub fn fraction(&self) -> Option<f64> {
+        let total = self.waiting + self.computing;
+        (total > 0.0).then(|| self.waiting / total)
+    }
+
+    /// Waiting at least a fifth of the time: said at the end of the run and in the logbook.
+    pub fn input_bound(&self) -> bool {
+        self.fraction().is_some_and(|f| f >= INPUT_BOUND)
+    }
+}
+
+/// The share of a step's time waiting for data from which a run counts as input-bound.
+pub const INPUT_BOUND: f64 = 0.2;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]

@@ -70,6 +70,7 @@ impl FitLoop<'_> {
             train_time_s: self.train_time,
             train_samples_per_s: train_samples as f64 / self.train_time.max(1e-9),
             median_step_time_s: median(&self.step_times),
+            input: (self.input_wait.computing > 0.0).then_some(self.input_wait),
             peak_rss_bytes: peak_rss_bytes(),
             best_checkpoint,
             last_checkpoint,
