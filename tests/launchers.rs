@@ -171,6 +171,71 @@ fn a_killed_sweep_resumes_where_it_stopped(#[case] launcher: &[&str]) {
     assert_same_results(&clean, &dir, 3);
 }
 
+/// SIGTERM to a sweep's `train` (joblib, two jobs at once) reaches its running jobs: each writes a resume
+/// checkpoint and ends preempted, the third job never starts, and the sweep exits with the preemption
+/// status. The same command then resumes both from their own checkpoints and runs the third; the results
+/// equal an uninterrupted sweep's. (Before, the jobs were killed with the launcher, losing their epoch.)
+#[test]
+fn a_stop_signal_to_a_sweep_reaches_its_jobs() {
+    let p = real_project();
+    let (clean, dir) = (p.path().join("clean"), p.path().join("stopped"));
+    let env = [("RAYON_NUM_THREADS", "1"), ("OMP_NUM_THREADS", "1")];
+    let extra = [
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "optimizer.lr=0.001,0.002,0.003",
+        "trainer.max_epochs=3",
+    ];
+    ok(sweep(p.path(), &clean, &extra, &env));
+    let mut child = sweep_command(p.path(), &dir, &extra)
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !(dir.join("0/run.json").is_file() && dir.join("1/run.json").is_file()) {
+        assert!(Instant::now() < deadline, "the jobs never started");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the sweep ended before the signal"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+    assert!(
+        stderr.contains("passing it on to the 2 running job(s)"),
+        "{stderr}"
+    );
+    let record = sweep_record(&dir);
+    let states: Vec<&str> = record["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| j["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["preempted", "preempted", "planned"], "{record}");
+    assert!(!dir.join("2").exists(), "job #2 started after the signal");
+    let out = ok(sweep(p.path(), &dir, &extra, &env));
+    for n in 0..2 {
+        let from = summary(&dir.join(n.to_string()))["resumed_from"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            from.contains(&format!("{n}/checkpoints/")),
+            "job #{n} resumed from '{from}'\n{}",
+            text(&out)
+        );
+    }
+    assert_eq!(sweep_record(&dir)["state"], "completed");
+    assert_same_results(&clean, &dir, 3);
+}
+
 #[test]
 fn a_directory_holding_another_sweep_is_refused() {
     let p = real_project();

@@ -8,6 +8,8 @@ use super::{JobCommand, LaunchContext, Launcher, Progress, SweepJob};
 use crate::config::errors::ConfigError;
 use crate::config::tree::{Node, Value};
 use crate::job::in_sweep::JobResult;
+use crate::platform::signals;
+use crate::storage::records::JobState;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -104,32 +106,42 @@ impl LocalLauncher {
         }
     }
 
-    /// Run the jobs, `n_jobs` at a time; `done` gets each result as its job ends and returns false to stop
-    /// the sweep (`--fail-fast`): the running jobs are then stopped.
+    /// Run the jobs, `n_jobs` at a time, each reported to `progress` as it starts and ends; a false from
+    /// `progress.ended` stops the sweep (`--fail-fast`): the running jobs are then stopped. A stop signal to this process
+    /// (SIGTERM, SIGUSR1) is passed on to every running job, which writes a resume checkpoint and ends as
+    /// preempted; no further job starts, and rerunning the sweep resumes each from its checkpoint.
     pub fn run(
         &self,
         cmd: &JobCommand,
         jobs: &[SweepJob],
-        done: &mut dyn FnMut(JobResult) -> Result<bool, ConfigError>,
+        progress: &mut dyn Progress,
     ) -> Result<(), ConfigError> {
         std::fs::create_dir_all(&self.log_dir).map_err(|e| {
             ConfigError::Io(format!("could not create {}: {e}", self.log_dir.display()))
         })?;
+        // The jobs bound their own checkpointing by trainer.preemption_grace_s; this process only waits
+        // for them (dying first would take them along: they die with their parent).
+        if let Err(e) = signals::arm_preemption(Duration::from_secs(24 * 3600)) {
+            tracing::warn!("could not catch SIGTERM/SIGUSR1 in the sweep's launcher: {e}");
+        }
         let slots = self.n_jobs.min(jobs.len()).max(1);
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let gpus = visible_gpus();
         let mut free: Vec<usize> = (0..slots).rev().collect();
         let mut queue = jobs.iter();
         let mut running: Vec<Running> = Vec::new();
+        let mut passed_on = false;
         loop {
             while let Some(slot) = free.pop() {
-                let Some(job) = queue.next() else {
+                let Some(job) = queue.next().filter(|_| !passed_on) else {
                     free.push(slot);
                     break;
                 };
                 JobResult::clear(&cmd.sweep_dir, job.num);
                 let share = slot_share(slot, slots, &gpus, cores);
                 let child = self.spawn(cmd, job, share)?;
+                progress.started(job);
+                progress.save()?;
                 running.push(Running {
                     job: job.clone(),
                     slot,
@@ -141,6 +153,18 @@ impl LocalLauncher {
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
+            if !passed_on && signals::preemption_requested() {
+                passed_on = true;
+                let signal = signals::received_signal().unwrap_or("a stop signal");
+                eprintln!(
+                    "{signal}: passing it on to the {} running job(s); each writes a resume checkpoint",
+                    running.len()
+                );
+                for r in &running {
+                    // SAFETY: kill(2) on the pid of a child this process has not reaped yet.
+                    unsafe { libc::kill(r.child.id() as libc::pid_t, libc::SIGTERM) };
+                }
+            }
             let mut i = 0;
             while i < running.len() {
                 let r = &mut running[i];
@@ -158,24 +182,9 @@ impl LocalLauncher {
                 };
                 let r = running.swap_remove(i);
                 free.push(r.slot);
-                let result = match JobResult::read(&cmd.sweep_dir, r.job.num) {
-                    Some(result) => result,
-                    None => JobResult::failed(
-                        r.job.num,
-                        format!(
-                            "the job's process {} without reporting a result; see {}",
-                            match timed_out {
-                                true => format!(
-                                    "ran past the launcher's timeout ({:.0}s) and was stopped",
-                                    self.timeout.unwrap_or_default().as_secs_f64()
-                                ),
-                                false => format!("ended ({status})"),
-                            },
-                            self.log_file(r.job.num, "err").display()
-                        ),
-                    ),
-                };
-                if !done(result)? {
+                let result = self.result_of(cmd, &r, status, timed_out);
+                // After a stop signal every job is left to write its checkpoint.
+                if !progress.ended(result)? && !passed_on {
                     for mut other in running.drain(..) {
                         let _ = other.child.kill();
                         let _ = other.child.wait();
@@ -184,6 +193,43 @@ impl LocalLauncher {
                 }
             }
         }
+    }
+
+    /// What an ended job reports: its own result file, else preempted (it exited with the preemption
+    /// status), else a failure naming its log.
+    fn result_of(
+        &self,
+        cmd: &JobCommand,
+        r: &Running,
+        status: std::process::ExitStatus,
+        timed_out: bool,
+    ) -> JobResult {
+        if let Some(result) = JobResult::read(&cmd.sweep_dir, r.job.num) {
+            return result;
+        }
+        if status.code() == Some(signals::EXIT_PREEMPTED.into()) {
+            return JobResult {
+                state: JobState::Preempted,
+                ..JobResult::failed(
+                    r.job.num,
+                    "stopped at a resume checkpoint by a stop signal".into(),
+                )
+            };
+        }
+        JobResult::failed(
+            r.job.num,
+            format!(
+                "the job's process {} without reporting a result; see {}",
+                match timed_out {
+                    true => format!(
+                        "ran past the launcher's timeout ({:.0}s) and was stopped",
+                        self.timeout.unwrap_or_default().as_secs_f64()
+                    ),
+                    false => format!("ended ({status})"),
+                },
+                self.log_file(r.job.num, "err").display()
+            ),
+        )
     }
 
     fn log_file(&self, num: usize, stream: &str) -> PathBuf {
@@ -235,11 +281,7 @@ impl Launcher for LocalLauncher {
         batch: &[SweepJob],
         progress: &mut dyn Progress,
     ) -> Result<(), ConfigError> {
-        for job in batch {
-            progress.started(job);
-        }
-        progress.save()?;
-        self.run(&cx.command, batch, &mut |result| progress.ended(result))
+        self.run(&cx.command, batch, progress)
     }
 }
 
