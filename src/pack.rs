@@ -26,8 +26,28 @@ fn usage() -> &'static str {
 pub fn run(args: &[OsString]) -> anyhow::Result<ExitCode> {
     let (mut out, mut split, mut maxcount, mut prefix) = (None, Split::Train, 10_000usize, None);
     let mut overrides = Vec::new();
-    for arg in args {
-        let arg = arg.to_string_lossy().to_string();
+    let mut location = ConfigLocation::default();
+    let mut args = args.iter().map(|a| a.to_string_lossy().to_string());
+    while let Some(arg) = args.next() {
+        // The config's location, as `train` itself takes it (`-cp DIR`, `--config-path=DIR`, ...).
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with('-') => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        if let Some(kind) = config_flag(&flag) {
+            let value = match inline {
+                Some(v) => v,
+                None => args
+                    .next()
+                    .with_context(|| format!("train pack: {flag} needs a value"))?,
+            };
+            match kind {
+                'p' => location.config_path = Some(PathBuf::from(value)),
+                'n' => location.config_name = Some(value),
+                _ => location.config_dir.push(PathBuf::from(value)),
+            }
+            continue;
+        }
         match arg.split_once('=') {
             Some(("out", v)) => out = Some(PathBuf::from(v)),
             Some(("split", v)) => {
@@ -58,8 +78,8 @@ pub fn run(args: &[OsString]) -> anyhow::Result<ExitCode> {
         }
     }
     let out = out.with_context(|| format!("train pack needs out=; usage: {}", usage()))?;
-    let data = compose_data(&overrides)?;
-    let dataset = crate::data::open(&data, split, 0)
+    let (data, seed) = compose_data(&location, &overrides)?;
+    let dataset = crate::data::open(&data, split, seed)
         .map_err(|e| anyhow::anyhow!("{e}"))
         .with_context(|| format!("data={}", data_name(&data)))?;
     let prefix = prefix.unwrap_or_else(|| {
@@ -70,6 +90,11 @@ pub fn run(args: &[OsString]) -> anyhow::Result<ExitCode> {
         }
         .to_string()
     });
+    anyhow::ensure!(
+        !dataset.is_empty(),
+        "train pack: the {prefix} split of data={} holds no samples",
+        data_name(&data)
+    );
     let shards = write_shards(dataset.as_ref(), &out, &prefix, maxcount)?;
     let last = shards.saturating_sub(1);
     println!(
@@ -88,10 +113,24 @@ fn data_name(data: &crate::schema::DataConfig) -> String {
         .unwrap_or_default()
 }
 
-/// The `data:` section the overrides compose, resolved and typed as a run's would be.
-fn compose_data(overrides: &[String]) -> anyhow::Result<crate::schema::DataConfig> {
+/// `-cp`/`--config-path`, `-cn`/`--config-name`, `-cd`/`--config-dir`: which one (p, n, d).
+fn config_flag(flag: &str) -> Option<char> {
+    match flag {
+        "-cp" | "--config-path" => Some('p'),
+        "-cn" | "--config-name" => Some('n'),
+        "-cd" | "--config-dir" => Some('d'),
+        _ => None,
+    }
+}
+
+/// The `data:` section the overrides compose, resolved and typed as a run's would be, and the run's
+/// seed (generated and registered datasets read it).
+fn compose_data(
+    location: &ConfigLocation,
+    overrides: &[String],
+) -> anyhow::Result<(crate::schema::DataConfig, u64)> {
     let err = |e: crate::config::errors::ConfigError| anyhow::anyhow!("{e}");
-    let setup = Setup::discover(&ConfigLocation::default()).map_err(err)?;
+    let setup = Setup::discover(location).map_err(err)?;
     let parsed = parse_overrides(overrides).map_err(err)?;
     let composed =
         compose_with_hydra(&setup.repo, &setup.config_name, &parsed, RunMode::Run).map_err(err)?;
@@ -109,7 +148,7 @@ fn compose_data(overrides: &[String]) -> anyhow::Result<crate::schema::DataConfi
     .map_err(err)?;
     let resolved = resolve_all(&job, &place.ctx).map_err(err)?;
     let experiment = crate::schema::extract(&resolved).map_err(err)?;
-    Ok(experiment.data)
+    Ok((experiment.data, experiment.seed))
 }
 
 /// Every sample of `dataset`, in order, into `dir/<prefix>-NNNNNN.tar` of `maxcount` samples each; the
@@ -125,39 +164,54 @@ pub fn write_shards(
     for start in (0..dataset.len()).step_by(maxcount) {
         let path = dir.join(format!("{prefix}-{shard:06}.tar"));
         let tmp = dir.join(format!(".{prefix}-{shard:06}.tar.tmp"));
-        let file = std::fs::File::create(&tmp)
-            .with_context(|| format!("cannot write {}", tmp.display()))?;
-        let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
-        for index in start..(start + maxcount).min(dataset.len()) {
-            let (bytes, ext, label) = sample_bytes(dataset, index)?;
-            let key = format!("{index:09}");
-            append(&mut tar, &format!("{key}.{ext}"), &bytes)?;
-            append(
-                &mut tar,
-                &format!("{key}.cls"),
-                label.to_string().as_bytes(),
-            )?;
+        let end = (start + maxcount).min(dataset.len());
+        let written = write_shard(dataset, start..end, &tmp).and_then(|()| {
+            std::fs::rename(&tmp, &path)
+                .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))
+        });
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e.context(format!("writing {}", path.display())));
         }
-        let mut writer = tar.into_inner()?;
-        writer.flush()?;
-        writer.get_ref().sync_all()?;
-        drop(writer);
-        std::fs::rename(&tmp, &path)
-            .with_context(|| format!("cannot rename {} to {}", tmp.display(), path.display()))?;
         shard += 1;
     }
     Ok(shard)
 }
 
-/// Sample `index` as an image file's bytes, its extension and its class.
-fn sample_bytes(dataset: &dyn Dataset, index: usize) -> anyhow::Result<(Vec<u8>, String, u32)> {
-    let image = dataset
-        .get(index)
-        .map_err(|e| anyhow::anyhow!("sample {index}: {e}"))?;
-    if let Some(encoded) = dataset.encoded(index) {
-        let (bytes, ext) = encoded.map_err(|e| anyhow::anyhow!("sample {index}: {e}"))?;
-        return Ok((bytes, ext, image.label));
+/// The samples `range` of `dataset` as one tar file at `tmp`, flushed to disk.
+fn write_shard(
+    dataset: &dyn Dataset,
+    range: std::ops::Range<usize>,
+    tmp: &Path,
+) -> anyhow::Result<()> {
+    let file =
+        std::fs::File::create(tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+    let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
+    for index in range {
+        let (bytes, ext, label) = sample_bytes(dataset, index)?;
+        let key = format!("{index:09}");
+        append(&mut tar, &format!("{key}.{ext}"), &bytes)?;
+        append(
+            &mut tar,
+            &format!("{key}.cls"),
+            label.to_string().as_bytes(),
+        )?;
     }
+    let mut writer = tar.into_inner()?;
+    writer.flush()?;
+    writer.get_ref().sync_all()?;
+    Ok(())
+}
+
+/// Sample `index` as an image file's bytes, its extension and its class: the file it was read from
+/// when the dataset keeps one (no decoding), else PNG of its pixels.
+fn sample_bytes(dataset: &dyn Dataset, index: usize) -> anyhow::Result<(Vec<u8>, String, u32)> {
+    let named = |e: crate::data::DataError| anyhow::anyhow!("sample {index}: {e}");
+    if let (Some(encoded), Some(label)) = (dataset.encoded(index), dataset.label(index)) {
+        let (bytes, ext) = encoded.map_err(named)?;
+        return Ok((bytes, ext, label.map_err(named)?));
+    }
+    let image = dataset.get(index).map_err(named)?;
     let color = if image.channels == 1 {
         image::ExtendedColorType::L8
     } else {

@@ -139,6 +139,16 @@ with tarfile.open(f"{out}/shard-0.tar", "w") as tar:
         add(f"{key}.jpg", jpg.getvalue())
         add(f"{key}.png", png.getvalue())
         add(f"{key}.json", json.dumps({"label": i % 3, "note": "x"}).encode())
+    # Entries that are not samples (a directory, a symlink), and a key past tar's 100-byte name field.
+    d = tarfile.TarInfo("some_dir"); d.type = tarfile.DIRTYPE; tar.addfile(d)
+    link = tarfile.TarInfo("link.png"); link.type = tarfile.SYMTYPE; link.linkname = "n00/sample_0.png"
+    tar.addfile(link)
+    px = rng.integers(0, 256, (6, 9, 3), dtype=np.uint8)
+    expected += px.tobytes()
+    png = io.BytesIO(); Image.fromarray(px).save(png, format="PNG")
+    key = "deep/" + "x" * 120 + "/sample_5"
+    add(f"{key}.png", png.getvalue())
+    add(f"{key}.json", json.dumps({"label": 2}).encode())
 open(f"{out}/expected.bin", "wb").write(bytes(expected))
 "#;
     let made = Command::new(python)
@@ -157,11 +167,15 @@ open(f"{out}/expected.bin", "wb").write(bytes(expected))
         3,
     )
     .unwrap();
-    assert_eq!(set.len(), 5);
+    assert_eq!(set.len(), 6);
     let expected = std::fs::read(dir.path().join("expected.bin")).unwrap();
-    for i in 0..5 {
+    for i in 0..6 {
         let img = set.get(i).unwrap();
-        assert_eq!(set.key(i), format!("n0{}/sample_{i}", i % 2));
+        let key = match i {
+            5 => format!("deep/{}/sample_5", "x".repeat(120)),
+            _ => format!("n0{}/sample_{i}", i % 2),
+        };
+        assert_eq!(set.key(i), key);
         assert_eq!((img.width, img.height, img.label), (9, 6, (i % 3) as u32));
         assert!(img.pixels == expected[i * 162..(i + 1) * 162], "sample {i}");
     }
@@ -326,4 +340,49 @@ fn a_damaged_image_and_bad_urls_are_named() {
         !out.status.success() && text.contains("data.train_urls"),
         "{text}"
     );
+}
+
+/// `train pack` reads the dataset as a run with the same overrides would: generated data follows `seed`
+/// (the same seed packs the same bytes, another seed other images), and `-cp`/`-cn` name the configs as
+/// for `train` itself.
+#[test]
+fn pack_follows_the_seed_and_the_config_location() {
+    let p = real_project();
+    let pack = |cwd: &Path, args: &[&str]| {
+        let mut all = vec![
+            "pack",
+            "data=synthetic",
+            "data.train_size=6",
+            "data.val_size=2",
+        ];
+        all.extend_from_slice(args);
+        ok(&train(cwd, &all));
+    };
+    let shard = |dir: &str| std::fs::read(p.path().join(dir).join("train-000000.tar")).unwrap();
+    pack(p.path(), &["out=s1", "seed=1"]);
+    pack(p.path(), &["out=s1_again", "seed=1"]);
+    pack(p.path(), &["out=s2", "seed=2"]);
+    assert!(
+        shard("s1") == shard("s1_again"),
+        "the same seed packed different bytes"
+    );
+    assert!(
+        shard("s1") != shard("s2"),
+        "another seed packed the same images"
+    );
+    // From a directory with no project, the configs named by -cp/-cn (and --config-name=...).
+    let elsewhere = tempfile::tempdir().unwrap();
+    let conf = p.path().join("conf");
+    let out = format!("out={}", elsewhere.path().join("s3").display());
+    pack(
+        elsewhere.path(),
+        &[
+            "-cp",
+            conf.to_str().unwrap(),
+            "--config-name=train",
+            &out,
+            "seed=1",
+        ],
+    );
+    assert!(std::fs::read(elsewhere.path().join("s3/train-000000.tar")).unwrap() == shard("s1"));
 }

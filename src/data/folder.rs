@@ -77,6 +77,10 @@ impl Dataset for ImageFolder {
         Ok(super::decoded_image(decoded, 3, *label))
     }
 
+    fn label(&self, index: usize) -> Option<Result<u32, DataError>> {
+        Some(Ok(self.files[index].1))
+    }
+
     fn encoded(&self, index: usize) -> Option<Result<(Vec<u8>, String), DataError>> {
         let (path, _) = &self.files[index];
         let ext = path

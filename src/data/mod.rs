@@ -47,6 +47,11 @@ pub trait Dataset: Send + Sync {
         let _ = index;
         None
     }
+    /// Sample `index`'s class without decoding its image, where the dataset knows it (`train pack`).
+    fn label(&self, index: usize) -> Option<Result<u32, DataError>> {
+        let _ = index;
+        None
+    }
     /// A sample as a tensor and its target (datasets a crate registered).
     fn tensor(&self, index: usize) -> Result<crate::registry::Sample, DataError> {
         let _ = index;
@@ -86,6 +91,19 @@ impl DataError {
             path: path.display().to_string(),
             message: message.into(),
         }
+    }
+}
+
+/// The extension of an encoded image's format (`png`, `jpg`, `webp`, ...), from its first bytes; `jpg`
+/// when they say nothing known.
+pub fn image_extension(bytes: &[u8]) -> String {
+    match image::guess_format(bytes) {
+        Ok(image::ImageFormat::Png) => "png".into(),
+        Ok(format) => format
+            .extensions_str()
+            .first()
+            .map_or("jpg".into(), |e| e.to_string()),
+        Err(_) => "jpg".into(),
     }
 }
 

@@ -117,6 +117,13 @@ impl ParquetDataset {
                         })?;
                     labels.push(label);
                 }
+                let read = labels.len() - parts.last().map_or(0, |p: &Part| p.start);
+                if read != rows {
+                    return Err(DataError::corrupt(
+                        path,
+                        format!("row group {row_group}: its metadata says {rows} rows, {read} were read"),
+                    ));
+                }
             }
         }
         if labels.is_empty() {
@@ -234,16 +241,27 @@ impl Dataset for ParquetDataset {
         ))
     }
 
+    fn label(&self, index: usize) -> Option<Result<u32, DataError>> {
+        Some(Ok(self.labels[index]))
+    }
+
     fn encoded(&self, index: usize) -> Option<Result<(Vec<u8>, String), DataError>> {
         let part = self.parts.partition_point(|p| p.start + p.rows <= index);
-        Some(self.row_group(part).map(|images| {
-            let bytes = images[index - self.parts[part].start].clone();
-            let ext = if bytes.starts_with(b"\x89PNG") {
-                "png"
-            } else {
-                "jpg"
-            };
-            (bytes, ext.to_string())
+        Some(self.row_group(part).and_then(|images| {
+            let Part {
+                file,
+                start,
+                row_group,
+                ..
+            } = self.parts[part];
+            let bytes = images.get(index - start).cloned().ok_or_else(|| {
+                DataError::corrupt(
+                    &self.files[file],
+                    format!("row group {row_group} ended before row {}", index - start),
+                )
+            })?;
+            let ext = super::image_extension(&bytes);
+            Ok((bytes, ext))
         }))
     }
 }
@@ -458,12 +476,24 @@ fn class_names(
         .collect()
 }
 
-/// Recently read row groups' encoded images, dropped oldest first past `CACHE_BYTES`.
-#[derive(Default)]
+/// Recently read row groups' encoded images, the least recently used dropped first past `limit` bytes
+/// (the newest is always kept).
 struct RowGroupCache {
     groups: HashMap<usize, Arc<Vec<Vec<u8>>>>,
     order: VecDeque<usize>,
     bytes: usize,
+    limit: usize,
+}
+
+impl Default for RowGroupCache {
+    fn default() -> Self {
+        RowGroupCache {
+            groups: HashMap::new(),
+            order: VecDeque::new(),
+            bytes: 0,
+            limit: CACHE_BYTES,
+        }
+    }
 }
 
 impl RowGroupCache {
@@ -483,7 +513,7 @@ impl RowGroupCache {
         self.bytes += size_of(&images);
         self.groups.insert(part, images);
         self.order.push_back(part);
-        while self.bytes > CACHE_BYTES && self.order.len() > 1 {
+        while self.bytes > self.limit && self.order.len() > 1 {
             let oldest = self.order.pop_front().expect("not empty");
             if let Some(gone) = self.groups.remove(&oldest) {
                 self.bytes -= size_of(&gone);
@@ -494,4 +524,35 @@ impl RowGroupCache {
 
 fn size_of(images: &[Vec<u8>]) -> usize {
     images.iter().map(Vec::len).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(bytes: usize) -> Arc<Vec<Vec<u8>>> {
+        Arc::new(vec![vec![0u8; bytes]])
+    }
+
+    /// Past its limit the cache drops the least recently used group; a hit makes a group recent.
+    #[test]
+    fn the_cache_drops_the_least_recently_used_group() {
+        let mut cache = RowGroupCache {
+            limit: 25,
+            ..RowGroupCache::default()
+        };
+        cache.put(0, group(10));
+        cache.put(1, group(10));
+        assert!(cache.get(0).is_some());
+        cache.put(2, group(10));
+        assert!(cache.get(1).is_none(), "1 was the least recently used");
+        assert!(cache.get(0).is_some() && cache.get(2).is_some());
+        assert_eq!(cache.bytes, 20);
+        cache.put(3, group(30));
+        assert_eq!(
+            (cache.groups.len(), cache.bytes),
+            (1, 30),
+            "the newest is kept alone"
+        );
+    }
 }

@@ -134,6 +134,14 @@ impl Dataset for Concat {
         let (part, i) = self.locate(index);
         part.tensor(i)
     }
+    fn encoded(&self, index: usize) -> Option<Result<(Vec<u8>, String), DataError>> {
+        let (part, i) = self.locate(index);
+        part.encoded(i)
+    }
+    fn label(&self, index: usize) -> Option<Result<u32, DataError>> {
+        let (part, i) = self.locate(index);
+        part.label(i)
+    }
 }
 
 /// The samples of a data set at `indices` (PyTorch's `Subset`).
@@ -157,6 +165,12 @@ impl Dataset for Subset {
     }
     fn tensor(&self, index: usize) -> Result<Sample, DataError> {
         self.inner.tensor(self.indices[index])
+    }
+    fn encoded(&self, index: usize) -> Option<Result<(Vec<u8>, String), DataError>> {
+        self.inner.encoded(self.indices[index])
+    }
+    fn label(&self, index: usize) -> Option<Result<u32, DataError>> {
+        self.inner.label(self.indices[index])
     }
 }
 

@@ -126,6 +126,10 @@ impl Dataset for WebDataset {
         Ok(super::decoded_image(decoded, self.channels, m.label))
     }
 
+    fn label(&self, index: usize) -> Option<Result<u32, DataError>> {
+        Some(Ok(self.samples[index].label))
+    }
+
     fn encoded(&self, index: usize) -> Option<Result<(Vec<u8>, String), DataError>> {
         let m = &self.samples[index];
         Some(self.read_member(m).map(|b| (b, m.ext.clone())))
@@ -134,9 +138,15 @@ impl Dataset for WebDataset {
 
 /// The key and extension of a member path, as WebDataset splits them: the extension starts at the first
 /// dot of the file name (`a/b.seg.png` is key `a/b`, extension `seg.png`).
+/// A name starting with a dot (`.hidden`, macOS's `._a.jpg`) has no key and is skipped, as WebDataset's
+/// pattern `^((?:.*/|)[^.]+)[.]([^/]*)$` skips it.
 fn key_and_ext(path: &str) -> Option<(&str, &str)> {
     let name_start = path.rfind('/').map_or(0, |i| i + 1);
-    let dot = path[name_start..].find('.')? + name_start;
+    let dot = path[name_start..].find('.')?;
+    if dot == 0 {
+        return None;
+    }
+    let dot = dot + name_start;
     Some((&path[..dot], &path[dot + 1..]))
 }
 
@@ -156,9 +166,11 @@ fn index_shard(
                        train-{{000000..000009}}.tar expand to one file each)"
         ),
     })?;
-    let mut archive = tar::Archive::new(file);
+    let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+    // Seeking over each member's data: opening a split reads the headers and labels, not the images.
+    let mut archive = tar::Archive::new(std::io::BufReader::new(file));
     let entries = archive
-        .entries()
+        .entries_with_seek()
         .map_err(|e| DataError::corrupt(path, format!("not a tar file: {e}")))?;
     let mut current: Option<Pending> = None;
     for entry in entries {
@@ -173,6 +185,15 @@ fn index_shard(
         })?;
         if !entry.header().entry_type().is_file() {
             continue;
+        }
+        if entry.raw_file_position() + entry.size() > file_len {
+            return Err(DataError::corrupt(
+                path,
+                format!(
+                    "truncated or damaged tar (after {} samples): a member ends past the end of the file",
+                    out.len()
+                ),
+            ));
         }
         let name = entry
             .path()
@@ -320,7 +341,9 @@ fn expand_one(pattern: &str) -> Result<Vec<String>, String> {
         if lo > hi {
             return Err(format!("'{pattern}': the range {{{body}}} runs backwards"));
         }
-        let width = a.len();
+        // As braceexpand (and bash): zero-padded to the wider bound when either has a leading zero.
+        let padded = (a.len() > 1 && a.starts_with('0')) || (b.len() > 1 && b.starts_with('0'));
+        let width = if padded { a.len().max(b.len()) } else { 0 };
         (lo..=hi).map(|n| format!("{n:0width$}")).collect()
     } else {
         body.split(',').map(str::to_string).collect()
@@ -395,6 +418,8 @@ mod tests {
     #[case("s3://b/{x,y}/p-{8..10}.tar", &["s3://b/x/p-8.tar", "s3://b/x/p-9.tar", "s3://b/x/p-10.tar", "s3://b/y/p-8.tar", "s3://b/y/p-9.tar", "s3://b/y/p-10.tar"])]
     #[case("one.tar::two-{1..2}.tar", &["one.tar", "two-1.tar", "two-2.tar"])]
     #[case("plain.tar", &["plain.tar"])]
+    #[case("x{8..10}", &["x8", "x9", "x10"])]
+    #[case("x{1..010}", &["x001", "x002", "x003", "x004", "x005", "x006", "x007", "x008", "x009", "x010"])]
     fn braces_expand_as_webdataset_does(#[case] pattern: &str, #[case] expected: &[&str]) {
         assert_eq!(expand_urls(pattern).unwrap(), expected);
     }
@@ -413,6 +438,8 @@ mod tests {
     #[case("n0144/n0144_10026.jpg", Some(("n0144/n0144_10026", "jpg")))]
     #[case("dir.v2/sample.seg.png", Some(("dir.v2/sample", "seg.png")))]
     #[case("README", None)]
+    #[case("n01/._n01_1.jpg", None)]
+    #[case(".hidden", None)]
     fn keys_split_at_the_first_dot_of_the_name(
         #[case] path: &str,
         #[case] expected: Option<(&str, &str)>,

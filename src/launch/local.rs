@@ -133,7 +133,9 @@ impl LocalLauncher {
         let mut passed_on = false;
         loop {
             while let Some(slot) = free.pop() {
-                let Some(job) = queue.next().filter(|_| !passed_on) else {
+                // After a stop signal no job starts (nor a search's next batch).
+                let stopping = passed_on || signals::preemption_requested();
+                let Some(job) = queue.next().filter(|_| !stopping) else {
                     free.push(slot);
                     break;
                 };
@@ -182,7 +184,7 @@ impl LocalLauncher {
                 };
                 let r = running.swap_remove(i);
                 free.push(r.slot);
-                let result = self.result_of(cmd, &r, status, timed_out);
+                let result = self.result_of(cmd, &r, status, timed_out, passed_on);
                 // After a stop signal every job is left to write its checkpoint.
                 if !progress.ended(result)? && !passed_on {
                     for mut other in running.drain(..) {
@@ -196,18 +198,21 @@ impl LocalLauncher {
     }
 
     /// What an ended job reports: its own result file, else preempted (it exited with the preemption
-    /// status), else a failure naming its log.
+    /// status, or died of the SIGTERM passed on before it could catch it), else a failure naming its log.
     fn result_of(
         &self,
         cmd: &JobCommand,
         r: &Running,
         status: std::process::ExitStatus,
         timed_out: bool,
+        passed_on: bool,
     ) -> JobResult {
+        use std::os::unix::process::ExitStatusExt;
         if let Some(result) = JobResult::read(&cmd.sweep_dir, r.job.num) {
             return result;
         }
-        if status.code() == Some(signals::EXIT_PREEMPTED.into()) {
+        let killed_by_ours = passed_on && status.signal() == Some(libc::SIGTERM);
+        if status.code() == Some(signals::EXIT_PREEMPTED.into()) || killed_by_ours {
             return JobResult {
                 state: JobState::Preempted,
                 ..JobResult::failed(

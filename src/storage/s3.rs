@@ -164,8 +164,8 @@ mod client {
             .with_context(|| format!("{url}: cannot delete{}", hint()))
     }
 
-    /// Every object under the prefix `url` (recursively) and its size.
-    pub fn list(url: &S3Url) -> anyhow::Result<Vec<(S3Url, u64)>> {
+    /// Every object under the prefix `url` (recursively, or only at its own level) and its size.
+    pub fn list(url: &S3Url, recursive: bool) -> anyhow::Result<Vec<(S3Url, u64)>> {
         let store = store(url)?;
         let rt = runtime()?;
         let mut found = Vec::new();
@@ -174,7 +174,9 @@ mod client {
             let listed = rt
                 .block_on(store.list_with_delimiter(prefix.as_ref()))
                 .with_context(|| format!("{url}: cannot list{}", hint()))?;
-            pending.extend(listed.common_prefixes.into_iter().map(Some));
+            if recursive {
+                pending.extend(listed.common_prefixes.into_iter().map(Some));
+            }
             found.extend(listed.objects.into_iter().map(|o| {
                 let object = S3Url {
                     bucket: url.bucket.clone(),
@@ -221,7 +223,7 @@ mod client {
     pub fn exists(url: &S3Url) -> anyhow::Result<bool> {
         Err(unavailable(url))
     }
-    pub fn list(url: &S3Url) -> anyhow::Result<Vec<(S3Url, u64)>> {
+    pub fn list(url: &S3Url, _recursive: bool) -> anyhow::Result<Vec<(S3Url, u64)>> {
         Err(unavailable(url))
     }
 }
@@ -267,7 +269,7 @@ pub fn cache_dir() -> std::path::PathBuf {
 pub fn mirror_prefix(url: &str, suffix: &str) -> anyhow::Result<std::path::PathBuf> {
     let prefix = S3Url::parse(url)?;
     let base = cache_dir().join("s3").join(&prefix.bucket);
-    let objects: Vec<(S3Url, u64)> = client::list(&prefix)?
+    let objects: Vec<(S3Url, u64)> = client::list(&prefix, true)?
         .into_iter()
         .filter(|(o, _)| o.key.ends_with(suffix))
         .collect();
@@ -275,12 +277,32 @@ pub fn mirror_prefix(url: &str, suffix: &str) -> anyhow::Result<std::path::PathB
         !objects.is_empty(),
         "no *{suffix} objects under {prefix} (check the bucket and prefix)"
     );
-    copy_to_cache(&objects)?;
-    Ok(if prefix.key.is_empty() {
+    let kept = copy_to_cache(&objects)?;
+    let local = if prefix.key.is_empty() {
         base
     } else {
         base.join(&prefix.key)
-    })
+    };
+    // A cached copy of an object no longer under the prefix (a republished dataset) is not read again.
+    remove_unlisted(&local, suffix, &kept)?;
+    Ok(local)
+}
+
+/// Files ending with `suffix` under `dir` that are not in `kept`, removed.
+fn remove_unlisted(dir: &Path, suffix: &str, kept: &[std::path::PathBuf]) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            remove_unlisted(&path, suffix, kept)?;
+        } else if path.to_string_lossy().ends_with(suffix) && !kept.contains(&path) {
+            tracing::info!(
+                "{}: no longer on S3, removed from the cache",
+                path.display()
+            );
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
 }
 
 /// The objects `urls` (each one listed beside its neighbours, so a missing one is named) copied to the
@@ -298,10 +320,13 @@ pub fn mirror_objects(urls: &[String]) -> anyhow::Result<Vec<std::path::PathBuf>
             .to_string();
         let siblings = match listed.entry((object.bucket.clone(), dir.clone())) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(client::list(&S3Url {
-                bucket: object.bucket.clone(),
-                key: dir,
-            })?),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(client::list(
+                &S3Url {
+                    bucket: object.bucket.clone(),
+                    key: dir,
+                },
+                false,
+            )?),
         };
         let size = siblings
             .iter()

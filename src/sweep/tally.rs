@@ -41,6 +41,14 @@ impl Tally {
 
     /// End the sweep: its record, the table of every job (earlier attempts' included), the logbook.
     pub fn finish(mut self, total: usize) -> Result<ExitCode, ConfigError> {
+        if self.stopped_because.is_none() {
+            if let Some(signal) = crate::platform::signals::received_signal() {
+                self.stopped_because = Some(format!(
+                    "{signal} stopped the sweep; rerun with hydra.sweep.dir={} to continue it",
+                    records::display(&self.sweep_dir)
+                ));
+            }
+        }
         self.record.end(self.stopped_because.take());
         self.save()?;
         println!("| job | overrides | status | main metric |");
@@ -73,11 +81,13 @@ impl Tally {
             Ok(w) => println!("Logbook section: {}", records::display(&w.markdown)),
             Err(e) => eprintln!("warning: could not write the sweep's logbook section: {e:#}"),
         }
-        let preempted = self
-            .record
-            .jobs
-            .iter()
-            .any(|j| j.state == records::JobState::Preempted);
+        // A stop signal ends the sweep as preempted even when its running jobs finished first.
+        let preempted = crate::platform::signals::preemption_requested()
+            || self
+                .record
+                .jobs
+                .iter()
+                .any(|j| j.state == records::JobState::Preempted);
         Ok(if preempted {
             ExitCode::from(crate::platform::signals::EXIT_PREEMPTED)
         } else if failed > 0 {

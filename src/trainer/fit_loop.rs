@@ -323,6 +323,7 @@ impl<'a> FitLoop<'a> {
             let i = i + skip;
             let batch = batch?;
             let ends_window = plan.ends_window(i);
+            let computed_before = step_compute;
             let step_start = Instant::now();
             // On a GPU the statistics are read (a wait for the device) after the optimizer step is
             // queued, so the device is not idle while the host queues the update.
@@ -350,6 +351,8 @@ impl<'a> FitLoop<'a> {
             let stats = pending.resolve()?;
             step_compute += read_start.elapsed().as_secs_f64();
             self.profiler.record(READ_STATS, read_start);
+            // Per batch, so a window cut short at the epoch's end counts too.
+            self.input_wait.computing += step_compute - computed_before;
             anyhow::ensure!(
                 stats.loss().is_finite(),
                 "the training loss became {} at epoch {epoch}, step {}; lower optimizer.lr or set trainer.gradient_clip_val",
@@ -372,7 +375,6 @@ impl<'a> FitLoop<'a> {
                 continue;
             }
             self.step_times.push(step_compute);
-            self.input_wait.computing += step_compute;
             step_compute = 0.0;
             self.state.global_step += 1;
             if self
