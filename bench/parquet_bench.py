@@ -32,24 +32,31 @@ OURS = os.path.join(ROOT, "target", "release", "examples", "loader_bench")
 MEAN, STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
 
 
-def make_files(root: str, images: int) -> None:
-    """CIFAR-10-shaped images (smooth colour fields with noise, so PNG compresses them as it does photos)
-    in the hub's schema, two files of row groups of 1000."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def cifar_like_pngs(images: int) -> list[bytes]:
+    """`images` CIFAR-10-shaped PNGs: smooth colour fields with noise, so PNG compresses them as it does
+    photos (also bench/webdataset_bench.py's)."""
     from PIL import Image
 
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[0:32, 0:32].astype(np.float32)
-    rows, labels = [], []
-    for i in range(images):
+    pngs = []
+    for _ in range(images):
         base = rng.uniform(0, 255, 3)
         field = base + 40 * np.sin(xx[..., None] / rng.uniform(2, 8) + yy[..., None] / rng.uniform(2, 8))
         pixels = np.clip(field + rng.normal(0, 8, (32, 32, 3)), 0, 255).astype(np.uint8)
         out = io.BytesIO()
         Image.fromarray(pixels).save(out, format="PNG")
-        rows.append({"bytes": out.getvalue(), "path": None})
-        labels.append(i % 10)
+        pngs.append(out.getvalue())
+    return pngs
+
+
+def make_files(root: str, images: int) -> None:
+    """`cifar_like_pngs` in the hub's schema, two files of row groups of 1000."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"bytes": png, "path": None} for png in cifar_like_pngs(images)]
+    labels = [i % 10 for i in range(images)]
     kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     # The hub's metadata: `datasets` reads `img` as its Image feature (PIL images) and `label` as a ClassLabel.
     features = {"img": {"_type": "Image"}, "label": {"names": [str(c) for c in range(10)], "_type": "ClassLabel"}}

@@ -23,33 +23,23 @@ import tarfile
 import tempfile
 import time
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from parquet_bench import MEAN, STD, cifar_like_pngs  # noqa: E402
 from results import ROOT, machine, record  # noqa: E402
 
 OURS = os.path.join(ROOT, "target", "release", "examples", "loader_bench")
-MEAN, STD = [0.4914, 0.4822, 0.4465], [0.2470, 0.2435, 0.2616]
 PER_SHARD = 1000
 
 
 def make_shards(root: str, images: int) -> list[str]:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    yy, xx = np.mgrid[0:32, 0:32].astype(np.float32)
+    pngs = cifar_like_pngs(images)
     paths = []
     for shard in range((images + PER_SHARD - 1) // PER_SHARD):
         path = os.path.join(root, f"train-{shard:06d}.tar")
         paths.append(path)
         with tarfile.open(path, "w") as tar:
             for i in range(shard * PER_SHARD, min(images, (shard + 1) * PER_SHARD)):
-                base = rng.uniform(0, 255, 3)
-                field = base + 40 * np.sin(xx[..., None] / rng.uniform(2, 8) + yy[..., None] / rng.uniform(2, 8))
-                pixels = np.clip(field + rng.normal(0, 8, (32, 32, 3)), 0, 255).astype(np.uint8)
-                png = io.BytesIO()
-                Image.fromarray(pixels).save(png, format="PNG")
-                for name, data in [(f"{i:09d}.png", png.getvalue()), (f"{i:09d}.cls", str(i % 10).encode())]:
+                for name, data in [(f"{i:09d}.png", pngs[i]), (f"{i:09d}.cls", str(i % 10).encode())]:
                     info = tarfile.TarInfo(name)
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))

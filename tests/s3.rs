@@ -66,7 +66,13 @@ fn start_server() -> Server {
 }
 
 fn train(cwd: &Path, server: &Server, args: &[&str]) -> Output {
-    Command::new(TRAIN)
+    train_command(cwd, server, args).output().unwrap()
+}
+
+/// `train args` in `cwd` with the server's endpoint and credentials in the environment.
+fn train_command(cwd: &Path, server: &Server, args: &[&str]) -> Command {
+    let mut command = Command::new(TRAIN);
+    command
         .args(args)
         .current_dir(cwd)
         .env_remove("TRAIN_CONFIG_PATH")
@@ -74,9 +80,8 @@ fn train(cwd: &Path, server: &Server, args: &[&str]) -> Output {
         .env("AWS_SECRET_ACCESS_KEY", SECRET)
         .env("AWS_REGION", "us-east-1")
         .env("AWS_ENDPOINT_URL", &server.endpoint)
-        .env("AWS_ALLOW_HTTP", "true")
-        .output()
-        .unwrap()
+        .env("AWS_ALLOW_HTTP", "true");
+    command
 }
 
 /// `train` that must succeed (stderr shown otherwise); returns the newest run directory and its summary.
@@ -354,8 +359,10 @@ fn a_parquet_dataset_is_read_from_s3() {
     let p = real_project();
     let cache = tempfile::tempdir().unwrap();
     let run = |root: &str| {
-        Command::new(TRAIN)
-            .args([
+        train_command(
+            p.path(),
+            &server,
+            &[
                 "experiment=quickstart",
                 "data=parquet_cifar10",
                 &format!("data.root={root}"),
@@ -364,17 +371,11 @@ fn a_parquet_dataset_is_read_from_s3() {
                 "data.batch_size=5",
                 "model=cnn",
                 "trainer.max_epochs=1",
-            ])
-            .current_dir(p.path())
-            .env_remove("TRAIN_CONFIG_PATH")
-            .env("TRAINYARD_CACHE", cache.path())
-            .env("AWS_ACCESS_KEY_ID", KEY)
-            .env("AWS_SECRET_ACCESS_KEY", SECRET)
-            .env("AWS_REGION", "us-east-1")
-            .env("AWS_ENDPOINT_URL", &server.endpoint)
-            .env("AWS_ALLOW_HTTP", "true")
-            .output()
-            .unwrap()
+            ],
+        )
+        .env("TRAINYARD_CACHE", cache.path())
+        .output()
+        .unwrap()
     };
     let out = run("s3://ckpts/cifar/hub");
     assert!(
@@ -445,8 +446,10 @@ fn webdataset_shards_are_read_from_s3() {
     }
     let cache = tempfile::tempdir().unwrap();
     let run = |train_urls: &str| {
-        Command::new(TRAIN)
-            .args([
+        train_command(
+            p.path(),
+            &server,
+            &[
                 "experiment=quickstart",
                 "data=webdataset",
                 &format!("data.train_urls='{train_urls}'"),
@@ -458,17 +461,11 @@ fn webdataset_shards_are_read_from_s3() {
                 "data.batch_size=5",
                 "model=cnn",
                 "trainer.max_epochs=1",
-            ])
-            .current_dir(p.path())
-            .env_remove("TRAIN_CONFIG_PATH")
-            .env("TRAINYARD_CACHE", cache.path())
-            .env("AWS_ACCESS_KEY_ID", KEY)
-            .env("AWS_SECRET_ACCESS_KEY", SECRET)
-            .env("AWS_REGION", "us-east-1")
-            .env("AWS_ENDPOINT_URL", &server.endpoint)
-            .env("AWS_ALLOW_HTTP", "true")
-            .output()
-            .unwrap()
+            ],
+        )
+        .env("TRAINYARD_CACHE", cache.path())
+        .output()
+        .unwrap()
     };
     let out = run("s3://ckpts/shards/train-{000000..000002}.tar");
     assert!(
