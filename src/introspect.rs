@@ -147,6 +147,16 @@ pub fn groups_help(repo: &Repository, plugins: &[(&str, &str, Vec<&str>)]) -> St
         ("Datasets", "data", crate::registry::dataset_targets()),
         ("Losses", "loss", crate::registry::loss_targets()),
         (
+            "Optimizers",
+            "optimizer",
+            crate::registry::optimizer_targets(),
+        ),
+        (
+            "Schedules",
+            "scheduler",
+            crate::registry::schedule_targets(),
+        ),
+        (
             "Loggers",
             "logger.<name>",
             crate::registry::logger_targets(),

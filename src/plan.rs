@@ -255,10 +255,13 @@ fn check_supported(exp: &Experiment, machine: &Machine) -> anyhow::Result<()> {
     }
     if let Some(spec) = exp.model.registered.as_deref() {
         let target = &spec.target;
-        if t.strategy == Strategy::Fsdp {
+        // On Candle a registered model is built over the engine's variables, so FSDP shards it as one
+        // unit (PyTorch's FSDP without an auto-wrap policy); a libtorch module holds its own tensors.
+        if t.strategy == Strategy::Fsdp && exp.backend == Backend::Tch {
             missing.push(format!(
-                "trainer.strategy=fsdp with model _target_ {target}: trainyard cannot see the stages inside \
-                 its forward pass to shard it unit by unit; use trainer=ddp"
+                "trainer.strategy=fsdp with model _target_ {target} on backend=tch: the module holds its \
+                 own tensors, which FSDP cannot swap for its flat shards; use trainer=ddp, or \
+                 backend=candle (a model registered with register_candle_model! shards as one FSDP unit)"
             ));
         }
         if exp.backend == Backend::Tch && !crate::registry::runs_on_tch(target) {
@@ -288,13 +291,6 @@ fn check_supported(exp: &Experiment, machine: &Machine) -> anyhow::Result<()> {
             missing.push(format!(
                 "backend=candle with loss: _target_ {target}: it runs on libtorch only \
                  (register_tch_loss!); use backend=tch"
-            ));
-        }
-        if t.strategy == Strategy::Fsdp {
-            missing.push(format!(
-                "trainer.strategy=fsdp with loss: _target_ {}: the sharded step computes classification's \
-                 cross-entropy unit by unit; use trainer=ddp",
-                loss.spec.target
             ));
         }
     }

@@ -7,7 +7,9 @@ pub mod plateau;
 pub mod schedule;
 mod tensors;
 
+use crate::registry::{AnyRule, OptimizerStep, ParamState};
 use crate::schema::{OptimizerConfig, OptimizerName};
+use anyhow::Context;
 use std::collections::BTreeMap;
 
 /// The element-wise operations the rules need, on a backend's tensor type.
@@ -28,6 +30,21 @@ pub trait OptTensor: Sized {
     fn sum_of_squares(&self) -> anyhow::Result<f64>;
     /// Each value limited to [-max, max] (clipping gradients by value).
     fn clamp_abs(&self, max: f64) -> anyhow::Result<Self>;
+    /// The element-wise product.
+    fn times(&self, other: &Self) -> anyhow::Result<Self>;
+    /// Each value's sign: -1, 0 or 1 (`torch.sign`).
+    fn signum(&self) -> anyhow::Result<Self>;
+    /// A registered optimizer's rule on this kind of tensor (`registry::register_optimizer!`).
+    #[doc(hidden)]
+    fn registered_update(
+        _rule: &dyn AnyRule,
+        _p: &Self,
+        _grad: &Self,
+        _state: &mut ParamState<'_, Self>,
+        _step: &OptimizerStep,
+    ) -> anyhow::Result<Self> {
+        anyhow::bail!("a registered optimizer does not run on this kind of tensor")
+    }
     /// SGD with momentum in one pass where a backend has it: `(new parameter, new momentum buffer)` from
     /// this parameter, its gradient and the previous buffer (`None` on the first step), bit-identical to
     /// the rule's separate operations (`Optimizer::update`). `None`: not available, use the operations.
@@ -135,6 +152,21 @@ impl<T: OptTensor> Optimizer<T> {
     ) -> anyhow::Result<T> {
         let o = &self.config;
         match o.name {
+            OptimizerName::Registered => {
+                let r = o
+                    .registered
+                    .as_deref()
+                    .context("optimizer.name=registered without the registered optimizer")?;
+                let step = OptimizerStep {
+                    lr,
+                    step: self.steps + 1,
+                    momentum,
+                };
+                let mut state = ParamState::new(name, &r.slots, &r.spec.target, &mut self.state);
+                T::registered_update(r.rule.as_ref(), p, grad, &mut state, &step).with_context(
+                    || format!("optimizer _target_ {}, parameter '{name}'", r.spec.target),
+                )
+            }
             OptimizerName::Sgd => {
                 let m = momentum.filter(|_| o.momentum != 0.0).unwrap_or(o.momentum);
                 let key = format!("{name}.momentum_buffer");
@@ -243,6 +275,12 @@ mod tests {
         }
         fn sum_of_squares(&self) -> anyhow::Result<f64> {
             Ok(self.0 * self.0)
+        }
+        fn times(&self, o: &Self) -> anyhow::Result<Self> {
+            Ok(S(self.0 * o.0))
+        }
+        fn signum(&self) -> anyhow::Result<Self> {
+            Ok(S(if self.0 == 0.0 { 0.0 } else { self.0.signum() }))
         }
     }
 

@@ -38,8 +38,24 @@ impl Schedule {
         }
     }
 
-    /// The point for optimizer step `step` (0-based), taken at the start of that step.
-    pub fn at(&self, step: u64) -> Point {
+    /// The point for optimizer step `step` (0-based), taken at the start of that step. Only a registered
+    /// schedule can fail: a rate that is not a finite number ≥ 0 stops the run, naming it.
+    pub fn at(&self, step: u64) -> anyhow::Result<Point> {
+        let point = self.builtin_or_registered(step);
+        let registered = self.cfg.registered.as_deref();
+        if let Some(r) = registered.filter(|_| !(point.lr.is_finite() && point.lr >= 0.0)) {
+            anyhow::bail!(
+                "scheduler _target_ {} gave the learning rate {} for step {step}: a rate is a finite \
+                 number >= 0{}",
+                r.spec.target,
+                point.lr,
+                r.spec.origin
+            );
+        }
+        Ok(point)
+    }
+
+    fn builtin_or_registered(&self, step: u64) -> Point {
         let c = &self.cfg;
         // Epoch-interval schedules only change at epoch boundaries.
         let t = match c.interval {
@@ -47,6 +63,24 @@ impl Schedule {
             Interval::Epoch => (step / self.steps_per_epoch) * self.steps_per_epoch,
         };
         match c.name {
+            SchedulerName::Registered => match c.registered.as_deref() {
+                Some(r) => {
+                    let run = crate::registry::ScheduleContext {
+                        base_lr: self.base_lr,
+                        total_steps: self.total_steps,
+                        steps_per_epoch: self.steps_per_epoch,
+                    };
+                    Point {
+                        lr: r.schedule.lr(t, &run),
+                        momentum: r.schedule.momentum(t, &run),
+                    }
+                }
+                // `schema::extract` refuses the name without a `_target_`.
+                None => Point {
+                    lr: f64::NAN,
+                    momentum: None,
+                },
+            },
             // ReduceLROnPlateau's rate is the fit loop's (`optim::plateau`): it follows the metric.
             SchedulerName::Constant | SchedulerName::Plateau => Point {
                 lr: self.base_lr,
@@ -126,6 +160,7 @@ mod tests {
             threshold_mode: None,
             cooldown: None,
             eps: None,
+            registered: None,
         }
     }
 
@@ -147,26 +182,26 @@ mod tests {
             4e-07,
         ];
         for (step, want) in expected.iter().enumerate() {
-            let got = s.at(step as u64).lr;
+            let got = s.at(step as u64).unwrap().lr;
             assert!((got - want).abs() < 1e-12, "step {step}: {got} vs {want}");
         }
-        assert!((s.at(2).momentum.unwrap() - 0.85).abs() < 1e-12);
-        assert!((s.at(0).momentum.unwrap() - 0.95).abs() < 1e-12);
+        assert!((s.at(2).unwrap().momentum.unwrap() - 0.85).abs() < 1e-12);
+        assert!((s.at(0).unwrap().momentum.unwrap() - 0.95).abs() < 1e-12);
     }
 
     #[test]
     fn cosine_warms_up_then_decays_to_min() {
         let s = Schedule::new(&cfg(SchedulerName::Cosine), 1.0, 100, 10);
-        assert!((s.at(0).lr - 0.1).abs() < 1e-12);
-        assert!((s.at(9).lr - 1.0).abs() < 1e-12);
+        assert!((s.at(0).unwrap().lr - 0.1).abs() < 1e-12);
+        assert!((s.at(9).unwrap().lr - 1.0).abs() < 1e-12);
         // After the 10 warm-up steps, half a cosine over the 90 left: (1 + cos(π · 40/90)) / 2 at step 50.
         let want = (1.0 + (std::f64::consts::PI * 40.0 / 90.0).cos()) / 2.0;
         assert!(
-            (s.at(50).lr - want).abs() < 1e-12,
+            (s.at(50).unwrap().lr - want).abs() < 1e-12,
             "{} vs {want}",
-            s.at(50).lr
+            s.at(50).unwrap().lr
         );
-        assert!(s.at(99).lr < 0.001);
+        assert!(s.at(99).unwrap().lr < 0.001);
     }
 
     #[test]
@@ -174,8 +209,8 @@ mod tests {
         let mut c = cfg(SchedulerName::Step);
         c.interval = Interval::Epoch;
         let s = Schedule::new(&c, 1.0, 100, 10);
-        assert_eq!(s.at(19).lr, 1.0);
-        assert_eq!(s.at(20).lr, 0.5);
-        assert_eq!(s.at(45).lr, 0.25);
+        assert_eq!(s.at(19).unwrap().lr, 1.0);
+        assert_eq!(s.at(20).unwrap().lr, 0.5);
+        assert_eq!(s.at(45).unwrap().lr, 0.25);
     }
 }

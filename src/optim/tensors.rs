@@ -2,6 +2,7 @@
 //! parameters in: Candle tensors, libtorch tensors and flat vectors (`tensor::Flat`).
 
 use super::OptTensor;
+use crate::registry::{AnyRule, OptimizerStep, ParamState};
 use crate::tensor::flat::{Flat, Pair};
 
 /// Candle tensors under the shared optimizer rules.
@@ -32,6 +33,21 @@ impl OptTensor for candle_core::Tensor {
     }
     fn clamp_abs(&self, max: f64) -> anyhow::Result<Self> {
         Ok(self.clamp(-max, max)?)
+    }
+    fn times(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok((self * other)?)
+    }
+    fn signum(&self) -> anyhow::Result<Self> {
+        Ok(self.sign()?)
+    }
+    fn registered_update(
+        rule: &dyn AnyRule,
+        p: &Self,
+        grad: &Self,
+        state: &mut ParamState<'_, Self>,
+        step: &OptimizerStep,
+    ) -> anyhow::Result<Self> {
+        rule.on_candle(p, grad, state, step)
     }
     /// On the CPU in f32: one parallel pass, no squared copy (the trainer logs the gradient norm every
     /// step); elsewhere Candle's ops.
@@ -216,6 +232,21 @@ impl OptTensor for tch::Tensor {
     fn clamp_abs(&self, max: f64) -> anyhow::Result<Self> {
         Ok(self.f_clamp(-max, max)?)
     }
+    fn times(&self, other: &Self) -> anyhow::Result<Self> {
+        Ok(self.f_mul(other)?)
+    }
+    fn signum(&self) -> anyhow::Result<Self> {
+        Ok(self.f_sign()?)
+    }
+    fn registered_update(
+        rule: &dyn AnyRule,
+        p: &Self,
+        grad: &Self,
+        state: &mut ParamState<'_, Self>,
+        step: &OptimizerStep,
+    ) -> anyhow::Result<Self> {
+        rule.on_tch(p, grad, state, step)
+    }
     fn sum_of_squares(&self) -> anyhow::Result<f64> {
         Ok(self
             .f_to_kind(tch::Kind::Double)?
@@ -307,6 +338,30 @@ impl OptTensor for Flat {
             #[cfg(feature = "torch")]
             Flat::Tch(t) => OptTensor::sum_of_squares(t),
         }
+    }
+    fn times(&self, other: &Self) -> anyhow::Result<Self> {
+        match self.pair(other)? {
+            Pair::Host(a, b) => Ok(zip_host(a, b, |x, y| x * y)),
+            #[cfg(feature = "torch")]
+            Pair::Tch(a, b) => Ok(Flat::Tch(OptTensor::times(a, b)?)),
+        }
+    }
+    fn signum(&self) -> anyhow::Result<Self> {
+        match self {
+            // torch.sign: 0 stays 0 (f32::signum gives ±1 for ±0), NaN stays NaN.
+            Flat::Host(v) => Ok(map_host(v, |x| if x == 0.0 { 0.0 } else { x.signum() })),
+            #[cfg(feature = "torch")]
+            Flat::Tch(t) => Ok(Flat::Tch(OptTensor::signum(t)?)),
+        }
+    }
+    fn registered_update(
+        rule: &dyn AnyRule,
+        p: &Self,
+        grad: &Self,
+        state: &mut ParamState<'_, Self>,
+        step: &OptimizerStep,
+    ) -> anyhow::Result<Self> {
+        rule.on_flat(p, grad, state, step)
     }
 }
 

@@ -29,6 +29,8 @@ mod logger;
 mod loss;
 pub mod losses;
 mod model;
+mod optimizer;
+mod schedule;
 #[cfg(feature = "torch")]
 mod tch_loss;
 #[cfg(feature = "torch")]
@@ -45,6 +47,8 @@ pub use inventory;
 pub use logger::*;
 pub use loss::*;
 pub use model::*;
+pub use optimizer::*;
+pub use schedule::*;
 pub use serde_json::Value;
 #[cfg(feature = "torch")]
 pub use tch;

@@ -8,12 +8,16 @@ pub enum OptimizerName {
     Sgd,
     Adam,
     Adamw,
+    /// An optimizer a crate registered under its `_target_` (`registry::register_optimizer!`); set by
+    /// `schema::extract`.
+    Registered,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OptimizerConfig {
-    /// torch.optim's optimizer: `sgd`, `adam`, `adamw`.
+    /// torch.optim's optimizer: `sgd`, `adam`, `adamw`; `registered` is set for you when the node names
+    /// a registered `_target_`.
     pub name: OptimizerName,
     /// The learning rate (the schedule's base).
     pub lr: f64,
@@ -32,6 +36,9 @@ pub struct OptimizerConfig {
     /// adam/adamw: added to the denominator for stability.
     #[serde(default = "default_eps")]
     pub eps: f64,
+    /// `registered`: the `_target_`, its arguments and its rule (`schema::extract` fills it).
+    #[serde(skip)]
+    pub registered: Option<std::sync::Arc<super::RegisteredOptimizer>>,
 }
 
 fn default_betas() -> [f64; 2] {
@@ -50,6 +57,9 @@ pub enum SchedulerName {
     Constant,
     /// torch's `ReduceLROnPlateau`: the rate cut when the monitored metric stops improving.
     Plateau,
+    /// A schedule a crate registered under its `_target_` (`registry::register_schedule!`); set by
+    /// `schema::extract`.
+    Registered,
 }
 
 /// `ReduceLROnPlateau`'s `threshold_mode`: a better value beats the best by a share of it, or by an amount.
@@ -77,7 +87,8 @@ pub enum Interval {
 #[serde(deny_unknown_fields)]
 pub struct SchedulerConfig {
     /// The schedule: `constant`, `onecycle` (OneCycleLR), `cosine` (with warm-up), `step` (StepLR),
-    /// `plateau` (ReduceLROnPlateau).
+    /// `plateau` (ReduceLROnPlateau); `registered` is set for you when the node names a registered
+    /// `_target_`.
     pub name: SchedulerName,
     /// Step the schedule every optimizer step or every epoch.
     #[serde(default)]
@@ -132,4 +143,7 @@ pub struct SchedulerConfig {
     /// plateau: a reduction smaller than this is skipped.
     #[serde(default)]
     pub eps: Option<f64>,
+    /// `registered`: the `_target_`, its arguments and the schedule (`schema::extract` fills it).
+    #[serde(skip)]
+    pub registered: Option<std::sync::Arc<super::RegisteredSchedule>>,
 }

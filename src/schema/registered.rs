@@ -7,7 +7,7 @@
 
 use crate::config::errors::{at, did_you_mean, ConfigError};
 use crate::config::tree::Node;
-use crate::registry::{DataContext, DataSplit, MapDataset, Metric, Target};
+use crate::registry::{AnyRule, DataContext, DataSplit, LrSchedule, MapDataset, Metric, Target};
 use std::sync::Arc;
 
 /// `<section>: {_target_: <registered>, ...}`: the constructor's name and its arguments (the node's other
@@ -296,6 +296,119 @@ pub fn registered_loss(job: &Node) -> Result<Option<LossSpec>, ConfigError> {
         )));
     }
     Ok(Some(LossSpec { spec, metrics }))
+}
+
+/// A registered optimizer: its spec and its rule, built once at compose time (its arguments checked) and
+/// handed each parameter at every step.
+#[derive(Clone)]
+pub struct RegisteredOptimizer {
+    pub spec: RegisteredSpec,
+    pub rule: Arc<dyn AnyRule>,
+    /// The state slots its rule keeps per parameter.
+    pub slots: Vec<&'static str>,
+}
+
+impl std::fmt::Debug for RegisteredOptimizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "RegisteredOptimizer({}, slots {:?})",
+            self.spec.target, self.slots
+        )
+    }
+}
+
+impl PartialEq for RegisteredOptimizer {
+    fn eq(&self, other: &Self) -> bool {
+        self.spec == other.spec && Arc::ptr_eq(&self.rule, &other.rule)
+    }
+}
+
+/// A registered learning-rate schedule, built once at compose time.
+#[derive(Clone)]
+pub struct RegisteredSchedule {
+    pub spec: RegisteredSpec,
+    pub schedule: Arc<dyn LrSchedule>,
+}
+
+impl std::fmt::Debug for RegisteredSchedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RegisteredSchedule({})", self.spec.target)
+    }
+}
+
+impl PartialEq for RegisteredSchedule {
+    fn eq(&self, other: &Self) -> bool {
+        self.spec == other.spec && Arc::ptr_eq(&self.schedule, &other.schedule)
+    }
+}
+
+/// trainyard's own key of a registered optimizer's node: the rate the schedule starts from.
+pub const REGISTERED_OPTIMIZER_FIELDS: &[&str] = &["lr"];
+
+/// trainyard's own key of a registered schedule's node: Lightning's `interval` (step or epoch).
+pub const REGISTERED_SCHEDULER_FIELDS: &[&str] = &["interval"];
+
+/// `_partial_` on an optimizer or a schedule: Hydra's partial, completed later with what only the run has
+/// (the parameters, the run's length), so `true` or absent; `false` would ask for it whole now.
+fn check_partial(job: &Node, section: &str, spec: &RegisteredSpec) -> Result<(), ConfigError> {
+    let Some(node) = job.get(&format!("{section}._partial_")) else {
+        return Ok(());
+    };
+    match node.value {
+        crate::config::tree::Value::Bool(true) => Ok(()),
+        crate::config::tree::Value::Bool(false) => Err(ConfigError::Schema(format!(
+            "Error in config key '{section}._partial_': _target_ {} is completed later with what only the              run has ({}), as Hydra's partial is; it cannot be built whole{}\n    Set {section}._partial_=true,              or leave it out",
+            spec.target,
+            match section {
+                "optimizer" => "the model's parameters",
+                _ => "the optimizer and the run's length",
+            },
+            at(&node.source)
+        ))),
+        ref other => Err(ConfigError::Schema(format!(
+            "Error in config key '{section}._partial_': expected true or false, got {}{}",
+            other.display_python(),
+            at(&node.source)
+        ))),
+    }
+}
+
+/// `optimizer: {_target_: <a registered optimizer>, _partial_: true, lr: ..., ...}`: its rule built once
+/// (arguments checked) and its slots checked.
+pub fn registered_optimizer(job: &Node) -> Result<Option<RegisteredOptimizer>, ConfigError> {
+    let Some(spec) = RegisteredSpec::read(job, "optimizer", REGISTERED_OPTIMIZER_FIELDS, |t| {
+        crate::registry::optimizer(t).is_some()
+    }) else {
+        return Ok(None);
+    };
+    check_partial(job, "optimizer", &spec)?;
+    let entry = crate::registry::optimizer(&spec.target).expect("read checked it is registered");
+    let rule = (entry.build)(&spec.args).map_err(|e| ConfigError::Schema(spec.refused(&e)))?;
+    let slots = rule.slot_names();
+    for (i, slot) in slots.iter().enumerate() {
+        let ok = !slot.is_empty() && slot.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !ok || slots[..i].contains(slot) {
+            return Err(ConfigError::Schema(format!(
+                "optimizer: _target_ {} keeps a state slot named '{slot}': slot names are distinct and                  made of letters, digits and _{}",
+                spec.target, spec.origin
+            )));
+        }
+    }
+    Ok(Some(RegisteredOptimizer { spec, rule, slots }))
+}
+
+/// `scheduler: {_target_: <a registered schedule>, _partial_: true, ...}`: built once (arguments checked).
+pub fn registered_schedule(job: &Node) -> Result<Option<RegisteredSchedule>, ConfigError> {
+    let Some(spec) = RegisteredSpec::read(job, "scheduler", REGISTERED_SCHEDULER_FIELDS, |t| {
+        crate::registry::schedule(t).is_some()
+    }) else {
+        return Ok(None);
+    };
+    check_partial(job, "scheduler", &spec)?;
+    let entry = crate::registry::schedule(&spec.target).expect("read checked it is registered");
+    let schedule = (entry.build)(&spec.args).map_err(|e| ConfigError::Schema(spec.refused(&e)))?;
+    Ok(Some(RegisteredSchedule { spec, schedule }))
 }
 
 /// A `_target_` at `section` that nothing registered: the project's own Python code, or a typo among the

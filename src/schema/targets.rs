@@ -49,14 +49,19 @@ pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
             translate_entries(node, section, lightning)?;
         }
     }
+    // An optimizer or schedule a crate registered is built by its constructor: `extract` reads it.
     if let Some(opt) = job.child_mut("optimizer") {
-        if let Some(target) = take_target(opt)? {
-            optimizer_target(opt, &target)?;
+        if !names_registered(opt, |t| crate::registry::optimizer(t).is_some()) {
+            if let Some(target) = take_target(opt)? {
+                optimizer_target(opt, &target)?;
+            }
         }
     }
     if let Some(sched) = job.child_mut("scheduler") {
-        if let Some(target) = take_target(sched)? {
-            scheduler_target(sched, &target)?;
+        if !names_registered(sched, |t| crate::registry::schedule(t).is_some()) {
+            if let Some(target) = take_target(sched)? {
+                scheduler_target(sched, &target)?;
+            }
         }
     }
     if let Some(model) = job.child_mut("model") {
@@ -93,6 +98,13 @@ pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// Does `node`'s `_target_` name something `is_registered` knows?
+fn names_registered(node: &Node, is_registered: impl Fn(&str) -> bool) -> bool {
+    node.child("_target_")
+        .and_then(|t| t.as_str())
+        .is_some_and(is_registered)
+}
+
 /// A `_target_` read and removed (with `_partial_`, which only matters to Python), or `None`.
 fn take_target(node: &mut Node) -> Result<Option<Node>, ConfigError> {
     let Some(map) = node.as_map_mut() else {
@@ -125,18 +137,22 @@ fn unknown_target(section: &str, target: &Node, known: &[&str]) -> ConfigError {
     let registered = match section {
         "callbacks" => crate::registry::callback_targets(),
         "logger" => crate::registry::logger_targets(),
+        "optimizer" => crate::registry::optimizer_targets(),
+        "scheduler" => crate::registry::schedule_targets(),
         _ => Vec::new(),
     };
     let (macro_name, trait_name) = match section {
         "callbacks" => ("register_callback!", "Callback"),
+        "optimizer" => ("register_optimizer!", "OptimizerRule"),
+        "scheduler" => ("register_schedule!", "LrSchedule"),
         _ => ("register_logger!", "MetricSink"),
     };
     let own = match (section, registered.is_empty()) {
-        ("callbacks" | "logger", true) => format!(
+        ("callbacks" | "logger" | "optimizer" | "scheduler", true) => format!(
             "\n    Your own, written in Rust: implement trainyard::registry::{trait_name} and register it \
              with trainyard::{macro_name}(\"my_project.Name\", constructor)"
         ),
-        ("callbacks" | "logger", false) => {
+        ("callbacks" | "logger" | "optimizer" | "scheduler", false) => {
             let hint = did_you_mean(target_text(target), registered.iter().copied())
                 .map(|s| format!(" Did you mean '{s}'?"))
                 .unwrap_or_default();
@@ -147,8 +163,12 @@ fn unknown_target(section: &str, target: &Node, known: &[&str]) -> ConfigError {
         }
         _ => String::new(),
     };
+    let modules = match section {
+        "optimizer" | "scheduler" => "",
+        _ => " (module lightning.pytorch.*, or pytorch_lightning.*)",
+    };
     ConfigError::Schema(format!(
-        "{section}: _target_ {} is not one trainyard knows.\n    Known here (module lightning.pytorch.*, or pytorch_lightning.*): {}{own}{}",
+        "{section}: _target_ {} is not one trainyard knows.\n    Known here{modules}: {}{own}{}",
         target_text(target),
         known.join(", "),
         at(&target.source)

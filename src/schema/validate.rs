@@ -25,6 +25,8 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     let registered = super::registered::registered_model(&job);
     let data = super::registered::registered_data(&job)?;
     let loss = super::registered::registered_loss(&job)?;
+    let optimizer = super::registered::registered_optimizer(&job)?;
+    let schedule = super::registered::registered_schedule(&job)?;
     let (loggers, callbacks) = super::registered::registered_plugins(&job)?;
     let mut json = job.to_json();
     for (section, specs) in [("logger", &loggers), ("callbacks", &callbacks)] {
@@ -40,6 +42,23 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     }
     if let Some(root) = json.as_object_mut() {
         root.remove("loss");
+    }
+    for (section, own, set) in [
+        (
+            "optimizer",
+            super::registered::REGISTERED_OPTIMIZER_FIELDS,
+            optimizer.is_some(),
+        ),
+        (
+            "scheduler",
+            super::registered::REGISTERED_SCHEDULER_FIELDS,
+            schedule.is_some(),
+        ),
+    ] {
+        if let (true, Some(node)) = (set, json.get_mut(section).and_then(|n| n.as_object_mut())) {
+            node.retain(|k, _| own.contains(&k.as_str()));
+            node.insert("name".into(), "registered".into());
+        }
     }
     let data_classes = json.pointer("/data/num_classes").cloned();
     if let Some(model) = json.get_mut("model").and_then(|m| m.as_object_mut()) {
@@ -60,6 +79,9 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     experiment.model.registered = registered.map(std::sync::Arc::new);
     experiment.data.registered = data.map(std::sync::Arc::new);
     experiment.loss = loss.map(std::sync::Arc::new);
+    experiment.optimizer.registered = optimizer.map(std::sync::Arc::new);
+    experiment.scheduler.registered = schedule.map(std::sync::Arc::new);
+    check_registered_names(&job, &experiment)?;
     experiment.logger.registered = loggers;
     experiment.callbacks.registered = callbacks;
     if let (Some(d), None) = (&experiment.data.registered, &experiment.loss) {
@@ -105,6 +127,37 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     }
     validate(&job, &experiment)?;
     Ok(experiment)
+}
+
+/// `name: registered` is what `extract` writes for a registered `_target_`; written by hand, without one,
+/// there is nothing to build.
+fn check_registered_names(job: &Node, e: &Experiment) -> Result<(), ConfigError> {
+    let unset = [
+        (
+            "model",
+            e.model.name == ModelName::Registered && e.model.registered.is_none(),
+        ),
+        (
+            "optimizer",
+            e.optimizer.name == OptimizerName::Registered && e.optimizer.registered.is_none(),
+        ),
+        (
+            "scheduler",
+            e.scheduler.name == SchedulerName::Registered && e.scheduler.registered.is_none(),
+        ),
+    ];
+    match unset.iter().find(|(_, unset)| *unset) {
+        Some((section, _)) => {
+            let place = job
+                .get(&format!("{section}.name"))
+                .map(|n| at(&n.source))
+                .unwrap_or_default();
+            Err(ConfigError::Schema(format!(
+                "Error in config key '{section}.name': 'registered' stands for a {section} a crate                  registered, which a node names with its _target_{place}\n    Write {section}:                  {{_target_: my_project.Name, ...}} instead of {section}.name=registered"
+            )))
+        }
+        None => Ok(()),
+    }
 }
 
 /// `seed: null` or no `seed` (Lightning's "do not seed"; the template's eval.yaml has none): a seed is

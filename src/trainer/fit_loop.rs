@@ -302,7 +302,7 @@ impl<'a> FitLoop<'a> {
             _ => (StepStats::default(), StepStats::default()),
         };
         let mut step_compute = 0.0;
-        self.lr_now = self.point().lr;
+        self.lr_now = self.point()?.lr;
         let bar = crate::loggers::console::progress_bar(
             self.exp,
             plan.train_batches,
@@ -336,7 +336,7 @@ impl<'a> FitLoop<'a> {
             self.profiler
                 .record(&self.actions.forward_backward, step_start);
             if ends_window {
-                let point = self.point();
+                let point = self.point()?;
                 self.lr_now = point.lr;
                 let update_start = Instant::now();
                 let norm =
@@ -522,12 +522,12 @@ impl<'a> FitLoop<'a> {
     }
 
     /// The schedule's point for the next optimizer step; ReduceLROnPlateau's rate replaces its rate.
-    fn point(&self) -> Point {
-        let mut point = self.schedule.at(self.state.global_step);
+    fn point(&self) -> anyhow::Result<Point> {
+        let mut point = self.schedule.at(self.state.global_step)?;
         if let Some(plateau) = &self.plateau {
             point.lr = plateau.lr();
         }
-        point
+        Ok(point)
     }
 
     /// ReduceLROnPlateau after an epoch's validation (Lightning's `interval: epoch`), on its monitored

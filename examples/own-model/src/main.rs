@@ -6,10 +6,14 @@
 //!   Candle; `se_net_tch`: the same network on libtorch (`--features torch`, `backend=tch`).
 //! - `houses`: a regression on a CSV table: its dataset, a network for table rows, and a loss with its own
 //!   metrics (`experiment=houses`).
+//! - `lion`, `warmup_cosine`: an optimizer and a learning-rate schedule of its own (`optimizer=lion`,
+//!   `scheduler=warmup_cosine`), on every backend and strategy.
 
 mod houses;
+mod lion;
 mod se_net;
 #[cfg(feature = "torch")]
 mod se_net_tch;
+mod warmup_cosine;
 
 trainyard::main!();

@@ -124,6 +124,11 @@ fn help_lists_the_registered_model() {
         text.contains("Models this program registered") && text.contains("own_model.models.SeNet"),
         "{text}"
     );
+    assert!(
+        text.contains("Optimizers this program registered (optimizer: {_target_: NAME, ...}): own_model.optim.Lion"),
+        "{text}"
+    );
+    assert!(text.contains("own_model.schedules.WarmupCosine"), "{text}");
 }
 
 #[cfg(feature = "torch")]
@@ -266,4 +271,116 @@ fn the_house_price_regression_trains_with_ddp() {
     assert_eq!(s["strategy"], "ddp", "{s}");
     let mae = s["final_metrics"]["val/mae"].as_f64().unwrap();
     assert!(mae < 0.5, "val/mae {mae}: {s}");
+}
+
+/// This project's optimizer (src/lion.rs) and schedule (src/warmup_cosine.rs), chosen as config groups:
+/// the model learns, and Lion's state is in the checkpoint under the parameters' names.
+#[test]
+fn the_own_optimizer_and_schedule_train_the_model() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = run(
+        &tmp.path().join("lion"),
+        &[
+            "optimizer=lion",
+            "optimizer.lr=0.01",
+            "scheduler=warmup_cosine",
+            "trainer.max_epochs=3",
+        ],
+    );
+    let s = summary(&run);
+    let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
+    assert!(acc > 0.5, "val/acc1 {acc} is not far above chance: {s}");
+    let ckpt =
+        trainyard::storage::checkpoint::load(&run.join("checkpoints/last.safetensors")).unwrap();
+    let head = &ckpt.state["head.weight"];
+    let slot = &ckpt.state["optimizer.head.weight.exp_avg"];
+    assert_eq!(slot.shape, head.shape);
+    assert!(slot.data.iter().any(|v| *v != 0.0));
+}
+
+/// The largest relative difference between two runs' weights, tensor by tensor.
+#[cfg(feature = "torch")]
+fn worst_relative_difference(a: &Path, b: &Path) -> f64 {
+    let (a, b) = (weights(a), weights(b));
+    assert_eq!(
+        a.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        b.iter().map(|(k, _)| k).collect::<Vec<_>>()
+    );
+    a.iter()
+        .zip(&b)
+        .map(|((k, x), (_, y))| {
+            assert_eq!(x.len(), y.len(), "{k}");
+            assert!(x.iter().chain(y).all(|v| v.is_finite()), "{k}: not finite");
+            let diff: f64 = x.iter().zip(y).map(|(p, q)| f64::from(p - q).powi(2)).sum();
+            let norm: f64 = y.iter().map(|q| f64::from(*q).powi(2)).sum();
+            (diff / norm.max(1e-24)).sqrt()
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Lion on libtorch, and under FSDP on two processes (its state sharded with the parameters; the
+/// consolidated checkpoint holds it whole); FSDP's steps are DDP's.
+#[cfg(feature = "torch")]
+#[test]
+fn the_own_optimizer_runs_on_libtorch_and_shards_under_fsdp() {
+    let tmp = tempfile::tempdir().unwrap();
+    let lion = [
+        "optimizer=lion",
+        "optimizer.lr=0.002",
+        "trainer.max_epochs=2",
+    ];
+    let tch = run(
+        &tmp.path().join("tch"),
+        &[&lion[..], &["backend=tch"]].concat(),
+    );
+    let acc = summary(&tch)["final_metrics"]["val/acc1"].as_f64().unwrap();
+    assert!(acc > 0.4, "val/acc1 {acc} is not far above chance");
+    let two = ["data.batch_size=16", "trainer.sync_batchnorm=false"];
+    let fsdp = run(
+        &tmp.path().join("fsdp"),
+        &[&lion[..], &two[..], &["trainer=fsdp_sim"]].concat(),
+    );
+    let ddp = run(
+        &tmp.path().join("ddp"),
+        &[&lion[..], &two[..], &["trainer=ddp_sim"]].concat(),
+    );
+    assert_eq!(summary(&fsdp)["strategy"], "fsdp");
+    let ckpt =
+        trainyard::storage::checkpoint::load(&fsdp.join("checkpoints/last.safetensors")).unwrap();
+    assert_eq!(
+        ckpt.state["optimizer.stem.weight.exp_avg"].shape,
+        ckpt.state["stem.weight"].shape
+    );
+    let worst = worst_relative_difference(&fsdp, &ddp);
+    assert!(worst < 1e-3, "FSDP and DDP differ by {worst:e}");
+}
+
+/// The house-price regression (this project's dataset, model and loss with its metrics) under FSDP: the
+/// model is one FSDP unit, the loss and its metrics are computed by the sharded step, and it takes
+/// DDP's steps.
+#[cfg(feature = "torch")]
+#[test]
+fn the_house_price_regression_shards_under_fsdp() {
+    let tmp = tempfile::tempdir().unwrap();
+    let two = ["trainer.max_epochs=3", "data.batch_size=16"];
+    let fsdp = houses(
+        &tmp.path().join("fsdp"),
+        &[&two[..], &["trainer=fsdp_sim"]].concat(),
+    );
+    let ddp = houses(
+        &tmp.path().join("ddp"),
+        &[&two[..], &["trainer=ddp_sim"]].concat(),
+    );
+    let s = summary(&fsdp);
+    assert_eq!(s["strategy"], "fsdp", "{s}");
+    let (f, d) = (&s["final_metrics"], &summary(&ddp)["final_metrics"]);
+    for key in ["val/loss", "val/mae", "val/mape"] {
+        let (x, y) = (f[key].as_f64().unwrap(), d[key].as_f64().unwrap());
+        assert!(
+            (x - y).abs() <= 1e-4 * y.abs().max(1.0),
+            "{key}: fsdp {x}, ddp {y}"
+        );
+    }
+    let worst = worst_relative_difference(&fsdp, &ddp);
+    assert!(worst < 1e-4, "FSDP and DDP differ by {worst:e}");
 }

@@ -517,7 +517,7 @@ impl Sharding for CandleEngine {
         let (x, labels) = self.inputs(batch)?;
         let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
         self.forward_calls += 1;
-        let (logits, loss) = {
+        let (logits, value) = {
             let mut staged = staged::LossStage {
                 engine: self,
                 labels,
@@ -525,7 +525,10 @@ impl Sharding for CandleEngine {
             super::units::train_by_unit(&mut staged, x, grad_scale, exchange, &mut rng)?
         };
         self.last_logits = Some(logits.clone());
-        self.stats(&logits, &loss, batch)
+        match self.loss.is_some() {
+            true => self.loss_stats(&value, batch.len()),
+            false => self.stats(&logits, &value.loss, batch),
+        }
     }
 
     fn evaluate_by_unit(
@@ -541,6 +544,10 @@ impl Sharding for CandleEngine {
             };
             super::units::evaluate_by_unit(&mut staged, x, exchange)?
         };
+        if let Some(loss) = &self.loss {
+            let value = loss.compute(&logits, &labels)?;
+            return self.loss_stats(&value, batch.len());
+        }
         let loss = candle_nn::loss::cross_entropy(&logits, &labels)?;
         self.stats(&logits, &loss, batch)
     }

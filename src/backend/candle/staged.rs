@@ -6,6 +6,7 @@ use super::models::{Buffers, CandleForward, Pass};
 use super::CandleEngine;
 use crate::backend::units::StagedCompute;
 use crate::platform::rng::Rng;
+use crate::registry::LossValue;
 use crate::tensor::Flat;
 use candle_core::{backprop::GradStore, DType, Tensor, Var};
 
@@ -58,7 +59,8 @@ impl LossStage<'_> {
 
 impl StagedCompute for LossStage<'_> {
     type Act = Tensor;
-    type Out = (Tensor, Tensor);
+    /// The logits, and the loss with its metrics (a registered loss's, or cross-entropy's alone).
+    type Out = (Tensor, LossValue);
 
     fn stage_count(&self) -> usize {
         self.engine.model.stages().len()
@@ -108,7 +110,7 @@ impl StagedCompute for LossStage<'_> {
         x: &Tensor,
         grad_scale: f64,
         rng: &mut Rng,
-    ) -> anyhow::Result<(Tensor, Flat, (Tensor, Tensor))> {
+    ) -> anyhow::Result<(Tensor, Flat, (Tensor, LossValue))> {
         let (input, var) = Self::leaf(x, true)?;
         let e = &mut *self.engine;
         let k = e.model.stages().len() - 1;
@@ -121,14 +123,24 @@ impl StagedCompute for LossStage<'_> {
         let logits = e
             .model
             .forward_stage(k, &e.params, &mut e.buffers, &input, &mut pass)?;
-        let loss = e.training_loss(&logits, &self.labels)?;
-        let grads = loss.affine(grad_scale, 0.0)?.backward()?;
+        let value = match &e.loss {
+            Some(registered) => registered.compute(&logits, &self.labels)?,
+            None => LossValue {
+                loss: e.training_loss(&logits, &self.labels)?,
+                metrics: Vec::new(),
+            },
+        };
+        let grads = value.loss.affine(grad_scale, 0.0)?.backward()?;
         let grad_in = Self::input_gradient(&var, &grads)?
             .ok_or_else(|| anyhow::anyhow!("FSDP units: the head's input is not a graph leaf"))?;
+        let detached = LossValue {
+            loss: value.loss.detach(),
+            metrics: value.metrics.iter().map(Tensor::detach).collect(),
+        };
         Ok((
             grad_in,
             self.flat_gradient(layout, &grads)?,
-            (logits.detach(), loss.detach()),
+            (logits.detach(), detached),
         ))
     }
 

@@ -85,6 +85,30 @@ pub fn scale_all(ts: &mut [Tensor], k: f64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A registered optimizer's step (`optim::Optimizer::update`), parameter by parameter, written into the
+/// parameters in place. Its state may keep the gradient it is given, so it gets a copy: a `.grad` can be
+/// a view of a DDP bucket the next backward pass writes into. Call under `tch::no_grad`.
+pub fn each_param(
+    opt: &mut Optimizer<Tensor>,
+    names: &[String],
+    params: &mut [Tensor],
+    grads: &[Tensor],
+    lr: f64,
+    momentum: Option<f64>,
+) -> anyhow::Result<()> {
+    for ((name, p), g) in names.iter().zip(params.iter_mut()).zip(grads) {
+        let new = opt.update(name, p, &g.f_detach_copy()?, lr, momentum)?;
+        anyhow::ensure!(
+            new.size() == p.size(),
+            "the optimizer's rule gave parameter '{name}' the shape {:?}, it has {:?}",
+            new.size(),
+            p.size()
+        );
+        p.f_copy_(&new.f_to_kind(p.kind())?)?;
+    }
+    Ok(())
+}
+
 /// One SGD step over every parameter at once, with libtorch's multi-tensor kernels (`_foreach_*`, as
 /// PyTorch's default `foreach=True` SGD): on a GPU a handful of launches for the model instead of four
 /// or five per parameter, which is most of a small model's step. The operations and their rounding are

@@ -392,6 +392,9 @@ impl Engine for TchEngine {
                 crate::schema::OptimizerName::Sgd => {
                     fused_optim::sgd_all(opt, &names, &mut params, &mut grads, lr, momentum)
                 }
+                crate::schema::OptimizerName::Registered => {
+                    fused_optim::each_param(opt, &names, &mut params, &grads, lr, momentum)
+                }
                 _ => fused_optim::adam_all(opt, &names, &mut params, &mut grads, lr),
             }
         })?;
@@ -636,15 +639,14 @@ impl Sharding for TchEngine {
         let mut rng = Rng::keyed(&[self.seed, 0xD0_0D, self.forward_calls]);
         self.forward_calls += 1;
         // Autocast is entered around each stage's forward computation (`staged`), not the backward passes.
-        let (logits, loss) = {
+        let (logits, stats) = {
             let mut staged = staged::LossStage {
                 engine: self,
                 labels: labels.shallow_clone(),
             };
             super::units::train_by_unit(&mut staged, x, grad_scale, exchange, &mut rng)?
         };
-        let stats = objective::Packed::Classes(objective::class_stats(&logits, &loss, &labels)?)
-            .read(batch.len())?;
+        let stats = stats.read(batch.len())?;
         self.last_logits = Some(logits);
         Ok(stats)
     }
@@ -662,12 +664,11 @@ impl Sharding for TchEngine {
             };
             super::units::evaluate_by_unit(&mut staged, x, exchange)?
         };
-        let loss = {
+        let computed = {
             let _autocast = amp::autocast(self.mode, self.device)?; // as `evaluate` computes it
-            logits.f_cross_entropy_loss::<Tensor>(&labels, None, tch::Reduction::Mean, -100, 0.0)?
+            self.objective.compute(&logits, None, &labels, false)?
         };
-        objective::Packed::Classes(objective::class_stats(&logits, &loss, &labels)?)
-            .read(batch.len())
+        computed.stats.read(batch.len())
     }
 }
 

@@ -23,7 +23,7 @@ pub(super) struct Computed {
 }
 
 /// A batch's statistics on the device.
-pub(super) enum Packed {
+pub enum Packed {
     /// [loss, top-1 hits, top-5 hits].
     Classes(Tensor),
     /// [loss, each metric's batch mean].
@@ -60,11 +60,6 @@ impl Objective {
             loss,
             label_smoothing: exp.model.label_smoothing,
         })
-    }
-
-    /// `model.label_smoothing` (the sharded step computes cross-entropy itself).
-    pub fn label_smoothing(&self) -> f64 {
-        self.label_smoothing
     }
 
     /// The loss of `logits` against `y` (a model's own loss when it computed one) and its statistics.

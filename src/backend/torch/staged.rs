@@ -39,7 +39,8 @@ impl LossStage<'_> {
 
 impl StagedCompute for LossStage<'_> {
     type Act = Tensor;
-    type Out = (Tensor, Tensor);
+    /// The logits and the batch's statistics (the objective's: cross-entropy's or a registered loss's).
+    type Out = (Tensor, super::objective::Packed);
 
     fn stage_count(&self) -> usize {
         self.engine.arch.arch.stages().len()
@@ -84,24 +85,19 @@ impl StagedCompute for LossStage<'_> {
         x: &Tensor,
         grad_scale: f64,
         rng: &mut Rng,
-    ) -> anyhow::Result<(Tensor, Flat, (Tensor, Tensor))> {
+    ) -> anyhow::Result<(Tensor, Flat, (Tensor, super::objective::Packed))> {
         let input = Self::leaf(x, true)?;
-        let (logits, loss) = {
+        let (logits, computed) = {
             let _autocast = self.autocast()?;
             let e = &mut *self.engine;
             let k = e.arch.arch.stages().len() - 1;
             let logits = e
                 .arch
                 .forward_stage(k, &e.params, &mut e.buffers, &input, true, rng)?;
-            let loss = logits.f_cross_entropy_loss::<Tensor>(
-                &self.labels,
-                None,
-                tch::Reduction::Mean,
-                -100,
-                e.objective.label_smoothing(),
-            )?;
-            (logits, loss)
+            let computed = e.objective.compute(&logits, None, &self.labels, true)?;
+            (logits, computed)
         };
+        let loss = computed.loss;
         let scale = match &self.engine.scaler {
             Some(s) => grad_scale * s.scale()?,
             None => grad_scale,
@@ -113,7 +109,7 @@ impl StagedCompute for LossStage<'_> {
             "FSDP units: the head's input got no gradient"
         );
         let flat = self.flat_gradient(layout)?;
-        Ok((grad_in, flat, (logits.detach(), loss.detach())))
+        Ok((grad_in, flat, (logits.detach(), computed.stats)))
     }
 
     fn backward(

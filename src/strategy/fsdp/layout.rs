@@ -98,8 +98,16 @@ pub fn unit_key(u: usize) -> String {
 pub fn shard_key(u: usize) -> String {
     format!("fsdp.units.{u}.flat_param")
 }
-/// Optimizer slot names the rules use (`optim`).
+/// Optimizer slot names the built-in rules use (`optim`).
 pub const SLOTS: &[&str] = &["momentum_buffer", "exp_avg", "exp_avg_sq"];
+
+/// The slot names `optimizer` keeps: the built-in rules', or a registered rule's own.
+pub fn slots(optimizer: &crate::schema::OptimizerConfig) -> Vec<&'static str> {
+    match &optimizer.registered {
+        Some(r) => r.slots.clone(),
+        None => SLOTS.to_vec(),
+    }
+}
 
 /// The file name of rank `rank`'s part of a sharded checkpoint whose rank-0 file is `name`
 /// (`last.safetensors` → `last.shard1.safetensors`); the same locally and in an object store.

@@ -31,7 +31,7 @@
 mod layout;
 mod units;
 
-use layout::{counter, engine_owned, flat_or_empty, shard_key, unit_key, SLOTS};
+use layout::{counter, engine_owned, flat_or_empty, shard_key, slots, unit_key};
 pub use layout::{shard_file_name, FlatLayout};
 use units::{Comms, Exchange, Unit};
 
@@ -223,6 +223,7 @@ impl Fsdp {
     /// Take this rank's slices of a full (named) state: parameters and optimizer slots.
     fn load_full(&mut self, state: &StateDict) -> anyhow::Result<()> {
         self.optimizer.state.clear();
+        let slots = slots(&self.optimizer.config);
         for (i, u) in self.units.iter_mut().enumerate() {
             let range = u.layout.shard_range();
             let params = flat_or_empty(&u.layout, state, "", "")?
@@ -231,7 +232,7 @@ impl Fsdp {
             if u.layout.params.is_empty() {
                 continue;
             }
-            for slot in SLOTS {
+            for slot in &slots {
                 if let Some(flat) = u.layout.flatten(state, "optimizer.", &format!(".{slot}"))? {
                     self.optimizer.state.insert(
                         format!("{}.{slot}", unit_key(i)),
@@ -246,6 +247,7 @@ impl Fsdp {
     /// Take this rank's slices from a sharded checkpoint written by the same world size and model.
     fn load_sharded(&mut self, state: &StateDict) -> anyhow::Result<()> {
         self.optimizer.state.clear();
+        let slots = slots(&self.optimizer.config);
         for (i, u) in self.units.iter_mut().enumerate() {
             if u.layout.params.is_empty() {
                 continue;
@@ -266,7 +268,7 @@ impl Fsdp {
                 u.layout.shard_len
             );
             u.shard = self.home.place(shard.data.clone())?;
-            for slot in SLOTS {
+            for slot in &slots {
                 if let Some(t) = state.get(&format!("optimizer.{}.{slot}", shard_key(i))) {
                     self.optimizer.state.insert(
                         format!("{}.{slot}", unit_key(i)),
@@ -492,11 +494,12 @@ impl Strategy for Fsdp {
     fn state_dict(&self) -> anyhow::Result<StateDict> {
         let mut out = self.engine_extras()?;
         out.insert("optimizer.step".into(), counter(self.optimizer.steps));
+        let slot_names = slots(&self.optimizer.config);
         for (i, u) in self.units.iter().enumerate() {
             if u.layout.params.is_empty() {
                 continue;
             }
-            let slots = SLOTS.iter().filter_map(|slot| {
+            let slots = slot_names.iter().filter_map(|slot| {
                 let v = self
                     .optimizer
                     .state
