@@ -132,7 +132,13 @@ pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, St
             return Ok(ExitCode::from(2));
         }
     };
-    run(&cli).map_err(|e| e.to_string())
+    match run(&cli) {
+        Err(ConfigError::NodeMissing(message)) => {
+            eprintln!("Error: {message}");
+            Ok(ExitCode::from(crate::comm::EXIT_NODE_MISSING))
+        }
+        other => other.map_err(|e| e.to_string()),
+    }
 }
 
 /// `train logbook ...`: read run directories, write the logbook.

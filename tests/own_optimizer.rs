@@ -9,7 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use trainyard::registry::{
-    LrSchedule, OptTensor, OptimizerRule, OptimizerStep, ParamState, ScheduleContext,
+    LrSchedule, OptimizerRule, OptimizerStep, ParamState, RuleTensor, ScheduleContext,
 };
 
 /// `p ← p − lr·g`: what torch.optim.SGD does without momentum or decay.
@@ -27,7 +27,7 @@ impl OptimizerRule for PlainSgd {
     fn slots(&self) -> Vec<&'static str> {
         Vec::new()
     }
-    fn update<T: OptTensor>(
+    fn update<T: RuleTensor>(
         &self,
         p: &T,
         grad: &T,
@@ -70,7 +70,7 @@ impl OptimizerRule for Lion {
     fn slots(&self) -> Vec<&'static str> {
         vec!["exp_avg"]
     }
-    fn update<T: OptTensor>(
+    fn update<T: RuleTensor>(
         &self,
         p: &T,
         grad: &T,
@@ -106,7 +106,7 @@ impl OptimizerRule for Undeclared {
     fn slots(&self) -> Vec<&'static str> {
         Vec::new()
     }
-    fn update<T: OptTensor>(
+    fn update<T: RuleTensor>(
         &self,
         p: &T,
         grad: &T,

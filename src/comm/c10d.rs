@@ -37,6 +37,7 @@ extern "C" {
         delta: i64,
         out: *mut i64,
     ) -> c_int;
+    fn trainyard_store_check(store: *mut c_void, key: *const c_char, out: *mut c_int) -> c_int;
     fn trainyard_free(p: *mut c_void);
     fn trainyard_gloo_new(
         store: *mut c_void,
@@ -116,8 +117,9 @@ unsafe impl Send for Store {}
 unsafe impl Sync for Store {}
 
 impl Store {
-    /// Host (`is_server`) or join the store; the host waits up to `timeout` for `world` clients, and every
-    /// later `get` waits up to `timeout` for its key.
+    /// Host (`is_server`) or join the store (a client retries until `timeout`); every later `get` waits
+    /// up to `timeout` for its key. The host does not wait for the clients: `rendezvous::arrive` counts
+    /// them, and names the ones that do not come.
     pub fn connect(
         host: &str,
         port: u16,
@@ -174,6 +176,18 @@ impl Store {
             trainyard_free(data.cast());
             Ok(out)
         }
+    }
+
+    /// Whether `key` is set now (no waiting).
+    pub fn check(&self, key: &str) -> anyhow::Result<bool> {
+        let key_c = c_string(key)?;
+        let mut out: c_int = 0;
+        // SAFETY: pointers valid for the call.
+        check(
+            unsafe { trainyard_store_check(self.ptr, key_c.as_ptr(), &mut out) },
+            &format!("store check '{key}'"),
+        )?;
+        Ok(out != 0)
     }
 
     /// Atomically add to a counter; returns the new value.

@@ -159,7 +159,7 @@ extern "C" {
 const char* trainyard_c10d_last_error() { return last_error.c_str(); }
 
 // Connect to (or, with is_server, host) the TCPStore at host:port. `world` is the number of clients that
-// will connect; the server waits for them up to timeout_ms.
+// will connect; the server does not wait for them (the caller counts arrivals and names the missing).
 void* trainyard_store_new(const char* host, int port, int is_server, int world, int64_t timeout_ms) {
   Store* out = nullptr;
   guarded([&] {
@@ -167,7 +167,7 @@ void* trainyard_store_new(const char* host, int port, int is_server, int world, 
     opts.port = static_cast<std::uint16_t>(port);
     opts.isServer = is_server != 0;
     opts.numWorkers = static_cast<std::size_t>(world);
-    opts.waitWorkers = true;
+    opts.waitWorkers = false;
     opts.timeout = ms(timeout_ms);
     auto store = c10::make_intrusive<c10d::TCPStore>(std::string(host), opts);
     out = new Store{store};

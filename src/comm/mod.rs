@@ -17,6 +17,25 @@ pub mod c10d;
 pub mod nccl;
 #[cfg(feature = "torch")]
 pub mod reducer;
+#[cfg(feature = "torch")]
+pub mod rendezvous;
+
+/// A worker's exit code when a node did not come to the rendezvous in time (sysexits' EX_UNAVAILABLE):
+/// its launcher reports the worker's message and does not restart it.
+pub const EXIT_NODE_MISSING: u8 = 69;
+
+/// Nodes that did not reach the rendezvous in time (`rendezvous::arrive`), or, said by a node launcher,
+/// a worker that ended with [`EXIT_NODE_MISSING`].
+#[derive(Debug)]
+pub struct NodeMissing(pub String);
+
+impl std::fmt::Display for NodeMissing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NodeMissing {}
 
 pub use buckets::GradSync;
 use collective::Collective;
@@ -24,6 +43,10 @@ use collective::Collective;
 /// The launch time the node launcher hands its workers, so every rank resolves `${now:...}` (and so the
 /// run directory) the same way.
 pub const NOW_ENV: &str = "TRAINYARD_NOW";
+
+/// Set for workers started again after a failure: they resume from their run directory's newest
+/// checkpoint (as a resumed sweep job does). Its value is the restart's number.
+pub const RESTART_ENV: &str = "TRAINYARD_RESTART";
 
 /// A worker inside a process group.
 pub struct Distributed {
@@ -33,6 +56,9 @@ pub struct Distributed {
     pub node_rank: usize,
     pub num_nodes: usize,
     pub comm: std::sync::Arc<dyn Collective>,
+    /// Some rank of this group was restarted (`trainer.max_restarts`): every rank resumes from the run's
+    /// newest checkpoint, a node started afresh to rejoin it included.
+    pub restarting: bool,
     /// Keeps the rendezvous open (rank 0 hosts it) for as long as the group lives.
     #[cfg(feature = "torch")]
     _store: c10d::Store,
@@ -92,6 +118,7 @@ pub fn join(
         .master_port
         .ok_or_else(|| anyhow::anyhow!("MASTER_PORT is not set"))?;
     let rendezvous = Duration::from_secs(options.rendezvous_timeout_s.max(1));
+    let deadline = std::time::Instant::now() + rendezvous;
     // Under torchrun (elastic agent) the agent already hosts the store on MASTER_PORT: every rank is a client.
     let agent_hosts_store =
         std::env::var("TORCHELASTIC_USE_AGENT_STORE").is_ok_and(|v| v == "True");
@@ -103,12 +130,24 @@ pub fn join(
         rendezvous,
     )
     .map_err(|e| {
-        e.context(format!(
-            "rank {} could not reach the rendezvous within trainer.rendezvous_timeout_s={}s \
-             (is node 0 started, and MASTER_ADDR/MASTER_PORT the same on every node?)",
-            worker.rank, options.rendezvous_timeout_s
-        ))
+        anyhow::Error::new(rendezvous::NodeMissing(format!(
+            "{}\n    (rank {}: {e:#}; are MASTER_ADDR/MASTER_PORT the same on every node?)",
+            rendezvous::missing_message(cluster, &[0], options.rendezvous_timeout_s).replacen(
+                "node 0 (rank 0)",
+                "node 0 (rank 0, which hosts the rendezvous)",
+                1
+            ),
+            worker.rank
+        )))
     })?;
+    let restarting = rendezvous::arrive(
+        &store,
+        cluster,
+        worker.rank,
+        std::env::var_os(RESTART_ENV).is_some(),
+        deadline,
+        options.rendezvous_timeout_s,
+    )?;
     if worker.rank == 0 {
         store.set("trainyard/now", now.as_bytes())?;
     }
@@ -144,6 +183,7 @@ pub fn join(
             node_rank: cluster.node_rank,
             num_nodes: cluster.num_nodes,
             comm: std::sync::Arc::new(group),
+            restarting,
             _store: store,
         },
         agreed,

@@ -29,6 +29,10 @@ pub enum ConfigError {
     /// The job itself failed (data, model, training).
     #[error("{0}")]
     Run(String),
+    /// A distributed run's node did not come to the rendezvous in time (`comm::rendezvous`): the worker
+    /// ends with `comm::EXIT_NODE_MISSING`, which its launcher does not restart.
+    #[error("{0}")]
+    NodeMissing(String),
 }
 
 impl ConfigError {
@@ -46,6 +50,7 @@ impl ConfigError {
             ConfigError::Schema(_) => "ValidationError",
             ConfigError::Io(_) => "IoError",
             ConfigError::Run(_) => "RunError",
+            ConfigError::NodeMissing(_) => "RendezvousTimeoutException",
         }
     }
 }

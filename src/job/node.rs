@@ -39,9 +39,7 @@ pub struct NodeWatch {
     pub resume_files: Vec<PathBuf>,
 }
 
-/// Set for workers started again after a failure: they resume from their run directory's newest
-/// checkpoint (as a resumed sweep job does). Its value is the restart's number.
-pub const RESTART_ENV: &str = "TRAINYARD_RESTART";
+pub use crate::comm::RESTART_ENV;
 
 /// A worker that failed: which, and how.
 pub(super) struct Failure {
@@ -135,6 +133,19 @@ fn run_node(launch: &NodeLaunch) -> anyhow::Result<NodeEnd> {
         stop_all(&mut children);
         let cause = describe(failure.status);
         let log = rank_log(&launch.run_dir, failure.rank);
+        if failure.status.code() == Some(crate::comm::EXIT_NODE_MISSING.into()) {
+            // Waiting again would not bring the node back: the worker said which one is gone.
+            return Err(crate::comm::NodeMissing(format!(
+                "worker rank {} stopped: a node did not come to the rendezvous (its message is above); \
+                 not restarted{}",
+                failure.rank,
+                match restarts {
+                    0 => String::new(),
+                    n => format!(" (after {n} restart(s))"),
+                }
+            ))
+            .into());
+        }
         if crate::platform::signals::preemption_requested() {
             // Stopping anyway: the run ends at its last complete checkpoint, to be continued.
             tracing::warn!(
@@ -423,7 +434,11 @@ pub fn launch_node(
         resume_files: watch.resume_files,
     };
     let started = std::time::Instant::now();
-    let end = run_node(&launch).map_err(|e| ConfigError::Run(format!("{e:#}")))?;
+    let end =
+        run_node(&launch).map_err(|e| match e.downcast_ref::<crate::comm::NodeMissing>() {
+            Some(missing) => ConfigError::NodeMissing(missing.0.clone()),
+            None => ConfigError::Run(format!("{e:#}")),
+        })?;
     if end == NodeEnd::Preempted {
         let signal = crate::platform::signals::received_signal().unwrap_or("a stop signal");
         return Ok(JobOutcome {

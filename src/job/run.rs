@@ -102,7 +102,7 @@ pub fn run_job(
             return launch_node(cluster.clone(), &place.output_dir, &place.ctx, watch);
         }
         let now = place.ctx.now.to_rfc3339();
-        let (joined, agreed) = crate::comm::join(cluster, &plan.join, &now).map_err(run_error)?;
+        let (joined, agreed) = crate::comm::join(cluster, &plan.join, &now).map_err(join_error)?;
         if agreed != now {
             // Another node launched this run: use rank 0's launch time, so every rank has one run directory.
             let mut agreed_ctx = ctx.clone();
@@ -144,7 +144,10 @@ pub fn run_job(
         job_config: &job_config_yaml,
         // A sweep's job directory is its own (numbered): a checkpoint in it is from an earlier attempt.
         // ... or a worker the node launcher restarted after a failure (`trainer.max_restarts`).
-        resume_own: sweep_dir.is_some() || std::env::var_os(super::node::RESTART_ENV).is_some(),
+        // ... or any rank of the group was (a node started afresh to rejoin a restarting run too).
+        resume_own: sweep_dir.is_some()
+            || std::env::var_os(super::node::RESTART_ENV).is_some()
+            || group.as_ref().is_some_and(|g| g.restarting),
         judge: judge
             .as_ref()
             .map(|j| j as &dyn crate::trainer::ValidationJudge),
@@ -292,6 +295,14 @@ impl Drop for WorkingDir {
 
 fn run_error(e: anyhow::Error) -> ConfigError {
     ConfigError::Run(format!("{e:#}"))
+}
+
+/// Joining the group failed: a node that did not come is said as such (its own exit code).
+fn join_error(e: anyhow::Error) -> ConfigError {
+    if let Some(missing) = e.downcast_ref::<crate::comm::NodeMissing>() {
+        return ConfigError::NodeMissing(missing.0.clone());
+    }
+    run_error(e)
 }
 
 /// Train as the run's only process or its rank 0, recording in `run.json` that the job runs and how it

@@ -58,6 +58,46 @@ pub trait OptTensor: Sized {
     }
 }
 
+/// Every tensor type the rules run on offers a registered rule its operations (`registry::RuleTensor`).
+impl<T: OptTensor> crate::registry::RuleTensor for T {
+    fn duplicate(&self) -> Self {
+        OptTensor::duplicate(self)
+    }
+    fn owned_copy(&self) -> anyhow::Result<Self> {
+        OptTensor::owned_copy(self)
+    }
+    fn affine(&self, mul: f64, add: f64) -> anyhow::Result<Self> {
+        OptTensor::affine(self, mul, add)
+    }
+    fn plus(&self, other: &Self) -> anyhow::Result<Self> {
+        OptTensor::plus(self, other)
+    }
+    fn minus(&self, other: &Self) -> anyhow::Result<Self> {
+        OptTensor::minus(self, other)
+    }
+    fn times(&self, other: &Self) -> anyhow::Result<Self> {
+        OptTensor::times(self, other)
+    }
+    fn divide(&self, other: &Self) -> anyhow::Result<Self> {
+        OptTensor::divide(self, other)
+    }
+    fn square(&self) -> anyhow::Result<Self> {
+        OptTensor::square(self)
+    }
+    fn root(&self) -> anyhow::Result<Self> {
+        OptTensor::root(self)
+    }
+    fn signum(&self) -> anyhow::Result<Self> {
+        OptTensor::signum(self)
+    }
+    fn clamp_abs(&self, max: f64) -> anyhow::Result<Self> {
+        OptTensor::clamp_abs(self, max)
+    }
+    fn sum_of_squares(&self) -> anyhow::Result<f64> {
+        OptTensor::sum_of_squares(self)
+    }
+}
+
 /// The constants of one SGD-with-momentum update.
 #[derive(Debug, Clone, Copy)]
 pub struct SgdStep {

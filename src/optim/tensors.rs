@@ -354,6 +354,8 @@ impl OptTensor for Flat {
             Flat::Tch(t) => Ok(Flat::Tch(OptTensor::signum(t)?)),
         }
     }
+    /// A registered rule runs on the engine's tensor type: libtorch's for device vectors (no copy), Candle's
+    /// CPU tensors for host vectors (the same f32 element-wise arithmetic).
     fn registered_update(
         rule: &dyn AnyRule,
         p: &Self,
@@ -361,7 +363,32 @@ impl OptTensor for Flat {
         state: &mut ParamState<'_, Self>,
         step: &OptimizerStep,
     ) -> anyhow::Result<Self> {
-        rule.on_flat(p, grad, state, step)
+        #[cfg(feature = "torch")]
+        if let (Flat::Tch(pt), Flat::Tch(gt)) = (p, grad) {
+            return state.converted(
+                |slot| match slot {
+                    Flat::Tch(t) => Ok(t.shallow_clone()),
+                    Flat::Host(_) => anyhow::bail!("a host slot beside a device parameter"),
+                },
+                |t| Ok(Flat::Tch(t)),
+                |mine| Ok(Flat::Tch(rule.on_tch(pt, gt, mine, step)?)),
+            );
+        }
+        let to_candle = |f: &Flat| -> anyhow::Result<candle_core::Tensor> {
+            let v = f.host_values()?;
+            Ok(candle_core::Tensor::from_slice(
+                &v,
+                v.len(),
+                &candle_core::Device::Cpu,
+            )?)
+        };
+        let from_candle = |t: candle_core::Tensor| -> anyhow::Result<Flat> {
+            Ok(Flat::Host(t.to_vec1::<f32>()?))
+        };
+        let (pc, gc) = (to_candle(p)?, to_candle(grad)?);
+        state.converted(to_candle, from_candle, |mine| {
+            from_candle(rule.on_candle(&pc, &gc, mine, step)?)
+        })
     }
 }
 

@@ -1,15 +1,39 @@
 //! Optimizers written in Rust, registered under a `_target_` (`register_optimizer!`): the update rule of
-//! one parameter, written once over `OptTensor` (the interface trainyard's own SGD and Adam use), so the
-//! same rule runs on Candle, on libtorch and on FSDP's flat shards. The config node is what
+//! one parameter, written once over `RuleTensor` (the element-wise operations trainyard's own SGD and Adam
+//! use), so the same rule runs on Candle, on libtorch and on FSDP's flat shards. The config node is what
 //! lightning-hydra-template writes for `torch.optim.*` — `{_target_: my_project.Lion, _partial_: true,
 //! lr: 1e-4, ...}` — and, as Hydra's partial, it is completed later: trainyard hands the rule each
 //! parameter, its gradient and the scheduled rate at every step. `lr` is trainyard's (the schedule's
 //! base); the node's other keys are the constructor's arguments.
 
 use super::{Result, Value};
-pub use crate::optim::OptTensor;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// The element-wise operations an optimizer rule is written with, on whatever tensor type an engine keeps
+/// its parameters in (Candle's, libtorch's, FSDP's flat shards). A value never aliases its input: the
+/// rules build new tensors.
+pub trait RuleTensor: Sized {
+    /// Another handle on the same values.
+    fn duplicate(&self) -> Self;
+    /// A copy that owns its values (to keep a gradient or a parameter as state).
+    fn owned_copy(&self) -> Result<Self>;
+    /// `self * mul + add`.
+    fn affine(&self, mul: f64, add: f64) -> Result<Self>;
+    fn plus(&self, other: &Self) -> Result<Self>;
+    fn minus(&self, other: &Self) -> Result<Self>;
+    /// The element-wise product.
+    fn times(&self, other: &Self) -> Result<Self>;
+    fn divide(&self, other: &Self) -> Result<Self>;
+    fn square(&self) -> Result<Self>;
+    fn root(&self) -> Result<Self>;
+    /// Each value's sign: -1, 0 or 1 (`torch.sign`).
+    fn signum(&self) -> Result<Self>;
+    /// Each value limited to [-max, max].
+    fn clamp_abs(&self, max: f64) -> Result<Self>;
+    /// Σ x² (under FSDP: of this rank's slice).
+    fn sum_of_squares(&self) -> Result<f64>;
+}
 
 /// What one step gives a rule besides the parameter and its gradient.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,6 +81,34 @@ impl<'a, T> ParamState<'a, T> {
         self.state.get(&format!("{}.{slot}", self.param))
     }
 
+    /// Run `rule` over this parameter's slots as another tensor type: `to` converts the slots set so far,
+    /// `back` the slots the rule sets (for an engine that keeps state in a type the rule does not run on).
+    #[doc(hidden)]
+    pub fn converted<U, X>(
+        &mut self,
+        to: impl Fn(&T) -> Result<U>,
+        back: impl Fn(U) -> Result<T>,
+        rule: impl FnOnce(&mut ParamState<'_, U>) -> Result<X>,
+    ) -> Result<X> {
+        let mut mine: BTreeMap<String, U> = BTreeMap::new();
+        for slot in self.slots {
+            let key = format!("{}.{slot}", self.param);
+            if let Some(v) = self.state.get(&key) {
+                mine.insert(key, to(v)?);
+            }
+        }
+        let out = rule(&mut ParamState::new(
+            self.param,
+            self.slots,
+            self.target,
+            &mut mine,
+        ))?;
+        for (key, v) in mine {
+            self.state.insert(key, back(v)?);
+        }
+        Ok(out)
+    }
+
     /// Keep `value` as the slot's value for the next step (and the checkpoints). A parameter's or a
     /// gradient's own handle must be copied first (`owned_copy`): engines reuse those buffers.
     pub fn set(&mut self, slot: &str, value: T) -> Result<()> {
@@ -77,7 +129,7 @@ impl<'a, T> ParamState<'a, T> {
 pub trait OptimizerRule: Send + Sync + 'static {
     /// The state slots it keeps per parameter (for checkpoints and FSDP's shards).
     fn slots(&self) -> Vec<&'static str>;
-    fn update<T: OptTensor>(
+    fn update<T: RuleTensor>(
         &self,
         p: &T,
         grad: &T,
@@ -86,8 +138,8 @@ pub trait OptimizerRule: Send + Sync + 'static {
     ) -> Result<T>;
 }
 
-/// A registered rule on each tensor type trainyard keeps parameters in (what `register_optimizer!` stores;
-/// every `OptimizerRule` is one).
+/// A registered rule on each tensor type an engine computes with (what `register_optimizer!` stores; every
+/// `OptimizerRule` is one). FSDP's flat shards run it as one of these (`optim::tensors`).
 #[doc(hidden)]
 pub trait AnyRule: Send + Sync {
     fn slot_names(&self) -> Vec<&'static str>;
@@ -106,13 +158,6 @@ pub trait AnyRule: Send + Sync {
         state: &mut ParamState<'_, tch::Tensor>,
         step: &OptimizerStep,
     ) -> Result<tch::Tensor>;
-    fn on_flat(
-        &self,
-        p: &crate::tensor::Flat,
-        grad: &crate::tensor::Flat,
-        state: &mut ParamState<'_, crate::tensor::Flat>,
-        step: &OptimizerStep,
-    ) -> Result<crate::tensor::Flat>;
 }
 
 impl<R: OptimizerRule> AnyRule for R {
@@ -136,15 +181,6 @@ impl<R: OptimizerRule> AnyRule for R {
         state: &mut ParamState<'_, tch::Tensor>,
         step: &OptimizerStep,
     ) -> Result<tch::Tensor> {
-        self.update(p, grad, state, step)
-    }
-    fn on_flat(
-        &self,
-        p: &crate::tensor::Flat,
-        grad: &crate::tensor::Flat,
-        state: &mut ParamState<'_, crate::tensor::Flat>,
-        step: &OptimizerStep,
-    ) -> Result<crate::tensor::Flat> {
         self.update(p, grad, state, step)
     }
 }

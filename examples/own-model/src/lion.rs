@@ -1,13 +1,13 @@
 //! Lion (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms"), an optimizer torch.optim does
 //! not have: each step moves every weight by the learning rate times the sign of a blend of its momentum
-//! and its gradient, with decoupled weight decay. Written once over trainyard's `OptTensor`, the same rule
+//! and its gradient, with decoupled weight decay. Written once over trainyard's `RuleTensor`, the same rule
 //! runs on Candle, on libtorch and on FSDP's flat shards; its one state slot (`exp_avg`) is checkpointed
 //! as `optimizer.<param>.exp_avg` and sharded with the parameter.
 //!
 //! `conf/optimizer/lion.yaml` names it as lightning-hydra-template names `torch.optim.Adam`:
 //! `{_target_: own_model.optim.Lion, _partial_: true, lr: ..., betas: [...], weight_decay: ...}`.
 
-use trainyard::registry::{OptTensor, OptimizerRule, OptimizerStep, ParamState};
+use trainyard::registry::{OptimizerRule, OptimizerStep, ParamState, RuleTensor};
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,7 +52,7 @@ impl OptimizerRule for Lion {
         vec!["exp_avg"]
     }
 
-    fn update<T: OptTensor>(
+    fn update<T: RuleTensor>(
         &self,
         p: &T,
         grad: &T,
