@@ -677,8 +677,8 @@ fn two_nodes_in_two_network_namespaces() {
         let mut cmd = Command::new("ip");
         cmd.args(["netns", "exec", ns, TRAIN])
             .args(SMALL_CNN)
+            .args(shared_overrides("backend=tch", "data.val_size=63"))
             .args([
-                "backend=tch",
                 "trainer=ddp",
                 "trainer.accelerator=cpu",
                 "trainer.num_nodes=2",
@@ -727,4 +727,20 @@ fn two_nodes_in_two_network_namespaces() {
     let acc = s["final_metrics"]["val/acc1"].as_f64().unwrap();
     let rank1 = std::fs::read_to_string(run.join("train.rank1.log")).unwrap();
     assert!(rank1.contains(&format!("val/acc1 {acc:.3}")), "{rank1}");
+    // The two nodes took one process's steps over the same global batch of 32.
+    let single = run_in(
+        p.path(),
+        "single",
+        &[
+            &shared_overrides("backend=tch", "data.val_size=63")[..],
+            &["data.batch_size=32"],
+        ]
+        .concat(),
+    );
+    let worst = worst_relative_difference(&weights(run), &weights(&single));
+    assert!(
+        worst < 1e-5,
+        "the two nodes' weights differ from one process's by {worst:e}"
+    );
+    same_validation(&s, &summary(&single));
 }

@@ -644,12 +644,35 @@ fn the_templates_ddp_trains_on_two_processes() {
         "trainer.accelerator=cpu",
         "trainer.max_epochs=2",
     ];
-    let (_, s) = readme_command(p.path(), &args, "train");
+    let (ddp_run, s) = readme_command(p.path(), &args, "train");
     assert_eq!(
         (s["strategy"].as_str(), s["devices"].as_u64()),
         (Some("ddp"), Some(2)),
         "{s}"
     );
+    // The two processes took one process's steps over the same global batch (SyncBatchNorm: the global
+    // batch's statistics), and those steps trained: the weights left where a rate of ~0 keeps them.
+    let one = template_project(100, 20);
+    let (single_run, _) = readme_command(one.path(), &["trainer.max_epochs=2"], "train");
+    let worst = common::worst_relative_difference(
+        &common::weights(&ddp_run),
+        &common::weights(&single_run),
+    );
+    assert!(
+        worst < 1e-4,
+        "DDP's weights differ from one process's by {worst:e}"
+    );
+    let still = template_project(100, 20);
+    let (still_run, _) = readme_command(
+        still.path(),
+        &["trainer.max_epochs=2", "model.optimizer.lr=1e-30"],
+        "train",
+    );
+    let moved = common::worst_relative_difference(
+        &common::weights(&single_run),
+        &common::weights(&still_run),
+    );
+    assert!(moved > 1e-3, "the weights moved only {moved:e}");
     // ddp_sim: Lightning's `ddp_spawn` on two CPU processes.
     let sim = template_project(100, 20);
     let (_, d) = readme_command(

@@ -119,40 +119,13 @@ pub fn join(
         .ok_or_else(|| anyhow::anyhow!("MASTER_PORT is not set"))?;
     let rendezvous = Duration::from_secs(options.rendezvous_timeout_s.max(1));
     let deadline = std::time::Instant::now() + rendezvous;
-    // Under torchrun (elastic agent) the agent already hosts the store on MASTER_PORT: every rank is a client.
-    let agent_hosts_store =
-        std::env::var("TORCHELASTIC_USE_AGENT_STORE").is_ok_and(|v| v == "True");
-    let store = c10d::Store::connect(
-        &cluster.master_addr,
-        port,
-        worker.rank == 0 && !agent_hosts_store,
-        cluster.world_size,
-        rendezvous,
-    )
-    .map_err(|e| {
-        anyhow::Error::new(rendezvous::NodeMissing(format!(
-            "{}\n    (rank {}: {e:#}; are MASTER_ADDR/MASTER_PORT the same on every node?)",
-            rendezvous::missing_message(cluster, &[0], options.rendezvous_timeout_s).replacen(
-                "node 0 (rank 0)",
-                "node 0 (rank 0, which hosts the rendezvous)",
-                1
-            ),
-            worker.rank
-        )))
-    })?;
-    let restarting = rendezvous::arrive(
-        &store,
-        cluster,
-        worker.rank,
-        std::env::var_os(RESTART_ENV).is_some(),
-        deadline,
-        options.rendezvous_timeout_s,
-    )?;
+    // First, as its own error: a MASTER_ADDR that does not resolve or has no route.
+    let me = local_address_towards(&cluster.master_addr, port)?;
+    let (store, restarting) = connect_and_arrive(cluster, worker, port, options, deadline)?;
     if worker.rank == 0 {
         store.set("trainyard/now", now.as_bytes())?;
     }
     let agreed = String::from_utf8(store.get("trainyard/now")?)?;
-    let me = local_address_towards(&cluster.master_addr, port)?;
     let collective_timeout = Duration::from_secs(options.collective_timeout_s.max(1));
     let nccl = if options.nccl {
         Some(c10d::NcclBackend::new(
@@ -188,6 +161,78 @@ pub fn join(
         },
         agreed,
     ))
+}
+
+/// Connect to the rendezvous store (rank 0 hosts it) and count in (`rendezvous::arrive`), reconnecting
+/// while the store reached is an earlier round's. Returns the store and whether the group is a restart.
+/// Under torchrun the agents' own rendezvous has every node present: the ranks connect, and a worker
+/// the agent restarted (`TORCHELASTIC_RESTART_COUNT` > 0) resumes.
+#[cfg(feature = "torch")]
+fn connect_and_arrive(
+    cluster: &env::Cluster,
+    worker: env::Worker,
+    port: u16,
+    options: &JoinOptions,
+    deadline: std::time::Instant,
+) -> anyhow::Result<(c10d::Store, bool)> {
+    use std::time::{Duration, Instant};
+    let agent_hosts_store =
+        std::env::var("TORCHELASTIC_USE_AGENT_STORE").is_ok_and(|v| v == "True");
+    let hosts = worker.rank == 0 && !agent_hosts_store;
+    let restarted = std::env::var_os(RESTART_ENV).is_some()
+        || std::env::var("TORCHELASTIC_RESTART_COUNT")
+            .ok()
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n > 0);
+    let timeout_s = options.rendezvous_timeout_s;
+    loop {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(1));
+        let store =
+            match c10d::Store::connect(&cluster.master_addr, port, hosts, cluster.world_size, left)
+            {
+                Ok(store) => store,
+                Err(e) if hosts => {
+                    return Err(e.context(format!(
+                        "rank 0 could not host the rendezvous at {}:{port} (is the port in use?)",
+                        cluster.master_addr
+                    )))
+                }
+                // Nothing answered at MASTER_ADDR:MASTER_PORT until the deadline: node 0 did not come.
+                Err(e) => {
+                    return Err(NodeMissing(format!(
+                    "{}\n    (rank {}: {e:#}; are MASTER_ADDR/MASTER_PORT the same on every node?)",
+                    rendezvous::missing_message(cluster, &[0], timeout_s).replacen(
+                        "node 0 (rank 0)",
+                        "node 0 (rank 0, which hosts the rendezvous)",
+                        1
+                    ),
+                    worker.rank
+                ))
+                    .into())
+                }
+            };
+        if agent_hosts_store {
+            return Ok((store, restarted));
+        }
+        match rendezvous::arrive(&store, cluster, worker.rank, restarted, deadline, timeout_s) {
+            Ok(restarting) => return Ok((store, restarting)),
+            Err(e) if e.is::<rendezvous::Stale>() && Instant::now() < deadline => {
+                drop(store);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) if e.is::<rendezvous::Stale>() => {
+                return Err(NodeMissing(format!(
+                    "{}\n    (rank {}: only an earlier round's store answered)",
+                    rendezvous::missing_message(cluster, &[0], timeout_s),
+                    worker.rank
+                ))
+                .into())
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// Without libtorch there is no process group to join (the run plan refuses distributed strategies in such

@@ -12,13 +12,25 @@ use std::time::{Duration, Instant};
 
 pub use super::NodeMissing;
 
-/// The keys of this round: torchrun's agent keeps one store over its restarts, so they are per round.
-fn prefix() -> String {
-    let round = std::env::var("TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|_| "0".into());
-    format!("trainyard/rendezvous/{round}")
+/// The keys of the rendezvous (each round's store is new: rank 0 hosts it afresh).
+const PREFIX: &str = "trainyard/rendezvous";
+
+/// This store is an earlier round's (its group formed already, or this rank was counted in it): the
+/// rank reconnects, as a restarted rank may reach the old rank 0's store before it is gone.
+#[derive(Debug)]
+pub struct Stale;
+
+impl std::fmt::Display for Stale {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the rendezvous store is an earlier round's")
+    }
 }
 
+impl std::error::Error for Stale {}
+
 /// Count this rank in, wait for the others until `deadline`, and return whether any rank is a restart.
+/// On a timeout rank 0 (`hosts`) leaves the message in the store for the others, so every rank names
+/// the same missing nodes and none mistakes the closing store for node 0's loss.
 pub fn arrive(
     store: &Store,
     cluster: &Cluster,
@@ -27,22 +39,46 @@ pub fn arrive(
     deadline: Instant,
     timeout_s: u64,
 ) -> anyhow::Result<bool> {
-    let p = prefix();
+    let p = PREFIX;
+    let hosts = rank == 0;
+    if store.check(&format!("{p}/formed"))? || store.add(&format!("{p}/rank/{rank}/n"), 1)? != 1 {
+        return Err(Stale.into());
+    }
     // The restart flag first: once every rank has arrived, the flag's count is final.
     store.add(&format!("{p}/restarting"), i64::from(restarting))?;
     store.set(
         &format!("{p}/rank/{rank}"),
         cluster.node_rank.to_string().as_bytes(),
     )?;
-    let arrived = format!("{p}/arrived");
+    let (arrived, missing_key) = (format!("{p}/arrived"), format!("{p}/missing"));
+    let host_gone = |e: anyhow::Error| -> anyhow::Error {
+        NodeMissing(format!(
+            "{}\n    (rank {rank}: {e:#})",
+            missing_message(cluster, &[0], timeout_s)
+        ))
+        .into()
+    };
     let mut count = store.add(&arrived, 1)?;
     while count < cluster.world_size as i64 {
+        if !hosts && store.check(&missing_key).map_err(host_gone)? {
+            let said = store.get(&missing_key).map_err(host_gone)?;
+            return Err(NodeMissing(String::from_utf8_lossy(&said).into_owned()).into());
+        }
         if Instant::now() >= deadline {
-            let missing = missing_ranks(store, &p, cluster.world_size)?;
-            return Err(NodeMissing(missing_message(cluster, &missing, timeout_s)).into());
+            let missing = missing_ranks(store, p, cluster.world_size)?;
+            let message = missing_message(cluster, &missing, timeout_s);
+            if hosts {
+                store.set(&missing_key, message.as_bytes())?;
+                // Long enough for the others (polling every 50 ms) to read it before the store closes.
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            return Err(NodeMissing(message).into());
         }
         std::thread::sleep(Duration::from_millis(50));
-        count = store.add(&arrived, 0)?;
+        count = store.add(&arrived, 0).map_err(host_gone)?;
+    }
+    if hosts {
+        store.set(&format!("{p}/formed"), b"1")?;
     }
     Ok(store.add(&format!("{p}/restarting"), 0)? > 0)
 }
@@ -134,11 +170,14 @@ mod tests {
                 Store::connect("127.0.0.1", port, false, 3, Duration::from_secs(5)).unwrap();
             let mut c1 = c1;
             c1.node_rank = 1;
-            arrive(&store, &c1, 1, true, Instant::now() + timeout, 1)
+            arrive(&store, &c1, 1, true, Instant::now() + 4 * timeout, 1)
         });
+        // Rank 1 waits longer than rank 0: it still names the node rank 0 found missing, read from the
+        // store before it closes, not node 0.
         let started = Instant::now();
         let mine = arrive(&host, &c, 0, false, Instant::now() + timeout, 1);
         assert!(started.elapsed() >= timeout);
+        drop(host);
         for result in [mine, other.join().unwrap()] {
             let e = result.unwrap_err();
             let missing = e.downcast_ref::<NodeMissing>().expect("a NodeMissing");
@@ -166,6 +205,27 @@ mod tests {
         });
         assert!(arrive(&host, &c, 0, false, deadline, 20).unwrap());
         assert!(other.join().unwrap().unwrap());
+        // A rank counted in again (a restarted rank on the old store) is sent to reconnect.
+        let e = arrive(&host, &c, 0, false, deadline, 20).unwrap_err();
+        assert!(e.downcast_ref::<Stale>().is_some(), "{e:#}");
+    }
+
+    /// When no rank is a restart, none resumes.
+    #[test]
+    fn a_fresh_group_is_not_a_restart() {
+        let port = free_port();
+        let mut c = cluster(2, 1);
+        c.master_port = Some(port);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let host = Store::connect("127.0.0.1", port, true, 2, Duration::from_secs(5)).unwrap();
+        let c1 = c.clone();
+        let other = std::thread::spawn(move || {
+            let store =
+                Store::connect("127.0.0.1", port, false, 2, Duration::from_secs(5)).unwrap();
+            arrive(&store, &c1, 1, false, deadline, 20)
+        });
+        assert!(!arrive(&host, &c, 0, false, deadline, 20).unwrap());
+        assert!(!other.join().unwrap().unwrap());
     }
 
     #[test]

@@ -291,11 +291,14 @@ fn watch(
             // The others usually fail a moment later (their peer is gone): look again shortly and name the
             // rank that was killed by a signal, if one was, as the cause.
             std::thread::sleep(Duration::from_millis(300));
+            // A worker that found a node missing at the rendezvous says more than its peers' errors.
+            let missing = |s: &ExitStatus| s.code() == Some(crate::comm::EXIT_NODE_MISSING.into());
             let mut cause = (first, status);
             for (i, (_, child)) in children.iter_mut().enumerate() {
                 use std::os::unix::process::ExitStatusExt;
                 if let Ok(Some(s)) = child.try_wait() {
-                    if s.signal().is_some() && cause.1.signal().is_none() {
+                    let signalled = s.signal().is_some() && cause.1.signal().is_none();
+                    if (missing(&s) || signalled) && !missing(&cause.1) {
                         cause = (i, s);
                     }
                 }

@@ -41,6 +41,10 @@ impl Schedule {
     /// The point for optimizer step `step` (0-based), taken at the start of that step. Only a registered
     /// schedule can fail: a rate that is not a finite number ≥ 0 stops the run, naming it.
     pub fn at(&self, step: u64) -> anyhow::Result<Point> {
+        anyhow::ensure!(
+            self.cfg.name != SchedulerName::Registered || self.cfg.registered.is_some(),
+            "scheduler.name=registered without the registered schedule"
+        );
         let point = self.builtin_or_registered(step);
         let registered = self.cfg.registered.as_deref();
         if let Some(r) = registered.filter(|_| !(point.lr.is_finite() && point.lr >= 0.0)) {

@@ -358,7 +358,7 @@ fn check_partial(job: &Node, section: &str, spec: &RegisteredSpec) -> Result<(),
     match node.value {
         crate::config::tree::Value::Bool(true) => Ok(()),
         crate::config::tree::Value::Bool(false) => Err(ConfigError::Schema(format!(
-            "Error in config key '{section}._partial_': _target_ {} is completed later with what only the              run has ({}), as Hydra's partial is; it cannot be built whole{}\n    Set {section}._partial_=true,              or leave it out",
+            "Error in config key '{section}._partial_': _target_ {} is completed later with what only the run has ({}), as Hydra's partial is; it cannot be built whole{}\n    Set {section}._partial_=true, or leave it out",
             spec.target,
             match section {
                 "optimizer" => "the model's parameters",
@@ -390,7 +390,7 @@ pub fn registered_optimizer(job: &Node) -> Result<Option<RegisteredOptimizer>, C
         let ok = !slot.is_empty() && slot.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !ok || slots[..i].contains(slot) {
             return Err(ConfigError::Schema(format!(
-                "optimizer: _target_ {} keeps a state slot named '{slot}': slot names are distinct and                  made of letters, digits and _{}",
+                "optimizer: _target_ {} keeps a state slot named '{slot}': slot names are distinct and made of letters, digits and _{}",
                 spec.target, spec.origin
             )));
         }

@@ -153,7 +153,7 @@ fn check_registered_names(job: &Node, e: &Experiment) -> Result<(), ConfigError>
                 .map(|n| at(&n.source))
                 .unwrap_or_default();
             Err(ConfigError::Schema(format!(
-                "Error in config key '{section}.name': 'registered' stands for a {section} a crate                  registered, which a node names with its _target_{place}\n    Write {section}:                  {{_target_: my_project.Name, ...}} instead of {section}.name=registered"
+                "Error in config key '{section}.name': 'registered' stands for a {section} a crate registered, which a node names with its _target_{place}\n    Write {section}: {{_target_: my_project.Name, ...}} instead of {section}.name=registered"
             )))
         }
         None => Ok(()),

@@ -98,6 +98,33 @@ pub fn fit(job: &Job, group: Option<Distributed>) -> anyhow::Result<Summary> {
     fit_with(&tuned, job, Some(finding), group)
 }
 
+/// Every rank resumed at the same step, or none resumed: each reads the checkpoint from its own disk, and
+/// a node without the run's files (a replacement machine) would start over while the others go on.
+fn same_resume_point(ranks: &crate::strategy::Ranks, step: Option<u64>) -> anyhow::Result<()> {
+    let Some(comm) = ranks.comm() else {
+        return Ok(());
+    };
+    let mine = step.map_or(-1.0, |s| s as f64);
+    let mut v = [mine, -mine];
+    comm.all_reduce_f64(&mut v, crate::comm::collective::ReduceOp::Max)?;
+    let (highest, lowest) = (v[0], -v[1]);
+    let said = |s: f64| match s < 0.0 {
+        true => "a fresh start".to_string(),
+        false => format!("step {s}"),
+    };
+    anyhow::ensure!(
+        highest == lowest,
+        "the ranks resumed at different points (this rank, {}, at {}; others between {} and {}): every \
+         node must see the run's checkpoints (a shared run directory, or callbacks.model_checkpoint.dirpath \
+         on s3://)",
+        ranks.rank,
+        said(mine),
+        said(lowest),
+        said(highest)
+    );
+    Ok(())
+}
+
 /// The experiment as this process runs it: a drawn seed (`seed: null`) made rank 0's on every rank, so
 /// the ranks start from the same weights and shuffle alike; a whole step's batch size
 /// (`data.batch_size_is_global`) divided among the processes.
@@ -184,6 +211,7 @@ fn fit_with(
         job.resume_own,
         job.job_config,
     )?;
+    same_resume_point(&ranks, resumed_state.as_ref().map(|t| t.global_step))?;
     strategy.start()?;
     let mut profiler = profiler::Profiler::new(exp.trainer.profiler.as_ref(), started);
     profiler.record("setup", started);

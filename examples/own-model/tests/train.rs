@@ -353,6 +353,62 @@ fn the_own_optimizer_runs_on_libtorch_and_shards_under_fsdp() {
     );
     let worst = worst_relative_difference(&fsdp, &ddp);
     assert!(worst < 1e-3, "FSDP and DDP differ by {worst:e}");
+    let slots = worst_slot_difference(&fsdp, &ddp);
+    assert!(
+        slots < 1e-3,
+        "FSDP's and DDP's Lion momenta differ by {slots:e}"
+    );
+    // On libtorch the sharded rule runs on the device's flat slices (trainyard's zoo cnn: a registered
+    // libtorch module keeps its own tensors and is not sharded).
+    let tch = ["backend=tch", "model=cnn"];
+    let fsdp = run(
+        &tmp.path().join("fsdp-tch"),
+        &[&lion[..], &two[..], &tch[..], &["trainer=fsdp_sim"]].concat(),
+    );
+    let ddp = run(
+        &tmp.path().join("ddp-tch"),
+        &[&lion[..], &two[..], &tch[..], &["trainer=ddp_sim"]].concat(),
+    );
+    assert_eq!(summary(&fsdp)["backend"], "tch");
+    let worst = worst_relative_difference(&fsdp, &ddp);
+    assert!(worst < 1e-3, "FSDP and DDP differ on libtorch by {worst:e}");
+    let slots = worst_slot_difference(&fsdp, &ddp);
+    assert!(
+        slots < 1e-3,
+        "libtorch: FSDP's and DDP's Lion momenta differ by {slots:e}"
+    );
+}
+
+/// The largest relative difference between two runs' Lion momenta (`optimizer.<param>.exp_avg`).
+#[cfg(feature = "torch")]
+fn worst_slot_difference(a: &Path, b: &Path) -> f64 {
+    let slots = |run: &Path| {
+        let ckpt = trainyard::storage::checkpoint::load(&run.join("checkpoints/last.safetensors"))
+            .unwrap();
+        let mut out: Vec<(String, Vec<f32>)> = ckpt
+            .state
+            .into_iter()
+            .filter(|(k, _)| k.ends_with(".exp_avg"))
+            .map(|(k, t)| (k, t.data))
+            .collect();
+        out.sort_by(|x, y| x.0.cmp(&y.0));
+        out
+    };
+    let (a, b) = (slots(a), slots(b));
+    assert!(!a.is_empty(), "no Lion state in the checkpoint");
+    assert_eq!(
+        a.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+        b.iter().map(|(k, _)| k).collect::<Vec<_>>()
+    );
+    a.iter()
+        .zip(&b)
+        .map(|((k, x), (_, y))| {
+            assert!(x.iter().chain(y).all(|v| v.is_finite()), "{k}: not finite");
+            let diff: f64 = x.iter().zip(y).map(|(p, q)| f64::from(p - q).powi(2)).sum();
+            let norm: f64 = y.iter().map(|q| f64::from(*q).powi(2)).sum();
+            (diff / norm.max(1e-24)).sqrt()
+        })
+        .fold(0.0, f64::max)
 }
 
 /// The house-price regression (this project's dataset, model and loss with its metrics) under FSDP: the
