@@ -484,8 +484,9 @@ fn a_rendezvous_nobody_joins_times_out_with_advice() {
         started.elapsed()
     );
     assert!(
-        err.contains("rank 1 could not reach the rendezvous")
-            && err.contains("rendezvous_timeout_s=3"),
+        err.contains("node 0 (rank 0, which hosts the rendezvous) did not come to the rendezvous")
+            && err.contains("rendezvous_timeout_s=3")
+            && err.contains("are MASTER_ADDR/MASTER_PORT the same on every node?"),
         "{err}"
     );
 }

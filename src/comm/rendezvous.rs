@@ -121,9 +121,10 @@ pub fn missing_message(cluster: &Cluster, missing: &[usize], timeout_s: u64) -> 
         .join(", ");
     format!(
         "{} did not come to the rendezvous at {}:{} within trainer.rendezvous_timeout_s={timeout_s}s; \
-         the other nodes waited for it. Its launcher is gone (killed, or its machine lost).\n    To go on: \
-         start the same command on that node again ({which}) and on the others, with ckpt_path=auto (the \
-         run resumes from its newest checkpoint); or raise trainer.rendezvous_timeout_s to wait longer",
+         the others waited for it. It was not started, or its launcher is gone (killed, or its machine \
+         lost).\n    To go on: start the same command on that node ({which}) and on the others, with \
+         ckpt_path=auto (a run resumes from its newest checkpoint); or raise trainer.rendezvous_timeout_s \
+         to wait longer",
         named.join(" and "),
         cluster.master_addr,
         cluster.master_port.unwrap_or(0)
