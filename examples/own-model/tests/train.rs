@@ -301,13 +301,20 @@ fn the_own_optimizer_and_schedule_train_the_model() {
 /// The largest relative difference between two runs' weights, tensor by tensor.
 #[cfg(feature = "torch")]
 fn worst_relative_difference(a: &Path, b: &Path) -> f64 {
-    let (a, b) = (weights(a), weights(b));
+    worst_of(&weights(a), &weights(b))
+}
+
+/// The largest relative difference between two lists of named tensors (the same names, in order);
+/// fails on a length mismatch or a value that is not finite.
+#[cfg(feature = "torch")]
+fn worst_of(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)]) -> f64 {
+    assert!(!a.is_empty(), "nothing to compare");
     assert_eq!(
         a.iter().map(|(k, _)| k).collect::<Vec<_>>(),
         b.iter().map(|(k, _)| k).collect::<Vec<_>>()
     );
     a.iter()
-        .zip(&b)
+        .zip(b)
         .map(|((k, x), (_, y))| {
             assert_eq!(x.len(), y.len(), "{k}");
             assert!(x.iter().chain(y).all(|v| v.is_finite()), "{k}: not finite");
@@ -394,21 +401,7 @@ fn worst_slot_difference(a: &Path, b: &Path) -> f64 {
         out.sort_by(|x, y| x.0.cmp(&y.0));
         out
     };
-    let (a, b) = (slots(a), slots(b));
-    assert!(!a.is_empty(), "no Lion state in the checkpoint");
-    assert_eq!(
-        a.iter().map(|(k, _)| k).collect::<Vec<_>>(),
-        b.iter().map(|(k, _)| k).collect::<Vec<_>>()
-    );
-    a.iter()
-        .zip(&b)
-        .map(|((k, x), (_, y))| {
-            assert!(x.iter().chain(y).all(|v| v.is_finite()), "{k}: not finite");
-            let diff: f64 = x.iter().zip(y).map(|(p, q)| f64::from(p - q).powi(2)).sum();
-            let norm: f64 = y.iter().map(|q| f64::from(*q).powi(2)).sum();
-            (diff / norm.max(1e-24)).sqrt()
-        })
-        .fold(0.0, f64::max)
+    worst_of(&slots(a), &slots(b))
 }
 
 /// The house-price regression (this project's dataset, model and loss with its metrics) under FSDP: the
