@@ -63,14 +63,7 @@ fn a_run_stopped_mid_epoch_keeps_its_weights_and_resumes_exactly(
     );
     assert_eq!(summary(&resumed)["global_step"], 7);
     // Only the remaining steps ran: the resumed run's first row is past the checkpoint's step.
-    let first = common::csv_rows(&resumed)
-        .iter()
-        .find_map(|row| {
-            row.iter()
-                .find(|(k, _)| k == "step")
-                .map(|(_, v)| *v as u64)
-        })
-        .unwrap();
+    let first = common::first_logged_step(&resumed);
     assert!(first > stop_at, "the resumed run logged step {first} again");
     let diff = worst_relative_difference(&weights(&resumed), &weights(&straight));
     assert!(

@@ -136,14 +136,7 @@ fn stop_and_resume(strategy: &[&str], tolerance: f64) {
         from.starts_with(first.to_str().unwrap()),
         "resumed from '{from}'"
     );
-    let first_step = common::csv_rows(&second)
-        .iter()
-        .find_map(|row| {
-            row.iter()
-                .find(|(k, _)| k == "step")
-                .map(|(_, v)| *v as u64)
-        })
-        .unwrap();
+    let first_step = common::first_logged_step(&second);
     assert!(
         first_step > stopped_at,
         "the resumed run began again at step {first_step}"

@@ -192,23 +192,11 @@ fn a_node_that_comes_back_in_time_rejoins_and_the_run_ends_as_if_never_interrupt
         restarts[0]["resumed_at_step"].as_u64().is_some(),
         "{restarts:?}"
     );
-    let steps: Vec<u64> = common::csv_rows(&run)
-        .iter()
-        .filter_map(|row| {
-            row.iter()
-                .find(|(k, _)| k == "step")
-                .map(|(_, v)| *v as u64)
-        })
-        .collect();
-    let clean_steps: Vec<u64> = common::csv_rows(&root.join("runs/clean"))
-        .iter()
-        .filter_map(|row| {
-            row.iter()
-                .find(|(k, _)| k == "step")
-                .map(|(_, v)| *v as u64)
-        })
-        .collect();
-    assert_eq!(steps, clean_steps, "metrics.csv repeats or loses steps");
+    assert_eq!(
+        common::logged_steps(&run),
+        common::logged_steps(&root.join("runs/clean")),
+        "metrics.csv repeats or loses steps"
+    );
     let full = |dir: &str| {
         trainyard::storage::checkpoint::load(&root.join(dir).join("checkpoints/last.safetensors"))
             .unwrap()

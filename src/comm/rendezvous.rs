@@ -190,9 +190,12 @@ mod tests {
         }
     }
 
-    /// When every rank comes, each learns whether any of them is a restart.
-    #[test]
-    fn every_rank_learns_that_one_of_them_restarted() {
+    /// When every rank comes, each learns whether any of them is a restart (rank 1's flag here), and a
+    /// rank counted in again (a restarted rank on the old store) is sent to reconnect.
+    #[rstest::rstest]
+    #[case::one_restarted(true)]
+    #[case::none_restarted(false)]
+    fn every_rank_learns_whether_one_of_them_restarted(#[case] restarted: bool) {
         let port = free_port();
         let mut c = cluster(2, 1);
         c.master_port = Some(port);
@@ -202,31 +205,15 @@ mod tests {
         let other = std::thread::spawn(move || {
             let store =
                 Store::connect("127.0.0.1", port, false, 2, Duration::from_secs(5)).unwrap();
-            arrive(&store, &c1, 1, true, deadline, 20)
+            arrive(&store, &c1, 1, restarted, deadline, 20)
         });
-        assert!(arrive(&host, &c, 0, false, deadline, 20).unwrap());
-        assert!(other.join().unwrap().unwrap());
-        // A rank counted in again (a restarted rank on the old store) is sent to reconnect.
+        assert_eq!(
+            arrive(&host, &c, 0, false, deadline, 20).unwrap(),
+            restarted
+        );
+        assert_eq!(other.join().unwrap().unwrap(), restarted);
         let e = arrive(&host, &c, 0, false, deadline, 20).unwrap_err();
         assert!(e.downcast_ref::<Stale>().is_some(), "{e:#}");
-    }
-
-    /// When no rank is a restart, none resumes.
-    #[test]
-    fn a_fresh_group_is_not_a_restart() {
-        let port = free_port();
-        let mut c = cluster(2, 1);
-        c.master_port = Some(port);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let host = Store::connect("127.0.0.1", port, true, 2, Duration::from_secs(5)).unwrap();
-        let c1 = c.clone();
-        let other = std::thread::spawn(move || {
-            let store =
-                Store::connect("127.0.0.1", port, false, 2, Duration::from_secs(5)).unwrap();
-            arrive(&store, &c1, 1, false, deadline, 20)
-        });
-        assert!(!arrive(&host, &c, 0, false, deadline, 20).unwrap());
-        assert!(!other.join().unwrap().unwrap());
     }
 
     #[test]

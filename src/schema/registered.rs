@@ -374,15 +374,30 @@ fn check_partial(job: &Node, section: &str, spec: &RegisteredSpec) -> Result<(),
     }
 }
 
+/// `section`'s node when its `_target_` is registered (`is_registered`), with its `_partial_` checked: an
+/// optimizer's or a schedule's.
+fn partial_spec(
+    job: &Node,
+    section: &str,
+    own: &[&str],
+    is_registered: impl Fn(&str) -> bool,
+) -> Result<Option<RegisteredSpec>, ConfigError> {
+    let Some(spec) = RegisteredSpec::read(job, section, own, is_registered) else {
+        return Ok(None);
+    };
+    check_partial(job, section, &spec)?;
+    Ok(Some(spec))
+}
+
 /// `optimizer: {_target_: <a registered optimizer>, _partial_: true, lr: ..., ...}`: its rule built once
 /// (arguments checked) and its slots checked.
 pub fn registered_optimizer(job: &Node) -> Result<Option<RegisteredOptimizer>, ConfigError> {
-    let Some(spec) = RegisteredSpec::read(job, "optimizer", REGISTERED_OPTIMIZER_FIELDS, |t| {
+    let Some(spec) = partial_spec(job, "optimizer", REGISTERED_OPTIMIZER_FIELDS, |t| {
         crate::registry::optimizer(t).is_some()
-    }) else {
+    })?
+    else {
         return Ok(None);
     };
-    check_partial(job, "optimizer", &spec)?;
     let entry = crate::registry::optimizer(&spec.target).expect("read checked it is registered");
     let rule = (entry.build)(&spec.args).map_err(|e| ConfigError::Schema(spec.refused(&e)))?;
     let slots = rule.slot_names();
@@ -400,12 +415,12 @@ pub fn registered_optimizer(job: &Node) -> Result<Option<RegisteredOptimizer>, C
 
 /// `scheduler: {_target_: <a registered schedule>, _partial_: true, ...}`: built once (arguments checked).
 pub fn registered_schedule(job: &Node) -> Result<Option<RegisteredSchedule>, ConfigError> {
-    let Some(spec) = RegisteredSpec::read(job, "scheduler", REGISTERED_SCHEDULER_FIELDS, |t| {
+    let Some(spec) = partial_spec(job, "scheduler", REGISTERED_SCHEDULER_FIELDS, |t| {
         crate::registry::schedule(t).is_some()
-    }) else {
+    })?
+    else {
         return Ok(None);
     };
-    check_partial(job, "scheduler", &spec)?;
     let entry = crate::registry::schedule(&spec.target).expect("read checked it is registered");
     let schedule = (entry.build)(&spec.args).map_err(|e| ConfigError::Schema(spec.refused(&e)))?;
     Ok(Some(RegisteredSchedule { spec, schedule }))

@@ -174,17 +174,26 @@ pub fn csv_rows(run_dir: &Path) -> Vec<Vec<(String, f64)>> {
         .collect()
 }
 
-/// The first optimizer step a run logged in `metrics.csv`: a resumed run's is past its checkpoint's step
-/// (a restart from scratch logs the early steps again).
+/// The optimizer steps of a run's `metrics.csv` rows, in order (an epoch's row repeats its last step).
 #[allow(dead_code)]
-pub fn first_logged_step(run_dir: &Path) -> u64 {
+pub fn logged_steps(run_dir: &Path) -> Vec<u64> {
     csv_rows(run_dir)
         .iter()
-        .find_map(|row| {
+        .filter_map(|row| {
             row.iter()
                 .find(|(k, _)| k == "step")
                 .map(|(_, v)| *v as u64)
         })
+        .collect()
+}
+
+/// The first optimizer step a run logged in `metrics.csv`: a resumed run's is past its checkpoint's step
+/// (a restart from scratch logs the early steps again).
+#[allow(dead_code)]
+pub fn first_logged_step(run_dir: &Path) -> u64 {
+    logged_steps(run_dir)
+        .first()
+        .copied()
         .unwrap_or_else(|| panic!("{}: no step logged", run_dir.display()))
 }
 
