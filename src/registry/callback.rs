@@ -62,23 +62,16 @@ pub struct CallbackEntry {
     pub check: fn(&Value) -> Result<()>,
 }
 
-inventory::collect!(CallbackEntry);
+entry!(CallbackEntry);
 
 /// The callback registered under `target`.
 pub fn callback(target: &str) -> Option<&'static CallbackEntry> {
-    inventory::iter::<CallbackEntry>
-        .into_iter()
-        .find(|e| e.target == target)
+    super::find(target)
 }
 
 /// Every registered callback's `_target_`, sorted.
 pub fn callback_targets() -> Vec<&'static str> {
-    super::sorted(
-        inventory::iter::<CallbackEntry>
-            .into_iter()
-            .map(|e| e.target)
-            .collect(),
-    )
+    super::sorted(super::all::<CallbackEntry>())
 }
 
 /// Register a callback under a `_target_` name: `build(args, run) -> Result<C>` where `args`

@@ -63,23 +63,16 @@ pub struct DatasetEntry {
     pub build: DatasetBuild,
 }
 
-inventory::collect!(DatasetEntry);
+entry!(DatasetEntry);
 
 /// The dataset registered under `target`.
 pub fn dataset(target: &str) -> Option<&'static DatasetEntry> {
-    inventory::iter::<DatasetEntry>
-        .into_iter()
-        .find(|e| e.target == target)
+    super::find(target)
 }
 
 /// Every registered dataset's `_target_`, sorted.
 pub fn dataset_targets() -> Vec<&'static str> {
-    super::sorted(
-        inventory::iter::<DatasetEntry>
-            .into_iter()
-            .map(|e| e.target)
-            .collect(),
-    )
+    super::sorted(super::all::<DatasetEntry>())
 }
 
 /// Register a dataset under a `_target_` name: `build(args, ctx) -> Result<D>` where `args` deserializes

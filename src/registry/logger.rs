@@ -85,23 +85,16 @@ pub struct LoggerEntry {
     pub check: fn(&Value) -> Result<()>,
 }
 
-inventory::collect!(LoggerEntry);
+entry!(LoggerEntry);
 
 /// The logger registered under `target`.
 pub fn logger(target: &str) -> Option<&'static LoggerEntry> {
-    inventory::iter::<LoggerEntry>
-        .into_iter()
-        .find(|e| e.target == target)
+    super::find(target)
 }
 
 /// Every registered logger's `_target_`, sorted.
 pub fn logger_targets() -> Vec<&'static str> {
-    super::sorted(
-        inventory::iter::<LoggerEntry>
-            .into_iter()
-            .map(|e| e.target)
-            .collect(),
-    )
+    super::sorted(super::all::<LoggerEntry>())
 }
 
 /// Register a logger under a `_target_` name: `open(args, run) -> Result<S>` where `args` deserializes

@@ -57,21 +57,16 @@ pub struct LossEntry {
     pub build: LossBuild,
 }
 
-inventory::collect!(LossEntry);
+entry!(LossEntry);
 
 /// The loss registered under `target`.
 pub fn loss(target: &str) -> Option<&'static LossEntry> {
-    inventory::iter::<LossEntry>
-        .into_iter()
-        .find(|e| e.target == target)
+    super::find(target)
 }
 
 /// Every registered loss's `_target_` (Candle's and libtorch's), sorted, each once.
 pub fn loss_targets() -> Vec<&'static str> {
-    let candle = inventory::iter::<LossEntry>
-        .into_iter()
-        .map(|e| e.target)
-        .collect();
+    let candle = super::all::<LossEntry>();
     #[cfg(feature = "torch")]
     return super::merged(candle, super::tch_loss_targets);
     #[cfg(not(feature = "torch"))]

@@ -23,6 +23,18 @@
 //! trainyard::main!();
 //! ```
 
+/// `inventory` collects `$entry` (a struct with a `target` field) and `find`/`all` read it.
+macro_rules! entry {
+    ($entry:ty) => {
+        inventory::collect!($entry);
+        impl super::Entry for $entry {
+            fn target(&self) -> &'static str {
+                self.target
+            }
+        }
+    };
+}
+
 mod callback;
 mod data;
 mod logger;
@@ -77,6 +89,26 @@ pub fn checked_args<A: serde::de::DeserializeOwned, X, R>(
     _build: impl FnOnce(A, X) -> R,
 ) -> Result<()> {
     typed_args::<A>(args).map(|_| ())
+}
+
+/// One kind of registered thing (a model, a dataset, a loss...), found by its `_target_`.
+trait Entry: inventory::Collect {
+    fn target(&self) -> &'static str;
+}
+
+/// The entry of kind `E` registered under `target`.
+fn find<E: Entry>(target: &str) -> Option<&'static E> {
+    inventory::iter::<E>
+        .into_iter()
+        .find(|e| e.target() == target)
+}
+
+/// Every `_target_` of kind `E`, in registration order.
+fn all<E: Entry>() -> Vec<&'static str> {
+    inventory::iter::<E>
+        .into_iter()
+        .map(Entry::target)
+        .collect()
 }
 
 /// Registered names in sorted order (for `--help` and "did you mean").

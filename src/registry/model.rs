@@ -30,13 +30,11 @@ pub struct ModelEntry {
     pub candle: CandleBuild,
 }
 
-inventory::collect!(ModelEntry);
+entry!(ModelEntry);
 
 /// The model registered under `target`.
 pub fn model(target: &str) -> Option<&'static ModelEntry> {
-    inventory::iter::<ModelEntry>
-        .into_iter()
-        .find(|e| e.target == target)
+    super::find(target)
 }
 
 /// The `_target_` of a TorchScript module (`conf/model/torchscript.yaml`), registered in `torch` builds.
@@ -62,10 +60,7 @@ pub fn is_model(target: &str) -> bool {
 /// Every registered model's `_target_` (Candle's and libtorch's), sorted, each once (for `--help` and
 /// "did you mean").
 pub fn model_targets() -> Vec<&'static str> {
-    let candle = inventory::iter::<ModelEntry>
-        .into_iter()
-        .map(|e| e.target)
-        .collect();
+    let candle = super::all::<ModelEntry>();
     #[cfg(feature = "torch")]
     return super::merged(candle, super::tch_model_targets);
     #[cfg(not(feature = "torch"))]

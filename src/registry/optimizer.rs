@@ -194,23 +194,16 @@ pub struct OptimizerEntry {
     pub build: OptimizerBuild,
 }
 
-inventory::collect!(OptimizerEntry);
+entry!(OptimizerEntry);
 
 /// The optimizer registered under `target`.
 pub fn optimizer(target: &str) -> Option<&'static OptimizerEntry> {
-    inventory::iter::<OptimizerEntry>
-        .into_iter()
-        .find(|e| e.target == target)
+    super::find(target)
 }
 
 /// Every registered optimizer's `_target_`, sorted.
 pub fn optimizer_targets() -> Vec<&'static str> {
-    super::sorted(
-        inventory::iter::<OptimizerEntry>
-            .into_iter()
-            .map(|e| e.target)
-            .collect(),
-    )
+    super::sorted(super::all::<OptimizerEntry>())
 }
 
 /// Register an optimizer under a `_target_` name: `build(args) -> Result<R>` where `args` deserializes

@@ -37,23 +37,16 @@ pub struct ScheduleEntry {
     pub build: ScheduleBuild,
 }
 
-inventory::collect!(ScheduleEntry);
+entry!(ScheduleEntry);
 
 /// The schedule registered under `target`.
 pub fn schedule(target: &str) -> Option<&'static ScheduleEntry> {
-    inventory::iter::<ScheduleEntry>
-        .into_iter()
-        .find(|e| e.target == target)
+    super::find(target)
 }
 
 /// Every registered schedule's `_target_`, sorted.
 pub fn schedule_targets() -> Vec<&'static str> {
-    super::sorted(
-        inventory::iter::<ScheduleEntry>
-            .into_iter()
-            .map(|e| e.target)
-            .collect(),
-    )
+    super::sorted(super::all::<ScheduleEntry>())
 }
 
 /// Register a schedule under a `_target_` name: `build(args) -> Result<S>` where `args` deserializes from

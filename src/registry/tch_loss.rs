@@ -32,20 +32,15 @@ pub struct TchLossEntry {
     pub build: TchLossBuild,
 }
 
-inventory::collect!(TchLossEntry);
+entry!(TchLossEntry);
 
 /// The libtorch loss registered under `target`.
 pub fn tch_loss(target: &str) -> Option<&'static TchLossEntry> {
-    inventory::iter::<TchLossEntry>
-        .into_iter()
-        .find(|e| e.target == target)
+    super::find(target)
 }
 
 pub(super) fn tch_loss_targets() -> Vec<&'static str> {
-    inventory::iter::<TchLossEntry>
-        .into_iter()
-        .map(|e| e.target)
-        .collect()
+    super::all::<TchLossEntry>()
 }
 
 /// Register a libtorch loss under a `_target_` name: `build(args) -> Result<L>` where `args` deserializes

@@ -43,21 +43,16 @@ pub struct TchModelEntry {
     pub build: TchBuild,
 }
 
-inventory::collect!(TchModelEntry);
+entry!(TchModelEntry);
 
 /// The libtorch model registered under `target`.
 pub fn tch_model(target: &str) -> Option<&'static TchModelEntry> {
-    inventory::iter::<TchModelEntry>
-        .into_iter()
-        .find(|e| e.target == target)
+    super::find(target)
 }
 
 /// The `_target_`s registered for libtorch.
 pub(super) fn tch_model_targets() -> Vec<&'static str> {
-    inventory::iter::<TchModelEntry>
-        .into_iter()
-        .map(|e| e.target)
-        .collect()
+    super::all::<TchModelEntry>()
 }
 
 /// A tch `nn::ModuleT` over the `VarStore` its constructor was given.
