@@ -11,7 +11,7 @@ use std::time::Instant;
 use trainyard::data::folder::ImageFolder;
 use trainyard::data::loader::{EpochLoader, LoaderSpec};
 use trainyard::data::parquet::{Columns, ParquetDataset};
-use trainyard::data::sampler::DistributedSampler;
+use trainyard::data::sampler::{DistributedSampler, Order};
 use trainyard::data::webdataset::{Keys, WebDataset};
 use trainyard::data::{Dataset, Split};
 use trainyard::schema::Transform;
@@ -71,13 +71,14 @@ fn main() -> anyhow::Result<()> {
         prefetch: 2,
         stager: None,
         seed: 0,
+        read_ahead: 0,
     };
     let sampler = DistributedSampler::single(dataset.len(), true, 0);
     let epochs: u64 = epochs.parse()?;
     let started = Instant::now();
     let mut images = 0usize;
     for epoch in 0..epochs {
-        for batch in EpochLoader::new(&spec, epoch, &sampler.indices(epoch)) {
+        for batch in EpochLoader::new(&spec, epoch, &Order::of(sampler.indices(epoch))) {
             images += batch?.len();
         }
     }

@@ -456,27 +456,44 @@ pub struct LoopPlan {
     pub log_every_n_steps: u64,
 }
 
+/// How many samples one rank trains and validates on per epoch (its samplers' shares).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shares {
+    /// This rank's training samples (the same on every rank).
+    pub train: usize,
+    /// This rank's validation samples, and the largest rank's (validation shares are not padded).
+    pub val: usize,
+    pub val_largest: usize,
+}
+
+impl Shares {
+    /// Rank `rank` of `world` over data sets of `train_len` and `val_len` samples read by index: the
+    /// training shares padded to equal length (PyTorch's DistributedSampler), rank r validating every
+    /// world-th sample from r.
+    pub fn by_index(rank: usize, world: usize, train_len: usize, val_len: usize) -> Shares {
+        let world = world.max(1);
+        Shares {
+            train: train_len.div_ceil(world),
+            val: val_len.saturating_sub(rank).div_ceil(world),
+            val_largest: val_len.div_ceil(world),
+        }
+    }
+}
+
 impl LoopPlan {
-    /// The loop for `rank` of `world` ranks, over data sets of `train_len` and `val_len` samples (the
-    /// validation set is the training set under `overfit_batches`).
-    pub fn new(
-        exp: &Experiment,
-        rank: usize,
-        world: usize,
-        train_len: usize,
-        val_len: usize,
-    ) -> anyhow::Result<LoopPlan> {
+    /// The loop for one rank whose samplers give it `shares` (the validation set is the training set
+    /// under `overfit_batches`).
+    pub fn new(exp: &Experiment, shares: Shares) -> anyhow::Result<LoopPlan> {
         let t = &exp.trainer;
         let batch = exp.data.batch_size.max(1);
-        anyhow::ensure!(train_len > 0, "the training set is empty");
+        anyhow::ensure!(shares.train > 0, "the training set is empty");
         let fast_dev = match t.fast_dev_run {
             FastDevRun::Flag(true) => Some(1usize),
             FastDevRun::Batches(n) if n > 0 => Some(n as usize),
             _ => None,
         };
         let overfit = overfit_limit(exp);
-        // PyTorch's DistributedSampler pads the training shares to equal length.
-        let share = train_len.div_ceil(world.max(1));
+        let share = shares.train;
         let available = match exp.data.drop_last {
             true => share / batch,
             false => share.div_ceil(batch),
@@ -490,11 +507,6 @@ impl LoopPlan {
             train_batches > 0,
             "no training batches: check data.batch_size and trainer.limit_train_batches"
         );
-        let val_len = if overfit.is_some() {
-            train_len
-        } else {
-            val_len
-        };
         let val_batches_of = |samples: usize| {
             let available = samples.div_ceil(batch);
             match (fast_dev, overfit) {
@@ -503,9 +515,7 @@ impl LoopPlan {
                 (None, None) => limited(available, t.limit_val_batches),
             }
         };
-        // Validation shares are not padded: rank r takes every world-th sample from r.
-        let mine = val_len.saturating_sub(rank).div_ceil(world.max(1));
-        let largest = val_len.div_ceil(world.max(1));
+        let (mine, largest) = (shares.val, shares.val_largest);
         let accumulate = t.accumulate_grad_batches.max(1) as usize;
         let steps_per_epoch = train_batches.div_ceil(accumulate) as u64;
         let max_epochs = if fast_dev.is_some() { 1 } else { t.max_epochs };
@@ -545,12 +555,7 @@ impl LoopPlan {
 
     /// `test: true` over a test set of `test_len` samples: this rank's batches and the rounds every rank
     /// takes part in (shares unpadded, as validation's), within `limit_test_batches` or `fast_dev_run`.
-    pub fn test_batches(
-        exp: &Experiment,
-        rank: usize,
-        world: usize,
-        test_len: usize,
-    ) -> (usize, usize) {
+    pub fn test_batches(exp: &Experiment, mine: usize, largest: usize) -> (usize, usize) {
         let batch = exp.data.batch_size.max(1);
         let batches_of = |samples: usize| {
             let available = samples.div_ceil(batch);
@@ -560,8 +565,6 @@ impl LoopPlan {
                 _ => limited(available, exp.trainer.limit_test_batches),
             }
         };
-        let mine = test_len.saturating_sub(rank).div_ceil(world.max(1));
-        let largest = test_len.div_ceil(world.max(1));
         (batches_of(mine), batches_of(largest))
     }
 

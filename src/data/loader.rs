@@ -1,6 +1,8 @@
 //! The loader: worker threads decode and augment whole batches ahead of the trainer, a bounded queue holds
 //! them, and the trainer receives them in sampler order whatever order the workers finish in.
 
+use super::sampler::Order;
+use super::stream::Stream;
 use super::{transforms, DataError, Dataset};
 use crate::platform::rng::Rng;
 use crate::schema::Transform;
@@ -103,12 +105,24 @@ pub struct LoaderSpec {
     pub seed: u64,
     /// The backend's staging of each batch (a GPU's page-locked copy), if it wants one.
     pub stager: Option<Arc<dyn StageBatch>>,
+    /// A dataset read as shards: samples its reader may hold beyond the batches in flight (the
+    /// shuffle buffer's size).
+    pub read_ahead: usize,
 }
 
-/// Build one batch from sample indices (augmentation keyed by seed, epoch and sample index).
-fn make_batch(spec: &LoaderSpec, epoch: u64, indices: &[usize]) -> Result<Batch, DataError> {
+/// Build one batch from sample indices (augmentation keyed by seed, epoch and sample index); a dataset
+/// read as shards gives its samples through the epoch's `stream`.
+fn make_batch(
+    spec: &LoaderSpec,
+    stream: Option<&Stream>,
+    epoch: u64,
+    indices: &[usize],
+) -> Result<Batch, DataError> {
+    if let Some(stream) = stream {
+        return stage(spec, tensor_batch(|i| stream.take(i), indices)?);
+    }
     if spec.dataset.yields_tensors() {
-        return stage(spec, tensor_batch(spec.dataset.as_ref(), indices)?);
+        return stage(spec, tensor_batch(|i| spec.dataset.tensor(i), indices)?);
     }
     let mut images = Vec::new();
     let mut labels = Vec::with_capacity(indices.len());
@@ -146,14 +160,17 @@ fn make_batch(spec: &LoaderSpec, epoch: u64, indices: &[usize]) -> Result<Batch,
 }
 
 /// A registered dataset's samples, stacked; every sample must have the first one's shapes.
-fn tensor_batch(dataset: &dyn Dataset, indices: &[usize]) -> Result<Batch, DataError> {
+fn tensor_batch(
+    sample: impl Fn(usize) -> Result<crate::registry::Sample, DataError>,
+    indices: &[usize],
+) -> Result<Batch, DataError> {
     use crate::registry::Target;
     let mut images = Vec::new();
     let mut labels = Vec::new();
     let mut values = Vec::new();
     let mut shapes: Option<(Vec<usize>, Option<Vec<usize>>)> = None;
     for &i in indices {
-        let sample = dataset.tensor(i)?;
+        let sample = sample(i)?;
         let target_shape = match &sample.target {
             Target::Class(c) => {
                 labels.push(*c);
@@ -229,12 +246,28 @@ pub struct EpochLoader {
     next: usize,
     total: usize,
     workers: Vec<thread::JoinHandle<()>>,
+    /// The reader of a dataset read as shards.
+    stream: Option<Arc<Stream>>,
 }
 
 impl EpochLoader {
-    pub fn new(spec: &LoaderSpec, epoch: u64, indices: &[usize]) -> Self {
-        let batches = batches_of(indices, spec.batch_size, spec.drop_last);
+    pub fn new(spec: &LoaderSpec, epoch: u64, order: &Order) -> Self {
+        let batches = batches_of(&order.indices, spec.batch_size, spec.drop_last);
         let total = batches.len();
+        let stream = match (&order.reads, spec.dataset.shard_lens()) {
+            (Some(reads), Some(lens)) => {
+                let wanted: Vec<usize> = batches.iter().flatten().copied().collect();
+                let in_flight = spec.batch_size * (spec.num_workers + 1) * (spec.prefetch + 1);
+                Some(Arc::new(Stream::start(
+                    spec.dataset.clone(),
+                    &lens,
+                    reads,
+                    &wanted,
+                    spec.read_ahead + in_flight,
+                )))
+            }
+            _ => None,
+        };
         if spec.num_workers == 0 {
             return EpochLoader {
                 receiver: None,
@@ -243,6 +276,7 @@ impl EpochLoader {
                 next: 0,
                 total,
                 workers: Vec::new(),
+                stream,
             };
         }
         let (tx, rx) = mpsc::sync_channel(spec.num_workers * spec.prefetch.max(1));
@@ -250,9 +284,11 @@ impl EpochLoader {
         let workers = (0..spec.num_workers)
             .map(|worker| {
                 let (tx, spec, batches) = (tx.clone(), spec.clone(), batches.clone());
+                let stream = stream.clone();
                 thread::spawn(move || {
                     for b in (worker..batches.len()).step_by(spec.num_workers) {
-                        if tx.send((b, make_batch(&spec, epoch, &batches[b]))).is_err() {
+                        let batch = make_batch(&spec, stream.as_deref(), epoch, &batches[b]);
+                        if tx.send((b, batch)).is_err() {
                             return; // the consumer went away
                         }
                     }
@@ -266,6 +302,7 @@ impl EpochLoader {
             next: 0,
             total,
             workers,
+            stream,
         }
     }
 
@@ -286,7 +323,7 @@ impl Iterator for EpochLoader {
             return None;
         }
         if let Some((spec, epoch, batches)) = &self.inline {
-            let b = make_batch(spec, *epoch, &batches[self.next]);
+            let b = make_batch(spec, self.stream.as_deref(), *epoch, &batches[self.next]);
             self.next += 1;
             return Some(b);
         }
@@ -311,7 +348,11 @@ impl Iterator for EpochLoader {
 
 impl Drop for EpochLoader {
     fn drop(&mut self) {
-        // Dropping the receiver makes blocked workers' sends fail, so they exit.
+        // Workers waiting on the reader are released first; dropping the receiver then makes blocked
+        // workers' sends fail, so they exit.
+        if let Some(stream) = &self.stream {
+            stream.stop();
+        }
         self.receiver.take();
         for w in self.workers.drain(..) {
             let _ = w.join();
@@ -340,6 +381,7 @@ mod tests {
             prefetch: 2,
             seed: 3,
             stager: None,
+            read_ahead: 0,
         }
     }
 
@@ -364,7 +406,7 @@ mod tests {
         let mut s = spec(workers);
         s.stager = Some(Arc::new(CopyLabels { fail_on: None }));
         let indices: Vec<usize> = (0..37).collect();
-        let batches: Vec<Batch> = EpochLoader::new(&s, 0, &indices)
+        let batches: Vec<Batch> = EpochLoader::new(&s, 0, &Order::of(indices.clone()))
             .map(Result::unwrap)
             .collect();
         assert_eq!(batches.len(), 8);
@@ -373,7 +415,7 @@ mod tests {
             assert_eq!(staged.0.downcast_ref::<Vec<u32>>(), Some(&b.labels));
         }
         // Unstaged, the pixels are the same.
-        let plain: Vec<Batch> = EpochLoader::new(&spec(workers), 0, &indices)
+        let plain: Vec<Batch> = EpochLoader::new(&spec(workers), 0, &Order::of(indices.clone()))
             .map(Result::unwrap)
             .collect();
         assert!(plain.iter().all(|b| b.staged.is_none()));
@@ -387,7 +429,7 @@ mod tests {
     fn a_failed_staging_is_the_batch_error() {
         let mut s = spec(2);
         let indices: Vec<usize> = (0..37).collect();
-        let label = EpochLoader::new(&s, 0, &indices)
+        let label = EpochLoader::new(&s, 0, &Order::of(indices.clone()))
             .nth(3)
             .unwrap()
             .unwrap()
@@ -395,7 +437,7 @@ mod tests {
         s.stager = Some(Arc::new(CopyLabels {
             fail_on: Some(label),
         }));
-        let err = EpochLoader::new(&s, 0, &indices)
+        let err = EpochLoader::new(&s, 0, &Order::of(indices.clone()))
             .find_map(Result::err)
             .expect("an error");
         assert!(
@@ -408,10 +450,10 @@ mod tests {
     #[test]
     fn workers_give_the_same_batches_in_the_same_order_as_inline() {
         let indices: Vec<usize> = (0..37).rev().collect();
-        let inline: Vec<Batch> = EpochLoader::new(&spec(0), 1, &indices)
+        let inline: Vec<Batch> = EpochLoader::new(&spec(0), 1, &Order::of(indices.clone()))
             .map(Result::unwrap)
             .collect();
-        let threaded: Vec<Batch> = EpochLoader::new(&spec(3), 1, &indices)
+        let threaded: Vec<Batch> = EpochLoader::new(&spec(3), 1, &Order::of(indices.clone()))
             .map(Result::unwrap)
             .collect();
         assert_eq!(inline.len(), 8);
@@ -423,7 +465,7 @@ mod tests {
         );
         assert_eq!(inline[7].len(), 2);
         // Another epoch augments differently.
-        let other: Vec<Batch> = EpochLoader::new(&spec(2), 2, &indices)
+        let other: Vec<Batch> = EpochLoader::new(&spec(2), 2, &Order::of(indices.clone()))
             .map(Result::unwrap)
             .collect();
         assert_ne!(inline[0].images, other[0].images);
@@ -434,9 +476,12 @@ mod tests {
         let mut s = spec(2);
         s.drop_last = true;
         let indices: Vec<usize> = (0..37).collect();
-        assert_eq!(EpochLoader::new(&s, 0, &indices).count(), 7);
+        assert_eq!(
+            EpochLoader::new(&s, 0, &Order::of(indices.clone())).count(),
+            7
+        );
         // Dropping a loader mid-epoch must not hang.
-        let mut l = EpochLoader::new(&s, 0, &indices);
+        let mut l = EpochLoader::new(&s, 0, &Order::of(indices.clone()));
         l.next();
         drop(l);
     }

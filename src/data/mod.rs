@@ -9,7 +9,9 @@ pub mod mnist;
 pub mod parquet;
 pub mod registered;
 pub mod sampler;
+pub mod shard_sampler;
 pub mod split;
+pub mod stream;
 pub mod synthetic;
 pub mod transforms;
 pub mod webdataset;
@@ -59,7 +61,24 @@ pub trait Dataset: Send + Sync {
             "this dataset yields images, not tensors".into(),
         ))
     }
+    /// Its shards' sample counts when it is read as a stream of shards (sample `i` is then the
+    /// `i - start`-th of the shard it falls in): the loader reads each shard in order (`stream`) and the
+    /// sampler hands out whole shards (`shard_sampler`). `None`: read by index.
+    fn shard_lens(&self) -> Option<Vec<usize>> {
+        None
+    }
+    /// Shard `shard`'s samples from its `start`-th on, in order (streamed datasets).
+    fn open_shard(&self, shard: usize, start: usize) -> Result<SampleIter<'_>, DataError> {
+        let _ = (shard, start);
+        Err(DataError::Unsupported(
+            "this dataset is read by index, not as shards".into(),
+        ))
+    }
 }
+
+/// A shard's samples in order (`Dataset::open_shard`).
+pub type SampleIter<'a> =
+    Box<dyn Iterator<Item = Result<crate::registry::Sample, DataError>> + Send + 'a>;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {

@@ -69,6 +69,72 @@ impl DistributedSampler {
     }
 }
 
+/// The samples a rank takes in an epoch: by index, or shard by shard.
+#[derive(Debug, Clone)]
+pub enum Sampler {
+    Samples(DistributedSampler),
+    Shards(super::shard_sampler::ShardSampler),
+}
+
+/// A rank's samples for (the rest of) an epoch, in the order the step gets them; for a dataset read as
+/// shards, also the order they are read in (the loader's reader follows it and skips what is not asked).
+#[derive(Debug, Clone, Default)]
+pub struct Order {
+    pub indices: Vec<usize>,
+    pub reads: Option<std::sync::Arc<Vec<usize>>>,
+}
+
+impl Order {
+    /// Read by index, in this order.
+    pub fn of(indices: Vec<usize>) -> Order {
+        Order {
+            indices,
+            reads: None,
+        }
+    }
+
+    /// The order without its first `n` samples (a resumed epoch's trained batches).
+    pub fn skip(mut self, n: usize) -> Order {
+        self.indices.drain(..n.min(self.indices.len()));
+        self
+    }
+}
+
+impl Sampler {
+    /// This rank's samples in `epoch`.
+    pub fn order(&self, epoch: u64) -> Order {
+        match self {
+            Sampler::Samples(s) => Order::of(s.indices(epoch)),
+            Sampler::Shards(s) => {
+                let o = s.order(epoch);
+                Order {
+                    indices: o.order,
+                    reads: Some(std::sync::Arc::new(o.reads)),
+                }
+            }
+        }
+    }
+
+    /// This rank's samples per epoch.
+    pub fn share(&self) -> usize {
+        match self {
+            Sampler::Samples(s) => s.num_samples(),
+            Sampler::Shards(s) => s.share(),
+        }
+    }
+
+    /// The largest rank's share (for validation, whose shares may differ).
+    pub fn largest_share(&self) -> usize {
+        match self {
+            Sampler::Samples(s) => match s.pad || s.drop_last {
+                true => s.num_samples(),
+                false => s.len.div_ceil(s.num_replicas.max(1)),
+            },
+            Sampler::Shards(s) => s.largest_share(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

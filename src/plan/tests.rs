@@ -256,7 +256,7 @@ fn the_loop_shape_follows_lightning(
             other => panic!("{other}"),
         }
     }
-    let plan = LoopPlan::new(&exp, rank, world, train_len, val_len).unwrap();
+    let plan = LoopPlan::new(&exp, Shares::by_index(rank, world, train_len, val_len)).unwrap();
     assert_eq!(
         (
             plan.train_batches,
@@ -275,7 +275,7 @@ fn validation_checks_follow_the_interval_and_the_epochs() {
     exp.trainer.val_check_interval = Limit::Fraction(0.5);
     exp.trainer.max_epochs = 3;
     exp.trainer.check_val_every_n_epoch = 2;
-    let plan = LoopPlan::new(&exp, 0, 1, 40, 10).unwrap();
+    let plan = LoopPlan::new(&exp, Shares::by_index(0, 1, 40, 10)).unwrap();
     assert_eq!(plan.val_every, Some(5));
     // Mid-epoch checks in epochs whose number divides by 2 (the second: epoch index 1), not at the end.
     assert!(plan.validates_after_batch(1, 4) && !plan.validates_after_batch(0, 4));
@@ -285,7 +285,9 @@ fn validation_checks_follow_the_interval_and_the_epochs() {
     assert_eq!(ends, vec![false, true, true]);
     assert!(plan.ends_window(9) && plan.ends_window(0));
     exp.trainer.val_check_interval = Limit::Batches(11);
-    let e = LoopPlan::new(&exp, 0, 1, 40, 10).unwrap_err().to_string();
+    let e = LoopPlan::new(&exp, Shares::by_index(0, 1, 40, 10))
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("val_check_interval=11") && e.contains("at most 10"),
         "{e}"
@@ -298,7 +300,7 @@ fn validation_checks_follow_the_interval_and_the_epochs() {
 fn a_loop_without_batches_is_refused(#[case] train_len: usize, #[case] why: &str) {
     let mut exp = experiment("{strategy: single, devices: 1}");
     exp.trainer.limit_train_batches = Limit::Batches(0);
-    let e = LoopPlan::new(&exp, 0, 1, train_len, 10)
+    let e = LoopPlan::new(&exp, Shares::by_index(0, 1, train_len, 10))
         .unwrap_err()
         .to_string();
     assert!(e.contains(why), "{e}");

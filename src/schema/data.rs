@@ -65,6 +65,15 @@ pub struct DataConfig {
     /// Leave out the last, incomplete training batch of each epoch (DataLoader's `drop_last`).
     #[serde(default)]
     pub drop_last: bool,
+    /// A dataset read as shards (`register_sharded_dataset!`): samples are mixed across the shards a rank
+    /// reads in a seeded buffer of this many (WebDataset's `shuffle(n)`); 0 or 1: in shard order.
+    #[serde(default = "default_shuffle_buffer")]
+    pub shuffle_buffer: usize,
+    /// A dataset read as shards: when the ranks' shards hold different numbers of samples, `pad` repeats
+    /// a rank's first samples up to the largest share any rank can get (none skipped), `drop` stops
+    /// every rank at the smallest (none repeated). Equal shards, as many per rank, need neither.
+    #[serde(default)]
+    pub uneven_shards: UnevenShards,
     /// synthetic: number of generated training / validation images.
     #[serde(default)]
     pub train_size: Option<usize>,
@@ -141,6 +150,21 @@ fn label() -> String {
 
 fn three() -> usize {
     3
+}
+
+fn default_shuffle_buffer() -> usize {
+    1000
+}
+
+/// `data.uneven_shards`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum UnevenShards {
+    #[default]
+    Pad,
+    Drop,
 }
 
 fn yes() -> bool {

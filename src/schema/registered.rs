@@ -7,7 +7,7 @@
 
 use crate::config::errors::{at, did_you_mean, ConfigError};
 use crate::config::tree::Node;
-use crate::registry::{AnyRule, DataContext, DataSplit, LrSchedule, MapDataset, Metric, Target};
+use crate::registry::{AnyRule, DataContext, DataSplit, LrSchedule, Metric, Target, UserDataset};
 use std::sync::Arc;
 
 /// `<section>: {_target_: <registered>, ...}`: the constructor's name and its arguments (the node's other
@@ -99,17 +99,25 @@ pub struct RegisteredData {
 
 /// A dataset a constructor built, shared (the same one is the same; its contents are not compared).
 #[derive(Clone)]
-pub struct OpenedDataset(pub Arc<dyn MapDataset>);
+pub struct OpenedDataset(pub UserDataset);
 
 impl std::fmt::Debug for OpenedDataset {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "OpenedDataset({} samples)", self.0.len())
+        let kind = match &self.0 {
+            UserDataset::Map(_) => "samples",
+            UserDataset::Sharded(_) => "samples in shards",
+        };
+        write!(f, "OpenedDataset({} {kind})", self.0.len())
     }
 }
 
 impl PartialEq for OpenedDataset {
     fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        match (&self.0, &other.0) {
+            (UserDataset::Map(a), UserDataset::Map(b)) => Arc::ptr_eq(a, b),
+            (UserDataset::Sharded(a), UserDataset::Sharded(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
     }
 }
 
@@ -133,6 +141,8 @@ pub const REGISTERED_DATA_FIELDS: &[&str] = &[
     "pin_memory",
     "drop_last",
     "num_classes",
+    "shuffle_buffer",
+    "uneven_shards",
 ];
 
 /// `model: {_target_: <a registered model>, ...}`.
@@ -167,7 +177,7 @@ pub fn registered_data(job: &Node) -> Result<Option<RegisteredData>, ConfigError
             spec.target, spec.origin
         )));
     }
-    let first = set.get(0).map_err(|e| {
+    let first = set.first().map_err(|e| {
         fail(format!(
             "data: _target_ {}: reading sample 0: {e:#}{}",
             spec.target, spec.origin
@@ -192,7 +202,7 @@ pub fn registered_data(job: &Node) -> Result<Option<RegisteredData>, ConfigError
             None => {
                 return Err(fail(format!(
                 "data: _target_ {}: its samples' targets are classes, but its num_classes() says \
-                     None; return Some(classes) from MapDataset::num_classes{}",
+                     None; return Some(classes) from its num_classes(){}",
                 spec.target, spec.origin
             )))
             }
@@ -218,7 +228,7 @@ pub fn registered_data(job: &Node) -> Result<Option<RegisteredData>, ConfigError
         target_shape,
         num_classes,
         spec,
-        train: OpenedDataset(Arc::from(set)),
+        train: OpenedDataset(set),
     }))
 }
 

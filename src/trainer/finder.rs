@@ -5,7 +5,7 @@
 
 use crate::callbacks::batch_size_finder::{search, Finding};
 use crate::data::loader::{EpochLoader, LoaderSpec};
-use crate::data::sampler::DistributedSampler;
+use crate::data::sampler::{DistributedSampler, Order};
 use crate::data::{self, Split};
 use crate::plan::RunPlan;
 use crate::schema::{BatchSizeFinder, Experiment};
@@ -19,8 +19,7 @@ pub fn find_batch_size(
 ) -> anyhow::Result<Finding> {
     data::download::ensure(&exp.data)?;
     let train_set = data::open(&exp.data, Split::Train, exp.seed)?;
-    let sampler = DistributedSampler::single(train_set.len(), true, exp.seed);
-    let indices = sampler.indices(0);
+    let order = Order::of(DistributedSampler::single(train_set.len(), true, exp.seed).indices(0));
     let steps = cfg.steps_per_trial.max(1) as usize;
     let finding = search(cfg, train_set.len(), |b| {
         let mut trial_exp = exp.clone();
@@ -38,11 +37,12 @@ pub fn find_batch_size(
                 seed: exp.seed,
                 // Batches reach the engine as in the run itself.
                 stager: strategy.batch_stager(),
+                read_ahead: exp.data.shuffle_buffer,
             };
             // Exactly `steps` steps, into further epochs when one has fewer batches.
             let mut done = 0;
             for epoch in 0.. {
-                for batch in EpochLoader::new(&spec, epoch, &indices).take(steps - done) {
+                for batch in EpochLoader::new(&spec, epoch, &order).take(steps - done) {
                     strategy.forward_backward(&batch?, 1.0, true)?;
                     strategy.optimizer_step(exp.optimizer.lr, None, None)?;
                     done += 1;

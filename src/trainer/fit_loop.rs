@@ -289,9 +289,11 @@ impl<'a> FitLoop<'a> {
     fn train_epoch(&mut self, epoch: u64, epoch_start: Instant) -> anyhow::Result<EpochEnd> {
         let plan = self.plan;
         let skip = std::mem::take(&mut self.state.batches_done) as usize;
-        let all_indices = self.data.train_sampler.indices(epoch);
-        let batch_size = self.exp.data.batch_size;
-        let indices = &all_indices[(skip * batch_size).min(all_indices.len())..];
+        let order = self
+            .data
+            .train_sampler
+            .order(epoch)
+            .skip(skip * self.exp.data.batch_size);
         // Resumed mid-epoch: the sums so far over every rank continue on rank 0.
         let running = self.state.running.take().filter(|_| skip > 0);
         let (mut epoch_stats, mut window) = match running {
@@ -310,7 +312,7 @@ impl<'a> FitLoop<'a> {
             plan.max_epochs,
         )
         .filter(|_| self.ranks.is_global_zero());
-        let mut batches = EpochLoader::new(&self.data.train_spec, epoch, indices)
+        let mut batches = EpochLoader::new(&self.data.train_spec, epoch, &order)
             .take(plan.train_batches.saturating_sub(skip))
             .enumerate();
         loop {
@@ -707,10 +709,10 @@ impl<'a> FitLoop<'a> {
     fn validate(&mut self) -> anyhow::Result<StepStats> {
         let started = Instant::now();
         self.strategy.before_validation()?;
-        let indices = self.data.val_sampler.indices(0);
+        let order = self.data.val_sampler.order(0);
         let mut v = StepStats::default();
         let mut batches =
-            EpochLoader::new(&self.data.val_spec, 0, &indices).take(self.plan.val_batches);
+            EpochLoader::new(&self.data.val_spec, 0, &order).take(self.plan.val_batches);
         loop {
             let fetch_start = Instant::now();
             let Some(batch) = batches.next() else {
@@ -742,12 +744,8 @@ impl<'a> FitLoop<'a> {
             self.ranks.barrier()?;
             super::test_loop::load_best(self.strategy.as_mut(), self.keeper.best_path.as_deref())?;
         }
-        let (batches, rounds) = LoopPlan::test_batches(
-            self.exp,
-            self.ranks.rank,
-            self.ranks.world_size,
-            set.spec.dataset.len(),
-        );
+        let (batches, rounds) =
+            LoopPlan::test_batches(self.exp, set.sampler.share(), set.sampler.largest_share());
         let started = Instant::now();
         let stats =
             super::test_loop::evaluate(self.strategy.as_mut(), &self.ranks, set, batches, rounds)?;

@@ -28,9 +28,10 @@ pub use summary::{RunStatus, Summary};
 use crate::callbacks::batch_size_finder::Finding;
 use crate::comm::Distributed;
 use crate::data::loader::LoaderSpec;
-use crate::data::sampler::DistributedSampler;
+use crate::data::sampler::{DistributedSampler, Sampler};
+use crate::data::shard_sampler::ShardSampler;
 use crate::data::{self, Dataset, Split};
-use crate::plan::{LoopPlan, RunPlan};
+use crate::plan::{LoopPlan, RunPlan, Shares};
 use crate::schema::{Experiment, Transform};
 use crate::strategy::Ranks;
 use anyhow::Context;
@@ -182,13 +183,7 @@ fn fit_with(
     let ranks = group.as_ref().map_or_else(Ranks::single, Ranks::of);
     summary::reset_peak_rss();
     let mut data = DataSets::open(exp, &ranks)?;
-    let plan = LoopPlan::new(
-        exp,
-        ranks.rank,
-        ranks.world_size,
-        data.train.len(),
-        data.val.len(),
-    )?;
+    let plan = LoopPlan::new(exp, data.shares())?;
     let mut strategy = crate::strategy::build(exp, job.plan, group)?;
     // A GPU engine's batches are copied to page-locked memory by the loader, off the step's path.
     data.train_spec.stager = strategy.batch_stager();
@@ -253,12 +248,13 @@ pub struct DataSets {
     pub val: Arc<dyn Dataset>,
     pub train_spec: LoaderSpec,
     pub val_spec: LoaderSpec,
-    /// PyTorch's DistributedSampler: this rank takes every world-th index (padded to equal shares).
-    pub train_sampler: DistributedSampler,
+    /// PyTorch's DistributedSampler: this rank takes every world-th index (padded to equal shares); for
+    /// a dataset read as shards, whole shards per rank (`shard_sampler`).
+    pub train_sampler: Sampler,
     /// Validation sees every sample exactly once, so distributed metrics equal one device's (Lightning
     /// repeats samples to even out the shares); a rank whose share runs out first keeps taking part in
     /// the others' collectives.
-    pub val_sampler: DistributedSampler,
+    pub val_sampler: Sampler,
     /// `test: true`: the test split, sampled as validation is.
     pub test: Option<EvalSet>,
 }
@@ -266,7 +262,7 @@ pub struct DataSets {
 /// A split measured without training on it (the test split): its loader's settings and this rank's share.
 pub struct EvalSet {
     pub spec: LoaderSpec,
-    pub sampler: DistributedSampler,
+    pub sampler: Sampler,
 }
 
 impl DataSets {
@@ -296,20 +292,13 @@ impl DataSets {
             prefetch: 2,
             seed: exp.seed,
             stager: None,
-        };
-        let sampler = |len: usize, shuffle: bool| DistributedSampler {
-            num_replicas: ranks.world_size,
-            rank: ranks.rank,
-            ..DistributedSampler::single(len, shuffle, exp.seed)
+            read_ahead: exp.data.shuffle_buffer,
         };
         let test = match exp.test {
             true => {
                 let set = data::open(&exp.data, Split::Test, exp.seed)?;
                 Some(EvalSet {
-                    sampler: DistributedSampler {
-                        pad: false,
-                        ..sampler(set.len(), false)
-                    },
+                    sampler: sampler_of(exp, ranks, set.as_ref(), false, false)?,
                     spec: spec(set, &exp.data.val_transforms, false),
                 })
             }
@@ -323,15 +312,51 @@ impl DataSets {
                 exp.data.drop_last,
             ),
             val_spec: spec(val.clone(), &exp.data.val_transforms, false),
-            train_sampler: sampler(train.len(), !overfit),
-            val_sampler: DistributedSampler {
-                pad: false,
-                ..sampler(val.len(), false)
-            },
+            train_sampler: sampler_of(exp, ranks, train.as_ref(), !overfit, true)?,
+            val_sampler: sampler_of(exp, ranks, val.as_ref(), false, false)?,
             train,
             val,
         })
     }
+
+    /// This rank's shares of the training and validation samples.
+    fn shares(&self) -> Shares {
+        Shares {
+            train: self.train_sampler.share(),
+            val: self.val_sampler.share(),
+            val_largest: self.val_sampler.largest_share(),
+        }
+    }
+}
+
+/// This rank's sampler of `set`: `training` shares are equal on every rank (padded), evaluation shares
+/// hold each sample once.
+fn sampler_of(
+    exp: &Experiment,
+    ranks: &Ranks,
+    set: &dyn Dataset,
+    shuffle: bool,
+    training: bool,
+) -> anyhow::Result<Sampler> {
+    if let Some(lens) = set.shard_lens() {
+        let sampler = ShardSampler {
+            lens,
+            num_replicas: ranks.world_size,
+            rank: ranks.rank,
+            shuffle,
+            seed: exp.seed,
+            buffer: exp.data.shuffle_buffer,
+            even: training.then_some(exp.data.uneven_shards),
+        };
+        sampler.check().map_err(|e| anyhow::anyhow!("data: {e}"))?;
+        return Ok(Sampler::Shards(sampler));
+    }
+    Ok(Sampler::Samples(DistributedSampler {
+        num_replicas: ranks.world_size,
+        rank: ranks.rank,
+        pad: training,
+        ..DistributedSampler::single(set.len(), shuffle, exp.seed)
+    }))
 }
 
 /// Print parameters (and buffers) per module and the total (the ModelSummary callback), from the model's

@@ -47,9 +47,9 @@ pub fn evaluate(
     rounds: usize,
 ) -> anyhow::Result<StepStats> {
     strategy.before_validation()?;
-    let indices = set.sampler.indices(0);
+    let order = set.sampler.order(0);
     let mut stats = StepStats::default();
-    for batch in EpochLoader::new(&set.spec, 0, &indices).take(batches) {
+    for batch in EpochLoader::new(&set.spec, 0, &order).take(batches) {
         stats.add(&strategy.evaluate(&batch?)?);
     }
     for _ in batches..rounds {
