@@ -553,8 +553,8 @@ impl LoopPlan {
         })
     }
 
-    /// `test: true` over a test set of `test_len` samples: this rank's batches and the rounds every rank
-    /// takes part in (shares unpadded, as validation's), within `limit_test_batches` or `fast_dev_run`.
+    /// `test: true` over this rank's `mine` test samples (the largest rank's `largest`): its batches and
+    /// the rounds every rank takes part in (shares unpadded, as validation's), within `limit_test_batches` or `fast_dev_run`.
     pub fn test_batches(exp: &Experiment, mine: usize, largest: usize) -> (usize, usize) {
         let batch = exp.data.batch_size.max(1);
         let batches_of = |samples: usize| {

@@ -92,7 +92,11 @@ impl Registered {
 
 impl Dataset for Registered {
     fn len(&self) -> usize {
-        self.inner.len()
+        match &self.inner {
+            UserDataset::Map(d) => d.len(),
+            // The shard list read once at open, which `shard_lens` and `locate` use too.
+            UserDataset::Sharded(_) => self.shards.iter().map(|s| s.len).sum(),
+        }
     }
 
     fn get(&self, _: usize) -> Result<Image, DataError> {

@@ -139,8 +139,8 @@ impl ShardSampler {
 }
 
 /// WebDataset's shuffle buffer: fill `size` items, then each item read takes the place of a random one
-/// sent on; what is left is sent on shuffled. An item leaves at most `size` places after it was read, so
-/// a reader `size` samples ahead of the step keeps it fed.
+/// sent on; what is left is sent on shuffled. The item sent at place k was read at place k + `size` at
+/// the latest, so a reader `size` samples ahead of the step keeps it fed.
 fn shuffle_buffer(items: &[usize], size: usize, rng: &mut Rng) -> Vec<usize> {
     let mut buffer = Vec::with_capacity(size);
     let mut out = Vec::with_capacity(items.len());
@@ -238,8 +238,8 @@ mod tests {
         assert_eq!(s.largest_share(), val.iter().map(Vec::len).max().unwrap());
     }
 
-    /// The split and the order change with the epoch; the buffer mixes shards but keeps each sample
-    /// within `buffer` places of where it was read.
+    /// The split and the order change with the epoch; the buffer mixes shards, and the sample sent at
+    /// place k was read by place k + `buffer`.
     #[test]
     fn the_split_and_the_mix_change_with_the_epoch() {
         let lens = [10; 8];

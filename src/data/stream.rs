@@ -37,7 +37,7 @@ struct State {
     finished: bool,
 }
 
-/// One stretch of a shard to read: `shard` from sample `start` to `end`, each read sample's index.
+/// One stretch of a shard to read: `shard` from its sample `start` on, each read sample's index.
 struct Stretch {
     shard: usize,
     start: usize,
@@ -66,8 +66,21 @@ impl Stream {
         let reader = {
             let shared = shared.clone();
             thread::spawn(move || {
-                let outcome = read(&*dataset, &stretches, asked, bound.max(1), &shared);
-                let mut state = shared.state.lock().unwrap();
+                // A dataset's iterator that panics ends the epoch with an error, never a hang.
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    read(&*dataset, &stretches, asked, bound.max(1), &shared)
+                }))
+                .unwrap_or_else(|panic| {
+                    let what = panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("a panic");
+                    Err(DataError::Unsupported(format!(
+                        "the dataset's shard reader panicked: {what}"
+                    )))
+                });
+                let mut state = shared.state.lock().unwrap_or_else(|p| p.into_inner());
                 state.finished = true;
                 state.failed = outcome.err().map(|e| e.to_string());
                 shared.changed.notify_all();
@@ -183,6 +196,9 @@ fn read(
                 )))
             })?;
             let Some(n) = asked.get_mut(&index).filter(|n| **n > 0) else {
+                if shared.state.lock().unwrap().stopped {
+                    return Ok(());
+                }
                 continue;
             };
             *n -= 1;

@@ -5,6 +5,12 @@ use super::spec::{linear_spec, Init, ParamSpec};
 use super::stages::numbered_stages;
 use crate::schema::ModelConfig;
 
+fn cnn(cfg: &ModelConfig, channels: usize, _: usize) -> anyhow::Result<super::Architecture> {
+    Ok(super::Architecture::Cnn(Cnn::new(cfg, channels)))
+}
+
+super::zoo::register_zoo_model!(name: "cnn", order: 10, targets: [], keys: ["channels"], build: cnn);
+
 pub struct Cnn {
     pub in_channels: usize,
     /// Each block's output channels.

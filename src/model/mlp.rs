@@ -4,6 +4,18 @@ use super::spec::{linear_spec, ParamSpec};
 use super::stages::numbered_stages;
 use crate::schema::ModelConfig;
 
+fn mlp(
+    cfg: &ModelConfig,
+    channels: usize,
+    image_size: usize,
+) -> anyhow::Result<super::Architecture> {
+    Ok(super::Architecture::Mlp(Mlp::new(
+        cfg, channels, image_size,
+    )))
+}
+
+super::zoo::register_zoo_model!(name: "mlp", order: 0, targets: [], keys: ["hidden"], build: mlp);
+
 pub struct Mlp {
     /// Input features, then each hidden layer's width.
     pub dims: Vec<usize>,

@@ -15,6 +15,7 @@ pub mod resnet;
 pub mod spec;
 pub mod stages;
 pub mod vit;
+pub mod zoo;
 
 use crate::schema::{ModelConfig, ModelName};
 use spec::ParamSpec;
@@ -42,8 +43,8 @@ impl Architecture {
         };
         if let [_, h, w] = data.input_shape.as_slice() {
             anyhow::ensure!(
-                h == w || exp.model.name == ModelName::Registered,
-                "model={:?} with data: _target_ {}: its samples are {:?}, and the zoo's models take square \
+                h == w || exp.model.name.is(ModelName::REGISTERED),
+                "model={} with data: _target_ {}: its samples are {:?}, and the zoo's models take square \
                  images (C, H, H); register your own model for other shapes",
                 exp.model.name,
                 data.spec.target,
@@ -70,16 +71,8 @@ impl Architecture {
         image_size: usize,
         input_shape: Vec<usize>,
     ) -> anyhow::Result<Self> {
-        Ok(match cfg.name {
-            ModelName::Mlp => Architecture::Mlp(mlp::Mlp::new(cfg, channels, image_size)),
-            ModelName::Cnn => Architecture::Cnn(cnn::Cnn::new(cfg, channels)),
-            ModelName::Resnet18
-            | ModelName::Resnet34
-            | ModelName::Resnet50
-            | ModelName::Resnet101
-            | ModelName::Resnet152 => Architecture::ResNet(resnet::ResNet::new(cfg, channels)),
-            ModelName::Vit => Architecture::Vit(vit::Vit::new(cfg, channels, image_size)?),
-            ModelName::Declared => {
+        Ok(match cfg.name.as_str() {
+            ModelName::DECLARED => {
                 let spec = cfg.declared.as_ref().ok_or_else(|| {
                     anyhow::anyhow!("model.name=declared but no model.layers were read")
                 })?;
@@ -90,7 +83,7 @@ impl Architecture {
                     cfg.num_classes,
                 )?)
             }
-            ModelName::Registered => {
+            ModelName::REGISTERED => {
                 let spec = cfg.registered.as_ref().ok_or_else(|| {
                     anyhow::anyhow!("model.name=registered is set by a registered model's _target_")
                 })?;
@@ -102,6 +95,7 @@ impl Architecture {
                 };
                 Architecture::Registered(registered::Registered::new(spec, ctx)?)
             }
+            _ => zoo::build(cfg, channels, image_size)?,
         })
     }
 

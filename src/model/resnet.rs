@@ -4,7 +4,7 @@
 //! passes follow. `cifar_stem`: a 3x3 stride-1 first conv and no max-pool, for 32x32 images.
 
 use super::spec::{Init, ParamSpec};
-use crate::schema::{ModelConfig, ModelName};
+use crate::schema::ModelConfig;
 
 pub struct ResNet {
     bottleneck: bool,
@@ -15,15 +15,66 @@ pub struct ResNet {
     zero_init_residual: bool,
 }
 
+/// torchvision's depths: basic blocks (18, 34) or bottlenecks (50 and deeper), blocks per stage.
+fn resnet18(cfg: &ModelConfig, c: usize, _: usize) -> anyhow::Result<super::Architecture> {
+    Ok(super::Architecture::ResNet(ResNet::new(
+        cfg,
+        c,
+        false,
+        [2, 2, 2, 2],
+    )))
+}
+fn resnet34(cfg: &ModelConfig, c: usize, _: usize) -> anyhow::Result<super::Architecture> {
+    Ok(super::Architecture::ResNet(ResNet::new(
+        cfg,
+        c,
+        false,
+        [3, 4, 6, 3],
+    )))
+}
+fn resnet50(cfg: &ModelConfig, c: usize, _: usize) -> anyhow::Result<super::Architecture> {
+    Ok(super::Architecture::ResNet(ResNet::new(
+        cfg,
+        c,
+        true,
+        [3, 4, 6, 3],
+    )))
+}
+fn resnet101(cfg: &ModelConfig, c: usize, _: usize) -> anyhow::Result<super::Architecture> {
+    Ok(super::Architecture::ResNet(ResNet::new(
+        cfg,
+        c,
+        true,
+        [3, 4, 23, 3],
+    )))
+}
+fn resnet152(cfg: &ModelConfig, c: usize, _: usize) -> anyhow::Result<super::Architecture> {
+    Ok(super::Architecture::ResNet(ResNet::new(
+        cfg,
+        c,
+        true,
+        [3, 8, 36, 3],
+    )))
+}
+
+super::zoo::register_zoo_model!(name: "resnet18", order: 20, targets: ["torchvision.models.resnet18"],
+    keys: ["cifar_stem", "zero_init_residual"], build: resnet18);
+super::zoo::register_zoo_model!(name: "resnet34", order: 21, targets: ["torchvision.models.resnet34"],
+    keys: ["cifar_stem", "zero_init_residual"], build: resnet34);
+super::zoo::register_zoo_model!(name: "resnet50", order: 22, targets: ["torchvision.models.resnet50"],
+    keys: ["cifar_stem", "zero_init_residual"], build: resnet50);
+super::zoo::register_zoo_model!(name: "resnet101", order: 23, targets: ["torchvision.models.resnet101"],
+    keys: ["cifar_stem", "zero_init_residual"], build: resnet101);
+super::zoo::register_zoo_model!(name: "resnet152", order: 24, targets: ["torchvision.models.resnet152"],
+    keys: ["cifar_stem", "zero_init_residual"], build: resnet152);
+
 impl ResNet {
-    pub fn new(cfg: &ModelConfig, in_channels: usize) -> Self {
-        let (bottleneck, blocks) = match cfg.name {
-            ModelName::Resnet18 => (false, [2, 2, 2, 2]),
-            ModelName::Resnet34 => (false, [3, 4, 6, 3]),
-            ModelName::Resnet50 => (true, [3, 4, 6, 3]),
-            ModelName::Resnet101 => (true, [3, 4, 23, 3]),
-            _ => (true, [3, 8, 36, 3]),
-        };
+    pub fn new(
+        cfg: &ModelConfig,
+        in_channels: usize,
+        bottleneck: bool,
+        blocks: [usize; 4],
+    ) -> Self {
         ResNet {
             bottleneck,
             blocks,

@@ -6,6 +6,21 @@
 use super::spec::{Init, ParamSpec};
 use crate::schema::{ModelConfig, VitVariant};
 
+fn vit(
+    cfg: &ModelConfig,
+    channels: usize,
+    image_size: usize,
+) -> anyhow::Result<super::Architecture> {
+    Ok(super::Architecture::Vit(Vit::new(
+        cfg, channels, image_size,
+    )?))
+}
+
+// torchvision's ViTs are `vit_b_16`..., built here as `model.variant` and `model.patch_size` (timm's
+// names come through `timm.create_model`).
+super::zoo::register_zoo_model!(name: "vit", order: 30, targets: [],
+    keys: ["variant", "patch_size", "image_size"], build: vit);
+
 /// The transformer's geometry.
 pub struct Vit {
     /// Token width.

@@ -49,6 +49,7 @@ mod tch_loss;
 mod tch_losses;
 #[cfg(feature = "torch")]
 mod tch_model;
+mod zoo;
 
 pub use anyhow::Result;
 pub use callback::*;
@@ -68,6 +69,7 @@ pub use tch;
 pub use tch_loss::*;
 #[cfg(feature = "torch")]
 pub use tch_model::*;
+pub use zoo::*;
 
 /// A `_target_` node's arguments as the type its constructor takes (serde; unknown keys and wrong types
 /// are errors when the type says `deny_unknown_fields`, as a Python constructor refuses them).

@@ -2,21 +2,69 @@
 
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum ModelName {
-    Mlp,
-    Cnn,
-    Resnet18,
-    Resnet34,
-    Resnet50,
-    Resnet101,
-    Resnet152,
-    Vit,
+/// `model.name`: one of the zoo's architectures (each registered where it is defined:
+/// `registry::zoo_models`), or a name trainyard sets for you (`declared`, `registered`). Not a closed
+/// enum: the names come from the registrations, and an unknown one is refused with the closest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct ModelName(String);
+
+impl ModelName {
     /// A network written in YAML as torch.nn layers (`model.layers`; `schema::declared`).
-    Declared,
+    pub const DECLARED: &'static str = "declared";
     /// A model a crate registered under its `_target_` (`registry`); set by `schema::extract`.
-    Registered,
+    pub const REGISTERED: &'static str = "registered";
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is(&self, name: &str) -> bool {
+        self.0 == name
+    }
+
+    /// Every name `model.name` accepts: the zoo's, then trainyard's own.
+    pub fn known() -> Vec<&'static str> {
+        let mut names: Vec<&'static str> = crate::registry::zoo_models()
+            .iter()
+            .map(|m| m.name)
+            .collect();
+        names.extend([Self::DECLARED, Self::REGISTERED]);
+        names
+    }
+}
+
+impl std::fmt::Display for ModelName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ModelName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        let known = Self::known();
+        if known.contains(&name.as_str()) {
+            return Ok(ModelName(name));
+        }
+        let hint = crate::config::errors::did_you_mean(&name, known.iter().copied())
+            .map(|m| format!(" (did you mean '{m}'?)"))
+            .unwrap_or_default();
+        Err(serde::de::Error::custom(format!(
+            "unknown model '{name}'{hint}; expected one of {}",
+            known.join(", ")
+        )))
+    }
+}
+
+impl schemars::JsonSchema for ModelName {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "ModelName".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "string", "enum": Self::known() })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]

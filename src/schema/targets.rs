@@ -812,8 +812,16 @@ fn model_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
             at(&target.source)
         )));
     }
+    if zoo::torchvision(node, target)? {
+        return Ok(());
+    }
     if target_text(target) != "timm.create_model" {
-        let names = crate::registry::model_targets();
+        let mut names = crate::registry::model_targets();
+        names.extend(
+            crate::registry::zoo_models()
+                .iter()
+                .flat_map(|m| m.targets.iter().copied()),
+        );
         return Err(unregistered(
             "model",
             target,
@@ -883,3 +891,4 @@ fn model_target(node: &mut Node, target: &Node) -> Result<(), ConfigError> {
 
 #[cfg(test)]
 mod tests;
+mod zoo;

@@ -55,7 +55,7 @@ fn parse(text: &str) -> Node {
 #[test]
 fn a_good_experiment_extracts() {
     let e = extract(&parse(GOOD)).unwrap();
-    assert_eq!(e.model.name, ModelName::Cnn);
+    assert!(e.model.name.is("cnn"));
     assert_eq!(e.trainer.precision, Precision::Full);
     assert_eq!(e.trainer.limit_train_batches, Limit::Batches(10));
     assert_eq!(e.trainer.limit_val_batches, Limit::Fraction(0.5));
@@ -144,6 +144,21 @@ fn hydra_node_is_ignored_and_null_sections_mean_none() {
     "'horizontal_flop' is not a valid choice",
     "exp.yaml:14:",
     "Did you mean 'horizontal_flip'?"
+)]
+#[case(
+    with("  name: cnn", "  name: resnt18"),
+    "unknown model 'resnt18' (did you mean 'resnet18'?)",
+    "exp.yaml:4:9",
+    "expected one of mlp, cnn, resnet18"
+)]
+#[case(
+    with(
+        "  name: cnn\n  num_classes: 10\n  channels: [8, 16]",
+        "  name: resnet18\n  num_classes: 10\n  hidden: [8]"
+    ),
+    "model 'resnet18' does not use this key (only mlp do)",
+    "exp.yaml:6:11",
+    "Remove it"
 )]
 #[case(
     with("  precision: 32", "  precision: bf16_mixed"),
@@ -288,24 +303,24 @@ mod shipped {
     }
 
     #[rstest]
-    #[case::plain(&[], |e: &Experiment| e.model.name == ModelName::Cnn && e.task_name == "train" && e.seed == 42)]
-    #[case::cifar(&["experiment=cifar"], |e: &Experiment| e.model.name == ModelName::Vit
+    #[case::plain(&[], |e: &Experiment| e.model.name.is("cnn") && e.task_name == "train" && e.seed == 42)]
+    #[case::cifar(&["experiment=cifar"], |e: &Experiment| e.model.name.is("vit")
         && e.model.variant == Some(VitVariant::Base) && e.model.patch_size == Some(32)
         && e.model.image_size == Some(224) && e.data.name == DataName::Cifar10
         && e.trainer.strategy == Strategy::Ddp && e.trainer.precision == Precision::Mixed16
         && e.scheduler.name == SchedulerName::Onecycle && e.scheduler.max_lr == Some(0.03)
         && e.model.num_classes == 10 && e.logger.tensorboard.is_some())]
-    #[case::imagenet(&["experiment=imagenet_resnet50"], |e: &Experiment| e.model.name == ModelName::Resnet50
+    #[case::imagenet(&["experiment=imagenet_resnet50"], |e: &Experiment| e.model.name.is("resnet50")
         && e.model.num_classes == 1000 && e.trainer.precision == Precision::MixedBf16
         && e.scheduler.name == SchedulerName::Step && !e.optimizer.nesterov && e.trainer.max_epochs == 90)]
-    #[case::cinic(&["experiment=cinic_resnet152"], |e: &Experiment| e.model.name == ModelName::Resnet152 && e.model.cifar_stem
+    #[case::cinic(&["experiment=cinic_resnet152"], |e: &Experiment| e.model.name.is("resnet152") && e.model.cifar_stem
         && e.data.name == DataName::Cinic10)]
     #[case::quickstart(&["experiment=quickstart"], |e: &Experiment| e.trainer.accelerator == Accelerator::Cpu
         && e.trainer.max_epochs == 2 && e.data.name == DataName::Synthetic
         && e.callbacks.early_stopping.is_none() && e.callbacks.model_checkpoint.as_ref()
             .is_some_and(|c| c.dirpath == "/tmp/run/checkpoints"))]
     #[case::mlp_mnist(&["model=mlp", "data=mnist"], |e: &Experiment| e.model.hidden == Some(vec![512, 256]) && e.data.channels == 1)]
-    #[case::resnet18_cifar(&["model=resnet18", "data=cifar10"], |e: &Experiment| e.model.name == ModelName::Resnet18)]
+    #[case::resnet18_cifar(&["model=resnet18", "data=cifar10"], |e: &Experiment| e.model.name.is("resnet18"))]
     #[case::vit_synthetic(&["model=vit_b32"], |e: &Experiment| e.model.image_size == Some(32))]
     #[case::adam_cosine(&["optimizer=adam", "scheduler=cosine"], |e: &Experiment| e.optimizer.name == OptimizerName::Adam
         && e.scheduler.warmup_epochs == Some(1.0))]

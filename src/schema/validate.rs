@@ -135,7 +135,7 @@ fn check_registered_names(job: &Node, e: &Experiment) -> Result<(), ConfigError>
     let unset = [
         (
             "model",
-            e.model.name == ModelName::Registered && e.model.registered.is_none(),
+            e.model.name.is(ModelName::REGISTERED) && e.model.registered.is_none(),
         ),
         (
             "optimizer",
@@ -427,18 +427,20 @@ fn describe(config: &Node, error: figment::Error) -> ConfigError {
     ConfigError::Schema(msg)
 }
 
-const RESNETS: &[&str] = &["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"];
-
-/// Keys of `model` that only some models read: (key, the `model.name`s that use it).
-const MODEL_ONLY: &[(&str, &[&str])] = &[
-    ("hidden", &["mlp"]),
-    ("channels", &["cnn"]),
-    ("cifar_stem", RESNETS),
-    ("zero_init_residual", RESNETS),
-    ("variant", &["vit"]),
-    ("patch_size", &["vit"]),
-    ("image_size", &["vit"]),
-];
+/// Keys of `model` that only some models read: (key, the `model.name`s that use it), from the zoo's
+/// registrations (`registry::ZooModel::keys`).
+fn model_only() -> Vec<(&'static str, Vec<&'static str>)> {
+    let mut table: Vec<(&'static str, Vec<&'static str>)> = Vec::new();
+    for m in crate::registry::zoo_models() {
+        for &key in m.keys {
+            match table.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, users)) => users.push(m.name),
+                None => table.push((key, vec![m.name])),
+            }
+        }
+    }
+    table
+}
 const DATA_ONLY: &[(&str, &[&str])] = &[
     ("train_size", &["synthetic"]),
     ("val_size", &["synthetic"]),
@@ -514,20 +516,21 @@ fn validate(config: &Node, e: &Experiment) -> Result<(), ConfigError> {
     };
     let m = &e.model;
     // A declared model's other keys are free variables (`${model.width}`), whatever their names.
-    let model_only = if m.name == ModelName::Declared {
-        &[][..]
-    } else {
-        MODEL_ONLY
+    let model_only = match m.name.is(ModelName::DECLARED) {
+        true => Vec::new(),
+        false => model_only(),
     };
+    let model_only: Vec<(&str, &[&str])> =
+        model_only.iter().map(|(k, u)| (*k, u.as_slice())).collect();
     for (section, table) in [
-        ("model", model_only),
+        ("model", model_only.as_slice()),
         ("optimizer", OPTIMIZER_ONLY),
         ("scheduler", SCHEDULER_ONLY),
         ("data", DATA_ONLY),
     ] {
         check_applies(config, section, table)?;
     }
-    if m.name == ModelName::Vit {
+    if m.name.is("vit") {
         if m.variant.is_none() {
             return fail(
                 "model.variant",
@@ -587,7 +590,7 @@ fn validate(config: &Node, e: &Experiment) -> Result<(), ConfigError> {
             format!("{} is outside [0, 1): use e.g. 0.1", m.label_smoothing),
         );
     }
-    if m.name == ModelName::Mlp && m.hidden.as_ref().is_none_or(|h| h.contains(&0)) {
+    if m.name.is("mlp") && m.hidden.as_ref().is_none_or(|h| h.contains(&0)) {
         return fail(
             "model.hidden",
             "an mlp needs hidden: a list of layer widths, each at least 1 (e.g. [512, 256])".into(),

@@ -5,7 +5,6 @@
 
 use crate::callbacks::batch_size_finder::{search, Finding};
 use crate::data::loader::{EpochLoader, LoaderSpec};
-use crate::data::sampler::{DistributedSampler, Order};
 use crate::data::{self, Split};
 use crate::plan::RunPlan;
 use crate::schema::{BatchSizeFinder, Experiment};
@@ -19,7 +18,14 @@ pub fn find_batch_size(
 ) -> anyhow::Result<Finding> {
     data::download::ensure(&exp.data)?;
     let train_set = data::open(&exp.data, Split::Train, exp.seed)?;
-    let order = Order::of(DistributedSampler::single(train_set.len(), true, exp.seed).indices(0));
+    // The run's own sampler on one rank: a dataset read as shards streams here too.
+    let sampler = super::sampler_of(
+        exp,
+        &crate::strategy::Ranks::single(),
+        train_set.as_ref(),
+        true,
+        true,
+    )?;
     let steps = cfg.steps_per_trial.max(1) as usize;
     let finding = search(cfg, train_set.len(), |b| {
         let mut trial_exp = exp.clone();
@@ -42,7 +48,9 @@ pub fn find_batch_size(
             // Exactly `steps` steps, into further epochs when one has fewer batches.
             let mut done = 0;
             for epoch in 0.. {
-                for batch in EpochLoader::new(&spec, epoch, &order).take(steps - done) {
+                for batch in
+                    EpochLoader::new(&spec, epoch, &sampler.order(epoch)).take(steps - done)
+                {
                     strategy.forward_backward(&batch?, 1.0, true)?;
                     strategy.optimizer_step(exp.optimizer.lr, None, None)?;
                     done += 1;

@@ -713,6 +713,7 @@ impl<'a> FitLoop<'a> {
         let mut v = StepStats::default();
         let mut batches =
             EpochLoader::new(&self.data.val_spec, 0, &order).take(self.plan.val_batches);
+        let mut done = 0;
         loop {
             let fetch_start = Instant::now();
             let Some(batch) = batches.next() else {
@@ -721,10 +722,13 @@ impl<'a> FitLoop<'a> {
             self.profiler.record(VAL_NEXT, fetch_start);
             let step_start = Instant::now();
             v.add(&self.strategy.evaluate(&batch?)?);
+            done += 1;
             self.profiler
                 .record(&self.actions.validation_step, step_start);
         }
-        for _ in self.plan.val_batches..self.plan.val_rounds {
+        // The rounds are counted from the batches this rank had: its share may hold fewer than the
+        // plan's (an unpadded share under `overfit_batches`, where the plan counts training batches).
+        for _ in done..self.plan.val_rounds {
             self.strategy.evaluate_idle()?;
         }
         let v = self.ranks.sum_stats(v)?;

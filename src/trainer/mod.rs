@@ -329,9 +329,9 @@ impl DataSets {
     }
 }
 
-/// This rank's sampler of `set`: `training` shares are equal on every rank (padded), evaluation shares
-/// hold each sample once.
-fn sampler_of(
+/// This rank's sampler of `set`: `training` shares are equal on every rank (padded, or for shards
+/// `data.uneven_shards`), evaluation shares hold each sample once (a rank may have none).
+pub(crate) fn sampler_of(
     exp: &Experiment,
     ranks: &Ranks,
     set: &dyn Dataset,
@@ -348,7 +348,9 @@ fn sampler_of(
             buffer: exp.data.shuffle_buffer,
             even: training.then_some(exp.data.uneven_shards),
         };
-        sampler.check().map_err(|e| anyhow::anyhow!("data: {e}"))?;
+        if training {
+            sampler.check().map_err(|e| anyhow::anyhow!("data: {e}"))?;
+        }
         return Ok(Sampler::Shards(sampler));
     }
     Ok(Sampler::Samples(DistributedSampler {

@@ -49,10 +49,12 @@ pub fn evaluate(
     strategy.before_validation()?;
     let order = set.sampler.order(0);
     let mut stats = StepStats::default();
+    let mut done = 0;
     for batch in EpochLoader::new(&set.spec, 0, &order).take(batches) {
         stats.add(&strategy.evaluate(&batch?)?);
+        done += 1;
     }
-    for _ in batches..rounds {
+    for _ in done..rounds {
         strategy.evaluate_idle()?;
     }
     ranks.sum_stats(stats)

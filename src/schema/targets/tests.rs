@@ -66,6 +66,16 @@ fn translated(text: &str) -> Result<serde_json::Value, ConfigError> {
     "model",
     r#"{"num_classes":10,"name":"vit","variant":"base","patch_size":32,"image_size":224}"#
 )]
+#[case::torchvision_resnet(
+    "model: {_target_: torchvision.models.resnet50, num_classes: 10, weights: null, progress: false}",
+    "model",
+    r#"{"num_classes":10,"name":"resnet50"}"#
+)]
+#[case::torchvision_keeps_our_keys(
+    "model: {_target_: torchvision.models.resnet18, num_classes: 10, cifar_stem: true}",
+    "model",
+    r#"{"num_classes":10,"cifar_stem":true,"name":"resnet18"}"#
+)]
 fn known_targets_map_onto_the_schema(
     #[case] text: &str,
     #[case] section: &str,
@@ -109,6 +119,14 @@ fn known_targets_map_onto_the_schema(
 #[case::timm_download(
     "model: {_target_: timm.create_model, model_name: resnet50, pretrained: true}\n",
     "does not download"
+)]
+#[case::torchvision_download(
+    "model: {_target_: torchvision.models.resnet18, weights: IMAGENET1K_V1}\n",
+    "does not do"
+)]
+#[case::torchvision_typo(
+    "model: {_target_: torchvision.models.resnet19}\n",
+    "Did you mean 'torchvision.models.resnet18'?"
 )]
 #[case::two_checkpoints("callbacks: {a: {_target_: lightning.pytorch.callbacks.ModelCheckpoint}, b: {_target_: lightning.pytorch.callbacks.ModelCheckpoint}}\n", "already configured")]
 fn refused_targets_name_the_line(#[case] text: &str, #[case] expected: &str) {

@@ -43,7 +43,7 @@ impl FitLoop<'_> {
             task_name: exp.task_name.clone(),
             status,
             backend: format!("{:?}", exp.backend).to_lowercase(),
-            model: format!("{:?}", exp.model.name).to_lowercase(),
+            model: exp.model.name.to_string(),
             data: format!("{:?}", exp.data.name).to_lowercase(),
             strategy: t.strategy.to_string(),
             precision: serde_json::to_value(t.precision)?

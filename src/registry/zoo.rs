@@ -1,0 +1,42 @@
+//! trainyard's own architectures, registered where each is defined (`model::zoo`) as a crate registers
+//! its model: the `model.name` that picks it, the `_target_`s that build it in a Hydra config
+//! (torchvision's constructors), and the `model.*` keys only it reads. The config layer checks names and
+//! keys against this table; the model layer builds from its own half of the registration. Adding an
+//! architecture is its file plus its `register_zoo_model!`: no list in trainyard names them.
+
+/// One zoo architecture as a config may name it.
+#[derive(Debug)]
+pub struct ZooModel {
+    /// `model.name` (`resnet18`).
+    pub name: &'static str,
+    /// Where it is listed among the others (`--help`, the reference).
+    pub order: u32,
+    /// The `_target_`s that build it (`torchvision.models.resnet18`).
+    pub targets: &'static [&'static str],
+    /// The `model.*` keys only it reads (besides the head's: `num_classes`, `dropout`, `pretrained`,
+    /// `label_smoothing`).
+    pub keys: &'static [&'static str],
+}
+
+inventory::collect!(ZooModel);
+
+/// Every zoo architecture, in listing order.
+pub fn zoo_models() -> Vec<&'static ZooModel> {
+    let mut all: Vec<&'static ZooModel> = inventory::iter::<ZooModel>.into_iter().collect();
+    all.sort_by_key(|m| (m.order, m.name));
+    all
+}
+
+/// The architecture `model.name` names.
+pub fn zoo_model(name: &str) -> Option<&'static ZooModel> {
+    inventory::iter::<ZooModel>
+        .into_iter()
+        .find(|m| m.name == name)
+}
+
+/// The architecture a `_target_` builds (`torchvision.models.resnet50`).
+pub fn zoo_model_of_target(target: &str) -> Option<&'static ZooModel> {
+    inventory::iter::<ZooModel>
+        .into_iter()
+        .find(|m| m.targets.contains(&target))
+}
