@@ -298,6 +298,42 @@ mod tests {
         assert!(stream.take(4).is_ok() && stream.take(4).is_ok());
     }
 
+    /// A dataset whose shard iterator panics: the workers get an error, not a hang.
+    struct Panicking;
+
+    impl Dataset for Panicking {
+        fn len(&self) -> usize {
+            4
+        }
+        fn get(&self, _: usize) -> Result<Image, DataError> {
+            unreachable!()
+        }
+        fn num_classes(&self) -> usize {
+            1
+        }
+        fn open_shard(&self, _: usize, _: usize) -> Result<SampleIter<'_>, DataError> {
+            Ok(Box::new((0..4).map(|i| {
+                assert!(i < 2, "row {i} is malformed");
+                Ok(Sample {
+                    input: vec![i as f32],
+                    shape: vec![1],
+                    target: Target::Class(0),
+                })
+            })))
+        }
+    }
+
+    #[test]
+    fn a_panicking_shard_ends_the_epoch_with_its_message() {
+        let stream = Stream::start(Arc::new(Panicking), &[4], &[0, 1, 2, 3], &[0, 1, 2, 3], 8);
+        assert!(stream.take(0).is_ok() && stream.take(1).is_ok());
+        let e = stream.take(2).unwrap_err().to_string();
+        assert!(
+            e.contains("panicked") && e.contains("row 2 is malformed"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn a_stopped_stream_releases_its_waiters() {
         let lens = [2];

@@ -191,7 +191,7 @@ impl Page {
                     n => format!("{} ({n} restart(s))", r.status.label()),
                 },
                 tags(r),
-                text(r.config_str("model.name")),
+                text(r.model_name()),
                 text(r.config_str("data.name")),
                 text(r.config_str("backend")),
                 text(r.config_str("trainer.strategy")),
@@ -576,7 +576,7 @@ fn baseline<'a>(group: &[&'a Run], r: &Run) -> Option<&'a Run> {
                 && b.summary
                     .as_ref()
                     .is_none_or(|s| s.num_nodes.max(1) * s.devices.max(1) == 1)
-                && b.config_str("model.name") == r.config_str("model.name")
+                && b.model_name() == r.model_name()
                 && b.config_str("data.name") == r.config_str("data.name")
                 && b.config_str("data.batch_size") == r.config_str("data.batch_size")
         })

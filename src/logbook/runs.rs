@@ -99,6 +99,16 @@ impl Run {
         })
     }
 
+    /// The architecture it trained: the run's summary says it (a `_target_` such as
+    /// `torchvision.models.resnet50` is translated after the config was saved), else the config.
+    pub fn model_name(&self) -> Option<String> {
+        self.summary
+            .as_ref()
+            .map(|s| s.model.clone())
+            .filter(|m| !m.is_empty())
+            .or_else(|| self.config_str("model.name"))
+    }
+
     /// The experiment this run belongs to (its `task_name`).
     pub fn task(&self) -> String {
         self.config_str("task_name")

@@ -9,6 +9,7 @@ use crate::schema::ModelConfig;
 /// Builds an architecture for `channels`-channel square images of side `image_size`.
 pub type ZooBuild = fn(&ModelConfig, usize, usize) -> anyhow::Result<Architecture>;
 
+#[non_exhaustive]
 pub struct ZooBuilder {
     pub name: &'static str,
     pub build: ZooBuild,
@@ -68,6 +69,14 @@ mod tests {
         for n in &names {
             assert!(builders.contains(n), "{n} has no constructor");
         }
+        let mut targets: Vec<&str> = crate::registry::zoo_models()
+            .iter()
+            .flat_map(|m| m.targets.iter().copied())
+            .collect();
+        let count = targets.len();
+        targets.sort_unstable();
+        targets.dedup();
+        assert_eq!(targets.len(), count, "a _target_ names one architecture");
         assert_eq!(
             names,
             [

@@ -2,19 +2,23 @@
 //! its model: the `model.name` that picks it, the `_target_`s that build it in a Hydra config
 //! (torchvision's constructors), and the `model.*` keys only it reads. The config layer checks names and
 //! keys against this table; the model layer builds from its own half of the registration. Adding an
-//! architecture is its file plus its `register_zoo_model!`: no list in trainyard names them.
+//! architecture is its file plus its `register_zoo_model!`: the names accepted, the keys checked and the
+//! reference come from the registrations (a few checks still name the architecture they are about:
+//! `vit`'s patch size, `mlp`'s widths, timm's model names).
 
-/// One zoo architecture as a config may name it.
+/// One zoo architecture as a config may name it (written by `register_zoo_model!` only, with its
+/// constructor: another crate registers a model with `register_candle_model!`).
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct ZooModel {
     /// `model.name` (`resnet18`).
     pub name: &'static str,
-    /// Where it is listed among the others (`--help`, the reference).
+    /// Where it is listed among the others (the reference, "expected one of").
     pub order: u32,
     /// The `_target_`s that build it (`torchvision.models.resnet18`).
     pub targets: &'static [&'static str],
-    /// The `model.*` keys only it reads (besides the head's: `num_classes`, `dropout`, `pretrained`,
-    /// `label_smoothing`).
+    /// The `model.*` keys that only some architectures read, among them this one (`num_classes`,
+    /// `pretrained` and `label_smoothing` are every architecture's).
     pub keys: &'static [&'static str],
 }
 

@@ -276,7 +276,11 @@ fn the_house_price_regression_trains_with_ddp() {
 /// `experiment=houses_shards` into a fresh dir: the table read as CSV shards (src/houses/shards.rs).
 fn house_shards(dir: &Path, extra: &[&str]) -> PathBuf {
     let out_dir = format!("hydra.run.dir={}", dir.display());
-    let mut args = vec!["experiment=houses_shards", "trainer.max_epochs=5", out_dir.as_str()];
+    let mut args = vec![
+        "experiment=houses_shards",
+        "trainer.max_epochs=5",
+        out_dir.as_str(),
+    ];
     args.extend_from_slice(extra);
     let out = train(&args);
     assert!(
@@ -296,7 +300,10 @@ fn the_house_prices_streamed_from_csv_shards_learn_and_resume_mid_epoch() {
     let straight = house_shards(&tmp.path().join("straight"), &[]);
     let s = summary(&straight);
     let mae = s["final_metrics"]["val/mae"].as_f64().unwrap();
-    assert!(mae < 0.4, "val/mae {mae}: the regression did not learn: {s}");
+    assert!(
+        mae < 0.4,
+        "val/mae {mae}: the regression did not learn: {s}"
+    );
     assert_eq!(s["global_step"], 5 * 19, "{s}");
     let stopped = house_shards(&tmp.path().join("stopped"), &["trainer.max_steps=30"]);
     let last = stopped.join("checkpoints/last.safetensors");
@@ -322,7 +329,11 @@ fn the_house_prices_streamed_from_csv_shards_train_with_ddp() {
     );
     let s = summary(&run);
     assert_eq!(s["strategy"], "ddp", "{s}");
-    assert_eq!(s["global_step"], 5 * 19, "600 rows a rank in batches of 32: {s}");
+    assert_eq!(
+        s["global_step"],
+        5 * 19,
+        "600 rows a rank in batches of 32: {s}"
+    );
     let mae = s["final_metrics"]["val/mae"].as_f64().unwrap();
     assert!(mae < 0.5, "val/mae {mae}: {s}");
 }

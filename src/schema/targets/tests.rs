@@ -71,6 +71,11 @@ fn translated(text: &str) -> Result<serde_json::Value, ConfigError> {
     "model",
     r#"{"num_classes":10,"name":"resnet50"}"#
 )]
+#[case::torchvision_defaults(
+    "model: {_target_: torchvision.models.resnet18, num_classes: 10, pretrained: false, groups: 1, width_per_group: 64, norm_layer: null}",
+    "model",
+    r#"{"num_classes":10,"name":"resnet18"}"#
+)]
 #[case::torchvision_keeps_our_keys(
     "model: {_target_: torchvision.models.resnet18, num_classes: 10, cifar_stem: true}",
     "model",
@@ -127,6 +132,18 @@ fn known_targets_map_onto_the_schema(
 #[case::torchvision_typo(
     "model: {_target_: torchvision.models.resnet19}\n",
     "Did you mean 'torchvision.models.resnet18'?"
+)]
+#[case::torchvision_elsewhere(
+    "model: {_target_: torchvision.models.vgg16}\n",
+    "not one of the zoo's architectures"
+)]
+#[case::torchvision_resnext(
+    "model: {_target_: torchvision.models.resnet50, groups: 32, width_per_group: 4}\n",
+    "model.groups"
+)]
+#[case::torchvision_pretrained(
+    "model: {_target_: torchvision.models.resnet50, pretrained: true}\n",
+    "does not do"
 )]
 #[case::two_checkpoints("callbacks: {a: {_target_: lightning.pytorch.callbacks.ModelCheckpoint}, b: {_target_: lightning.pytorch.callbacks.ModelCheckpoint}}\n", "already configured")]
 fn refused_targets_name_the_line(#[case] text: &str, #[case] expected: &str) {

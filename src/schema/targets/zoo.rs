@@ -1,20 +1,72 @@
 //! `model: {_target_: torchvision.models.resnet50, num_classes: 10}`, as a Hydra project instantiates
 //! torchvision's constructors: the `_target_`s each zoo architecture registered (`registry::ZooModel`)
 //! become its `model.name`. torchvision's keyword arguments keep their meaning: `num_classes` is the
-//! head's width, `weights: null` builds from scratch, and `progress` only matters to a download.
+//! head's width, `weights: null` (or the older `pretrained: false`) builds from scratch, `progress` only
+//! matters to a download, and `zero_init_residual` is trainyard's key too. Its ResNet variants
+//! (`groups`, `width_per_group`, `replace_stride_with_dilation`, `norm_layer`) are accepted at their
+//! defaults, which is what the zoo builds, and refused otherwise.
 
 use crate::config::errors::{at, ConfigError};
 use crate::config::tree::{Node, Value};
 
+/// torchvision's ResNet arguments the zoo builds only at their defaults: (key, the default as Python
+/// writes it, is this value the default?).
+type AtDefault = (&'static str, &'static str, fn(&Value) -> bool);
+const AT_DEFAULTS: &[AtDefault] = &[
+    ("groups", "1", |v| matches!(v, Value::Int(1))),
+    ("width_per_group", "64", |v| matches!(v, Value::Int(64))),
+    ("norm_layer", "None (BatchNorm2d)", |v| {
+        matches!(v, Value::Null)
+    }),
+    ("replace_stride_with_dilation", "None", |v| {
+        matches!(v, Value::Null)
+    }),
+];
+
 /// `node` rewritten for the zoo architecture `target` names, or `Ok(false)` when none does.
 pub(super) fn torchvision(node: &mut Node, target: &Node) -> Result<bool, ConfigError> {
-    let Some(zoo) = crate::registry::zoo_model_of_target(super::target_text(target)) else {
+    let name = super::target_text(target);
+    let Some(zoo) = crate::registry::zoo_model_of_target(name) else {
+        if let Some(other) = name.strip_prefix("torchvision.models.") {
+            return Err(not_in_the_zoo(other, target));
+        }
         return Ok(false);
     };
     let Some(map) = node.as_map_mut() else {
         return Ok(true);
     };
     map.shift_remove("progress");
+    for (key, default, is_default) in AT_DEFAULTS {
+        let Some(v) = map.shift_remove(*key) else {
+            continue;
+        };
+        if !is_default(&v.value) {
+            return Err(ConfigError::Schema(format!(
+                "Error in config key 'model.{key}' = {}: the zoo's {} is torchvision's with {key}={default}; \
+                 its variants (ResNeXt, wide ResNets, dilation, another norm layer) are not built here{}\n    \
+                 Remove it, or write the network as a declared model (model.layers) or in Rust",
+                v.value.display_python(),
+                zoo.name,
+                at(&v.source)
+            )));
+        }
+    }
+    if let Some(p) = map.shift_remove("pretrained") {
+        match &p.value {
+            Value::Bool(false) | Value::Null => {}
+            Value::Str(_) => {
+                map.insert("pretrained".into(), p);
+            }
+            other => return Err(ConfigError::Schema(format!(
+                "Error in config key 'model.pretrained' = {}: {name}(pretrained=True) downloads \
+                     torchvision's weights, which trainyard does not do{}\n    Convert them to a \
+                     safetensors file and give its path: model.pretrained=/path/to/{}.safetensors",
+                other.display_python(),
+                at(&p.source),
+                zoo.name
+            ))),
+        }
+    }
     if let Some(w) = map.shift_remove("weights") {
         if !matches!(w.value, Value::Null) {
             return Err(ConfigError::Schema(format!(
@@ -33,4 +85,26 @@ pub(super) fn torchvision(node: &mut Node, target: &Node) -> Result<bool, Config
         Node::new(Value::Str(zoo.name.into()), target.source.clone()),
     );
     Ok(true)
+}
+
+/// `torchvision.models.<other>`, which no zoo architecture registered: what the zoo has instead.
+fn not_in_the_zoo(other: &str, target: &Node) -> ConfigError {
+    let targets: Vec<&str> = crate::registry::zoo_models()
+        .iter()
+        .flat_map(|m| m.targets.iter().copied())
+        .collect();
+    let short: Vec<&str> = targets
+        .iter()
+        .filter_map(|t| t.strip_prefix("torchvision.models."))
+        .collect();
+    let hint = crate::config::errors::did_you_mean(other, short.iter().copied())
+        .map(|m| format!("\n    Did you mean 'torchvision.models.{m}'?"))
+        .unwrap_or_default();
+    ConfigError::Schema(format!(
+        "model: _target_ torchvision.models.{other} is not one of the zoo's architectures{}\n    \
+         The zoo builds {}; and a ViT as model=vit_b32 (model.name=vit, model.variant, model.patch_size). \
+         Another network: declare it in YAML (model.layers) or register it from Rust{hint}",
+        at(&target.source),
+        targets.join(", ")
+    ))
 }

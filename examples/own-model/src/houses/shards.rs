@@ -4,9 +4,7 @@
 //! their mean and deviation; training then reads each shard front to back.
 
 use anyhow::Context;
-use trainyard::registry::{
-    DataContext, DataSplit, Sample, Samples, Shard, ShardedDataset, Target,
-};
+use trainyard::registry::{DataContext, DataSplit, Sample, Samples, Shard, ShardedDataset, Target};
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -32,9 +30,13 @@ fn expand(field: &str, pattern: &str) -> anyhow::Result<Vec<String>> {
 }
 
 /// A file's header and its rows as numbers, lazily; errors name the file, the line and the column.
-fn rows(path: &str) -> anyhow::Result<(csv::StringRecord, impl Iterator<Item = anyhow::Result<Vec<f64>>>)> {
-    let mut reader =
-        csv::Reader::from_path(path).with_context(|| format!("cannot read {path}"))?;
+fn rows(
+    path: &str,
+) -> anyhow::Result<(
+    csv::StringRecord,
+    impl Iterator<Item = anyhow::Result<Vec<f64>>>,
+)> {
+    let mut reader = csv::Reader::from_path(path).with_context(|| format!("cannot read {path}"))?;
     let header = reader.headers()?.clone();
     let columns = header.clone();
     let path = path.to_string();
@@ -45,7 +47,10 @@ fn rows(path: &str) -> anyhow::Result<(csv::StringRecord, impl Iterator<Item = a
             .zip(&record)
             .map(|(column, cell)| {
                 cell.trim().parse().with_context(|| {
-                    format!("{path}:{}: column '{column}' holds '{cell}', not a number", i + 2)
+                    format!(
+                        "{path}:{}: column '{column}' holds '{cell}', not a number",
+                        i + 2
+                    )
                 })
             })
             .collect()
