@@ -106,6 +106,9 @@ def streamed():
             for f in files:
                 for features, y in rows(f):
                     item = ((torch.tensor(features) - mean) / std, torch.tensor([y]))
+                    if not self.buffer:
+                        yield item
+                        continue
                     if len(buf) < self.buffer:
                         buf.append(item)
                         continue
