@@ -9,7 +9,7 @@ fn cnn(cfg: &ModelConfig, channels: usize, _: usize) -> anyhow::Result<super::Ar
     Ok(super::Architecture::Cnn(Cnn::new(cfg, channels)))
 }
 
-super::zoo::register_zoo_model!(name: "cnn", order: 10, targets: [], keys: ["channels"], build: cnn);
+super::zoo::register_zoo_model!(name: "cnn", order: 10, targets: [], keys: ["channels"], dropout: true, build: cnn);
 
 pub struct Cnn {
     pub in_channels: usize,

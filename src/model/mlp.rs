@@ -14,7 +14,7 @@ fn mlp(
     )))
 }
 
-super::zoo::register_zoo_model!(name: "mlp", order: 0, targets: [], keys: ["hidden"], build: mlp);
+super::zoo::register_zoo_model!(name: "mlp", order: 0, targets: [], keys: ["hidden"], dropout: true, build: mlp);
 
 pub struct Mlp {
     /// Input features, then each hidden layer's width.

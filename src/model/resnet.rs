@@ -58,15 +58,15 @@ fn resnet152(cfg: &ModelConfig, c: usize, _: usize) -> anyhow::Result<super::Arc
 }
 
 super::zoo::register_zoo_model!(name: "resnet18", order: 20, targets: ["torchvision.models.resnet18"],
-    keys: ["cifar_stem", "zero_init_residual"], build: resnet18);
+    keys: ["cifar_stem", "zero_init_residual"], dropout: false, build: resnet18);
 super::zoo::register_zoo_model!(name: "resnet34", order: 21, targets: ["torchvision.models.resnet34"],
-    keys: ["cifar_stem", "zero_init_residual"], build: resnet34);
+    keys: ["cifar_stem", "zero_init_residual"], dropout: false, build: resnet34);
 super::zoo::register_zoo_model!(name: "resnet50", order: 22, targets: ["torchvision.models.resnet50"],
-    keys: ["cifar_stem", "zero_init_residual"], build: resnet50);
+    keys: ["cifar_stem", "zero_init_residual"], dropout: false, build: resnet50);
 super::zoo::register_zoo_model!(name: "resnet101", order: 23, targets: ["torchvision.models.resnet101"],
-    keys: ["cifar_stem", "zero_init_residual"], build: resnet101);
+    keys: ["cifar_stem", "zero_init_residual"], dropout: false, build: resnet101);
 super::zoo::register_zoo_model!(name: "resnet152", order: 24, targets: ["torchvision.models.resnet152"],
-    keys: ["cifar_stem", "zero_init_residual"], build: resnet152);
+    keys: ["cifar_stem", "zero_init_residual"], dropout: false, build: resnet152);
 
 impl ResNet {
     pub fn new(

@@ -19,7 +19,7 @@ fn vit(
 // torchvision's ViTs are `vit_b_16`..., built here as `model.variant` and `model.patch_size` (timm's
 // names come through `timm.create_model`).
 super::zoo::register_zoo_model!(name: "vit", order: 30, targets: [],
-    keys: ["variant", "patch_size", "image_size"], build: vit);
+    keys: ["variant", "patch_size", "image_size"], dropout: true, build: vit);
 
 /// The transformer's geometry.
 pub struct Vit {

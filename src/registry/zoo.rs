@@ -20,6 +20,9 @@ pub struct ZooModel {
     /// The `model.*` keys that only some architectures read, among them this one (`num_classes`,
     /// `pretrained` and `label_smoothing` are every architecture's).
     pub keys: &'static [&'static str],
+    /// Does it put `model.dropout` before its head? (torchvision's ResNets have none: a dropout set on
+    /// one is refused rather than ignored.)
+    pub dropout: bool,
 }
 
 inventory::collect!(ZooModel);

@@ -161,6 +161,15 @@ fn hydra_node_is_ignored_and_null_sections_mean_none() {
     "Remove it"
 )]
 #[case(
+    with(
+        "  name: cnn\n  num_classes: 10\n  channels: [8, 16]",
+        "  name: resnet18\n  num_classes: 10\n  dropout: 0.5"
+    ),
+    "resnet18 has no dropout before its head",
+    "exp.yaml:6:12",
+    "mlp, cnn, vit"
+)]
+#[case(
     with("  precision: 32", "  precision: bf16_mixed"),
     "unknown precision 'bf16_mixed' (did you mean 'bf16-mixed'?)",
     "exp.yaml:25:14",

@@ -530,6 +530,25 @@ fn validate(config: &Node, e: &Experiment) -> Result<(), ConfigError> {
     ] {
         check_applies(config, section, table)?;
     }
+    if let Some(zoo) = crate::registry::zoo_model(m.name.as_str()) {
+        if !zoo.dropout && m.dropout != 0.0 {
+            return fail(
+                "model.dropout",
+                format!(
+                    "{} has no dropout before its head (as torchvision builds it), so {} would be \
+                     ignored; remove it (architectures with one: {})",
+                    m.name,
+                    m.dropout,
+                    crate::registry::zoo_models()
+                        .iter()
+                        .filter(|z| z.dropout)
+                        .map(|z| z.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
+    }
     if m.name.is("vit") {
         if m.variant.is_none() {
             return fail(

@@ -57,14 +57,16 @@ pub(super) fn torchvision(node: &mut Node, target: &Node) -> Result<bool, Config
             Value::Str(_) => {
                 map.insert("pretrained".into(), p);
             }
-            other => return Err(ConfigError::Schema(format!(
+            other => {
+                return Err(ConfigError::Schema(format!(
                 "Error in config key 'model.pretrained' = {}: {name}(pretrained=True) downloads \
                      torchvision's weights, which trainyard does not do{}\n    Convert them to a \
                      safetensors file and give its path: model.pretrained=/path/to/{}.safetensors",
                 other.display_python(),
                 at(&p.source),
                 zoo.name
-            ))),
+            )))
+            }
         }
     }
     if let Some(w) = map.shift_remove("weights") {
