@@ -15,58 +15,51 @@ pub struct ResNet {
     zero_init_residual: bool,
 }
 
-/// torchvision's depths: basic blocks (18, 34) or bottlenecks (50 and deeper), blocks per stage.
-fn resnet18(cfg: &ModelConfig, c: usize, _: usize) -> anyhow::Result<super::Architecture> {
-    Ok(super::Architecture::ResNet(ResNet::new(
-        cfg,
-        c,
-        false,
-        [2, 2, 2, 2],
-    )))
-}
-fn resnet34(cfg: &ModelConfig, c: usize, _: usize) -> anyhow::Result<super::Architecture> {
-    Ok(super::Architecture::ResNet(ResNet::new(
-        cfg,
-        c,
-        false,
-        [3, 4, 6, 3],
-    )))
-}
-fn resnet50(cfg: &ModelConfig, c: usize, _: usize) -> anyhow::Result<super::Architecture> {
-    Ok(super::Architecture::ResNet(ResNet::new(
-        cfg,
-        c,
-        true,
-        [3, 4, 6, 3],
-    )))
-}
-fn resnet101(cfg: &ModelConfig, c: usize, _: usize) -> anyhow::Result<super::Architecture> {
-    Ok(super::Architecture::ResNet(ResNet::new(
-        cfg,
-        c,
-        true,
-        [3, 4, 23, 3],
-    )))
-}
-fn resnet152(cfg: &ModelConfig, c: usize, _: usize) -> anyhow::Result<super::Architecture> {
-    Ok(super::Architecture::ResNet(ResNet::new(
-        cfg,
-        c,
-        true,
-        [3, 8, 36, 3],
-    )))
+/// One of torchvision's depths: basic blocks (18, 34) or bottlenecks (50 and deeper), and its blocks per
+/// stage, registered under its name and torchvision's `_target_`.
+macro_rules! resnet {
+    ($name:literal, $target:literal, $order:literal, $bottleneck:literal, $blocks:expr) => {
+        super::zoo::register_zoo_model!(name: $name, order: $order, targets: [$target],
+            keys: ["cifar_stem", "zero_init_residual"], dropout: false,
+            build: |cfg, c, _| Ok(super::Architecture::ResNet(ResNet::new(cfg, c, $bottleneck, $blocks))));
+    };
 }
 
-super::zoo::register_zoo_model!(name: "resnet18", order: 20, targets: ["torchvision.models.resnet18"],
-    keys: ["cifar_stem", "zero_init_residual"], dropout: false, build: resnet18);
-super::zoo::register_zoo_model!(name: "resnet34", order: 21, targets: ["torchvision.models.resnet34"],
-    keys: ["cifar_stem", "zero_init_residual"], dropout: false, build: resnet34);
-super::zoo::register_zoo_model!(name: "resnet50", order: 22, targets: ["torchvision.models.resnet50"],
-    keys: ["cifar_stem", "zero_init_residual"], dropout: false, build: resnet50);
-super::zoo::register_zoo_model!(name: "resnet101", order: 23, targets: ["torchvision.models.resnet101"],
-    keys: ["cifar_stem", "zero_init_residual"], dropout: false, build: resnet101);
-super::zoo::register_zoo_model!(name: "resnet152", order: 24, targets: ["torchvision.models.resnet152"],
-    keys: ["cifar_stem", "zero_init_residual"], dropout: false, build: resnet152);
+resnet!(
+    "resnet18",
+    "torchvision.models.resnet18",
+    20,
+    false,
+    [2, 2, 2, 2]
+);
+resnet!(
+    "resnet34",
+    "torchvision.models.resnet34",
+    21,
+    false,
+    [3, 4, 6, 3]
+);
+resnet!(
+    "resnet50",
+    "torchvision.models.resnet50",
+    22,
+    true,
+    [3, 4, 6, 3]
+);
+resnet!(
+    "resnet101",
+    "torchvision.models.resnet101",
+    23,
+    true,
+    [3, 4, 23, 3]
+);
+resnet!(
+    "resnet152",
+    "torchvision.models.resnet152",
+    24,
+    true,
+    [3, 8, 36, 3]
+);
 
 impl ResNet {
     pub fn new(

@@ -33,7 +33,7 @@ pub fn build(
 
 /// Register a zoo architecture: its `model.name`, listing order, `_target_`s, own keys and constructor.
 macro_rules! register_zoo_model {
-    (name: $name:literal, order: $order:literal, targets: [$($target:literal),*], keys: [$($key:literal),*], dropout: $dropout:literal, build: $build:path $(,)?) => {
+    (name: $name:literal, order: $order:literal, targets: [$($target:literal),*], keys: [$($key:literal),*], dropout: $dropout:literal, build: $build:expr $(,)?) => {
         ::inventory::submit! {
             $crate::registry::ZooModel {
                 name: $name,

@@ -159,21 +159,7 @@ pub fn dataset_targets() -> Vec<&'static str> {
 #[macro_export]
 macro_rules! register_dataset {
     ($target:literal, $build:path) => {
-        const _: () = {
-            fn __trainyard_build(
-                args: &$crate::registry::Value,
-                ctx: &$crate::registry::DataContext,
-            ) -> $crate::registry::Result<$crate::registry::UserDataset> {
-                let args = $crate::registry::typed_args(args)?;
-                let data = $build(args, ctx)?;
-                ::std::result::Result::Ok($crate::registry::UserDataset::Map(
-                    ::std::sync::Arc::new(data),
-                ))
-            }
-            $crate::registry::inventory::submit! {
-                $crate::registry::DatasetEntry { target: $target, build: __trainyard_build }
-            }
-        };
+        $crate::__register_dataset!(Map, $target, $build);
     };
 }
 
@@ -182,6 +168,16 @@ macro_rules! register_dataset {
 #[macro_export]
 macro_rules! register_sharded_dataset {
     ($target:literal, $build:path) => {
+        $crate::__register_dataset!(Sharded, $target, $build);
+    };
+}
+
+/// The two dataset registrations' shared body: `$kind` is the `UserDataset` variant the built dataset
+/// is wrapped in.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __register_dataset {
+    ($kind:ident, $target:literal, $build:path) => {
         const _: () = {
             fn __trainyard_build(
                 args: &$crate::registry::Value,
@@ -189,7 +185,7 @@ macro_rules! register_sharded_dataset {
             ) -> $crate::registry::Result<$crate::registry::UserDataset> {
                 let args = $crate::registry::typed_args(args)?;
                 let data = $build(args, ctx)?;
-                ::std::result::Result::Ok($crate::registry::UserDataset::Sharded(
+                ::std::result::Result::Ok($crate::registry::UserDataset::$kind(
                     ::std::sync::Arc::new(data),
                 ))
             }

@@ -191,14 +191,24 @@ fn the_tch_version_trains_resumes_and_runs_ddp() {
 
 /// `experiment=houses` into a fresh dir: the regression on data/houses.csv (checkpoints every epoch).
 fn houses(dir: &Path, extra: &[&str]) -> PathBuf {
+    fit(
+        dir,
+        &[
+            &[
+                "experiment=houses",
+                "trainer.max_epochs=6",
+                "callbacks.model_checkpoint.save_top_k=-1",
+            ],
+            extra,
+        ]
+        .concat(),
+    )
+}
+
+/// `train <args> hydra.run.dir=<dir>`; panics with the error output when it fails.
+fn fit(dir: &Path, args: &[&str]) -> PathBuf {
     let out_dir = format!("hydra.run.dir={}", dir.display());
-    let mut args = vec![
-        "experiment=houses",
-        "trainer.max_epochs=6",
-        "callbacks.model_checkpoint.save_top_k=-1",
-        out_dir.as_str(),
-    ];
-    args.extend_from_slice(extra);
+    let args = [args, &[out_dir.as_str()]].concat();
     let out = train(&args);
     assert!(
         out.status.success(),
@@ -275,21 +285,10 @@ fn the_house_price_regression_trains_with_ddp() {
 
 /// `experiment=houses_shards` into a fresh dir: the table read as CSV shards (src/houses/shards.rs).
 fn house_shards(dir: &Path, extra: &[&str]) -> PathBuf {
-    let out_dir = format!("hydra.run.dir={}", dir.display());
-    let mut args = vec![
-        "experiment=houses_shards",
-        "trainer.max_epochs=5",
-        out_dir.as_str(),
-    ];
-    args.extend_from_slice(extra);
-    let out = train(&args);
-    assert!(
-        out.status.success(),
-        "train {}\n{}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dir.to_path_buf()
+    fit(
+        dir,
+        &[&["experiment=houses_shards", "trainer.max_epochs=5"], extra].concat(),
+    )
 }
 
 /// The table streamed from six CSV shards learns as the indexed table does, and a run stopped in its
