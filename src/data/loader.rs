@@ -118,17 +118,28 @@ fn make_batch(
     epoch: u64,
     indices: &[usize],
 ) -> Result<Batch, DataError> {
-    if let Some(stream) = stream {
-        return stage(spec, tensor_batch(|i| stream.take(i), indices)?);
-    }
-    if spec.dataset.yields_tensors() {
-        return stage(spec, tensor_batch(|i| spec.dataset.tensor(i), indices)?);
-    }
+    let tensors = spec.dataset.yields_tensors();
+    let batch = match stream {
+        Some(stream) if tensors => tensor_batch(|i| stream.take(i)?.into_tensor(), indices)?,
+        Some(stream) => image_batch(spec, epoch, indices, |i| stream.take(i)?.into_image())?,
+        None if tensors => tensor_batch(|i| spec.dataset.tensor(i), indices)?,
+        None => image_batch(spec, epoch, indices, |i| spec.dataset.get(i))?,
+    };
+    stage(spec, batch)
+}
+
+/// Images decoded and transformed into one batch; every image must come out the first one's size.
+fn image_batch(
+    spec: &LoaderSpec,
+    epoch: u64,
+    indices: &[usize],
+    image: impl Fn(usize) -> Result<super::Image, DataError>,
+) -> Result<Batch, DataError> {
     let mut images = Vec::new();
     let mut labels = Vec::with_capacity(indices.len());
     let mut shape = None;
     for &i in indices {
-        let img = spec.dataset.get(i)?;
+        let img = image(i)?;
         labels.push(img.label);
         let dims = transforms::apply(
             &spec.transforms,
@@ -147,7 +158,7 @@ fn make_batch(
         }
     }
     let (channels, height, width) = shape.unwrap_or((0, 0, 0));
-    let batch = Batch {
+    Ok(Batch {
         images,
         labels,
         channels,
@@ -155,8 +166,7 @@ fn make_batch(
         width,
         staged: None,
         tensors: None,
-    };
-    stage(spec, batch)
+    })
 }
 
 /// A registered dataset's samples, stacked; every sample must have the first one's shapes.

@@ -77,8 +77,62 @@ pub trait Dataset: Send + Sync {
 }
 
 /// A shard's samples in order (`Dataset::open_shard`).
-pub type SampleIter<'a> =
-    Box<dyn Iterator<Item = Result<crate::registry::Sample, DataError>> + Send + 'a>;
+pub type SampleIter<'a> = Box<dyn Iterator<Item = Result<Streamed, DataError>> + Send + 'a>;
+
+/// One sample read from a shard: a registered dataset's tensor, or an image still encoded, which the
+/// loader worker that takes it decodes (the shard's reader thread only reads, so decoding runs on
+/// every worker).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Streamed {
+    Tensor(crate::registry::Sample),
+    Encoded(EncodedImage),
+}
+
+impl Streamed {
+    /// The tensor sample (a registered dataset's); an image is an error, as `Dataset::tensor` says.
+    pub fn into_tensor(self) -> Result<crate::registry::Sample, DataError> {
+        match self {
+            Streamed::Tensor(sample) => Ok(sample),
+            Streamed::Encoded(image) => Err(DataError::Unsupported(format!(
+                "{}: sample '{}' is an image, not a tensor",
+                image.shard, image.key
+            ))),
+        }
+    }
+
+    /// The decoded image; a tensor sample is an error.
+    pub fn into_image(self) -> Result<Image, DataError> {
+        match self {
+            Streamed::Encoded(image) => image.decode(),
+            Streamed::Tensor(_) => Err(DataError::Unsupported(
+                "the dataset's shards yield tensors, not images".into(),
+            )),
+        }
+    }
+}
+
+/// An image file's bytes as a shard holds them, with its class and where it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncodedImage {
+    pub bytes: Vec<u8>,
+    pub label: u32,
+    /// Channels the dataset yields (1: gray, 3: RGB).
+    pub channels: usize,
+    /// The shard's path or URL, and the sample's key, for errors.
+    pub shard: std::sync::Arc<str>,
+    pub key: String,
+}
+
+impl EncodedImage {
+    /// The decoded image; an error names the shard and the sample's key.
+    pub fn decode(self) -> Result<Image, DataError> {
+        let decoded = image::load_from_memory(&self.bytes).map_err(|e| DataError::Corrupt {
+            path: self.shard.to_string(),
+            message: format!("sample '{}': its image cannot be decoded: {e}", self.key),
+        })?;
+        Ok(decoded_image(decoded, self.channels, self.label))
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Split {
@@ -202,12 +256,31 @@ fn open_files(cfg: &DataConfig, split: Split, seed: u64) -> Result<Arc<dyn Datas
                 cfg.val_urls.as_deref(),
                 cfg.test_urls.as_deref(),
             )?;
-            Arc::new(webdataset::WebDataset::open(
-                webdataset::split_paths(urls, key)?,
-                &webdataset::Keys::parse(&cfg.image_key, &cfg.label_key),
-                cfg.num_classes,
-                cfg.channels,
-            )?)
+            let keys = webdataset::Keys::parse(&cfg.image_key, &cfg.label_key);
+            let shards = webdataset::split_urls(urls, key)?;
+            let remote = shards.iter().any(|u| crate::storage::s3::is_s3(u));
+            if cfg.stream_shards.unwrap_or(remote) {
+                let opened = webdataset::streamed::StreamedShards::open(
+                    shards,
+                    &keys,
+                    cfg.num_classes,
+                    cfg.channels,
+                );
+                // A shard that cannot be reached or listed is said with the key and pattern naming it.
+                Arc::new(opened.map_err(|e| match e {
+                    DataError::Unsupported(m) => {
+                        DataError::Unsupported(format!("{key}={urls}: {m}"))
+                    }
+                    other => other,
+                })?)
+            } else {
+                Arc::new(webdataset::WebDataset::open(
+                    webdataset::split_paths(urls, key)?,
+                    &keys,
+                    cfg.num_classes,
+                    cfg.channels,
+                )?)
+            }
         }
         DataName::Registered => Arc::new(registered::Registered::open(cfg, split, seed)?),
     })

@@ -1,7 +1,7 @@
 //! A dataset a crate registered (`registry::MapDataset` or `registry::ShardedDataset`), opened from its
 //! `data:` node for one split and read by the loader as tensors: its samples skip decoding and transforms.
 
-use super::{DataError, Dataset, Image, SampleIter, Split};
+use super::{DataError, Dataset, Image, SampleIter, Split, Streamed};
 use crate::registry::{DataContext, DataSplit, Sample, Shard, UserDataset};
 use crate::schema::DataConfig;
 
@@ -121,12 +121,15 @@ impl Dataset for Registered {
             UserDataset::Sharded(_) => {
                 let (shard, at) = self.locate(index);
                 let mut samples = self.open_shard(shard, at)?;
-                samples.next().unwrap_or_else(|| {
-                    Err(DataError::Unsupported(format!(
-                        "data: _target_ {}: shard '{}' ended before its sample {at}",
-                        self.target, self.shards[shard].name
-                    )))
-                })
+                samples
+                    .next()
+                    .unwrap_or_else(|| {
+                        Err(DataError::Unsupported(format!(
+                            "data: _target_ {}: shard '{}' ended before its sample {at}",
+                            self.target, self.shards[shard].name
+                        )))
+                    })?
+                    .into_tensor()
             }
         }
     }
@@ -162,7 +165,7 @@ impl Dataset for Registered {
             let what = format!("shard '{}' sample {at}", info.name);
             at += 1;
             Some(match samples.next() {
-                Some(sample) => self.checked(sample, &what),
+                Some(sample) => self.checked(sample, &what).map(Streamed::Tensor),
                 None => Err(DataError::Unsupported(format!(
                     "data: _target_ {}: shard '{}' ended after {} samples, but its Shard says len {}",
                     self.target,

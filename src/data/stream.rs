@@ -5,8 +5,7 @@
 //! on it. A resumed epoch asks for fewer samples: a shard none of whose rest is asked for is not opened,
 //! and one is opened at its first sample still asked for.
 
-use super::{DataError, Dataset};
-use crate::registry::Sample;
+use super::{DataError, Dataset, Streamed};
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
@@ -25,7 +24,7 @@ struct Shared {
 #[derive(Default)]
 struct State {
     /// Samples read and not taken yet (an index asked for twice, as padding does, is kept twice).
-    ready: HashMap<usize, Vec<Sample>>,
+    ready: HashMap<usize, Vec<Streamed>>,
     held: usize,
     /// Workers waiting for a sample not read yet.
     waiting: usize,
@@ -93,7 +92,7 @@ impl Stream {
     }
 
     /// Sample `index`, waiting for the reader to reach it.
-    pub fn take(&self, index: usize) -> Result<Sample, DataError> {
+    pub fn take(&self, index: usize) -> Result<Streamed, DataError> {
         let mut state = self.shared.state.lock().unwrap();
         loop {
             if let Some(sample) = state.ready.get_mut(&index).and_then(Vec::pop) {
@@ -221,7 +220,7 @@ fn read(
 mod tests {
     use super::*;
     use crate::data::{Image, SampleIter};
-    use crate::registry::Target;
+    use crate::registry::{Sample, Target};
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// Shards of `lens` samples whose input is their index; counts the samples read.
@@ -244,11 +243,11 @@ mod tests {
             let base: usize = self.lens[..shard].iter().sum();
             Ok(Box::new((start..self.lens[shard]).map(move |i| {
                 self.read.fetch_add(1, Ordering::SeqCst);
-                Ok(Sample {
+                Ok(Streamed::Tensor(Sample {
                     input: vec![(base + i) as f32],
                     shape: vec![1],
                     target: Target::Class(0),
-                })
+                }))
             })))
         }
     }
@@ -271,7 +270,7 @@ mod tests {
             let stream = Stream::start(set.clone(), &lens, &reads, &wanted, bound);
             let got: Vec<f32> = wanted
                 .iter()
-                .map(|&i| stream.take(i).unwrap().input[0])
+                .map(|&i| stream.take(i).unwrap().into_tensor().unwrap().input[0])
                 .collect();
             assert_eq!(got, wanted.iter().map(|&i| i as f32).collect::<Vec<_>>());
             drop(stream);
@@ -288,7 +287,10 @@ mod tests {
         let set = counted(&lens);
         let stream = Stream::start(set.clone(), &lens, &reads, &[2, 3, 4], 8);
         for i in [2, 3, 4] {
-            assert_eq!(stream.take(i).unwrap().input[0], i as f32);
+            assert_eq!(
+                stream.take(i).unwrap().into_tensor().unwrap().input[0],
+                i as f32
+            );
         }
         drop(stream);
         // shard 1 from 0 (index 4), shard 0 from 2, the repeat of index 4 is not asked again.
@@ -314,11 +316,11 @@ mod tests {
         fn open_shard(&self, _: usize, _: usize) -> Result<SampleIter<'_>, DataError> {
             Ok(Box::new((0..4).map(|i| {
                 assert!(i < 2, "row {i} is malformed");
-                Ok(Sample {
+                Ok(Streamed::Tensor(Sample {
                     input: vec![i as f32],
                     shape: vec![1],
                     target: Target::Class(0),
-                })
+                }))
             })))
         }
     }

@@ -65,8 +65,9 @@ pub struct DataConfig {
     /// Leave out the last, incomplete training batch of each epoch (DataLoader's `drop_last`).
     #[serde(default)]
     pub drop_last: bool,
-    /// A dataset read as shards (`register_sharded_dataset!`): samples are mixed across the shards a rank
-    /// reads in a seeded buffer of this many (WebDataset's `shuffle(n)`); 0 or 1: in shard order.
+    /// A dataset read as shards (`register_sharded_dataset!`, streamed WebDataset shards): samples are
+    /// mixed across the shards a rank reads in a seeded buffer of this many (WebDataset's `shuffle(n)`);
+    /// 0 or 1: in shard order.
     #[serde(default = "default_shuffle_buffer")]
     pub shuffle_buffer: usize,
     /// A dataset read as shards: when the ranks' shards hold different numbers of samples, `pad` repeats
@@ -112,6 +113,12 @@ pub struct DataConfig {
     /// webdataset: the test shards (what `test: true` reads); unset: the validation shards.
     #[serde(default)]
     pub test_urls: Option<String>,
+    /// webdataset: read each shard as a stream, front to back, with nothing stored locally (true; the
+    /// shards are dealt whole to the ranks, `shuffle_buffer` mixes them), or index the shards and read
+    /// samples by position (false; `s3://` shards are then copied to the local cache first). Unset:
+    /// stream `s3://` shards, index local ones.
+    #[serde(default)]
+    pub stream_shards: Option<bool>,
     /// webdataset: the image member's extensions, in order of preference (`jpg;png`).
     #[serde(default = "image_key")]
     pub image_key: String,

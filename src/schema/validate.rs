@@ -448,6 +448,7 @@ const DATA_ONLY: &[(&str, &[&str])] = &[
     ("train_urls", &["webdataset"]),
     ("val_urls", &["webdataset"]),
     ("test_urls", &["webdataset"]),
+    ("stream_shards", &["webdataset"]),
 ];
 const OPTIMIZER_ONLY: &[(&str, &[&str])] = &[
     ("momentum", &["sgd"]),

@@ -189,6 +189,53 @@ mod client {
         Ok(found)
     }
 
+    /// The object's bytes as a `Read` streaming its body: nothing is stored. A connection dropped
+    /// mid-body is resumed where it broke (object_store asks again for the rest, by range, and refuses
+    /// a body whose ETag changed), so no byte is lost or read twice.
+    pub fn open_read(url: &S3Url) -> anyhow::Result<Box<dyn Read + Send>> {
+        let store = store(url)?;
+        let runtime = runtime()?;
+        let body = runtime
+            .block_on(store.get(&key(url)))
+            .with_context(|| format!("{url}: cannot read{}", hint()))?
+            .into_stream();
+        Ok(Box::new(BodyReader {
+            url: url.to_string(),
+            runtime,
+            body,
+            chunk: bytes::Bytes::new(),
+        }))
+    }
+
+    /// An object's body read chunk by chunk on its own small runtime.
+    struct BodyReader {
+        url: String,
+        runtime: tokio::runtime::Runtime,
+        body: futures_util::stream::BoxStream<'static, object_store::Result<bytes::Bytes>>,
+        chunk: bytes::Bytes,
+    }
+
+    impl Read for BodyReader {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            use futures_util::StreamExt;
+            while self.chunk.is_empty() {
+                match self.runtime.block_on(self.body.next()) {
+                    None => return Ok(0),
+                    Some(Ok(chunk)) => self.chunk = chunk,
+                    Some(Err(e)) => {
+                        return Err(std::io::Error::other(format!(
+                            "{}: the download broke off and could not be resumed: {e}",
+                            self.url
+                        )))
+                    }
+                }
+            }
+            let n = out.len().min(self.chunk.len());
+            out[..n].copy_from_slice(&self.chunk.split_to(n));
+            Ok(n)
+        }
+    }
+
     pub fn exists(url: &S3Url) -> anyhow::Result<bool> {
         let store = store(url)?;
         match runtime()?.block_on(store.head(&key(url))) {
@@ -226,6 +273,9 @@ mod client {
     pub fn list(url: &S3Url, _recursive: bool) -> anyhow::Result<Vec<(S3Url, u64)>> {
         Err(unavailable(url))
     }
+    pub fn open_read(url: &S3Url) -> anyhow::Result<Box<dyn std::io::Read + Send>> {
+        Err(unavailable(url))
+    }
 }
 
 /// Whether this build can reach S3.
@@ -247,6 +297,11 @@ pub fn delete(url: &S3Url) -> anyhow::Result<()> {
 
 pub fn exists(url: &S3Url) -> anyhow::Result<bool> {
     client::exists(url)
+}
+
+/// The object `url` read as a stream (no local copy), resumed where a dropped connection broke it off.
+pub fn open_read(url: &S3Url) -> anyhow::Result<Box<dyn std::io::Read + Send>> {
+    client::open_read(url)
 }
 
 /// The local cache of objects read from S3: `TRAINYARD_CACHE`, else `$XDG_CACHE_HOME/trainyard`, else
@@ -308,6 +363,12 @@ fn remove_unlisted(dir: &Path, suffix: &str, kept: &[std::path::PathBuf]) -> std
 /// The objects `urls` (each one listed beside its neighbours, so a missing one is named) copied to the
 /// local cache as `mirror_prefix` copies them; their local paths, in the same order.
 pub fn mirror_objects(urls: &[String]) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    copy_to_cache(&sizes(urls)?)
+}
+
+/// The objects `urls` and their sizes, each listed beside its neighbours (one listing per folder), so a
+/// missing one is an error naming it.
+pub fn sizes(urls: &[String]) -> anyhow::Result<Vec<(S3Url, u64)>> {
     let mut listed: std::collections::HashMap<(String, String), Vec<(S3Url, u64)>> =
         std::collections::HashMap::new();
     let mut objects = Vec::with_capacity(urls.len());
@@ -335,7 +396,7 @@ pub fn mirror_objects(urls: &[String]) -> anyhow::Result<Vec<std::path::PathBuf>
             .ok_or_else(|| anyhow::anyhow!("{object}: no such object"))?;
         objects.push((object, size));
     }
-    copy_to_cache(&objects)
+    Ok(objects)
 }
 
 /// Each object not yet in `cache_dir()/s3/<bucket>/<key>` with its size downloaded there (atomically);

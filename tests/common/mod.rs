@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod kernels;
+pub mod s3_server;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -6,8 +6,12 @@
 //! the small label members' contents), so every sample has an address: the loader then reads samples as a
 //! map-style dataset, which gives the distributed sampler's guarantees unchanged (each sample once per
 //! epoch across ranks and workers, a shuffle seeded per epoch, exact mid-epoch resume from a checkpoint's
-//! position). Reads are positioned reads of one member. Shards on S3 are copied to the local cache first
-//! (`storage::s3::mirror_objects`); streaming without a local copy is not done yet.
+//! position). Reads are positioned reads of one member; shards on S3 read this way are copied to the local
+//! cache first (`storage::s3::mirror_objects`). Shards can also be read as streams, front to back, with
+//! no local copy (`streamed`): what `s3://` shards get unless `data.stream_shards=false`.
+
+mod group;
+pub mod streamed;
 
 use super::{DataError, Dataset, Image, Split};
 use std::io::{Read, Seek, SeekFrom};
@@ -136,21 +140,7 @@ impl Dataset for WebDataset {
     }
 }
 
-/// The key and extension of a member path, as WebDataset splits them: the extension starts at the first
-/// dot of the file name (`a/b.seg.png` is key `a/b`, extension `seg.png`).
-/// A name starting with a dot (`.hidden`, macOS's `._a.jpg`) has no key and is skipped, as WebDataset's
-/// pattern `^((?:.*/|)[^.]+)[.]([^/]*)$` skips it.
-fn key_and_ext(path: &str) -> Option<(&str, &str)> {
-    let name_start = path.rfind('/').map_or(0, |i| i + 1);
-    let dot = path[name_start..].find('.')?;
-    if dot == 0 {
-        return None;
-    }
-    let dot = dot + name_start;
-    Some((&path[..dot], &path[dot + 1..]))
-}
-
-/// One shard's samples appended to `out`: consecutive members with the same key make a sample.
+/// One shard's samples appended to `out`: the image members' places and the labels.
 fn index_shard(
     path: &Path,
     shard: usize,
@@ -166,140 +156,35 @@ fn index_shard(
                        train-{{000000..000009}}.tar expand to one file each)"
         ),
     })?;
-    let file_len = file.metadata().map(|m| m.len()).unwrap_or(u64::MAX);
+    let file_len = file.metadata().map(|m| m.len()).ok();
+    let name = path.display().to_string();
     // Seeking over each member's data: opening a split reads the headers and labels, not the images.
     let mut archive = tar::Archive::new(std::io::BufReader::new(file));
     let entries = archive
         .entries_with_seek()
         .map_err(|e| DataError::corrupt(path, format!("not a tar file: {e}")))?;
-    let mut current: Option<Pending> = None;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| {
-            DataError::corrupt(
-                path,
-                format!(
-                    "truncated or damaged tar (after {} samples): {e}",
-                    out.len()
-                ),
-            )
-        })?;
-        if !entry.header().entry_type().is_file() {
-            continue;
-        }
-        if entry.raw_file_position() + entry.size() > file_len {
-            return Err(DataError::corrupt(
-                path,
-                format!(
-                    "truncated or damaged tar (after {} samples): a member ends past the end of the file",
-                    out.len()
-                ),
-            ));
-        }
-        let name = entry
-            .path()
-            .map_err(|e| DataError::corrupt(path, e.to_string()))?
-            .to_string_lossy()
-            .to_string();
-        let Some((key, ext)) = key_and_ext(&name) else {
-            continue;
+    let walk = group::Walk {
+        shard: &name,
+        file_len,
+        keys,
+        classes,
+        read_from: usize::MAX,
+    };
+    walk.run(entries, |found| {
+        let group::ImageAt::Span { offset, len } = found.image else {
+            unreachable!("indexing keeps places, not bytes")
         };
-        let ext = ext.to_ascii_lowercase();
-        if current.as_ref().is_some_and(|c| c.key != key) {
-            let done = current.take().expect("checked");
-            out.push(done.finish(path, shard, keys)?);
-        }
-        let pending = current.get_or_insert_with(|| Pending::new(key));
-        if keys.image.contains(&ext) {
-            let rank = keys.image.iter().position(|e| *e == ext).expect("contains");
-            if pending.image.as_ref().is_none_or(|(r, ..)| rank < *r) {
-                pending.image = Some((rank, entry.raw_file_position(), entry.size(), ext.clone()));
-            }
-        } else if ext == keys.label {
-            let mut text = String::new();
-            entry.read_to_string(&mut text).map_err(|e| {
-                DataError::corrupt(path, format!("sample '{key}': its .{ext} is not text: {e}"))
-            })?;
-            let label = parse_label(&text, &ext).and_then(|l| {
-                (l < classes)
-                    .then_some(l as u32)
-                    .ok_or_else(|| format!("class {l} is not below data.num_classes={classes}"))
-            });
-            pending.label = Some(label.map_err(|m| {
-                DataError::corrupt(path, format!("sample '{key}': its .{ext}: {m}"))
-            })?);
-        }
-    }
-    if let Some(last) = current {
-        out.push(last.finish(path, shard, keys)?);
-    }
-    Ok(())
-}
-
-/// A sample whose members are being read.
-struct Pending {
-    key: String,
-    image: Option<(usize, u64, u64, String)>,
-    label: Option<u32>,
-}
-
-impl Pending {
-    fn new(key: &str) -> Self {
-        Pending {
-            key: key.to_string(),
-            image: None,
-            label: None,
-        }
-    }
-
-    fn finish(self, path: &Path, shard: usize, keys: &Keys) -> Result<Member, DataError> {
-        let (_, offset, len, ext) = self.image.ok_or_else(|| {
-            DataError::corrupt(
-                path,
-                format!(
-                    "sample '{}' has no image member (.{}); set data.image_key to its extension",
-                    self.key,
-                    keys.image.join(" or .")
-                ),
-            )
-        })?;
-        let label = self.label.ok_or_else(|| {
-            DataError::corrupt(
-                path,
-                format!(
-                    "sample '{}' has no .{} member; set data.label_key to its label's extension",
-                    self.key, keys.label
-                ),
-            )
-        })?;
-        Ok(Member {
+        out.push(Member {
             shard,
-            key: self.key,
+            key: found.key,
             offset,
             len,
-            ext,
-            label,
-        })
-    }
-}
-
-/// A class from a label member: the number itself (`.cls`, `.txt`, ...) or a JSON object's `label` (or
-/// `cls`) field.
-fn parse_label(text: &str, ext: &str) -> Result<usize, String> {
-    if ext == "json" {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
-        let field = value
-            .get("label")
-            .or_else(|| value.get("cls"))
-            .ok_or("no 'label' (or 'cls') field")?;
-        return field
-            .as_u64()
-            .map(|v| v as usize)
-            .ok_or_else(|| format!("'label' is {field}, not a class number"));
-    }
-    text.trim()
-        .parse()
-        .map_err(|_| format!("'{}' is not a class number", text.trim()))
+            ext: found.ext,
+            label: found.label,
+        });
+        Ok(true)
+    })?;
+    Ok(())
 }
 
 /// WebDataset's URL patterns: `{000..099}` (zero-padded like its first bound) and `{a,b}` expand, several
@@ -355,22 +240,29 @@ fn expand_one(pattern: &str) -> Result<Vec<String>, String> {
         .collect())
 }
 
-/// The split's shards as local files: `data.train_urls` (or `val_urls`; `test_urls`, else `val_urls`)
-/// expanded; `s3://` ones copied to the local cache.
-pub fn split_paths(urls: &str, key: &str) -> Result<Vec<PathBuf>, DataError> {
+/// The split's shards: `data.train_urls` (or `val_urls`; `test_urls`, else `val_urls`) expanded, all
+/// local or all `s3://`.
+pub fn split_urls(urls: &str, key: &str) -> Result<Vec<String>, DataError> {
     let expanded = expand_urls(urls).map_err(|m| DataError::Unsupported(format!("{key}: {m}")))?;
-    let (remote, local): (Vec<String>, Vec<String>) = expanded
-        .into_iter()
-        .partition(|u| crate::storage::s3::is_s3(u));
-    if !remote.is_empty() && !local.is_empty() {
+    let remote = expanded
+        .iter()
+        .filter(|u| crate::storage::s3::is_s3(u))
+        .count();
+    if remote != 0 && remote != expanded.len() {
         return Err(DataError::Unsupported(format!(
             "{key}: mixes s3:// and local shards; name one kind"
         )));
     }
-    if remote.is_empty() {
-        return Ok(local.into_iter().map(PathBuf::from).collect());
+    Ok(expanded)
+}
+
+/// The split's shards as local files, `s3://` ones copied to the local cache (`data.stream_shards=false`).
+pub fn split_paths(urls: &str, key: &str) -> Result<Vec<PathBuf>, DataError> {
+    let expanded = split_urls(urls, key)?;
+    if !expanded.iter().any(|u| crate::storage::s3::is_s3(u)) {
+        return Ok(expanded.into_iter().map(PathBuf::from).collect());
     }
-    crate::storage::s3::mirror_objects(&remote)
+    crate::storage::s3::mirror_objects(&expanded)
         .map_err(|e| DataError::Unsupported(format!("{key}={urls}: {e:#}")))
 }
 
@@ -432,31 +324,5 @@ mod tests {
     fn bad_patterns_say_why(#[case] pattern: &str, #[case] says: &str) {
         let err = expand_urls(pattern).unwrap_err();
         assert!(err.contains(says), "{err}");
-    }
-
-    #[rstest::rstest]
-    #[case("n0144/n0144_10026.jpg", Some(("n0144/n0144_10026", "jpg")))]
-    #[case("dir.v2/sample.seg.png", Some(("dir.v2/sample", "seg.png")))]
-    #[case("README", None)]
-    #[case("n01/._n01_1.jpg", None)]
-    #[case(".hidden", None)]
-    fn keys_split_at_the_first_dot_of_the_name(
-        #[case] path: &str,
-        #[case] expected: Option<(&str, &str)>,
-    ) {
-        assert_eq!(key_and_ext(path), expected);
-    }
-
-    #[rstest::rstest]
-    #[case("7\n", "cls", Ok(7))]
-    #[case("{\"label\": 3, \"w\": 2}", "json", Ok(3))]
-    #[case("cat", "cls", Err("'cat' is not a class number"))]
-    #[case("{\"y\": 3}", "json", Err("no 'label'"))]
-    fn labels_parse(#[case] text: &str, #[case] ext: &str, #[case] expected: Result<usize, &str>) {
-        match (parse_label(text, ext), expected) {
-            (Ok(a), Ok(b)) => assert_eq!(a, b),
-            (Err(e), Err(says)) => assert!(e.contains(says), "{e}"),
-            (got, want) => panic!("{got:?} vs {want:?}"),
-        }
     }
 }
