@@ -7,6 +7,7 @@ same transforms, batch size and worker count, alternating runs. Whole epochs are
 included.
 
     python3 bench/webdataset_bench.py --images 10000 --workers 1 2 --rounds 3 --record
+    python3 bench/webdataset_bench.py --images 10000 --workers 1 2 --rounds 3 --stream --record
 
 Needs torch, torchvision, webdataset and Pillow, and `cargo build --release --example loader_bench` first.
 """
@@ -61,8 +62,8 @@ def wds_epoch(shards: list[str], workers: int, batch: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def ours_epoch(root: str, workers: int, batch: int) -> float:
-    out = subprocess.run([OURS, root, str(workers), str(batch), "1", "webdataset"], check=True, capture_output=True,
+def ours_epoch(root: str, workers: int, batch: int, kind: str) -> float:
+    out = subprocess.run([OURS, root, str(workers), str(batch), "1", kind], check=True, capture_output=True,
                          text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])["images_per_s"]
 
@@ -74,7 +75,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--record", action="store_true")
+    ap.add_argument("--stream", action="store_true",
+                    help="ours streams the shards (data.stream_shards=true: whole shards, shuffle buffer 1000), "
+                         "as the webdataset library does, instead of indexing them")
     args = ap.parse_args()
+    kind = "webdataset-stream" if args.stream else "webdataset"
     import torch
     import webdataset as wds
 
@@ -84,7 +89,7 @@ def main() -> None:
         for w in args.workers:
             ours, theirs = [], []
             for _ in range(args.rounds):
-                ours.append(ours_epoch(root, w, args.batch))
+                ours.append(ours_epoch(root, w, args.batch, kind))
                 theirs.append(wds_epoch(shards, w, args.batch))
             o, t = statistics.median(ours), statistics.median(theirs)
             print(f"workers={w}: trainyard {o:.1f} img/s, webdataset + DataLoader {t:.1f} img/s, ratio {o / t:.2f}"
@@ -92,12 +97,13 @@ def main() -> None:
             if args.record:
                 record(
                     "Data loading, WebDataset shards (issue: data at scale)",
-                    f"| {datetime.date.today()} | {args.images} CIFAR-sized PNGs in {len(shards)} tar shards, random "
+                    f"| {datetime.date.today()} | {args.images} CIFAR-sized PNGs in {len(shards)} tar shards"
+                    f"{', streamed (shuffle buffer 1000), dataset opening included' if args.stream else ''}, random "
                     f"crop 32 pad 4 + flip + normalize, batch {args.batch}, {w} worker(s), whole epochs, median of "
                     f"{args.rounds} | {o:.1f} img/s | webdataset {wds.__version__} + torch {torch.__version__} "
                     f"DataLoader (shuffle buffer 1000): {t:.1f} img/s | **{o / t:.2f}x** | {machine()} | "
                     f"`python3 bench/webdataset_bench.py --images {args.images} --workers {w} --rounds {args.rounds} "
-                    f"--record` |",
+                    f"{'--stream ' if args.stream else ''}--record` |",
                 )
 
 

@@ -1,17 +1,21 @@
 //! The Rust half of `bench/loader_bench.py` and `bench/parquet_bench.py`: one pass over a training split
 //! with the trainer's loader (worker threads decoding and augmenting), printing images per second as JSON.
 //!
-//! usage: loader_bench <root> <num_workers> <batch_size> <epochs> [folder|parquet|webdataset]
+//! usage: loader_bench <root> <num_workers> <batch_size> <epochs> [folder|parquet|webdataset|webdataset-stream]
 //! folder (default): an image folder of JPEGs with ImageNet's training transforms (random resized crop
 //! 224, horizontal flip, normalize); parquet: the hub's CIFAR-10 parquet files with CIFAR's (random crop
-//! 32 padded by 4, flip, normalize); webdataset: the `.tar` shards in <root>, CIFAR-shaped, the same.
+//! 32 padded by 4, flip, normalize); webdataset: the `.tar` shards in <root>, CIFAR-shaped, the same,
+//! indexed; webdataset-stream: the same shards streamed (whole shards in a shuffled order, a shuffle
+//! buffer of 1000). The time includes opening the dataset (reading the shards' headers).
 
 use std::sync::Arc;
 use std::time::Instant;
 use trainyard::data::folder::ImageFolder;
 use trainyard::data::loader::{EpochLoader, LoaderSpec};
 use trainyard::data::parquet::{Columns, ParquetDataset};
-use trainyard::data::sampler::{DistributedSampler, Order};
+use trainyard::data::sampler::{DistributedSampler, Order, Sampler};
+use trainyard::data::shard_sampler::ShardSampler;
+use trainyard::data::webdataset::streamed::StreamedShards;
 use trainyard::data::webdataset::{Keys, WebDataset};
 use trainyard::data::{Dataset, Split};
 use trainyard::schema::Transform;
@@ -22,10 +26,11 @@ fn main() -> anyhow::Result<()> {
         [r, w, b, e] => (r, w, b, e, "folder"),
         [r, w, b, e, k] => (r, w, b, e, k.as_str()),
         _ => anyhow::bail!(
-            "usage: loader_bench <root> <num_workers> <batch_size> <epochs> [folder|parquet|webdataset]"
+            "usage: loader_bench <root> <num_workers> <batch_size> <epochs> [folder|parquet|webdataset|webdataset-stream]"
         ),
     };
     let root = std::path::Path::new(root);
+    let started = Instant::now();
     let (dataset, transforms): (Arc<dyn Dataset>, _) = match kind {
         "parquet" => (
             Arc::new(ParquetDataset::open(
@@ -40,23 +45,27 @@ fn main() -> anyhow::Result<()> {
             )?),
             cifar_transforms(),
         ),
-        "webdataset" => {
-            let mut shards: Vec<std::path::PathBuf> = std::fs::read_dir(root)?
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| p.extension().is_some_and(|x| x == "tar"))
-                .collect();
-            shards.sort();
-            (
-                Arc::new(WebDataset::open(
-                    shards,
-                    &Keys::parse("png;jpg", "cls"),
-                    10,
-                    3,
-                )?),
-                cifar_transforms(),
-            )
-        }
+        "webdataset" => (
+            Arc::new(WebDataset::open(
+                shards_in(root)?,
+                &Keys::parse("png;jpg", "cls"),
+                10,
+                3,
+            )?),
+            cifar_transforms(),
+        ),
+        "webdataset-stream" => (
+            Arc::new(StreamedShards::open(
+                shards_in(root)?
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect(),
+                &Keys::parse("png;jpg", "cls"),
+                10,
+                3,
+            )?),
+            cifar_transforms(),
+        ),
         _ => (
             Arc::new(ImageFolder::open(root, Split::Train, "bench")?),
             imagenet_transforms(),
@@ -71,14 +80,25 @@ fn main() -> anyhow::Result<()> {
         prefetch: 2,
         stager: None,
         seed: 0,
-        read_ahead: 0,
+        read_ahead: BUFFER,
     };
-    let sampler = DistributedSampler::single(dataset.len(), true, 0);
+    let sampler = match dataset.shard_lens() {
+        Some(lens) => Sampler::Shards(ShardSampler {
+            lens,
+            num_replicas: 1,
+            rank: 0,
+            shuffle: true,
+            seed: 0,
+            buffer: BUFFER,
+            even: Some(Default::default()),
+        }),
+        None => Sampler::Samples(DistributedSampler::single(dataset.len(), true, 0)),
+    };
     let epochs: u64 = epochs.parse()?;
-    let started = Instant::now();
     let mut images = 0usize;
     for epoch in 0..epochs {
-        for batch in EpochLoader::new(&spec, epoch, &Order::of(sampler.indices(epoch))) {
+        let order: Order = sampler.order(epoch);
+        for batch in EpochLoader::new(&spec, epoch, &order) {
             images += batch?.len();
         }
     }
@@ -88,6 +108,20 @@ fn main() -> anyhow::Result<()> {
         images as f64 / seconds
     );
     Ok(())
+}
+
+/// The shuffle buffer of streamed shards (the `webdataset` library's `.shuffle(1000)` in the Python half).
+const BUFFER: usize = 1000;
+
+/// The `.tar` files in `root`, by name.
+fn shards_in(root: &std::path::Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let mut shards: Vec<std::path::PathBuf> = std::fs::read_dir(root)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "tar"))
+        .collect();
+    shards.sort();
+    Ok(shards)
 }
 
 /// ImageNet's training input: random resized crop 224, horizontal flip, normalize.
