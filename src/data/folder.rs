@@ -72,9 +72,25 @@ impl Dataset for ImageFolder {
 
     fn get(&self, index: usize) -> Result<Image, DataError> {
         let (path, label) = &self.files[index];
-        let decoded = image::open(path)
-            .map_err(|e| DataError::corrupt(path, format!("cannot decode image: {e}")))?;
-        Ok(super::decoded_image(decoded, 3, *label))
+        let bytes = std::fs::read(path).map_err(|e| DataError::corrupt(path, e.to_string()))?;
+        super::decode_image(&bytes, 3, *label)
+            .map_err(|e| DataError::corrupt(path, format!("cannot decode image: {e}")))
+    }
+
+    /// The file's bytes, for the loader's JPEG path (decoding only what the crop needs).
+    fn encoded_image(&self, index: usize) -> Option<Result<super::EncodedImage, DataError>> {
+        let (path, label) = &self.files[index];
+        Some(
+            std::fs::read(path)
+                .map(|bytes| super::EncodedImage {
+                    bytes,
+                    label: *label,
+                    channels: 3,
+                    shard: path.display().to_string().into(),
+                    key: String::new(),
+                })
+                .map_err(|e| DataError::corrupt(path, e.to_string())),
+        )
     }
 
     fn label(&self, index: usize) -> Option<Result<u32, DataError>> {

@@ -4,6 +4,8 @@
 pub mod cifar;
 pub mod download;
 pub mod folder;
+pub mod fused;
+pub mod jpeg;
 pub mod loader;
 pub mod mnist;
 pub mod parquet;
@@ -46,6 +48,12 @@ pub trait Dataset: Send + Sync {
     /// `train pack` to copy into shards without re-encoding; `None` where there is no such file (the
     /// images are made or stored raw), and `pack` encodes the decoded image as PNG.
     fn encoded(&self, index: usize) -> Option<Result<(Vec<u8>, String), DataError>> {
+        let _ = index;
+        None
+    }
+    /// Sample `index` still encoded, with its class, where the dataset stores image files: the loader then
+    /// decodes only what the transforms need (`transforms::apply_encoded`). `None`: use `get`.
+    fn encoded_image(&self, index: usize) -> Option<Result<EncodedImage, DataError>> {
         let _ = index;
         None
     }
@@ -126,11 +134,19 @@ pub struct EncodedImage {
 impl EncodedImage {
     /// The decoded image; an error names the shard and the sample's key.
     pub fn decode(self) -> Result<Image, DataError> {
-        let decoded = image::load_from_memory(&self.bytes).map_err(|e| DataError::Corrupt {
+        decode_image(&self.bytes, self.channels, self.label).map_err(|e| self.corrupt(e))
+    }
+
+    /// An error naming the shard (or file) and the sample's key.
+    pub fn corrupt(&self, e: impl std::fmt::Display) -> DataError {
+        let sample = match self.key.is_empty() {
+            true => String::new(),
+            false => format!("sample '{}': ", self.key),
+        };
+        DataError::Corrupt {
             path: self.shard.to_string(),
-            message: format!("sample '{}': its image cannot be decoded: {e}", self.key),
-        })?;
-        Ok(decoded_image(decoded, self.channels, self.label))
+            message: format!("{sample}its image cannot be decoded: {e}"),
+        }
     }
 }
 
@@ -180,13 +196,33 @@ pub fn image_extension(bytes: &[u8]) -> String {
     }
 }
 
+/// An encoded image file (JPEG, PNG, ...) decoded as the loader takes it: JPEGs by libjpeg-turbo
+/// (`jpeg`, Pillow's decoder; one it cannot convert, such as CMYK, by the `image` crate), the rest by
+/// the `image` crate.
+pub fn decode_image(bytes: &[u8], channels: usize, label: u32) -> Result<Image, String> {
+    if jpeg::is_jpeg(bytes) {
+        match jpeg::decode(bytes, channels, label) {
+            Ok(image) => return Ok(image),
+            Err(jpeg::Failure::Truncated) => return Err(jpeg::Failure::Truncated.to_string()),
+            Err(failure) => {
+                return image::load_from_memory(bytes)
+                    .map(|d| decoded_image(d, channels, label))
+                    .map_err(|_| failure.to_string())
+            }
+        }
+    }
+    image::load_from_memory(bytes)
+        .map(|d| decoded_image(d, channels, label))
+        .map_err(|e| e.to_string())
+}
+
 /// A decoded image as the loader takes it: 8-bit RGB, or gray when the dataset has one channel.
 pub fn decoded_image(decoded: image::DynamicImage, channels: usize, label: u32) -> Image {
     let (width, height, channels, pixels) = if channels == 1 {
-        let gray = decoded.to_luma8();
+        let gray = decoded.into_luma8();
         (gray.width(), gray.height(), 1, gray.into_raw())
     } else {
-        let rgb = decoded.to_rgb8();
+        let rgb = decoded.into_rgb8();
         (rgb.width(), rgb.height(), 3, rgb.into_raw())
     };
     Image {

@@ -225,7 +225,7 @@ impl Dataset for ParquetDataset {
                 format!("row group {row_group} ended before row {row}"),
             )
         })?;
-        let decoded = image::load_from_memory(bytes).map_err(|e| {
+        super::decode_image(bytes, self.channels, self.labels[index]).map_err(|e| {
             DataError::corrupt(
                 path,
                 format!(
@@ -233,12 +233,7 @@ impl Dataset for ParquetDataset {
                     self.image_column
                 ),
             )
-        })?;
-        Ok(super::decoded_image(
-            decoded,
-            self.channels,
-            self.labels[index],
-        ))
+        })
     }
 
     fn label(&self, index: usize) -> Option<Result<u32, DataError>> {

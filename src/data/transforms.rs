@@ -23,7 +23,7 @@ pub fn apply(
                 crop(&padded, y, x, *size, *size)
             }
             Transform::RandomResizedCrop { size, scale, ratio } => {
-                let (y, x, h, w) = resized_crop_box(&img, *scale, *ratio, rng);
+                let (y, x, h, w) = resized_crop_box(img.height, img.width, *scale, *ratio, rng);
                 resize_region(&img, (y, x, h, w), *size, *size)
             }
             Transform::HorizontalFlip { p } => {
@@ -209,14 +209,16 @@ fn resize_region(
     }
 }
 
-/// torchvision's RandomResizedCrop.get_params: 10 tries at a random area/aspect, else a centre crop.
-fn resized_crop_box(
-    img: &Image,
+/// torchvision's RandomResizedCrop.get_params on an image of `height`×`width`: 10 tries at a random
+/// area/aspect, else a centre crop. (top, left, height, width).
+pub(super) fn resized_crop_box(
+    height: usize,
+    width: usize,
     scale: [f64; 2],
     ratio: [f64; 2],
     rng: &mut Rng,
 ) -> (usize, usize, usize, usize) {
-    let (height, width) = (img.height as f64, img.width as f64);
+    let (height, width) = (height as f64, width as f64);
     let area = height * width;
     let (lr0, lr1) = (ratio[0].ln(), ratio[1].ln());
     for _ in 0..10 {

@@ -121,17 +121,28 @@ impl Dataset for WebDataset {
     fn get(&self, index: usize) -> Result<Image, DataError> {
         let m = &self.samples[index];
         let bytes = self.read_member(m)?;
-        let decoded = image::load_from_memory(&bytes).map_err(|e| {
+        super::decode_image(&bytes, self.channels, m.label).map_err(|e| {
             DataError::corrupt(
                 &self.shards[m.shard],
                 format!("sample '{}': its .{} cannot be decoded: {e}", m.key, m.ext),
             )
-        })?;
-        Ok(super::decoded_image(decoded, self.channels, m.label))
+        })
     }
 
     fn label(&self, index: usize) -> Option<Result<u32, DataError>> {
         Some(Ok(self.samples[index].label))
+    }
+
+    /// The image member's bytes, for the loader's JPEG path (decoding only what the crop needs).
+    fn encoded_image(&self, index: usize) -> Option<Result<super::EncodedImage, DataError>> {
+        let m = &self.samples[index];
+        Some(self.read_member(m).map(|bytes| super::EncodedImage {
+            bytes,
+            label: m.label,
+            channels: self.channels,
+            shard: self.shards[m.shard].display().to_string().into(),
+            key: m.key.clone(),
+        }))
     }
 
     fn encoded(&self, index: usize) -> Option<Result<(Vec<u8>, String), DataError>> {
