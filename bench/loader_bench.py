@@ -3,7 +3,8 @@ vs torchvision's ImageFolder + DataLoader (worker processes, PIL decode) on the 
 folder, same transforms, batch size and number of workers, alternating runs. Whole epochs are timed for both,
 worker start-up included (what a user pays per epoch without persistent workers).
 
-    .venv-torch/bin/python bench/loader_bench.py --workers 1 2 --rounds 3 --record
+    python3 bench/loader_bench.py --workers 1 2 --rounds 3 --record                  # every 20th image large
+    python3 bench/loader_bench.py --workers 1 2 --rounds 3 --large-every 0 --record  # all 500x375
 
 Needs torch 2.11 + torchvision in the interpreter and `cargo build --release --example loader_bench` first.
 """
@@ -30,14 +31,18 @@ from results import ROOT, record, machine  # noqa: E402
 OURS = os.path.join(ROOT, "target", "release", "examples", "loader_bench")
 
 
-def make_folder(root: str, classes: int, per_class: int, seed: int = 0) -> None:
-    """ImageNet-like JPEGs (500x375, quality 90, textured so they compress like photos)."""
+def make_folder(root: str, classes: int, per_class: int, large_every: int = 0, seed: int = 0) -> None:
+    """ImageNet-like JPEGs (500x375, quality 90, textured so they compress like photos); with
+    `large_every` > 0, every such image of the folder 1600x1200 instead (ImageNet's few large photos)."""
     rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:375, 0:500].astype(np.float32)
+    grids = {size: np.mgrid[0:size[1], 0:size[0]].astype(np.float32) for size in [(500, 375), (1600, 1200)]}
+    n = 0
     for c in range(classes):
         d = os.path.join(root, "train", f"n{c:08d}")
         os.makedirs(d, exist_ok=True)
         for i in range(per_class):
+            n += 1
+            yy, xx = grids[(1600, 1200) if large_every and n % large_every == 0 else (500, 375)]
             fx, fy, phase = rng.uniform(0.005, 0.05, 2).tolist() + [rng.uniform(0, 6.28)]
             base = 127 + 80 * np.sin(xx * fx + yy * fy + phase)
             img = np.stack([base, np.roll(base, 40, 1), np.roll(base, 80, 0)], -1)
@@ -45,6 +50,38 @@ def make_folder(root: str, classes: int, per_class: int, seed: int = 0) -> None:
             Image.fromarray(np.clip(img, 0, 255).astype(np.uint8)).save(
                 os.path.join(d, f"img_{i:04d}.JPEG"), quality=90
             )
+
+
+class DecodeJpegFolder(torch.utils.data.Dataset):
+    """The same folder read as bytes and decoded by torchvision.io.decode_jpeg (libjpeg-turbo), then
+    transforms v2 on uint8 tensors: torchvision's fast path."""
+
+    def __init__(self, root: str, transform):
+        folder = torchvision.datasets.ImageFolder(os.path.join(root, "train"))
+        self.samples, self.transform = folder.samples, transform
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        path, label = self.samples[i]
+        data = torchvision.io.read_file(path)
+        return self.transform(torchvision.io.decode_jpeg(data)), label
+
+
+def decode_jpeg_epoch(root: str, workers: int, batch: int) -> float:
+    from torchvision.transforms import v2
+    tf = v2.Compose([
+        v2.RandomResizedCrop(224, antialias=True),
+        v2.RandomHorizontalFlip(),
+        v2.ToDtype(torch.float32, scale=True),
+        v2.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])
+    loader = torch.utils.data.DataLoader(DecodeJpegFolder(root, tf), batch_size=batch, shuffle=True,
+                                         num_workers=workers)
+    start = time.perf_counter()
+    n = sum(len(labels) for _, labels in loader)
+    return n / (time.perf_counter() - start)
 
 
 def torchvision_epoch(root: str, workers: int, batch: int) -> float:
@@ -71,26 +108,34 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--images", type=int, default=640)
+    ap.add_argument("--large-every", type=int, default=20,
+                    help="every Nth image 1600x1200 instead of 500x375 (0: none)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    what = f"{args.images} JPEGs 500x375" + (f" (every {args.large_every}th 1600x1200)" if args.large_every else "")
     with tempfile.TemporaryDirectory() as root:
-        make_folder(root, 10, args.images // 10)
+        make_folder(root, 10, args.images // 10, args.large_every)
         for w in args.workers:
-            ours, theirs = [], []
+            ours, pil, dj = [], [], []
             for _ in range(args.rounds):
                 ours.append(ours_epoch(root, w, args.batch))
-                theirs.append(torchvision_epoch(root, w, args.batch))
-            o, t = statistics.median(ours), statistics.median(theirs)
-            print(f"workers={w}: trainyard {o:.1f} img/s, torchvision {t:.1f} img/s, ratio {o / t:.2f}")
+                pil.append(torchvision_epoch(root, w, args.batch))
+                dj.append(decode_jpeg_epoch(root, w, args.batch))
+            o, t, d = statistics.median(ours), statistics.median(pil), statistics.median(dj)
+            print(f"workers={w}: trainyard {o:.1f} img/s, torchvision PIL {t:.1f} img/s (ratio {o / t:.2f}), "
+                  f"decode_jpeg + v2 {d:.1f} img/s (ratio {o / d:.2f}); rounds: ours {[round(x) for x in ours]}, "
+                  f"PIL {[round(x) for x in pil]}, decode_jpeg {[round(x) for x in dj]}")
             if args.record:
-                cmd = f"`.venv-torch/bin/python bench/loader_bench.py --workers {w} --rounds {args.rounds} --record`"
+                cmd = (f"`python3 bench/loader_bench.py --workers {w} --large-every {args.large_every} "
+                       f"--rounds {args.rounds} --record`")
                 record(
                     "Data loading, JPEG image folder (issue: training core)",
-                    f"| {datetime.date.today()} | {args.images} JPEGs 500x375, RandomResizedCrop 224 + flip + "
+                    f"| {datetime.date.today()} | {what}, RandomResizedCrop 224 + flip + "
                     f"normalize, batch {args.batch}, {w} worker(s), median of {args.rounds} epochs | "
-                    f"{o:.1f} img/s | torchvision {torchvision.__version__} DataLoader {t:.1f} img/s | "
+                    f"{o:.1f} img/s | torchvision {torchvision.__version__} DataLoader, PIL: {t:.1f} img/s "
+                    f"(**{o / t:.2f}x**); decode_jpeg + transforms v2: {d:.1f} img/s ({o / d:.2f}x) | "
                     f"{o / t:.2f}x | {machine()} | {cmd} |",
                 )
 
