@@ -87,7 +87,7 @@ impl Dataset for ImageFolder {
                     label: *label,
                     channels: 3,
                     shard: path.display().to_string().into(),
-                    key: String::new(),
+                    name: String::new(),
                 })
                 .map_err(|e| DataError::corrupt(path, e.to_string())),
         )

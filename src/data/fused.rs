@@ -234,7 +234,7 @@ mod tests {
             label: 3,
             channels: 3,
             shard: "test.tar".into(),
-            key: "k".into(),
+            name: "sample 'k'".into(),
         }
     }
 

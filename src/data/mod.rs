@@ -102,8 +102,8 @@ impl Streamed {
         match self {
             Streamed::Tensor(sample) => Ok(sample),
             Streamed::Encoded(image) => Err(DataError::Unsupported(format!(
-                "{}: sample '{}' is an image, not a tensor",
-                image.shard, image.key
+                "{}: {} is an image, not a tensor",
+                image.shard, image.name
             ))),
         }
     }
@@ -126,9 +126,10 @@ pub struct EncodedImage {
     pub label: u32,
     /// Channels the dataset yields (1: gray, 3: RGB).
     pub channels: usize,
-    /// The shard's path or URL, and the sample's key, for errors.
+    /// The shard's or file's path or URL, and what names the sample within it (`sample '<key>'`, a
+    /// parquet row; empty for a file of its own), for errors.
     pub shard: std::sync::Arc<str>,
-    pub key: String,
+    pub name: String,
 }
 
 impl EncodedImage {
@@ -137,15 +138,15 @@ impl EncodedImage {
         decode_image(&self.bytes, self.channels, self.label).map_err(|e| self.corrupt(e))
     }
 
-    /// An error naming the shard (or file) and the sample's key.
+    /// An error naming the shard (or file) and the sample within it.
     pub fn corrupt(&self, e: impl std::fmt::Display) -> DataError {
-        let sample = match self.key.is_empty() {
+        let sample = match self.name.is_empty() {
             true => String::new(),
-            false => format!("sample '{}': ", self.key),
+            false => format!("{}: ", self.name),
         };
         DataError::Corrupt {
             path: self.shard.to_string(),
-            message: format!("{sample}its image cannot be decoded: {e}"),
+            message: format!("{sample}cannot be decoded as an image: {e}"),
         }
     }
 }

@@ -199,16 +199,9 @@ impl ParquetDataset {
     }
 }
 
-impl Dataset for ParquetDataset {
-    fn len(&self) -> usize {
-        self.labels.len()
-    }
-
-    fn num_classes(&self) -> usize {
-        self.classes
-    }
-
-    fn get(&self, index: usize) -> Result<Image, DataError> {
+impl ParquetDataset {
+    /// Row `index`'s image bytes and class; its key names the row, row group and column for errors.
+    fn row_bytes(&self, index: usize) -> Result<super::EncodedImage, DataError> {
         let part = self.parts.partition_point(|p| p.start + p.rows <= index);
         let images = self.row_group(part)?;
         let Part {
@@ -225,15 +218,35 @@ impl Dataset for ParquetDataset {
                 format!("row group {row_group} ended before row {row}"),
             )
         })?;
-        super::decode_image(bytes, self.channels, self.labels[index]).map_err(|e| {
-            DataError::corrupt(
-                path,
-                format!(
-                    "row {row} of row group {row_group}: column '{}' cannot be decoded as an image: {e}",
-                    self.image_column
-                ),
-            )
+        Ok(super::EncodedImage {
+            bytes: bytes.to_vec(),
+            label: self.labels[index],
+            channels: self.channels,
+            shard: path.display().to_string().into(),
+            name: format!(
+                "row {row} of row group {row_group}: column '{}'",
+                self.image_column
+            ),
         })
+    }
+}
+
+impl Dataset for ParquetDataset {
+    fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    fn num_classes(&self) -> usize {
+        self.classes
+    }
+
+    fn get(&self, index: usize) -> Result<Image, DataError> {
+        self.row_bytes(index)?.decode()
+    }
+
+    /// The row's image bytes, for the loader's JPEG path (decoding only what the crop needs).
+    fn encoded_image(&self, index: usize) -> Option<Result<super::EncodedImage, DataError>> {
+        Some(self.row_bytes(index))
     }
 
     fn label(&self, index: usize) -> Option<Result<u32, DataError>> {

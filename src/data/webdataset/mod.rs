@@ -141,7 +141,7 @@ impl Dataset for WebDataset {
             label: m.label,
             channels: self.channels,
             shard: self.shards[m.shard].display().to_string().into(),
-            key: m.key.clone(),
+            name: format!("sample '{}'", m.key),
         }))
     }
 

@@ -133,7 +133,7 @@ impl Dataset for StreamedShards {
                         label: found.label,
                         channels,
                         shard: url.clone(),
-                        key: found.key,
+                        name: format!("sample '{}'", found.key),
                     };
                     // The receiver gone (the epoch ended): stop reading.
                     Ok(tx.send(Ok(Streamed::Encoded(image))).is_ok())
