@@ -81,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         stager: None,
         seed: 0,
         read_ahead: BUFFER,
+        skipped: None,
     };
     let sampler = match dataset.shard_lens() {
         Some(lens) => Sampler::Shards(ShardSampler {

@@ -29,6 +29,7 @@ fn epoch(set: Arc<dyn Dataset>, order: &Order) -> Vec<(u32, Vec<u32>)> {
         seed: 1,
         stager: None,
         read_ahead: 3,
+        skipped: None,
     };
     let mut samples = Vec::new();
     for batch in EpochLoader::new(&spec, 0, order) {

@@ -416,6 +416,46 @@ fn a_damaged_image_and_bad_urls_are_named() {
     );
 }
 
+/// With `data.skip_corrupt=true` a damaged image is left out of its batch, indexed or streamed: the run
+/// ends, and its summary counts the sample and names its shard and key; without it the run stops there,
+/// naming them.
+#[rstest]
+#[case::indexed("data.stream_shards=false")]
+#[case::streamed("data.stream_shards=true")]
+fn a_damaged_image_is_skipped_when_asked(#[case] reading: &str) {
+    let (p, shards) = packed();
+    let shard = shards.join("train-000000.tar");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    bytes[512..520].copy_from_slice(b"garbage!");
+    std::fs::write(&shard, bytes).unwrap();
+    let [train_urls, val_urls] = urls(&shards);
+    let mut base: Vec<&str> = ON_SHARDS.to_vec();
+    base.extend([
+        train_urls.as_str(),
+        val_urls.as_str(),
+        reading,
+        "trainer.max_epochs=1",
+    ]);
+    let out = train(p.path(), &base);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("train-000000.tar")
+            && err.contains("sample '000000000'"),
+        "{err}"
+    );
+    let run = run_with(p.path(), "skipping", &base, &["data.skip_corrupt=true"]);
+    let s = summary(&run);
+    assert_eq!(s["global_step"], 4, "{s}");
+    let skipped = &s["skipped_samples"];
+    assert_eq!(skipped["count"], 1, "{s}");
+    let first = skipped["first"][0].as_str().unwrap();
+    assert!(
+        first.contains("train-000000.tar") && first.contains("sample '000000000'"),
+        "{first}"
+    );
+}
+
 /// `train pack` reads the dataset as a run with the same overrides would: generated data follows `seed`
 /// (the same seed packs the same bytes, another seed other images), and `-cp`/`-cn` name the configs as
 /// for `train` itself.

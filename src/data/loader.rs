@@ -136,6 +136,9 @@ pub struct LoaderSpec {
     /// A dataset read as shards: samples its reader may hold beyond the batches in flight (the
     /// shuffle buffer's size).
     pub read_ahead: usize,
+    /// `data.skip_corrupt`: a sample whose image cannot be decoded is left out of its batch and counted
+    /// here; `None`: it stops the run.
+    pub skipped: Option<Arc<super::skipped::Skipped>>,
 }
 
 /// Build one batch from sample indices (augmentation keyed by seed, epoch and sample index); a dataset
@@ -183,20 +186,43 @@ fn image_batch(
     let mut shape = None;
     for &i in indices {
         let rng = &mut Rng::keyed(&[spec.seed, epoch, i as u64]);
-        let dims = match image(i)? {
+        let before = images.len();
+        let sample = image(i).and_then(|pixels| match pixels {
             Pixels::Decoded(img) => {
-                labels.push(img.label);
-                transforms::apply(&spec.transforms, img, rng, &mut images)
+                let label = img.label;
+                Ok((
+                    transforms::apply(&spec.transforms, img, rng, &mut images),
+                    label,
+                ))
             }
             Pixels::Encoded(encoded) => {
-                labels.push(encoded.label);
-                match super::fused::apply_encoded(&spec.transforms, &encoded, rng, &mut images) {
+                let fused =
+                    super::fused::apply_encoded(&spec.transforms, &encoded, rng, &mut images);
+                let dims = match fused {
                     Some(dims) => dims?,
                     None => {
-                        transforms::apply(&spec.transforms, encoded.decode()?, rng, &mut images)
+                        let label = encoded.label;
+                        let img = encoded.decode()?;
+                        return Ok((
+                            transforms::apply(&spec.transforms, img, rng, &mut images),
+                            label,
+                        ));
                     }
-                }
+                };
+                Ok((dims, encoded.label))
             }
+        });
+        let dims = match (sample, &spec.skipped) {
+            (Ok((dims, label)), _) => {
+                labels.push(label);
+                dims
+            }
+            (Err(e @ DataError::Corrupt { .. }), Some(skipped)) => {
+                images.truncate(before);
+                skipped.record(&e);
+                continue;
+            }
+            (Err(e), _) => return Err(e),
         };
         match shape {
             None => {
@@ -212,6 +238,13 @@ fn image_batch(
             }
             Some(_) => {}
         }
+    }
+    if labels.is_empty() && !indices.is_empty() {
+        return Err(DataError::Unsupported(format!(
+            "every sample of a batch of {} was damaged and left out (data.skip_corrupt): the data set's \
+             images cannot be decoded",
+            indices.len()
+        )));
     }
     let (channels, height, width) = shape.unwrap_or((0, 0, 0));
     Ok(Batch {
@@ -448,6 +481,7 @@ mod tests {
             seed: 3,
             stager: None,
             read_ahead: 0,
+            skipped: None,
         }
     }
 

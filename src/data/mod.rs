@@ -12,6 +12,7 @@ pub mod parquet;
 pub mod registered;
 pub mod sampler;
 pub mod shard_sampler;
+pub mod skipped;
 pub mod split;
 pub mod stream;
 pub mod synthetic;

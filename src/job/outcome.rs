@@ -57,8 +57,20 @@ pub fn report(summary: &Summary, output_dir: &Path, processes: Option<(usize, f6
             )
         })
         .unwrap_or_default();
+    let skipped = summary
+        .skipped_samples
+        .as_ref()
+        .filter(|s| s.count > 0)
+        .map(|s| {
+            format!(
+                "\nSkipped {} damaged sample(s) (data.skip_corrupt), the first: {}",
+                s.count,
+                s.first.first().map_or("", String::as_str)
+            )
+        })
+        .unwrap_or_default();
     format!(
-        "{}: {} after {} epochs ({} steps){on} in {seconds:.1}s; {}{input}\nRun directory: {}",
+        "{}: {} after {} epochs ({} steps){on} in {seconds:.1}s; {}{input}{skipped}\nRun directory: {}",
         summary.task_name,
         summary.status,
         summary.epochs_completed,

@@ -65,6 +65,11 @@ pub struct DataConfig {
     /// Leave out the last, incomplete training batch of each epoch (DataLoader's `drop_last`).
     #[serde(default)]
     pub drop_last: bool,
+    /// A sample whose image cannot be decoded (a damaged or cut-off file, a broken shard member) is left
+    /// out of its batch, warned about and counted in `summary.json` (`skipped_samples`), as WebDataset's
+    /// `warn_and_continue` does; false: it stops the run, naming the file (or shard and key).
+    #[serde(default)]
+    pub skip_corrupt: bool,
     /// A dataset read as shards (`register_sharded_dataset!`, streamed WebDataset shards): samples are
     /// mixed across the shards a rank reads in a seeded buffer of this many (WebDataset's `shuffle(n)`);
     /// 0 or 1: in shard order.

@@ -44,6 +44,7 @@ pub fn find_batch_size(
                 // Batches reach the engine as in the run itself.
                 stager: strategy.batch_stager(),
                 read_ahead: exp.data.shuffle_buffer,
+                skipped: None,
             };
             // Exactly `steps` steps, into further epochs when one has fewer batches.
             let mut done = 0;

@@ -283,6 +283,10 @@ impl DataSets {
             true => train.clone(),
             false => data::open(&exp.data, Split::Val, exp.seed)?,
         };
+        let skipped = exp
+            .data
+            .skip_corrupt
+            .then(|| Arc::new(data::skipped::Skipped::default()));
         let spec = |set: Arc<dyn Dataset>, transforms: &[Transform], drop_last: bool| LoaderSpec {
             dataset: set,
             transforms: Arc::new(transforms.to_vec()),
@@ -293,6 +297,7 @@ impl DataSets {
             seed: exp.seed,
             stager: None,
             read_ahead: exp.data.shuffle_buffer,
+            skipped: skipped.clone(),
         };
         let test = match exp.test {
             true => {

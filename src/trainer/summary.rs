@@ -38,6 +38,8 @@ pub struct Summary {
     pub median_step_time_s: Option<f64>,
     /// How long the training steps waited for their batches against how long they computed (rank 0's).
     pub input: Option<InputWait>,
+    /// `data.skip_corrupt`: the samples left out because their image could not be decoded.
+    pub skipped_samples: Option<SkippedSamples>,
     pub peak_rss_bytes: Option<u64>,
     pub best_checkpoint: Option<String>,
     pub last_checkpoint: Option<String>,
@@ -78,6 +80,15 @@ impl InputWait {
     pub fn input_bound(&self) -> bool {
         self.fraction().is_some_and(|f| f >= INPUT_BOUND)
     }
+}
+
+/// Samples left out of their batches (`data.skip_corrupt`): how many on all ranks, and the first of
+/// rank 0's as their errors named them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SkippedSamples {
+    pub count: u64,
+    pub first: Vec<String>,
 }
 
 /// The share of a step's time waiting for data from which a run counts as input-bound.

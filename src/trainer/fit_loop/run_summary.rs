@@ -28,9 +28,17 @@ impl FitLoop<'_> {
             .ckpt_cfg
             .and_then(|c| c.monitor.clone())
             .or_else(|| self.keeper.stop_cfg.map(|s| s.monitor.clone()));
-        let mut samples = [self.train_samples as f64];
+        let skipped = self.data.train_spec.skipped.clone();
+        let mut samples = [
+            self.train_samples as f64,
+            skipped.as_ref().map_or(0, |s| s.count()) as f64,
+        ];
         ranks.sum(&mut samples)?;
         let train_samples = samples[0] as u64;
+        let skipped_samples = skipped.map(|s| crate::trainer::summary::SkippedSamples {
+            count: samples[1] as u64,
+            first: s.named(),
+        });
         let state_bytes_per_rank = state_bytes_per_rank(ranks, self.strategy.state_bytes())?;
         let (best_checkpoint, last_checkpoint) = self.keeper.locations();
         let t = &exp.trainer;
@@ -71,6 +79,7 @@ impl FitLoop<'_> {
             train_samples_per_s: train_samples as f64 / self.train_time.max(1e-9),
             median_step_time_s: median(&self.step_times),
             input: (self.input_wait.computing > 0.0).then_some(self.input_wait),
+            skipped_samples,
             peak_rss_bytes: peak_rss_bytes(),
             best_checkpoint,
             last_checkpoint,
