@@ -196,20 +196,16 @@ fn image_batch(
                 ))
             }
             Pixels::Encoded(encoded) => {
-                let fused =
-                    super::fused::apply_encoded(&spec.transforms, &encoded, rng, &mut images);
-                let dims = match fused {
-                    Some(dims) => dims?,
-                    None => {
-                        let label = encoded.label;
-                        let img = encoded.decode()?;
-                        return Ok((
-                            transforms::apply(&spec.transforms, img, rng, &mut images),
-                            label,
-                        ));
-                    }
-                };
-                Ok((dims, encoded.label))
+                let label = encoded.label;
+                let dims =
+                    match super::fused::apply_encoded(&spec.transforms, &encoded, rng, &mut images)
+                    {
+                        Some(dims) => dims?,
+                        None => {
+                            transforms::apply(&spec.transforms, encoded.decode()?, rng, &mut images)
+                        }
+                    };
+                Ok((dims, label))
             }
         });
         let dims = match (sample, &spec.skipped) {

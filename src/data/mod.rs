@@ -53,7 +53,7 @@ pub trait Dataset: Send + Sync {
         None
     }
     /// Sample `index` still encoded, with its class, where the dataset stores image files: the loader then
-    /// decodes only what the transforms need (`transforms::apply_encoded`). `None`: use `get`.
+    /// decodes only what the transforms need (`fused::apply_encoded`). `None`: use `get`.
     fn encoded_image(&self, index: usize) -> Option<Result<EncodedImage, DataError>> {
         let _ = index;
         None

@@ -151,6 +151,18 @@ impl Dataset for WebDataset {
     }
 }
 
+/// A shard that is not there, and how its name came about.
+fn missing_shard(shard: &dyn std::fmt::Display, e: impl std::fmt::Display) -> DataError {
+    DataError::Missing {
+        name: "WebDataset shard".into(),
+        looked_for: shard.to_string(),
+        hint: format!(
+            "{e}; check data.train_urls / data.val_urls (brace patterns such as \
+             train-{{000000..000009}}.tar expand to one file each)"
+        ),
+    }
+}
+
 /// One shard's samples appended to `out`: the image members' places and the labels.
 fn index_shard(
     path: &Path,
@@ -159,14 +171,7 @@ fn index_shard(
     classes: usize,
     out: &mut Vec<Member>,
 ) -> Result<(), DataError> {
-    let file = std::fs::File::open(path).map_err(|e| DataError::Missing {
-        name: "WebDataset shard".into(),
-        looked_for: path.display().to_string(),
-        hint: format!(
-            "{e}; check data.train_urls / data.val_urls (brace patterns such as \
-                       train-{{000000..000009}}.tar expand to one file each)"
-        ),
-    })?;
+    let file = std::fs::File::open(path).map_err(|e| missing_shard(&path.display(), e))?;
     let file_len = file.metadata().map(|m| m.len()).ok();
     let name = path.display().to_string();
     // Seeking over each member's data: opening a split reads the headers and labels, not the images.

@@ -114,30 +114,23 @@ impl Dataset for StreamedShards {
                 read_from: start,
             };
             let mut at = 0usize;
-            let walked = source(&url).and_then(|reader| {
-                let mut archive =
-                    tar::Archive::new(std::io::BufReader::with_capacity(1 << 18, reader));
-                let entries = archive
-                    .entries()
-                    .map_err(|e| group::corrupt(&url, format!("not a tar file: {e}")))?;
-                walk.run(entries, |found: Found| {
-                    at += 1;
-                    if at <= start {
-                        return Ok(true);
-                    }
-                    let ImageAt::Bytes(bytes) = found.image else {
-                        unreachable!("images are read from `start` on")
-                    };
-                    let image = EncodedImage {
-                        bytes,
-                        label: found.label,
-                        channels,
-                        shard: url.clone(),
-                        name: format!("sample '{}'", found.key),
-                    };
-                    // The receiver gone (the epoch ended): stop reading.
-                    Ok(tx.send(Ok(Streamed::Encoded(image))).is_ok())
-                })
+            let walked = walk_stream(&walk, |found: Found| {
+                at += 1;
+                if at <= start {
+                    return Ok(true);
+                }
+                let ImageAt::Bytes(bytes) = found.image else {
+                    unreachable!("images are read from `start` on")
+                };
+                let image = EncodedImage {
+                    bytes,
+                    label: found.label,
+                    channels,
+                    shard: url.clone(),
+                    name: format!("sample '{}'", found.key),
+                };
+                // The receiver gone (the epoch ended): stop reading.
+                Ok(tx.send(Ok(Streamed::Encoded(image))).is_ok())
             });
             if let Err(e) = walked {
                 let _ = tx.send(Err(e));
@@ -147,45 +140,32 @@ impl Dataset for StreamedShards {
     }
 }
 
-/// The shard's bytes from its start: a local file, or an S3 object's body (no local copy).
-fn source(url: &str) -> Result<Box<dyn Read + Send>, DataError> {
-    if s3::is_s3(url) {
+/// `walk` over its shard read front to back (a local file, or an S3 object's body: no local copy);
+/// the number of samples walked.
+fn walk_stream(
+    walk: &Walk,
+    sample: impl FnMut(Found) -> Result<bool, DataError>,
+) -> Result<usize, DataError> {
+    let url = walk.shard;
+    let reader: Box<dyn Read + Send> = if s3::is_s3(url) {
         let object = s3::S3Url::parse(url).map_err(|e| DataError::Unsupported(format!("{e:#}")))?;
-        return s3::open_read(&object).map_err(|e| DataError::Unsupported(format!("{e:#}")));
-    }
-    std::fs::File::open(url)
-        .map(|f| Box::new(f) as Box<dyn Read + Send>)
-        .map_err(|e| missing(url, e))
-}
-
-fn missing(url: &str, e: impl std::fmt::Display) -> DataError {
-    DataError::Missing {
-        name: "WebDataset shard".into(),
-        looked_for: url.to_string(),
-        hint: format!(
-            "{e}; check data.train_urls / data.val_urls (brace patterns such as \
-             train-{{000000..000009}}.tar expand to one file each)"
-        ),
-    }
-}
-
-/// A local shard's samples, counted from its headers (seeking over the members' data).
-fn local_count(path: &Path, keys: &Keys, classes: usize) -> Result<usize, DataError> {
-    let name = path.display().to_string();
-    let file = std::fs::File::open(path).map_err(|e| missing(&name, e))?;
-    let file_len = file.metadata().map(|m| m.len()).ok();
-    let mut archive = tar::Archive::new(std::io::BufReader::new(file));
-    let entries = archive
-        .entries_with_seek()
-        .map_err(|e| group::corrupt(&name, format!("not a tar file: {e}")))?;
-    let walk = Walk {
-        shard: &name,
-        file_len,
-        keys,
-        classes,
-        read_from: usize::MAX,
+        s3::open_read(&object).map_err(|e| DataError::Unsupported(format!("{e:#}")))?
+    } else {
+        Box::new(std::fs::File::open(url).map_err(|e| super::missing_shard(&url, e))?)
     };
-    walk.run(entries, |_| Ok(true))
+    let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(1 << 18, reader));
+    let entries = archive
+        .entries()
+        .map_err(|e| group::corrupt(url, format!("not a tar file: {e}")))?;
+    walk.run(entries, sample)
+}
+
+/// A local shard's samples, counted from its headers as the indexed reader reads them (seeking over
+/// the members' data).
+fn local_count(path: &Path, keys: &Keys, classes: usize) -> Result<usize, DataError> {
+    let mut samples = Vec::new();
+    super::index_shard(path, 0, keys, classes, &mut samples)?;
+    Ok(samples.len())
 }
 
 /// What the cache keeps of a counted S3 shard.
@@ -212,11 +192,6 @@ fn remote_counts(urls: &[String], keys: &Keys, classes: usize) -> Result<Vec<usi
             continue;
         }
         tracing::info!("{url}: counting its samples (read once; the count is cached)");
-        let reader = source(&url)?;
-        let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(1 << 18, reader));
-        let entries = archive
-            .entries()
-            .map_err(|e| group::corrupt(&url, format!("not a tar file: {e}")))?;
         let walk = Walk {
             shard: &url,
             file_len: None,
@@ -224,7 +199,7 @@ fn remote_counts(urls: &[String], keys: &Keys, classes: usize) -> Result<Vec<usi
             classes,
             read_from: usize::MAX,
         };
-        let samples = walk.run(entries, |_| Ok(true))?;
+        let samples = walk_stream(&walk, |_| Ok(true))?;
         let json = serde_json::to_vec(&Counted { size, samples }).expect("plain numbers");
         if let Err(e) = crate::storage::records::write_atomic(&record, &json) {
             tracing::warn!(
