@@ -50,11 +50,7 @@ fn decodes_as_pillow_does() {
         .args(["-c", SCRIPT, dir.path().to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    common::succeeded(&made);
     let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
     let meta: serde_json::Value = serde_json::from_slice(&read("meta.json")).unwrap();
     for case in ["s420", "s422", "s444", "progressive", "restart"] {

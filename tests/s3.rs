@@ -7,6 +7,7 @@
 mod common;
 use common::real_project;
 use common::s3_server::{start_server, CuttingProxy, Server, KEY, SECRET};
+use common::shards::{pack, write_cifar, ON_SHARDS};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -351,57 +352,28 @@ fn a_parquet_dataset_is_read_from_s3() {
     );
 }
 
-/// CIFAR-10's files (`per_file` images in each of the 5 training files, 6 test images; pixels and labels
-/// from a formula) packed by `train pack` into shards of `maxcount` under the bucket `ckpts`, `shards/`.
+/// CIFAR-10's files (`per_file` images in each of the 5 training files, 6 test images) packed by `train
+/// pack` into shards of `maxcount` under the bucket `ckpts`, `shards/`.
 fn pack_cifar_on(server: &Server, project: &Path, per_file: usize, maxcount: usize) {
     let cifar = project.join("data/cifar");
-    std::fs::create_dir_all(&cifar).unwrap();
-    for k in 1..=5 {
-        let bytes: Vec<u8> = (0..per_file * 3073)
-            .map(|i| ((i + k * 31) * 7 % 251) as u8 % 10)
-            .collect();
-        std::fs::write(cifar.join(format!("data_batch_{k}.bin")), bytes).unwrap();
-    }
-    let test: Vec<u8> = (0..6 * 3073).map(|i| (i * 7 % 251) as u8 % 10).collect();
-    std::fs::write(cifar.join("test_batch.bin"), test).unwrap();
-    let shards = server.root.path().join("ckpts/shards");
-    for split in ["split=train", "split=val"] {
-        let out = Command::new(TRAIN)
-            .args([
-                "pack",
-                &format!("out={}", shards.display()),
-                split,
-                &format!("maxcount={maxcount}"),
-                "data=cifar10",
-                &format!("data.root={}", cifar.display()),
-            ])
-            .current_dir(project)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+    write_cifar(&cifar, per_file, 6);
+    for split in ["train", "val"] {
+        pack(
+            project,
+            &cifar,
+            &server.root.path().join("ckpts/shards"),
+            split,
+            maxcount,
         );
     }
 }
 
-const ON_SHARDS: &[&str] = &[
-    "experiment=quickstart",
-    "data=webdataset",
-    "data.val_urls=s3://ckpts/shards/val-000000.tar",
-    "data.train_size=null",
-    "data.val_size=null",
-    "data.num_classes=10",
-    "data.image_size=32",
-    "data.batch_size=5",
-    "data.num_workers=2",
-    "model=cnn",
-    "optimizer=sgd",
-    "scheduler=constant",
-    "trainer.log_every_n_steps=1",
-    "callbacks.model_summary=null",
-];
+/// Training on shards, validating on the bucket's validation shard.
+fn on_s3_shards() -> Vec<&'static str> {
+    let mut args = ON_SHARDS.to_vec();
+    args.push("data.val_urls=s3://ckpts/shards/val-000000.tar");
+    args
+}
 
 /// `data=webdataset` with `s3://` shard URLs and `data.stream_shards=false`: each shard named by the
 /// pattern is listed, copied once to the local cache and trained on; a pattern naming a shard that is
@@ -413,7 +385,7 @@ fn webdataset_shards_are_copied_from_s3() {
     pack_cifar_on(&server, p.path(), 4, 8);
     let cache = tempfile::tempdir().unwrap();
     let run = |train_urls: &str| {
-        let mut args = ON_SHARDS.to_vec();
+        let mut args = on_s3_shards();
         let urls = format!("data.train_urls='{train_urls}'");
         args.extend([
             urls.as_str(),
@@ -426,11 +398,7 @@ fn webdataset_shards_are_copied_from_s3() {
             .unwrap()
     };
     let out = run("s3://ckpts/shards/train-{000000..000002}.tar");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeded(&out);
     assert_eq!(summary(&runs(p.path()).pop().unwrap())["global_step"], 4);
     assert!(cache
         .path()
@@ -457,7 +425,7 @@ fn webdataset_shards_stream_from_s3_through_broken_connections() {
     let cache = tempfile::tempdir().unwrap();
     let mut cut = 0;
     let mut run = |name: &str, extra: &[&str]| {
-        let mut args = ON_SHARDS.to_vec();
+        let mut args = on_s3_shards();
         args.extend([
             "data.train_urls='s3://ckpts/shards/train-{000000..000004}.tar'",
             "data.shuffle_buffer=8",
@@ -516,7 +484,7 @@ fn an_unreachable_endpoint_is_named() {
     let server = start_server();
     let p = real_project();
     pack_cifar_on(&server, p.path(), 2, 7);
-    let mut args = ON_SHARDS.to_vec();
+    let mut args = on_s3_shards();
     args.push("data.train_urls='s3://ckpts/shards/train-{000000..000001}.tar'");
     let closed = format!("http://127.0.0.1:{}", common::free_port());
     let started = std::time::Instant::now();
@@ -549,7 +517,7 @@ fn ddp_ranks_stream_their_shards_from_s3() {
     let p = real_project();
     pack_cifar_on(&server, p.path(), 6, 7);
     let cache = tempfile::tempdir().unwrap();
-    let mut args = ON_SHARDS.to_vec();
+    let mut args = on_s3_shards();
     args.extend([
         "data.train_urls='s3://ckpts/shards/train-{000000..000004}.tar'",
         "trainer=ddp_sim",
@@ -561,11 +529,7 @@ fn ddp_ranks_stream_their_shards_from_s3() {
         .env("TRAINYARD_CACHE", cache.path())
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeded(&out);
     let s = summary(&runs(p.path()).pop().unwrap());
     assert_eq!(
         (s["devices"].as_u64(), s["global_step"].as_u64()),

@@ -8,7 +8,6 @@
 
 mod common;
 use common::s3_server::{start_server, CuttingProxy, KEY, SECRET};
-use std::process::Command;
 use std::sync::Arc;
 use trainyard::data::loader::{EpochLoader, LoaderSpec};
 use trainyard::data::sampler::{Order, Sampler};
@@ -52,35 +51,9 @@ fn two_ranks_stream_every_sample_once_through_broken_connections() {
     let proxy = CuttingProxy::start(server.port, 9_000);
     let project = common::real_project();
     let cifar = project.path().join("data/cifar");
-    std::fs::create_dir_all(&cifar).unwrap();
-    for k in 1..=5 {
-        let bytes: Vec<u8> = (0..6 * 3073)
-            .map(|i| match i % 3073 {
-                0 => ((i / 3073 + k) % 10) as u8,
-                _ => ((i * 13 + k * 101) % 256) as u8,
-            })
-            .collect();
-        std::fs::write(cifar.join(format!("data_batch_{k}.bin")), bytes).unwrap();
-    }
-    std::fs::write(cifar.join("test_batch.bin"), vec![1u8; 3073]).unwrap();
+    common::shards::write_cifar(&cifar, 6, 1);
     let shards = server.root.path().join("ckpts/wds");
-    let out = Command::new(common::TRAIN)
-        .args([
-            "pack",
-            &format!("out={}", shards.display()),
-            "split=train",
-            "maxcount=4",
-            "data=cifar10",
-            &format!("data.root={}", cifar.display()),
-        ])
-        .current_dir(project.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::shards::pack(project.path(), &cifar, &shards, "train", 4);
     let cache = tempfile::tempdir().unwrap();
     for (k, v) in [
         ("AWS_ACCESS_KEY_ID", KEY),

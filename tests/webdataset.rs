@@ -4,38 +4,14 @@
 //! resumes exactly; bad shards are refused naming the shard and the sample's key.
 
 mod common;
-use common::{real_project, run_with, summary, weights, worst_relative_difference};
+use common::shards::{pack, write_cifar, ON_SHARDS};
+use common::{real_project, run_with, succeeded, summary, weights, worst_relative_difference};
 use rstest::rstest;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use trainyard::data::webdataset::streamed::StreamedShards;
 use trainyard::data::webdataset::{expand_urls, Keys, WebDataset};
 use trainyard::data::{Dataset, Image, Split};
-
-/// CIFAR-10's binary files (the real format): 5 training files of `per_file` images and a test file of
-/// `test` images, random pixels, labels cycling through the classes.
-fn write_cifar(dir: &Path, per_file: usize, test: usize) {
-    std::fs::create_dir_all(dir).unwrap();
-    let mut seed = 12345u64;
-    let mut byte = || {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (seed >> 33) as u8
-    };
-    let mut file = |name: &str, n: usize, first: usize| {
-        let mut bytes = Vec::new();
-        for i in 0..n {
-            bytes.push(((first + i) % 10) as u8);
-            bytes.extend((0..3072).map(|_| byte()));
-        }
-        std::fs::write(dir.join(name), bytes).unwrap();
-    };
-    for k in 1..=5 {
-        file(&format!("data_batch_{k}.bin"), per_file, k * per_file);
-    }
-    file("test_batch.bin", test, 3);
-}
 
 fn train(root: &Path, args: &[&str]) -> Output {
     Command::new(common::TRAIN)
@@ -46,16 +22,6 @@ fn train(root: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn ok(out: &Output) -> String {
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
 /// A project with CIFAR-10 (20 training images, 6 test) packed into shards of 7: `train-00000{0..2}.tar`
 /// and `val-000000.tar` under `shards/`.
 fn packed() -> (tempfile::TempDir, PathBuf) {
@@ -63,13 +29,8 @@ fn packed() -> (tempfile::TempDir, PathBuf) {
     let cifar = p.path().join("data/cifar");
     write_cifar(&cifar, 4, 6);
     let shards = p.path().join("shards");
-    let root = format!("data.root={}", cifar.display());
-    let out_dir = format!("out={}", shards.display());
-    for split in ["split=train", "split=val"] {
-        let said = ok(&train(
-            p.path(),
-            &["pack", &out_dir, split, "maxcount=7", "data=cifar10", &root],
-        ));
+    for split in ["train", "val"] {
+        let said = pack(p.path(), &cifar, &shards, split, 7);
         assert!(said.contains("Packed"), "{said}");
     }
     (p, shards)
@@ -230,22 +191,6 @@ open(f"{out}/expected.bin", "wb").write(bytes(expected))
         assert!(img.pixels == expected[i * 162..(i + 1) * 162], "sample {i}");
     }
 }
-
-const ON_SHARDS: &[&str] = &[
-    "experiment=quickstart",
-    "data=webdataset",
-    "data.train_size=null",
-    "data.val_size=null",
-    "data.num_classes=10",
-    "data.image_size=32",
-    "data.batch_size=5",
-    "data.num_workers=2",
-    "model=cnn",
-    "optimizer=sgd",
-    "scheduler=constant",
-    "trainer.log_every_n_steps=1",
-    "callbacks.model_summary=null",
-];
 
 fn urls(shards: &Path) -> [String; 2] {
     [
@@ -470,7 +415,7 @@ fn pack_follows_the_seed_and_the_config_location() {
             "data.val_size=2",
         ];
         all.extend_from_slice(args);
-        ok(&train(cwd, &all));
+        succeeded(&train(cwd, &all));
     };
     let shard = |dir: &str| std::fs::read(p.path().join(dir).join("train-000000.tar")).unwrap();
     pack(p.path(), &["out=s1", "seed=1"]);

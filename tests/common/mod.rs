@@ -3,6 +3,7 @@
 
 pub mod kernels;
 pub mod s3_server;
+pub mod shards;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -32,6 +33,17 @@ pub fn train(cwd: &Path, args: &[&str]) -> Output {
 /// A run's `summary.json`.
 pub fn summary(run: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
+}
+
+/// The output of a command that must have succeeded: its stdout (on failure, both streams are shown).
+pub fn succeeded(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }
 
 /// A copy of this repository's own conf/ and experiments/ in a temp dir, so runs write their logs there.
