@@ -9,6 +9,7 @@ resident on the GPU (pure compute) and copied from pinned host memory each step 
 does), and both ratios are printed and recorded.
 
     .venv-torch/bin/python bench/train_step_bench.py --threads 2 --rounds 3 --record
+    .venv-torch/bin/python bench/train_step_bench.py --compile --rounds 5 --record  # and torch.compile
 
     python3 bench/train_step_bench.py --backend tch --device cuda --precision 16-mixed --record  # a GPU
     .venv-torch/bin/python bench/train_step_bench.py --isa avx2 --record  # AVX2 paths on an AVX-512 CPU
@@ -80,17 +81,22 @@ def cnn(channels) -> nn.Module:
 
 
 def torch_steps(model_name: str, batch: int, steps: int, threads: int, device: str = "cpu",
-                precision: str = "32-true", host_input: bool = False) -> float:
+                precision: str = "32-true", host_input: bool = False, compiled: bool = False) -> float:
     """Lightning's precisions: 16-mixed = autocast(float16) + GradScaler, bf16-mixed = autocast(bfloat16).
     On CUDA each step ends by reading the loss, as ours does (its statistics go to the host).
     `host_input`: the batch starts each step in pinned host memory and is copied over without blocking
     (a DataLoader with pin_memory=True, then `.to(device, non_blocking=True)`), as ours starts each step
-    from the loader's host batch; otherwise it stays on the device, which no training loop gets."""
+    from the loader's host batch; otherwise it stays on the device, which no training loop gets.
+    `compiled`: the model under `torch.compile` (inductor, default mode; the optimizer step stays eager, as
+    a user compiles a LightningModule's model); its first steps compile and are left out of the figure
+    (their time, the compile time, is noted in COMPILE_S), then `steps` + 1 steps are timed."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = MODELS[model_name][1]().to(device)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    forward = torch.compile(model) if compiled else model
+    warm_up = COMPILE_WARM_UP if compiled else 0
     loss_fn = nn.CrossEntropyLoss()
     size = IMAGE_SIZE.get(model_name, 32)
     x = torch.randn(batch, 3, size, size, device=device)
@@ -100,13 +106,13 @@ def torch_steps(model_name: str, batch: int, steps: int, threads: int, device: s
     dtype = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}.get(precision)
     scaler = torch.amp.GradScaler(device) if precision == "16-mixed" else None
     times = []
-    for _ in range(steps + 1):
+    for _ in range(warm_up + steps + 1):
         t0 = time.perf_counter()
         if host_input:
             x, y = x_host.to(device, non_blocking=True), y_host.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device, dtype=dtype, enabled=dtype is not None):
-            loss = loss_fn(model(x), y)
+            loss = loss_fn(forward(x), y)
         if scaler:
             scaler.scale(loss).backward()
             scaler.step(opt)
@@ -116,7 +122,15 @@ def torch_steps(model_name: str, batch: int, steps: int, threads: int, device: s
             opt.step()
         loss.item()
         times.append(time.perf_counter() - t0)
-    return summary_median(times)
+    if compiled:
+        COMPILE_S.append(sum(times[:warm_up]))
+    return summary_median(times[warm_up:])
+
+
+# The compiled model's first steps (the first compiles forward and backward; a recompile may follow when
+# the optimizer's state appears), and each round's time for them.
+COMPILE_WARM_UP = 3
+COMPILE_S: list = []
 
 
 def summary_median(times) -> float:
@@ -157,17 +171,28 @@ def main() -> None:
     ap.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"])
     ap.add_argument("--isa", default="native", choices=["native", "avx2"],
                     help="avx2: both sides capped at AVX2 on this CPU (CPU runs only)")
+    ap.add_argument("--compile", action="store_true",
+                    help="also time PyTorch under torch.compile (inductor, default mode; CPU runs only)")
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
+    if args.compile and args.device != "cpu":
+        sys.exit("--compile is measured on the CPU only")
+    if args.compile and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        # A fresh cache: the first round compiles from scratch, as a user's first run does; later rounds
+        # load inductor's cached kernels, as a user's later runs do. Both times are reported.
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
     cap_isa(args.isa)
     if args.device == "cuda" and args.backend != "tch":
         sys.exit("--device cuda needs --backend tch (Candle runs on the CPU)")
     for name in args.models.split(","):
-        ours, theirs, fed = [], [], []
+        ours, theirs, fed, compiled = [], [], [], []
+        COMPILE_S.clear()
         for _ in range(args.rounds):
             ours.append(ours_steps(name, args.batch, args.steps, args.threads, args.backend, args.device,
                                    args.precision))
             theirs.append(torch_steps(name, args.batch, args.steps, args.threads, args.device, args.precision))
+            if args.compile:
+                compiled.append(torch_steps(name, args.batch, args.steps, args.threads, compiled=True))
             if args.device == "cuda":
                 fed.append(torch_steps(name, args.batch, args.steps, args.threads, args.device, args.precision,
                                        host_input=True))
@@ -181,6 +206,17 @@ def main() -> None:
                   f"ratio {f / o:.2f}x")
             fed_note = f"; {args.batch / f:.1f} img/s with the batch copied from pinned host memory each step " \
                        f"(**{f / o:.2f}x** against that)"
+        compile_note = ""
+        if compiled:
+            c = statistics.median(compiled)
+            print(f"  PyTorch torch.compile (inductor): {args.batch / c:.1f} img/s, ratio {c / o:.2f}x "
+                  f"(per round {' '.join(f'{b / a:.2f}' for a, b in zip(ours, compiled))}); its warm-up "
+                  f"steps (compiling) took {COMPILE_S[0]:.1f} s in round 1, "
+                  f"{statistics.median(COMPILE_S[1:] or COMPILE_S):.1f} s later (cached), not in its figure")
+            compile_note = f"; torch.compile (inductor, default mode, timed after {COMPILE_WARM_UP} warm-up " \
+                           f"steps, which took {COMPILE_S[0]:.1f} s in round 1 and " \
+                           f"{statistics.median(COMPILE_S[1:] or COMPILE_S):.1f} s with inductor's cache): " \
+                           f"{args.batch / c:.1f} img/s (**{c / o:.2f}x** against that)"
         # Each round's pair ran back to back: their spread is this machine's noise on the ratio.
         pairs = [b / a for a, b in zip(ours, theirs)]
         print(f"  per round: trainyard {' '.join(f'{x * 1e3:.1f}' for x in ours)} ms, "
@@ -201,12 +237,14 @@ def main() -> None:
             extra += "" if args.precision == "32-true" else f" --precision {args.precision}"
             if args.isa == "avx2":
                 extra += " --isa avx2"
+            if args.compile:
+                extra += " --compile"
             record(
                 section,
                 f"| {datetime.date.today()} | {name} train step (fwd+bwd+SGD), backend={args.backend}, "
                 f"{args.precision}, batch {args.batch}, {args.threads} threads "
                 f"| {args.batch / o:.1f} img/s | PyTorch {torch.__version__} eager: {args.batch / t:.1f} img/s"
-                f"{' (batch resident on the device)' if fed else ''}{fed_note} "
+                f"{' (batch resident on the device)' if fed else ''}{fed_note}{compile_note} "
                 f"| **{ratio:.2f}x** | {where} "
                 f"| `python bench/train_step_bench.py --models {name} --threads {args.threads} "
                 f"--rounds {args.rounds} --steps {args.steps} --backend {args.backend}{extra} --record` |",

@@ -5,6 +5,7 @@
 
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use trainyard_conv::buffer::{assume_init, uninit};
 
 use super::conv;
 use super::cpu::{f32_slice as slice, with_f32};
@@ -92,7 +93,7 @@ fn relu_grad_and_channel_sums(
 ) -> Result<(Vec<f32>, Vec<f32>)> {
     with_f32(res, |y| {
         with_f32(grad, |g| {
-            let mut pre = vec![0f32; n * c * hw];
+            let mut pre = uninit(n * c * hw);
             let partials: Vec<Vec<f64>> = pre
                 .par_chunks_mut(c * hw)
                 .zip(y.par_chunks(c * hw).zip(g.par_chunks(c * hw)))
@@ -106,8 +107,9 @@ fn relu_grad_and_channel_sums(
                             .zip(&y[span.clone()])
                             .zip(&g[span])
                         {
-                            *p = if *y > 0.0 { *g } else { 0.0 };
-                            total += *p as f64;
+                            let v = if *y > 0.0 { *g } else { 0.0 };
+                            p.write(v);
+                            total += v as f64;
                         }
                         *sum = total;
                     }
@@ -120,6 +122,8 @@ fn relu_grad_and_channel_sums(
                     *d += v;
                 }
             }
+            // SAFETY: every image's every channel span was written above.
+            let pre = unsafe { assume_init(pre) };
             Ok((pre, db.into_iter().map(|v| v as f32).collect()))
         })
     })

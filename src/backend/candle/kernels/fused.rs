@@ -259,7 +259,7 @@ fn mask(keep: bool) -> u32 {
 /// the first NaN (PyTorch's rule: the first maximum, NaN beats everything). Bit selects rather than `if`:
 /// the compiler turns an `if` into a branch, and with random data that mispredicts half the time.
 #[inline(always)]
-fn pick(m: f32, v: f32) -> f32 {
+pub(crate) fn pick(m: f32, v: f32) -> f32 {
     let take = mask((v > m) | (v.is_nan() & !m.is_nan()));
     f32::from_bits((v.to_bits() & take) | (m.to_bits() & !take))
 }
@@ -267,7 +267,7 @@ fn pick(m: f32, v: f32) -> f32 {
 /// All ones when `v` is the window's maximum `m` (equal, or both NaN). The first such cell is the argmax:
 /// an earlier cell equal to the maximum would have been kept by `pick`.
 #[inline(always)]
-fn is_max(v: f32, m: f32) -> u32 {
+pub(crate) fn is_max(v: f32, m: f32) -> u32 {
     mask((v == m) | (v.is_nan() & m.is_nan()))
 }
 
@@ -286,12 +286,23 @@ fn pool_2x2_plane(x: &[f32], w: usize, out: &mut [f32], ow: usize) {
     }
 }
 
-/// The adjoint of `pool_2x2_plane`: each window's gradient goes to its first maximum; `dx` starts zeroed.
-/// Windows go eight at a time through fixed-size lanes, which the compiler turns into SIMD (one window at
-/// a time is ~35 cycles of scalar selects).
+/// The adjoint of `pool_2x2_plane`: each window's gradient goes to its first maximum, and every other
+/// value of `dx` (the window's other cells, an odd last row or column) is written zero. Windows go eight
+/// at a time through fixed-size lanes, which the compiler turns into SIMD (one window at a time is ~35
+/// cycles of scalar selects).
 #[allow(clippy::needless_range_loop)] // one lane index into several arrays and slices
-fn pool_2x2_plane_grad(x: &[f32], g: &[f32], w: usize, dx: &mut [f32], ow: usize) {
+fn pool_2x2_plane_grad(
+    x: &[f32],
+    g: &[f32],
+    w: usize,
+    dx: &mut [std::mem::MaybeUninit<f32>],
+    ow: usize,
+) {
     const L: usize = 8;
+    let covered = 2 * w * (x.len() / w / 2);
+    for v in &mut dx[covered..] {
+        v.write(0.0);
+    }
     for ((g, rows), d) in g
         .chunks_exact(ow)
         .zip(x.chunks_exact(2 * w))
@@ -299,6 +310,9 @@ fn pool_2x2_plane_grad(x: &[f32], g: &[f32], w: usize, dx: &mut [f32], ow: usize
     {
         let (r0, r1) = rows.split_at(w);
         let (d0, d1) = d.split_at_mut(w);
+        for v in d0[2 * ow..].iter_mut().chain(&mut d1[2 * ow..]) {
+            v.write(0.0);
+        }
         let mut start = 0;
         while start < ow {
             let n = L.min(ow - start);
@@ -328,10 +342,10 @@ fn pool_2x2_plane_grad(x: &[f32], g: &[f32], w: usize, dx: &mut [f32], ow: usize
             }
             for k in 0..n {
                 let i = 2 * (start + k);
-                d0[i] = out[0][k];
-                d0[i + 1] = out[1][k];
-                d1[i] = out[2][k];
-                d1[i + 1] = out[3][k];
+                d0[i].write(out[0][k]);
+                d0[i + 1].write(out[1][k]);
+                d1[i].write(out[2][k]);
+                d1[i + 1].write(out[3][k]);
             }
             start += n;
         }
@@ -386,17 +400,28 @@ impl CustomOp1 for MaxPool {
         let (oh, ow) = (self.out(h), self.out(w));
         let dx = with_data(arg, |x| {
             with_data(grad, |g| {
-                let mut dx = vec![0f32; n * c * h * w];
                 let per_task = planes_per_task(h * w);
+                if self.is_2x2() {
+                    // Every value written (a window's, or a zero outside all), so none zeroed first.
+                    let mut dx = uninit(n * c * h * w);
+                    dx.par_chunks_mut(h * w)
+                        .enumerate()
+                        .with_min_len(per_task)
+                        .for_each(|(p, o)| {
+                            let plane = &x[p * h * w..(p + 1) * h * w];
+                            let gp = &g[p * oh * ow..(p + 1) * oh * ow];
+                            pool_2x2_plane_grad(plane, gp, w, o, ow);
+                        });
+                    // SAFETY: pool_2x2_plane_grad writes every value of its plane.
+                    return Ok(unsafe { assume_init(dx) });
+                }
+                let mut dx = vec![0f32; n * c * h * w];
                 dx.par_chunks_mut(h * w)
                     .enumerate()
                     .with_min_len(per_task)
                     .for_each(|(p, o)| {
                         let plane = &x[p * h * w..(p + 1) * h * w];
                         let gp = &g[p * oh * ow..(p + 1) * oh * ow];
-                        if self.is_2x2() {
-                            return pool_2x2_plane_grad(plane, gp, w, o, ow);
-                        }
                         for oy in 0..oh {
                             for ox in 0..ow {
                                 o[self.argmax(plane, w, h, oy, ox)] += gp[oy * ow + ox];
@@ -599,6 +624,7 @@ mod timing {
             .unwrap();
         let g = vec![1f32; 256 * 1024];
         let mut dx = vec![0f32; 1024 * 1024];
+        let mut grad = vec![std::mem::MaybeUninit::<f32>::uninit(); 1024 * 1024];
         for _ in 0..3 {
             let t = std::time::Instant::now();
             for p in 0..1024 {
@@ -606,11 +632,11 @@ mod timing {
                     std::hint::black_box(&x[p * 1024..(p + 1) * 1024]),
                     &g[p * 256..(p + 1) * 256],
                     32,
-                    &mut dx[p * 1024..(p + 1) * 1024],
+                    &mut grad[p * 1024..(p + 1) * 1024],
                     16,
                 );
             }
-            std::hint::black_box(&mut dx);
+            std::hint::black_box(&mut grad);
             let t1 = t.elapsed();
             let t = std::time::Instant::now();
             for p in 0..1024 {

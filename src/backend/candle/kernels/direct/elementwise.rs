@@ -2,8 +2,10 @@
 //! backward: `relu(x + bias)` per channel, and 2x2 max-pooling (stride 2, floor, as `nn.MaxPool2d(2)`).
 
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
+use crate::backend::candle::kernels::fused::{is_max, pick};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use trainyard_conv::buffer::{assume_init, uninit};
 
 /// `relu(x + bias[channel])` over a blocked `x`; `bias` has the real channel count (lanes past it stay 0).
 pub fn bias_relu(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
@@ -61,33 +63,24 @@ impl CustomOp2 for BiasRelu {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (n, cb, h, w, l) = x.dims5()?;
         let (plane, c) = (h * w * l, bias.dim(0)?);
-        let (dx, db) = with_f32(res, |y| {
-            with_f32(grad, |g| {
-                // The masked gradient is the input's; its per-channel sums (image by image, in order)
-                // the bias's.
-                let dx = crate::backend::candle::kernels::fused::relu_grad(y, g);
-                let sums: Vec<Vec<f64>> = (0..cb)
-                    .into_par_iter()
-                    .map(|b| {
-                        let mut total = vec![0f64; l];
-                        for img in 0..n {
-                            let mut acc = vec![0f32; l];
-                            for px in dx[(img * cb + b) * plane..][..plane].chunks_exact(l) {
-                                for (a, v) in acc.iter_mut().zip(px) {
-                                    *a += v;
-                                }
-                            }
-                            for (t, a) in total.iter_mut().zip(acc) {
-                                *t += f64::from(a);
-                            }
-                        }
-                        total
-                    })
-                    .collect();
-                let db: Vec<f32> = sums.concat().iter().take(c).map(|&v| v as f32).collect();
-                Ok((dx, db))
+        let (dx, sums) = with_f32(res, |y| {
+            with_f32(grad, |g| match l {
+                16 => Ok(bias_relu_backward::<16>(y, g, plane)),
+                8 => Ok(bias_relu_backward::<8>(y, g, plane)),
+                _ => candle_core::bail!("bias_relu: blocks of {l} lanes (8 or 16 expected)"),
             })
         })?;
+        // Each block's per-lane sums over its planes, image by image in order, in f64 (the bias's
+        // gradient: its channel's sum over every image and pixel).
+        let db: Vec<f32> = (0..cb * l)
+            .map(|k| {
+                let (b, lane) = (k / l, k % l);
+                (0..n).fold(0f64, |t, img| {
+                    t + f64::from(sums[(img * cb + b) * l + lane])
+                }) as f32
+            })
+            .take(c)
+            .collect();
         let dev = x.device();
         Ok((
             x.track_op()
@@ -96,6 +89,33 @@ impl CustomOp2 for BiasRelu {
             Some(Tensor::from_vec(db, c, dev)?),
         ))
     }
+}
+
+/// A bias + ReLU's input gradient (`g` where the output `y` is positive, else 0) and, per plane of
+/// `plane` values, the per-lane sums of it in pixel order, from one pass over `y` and `g`.
+fn bias_relu_backward<const L: usize>(y: &[f32], g: &[f32], plane: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut dx = uninit(y.len());
+    let mut sums = vec![0f32; y.len() / plane * L];
+    dx.par_chunks_mut(plane)
+        .zip(y.par_chunks(plane).zip(g.par_chunks(plane)))
+        .zip(sums.par_chunks_mut(L))
+        .for_each(|((out, (y, g)), total)| {
+            let mut acc = [0f32; L];
+            for ((o, y), g) in out
+                .chunks_exact_mut(L)
+                .zip(y.chunks_exact(L))
+                .zip(g.chunks_exact(L))
+            {
+                for lane in 0..L {
+                    let d = if y[lane] > 0.0 { g[lane] } else { 0.0 };
+                    o[lane].write(d);
+                    acc[lane] += d;
+                }
+            }
+            total.copy_from_slice(&acc);
+        });
+    // SAFETY: every plane's every value was written.
+    (unsafe { assume_init(dx) }, sums)
 }
 
 struct MaxPool2;
@@ -109,27 +129,18 @@ fn pool_dims(s: &Shape) -> Result<(usize, usize, usize, usize)> {
     Ok((n * cb, h, w, l))
 }
 
-/// Per lane, the input pixel (0..4, row-major in the window) of the first maximum of window (oy, ox) and
-/// its value, as PyTorch picks it (a NaN wins).
+/// Per lane, the maximum of window (oy, ox): the first maximum, a NaN winning (PyTorch's rule, `fused`'s).
 #[inline(always)]
-fn window_max<const L: usize>(
-    x: &[f32],
-    w: usize,
-    (oy, ox): (usize, usize),
-) -> ([f32; L], [u8; L]) {
+fn window_max<const L: usize>(x: &[f32], w: usize, (oy, ox): (usize, usize)) -> [f32; L] {
     let at = |dy: usize, dx: usize| -> &[f32] { &x[((2 * oy + dy) * w + 2 * ox + dx) * L..][..L] };
     let mut best: [f32; L] = at(0, 0).try_into().expect("L lanes");
-    let mut arg = [0u8; L];
-    for (k, (dy, dx)) in [(0, 1), (1, 0), (1, 1)].into_iter().enumerate() {
+    for (dy, dx) in [(0, 1), (1, 0), (1, 1)] {
         let v = at(dy, dx);
         for lane in 0..L {
-            if v[lane] > best[lane] || v[lane].is_nan() {
-                best[lane] = v[lane];
-                arg[lane] = k as u8 + 1;
-            }
+            best[lane] = pick(best[lane], v[lane]);
         }
     }
-    (best, arg)
+    best
 }
 
 fn pool_forward<const L: usize>(x: &[f32], (planes, h, w): (usize, usize, usize)) -> Vec<f32> {
@@ -141,7 +152,7 @@ fn pool_forward<const L: usize>(x: &[f32], (planes, h, w): (usize, usize, usize)
             let src = &x[p * h * w * L..][..h * w * L];
             for oy in 0..oh {
                 for ox in 0..ow {
-                    let (best, _) = window_max::<L>(src, w, (oy, ox));
+                    let best = window_max::<L>(src, w, (oy, ox));
                     out[(oy * ow + ox) * L..][..L].copy_from_slice(&best);
                 }
             }
@@ -149,31 +160,47 @@ fn pool_forward<const L: usize>(x: &[f32], (planes, h, w): (usize, usize, usize)
     y
 }
 
+/// The gradient of the pooling: each window's output gradient goes to its first maximum (`fused`'s
+/// rule, PyTorch's), the other three cells get zero. Lane-wise selects on whole `L`-lane vectors, no
+/// per-lane branches: with ReLU's ties (many zeros) and random data a branch mispredicts half the time.
 fn pool_backward<const L: usize>(x: &[f32], g: &[f32], (h, w): (usize, usize)) -> Vec<f32> {
     let (oh, ow) = (h / 2, w / 2);
-    let mut dx = vec![0f32; x.len()];
+    let mut dx = uninit(x.len());
     dx.par_chunks_mut(h * w * L)
         .enumerate()
         .for_each(|(p, out)| {
             let src = &x[p * h * w * L..][..h * w * L];
             let gp = &g[p * oh * ow * L..][..oh * ow * L];
+            // Floor mode: an odd last row or column is in no window.
+            for y in 0..h {
+                let row = &mut out[y * w * L..][..w * L];
+                let uncovered = if y >= 2 * oh { 0 } else { 2 * ow * L };
+                for v in &mut row[uncovered..] {
+                    v.write(0.0);
+                }
+            }
             for oy in 0..oh {
                 for ox in 0..ow {
-                    let (_, arg) = window_max::<L>(src, w, (oy, ox));
-                    let gv = &gp[(oy * ow + ox) * L..][..L];
-                    for k in 0..4u8 {
-                        let (dy, dxx) = ((k / 2) as usize, (k % 2) as usize);
-                        let o = &mut out[((2 * oy + dy) * w + 2 * ox + dxx) * L..][..L];
+                    let at = |dy: usize, dx: usize| ((2 * oy + dy) * w + 2 * ox + dx) * L;
+                    let cells = [at(0, 0), at(0, 1), at(1, 0), at(1, 1)];
+                    let v: [&[f32; L]; 4] =
+                        cells.map(|i| src[i..i + L].try_into().expect("L lanes"));
+                    let gv: &[f32; L] = gp[(oy * ow + ox) * L..][..L].try_into().expect("L lanes");
+                    let m = window_max::<L>(src, w, (oy, ox));
+                    let mut taken = [0u32; L];
+                    for (cell, &i) in v.iter().zip(&cells) {
+                        let o = &mut out[i..i + L];
                         for lane in 0..L {
-                            if arg[lane] == k {
-                                o[lane] = gv[lane];
-                            }
+                            let hit = is_max(cell[lane], m[lane]) & !taken[lane];
+                            taken[lane] |= hit;
+                            o[lane].write(f32::from_bits(gv[lane].to_bits() & hit));
                         }
                     }
                 }
             }
         });
-    dx
+    // SAFETY: every cell was written: those of a window above, the rest as zeros.
+    unsafe { assume_init(dx) }
 }
 
 impl CustomOp1 for MaxPool2 {
