@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 cargo build --release --examples
 .venv-oracle/bin/python bench/compose_bench.py --runs 30 --record
 [ -x .venv-torch/bin/python ] || { python3 -m venv .venv-torch && .venv-torch/bin/pip install -q torch==2.11.0 torchvision==0.26.0 timm safetensors; }
-.venv-torch/bin/python bench/train_step_bench.py --threads 2 --rounds 3 --record
+.venv-torch/bin/python bench/train_step_bench.py --threads 2 --rounds 5 --compile --record
 .venv-torch/bin/python bench/conv_profile.py --threads 2 --record
 .venv-torch/bin/python bench/vit_profile.py --threads 2 --record
 .venv-torch/bin/python bench/oracle.py --record
