@@ -81,20 +81,21 @@ def cnn(channels) -> nn.Module:
 
 
 def torch_steps(model_name: str, batch: int, steps: int, threads: int, device: str = "cpu",
-                precision: str = "32-true", host_input: bool = False, compiled: bool = False) -> float:
+                precision: str = "32-true", host_input: bool = False, compile_times: list = None) -> float:
     """Lightning's precisions: 16-mixed = autocast(float16) + GradScaler, bf16-mixed = autocast(bfloat16).
     On CUDA each step ends by reading the loss, as ours does (its statistics go to the host).
     `host_input`: the batch starts each step in pinned host memory and is copied over without blocking
     (a DataLoader with pin_memory=True, then `.to(device, non_blocking=True)`), as ours starts each step
     from the loader's host batch; otherwise it stays on the device, which no training loop gets.
-    `compiled`: the model under `torch.compile` (inductor, default mode; the optimizer step stays eager, as
+    `compile_times` (a list): the model under `torch.compile` (inductor, default mode; the optimizer step stays eager, as
     a user compiles a LightningModule's model); its first steps compile and are left out of the figure
-    (their time, the compile time, is noted in COMPILE_S), then `steps` + 1 steps are timed."""
+    (their time, the compile time, is appended to `compile_times`), then `steps` + 1 steps are timed."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model = MODELS[model_name][1]().to(device)
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    compiled = compile_times is not None
     forward = torch.compile(model) if compiled else model
     warm_up = COMPILE_WARM_UP if compiled else 0
     loss_fn = nn.CrossEntropyLoss()
@@ -123,14 +124,13 @@ def torch_steps(model_name: str, batch: int, steps: int, threads: int, device: s
         loss.item()
         times.append(time.perf_counter() - t0)
     if compiled:
-        COMPILE_S.append(sum(times[:warm_up]))
+        compile_times.append(sum(times[:warm_up]))
     return summary_median(times[warm_up:])
 
 
 # The compiled model's first steps (the first compiles forward and backward; a recompile may follow when
-# the optimizer's state appears), and each round's time for them.
+# the optimizer's state appears).
 COMPILE_WARM_UP = 3
-COMPILE_S: list = []
 
 
 def summary_median(times) -> float:
@@ -185,14 +185,13 @@ def main() -> None:
     if args.device == "cuda" and args.backend != "tch":
         sys.exit("--device cuda needs --backend tch (Candle runs on the CPU)")
     for name in args.models.split(","):
-        ours, theirs, fed, compiled = [], [], [], []
-        COMPILE_S.clear()
+        ours, theirs, fed, compiled, compile_s = [], [], [], [], []
         for _ in range(args.rounds):
             ours.append(ours_steps(name, args.batch, args.steps, args.threads, args.backend, args.device,
                                    args.precision))
             theirs.append(torch_steps(name, args.batch, args.steps, args.threads, args.device, args.precision))
             if args.compile:
-                compiled.append(torch_steps(name, args.batch, args.steps, args.threads, compiled=True))
+                compiled.append(torch_steps(name, args.batch, args.steps, args.threads, compile_times=compile_s))
             if args.device == "cuda":
                 fed.append(torch_steps(name, args.batch, args.steps, args.threads, args.device, args.precision,
                                        host_input=True))
@@ -211,11 +210,11 @@ def main() -> None:
             c = statistics.median(compiled)
             print(f"  PyTorch torch.compile (inductor): {args.batch / c:.1f} img/s, ratio {c / o:.2f}x "
                   f"(per round {' '.join(f'{b / a:.2f}' for a, b in zip(ours, compiled))}); its warm-up "
-                  f"steps (compiling) took {COMPILE_S[0]:.1f} s in round 1, "
-                  f"{statistics.median(COMPILE_S[1:] or COMPILE_S):.1f} s later (cached), not in its figure")
+                  f"steps (compiling) took {compile_s[0]:.1f} s in round 1, "
+                  f"{statistics.median(compile_s[1:] or compile_s):.1f} s later (cached), not in its figure")
             compile_note = f"; torch.compile (inductor, default mode, timed after {COMPILE_WARM_UP} warm-up " \
-                           f"steps, which took {COMPILE_S[0]:.1f} s in round 1 and " \
-                           f"{statistics.median(COMPILE_S[1:] or COMPILE_S):.1f} s with inductor's cache): " \
+                           f"steps, which took {compile_s[0]:.1f} s in round 1 and " \
+                           f"{statistics.median(compile_s[1:] or compile_s):.1f} s with inductor's cache): " \
                            f"{args.batch / c:.1f} img/s (**{c / o:.2f}x** against that)"
         # Each round's pair ran back to back: their spread is this machine's noise on the ratio.
         pairs = [b / a for a, b in zip(ours, theirs)]

@@ -352,6 +352,21 @@ fn pool_2x2_plane_grad(
     }
 }
 
+/// `each(input plane, its output gradient, its plane of dx)` for every plane (`plane` and `out_plane`
+/// values each), in parallel.
+fn plane_grads<T: Send>(
+    dx: &mut [T],
+    x: &[f32],
+    g: &[f32],
+    (plane, out_plane): (usize, usize),
+    each: impl Fn(&[f32], &[f32], &mut [T]) + Sync + Send,
+) {
+    dx.par_chunks_mut(plane)
+        .zip(x.par_chunks(plane).zip(g.par_chunks(out_plane)))
+        .with_min_len(planes_per_task(plane))
+        .for_each(|(o, (x, g))| each(x, g, o));
+}
+
 /// Planes per rayon task: enough work per task that scheduling does not dominate small planes.
 fn planes_per_task(plane_len: usize) -> usize {
     CHUNK.div_ceil(plane_len.max(1))
@@ -400,34 +415,24 @@ impl CustomOp1 for MaxPool {
         let (oh, ow) = (self.out(h), self.out(w));
         let dx = with_data(arg, |x| {
             with_data(grad, |g| {
-                let per_task = planes_per_task(h * w);
+                let sizes = (h * w, oh * ow);
                 if self.is_2x2() {
                     // Every value written (a window's, or a zero outside all), so none zeroed first.
                     let mut dx = uninit(n * c * h * w);
-                    dx.par_chunks_mut(h * w)
-                        .enumerate()
-                        .with_min_len(per_task)
-                        .for_each(|(p, o)| {
-                            let plane = &x[p * h * w..(p + 1) * h * w];
-                            let gp = &g[p * oh * ow..(p + 1) * oh * ow];
-                            pool_2x2_plane_grad(plane, gp, w, o, ow);
-                        });
+                    plane_grads(&mut dx, x, g, sizes, |plane, gp, o| {
+                        pool_2x2_plane_grad(plane, gp, w, o, ow)
+                    });
                     // SAFETY: pool_2x2_plane_grad writes every value of its plane.
                     return Ok(unsafe { assume_init(dx) });
                 }
                 let mut dx = vec![0f32; n * c * h * w];
-                dx.par_chunks_mut(h * w)
-                    .enumerate()
-                    .with_min_len(per_task)
-                    .for_each(|(p, o)| {
-                        let plane = &x[p * h * w..(p + 1) * h * w];
-                        let gp = &g[p * oh * ow..(p + 1) * oh * ow];
-                        for oy in 0..oh {
-                            for ox in 0..ow {
-                                o[self.argmax(plane, w, h, oy, ox)] += gp[oy * ow + ox];
-                            }
+                plane_grads(&mut dx, x, g, sizes, |plane, gp, o| {
+                    for oy in 0..oh {
+                        for ox in 0..ow {
+                            o[self.argmax(plane, w, h, oy, ox)] += gp[oy * ow + ox];
                         }
-                    });
+                    }
+                });
                 Ok(dx)
             })
         })?;
