@@ -6,7 +6,7 @@
 
 mod common;
 
-use candle_core::Var;
+use candle_core::{Tensor, Var};
 use common::kernels::{assert_same_gradients, max_diff, tensor, values};
 use rstest::rstest;
 use trainyard::backend::candle::kernels::batchnorm::{self, Then};
@@ -226,6 +226,53 @@ fn blocked_batch_norm_matches_the_planar_one(#[case] then: Then) {
     let blocked = direct::batchnorm::eval(&xb, &gamma, &beta, (&mean, &var), 1e-5, then).unwrap();
     let ours = direct::layout::from_blocked(&blocked, 11).unwrap();
     assert!(max_diff(&ours, &planar) < 1e-6);
+}
+
+/// `bias_relu_pool2` (one op) gives the same bits as `bias_relu` then `max_pool2`: the pooled values, the
+/// convolution's gradient and the bias's, on even and odd planes (the last row and column in no window),
+/// with ties inside windows (values rounded to a coarse grid, many of them 0 after the ReLU).
+#[rstest]
+#[case::even_16_lanes(&[3, 11, 8, 6], 16)]
+#[case::odd_16_lanes(&[2, 21, 7, 5], 16)]
+#[case::odd_8_lanes(&[2, 21, 7, 5], 8)]
+fn fused_bias_relu_pool_gives_the_bits_of_the_two_ops(
+    #[case] dims: &[usize],
+    #[case] lanes: usize,
+) {
+    let coarse = (tensor(dims, 16) * 4.0).unwrap().round().unwrap();
+    let x = Var::from_tensor(&direct::layout::to_blocked(&coarse, lanes).unwrap()).unwrap();
+    let bias = Var::from_tensor(&(tensor(&[dims[1]], 17) * 2.0).unwrap().round().unwrap()).unwrap();
+    let fused = direct::bias_relu_pool::bias_relu_pool2(&x, &bias).unwrap();
+    let apart = direct::elementwise::max_pool2(&direct::elementwise::bias_relu(&x, &bias).unwrap())
+        .unwrap();
+    assert_eq!(fused.dims(), apart.dims());
+    let bits = |t: &Tensor| -> Vec<u32> {
+        t.flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    assert_eq!(bits(&fused), bits(&apart));
+    let probe = tensor(fused.dims(), 18);
+    let grads = |y: &Tensor| (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+    let (g1, g2) = (grads(&fused), grads(&apart));
+    for v in [&x, &bias] {
+        assert_eq!(bits(g1.get(v).unwrap()), bits(g2.get(v).unwrap()));
+    }
+    let dx = g1
+        .get(&x)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    assert!(
+        dx.iter().any(|v| *v != 0.0),
+        "some gradient reaches the convolution"
+    );
 }
 
 /// The small CNN's blocked ops equal the planar ones: bias + ReLU (with the bias gradient) and 2x2

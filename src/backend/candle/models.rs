@@ -155,11 +155,10 @@ impl CandleForward for Cnn {
                     candle_core::Error::Msg("blocked activations without a direct path".into())
                 })?;
                 let h = super::kernels::direct::conv::conv2d(isa, x, w, 1, 1)?;
-                let h = super::kernels::direct::elementwise::bias_relu(&h, b)?;
                 if h.dim(2)? < 2 || h.dim(3)? < 2 {
-                    Ok(h)
+                    super::kernels::direct::elementwise::bias_relu(&h, b)
                 } else {
-                    super::kernels::direct::elementwise::max_pool2(&h)
+                    super::kernels::direct::bias_relu_pool::bias_relu_pool2(&h, b)
                 }
             }
             k if k <= self.blocks() => {

@@ -9,6 +9,7 @@
 //! - `layout`: NCHW ↔ blocked conversions as differentiable ops.
 //! - `batchnorm`: training and eval BatchNorm (+ReLU) over blocked activations.
 //! - `elementwise`: the small CNN's bias + ReLU and 2x2 max-pool over blocked activations.
+//! - `bias_relu_pool`: the two as one op, for the CNN's blocks (one pass each way instead of four).
 //! - `matmul`: matrix products and linear layers on the same path's GEMM kernel (transformers).
 //! - `rowwise`: LayerNorm, softmax and GELU over the last dimension, one pass each way (transformers).
 //! - `attention`: multi-head self-attention as one op over the qkv projection (transformers).
@@ -21,6 +22,7 @@
 
 pub mod attention;
 pub mod batchnorm;
+pub mod bias_relu_pool;
 pub mod conv;
 pub mod elementwise;
 pub mod layout;

@@ -1,0 +1,296 @@
+//! `max_pool2(relu(x + bias))` over blocked activations `(N, CB, H, W, L)` as one op: the small CNN's
+//! block after each convolution. As two ops the forward pass writes the ReLU's output and reads it back to
+//! pool it, and the backward pass writes the pooling's gradient (mostly zeros) only to read it again with
+//! the ReLU's output for the bias. Here the forward pass pools `relu(x + b)` as it computes it, and the
+//! backward pass recomputes it from `x` and writes the convolution's gradient and the bias's partial sums
+//! in one pass: the same values, in the same order, as the two ops (`elementwise`) give. Its per-plane
+//! kernel is compiled for AVX-512 and AVX2 as well and picked at run time: the crate is built for the
+//! target's baseline (SSE2), where the 16-lane selects ran four lanes at a time or one (5x slower).
+
+use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
+use crate::backend::candle::kernels::fused::pick;
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+use std::mem::MaybeUninit;
+use trainyard_conv::buffer::{assume_init, uninit};
+
+/// `max_pool2(relu(x + bias[channel]))` (2x2 windows, stride 2, floor mode) over a blocked `x` of at least
+/// 2x2 pixels; `bias` has the real channel count (lanes past it stay 0).
+pub fn bias_relu_pool2(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    x.contiguous()?
+        .apply_op2(&bias.contiguous()?, BiasReluPool2)
+}
+
+struct BiasReluPool2;
+
+/// The bias per lane of every block, zero past the real channels.
+fn bias_lanes(bias: &[f32], cb: usize, l: usize) -> Result<Vec<f32>> {
+    if bias.len() > cb * l {
+        candle_core::bail!(
+            "bias_relu_pool2: {} biases for {cb} blocks of {l}",
+            bias.len()
+        );
+    }
+    let mut lanes = bias.to_vec();
+    lanes.resize(cb * l, 0.0);
+    Ok(lanes)
+}
+
+/// `relu(v + b)` per lane, as `elementwise::bias_relu` computes it.
+#[inline(always)]
+fn activated<const L: usize>(v: &[f32], b: &[f32; L]) -> [f32; L] {
+    std::array::from_fn(|lane| (v[lane] + b[lane]).max(0.0))
+}
+
+/// Per lane, the maximum of `relu(x + b)` over window (oy, ox): the first maximum, as `pick` keeps it.
+#[inline(always)]
+fn window_max<const L: usize>(
+    x: &[f32],
+    w: usize,
+    b: &[f32; L],
+    (oy, ox): (usize, usize),
+) -> [f32; L] {
+    let at = |dy: usize, dx: usize| activated::<L>(&x[((2 * oy + dy) * w + 2 * ox + dx) * L..], b);
+    let mut best = at(0, 0);
+    for (dy, dx) in [(0, 1), (1, 0), (1, 1)] {
+        let v = at(dy, dx);
+        for lane in 0..L {
+            best[lane] = pick(best[lane], v[lane]);
+        }
+    }
+    best
+}
+
+fn forward<const L: usize>(
+    x: &[f32],
+    lanes: &[f32],
+    (cb, h, w): (usize, usize, usize),
+) -> Vec<f32> {
+    let (oh, ow) = (h / 2, w / 2);
+    let planes = x.len() / (h * w * L);
+    let mut y = uninit(planes * oh * ow * L);
+    y.par_chunks_mut(oh * ow * L)
+        .enumerate()
+        .for_each(|(p, out)| {
+            let src = &x[p * h * w * L..][..h * w * L];
+            let b: &[f32; L] = lanes[(p % cb) * L..][..L].try_into().expect("L lanes");
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let best = window_max::<L>(src, w, b, (oy, ox));
+                    for (o, v) in out[(oy * ow + ox) * L..][..L].iter_mut().zip(best) {
+                        o.write(v);
+                    }
+                }
+            }
+        });
+    // SAFETY: every window of every plane was written.
+    unsafe { assume_init(y) }
+}
+
+/// All ones where `c` holds.
+#[inline(always)]
+fn mask(c: bool) -> u32 {
+    (c as u32).wrapping_neg()
+}
+
+/// One plane's backward pass (see `backward`); `windows` holds a row of windows' maxima and which lanes
+/// an earlier cell already took. Branch-free per lane, so it compiles to whole-vector selects.
+#[inline(always)]
+fn plane_backward<const L: usize>(
+    (src, gp, b): (&[f32], &[f32], &[f32; L]),
+    (h, w): (usize, usize),
+    windows: &mut [([f32; L], [u32; L])],
+    out: &mut [MaybeUninit<f32>],
+) -> [f32; L] {
+    let (oh, ow) = (h / 2, w / 2);
+    let mut acc = [0f32; L];
+    for y in 0..h {
+        let row = &mut out[y * w * L..][..w * L];
+        let oy = y / 2;
+        if oy >= oh {
+            // The odd last row is in no window: zeros, which leave the sums as they are.
+            for o in row.iter_mut() {
+                o.write(0.0);
+            }
+            continue;
+        }
+        if y % 2 == 0 {
+            for (ox, (m, taken)) in windows.iter_mut().enumerate() {
+                *m = window_max::<L>(src, w, b, (oy, ox));
+                *taken = [0; L];
+            }
+        }
+        let (pairs, rest) = row.split_at_mut(2 * ow * L);
+        let cells = &src[y * w * L..][..2 * ow * L];
+        let grads = &gp[oy * ow * L..][..ow * L];
+        for (ox, ((m, taken), gv)) in windows.iter_mut().zip(grads.chunks_exact(L)).enumerate() {
+            for at in [2 * ox * L, (2 * ox + 1) * L] {
+                let v = activated::<L>(&cells[at..], b);
+                let o = &mut pairs[at..at + L];
+                for lane in 0..L {
+                    // ReLU's outputs are never NaN, so `==` is `fused::is_max` here.
+                    let hit = mask(v[lane] == m[lane]) & !taken[lane];
+                    taken[lane] |= hit;
+                    let d = f32::from_bits(gv[lane].to_bits() & hit & mask(v[lane] > 0.0));
+                    o[lane].write(d);
+                    acc[lane] += d;
+                }
+            }
+        }
+        for o in rest {
+            o.write(0.0);
+        }
+    }
+    acc
+}
+
+type PlaneBackward<const L: usize> = unsafe fn(
+    (&[f32], &[f32], &[f32; L]),
+    (usize, usize),
+    &mut [([f32; L], [u32; L])],
+    &mut [MaybeUninit<f32>],
+) -> [f32; L];
+
+/// `plane_backward` compiled for AVX-512 (16 lanes: one register per pixel).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn plane_backward_avx512(
+    data: (&[f32], &[f32], &[f32; 16]),
+    hw: (usize, usize),
+    windows: &mut [([f32; 16], [u32; 16])],
+    out: &mut [MaybeUninit<f32>],
+) -> [f32; 16] {
+    plane_backward::<16>(data, hw, windows, out)
+}
+
+/// `plane_backward` compiled for AVX2 (8 lanes).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn plane_backward_avx2(
+    data: (&[f32], &[f32], &[f32; 8]),
+    hw: (usize, usize),
+    windows: &mut [([f32; 8], [u32; 8])],
+    out: &mut [MaybeUninit<f32>],
+) -> [f32; 8] {
+    plane_backward::<8>(data, hw, windows, out)
+}
+
+/// `plane_backward` without an instruction set beyond the build's.
+fn plane_backward_portable<const L: usize>(
+    data: (&[f32], &[f32], &[f32; L]),
+    hw: (usize, usize),
+    windows: &mut [([f32; L], [u32; L])],
+    out: &mut [MaybeUninit<f32>],
+) -> [f32; L] {
+    plane_backward::<L>(data, hw, windows, out)
+}
+
+/// The fastest compilation of `plane_backward::<16>` this CPU runs.
+fn kernel_16() -> PlaneBackward<16> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") {
+        return plane_backward_avx512;
+    }
+    plane_backward_portable::<16>
+}
+
+/// The fastest compilation of `plane_backward::<8>` this CPU runs.
+fn kernel_8() -> PlaneBackward<8> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        return plane_backward_avx2;
+    }
+    plane_backward_portable::<8>
+}
+
+/// The gradient at the convolution's output (the pooled gradient at each window's first maximum where
+/// that maximum is positive, else 0) and, per plane, its per-lane sums in pixel order: what
+/// `elementwise`'s pooling and bias + ReLU backward passes give one after the other. The upper row of
+/// each row of windows finds their maxima; the cells are then visited in pixel order, so the sums add
+/// in the same order as the two ops'.
+fn backward<const L: usize>(
+    (x, lanes, g): (&[f32], &[f32], &[f32]),
+    (cb, h, w): (usize, usize, usize),
+    kernel: PlaneBackward<L>,
+) -> (Vec<f32>, Vec<f32>) {
+    let (oh, ow) = (h / 2, w / 2);
+    let mut dx = uninit(x.len());
+    let mut sums = vec![0f32; x.len() / (h * w)];
+    dx.par_chunks_mut(h * w * L)
+        .zip(sums.par_chunks_mut(L))
+        .enumerate()
+        .for_each_init(
+            || vec![([0f32; L], [0u32; L]); ow],
+            |windows, (p, (out, total))| {
+                let src = &x[p * h * w * L..][..h * w * L];
+                let gp = &g[p * oh * ow * L..][..oh * ow * L];
+                let b: &[f32; L] = lanes[(p % cb) * L..][..L].try_into().expect("L lanes");
+                // SAFETY: `kernel_16`/`kernel_8` picked a compilation this CPU supports.
+                let acc = unsafe { kernel((src, gp, b), (h, w), windows, out) };
+                total.copy_from_slice(&acc);
+            },
+        );
+    // SAFETY: every pixel of every plane was written.
+    (unsafe { assume_init(dx) }, sums)
+}
+
+impl CustomOp2 for BiasReluPool2 {
+    fn name(&self) -> &'static str {
+        "trainyard-blocked-bias-relu-pool2"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (n, cb, h, w, l) = l1.shape().dims5()?;
+        if h < 2 || w < 2 {
+            candle_core::bail!("bias_relu_pool2: a {h}x{w} plane has no 2x2 window");
+        }
+        let (x, lanes) = (slice(s1, l1)?, bias_lanes(slice(s2, l2)?, cb, l)?);
+        let y = match l {
+            16 => forward::<16>(x, &lanes, (cb, h, w)),
+            8 => forward::<8>(x, &lanes, (cb, h, w)),
+            _ => candle_core::bail!("bias_relu_pool2: blocks of {l} lanes (8 or 16 expected)"),
+        };
+        Ok((CpuStorage::F32(y), Shape::from((n, cb, h / 2, w / 2, l))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        bias: &Tensor,
+        _res: &Tensor,
+        grad: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let (n, cb, h, w, l) = x.dims5()?;
+        let c = bias.dim(0)?;
+        let lanes = with_f32(bias, |b| bias_lanes(b, cb, l))?;
+        let (dx, sums) = with_f32(x, |xs| {
+            with_f32(grad, |g| match l {
+                16 => Ok(backward::<16>((xs, &lanes, g), (cb, h, w), kernel_16())),
+                8 => Ok(backward::<8>((xs, &lanes, g), (cb, h, w), kernel_8())),
+                _ => candle_core::bail!("bias_relu_pool2: blocks of {l} lanes"),
+            })
+        })?;
+        // As `elementwise::bias_relu`'s bias gradient: each lane's plane sums, image by image, in f64.
+        let db: Vec<f32> = (0..c)
+            .map(|k| {
+                let (b, lane) = (k / l, k % l);
+                (0..n).fold(0f64, |t, img| {
+                    t + f64::from(sums[(img * cb + b) * l + lane])
+                }) as f32
+            })
+            .collect();
+        let dev = x.device();
+        Ok((
+            x.track_op()
+                .then(|| Tensor::from_vec(dx, x.shape(), dev))
+                .transpose()?,
+            Some(Tensor::from_vec(db, c, dev)?),
+        ))
+    }
+}
