@@ -7,8 +7,8 @@
 //! kernel is compiled for AVX-512 and AVX2 as well and picked at run time: the crate is built for the
 //! target's baseline (SSE2), where the 16-lane selects ran four lanes at a time or one (5x slower).
 
+use super::elementwise::{bias_grad, bias_lanes, window_max_of};
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
-use crate::backend::candle::kernels::fused::pick;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -23,19 +23,6 @@ pub fn bias_relu_pool2(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
 
 struct BiasReluPool2;
 
-/// The bias per lane of every block, zero past the real channels.
-fn bias_lanes(bias: &[f32], cb: usize, l: usize) -> Result<Vec<f32>> {
-    if bias.len() > cb * l {
-        candle_core::bail!(
-            "bias_relu_pool2: {} biases for {cb} blocks of {l}",
-            bias.len()
-        );
-    }
-    let mut lanes = bias.to_vec();
-    lanes.resize(cb * l, 0.0);
-    Ok(lanes)
-}
-
 /// `relu(v + b)` per lane, as `elementwise::bias_relu` computes it.
 #[inline(always)]
 fn activated<const L: usize>(v: &[f32], b: &[f32; L]) -> [f32; L] {
@@ -44,21 +31,8 @@ fn activated<const L: usize>(v: &[f32], b: &[f32; L]) -> [f32; L] {
 
 /// Per lane, the maximum of `relu(x + b)` over window (oy, ox): the first maximum, as `pick` keeps it.
 #[inline(always)]
-fn window_max<const L: usize>(
-    x: &[f32],
-    w: usize,
-    b: &[f32; L],
-    (oy, ox): (usize, usize),
-) -> [f32; L] {
-    let at = |dy: usize, dx: usize| activated::<L>(&x[((2 * oy + dy) * w + 2 * ox + dx) * L..], b);
-    let mut best = at(0, 0);
-    for (dy, dx) in [(0, 1), (1, 0), (1, 1)] {
-        let v = at(dy, dx);
-        for lane in 0..L {
-            best[lane] = pick(best[lane], v[lane]);
-        }
-    }
-    best
+fn window_max<const L: usize>(x: &[f32], w: usize, b: &[f32; L], at: (usize, usize)) -> [f32; L] {
+    window_max_of::<L>(x, w, at, |cell| activated::<L>(cell, b))
 }
 
 fn forward<const L: usize>(
@@ -276,15 +250,7 @@ impl CustomOp2 for BiasReluPool2 {
                 _ => candle_core::bail!("bias_relu_pool2: blocks of {l} lanes"),
             })
         })?;
-        // As `elementwise::bias_relu`'s bias gradient: each lane's plane sums, image by image, in f64.
-        let db: Vec<f32> = (0..c)
-            .map(|k| {
-                let (b, lane) = (k / l, k % l);
-                (0..n).fold(0f64, |t, img| {
-                    t + f64::from(sums[(img * cb + b) * l + lane])
-                }) as f32
-            })
-            .collect();
+        let db = bias_grad(&sums, (n, cb, l), c);
         let dev = x.device();
         Ok((
             x.track_op()

@@ -32,12 +32,7 @@ impl CustomOp2 for BiasRelu {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (_, cb, h, w, l) = l1.shape().dims5()?;
-        let (x, bias) = (slice(s1, l1)?, slice(s2, l2)?);
-        if bias.len() > cb * l {
-            candle_core::bail!("bias_relu: {} biases for {cb} blocks of {l}", bias.len());
-        }
-        let mut lanes = bias.to_vec();
-        lanes.resize(cb * l, 0.0);
+        let (x, lanes) = (slice(s1, l1)?, bias_lanes(slice(s2, l2)?, cb, l)?);
         let plane = h * w * l;
         let mut y = vec![0f32; x.len()];
         y.par_chunks_mut(plane)
@@ -70,17 +65,7 @@ impl CustomOp2 for BiasRelu {
                 _ => candle_core::bail!("bias_relu: blocks of {l} lanes (8 or 16 expected)"),
             })
         })?;
-        // Each block's per-lane sums over its planes, image by image in order, in f64 (the bias's
-        // gradient: its channel's sum over every image and pixel).
-        let db: Vec<f32> = (0..cb * l)
-            .map(|k| {
-                let (b, lane) = (k / l, k % l);
-                (0..n).fold(0f64, |t, img| {
-                    t + f64::from(sums[(img * cb + b) * l + lane])
-                }) as f32
-            })
-            .take(c)
-            .collect();
+        let db = bias_grad(&sums, (n, cb, l), c);
         let dev = x.device();
         Ok((
             x.track_op()
@@ -89,6 +74,29 @@ impl CustomOp2 for BiasRelu {
             Some(Tensor::from_vec(db, c, dev)?),
         ))
     }
+}
+
+/// The bias per lane of every block, zero past the real channels.
+pub(super) fn bias_lanes(bias: &[f32], cb: usize, l: usize) -> Result<Vec<f32>> {
+    if bias.len() > cb * l {
+        candle_core::bail!("bias_relu: {} biases for {cb} blocks of {l}", bias.len());
+    }
+    let mut lanes = bias.to_vec();
+    lanes.resize(cb * l, 0.0);
+    Ok(lanes)
+}
+
+/// The bias's gradient from per-plane lane sums (`n` images of `cb` blocks of `l` lanes): each channel's
+/// planes added image by image in order, in f64, the first `c` channels.
+pub(super) fn bias_grad(sums: &[f32], (n, cb, l): (usize, usize, usize), c: usize) -> Vec<f32> {
+    (0..c)
+        .map(|k| {
+            let (b, lane) = (k / l, k % l);
+            (0..n).fold(0f64, |t, img| {
+                t + f64::from(sums[(img * cb + b) * l + lane])
+            }) as f32
+        })
+        .collect()
 }
 
 /// A bias + ReLU's input gradient (`g` where the output `y` is positive, else 0) and, per plane of
@@ -131,9 +139,20 @@ fn pool_dims(s: &Shape) -> Result<(usize, usize, usize, usize)> {
 
 /// Per lane, the maximum of window (oy, ox): the first maximum, a NaN winning (PyTorch's rule, `fused`'s).
 #[inline(always)]
-fn window_max<const L: usize>(x: &[f32], w: usize, (oy, ox): (usize, usize)) -> [f32; L] {
-    let at = |dy: usize, dx: usize| -> &[f32] { &x[((2 * oy + dy) * w + 2 * ox + dx) * L..][..L] };
-    let mut best: [f32; L] = at(0, 0).try_into().expect("L lanes");
+fn window_max<const L: usize>(x: &[f32], w: usize, at: (usize, usize)) -> [f32; L] {
+    window_max_of::<L>(x, w, at, |cell| cell[..L].try_into().expect("L lanes"))
+}
+
+/// `window_max` of `value(cell)` for each of the window's cells (`value` sees the cell's L lanes onward).
+#[inline(always)]
+pub(super) fn window_max_of<const L: usize>(
+    x: &[f32],
+    w: usize,
+    (oy, ox): (usize, usize),
+    value: impl Fn(&[f32]) -> [f32; L],
+) -> [f32; L] {
+    let at = |dy: usize, dx: usize| value(&x[((2 * oy + dy) * w + 2 * ox + dx) * L..]);
+    let mut best = at(0, 0);
     for (dy, dx) in [(0, 1), (1, 0), (1, 1)] {
         let v = at(dy, dx);
         for lane in 0..L {
