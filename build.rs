@@ -1,4 +1,5 @@
-//! Always: W&B's record types from `proto/wandb_internal.proto` (prost, compiled with protox: no `protoc`).
+//! Always: W&B's record types from `proto/wandb_internal.proto` (prost, compiled with protox: no `protoc`),
+//! and the small C shim through which the JPEG entropy decoder reaches libjpeg's scan.
 //! With the `torch` feature: compile the small C++ shims (`src/backend/torch/shim.cpp`: autocast;
 //! `src/comm/c10d_shim.cpp`: TCPStore and Gloo collectives) against libtorch's headers, and give every
 //! linked target (the `train` binary, tests, examples) an rpath to libtorch's `lib/`, so they run without
@@ -19,6 +20,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=TRAINYARD_GLOO_INCLUDE");
     println!("cargo::rustc-check-cfg=cfg(trainyard_nccl)");
     wandb_records();
+    jpeg_scan_shim();
     if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
         return;
     }
@@ -206,4 +208,18 @@ fn wandb_records() {
     prost_build::Config::new()
         .compile_fds(descriptors)
         .expect("prost could not generate W&B's record types");
+}
+
+/// `src/data/jpeg/scan_shim.c`, which reads libjpeg's scan layout for the entropy decoder, compiled
+/// against the headers mozjpeg-sys built libjpeg with (its `links = "jpeg"` hands them over).
+fn jpeg_scan_shim() {
+    println!("cargo:rerun-if-changed=src/data/jpeg/scan_shim.c");
+    let include =
+        std::env::var_os("DEP_JPEG_INCLUDE").expect("mozjpeg-sys names its include folders");
+    let mut build = cc::Build::new();
+    build.file("src/data/jpeg/scan_shim.c").warnings(true);
+    for dir in std::env::split_paths(&include) {
+        build.include(dir);
+    }
+    build.compile("trainyard_jpeg_scan");
 }

@@ -103,6 +103,27 @@ def ours_epoch(root: str, workers: int, batch: int) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["images_per_s"]
 
 
+def entropy_ab(root: str, what: str, args) -> None:
+    """trainyard's Huffman decoder vs libjpeg-turbo's inside the same decode (same files, same thread,
+    alternating rounds): the old JPEG path against the new one."""
+    out = subprocess.run([OURS, root, "entropy", str(max(args.rounds, 3))], check=True, capture_output=True,
+                         text=True)
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    for scale, label in [("scale_8", "whole image"), ("scale_1", "at 1/8 scale (Huffman decoding left)")]:
+        o, l = r[scale]["trainyard_ms"], r[scale]["libjpeg_ms"]
+        print(f"decode {label}: trainyard's Huffman decoder {o:.3f} ms/img, libjpeg-turbo's {l:.3f} ms/img "
+              f"(ratio {l / o:.2f})")
+        if args.record:
+            record(
+                "Data loading, JPEG image folder (issue: training core)",
+                f"| {datetime.date.today()} | {what}, JPEG decode {label}, 1 thread, median of "
+                f"{max(args.rounds, 3)} alternated rounds | {o:.3f} ms/img | libjpeg-turbo's own Huffman "
+                f"decoder (the previous path), same decode: {l:.3f} ms/img | {l / o:.2f}x | {machine()} | "
+                f"`python3 bench/loader_bench.py --workers 1 --large-every {args.large_every} --entropy "
+                f"--record` |",
+            )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
@@ -112,11 +133,15 @@ def main() -> None:
                     help="every Nth image 1600x1200 instead of 500x375 (0: none)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--record", action="store_true")
+    ap.add_argument("--entropy", action="store_true",
+                    help="also time trainyard's Huffman decoder against libjpeg-turbo's on the same files")
     args = ap.parse_args()
     torch.set_num_threads(1)
     what = f"{args.images} JPEGs 500x375" + (f" (every {args.large_every}th 1600x1200)" if args.large_every else "")
     with tempfile.TemporaryDirectory() as root:
         make_folder(root, 10, args.images // 10, args.large_every)
+        if args.entropy:
+            entropy_ab(root, what, args)
         for w in args.workers:
             ours, pil, dj = [], [], []
             for _ in range(args.rounds):

@@ -7,6 +7,10 @@
 //! 32 padded by 4, flip, normalize); webdataset: the `.tar` shards in <root>, CIFAR-shaped, the same,
 //! indexed; webdataset-stream: the same shards streamed (whole shards in a shuffled order, a shuffle
 //! buffer of 1000). The time includes opening the dataset (reading the shards' headers).
+//!
+//! `loader_bench <root> entropy <rounds>`: the JPEGs under <root> decoded whole and at 1/8 scale (where
+//! little but the Huffman decoding is left) by trainyard's Huffman decoder and by libjpeg-turbo's,
+//! alternating, on one thread; prints the median milliseconds per image of each as JSON.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -22,6 +26,11 @@ use trainyard::schema::Transform;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [root, mode, rounds] = &args[..] {
+        if mode == "entropy" {
+            return entropy_ab(std::path::Path::new(root), rounds.parse()?);
+        }
+    }
     let (root, workers, batch_size, epochs, kind) = match &args[..] {
         [r, w, b, e] => (r, w, b, e, "folder"),
         [r, w, b, e, k] => (r, w, b, e, k.as_str()),
@@ -108,6 +117,47 @@ fn main() -> anyhow::Result<()> {
         "{{\"images\": {images}, \"seconds\": {seconds:.4}, \"images_per_s\": {:.1}}}",
         images as f64 / seconds
     );
+    Ok(())
+}
+
+/// Per-image decode times of the two Huffman decoders on the JPEGs under `root` (see the module doc).
+fn entropy_ab(root: &std::path::Path, rounds: usize) -> anyhow::Result<()> {
+    use trainyard::data::jpeg;
+    let mut files = Vec::new();
+    for class in std::fs::read_dir(root.join("train"))? {
+        for file in std::fs::read_dir(class?.path())? {
+            files.push(std::fs::read(file?.path())?);
+        }
+    }
+    let mut json = Vec::new();
+    for scale in [8u8, 1] {
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            for own in [true, false] {
+                let started = Instant::now();
+                for bytes in &files {
+                    let rows = if own {
+                        jpeg::decode_region(bytes, 3, scale, None, Vec::new())
+                    } else {
+                        jpeg::decode_region_libjpeg(bytes, 3, scale, None)
+                    };
+                    std::hint::black_box(rows.map_err(|e| anyhow::anyhow!("{e}"))?);
+                }
+                let ms = started.elapsed().as_secs_f64() * 1e3 / files.len() as f64;
+                if own { &mut ours } else { &mut theirs }.push(ms);
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        json.push(format!(
+            "\"scale_{scale}\": {{\"trainyard_ms\": {:.4}, \"libjpeg_ms\": {:.4}}}",
+            median(&mut ours),
+            median(&mut theirs)
+        ));
+    }
+    println!("{{{}, \"images\": {}}}", json.join(", "), files.len());
     Ok(())
 }
 

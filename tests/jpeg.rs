@@ -1,7 +1,9 @@
 //! JPEG input decoded as Pillow decodes it: files Pillow writes (4:2:0, 4:2:2 and 4:4:4 chroma, gray,
 //! progressive, a restart interval, odd sizes) decode to Pillow's own pixels, bit for bit; a region and a
 //! DCT-scaled decode equal Pillow's `crop` of the full decode and its `draft` mode; a cut-off file is an
-//! error, as in Pillow.
+//! error, as in Pillow. trainyard's own Huffman decoder (used for one-scan baseline files) gives libjpeg's
+//! pixels at every scale and region, on standard and optimised tables, restart intervals and gray, and
+//! on damaged data falls back to libjpeg's decoder, so its repairs and errors are unchanged.
 
 mod common;
 use trainyard::data::jpeg;
@@ -88,4 +90,133 @@ fn decodes_as_pillow_does() {
     let gray = jpeg::decode(&read("gray.jpg"), 1, 0).unwrap();
     assert_eq!(gray.channels, 1);
     assert!(gray.pixels == read("gray.l"), "gray: not Pillow's pixels");
+}
+
+const ENTROPY_SCRIPT: &str = r#"
+import io, sys
+import numpy as np
+from PIL import Image, ImageFile
+ImageFile.MAXBLOCK = 1 << 24  # optimised tables at quality 100 need a larger encoder buffer
+out = sys.argv[1]
+rng = np.random.default_rng(11)
+def photo(w, h, noise):
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    base = 127 + 80 * np.sin(xx * 0.021 + yy * 0.033 + 1)
+    img = np.stack([base, np.roll(base, 40, 1), np.roll(base, 80, 0)], -1) + rng.normal(0, noise, (h, w, 3))
+    return Image.fromarray(np.clip(img, 0, 255).astype(np.uint8))
+big, odd = photo(500, 375, 18), photo(203, 77, 30)
+cases = {
+    "standard": (big, dict(quality=90)),
+    "optimized": (big, dict(quality=90, optimize=True)),
+    "q100_444": (big, dict(quality=100, subsampling=0, optimize=True)),
+    "q40_422": (odd, dict(quality=40, subsampling=1)),
+    "restart_every_block": (odd, dict(quality=85, restart_marker_blocks=1)),
+    "restart_rows": (big, dict(quality=92, restart_marker_rows=2, optimize=True)),
+    "gray": (big.convert("L"), dict(quality=95, optimize=True)),
+    "tiny": (photo(1, 1, 0), dict(quality=90)),
+}
+for name, (img, kw) in cases.items():
+    buf = io.BytesIO(); img.save(buf, format="JPEG", **kw)
+    open(f"{out}/{name}.jpg", "wb").write(buf.getvalue())
+buf = io.BytesIO(); big.save(buf, format="JPEG", quality=90, progressive=True)
+open(f"{out}/progressive.jpg", "wb").write(buf.getvalue())
+"#;
+
+/// The fast decoder and libjpeg's agree on `bytes`: the same pixels and region, or the same error.
+fn same_as_libjpeg(bytes: &[u8], channels: usize, what: &str) {
+    let (h, w) = jpeg::size(bytes).unwrap();
+    let regions = [
+        None,
+        Some((0, 0, h / 3 + 1, w)),
+        Some((h / 2, w / 3, h - h / 2, w / 2 + 1)),
+    ];
+    for scale in [8u8, 4, 2, 1] {
+        for region in regions {
+            // Regions are given at the decoded scale.
+            let region = region.map(|(t, l, rh, rw)| {
+                let s = |v: usize| (v * scale as usize).div_ceil(8);
+                (s(t), s(l), s(rh).max(1), s(rw).max(1))
+            });
+            let fast = jpeg::decode_region(bytes, channels, scale, region, Vec::new());
+            let slow = jpeg::decode_region_libjpeg(bytes, channels, scale, region);
+            let context = format!("{what}, scale {scale}/8, region {region:?}");
+            match (fast, slow) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(
+                        (a.left, a.top, a.width, a.rows, a.channels),
+                        (b.left, b.top, b.width, b.rows, b.channels),
+                        "{context}"
+                    );
+                    assert!(a.pixels == b.pixels, "{context}: the pixels differ");
+                }
+                (Err(a), Err(b)) => assert_eq!(a, b, "{context}"),
+                (a, b) => panic!("{context}: {:?} vs {:?}", a.err(), b.err()),
+            }
+        }
+    }
+}
+
+#[test]
+fn own_entropy_decoder_gives_libjpegs_pixels_or_falls_back() {
+    let Some(python) = common::torch_python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let made = std::process::Command::new(python)
+        .args(["-c", ENTROPY_SCRIPT, dir.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    common::succeeded(&made);
+    let read = |name: &str| std::fs::read(dir.path().join(format!("{name}.jpg"))).unwrap();
+    let cases = [
+        "standard",
+        "optimized",
+        "q100_444",
+        "q40_422",
+        "restart_every_block",
+        "restart_rows",
+        "gray",
+        "tiny",
+    ];
+    for case in cases {
+        let bytes = read(case);
+        let channels = if case == "gray" { 1 } else { 3 };
+        assert!(
+            jpeg::fast_entropy_decodes(&bytes, channels),
+            "{case}: the fast decoder did not take the file"
+        );
+        same_as_libjpeg(&bytes, channels, case);
+        if channels == 3 {
+            same_as_libjpeg(&bytes, 1, &format!("{case} as gray"));
+        }
+    }
+    let progressive = read("progressive");
+    assert!(!jpeg::fast_entropy_decodes(&progressive, 3));
+    same_as_libjpeg(&progressive, 3, "progressive");
+
+    // Damaged data inside the scan: both decoders repair it alike (libjpeg's warnings, gray fill) or
+    // fail alike.
+    let bytes = read("standard");
+    let scan = bytes.windows(2).rposition(|w| w == [0xFF, 0xDA]).unwrap() + 20;
+    let mut fell_back = 0;
+    for (i, at) in (scan..bytes.len() - 2).step_by(9973).enumerate() {
+        let mut damaged = bytes.clone();
+        let flipped = damaged[at] ^ (0x5A + i as u8);
+        if flipped == 0xFF || damaged[at] == 0xFF || damaged[at - 1] == 0xFF {
+            continue;
+        }
+        damaged[at] = flipped;
+        fell_back += !jpeg::fast_entropy_decodes(&damaged, 3) as usize;
+        same_as_libjpeg(&damaged, 3, &format!("a byte flipped at {at}"));
+    }
+    assert!(fell_back > 0, "no damage made the fast decoder give up");
+    // The scan cut short and the file ended properly (EOI): libjpeg fills the rest with gray.
+    let mut short = bytes[..bytes.len() * 3 / 5].to_vec();
+    short.extend_from_slice(&[0xFF, 0xD9]);
+    assert!(!jpeg::fast_entropy_decodes(&short, 3));
+    same_as_libjpeg(&short, 3, "a scan cut short before EOI");
+    // Cut with no marker after it: truncated, as before.
+    let cut = &bytes[..bytes.len() * 3 / 5];
+    assert!(!jpeg::fast_entropy_decodes(cut, 3));
+    same_as_libjpeg(cut, 3, "a truncated file");
 }

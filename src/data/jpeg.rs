@@ -8,6 +8,8 @@
 //! `catch_unwind` around each decode here, so a damaged file is an `Err`, never an abort. A file that
 //! ends early is an error too (libjpeg only warns and pads it with gray), as Pillow's default is.
 
+mod entropy;
+
 use super::Image;
 use mozjpeg_sys::JDIMENSION as Dimension;
 use mozjpeg_sys::{jpeg_common_struct, jpeg_error_mgr, JWRN_JPEG_EOF};
@@ -79,9 +81,64 @@ pub fn decode_region(
     channels: usize,
     scale: u8,
     region: Option<(usize, usize, usize, usize)>,
-    mut buffer: Vec<u8>,
+    buffer: Vec<u8>,
 ) -> Result<Rows, Failure> {
-    guarded(move || {
+    match attempt(|| region_rows(bytes, channels, scale, region, buffer, true)) {
+        Some(result) => result,
+        // A file the fast entropy decoder gave up on: libjpeg's own decoder, with its repairs and
+        // warnings.
+        None => guarded(|| region_rows(bytes, channels, scale, region, Vec::new(), false)),
+    }
+}
+
+/// [`decode_region`] with libjpeg's own Huffman decoder throughout: what the fast one is checked against.
+#[doc(hidden)]
+pub fn decode_region_libjpeg(
+    bytes: &[u8],
+    channels: usize,
+    scale: u8,
+    region: Option<(usize, usize, usize, usize)>,
+) -> Result<Rows, Failure> {
+    guarded(|| region_rows(bytes, channels, scale, region, Vec::new(), false))
+}
+
+/// Whether [`decode_region`] decodes this file's entropy-coded data with [`entropy::Decoder`] (one
+/// sequential 8-bit Huffman scan, ending in a marker) and gets through it without falling back to libjpeg's
+/// decoder: what tests check, so that the fast path is known to be the one they exercise.
+#[doc(hidden)]
+pub fn fast_entropy_decodes(bytes: &[u8], channels: usize) -> bool {
+    attempt(|| {
+        let mut d = Decompressor::read_header(bytes)?;
+        let info = &mut *d.info;
+        if channels == 1 {
+            info.out_color_space = mozjpeg_sys::JCS_GRAYSCALE;
+        }
+        unsafe { mozjpeg_sys::jpeg_start_decompress(info) };
+        // SAFETY: as in region_rows.
+        d.entropy = unsafe { entropy::Decoder::install(info) };
+        if d.entropy.is_none() {
+            return Ok(false);
+        }
+        let mut row = vec![0u8; info.output_width as usize * info.output_components as usize];
+        while info.output_scanline < info.output_height {
+            let mut pointer = row.as_mut_ptr();
+            unsafe { mozjpeg_sys::jpeg_read_scanlines(info, &mut pointer, 1) };
+        }
+        Ok(true)
+    }) == Some(Ok(true))
+}
+
+/// `decode_region`'s work, with the Huffman decoding done by [`entropy::Decoder`] where `fast` and it
+/// can.
+fn region_rows(
+    bytes: &[u8],
+    channels: usize,
+    scale: u8,
+    region: Option<(usize, usize, usize, usize)>,
+    mut buffer: Vec<u8>,
+    fast: bool,
+) -> Result<Rows, Failure> {
+    {
         let mut d = Decompressor::read_header(bytes)?;
         let info = &mut d.info;
         info.scale_num = scale.into();
@@ -93,6 +150,11 @@ pub fn decode_region(
         };
         // SAFETY: the header was read; libjpeg checks the call sequence itself (errors unwind).
         unsafe { mozjpeg_sys::jpeg_start_decompress(info) };
+        if fast {
+            // SAFETY: started, nothing read yet, from memory; the decoder lives in `d`, whose drop
+            // destroys the decompressor first.
+            d.entropy = unsafe { entropy::Decoder::install(info) };
+        }
         let (full_h, full_w) = (info.output_height as usize, info.output_width as usize);
         let (top, left, height, width) = region.unwrap_or((0, 0, full_h, full_w));
         let bottom = (top + height).min(full_h);
@@ -109,16 +171,20 @@ pub fn decode_region(
         let c = info.output_components as usize;
         let row_len = w as usize * c;
         let rows = bottom.saturating_sub(top);
+        // libjpeg writes every byte of every row, so the buffer is not zeroed first (that cost as much
+        // as the colour conversion).
         buffer.clear();
-        buffer.resize(rows * row_len, 0);
-        for row in buffer.chunks_exact_mut(row_len) {
-            let mut pointer = row.as_mut_ptr();
+        buffer.reserve(rows * row_len);
+        for row in buffer.spare_capacity_mut()[..rows * row_len].chunks_exact_mut(row_len) {
+            let mut pointer = row.as_mut_ptr().cast::<u8>();
             // SAFETY: one row of `output_width` (the cropped width) × components bytes.
             let read = unsafe { mozjpeg_sys::jpeg_read_scanlines(info, &mut pointer, 1) };
             if read != 1 {
                 return Err(Failure::Truncated);
             }
         }
+        // SAFETY: all `rows` rows were written above.
+        unsafe { buffer.set_len(rows * row_len) };
         Ok(Rows {
             pixels: buffer,
             left: x as usize,
@@ -127,13 +193,15 @@ pub fn decode_region(
             rows,
             channels: c,
         })
-    })
+    }
 }
 
 /// A libjpeg decompressor over `bytes`, destroyed when dropped (also when an error unwinds past it).
 struct Decompressor<'a> {
     info: Box<mozjpeg_sys::jpeg_decompress_struct>,
     _errors: Box<jpeg_error_mgr>,
+    /// The Huffman decoder in libjpeg's place, when there is one.
+    entropy: Option<Box<entropy::Decoder>>,
     _bytes: std::marker::PhantomData<&'a [u8]>,
 }
 
@@ -153,6 +221,7 @@ impl<'a> Decompressor<'a> {
             let mut d = Decompressor {
                 info,
                 _errors: errors,
+                entropy: None,
                 _bytes: std::marker::PhantomData,
             };
             mozjpeg_sys::jpeg_mem_src(&mut d.info, bytes.as_ptr(), bytes.len() as _);
@@ -171,9 +240,15 @@ impl Drop for Decompressor<'_> {
 
 /// `run` with libjpeg's errors (unwound out of its callbacks) turned into `Failure`s.
 fn guarded<T>(run: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
+    attempt(run).unwrap_or_else(|| Err(Failure::Libjpeg("the JPEG decoder gave up".into())))
+}
+
+/// [`guarded`], or `None` when the fast entropy decoder gave up on the file ([`entropy::Fallback`]).
+fn attempt<T>(run: impl FnOnce() -> Result<T, Failure>) -> Option<Result<T, Failure>> {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
-        Ok(result) => result,
-        Err(payload) => Err(match payload.downcast::<Failure>() {
+        Ok(result) => Some(result),
+        Err(payload) if payload.is::<entropy::Fallback>() => None,
+        Err(payload) => Some(Err(match payload.downcast::<Failure>() {
             Ok(failure) => *failure,
             Err(other) => Failure::Libjpeg(
                 other
@@ -182,7 +257,7 @@ fn guarded<T>(run: impl FnOnce() -> Result<T, Failure>) -> Result<T, Failure> {
                     .or_else(|| other.downcast_ref::<&str>().map(|s| s.to_string()))
                     .unwrap_or_else(|| "the JPEG decoder failed".into()),
             ),
-        }),
+        })),
     }
 }
 
