@@ -405,3 +405,26 @@ fn a_slot_the_rule_did_not_declare_is_refused() {
     let err = refused(&["optimizer=undeclared"]);
     assert!(err.contains("velocity") && err.contains("slots()"), "{err}");
 }
+
+#[test]
+fn a_registered_optimizer_and_schedule_are_in_the_hyperparameters_loggers_record() {
+    let text = "task_name: t\nseed: 3\nmodel: {name: mlp, hidden: [4], num_classes: 4}\n\
+         data: {name: synthetic, num_classes: 4, image_size: 8, batch_size: 4}\n\
+         optimizer: {_target_: tests.optim.Lion, _partial_: true, lr: 0.002, betas: [0.9, 0.99], weight_decay: 0.1}\n\
+         scheduler: {_target_: tests.schedules.Warmup, _partial_: true, warmup_steps: 5}\n\
+         trainer: {strategy: single, devices: 1, accelerator: cpu, precision: 32, max_epochs: 1}\n\
+         paths: {root_dir: ., data_dir: d, log_dir: l, output_dir: o}\n";
+    let node = trainyard::config::yaml::parse(text, "t.yaml")
+        .unwrap()
+        .unwrap();
+    let exp = trainyard::schema::extract(&node).unwrap();
+    let hparams = exp.hparams().unwrap();
+    let optimizer = &hparams["optimizer"];
+    assert_eq!(optimizer["_target_"], "tests.optim.Lion");
+    assert_eq!(optimizer["lr"], 0.002);
+    assert_eq!(optimizer["betas"], serde_json::json!([0.9, 0.99]));
+    assert_eq!(optimizer["weight_decay"], 0.1);
+    assert_eq!(hparams["scheduler"]["_target_"], "tests.schedules.Warmup");
+    assert_eq!(hparams["scheduler"]["warmup_steps"], 5);
+    assert_eq!(hparams["model"]["name"], "mlp");
+}

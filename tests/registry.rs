@@ -64,6 +64,16 @@ fn architecture(model: &str) -> std::result::Result<trainyard::model::Architectu
 }
 
 #[test]
+fn a_registered_model_is_in_the_hyperparameters_loggers_record() {
+    let hparams = experiment("{_target_: tests.models.Gated, hidden: 6}")
+        .unwrap()
+        .hparams()
+        .unwrap();
+    assert_eq!(hparams["model"]["_target_"], "tests.models.Gated");
+    assert_eq!(hparams["model"]["hidden"], 6);
+}
+
+#[test]
 fn a_registered_model_is_built_with_its_typed_arguments_and_seeded_variables() {
     let arch = architecture("{_target_: tests.models.Gated, hidden: 6}").unwrap();
     let specs = arch.specs();

@@ -5,6 +5,7 @@
 mod callbacks;
 mod data;
 pub mod declared;
+mod hparams;
 mod logger;
 mod metrics;
 mod model;

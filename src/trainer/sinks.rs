@@ -43,7 +43,7 @@ pub(super) fn sinks(
             job.output_dir,
             &crate::loggers::wandb::WandbRun {
                 settings,
-                config: serde_json::to_value(exp)?,
+                config: exp.hparams()?,
                 config_yaml: job.config_yaml,
                 task_name: &exp.task_name,
                 sweep: job.sweep_name.as_deref(),
@@ -65,7 +65,7 @@ pub(super) fn sinks(
         sinks.push(Box::new(crate::loggers::mlflow::MlflowSink::create(
             &crate::loggers::mlflow::MlflowRun {
                 settings,
-                config: serde_json::to_value(exp)?,
+                config: exp.hparams()?,
                 run_name,
                 sweep: job.sweep_name.as_deref(),
                 run_dir: job.output_dir,
@@ -73,7 +73,7 @@ pub(super) fn sinks(
         )?));
     }
     if !exp.logger.registered.is_empty() {
-        let config = serde_json::to_value(exp)?;
+        let config = exp.hparams()?;
         let run = crate::registry::LoggerRun {
             run_dir: job.output_dir,
             task_name: &exp.task_name,
