@@ -190,6 +190,15 @@ fn own_entropy_decoder_gives_libjpegs_pixels_or_falls_back() {
             same_as_libjpeg(&bytes, 1, &format!("{case} as gray"));
         }
     }
+    // 10 KB of stray bytes before a restart marker: libjpeg skips them (a warning), and so does the fast
+    // decoder, which has to unstuff past them to find the next segment.
+    let bytes = read("restart_rows");
+    let rst = bytes.windows(2).position(|w| w == [0xFF, 0xD2]).unwrap();
+    let mut stray = bytes[..rst].to_vec();
+    stray.extend(std::iter::repeat_n(0x5Au8, 10_000));
+    stray.extend_from_slice(&bytes[rst..]);
+    assert!(jpeg::fast_entropy_decodes(&stray, 3));
+    same_as_libjpeg(&stray, 3, "stray bytes before a restart marker");
     let progressive = read("progressive");
     assert!(!jpeg::fast_entropy_decodes(&progressive, 3));
     same_as_libjpeg(&progressive, 3, "progressive");

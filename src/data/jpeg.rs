@@ -201,7 +201,7 @@ struct Decompressor<'a> {
     info: Box<mozjpeg_sys::jpeg_decompress_struct>,
     _errors: Box<jpeg_error_mgr>,
     /// The Huffman decoder in libjpeg's place, when there is one.
-    entropy: Option<Box<entropy::Decoder>>,
+    entropy: Option<entropy::Installed>,
     _bytes: std::marker::PhantomData<&'a [u8]>,
 }
 

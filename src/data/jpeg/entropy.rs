@@ -184,16 +184,30 @@ fn extend(bits: i32, size: u32) -> i32 {
     }
 }
 
-/// The scan's entropy-coded bytes without stuffing.
+/// The scan's entropy-coded bytes without stuffing, unstuffed a few kilobytes ahead of the reader (a crop
+/// near the top of a large photo never reads the rest).
 struct Stream {
-    /// The scan's data, restart segments one after another, zero-padded for the last loads.
+    /// The file from the scan's first byte (libjpeg's memory source, which outlives the decompression).
+    input: *const u8,
+    input_len: usize,
+    /// How far into `input` the data is unstuffed; `None` once the marker ending the scan was reached.
+    scanned: Option<usize>,
+    /// The data unstuffed so far, restart segments one after another, then `PADDING` zeros for the last
+    /// loads.
     data: Vec<u8>,
-    /// Where each restart segment ends in `data`.
+    /// Where each restart segment ends in `data` (the last one only once `scanned` is `None`).
     segment_ends: Vec<usize>,
     segment: usize,
     /// Where the reader stands between MCUs.
     at: Position,
 }
+
+/// The zeros after the unstuffed data: one load's worth.
+const PADDING: usize = 8;
+
+/// Unstuffed data kept ahead of the reader at the start of an MCU: more than an MCU can read (10 blocks
+/// of 63 coefficients of at most 31 bits each is 2.4 KB).
+const AHEAD: usize = 4096;
 
 /// A bit reader's place: the next byte to load, the bits loaded (most significant first) and how many of
 /// them are unread.
@@ -270,10 +284,43 @@ impl Bits<'_> {
 }
 
 impl Stream {
+    /// Unstuffs until `AHEAD` bytes are ready past the reader (or the scan's end); gives up on a scan that
+    /// the file ends inside (libjpeg reports it) or with restart markers out of order.
+    fn keep_ahead(&mut self) -> Result<(), Fallback> {
+        let Some(from) = self.scanned else {
+            return Ok(());
+        };
+        let ready = self.data.len() - PADDING;
+        if ready >= self.at.byte + AHEAD {
+            return Ok(());
+        }
+        self.data.truncate(ready);
+        // SAFETY: libjpeg's memory source: the caller's bytes, alive for the whole decompression.
+        let input = unsafe { std::slice::from_raw_parts(self.input, self.input_len) };
+        let progress = unstuff(
+            input,
+            from,
+            &mut self.data,
+            &mut self.segment_ends,
+            4 * AHEAD,
+        );
+        self.data.resize(self.data.len() + PADDING, 0);
+        match progress.ok_or(Fallback)? {
+            Unstuffed::More(at) => self.scanned = Some(at),
+            Unstuffed::Marker(_) => self.scanned = None,
+        }
+        Ok(())
+    }
+
     /// Goes to the next restart segment, dropping what is left of this one.
     fn restart(&mut self) -> Result<(), Fallback> {
         self.segment += 1;
-        if self.segment >= self.segment_ends.len() {
+        // The segment's start is the last one's end, which unstuffing has reached if the reader has.
+        while self.segment > self.segment_ends.len() && self.scanned.is_some() {
+            self.at.byte = self.data.len() - PADDING;
+            self.keep_ahead()?;
+        }
+        if self.segment > self.segment_ends.len() {
             return Err(Fallback);
         }
         self.at = Position {
@@ -281,6 +328,17 @@ impl Stream {
             ..Position::default()
         };
         Ok(())
+    }
+}
+
+/// A decoder libjpeg points at (`client_data`): owned through a raw pointer, never moved or borrowed
+/// from Rust while libjpeg may call it, and freed when dropped, after the decompressor is destroyed.
+pub struct Installed(std::ptr::NonNull<Decoder>);
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        // SAFETY: made by Box::leak in `install`; dropped once, after libjpeg is done with it.
+        drop(unsafe { Box::from_raw(self.0.as_ptr()) });
     }
 }
 
@@ -297,19 +355,17 @@ pub struct Decoder {
 
 impl Decoder {
     /// Takes over the Huffman decoding of the scan `jpeg_start_decompress` has begun, when it is one this
-    /// decoder handles and its data ends in a marker (a truncated file keeps libjpeg's decoder, which
-    /// reports it). The returned decoder must outlive the decompression.
+    /// decoder handles. The returned decoder must outlive the decompression. libjpeg's source is left
+    /// where the scan starts: nothing reads markers after it (no `jpeg_finish_decompress`).
     ///
     /// # Safety
     /// `info` is between `jpeg_start_decompress` and the first scanline read, reading from memory.
-    pub unsafe fn install(info: &mut jpeg_decompress_struct) -> Option<Box<Decoder>> {
+    pub unsafe fn install(info: &mut jpeg_decompress_struct) -> Option<Installed> {
         let mut scan: ScanInfo = std::mem::zeroed();
         if trainyard_scan_info(info, &mut scan) == 0 {
             return None;
         }
-        let source = &mut *info.src;
-        let input = std::slice::from_raw_parts(source.next_input_byte, source.bytes_in_buffer);
-        let (data, segment_ends, marker) = unstuff(input)?;
+        let source = &*info.src;
         let components = scan.comps_in_scan as usize;
         let mut dc = Vec::with_capacity(components);
         let mut ac = Vec::with_capacity(components);
@@ -323,10 +379,13 @@ impl Decoder {
                 (scan.membership[b] as usize, needed)
             })
             .collect();
-        let mut decoder = Box::new(Decoder {
+        let decoder = Box::new(Decoder {
             stream: Stream {
-                data,
-                segment_ends,
+                input: source.next_input_byte,
+                input_len: source.bytes_in_buffer,
+                scanned: Some(0),
+                data: vec![0; PADDING],
+                segment_ends: Vec::new(),
                 segment: 0,
                 at: Position::default(),
             },
@@ -337,10 +396,8 @@ impl Decoder {
             restart_interval: scan.restart_interval,
             restarts_to_go: scan.restart_interval,
         });
-        // What follows the scan is read by libjpeg's marker reader, from the marker on.
-        source.next_input_byte = source.next_input_byte.add(marker);
-        source.bytes_in_buffer -= marker;
-        info.common.client_data = (&mut *decoder as *mut Decoder).cast();
+        let decoder = Installed(std::ptr::NonNull::from(Box::leak(decoder)));
+        info.common.client_data = decoder.0.as_ptr().cast();
         trainyard_set_decode_mcu(info, decode_mcu);
         Some(decoder)
     }
@@ -356,6 +413,7 @@ impl Decoder {
             self.restarts_to_go -= 1;
         }
         let stream = &mut self.stream;
+        stream.keep_ahead()?;
         let mut bits = Bits {
             data: &stream.data,
             byte: stream.at.byte,
@@ -394,8 +452,13 @@ impl Decoder {
                 _ => ac_coefficients::<false>(&mut bits, table, &mut [0; 64])?,
             }
         }
-        if bits.read() > stream.segment_ends[stream.segment] * 8 {
-            return Err(Fallback); // the data ran out inside this segment
+        // Past the segment's end, or (its end not reached yet) past what is unstuffed: the data ran out.
+        let end = match stream.segment_ends.get(stream.segment) {
+            Some(&end) => end,
+            None => stream.data.len() - PADDING,
+        };
+        if bits.read() > end * 8 {
+            return Err(Fallback);
         }
         stream.at = Position {
             byte: bits.byte,
@@ -497,22 +560,48 @@ unsafe extern "C-unwind" fn decode_mcu(
     1
 }
 
-/// The entropy-coded data at the start of `input` without its byte stuffing (0xFF 0x00 → 0xFF), split at
-/// its restart markers, and where the marker that ends it starts; `None` when no marker ends it (a
-/// truncated file) or the restart markers are out of order.
-fn unstuff(input: &[u8]) -> Option<(Vec<u8>, Vec<usize>, usize)> {
-    let mut data = Vec::with_capacity(input.len() + 8);
-    let mut ends = Vec::new();
-    let mut at = 0;
-    loop {
-        let ff = at + memchr::memchr(0xFF, &input[at..])?;
+/// Where unstuffing stopped: at this input offset, with more to come; or at the marker ending the scan.
+#[derive(Debug, PartialEq)]
+enum Unstuffed {
+    More(usize),
+    Marker(usize),
+}
+
+/// Appends the entropy-coded data of `input[from..]` to `data` without its byte stuffing (0xFF 0x00 →
+/// 0xFF), at least `budget` bytes of it or up to the marker that ends it, and records where restart
+/// markers split it in `ends` (the marker's position too). `None` when the file ends before a marker (a
+/// truncated file), restart markers are out of order, or fill bytes precede a stuffed zero.
+fn unstuff(
+    input: &[u8],
+    from: usize,
+    data: &mut Vec<u8>,
+    ends: &mut Vec<usize>,
+    budget: usize,
+) -> Option<Unstuffed> {
+    let stop = data.len().saturating_add(budget);
+    let mut at = from;
+    while data.len() < stop {
+        let window = at.saturating_add(stop - data.len()).min(input.len());
+        let Some(offset) = memchr::memchr(0xFF, &input[at..window]) else {
+            if window == input.len() {
+                return None;
+            }
+            data.extend_from_slice(&input[at..window]);
+            at = window;
+            continue;
+        };
+        let ff = at + offset;
         data.extend_from_slice(&input[at..ff]);
-        // libjpeg reads fill bytes (0xFF 0xFF ...) before a marker or a stuffed zero as one 0xFF.
+        // Fill bytes (0xFF 0xFF ...) may come before a marker.
         let mut next = ff + 1;
         while *input.get(next)? == 0xFF {
             next += 1;
         }
         match input[next] {
+            // libjpeg's slow path reads fill bytes before a stuffed zero as one 0xFF, but its fast path
+            // takes the second 0xFF for a marker and leaves that MCU's blocks half-written: no one
+            // decoding to agree with, so such a file goes to libjpeg.
+            0x00 if next > ff + 1 => return None,
             0x00 => data.push(0xFF),
             code @ 0xD0..=0xD7 => {
                 if code != 0xD0 + (ends.len() % 8) as u8 {
@@ -522,12 +611,12 @@ fn unstuff(input: &[u8]) -> Option<(Vec<u8>, Vec<usize>, usize)> {
             }
             _ => {
                 ends.push(data.len());
-                data.resize(data.len() + 8, 0);
-                return Some((data, ends, ff));
+                return Some(Unstuffed::Marker(ff));
             }
         }
         at = next + 1;
     }
+    Some(Unstuffed::More(at))
 }
 
 #[cfg(test)]
@@ -535,10 +624,20 @@ mod tests {
     use super::*;
     use rstest::rstest;
 
+    /// `input` unstuffed in one go: the data, the segments' ends and the final marker's position.
+    fn whole(input: &[u8]) -> Option<(Vec<u8>, Vec<usize>, usize)> {
+        let (mut data, mut ends) = (Vec::new(), Vec::new());
+        match unstuff(input, 0, &mut data, &mut ends, usize::MAX)? {
+            Unstuffed::Marker(marker) => Some((data, ends, marker)),
+            Unstuffed::More(_) => panic!("stopped early"),
+        }
+    }
+
     #[rstest]
     #[case::plain(&[1, 2, 3, 0xFF, 0xD9], Some((vec![1, 2, 3], vec![3], 3)))]
     #[case::stuffed_zero(&[1, 0xFF, 0x00, 2, 0xFF, 0xD9], Some((vec![1, 0xFF, 2], vec![3], 4)))]
-    #[case::fill_bytes(&[1, 0xFF, 0xFF, 0x00, 0xFF, 0xFF, 0xD9], Some((vec![1, 0xFF], vec![2], 4)))]
+    #[case::fill_bytes_before_a_marker(&[1, 0xFF, 0x00, 0xFF, 0xFF, 0xD9], Some((vec![1, 0xFF], vec![2], 3)))]
+    #[case::fill_bytes_before_a_stuffed_zero(&[1, 0xFF, 0xFF, 0x00, 0xFF, 0xD9], None)]
     #[case::restarts(&[1, 0xFF, 0xD0, 2, 0xFF, 0xD1, 3, 0xFF, 0xD9], Some((vec![1, 2, 3], vec![1, 2, 3], 7)))]
     #[case::restart_out_of_order(&[1, 0xFF, 0xD1, 2, 0xFF, 0xD9], None)]
     #[case::no_marker_at_the_end(&[1, 2, 0xFF, 0x00, 3], None)]
@@ -547,10 +646,16 @@ mod tests {
         #[case] input: &[u8],
         #[case] expected: Option<(Vec<u8>, Vec<usize>, usize)>,
     ) {
-        let got = unstuff(input).map(|(mut data, ends, marker)| {
-            assert_eq!(data.split_off(data.len() - 8), vec![0; 8], "the padding");
-            (data, ends, marker)
-        });
+        assert_eq!(whole(input), expected);
+        // Unstuffed a byte at a time (as the decoder does a few kilobytes at a time): the same.
+        let (mut data, mut ends, mut at) = (Vec::new(), Vec::new(), 0);
+        let got = loop {
+            match unstuff(input, at, &mut data, &mut ends, 1) {
+                Some(Unstuffed::More(next)) => at = next,
+                Some(Unstuffed::Marker(marker)) => break Some((data, ends, marker)),
+                None => break None,
+            }
+        };
         assert_eq!(got, expected);
     }
 
@@ -561,7 +666,7 @@ mod tests {
             input.extend_from_slice(&[n, 0xFF, 0xD0 + n % 8]);
         }
         input.extend_from_slice(&[0xFF, 0xD9]);
-        let (_, ends, _) = unstuff(&input).unwrap();
+        let (_, ends, _) = whole(&input).unwrap();
         assert_eq!(ends, (1..=10).chain([10]).collect::<Vec<_>>());
     }
 

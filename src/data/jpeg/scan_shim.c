@@ -7,6 +7,9 @@
 #include "jpeglib.h"
 #include "jpegcomp.h" /* the field names for this build's ABI (_DCT_scaled_size) */
 
+/* entropy.rs's ScanInfo declares these sizes. */
+_Static_assert(D_MAX_BLOCKS_IN_MCU == 10 && MAX_COMPS_IN_SCAN == 4, "ScanInfo's array sizes");
+
 typedef struct {
   int blocks_in_mcu;
   int membership[D_MAX_BLOCKS_IN_MCU]; /* the scan component each block of an MCU belongs to */
