@@ -16,9 +16,10 @@ fn vit(
     )?))
 }
 
-// torchvision's ViTs are `vit_b_16`..., built here as `model.variant` and `model.patch_size` (timm's
-// names come through `timm.create_model`).
-super::zoo::register_zoo_model!(name: "vit", order: 30, targets: [],
+// torchvision's `vit_b_16` and `vit_b_32` set `model.variant` and `model.patch_size` as well
+// (`schema::targets::zoo`); timm's names come through `timm.create_model`.
+super::zoo::register_zoo_model!(name: "vit", order: 30,
+    targets: ["torchvision.models.vit_b_16", "torchvision.models.vit_b_32"],
     keys: ["variant", "patch_size", "image_size"], dropout: true, build: vit);
 
 /// The transformer's geometry.

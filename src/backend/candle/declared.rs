@@ -1,8 +1,9 @@
 //! Declared models (`model::declared`) on Candle: the layer list interpreted in order, with the same fast
 //! paths the built-in ResNet takes, so a declared ResNet loses nothing to the zoo's: activations stay
 //! channel-blocked between convolutions on the CPU's direct kernels, `BatchNorm2d` then `ReLU` is one fused
-//! op, a `Residual` then `ReLU` one fused add-and-ReLU, and `Conv2d(bias)` then `ReLU` one op. A layer that
-//! has no blocked kernel gets its input back in NCHW first.
+//! op, a `Residual` then `ReLU` one fused add-and-ReLU, `Conv2d(bias)` then `ReLU` one op, and on blocked
+//! activations `Conv2d(bias)`, `ReLU`, `MaxPool2d(2)` one bias-ReLU-pool op after the convolution (the
+//! built-in CNN's). A layer that has no blocked kernel gets its input back in NCHW first.
 
 use super::autocast::Autocast;
 use super::kernels::batchnorm::Then;
@@ -58,22 +59,32 @@ fn run(
     while i < layers.len() {
         let layer = &layers[i];
         let then_relu = matches!(layers.get(i + 1).map(|l| &l.op), Some(Op::Relu));
-        let (out, fused_relu) = step(layer, then_relu, p, b, &h, pass)?;
+        let then_pool = then_relu
+            && matches!(
+                layers.get(i + 2).map(|l| &l.op),
+                Some(Op::MaxPool2d {
+                    kernel: 2,
+                    stride: 2,
+                    padding: 0
+                })
+            );
+        let (out, consumed) = step(layer, (then_relu, then_pool), p, b, &h, pass)?;
         h = out;
-        i += if fused_relu { 2 } else { 1 };
+        i += consumed;
     }
     Ok(h)
 }
 
-/// One layer; with `then_relu`, it may apply the ReLU that follows too (returns whether it did).
+/// One layer; with `then_relu`, it may apply the ReLU that follows too, and with `then_pool` the 2x2
+/// max-pool after that (returns how many layers it applied: 1, 2 or 3).
 fn step(
     layer: &Layer,
-    then_relu: bool,
+    (then_relu, then_pool): (bool, bool),
     p: &Params,
     b: &mut Buffers,
     h: &Tensor,
     pass: &mut Pass,
-) -> Result<(Tensor, bool)> {
+) -> Result<(Tensor, usize)> {
     let name = layer.name.as_str();
     let channels = layer.input.first().copied().unwrap_or(0);
     let autocast = pass.autocast;
@@ -91,26 +102,28 @@ fn step(
                 _ => h.clone(),
             };
             if !bias {
-                return Ok((conv((p, autocast), name, &h, *stride, *padding)?, false));
+                return Ok((conv((p, autocast), name, &h, *stride, *padding)?, 1));
             }
             let bias_t = param(p, &format!("{name}.bias"))?;
             if h.rank() == 5 {
                 let y = conv((p, autocast), name, &h, *stride, *padding)?;
-                if then_relu {
-                    (direct::elementwise::bias_relu(&y, bias_t)?, true)
+                if then_pool && y.dim(2)? >= 2 && y.dim(3)? >= 2 {
+                    (direct::bias_relu_pool::bias_relu_pool2(&y, bias_t)?, 3)
+                } else if then_relu {
+                    (direct::elementwise::bias_relu(&y, bias_t)?, 2)
                 } else {
                     let y = direct::layout::from_blocked(&y, *c_out)?;
-                    (fused::add_channel_bias(&y, bias_t)?, false)
+                    (fused::add_channel_bias(&y, bias_t)?, 1)
                 }
             } else if then_relu {
                 let w = param(p, &format!("{name}.weight"))?;
                 (
                     autocast.conv2d_bias_relu(&h, w, bias_t, *stride, *padding)?,
-                    true,
+                    2,
                 )
             } else {
                 let y = conv((p, autocast), name, &h, *stride, *padding)?;
-                (fused::add_channel_bias(&y, bias_t)?, false)
+                (fused::add_channel_bias(&y, bias_t)?, 1)
             }
         }
         Op::BatchNorm2d { eps, momentum, .. } => {
@@ -129,11 +142,11 @@ fn step(
                 }
                 _ => batch_norm_with(p, b, (name, h), mode, then, bn)?,
             };
-            (y, then_relu)
+            (y, if then_relu { 2 } else { 1 })
         }
-        Op::Relu => (fused::relu(h)?, false),
-        Op::Identity => (h.clone(), false),
-        Op::Sequential(inner) => (run(inner, p, b, h, pass)?, false),
+        Op::Relu => (fused::relu(h)?, 1),
+        Op::Identity => (h.clone(), 1),
+        Op::Sequential(inner) => (run(inner, p, b, h, pass)?, 1),
         Op::Residual { body, shortcut } => {
             let out = run(body, p, b, h, pass)?;
             let identity = match shortcut {
@@ -147,9 +160,9 @@ fn step(
                 (planar(&out, c)?, planar(&identity, c)?)
             };
             if then_relu {
-                (fused::add_relu(&out, &identity)?, true)
+                (fused::add_relu(&out, &identity)?, 2)
             } else {
-                ((out + identity)?, false)
+                ((out + identity)?, 1)
             }
         }
         Op::MaxPool2d {
@@ -158,52 +171,52 @@ fn step(
             padding,
         } => {
             if h.rank() == 5 && (*kernel, *stride, *padding) == (2, 2, 0) {
-                return Ok((direct::elementwise::max_pool2(h)?, false));
+                return Ok((direct::elementwise::max_pool2(h)?, 1));
             }
             let h = planar(h, channels)?;
             if super::kernels::cpu::is_cpu_f32(&h) {
-                (fused::max_pool2d(&h, *kernel, *stride, *padding)?, false)
+                (fused::max_pool2d(&h, *kernel, *stride, *padding)?, 1)
             } else if *padding == 0 {
-                (h.max_pool2d_with_stride(*kernel, *stride)?, false)
+                (h.max_pool2d_with_stride(*kernel, *stride)?, 1)
             } else {
                 candle_core::bail!("{name}: a padded MaxPool2d runs on the CPU in f32 only");
             }
         }
         Op::AvgPool2d { kernel, stride } => (
             planar(h, channels)?.avg_pool2d_with_stride(*kernel, *stride)?,
-            false,
+            1,
         ),
         Op::GlobalAvgPool => {
             // Over W, then H: the order the built-in models' heads take the mean in.
             let h = planar(h, channels)?;
-            (h.mean_keepdim(D::Minus1)?.mean_keepdim(D::Minus2)?, false)
+            (h.mean_keepdim(D::Minus1)?.mean_keepdim(D::Minus2)?, 1)
         }
         Op::Flatten => {
             let h = planar(h, channels)?;
             let mut dims = vec![h.dim(0)?];
             dims.extend_from_slice(&layer.output);
-            (h.reshape(dims)?, false)
+            (h.reshape(dims)?, 1)
         }
         Op::Linear { bias, .. } => {
             let h = planar(h, channels)?;
             let w = param(p, &format!("{name}.weight"))?;
             if *bias {
                 let bias_t = param(p, &format!("{name}.bias"))?;
-                (autocast.linear(&h, w, bias_t)?, false)
+                (autocast.linear(&h, w, bias_t)?, 1)
             } else {
-                (autocast.matmul(&h, &w.t()?)?, false)
+                (autocast.matmul(&h, &w.t()?)?, 1)
             }
         }
-        Op::Dropout { p: prob } => (dropout(&planar(h, channels)?, *prob, pass)?, false),
-        Op::LayerNorm { eps, .. } => (layer_norm_eps(p, name, &planar(h, channels)?, *eps)?, false),
+        Op::Dropout { p: prob } => (dropout(&planar(h, channels)?, *prob, pass)?, 1),
+        Op::LayerNorm { eps, .. } => (layer_norm_eps(p, name, &planar(h, channels)?, *eps)?, 1),
         Op::Gelu { tanh } => {
             let h = planar(h, channels)?;
             if *tanh {
-                (h.gelu()?, false)
+                (h.gelu()?, 1)
             } else {
-                (gelu_erf(&h)?, false)
+                (gelu_erf(&h)?, 1)
             }
         }
-        Op::Silu => (planar(h, channels)?.silu()?, false),
+        Op::Silu => (planar(h, channels)?.silu()?, 1),
     })
 }

@@ -76,6 +76,16 @@ fn translated(text: &str) -> Result<serde_json::Value, ConfigError> {
     "model",
     r#"{"num_classes":10,"name":"resnet18"}"#
 )]
+#[case::torchvision_vit(
+    "model: {_target_: torchvision.models.vit_b_32, num_classes: 10, weights: null, progress: false, attention_dropout: 0.0}",
+    "model",
+    r#"{"num_classes":10,"name":"vit","variant":"base","patch_size":32,"image_size":224}"#
+)]
+#[case::torchvision_vit_at_cifar_size(
+    "model: {_target_: torchvision.models.vit_b_16, num_classes: 10, image_size: 32, dropout: 0.0}",
+    "model",
+    r#"{"num_classes":10,"image_size":32,"name":"vit","variant":"base","patch_size":16}"#
+)]
 #[case::torchvision_keeps_our_keys(
     "model: {_target_: torchvision.models.resnet18, num_classes: 10, cifar_stem: true}",
     "model",
@@ -136,6 +146,26 @@ fn known_targets_map_onto_the_schema(
 #[case::torchvision_elsewhere(
     "model: {_target_: torchvision.models.vgg16}\n",
     "not one of the zoo's architectures"
+)]
+#[case::torchvision_vit_large(
+    "model: {_target_: torchvision.models.vit_l_16}\n",
+    "ViT-L and ViT-H are not built here"
+)]
+#[case::torchvision_vit_typo(
+    "model: {_target_: torchvision.models.vit_b_23}\n",
+    "Did you mean 'torchvision.models.vit_b_32'?"
+)]
+#[case::torchvision_vit_attention_dropout(
+    "model: {_target_: torchvision.models.vit_b_16, attention_dropout: 0.1}\n",
+    "model.attention_dropout"
+)]
+#[case::torchvision_vit_dropout(
+    "model: {_target_: torchvision.models.vit_b_32, dropout: 0.1}\n",
+    "model.dropout"
+)]
+#[case::torchvision_vit_download(
+    "model: {_target_: torchvision.models.vit_b_16, weights: IMAGENET1K_V1}\n",
+    "does not do"
 )]
 #[case::torchvision_resnext(
     "model: {_target_: torchvision.models.resnet50, groups: 32, width_per_group: 4}\n",

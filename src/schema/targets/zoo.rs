@@ -4,7 +4,8 @@
 //! head's width, `weights: null` (or the older `pretrained: false`) builds from scratch, `progress` only
 //! matters to a download, and `zero_init_residual` is trainyard's key too. Its ResNet variants
 //! (`groups`, `width_per_group`, `replace_stride_with_dilation`, `norm_layer`) are accepted at their
-//! defaults, which is what the zoo builds, and refused otherwise.
+//! defaults, which is what the zoo builds, and refused otherwise. `vit_b_16` and `vit_b_32` are the zoo's
+//! ViT-Base at that patch size, their other arguments likewise at their defaults only.
 
 use crate::config::errors::{at, ConfigError};
 use crate::config::tree::{Node, Value};
@@ -26,6 +27,9 @@ const AT_DEFAULTS: &[AtDefault] = &[
 /// `node` rewritten for the zoo architecture `target` names, or `Ok(false)` when none does.
 pub(super) fn torchvision(node: &mut Node, target: &Node) -> Result<bool, ConfigError> {
     let name = super::target_text(target);
+    if let Some(model) = name.strip_prefix("torchvision.models.vit_") {
+        return torchvision_vit(node, target, model);
+    }
     let Some(zoo) = crate::registry::zoo_model_of_target(name) else {
         if let Some(other) = name.strip_prefix("torchvision.models.") {
             return Err(not_in_the_zoo(other, target));
@@ -89,6 +93,86 @@ pub(super) fn torchvision(node: &mut Node, target: &Node) -> Result<bool, Config
     Ok(true)
 }
 
+/// torchvision's ViT arguments the zoo builds only at their defaults (key, the default as Python writes
+/// it, is this value the default?).
+const VIT_AT_DEFAULTS: &[AtDefault] = &[
+    // torchvision's `dropout` acts inside every block; the zoo's `model.dropout` only before the head.
+    ("dropout", "0.0", is_zero),
+    ("attention_dropout", "0.0", is_zero),
+    ("representation_size", "None", |v| matches!(v, Value::Null)),
+    ("norm_layer", "None (LayerNorm, eps 1e-6)", |v| {
+        matches!(v, Value::Null)
+    }),
+    ("conv_stem_configs", "None", |v| matches!(v, Value::Null)),
+];
+
+fn is_zero(v: &Value) -> bool {
+    matches!(v, Value::Float(f) if *f == 0.0) || matches!(v, Value::Int(0))
+}
+
+/// `torchvision.models.vit_b_16` and `vit_b_32`: the zoo's ViT-Base at that patch size. torchvision's
+/// ViT is timm's architecture (pre-norm blocks, a class token, learned position embeddings, LayerNorm
+/// with eps 1e-6, GELU MLPs); the zoo builds it with timm's names and initialisation. `model` is the
+/// name after `vit_`.
+fn torchvision_vit(node: &mut Node, target: &Node, model: &str) -> Result<bool, ConfigError> {
+    let patch = match model {
+        "b_16" => 16,
+        "b_32" => 32,
+        "l_16" | "l_32" | "h_14" => {
+            return Err(ConfigError::Schema(format!(
+                "model: _target_ torchvision.models.vit_{model}: the zoo's ViTs are tiny, small and base                  (timm's); ViT-L and ViT-H are not built here{}
+    Use torchvision.models.vit_b_16 or                  vit_b_32, or timm.create_model with model_name vit_{{tiny,small,base}}_patch{{16,32}}_224",
+                at(&target.source)
+            )))
+        }
+        _ => return Err(not_in_the_zoo(&format!("vit_{model}"), target)),
+    };
+    let Some(map) = node.as_map_mut() else {
+        return Ok(true);
+    };
+    map.shift_remove("progress");
+    if let Some(w) = map.shift_remove("weights") {
+        if !matches!(w.value, Value::Null) {
+            return Err(ConfigError::Schema(format!(
+                "Error in config key 'model.weights': vit_{model}(weights={}) downloads torchvision's                  weights, which trainyard does not do{}
+    Start from timm's ViT-B/{patch} weights                  as a safetensors file: model.pretrained=/path/to/vit_base_patch{patch}.safetensors",
+                w.value.display_python(),
+                at(&w.source)
+            )));
+        }
+    }
+    for (key, default, is_default) in VIT_AT_DEFAULTS {
+        let Some(v) = map.shift_remove(*key) else {
+            continue;
+        };
+        if !is_default(&v.value) {
+            return Err(ConfigError::Schema(format!(
+                "Error in config key 'model.{key}' = {}: the zoo's ViT is built with {key}={default}{}
+                     Remove it, or write the network as a declared model (model.layers) or in Rust",
+                v.value.display_python(),
+                at(&v.source)
+            )));
+        }
+    }
+    let source = target.source.clone();
+    map.insert(
+        "name".into(),
+        Node::new(Value::Str("vit".into()), source.clone()),
+    );
+    map.insert(
+        "variant".into(),
+        Node::new(Value::Str("base".into()), source.clone()),
+    );
+    map.insert(
+        "patch_size".into(),
+        Node::new(Value::Int(patch), source.clone()),
+    );
+    // torchvision's default image size.
+    map.entry("image_size".to_string())
+        .or_insert_with(|| Node::new(Value::Int(224), source));
+    Ok(true)
+}
+
 /// `torchvision.models.<other>`, which no zoo architecture registered: what the zoo has instead.
 fn not_in_the_zoo(other: &str, target: &Node) -> ConfigError {
     let targets: Vec<&str> = crate::registry::zoo_models()
@@ -104,7 +188,7 @@ fn not_in_the_zoo(other: &str, target: &Node) -> ConfigError {
         .unwrap_or_default();
     ConfigError::Schema(format!(
         "model: _target_ torchvision.models.{other} is not one of the zoo's architectures{}\n    \
-         The zoo builds {}; and a ViT as model=vit_b32 (model.name=vit, model.variant, model.patch_size). \
+         The zoo builds {} (also as model=vit_b32: model.name=vit, model.variant, model.patch_size). \
          Another network: declare it in YAML (model.layers) or register it from Rust{hint}",
         at(&target.source),
         targets.join(", ")
