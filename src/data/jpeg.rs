@@ -83,11 +83,13 @@ pub fn decode_region(
     region: Option<(usize, usize, usize, usize)>,
     buffer: Vec<u8>,
 ) -> Result<Rows, Failure> {
-    match attempt(|| region_rows(bytes, channels, scale, region, buffer, true)) {
+    match attempt(|| region_rows(bytes, channels, scale, region, buffer, Huffman::Own)) {
         Some(result) => result,
         // A file the fast entropy decoder gave up on: libjpeg's own decoder, with its repairs and
         // warnings.
-        None => guarded(|| region_rows(bytes, channels, scale, region, Vec::new(), false)),
+        None => {
+            guarded(|| region_rows(bytes, channels, scale, region, Vec::new(), Huffman::Libjpeg))
+        }
     }
 }
 
@@ -99,7 +101,7 @@ pub fn decode_region_libjpeg(
     scale: u8,
     region: Option<(usize, usize, usize, usize)>,
 ) -> Result<Rows, Failure> {
-    guarded(|| region_rows(bytes, channels, scale, region, Vec::new(), false))
+    guarded(|| region_rows(bytes, channels, scale, region, Vec::new(), Huffman::Libjpeg))
 }
 
 /// Whether [`decode_region`] decodes this file's entropy-coded data with [`entropy::Decoder`] (one
@@ -107,36 +109,28 @@ pub fn decode_region_libjpeg(
 /// decoder: what tests check, so that the fast path is known to be the one they exercise.
 #[doc(hidden)]
 pub fn fast_entropy_decodes(bytes: &[u8], channels: usize) -> bool {
-    attempt(|| {
-        let mut d = Decompressor::read_header(bytes)?;
-        let info = &mut *d.info;
-        if channels == 1 {
-            info.out_color_space = mozjpeg_sys::JCS_GRAYSCALE;
-        }
-        unsafe { mozjpeg_sys::jpeg_start_decompress(info) };
-        // SAFETY: as in region_rows.
-        d.entropy = unsafe { entropy::Decoder::install(info) };
-        if d.entropy.is_none() {
-            return Ok(false);
-        }
-        let mut row = vec![0u8; info.output_width as usize * info.output_components as usize];
-        while info.output_scanline < info.output_height {
-            let mut pointer = row.as_mut_ptr();
-            unsafe { mozjpeg_sys::jpeg_read_scanlines(info, &mut pointer, 1) };
-        }
-        Ok(true)
-    }) == Some(Ok(true))
+    let whole = || region_rows(bytes, channels, 8, None, Vec::new(), Huffman::OwnOnly);
+    matches!(attempt(whole), Some(Ok(_)))
 }
 
-/// `decode_region`'s work, with the Huffman decoding done by [`entropy::Decoder`] where `fast` and it
-/// can.
+/// Whose Huffman decoder a decode uses.
+#[derive(Clone, Copy, PartialEq)]
+enum Huffman {
+    /// [`entropy::Decoder`] where it takes the file, else libjpeg's.
+    Own,
+    /// [`entropy::Decoder`] or an error (what tests check).
+    OwnOnly,
+    Libjpeg,
+}
+
+/// `decode_region`'s work, with the Huffman decoding `huffman` says.
 fn region_rows(
     bytes: &[u8],
     channels: usize,
     scale: u8,
     region: Option<(usize, usize, usize, usize)>,
     mut buffer: Vec<u8>,
-    fast: bool,
+    huffman: Huffman,
 ) -> Result<Rows, Failure> {
     {
         let mut d = Decompressor::read_header(bytes)?;
@@ -150,10 +144,15 @@ fn region_rows(
         };
         // SAFETY: the header was read; libjpeg checks the call sequence itself (errors unwind).
         unsafe { mozjpeg_sys::jpeg_start_decompress(info) };
-        if fast {
+        if huffman != Huffman::Libjpeg {
             // SAFETY: started, nothing read yet, from memory; the decoder lives in `d`, whose drop
             // destroys the decompressor first.
             d.entropy = unsafe { entropy::Decoder::install(info) };
+            if d.entropy.is_none() && huffman == Huffman::OwnOnly {
+                return Err(Failure::Libjpeg(
+                    "not a scan the own Huffman decoder takes".into(),
+                ));
+            }
         }
         let (full_h, full_w) = (info.output_height as usize, info.output_width as usize);
         let (top, left, height, width) = region.unwrap_or((0, 0, full_h, full_w));

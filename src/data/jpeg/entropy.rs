@@ -284,17 +284,21 @@ impl Bits<'_> {
 }
 
 impl Stream {
-    /// Unstuffs until `AHEAD` bytes are ready past the reader (or the scan's end); gives up on a scan that
-    /// the file ends inside (libjpeg reports it) or with restart markers out of order.
+    /// Unstuffs until `AHEAD` bytes are ready past the reader (or the scan's end).
     fn keep_ahead(&mut self) -> Result<(), Fallback> {
+        if self.scanned.is_some() && self.data.len() - PADDING < self.at.byte + AHEAD {
+            self.unstuff_more()?;
+        }
+        Ok(())
+    }
+
+    /// Unstuffs the next few kilobytes of the scan (nothing once its end is reached); gives up on a scan
+    /// that the file ends inside (libjpeg reports it) or with restart markers out of order.
+    fn unstuff_more(&mut self) -> Result<(), Fallback> {
         let Some(from) = self.scanned else {
             return Ok(());
         };
-        let ready = self.data.len() - PADDING;
-        if ready >= self.at.byte + AHEAD {
-            return Ok(());
-        }
-        self.data.truncate(ready);
+        self.data.truncate(self.data.len() - PADDING);
         // SAFETY: libjpeg's memory source: the caller's bytes, alive for the whole decompression.
         let input = unsafe { std::slice::from_raw_parts(self.input, self.input_len) };
         let progress = unstuff(
@@ -305,10 +309,10 @@ impl Stream {
             4 * AHEAD,
         );
         self.data.resize(self.data.len() + PADDING, 0);
-        match progress.ok_or(Fallback)? {
-            Unstuffed::More(at) => self.scanned = Some(at),
-            Unstuffed::Marker(_) => self.scanned = None,
-        }
+        self.scanned = match progress.ok_or(Fallback)? {
+            Unstuffed::More(at) => Some(at),
+            Unstuffed::Marker(_) => None,
+        };
         Ok(())
     }
 
@@ -317,8 +321,7 @@ impl Stream {
         self.segment += 1;
         // The segment's start is the last one's end, which unstuffing has reached if the reader has.
         while self.segment > self.segment_ends.len() && self.scanned.is_some() {
-            self.at.byte = self.data.len() - PADDING;
-            self.keep_ahead()?;
+            self.unstuff_more()?;
         }
         if self.segment > self.segment_ends.len() {
             return Err(Fallback);

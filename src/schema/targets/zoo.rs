@@ -8,7 +8,7 @@
 //! ViT-Base at that patch size, their other arguments likewise at their defaults only.
 
 use crate::config::errors::{at, ConfigError};
-use crate::config::tree::{Node, Value};
+use crate::config::tree::{Map, Node, Value};
 
 /// torchvision's ResNet arguments the zoo builds only at their defaults: (key, the default as Python
 /// writes it, is this value the default?).
@@ -40,21 +40,15 @@ pub(super) fn torchvision(node: &mut Node, target: &Node) -> Result<bool, Config
         return Ok(true);
     };
     map.shift_remove("progress");
-    for (key, default, is_default) in AT_DEFAULTS {
-        let Some(v) = map.shift_remove(*key) else {
-            continue;
-        };
-        if !is_default(&v.value) {
-            return Err(ConfigError::Schema(format!(
-                "Error in config key 'model.{key}' = {}: the zoo's {} is torchvision's with {key}={default}; \
-                 its variants (ResNeXt, wide ResNets, dilation, another norm layer) are not built here{}\n    \
-                 Remove it, or write the network as a declared model (model.layers) or in Rust",
-                v.value.display_python(),
-                zoo.name,
-                at(&v.source)
-            )));
-        }
-    }
+    at_defaults_only(
+        map,
+        AT_DEFAULTS,
+        &format!(
+            "the zoo's {} is torchvision's, its variants (ResNeXt, wide ResNets, dilation, another norm \
+             layer) not built here; it is built",
+            zoo.name
+        ),
+    )?;
     if let Some(p) = map.shift_remove("pretrained") {
         match &p.value {
             Value::Bool(false) | Value::Null => {}
@@ -120,8 +114,9 @@ fn torchvision_vit(node: &mut Node, target: &Node, model: &str) -> Result<bool, 
         "b_32" => 32,
         "l_16" | "l_32" | "h_14" => {
             return Err(ConfigError::Schema(format!(
-                "model: _target_ torchvision.models.vit_{model}: the zoo's ViTs are tiny, small and base                  (timm's); ViT-L and ViT-H are not built here{}
-    Use torchvision.models.vit_b_16 or                  vit_b_32, or timm.create_model with model_name vit_{{tiny,small,base}}_patch{{16,32}}_224",
+                "model: _target_ torchvision.models.vit_{model}: the zoo's ViTs are tiny, small and base \
+                 (timm's); ViT-L and ViT-H are not built here{}\n    Use torchvision.models.vit_b_16 or \
+                 vit_b_32, or timm.create_model with model_name vit_{{tiny,small,base}}_patch{{16,32}}_224",
                 at(&target.source)
             )))
         }
@@ -134,26 +129,15 @@ fn torchvision_vit(node: &mut Node, target: &Node, model: &str) -> Result<bool, 
     if let Some(w) = map.shift_remove("weights") {
         if !matches!(w.value, Value::Null) {
             return Err(ConfigError::Schema(format!(
-                "Error in config key 'model.weights': vit_{model}(weights={}) downloads torchvision's                  weights, which trainyard does not do{}
-    Start from timm's ViT-B/{patch} weights                  as a safetensors file: model.pretrained=/path/to/vit_base_patch{patch}.safetensors",
+                "Error in config key 'model.weights': vit_{model}(weights={}) downloads torchvision's \
+                 weights, which trainyard does not do{}\n    Start from timm's ViT-B/{patch} weights as a \
+                 safetensors file: model.pretrained=/path/to/vit_base_patch{patch}.safetensors",
                 w.value.display_python(),
                 at(&w.source)
             )));
         }
     }
-    for (key, default, is_default) in VIT_AT_DEFAULTS {
-        let Some(v) = map.shift_remove(*key) else {
-            continue;
-        };
-        if !is_default(&v.value) {
-            return Err(ConfigError::Schema(format!(
-                "Error in config key 'model.{key}' = {}: the zoo's ViT is built with {key}={default}{}
-                     Remove it, or write the network as a declared model (model.layers) or in Rust",
-                v.value.display_python(),
-                at(&v.source)
-            )));
-        }
-    }
+    at_defaults_only(map, VIT_AT_DEFAULTS, "the zoo's ViT is built")?;
     let source = target.source.clone();
     map.insert(
         "name".into(),
@@ -171,6 +155,25 @@ fn torchvision_vit(node: &mut Node, target: &Node, model: &str) -> Result<bool, 
     map.entry("image_size".to_string())
         .or_insert_with(|| Node::new(Value::Int(224), source));
     Ok(true)
+}
+
+/// Removes `defaults`' keys from `map`, refusing any set to another value than its default: `built`
+/// says what the zoo builds ("the zoo's ViT is built"), followed by "with <key>=<default>".
+fn at_defaults_only(map: &mut Map, defaults: &[AtDefault], built: &str) -> Result<(), ConfigError> {
+    for (key, default, is_default) in defaults {
+        let Some(v) = map.shift_remove(*key) else {
+            continue;
+        };
+        if !is_default(&v.value) {
+            return Err(ConfigError::Schema(format!(
+                "Error in config key 'model.{key}' = {}: {built} with {key}={default}{}\n    \
+                 Remove it, or write the network as a declared model (model.layers) or in Rust",
+                v.value.display_python(),
+                at(&v.source)
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// `torchvision.models.<other>`, which no zoo architecture registered: what the zoo has instead.

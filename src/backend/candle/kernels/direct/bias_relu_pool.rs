@@ -7,7 +7,7 @@
 //! kernel is compiled for AVX-512 and AVX2 as well and picked at run time: the crate is built for the
 //! target's baseline (SSE2), where the 16-lane selects ran four lanes at a time or one (5x slower).
 
-use super::elementwise::{bias_grad, bias_lanes, window_max_of};
+use super::elementwise::{bias_lanes, input_and_bias_grads, window_max_of};
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -240,7 +240,7 @@ impl CustomOp2 for BiasReluPool2 {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (n, cb, h, w, l) = x.dims5()?;
+        let (_, cb, h, w, l) = x.dims5()?;
         let c = bias.dim(0)?;
         let lanes = with_f32(bias, |b| bias_lanes(b, cb, l))?;
         let (dx, sums) = with_f32(x, |xs| {
@@ -250,13 +250,6 @@ impl CustomOp2 for BiasReluPool2 {
                 _ => candle_core::bail!("bias_relu_pool2: blocks of {l} lanes"),
             })
         })?;
-        let db = bias_grad(&sums, (n, cb, l), c);
-        let dev = x.device();
-        Ok((
-            x.track_op()
-                .then(|| Tensor::from_vec(dx, x.shape(), dev))
-                .transpose()?,
-            Some(Tensor::from_vec(db, c, dev)?),
-        ))
+        input_and_bias_grads(x, dx, &sums, c)
     }
 }

@@ -56,7 +56,7 @@ impl CustomOp2 for BiasRelu {
         res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let (n, cb, h, w, l) = x.dims5()?;
+        let (_, _, h, w, l) = x.dims5()?;
         let (plane, c) = (h * w * l, bias.dim(0)?);
         let (dx, sums) = with_f32(res, |y| {
             with_f32(grad, |g| match l {
@@ -65,15 +65,27 @@ impl CustomOp2 for BiasRelu {
                 _ => candle_core::bail!("bias_relu: blocks of {l} lanes (8 or 16 expected)"),
             })
         })?;
-        let db = bias_grad(&sums, (n, cb, l), c);
-        let dev = x.device();
-        Ok((
-            x.track_op()
-                .then(|| Tensor::from_vec(dx, x.shape(), dev))
-                .transpose()?,
-            Some(Tensor::from_vec(db, c, dev)?),
-        ))
+        input_and_bias_grads(x, dx, &sums, c)
     }
+}
+
+/// A blocked bias op's gradients: `dx` for `x` (when it needs one), and the bias's from the per-plane
+/// sums of the gradient (`c` real channels).
+pub(super) fn input_and_bias_grads(
+    x: &Tensor,
+    dx: Vec<f32>,
+    sums: &[f32],
+    c: usize,
+) -> Result<(Option<Tensor>, Option<Tensor>)> {
+    let (n, cb, _, _, l) = x.dims5()?;
+    let db = bias_grad(sums, (n, cb, l), c);
+    let dev = x.device();
+    Ok((
+        x.track_op()
+            .then(|| Tensor::from_vec(dx, x.shape(), dev))
+            .transpose()?,
+        Some(Tensor::from_vec(db, c, dev)?),
+    ))
 }
 
 /// The bias per lane of every block, zero past the real channels.
