@@ -7,14 +7,14 @@
 //! gradient is an error unless `find_unused_parameters` is set (then it counts as zero), as in PyTorch.
 
 use super::{Ranks, Strategy};
-use crate::backend::{self, Engine, Gradients, Placement, StateBytes, StepStats};
+use crate::backend::{self, Engine, Gradients, Placement, StepStats};
 use crate::comm::buckets::{buckets, unused_parameters_error, GradSync};
 use crate::comm::collective::{broadcast_state, Collective, ReduceOp};
 use crate::comm::Distributed;
 use crate::data::loader::{Batch, StageBatch};
 use crate::optim::GradClip;
 use crate::schema::Experiment;
-use crate::tensor::{Flat, StateDict};
+use crate::tensor::Flat;
 use anyhow::Context;
 use std::sync::Arc;
 
@@ -150,6 +150,12 @@ impl Strategy for Ddp {
     fn ranks(&self) -> &Ranks {
         &self.ranks
     }
+    fn engine(&self) -> &dyn Engine {
+        self.engine.as_ref()
+    }
+    fn engine_mut(&mut self) -> &mut dyn Engine {
+        self.engine.as_mut()
+    }
     fn batch_stager(&self) -> Option<Arc<dyn StageBatch>> {
         self.engine.batch_stager()
     }
@@ -201,38 +207,6 @@ impl Strategy for Ddp {
             self.broadcast_state()?;
         }
         Ok(())
-    }
-
-    fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
-        self.engine.evaluate(batch)
-    }
-
-    fn state_dict(&self) -> anyhow::Result<StateDict> {
-        self.engine.state_dict()
-    }
-
-    fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()> {
-        self.engine.load_state_dict(state)
-    }
-
-    fn load_pretrained(
-        &mut self,
-        published: &StateDict,
-        head: &[String],
-    ) -> anyhow::Result<Vec<String>> {
-        backend::load_pretrained(self.engine.as_mut(), published, head)
-    }
-
-    fn loss_scale(&mut self) -> Option<f64> {
-        self.engine.loss_scaler().and_then(|s| s.scale().ok())
-    }
-
-    fn num_parameters(&self) -> usize {
-        backend::num_parameters(self.engine.as_ref())
-    }
-
-    fn state_bytes(&self) -> StateBytes {
-        self.engine.state_bytes()
     }
 }
 

@@ -180,6 +180,14 @@ impl Strategy for DataParallel {
     fn ranks(&self) -> &Ranks {
         &self.ranks
     }
+    /// Replica 0: checkpoints, the loss scale and the parameter count are its (every replica holds the
+    /// same model).
+    fn engine(&self) -> &dyn Engine {
+        self.replicas[0].as_ref()
+    }
+    fn engine_mut(&mut self) -> &mut dyn Engine {
+        self.replicas[0].as_mut()
+    }
 
     fn replicas(&self) -> usize {
         self.replicas.len()
@@ -228,10 +236,6 @@ impl Strategy for DataParallel {
         self.on_chunks(batch, |engine, part| engine.evaluate(part))
     }
 
-    fn state_dict(&self) -> anyhow::Result<StateDict> {
-        self.replicas[0].state_dict()
-    }
-
     fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()> {
         self.replicas[0].load_state_dict(state)?;
         self.load_into_others(state)?;
@@ -248,14 +252,6 @@ impl Strategy for DataParallel {
         let state = self.replicas[0].state_dict()?;
         self.load_into_others(&state)?;
         Ok(kept)
-    }
-
-    fn loss_scale(&mut self) -> Option<f64> {
-        self.replicas[0].loss_scaler().and_then(|s| s.scale().ok())
-    }
-
-    fn num_parameters(&self) -> usize {
-        backend::num_parameters(self.replicas[0].as_ref())
     }
 
     /// Every replica's, together: what this one process holds.

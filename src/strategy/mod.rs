@@ -17,7 +17,7 @@ pub mod fsdp;
 pub mod scatter;
 pub mod single;
 
-use crate::backend::{PendingStats, StateBytes, StepStats};
+use crate::backend::{Engine, PendingStats, StateBytes, StepStats};
 use crate::comm::collective::{Collective, ReduceOp};
 use crate::comm::Distributed;
 use crate::data::loader::{Batch, StageBatch};
@@ -79,8 +79,16 @@ pub trait Strategy {
     fn before_validation(&mut self) -> anyhow::Result<()> {
         Ok(())
     }
+    /// The engine that holds this rank's model as checkpoints and statistics see it (DataParallel: replica
+    /// 0). The methods below default to it; a strategy whose state is not that engine's alone (FSDP's
+    /// shards, DataParallel's other replicas) overrides them.
+    fn engine(&self) -> &dyn Engine;
+    /// `engine`, to change.
+    fn engine_mut(&mut self) -> &mut dyn Engine;
     /// Forward only, in eval mode, on this process's batch.
-    fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats>;
+    fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
+        self.engine_mut().evaluate(batch)
+    }
     /// This rank's share of the validation set is used up while others still evaluate: take part in the
     /// collectives evaluating a batch would make (FSDP's gathers), so shares can be uneven and every image
     /// counted once.
@@ -89,16 +97,22 @@ pub trait Strategy {
     }
     /// Weights, buffers and optimizer state as this rank's checkpoint holds them (FSDP: consolidated, a
     /// collective, or this rank's slices).
-    fn state_dict(&self) -> anyhow::Result<StateDict>;
+    fn state_dict(&self) -> anyhow::Result<StateDict> {
+        self.engine().state_dict()
+    }
     /// Restore what `state_dict` gave (from a checkpoint of the same strategy and world size, or a full one).
-    fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()>;
+    fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()> {
+        self.engine_mut().load_state_dict(state)
+    }
     /// Start from published weights (`backend::load_pretrained`; `head`: the classifier's module names);
     /// every rank reads the same file.
     fn load_pretrained(
         &mut self,
         published: &StateDict,
         head: &[String],
-    ) -> anyhow::Result<Vec<String>>;
+    ) -> anyhow::Result<Vec<String>> {
+        crate::backend::load_pretrained(self.engine_mut(), published, head)
+    }
     /// The name of the file that holds this rank's state in the checkpoint named `name`: `name` itself,
     /// or under FSDP's sharded checkpoints this rank's part beside it. Resuming reads it.
     fn checkpoint_file(&self, name: &str) -> String {
@@ -120,11 +134,17 @@ pub trait Strategy {
         Ok(Some(path.to_path_buf()))
     }
     /// The dynamic loss scale (`16-mixed`), when there is one.
-    fn loss_scale(&mut self) -> Option<f64>;
+    fn loss_scale(&mut self) -> Option<f64> {
+        self.engine_mut().loss_scaler().and_then(|s| s.scale().ok())
+    }
     /// Trainable parameter count of the model.
-    fn num_parameters(&self) -> usize;
+    fn num_parameters(&self) -> usize {
+        crate::backend::num_parameters(self.engine())
+    }
     /// Parameter, gradient and optimizer-state bytes this rank keeps for training (what sharding divides).
-    fn state_bytes(&self) -> StateBytes;
+    fn state_bytes(&self) -> StateBytes {
+        self.engine().state_bytes()
+    }
 }
 
 /// This process's place among the ranks of a run and the collectives over them: what the training loop

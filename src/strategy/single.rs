@@ -1,11 +1,10 @@
 //! One engine on one device: the loop's batches go straight to it.
 
 use super::{Ranks, Strategy};
-use crate::backend::{self, Engine, PendingStats, Placement, StateBytes, StepStats};
+use crate::backend::{self, Engine, PendingStats, Placement, StepStats};
 use crate::data::loader::{Batch, StageBatch};
 use crate::optim::GradClip;
 use crate::schema::Experiment;
-use crate::tensor::StateDict;
 use std::sync::Arc;
 
 pub struct Single {
@@ -30,6 +29,12 @@ impl Single {
 impl Strategy for Single {
     fn ranks(&self) -> &Ranks {
         &self.ranks
+    }
+    fn engine(&self) -> &dyn Engine {
+        self.engine.as_ref()
+    }
+    fn engine_mut(&mut self) -> &mut dyn Engine {
+        self.engine.as_mut()
     }
     fn batch_stager(&self) -> Option<Arc<dyn StageBatch>> {
         self.engine.batch_stager()
@@ -60,37 +65,5 @@ impl Strategy for Single {
         clip: Option<GradClip>,
     ) -> anyhow::Result<f64> {
         self.engine.optimizer_step(lr, momentum, clip)
-    }
-
-    fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
-        self.engine.evaluate(batch)
-    }
-
-    fn state_dict(&self) -> anyhow::Result<StateDict> {
-        self.engine.state_dict()
-    }
-
-    fn load_state_dict(&mut self, state: &StateDict) -> anyhow::Result<()> {
-        self.engine.load_state_dict(state)
-    }
-
-    fn load_pretrained(
-        &mut self,
-        published: &StateDict,
-        head: &[String],
-    ) -> anyhow::Result<Vec<String>> {
-        backend::load_pretrained(self.engine.as_mut(), published, head)
-    }
-
-    fn loss_scale(&mut self) -> Option<f64> {
-        self.engine.loss_scaler().and_then(|s| s.scale().ok())
-    }
-
-    fn num_parameters(&self) -> usize {
-        backend::num_parameters(self.engine.as_ref())
-    }
-
-    fn state_bytes(&self) -> StateBytes {
-        self.engine.state_bytes()
     }
 }

@@ -367,6 +367,14 @@ impl Strategy for Fsdp {
     fn ranks(&self) -> &Ranks {
         &self.ranks
     }
+    /// This rank's engine; what it holds between steps is not the model (its shards are), so the state
+    /// methods are FSDP's own.
+    fn engine(&self) -> &dyn Engine {
+        self.engine.as_ref()
+    }
+    fn engine_mut(&mut self) -> &mut dyn Engine {
+        self.engine.as_mut()
+    }
     fn batch_stager(&self) -> Option<Arc<dyn StageBatch>> {
         self.engine.batch_stager()
     }
@@ -615,10 +623,6 @@ impl Strategy for Fsdp {
         let mine = path.with_file_name(self.checkpoint_file(&name));
         crate::storage::checkpoint::save(&mine, &state, training, config_yaml)?;
         Ok(Some(mine))
-    }
-
-    fn loss_scale(&mut self) -> Option<f64> {
-        self.engine.loss_scaler().and_then(|s| s.scale().ok())
     }
 
     fn num_parameters(&self) -> usize {
