@@ -101,28 +101,35 @@ fn pack(w: &[f32], g: &Geometry, how: Packing) -> Vec<f32> {
         Packing::Forward => (g.ob(), g.ib()),
         _ => (g.ib(), g.ob()),
     };
-    let block = t * l * l;
+    let (block, plane) = (t * l * l, l * l);
     let mut out = uninit(outer * inner * block);
-    // One (outer, inner) block pair per task, written in order; its source (L × L channel pairs × taps,
-    // 9 KiB for 3x3 kernels and 16 lanes) stays in L1 while it is read across.
+    // One (outer, inner) block pair per task; its source (L × L channel pairs × taps, 9 KiB for 3x3
+    // kernels and 16 lanes) stays in L1. Each channel pair's taps are read as the one run they are in the
+    // source and spread over the block's tap planes, so no index is computed per element.
     out.par_chunks_mut(block)
         .enumerate()
         .for_each(|(pair, dst)| {
-            let (ob, ib) = (pair / inner, pair % inner);
-            for tap in 0..t {
-                for row in 0..l {
-                    for col in 0..l {
-                        // Forward: rows are input lanes, columns output lanes; transposed: the reverse.
-                        let (o, i) = match how {
-                            Packing::Forward => (ob * l + col, ib * l + row),
-                            Packing::Transposed => (ib * l + row, ob * l + col),
-                        };
-                        let v = if o < g.c_out && i < g.c_in {
-                            w[(o * g.c_in + i) * t + tap]
-                        } else {
-                            0.0
-                        };
-                        dst[(tap * l + row) * l + col] = std::mem::MaybeUninit::new(v);
+            let (first, second) = (pair / inner, pair % inner);
+            let (o_block, i_block) = match how {
+                Packing::Forward => (first, second),
+                Packing::Transposed => (second, first),
+            };
+            for o_lane in 0..l {
+                for i_lane in 0..l {
+                    // Forward: rows are input lanes, columns output lanes; transposed: the reverse.
+                    let at = match how {
+                        Packing::Forward => i_lane * l + o_lane,
+                        Packing::Transposed => o_lane * l + i_lane,
+                    };
+                    let taps = dst[at..].iter_mut().step_by(plane);
+                    let (o, i) = (o_block * l + o_lane, i_block * l + i_lane);
+                    if o < g.c_out && i < g.c_in {
+                        let src = &w[(o * g.c_in + i) * t..][..t];
+                        for (d, v) in taps.zip(src) {
+                            *d = std::mem::MaybeUninit::new(*v);
+                        }
+                    } else {
+                        taps.for_each(|d| *d = std::mem::MaybeUninit::new(0.0));
                     }
                 }
             }
