@@ -361,7 +361,7 @@ pub const REGISTERED_SCHEDULER_FIELDS: &[&str] = &["interval"];
 
 /// `_partial_` on an optimizer or a schedule: Hydra's partial, completed later with what only the run has
 /// (the parameters, the run's length), so `true` or absent; `false` would ask for it whole now.
-fn check_partial(job: &Node, section: &str, spec: &RegisteredSpec) -> Result<(), ConfigError> {
+pub(super) fn check_partial(job: &Node, section: &str, target: &str) -> Result<(), ConfigError> {
     let Some(node) = job.get(&format!("{section}._partial_")) else {
         return Ok(());
     };
@@ -369,7 +369,7 @@ fn check_partial(job: &Node, section: &str, spec: &RegisteredSpec) -> Result<(),
         crate::config::tree::Value::Bool(true) => Ok(()),
         crate::config::tree::Value::Bool(false) => Err(ConfigError::Schema(format!(
             "Error in config key '{section}._partial_': _target_ {} is completed later with what only the run has ({}), as Hydra's partial is; it cannot be built whole{}\n    Set {section}._partial_=true, or leave it out",
-            spec.target,
+            target,
             match section {
                 "optimizer" => "the model's parameters",
                 _ => "the optimizer and the run's length",
@@ -395,7 +395,7 @@ fn partial_spec(
     let Some(spec) = RegisteredSpec::read(job, section, own, is_registered) else {
         return Ok(None);
     };
-    check_partial(job, section, &spec)?;
+    check_partial(job, section, &spec.target)?;
     Ok(Some(spec))
 }
 

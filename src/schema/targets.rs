@@ -39,6 +39,17 @@ pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
     let lightning = super::template::is_lightning_project(job);
     // First: the template's LightningModule hands its optimizer and scheduler to the run.
     super::template::lit_module(job)?;
+    check_partial_flags(job)?;
+    // An optimizer or a schedule is completed by the run (its parameters, its length), as Hydra's
+    // partial is: `_partial_: false` would ask for it whole, which Hydra's instantiate could not do either.
+    for section in ["optimizer", "scheduler"] {
+        if let Some(target) = job
+            .get(&format!("{section}._target_"))
+            .and_then(|t| t.as_str())
+        {
+            super::registered::check_partial(job, section, target)?;
+        }
+    }
     if let Some(trainer) = job.child_mut("trainer") {
         if let Some(target) = take_target(trainer)? {
             trainer_target(trainer, &target)?;
@@ -96,6 +107,26 @@ pub fn translate(job: &mut Node) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// Every node with a `_target_` takes `_partial_` as a boolean or not at all (Hydra's `instantiate`: "_partial_
+/// flag must be a bool"); the error names the key and its line.
+fn check_partial_flags(job: &Node) -> Result<(), ConfigError> {
+    let mut first = None;
+    job.walk(&mut String::new(), &mut |path, node| {
+        if let (None, Some(_), Some(flag)) =
+            (&first, node.child("_target_"), node.child("_partial_"))
+        {
+            if !matches!(flag.value, Value::Bool(_)) {
+                first = Some(ConfigError::Schema(format!(
+                    "Error in config key '{path}._partial_': expected true or false, got {}{}",
+                    flag.value.display_python(),
+                    at(&flag.source)
+                )));
+            }
+        }
+    });
+    first.map_or(Ok(()), Err)
 }
 
 /// Does `node`'s `_target_` name something `is_registered` knows?

@@ -86,6 +86,11 @@ fn translated(text: &str) -> Result<serde_json::Value, ConfigError> {
     "model",
     r#"{"num_classes":10,"image_size":32,"name":"vit","variant":"base","patch_size":16}"#
 )]
+#[case::torchvision_partial(
+    "model: {_target_: torchvision.models.resnet18, _partial_: true, num_classes: 10}",
+    "model",
+    r#"{"num_classes":10,"name":"resnet18"}"#
+)]
 #[case::torchvision_keeps_our_keys(
     "model: {_target_: torchvision.models.resnet18, num_classes: 10, cifar_stem: true}",
     "model",
@@ -174,6 +179,22 @@ fn known_targets_map_onto_the_schema(
 #[case::torchvision_pretrained(
     "model: {_target_: torchvision.models.resnet50, pretrained: true}\n",
     "does not do"
+)]
+#[case::partial_not_a_flag(
+    "model: {_target_: torchvision.models.resnet18, _partial_: 'yes'}\n",
+    "Error in config key 'model._partial_': expected true or false, got yes"
+)]
+#[case::partial_of_a_callback(
+    "callbacks: {c: {_target_: lightning.pytorch.callbacks.ModelCheckpoint, _partial_: 1}}\n",
+    "'callbacks.c._partial_': expected true or false, got 1"
+)]
+#[case::optimizer_asked_whole(
+    "optimizer: {_target_: torch.optim.Adam, _partial_: false, lr: 0.1}\n",
+    "optimizer._partial_': _target_ torch.optim.Adam is completed later with what only the run has (the model's parameters)"
+)]
+#[case::scheduler_asked_whole(
+    "scheduler: {_target_: torch.optim.lr_scheduler.CosineAnnealingLR, _partial_: false, T_max: 10}\n",
+    "it cannot be built whole"
 )]
 #[case::two_checkpoints("callbacks: {a: {_target_: lightning.pytorch.callbacks.ModelCheckpoint}, b: {_target_: lightning.pytorch.callbacks.ModelCheckpoint}}\n", "already configured")]
 fn refused_targets_name_the_line(#[case] text: &str, #[case] expected: &str) {
