@@ -360,7 +360,7 @@ fn a_rule_with_state_saves_it_and_resumes_exactly(#[case] backend: &str) {
 )]
 #[case::not_partial(
     &["optimizer=lion", "optimizer._partial_=false"],
-    &["'optimizer._partial_'", "the model's parameters", "Set optimizer._partial_=true"]
+    &["'optimizer._partial_'", "the model's parameters", "Make it true where it is set"]
 )]
 #[case::partial_not_a_bool(
     &["scheduler=warmup", "scheduler._partial_=yes"],

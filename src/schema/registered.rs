@@ -368,7 +368,7 @@ pub(super) fn check_partial(job: &Node, section: &str, target: &str) -> Result<(
     match node.value {
         crate::config::tree::Value::Bool(true) => Ok(()),
         crate::config::tree::Value::Bool(false) => Err(ConfigError::Schema(format!(
-            "Error in config key '{section}._partial_': _target_ {} is completed later with what only the run has ({}), as Hydra's partial is; it cannot be built whole{}\n    Set {section}._partial_=true, or leave it out",
+            "Error in config key '{section}._partial_': _target_ {} is completed later with what only the run has ({}), as Hydra's partial is; it cannot be built whole{}\n    Make it true where it is set, or leave it out",
             target,
             match section {
                 "optimizer" => "the model's parameters",
