@@ -86,6 +86,11 @@ fn translated(text: &str) -> Result<serde_json::Value, ConfigError> {
     "model",
     r#"{"num_classes":10,"image_size":32,"name":"vit","variant":"base","patch_size":16}"#
 )]
+#[case::torchvision_vit_legacy_arguments(
+    "model: {_target_: torchvision.models.vit_b_16, num_classes: 10, pretrained: false, patch_size: 16, variant: base}",
+    "model",
+    r#"{"num_classes":10,"patch_size":16,"variant":"base","name":"vit","image_size":224}"#
+)]
 #[case::torchvision_partial(
     "model: {_target_: torchvision.models.resnet18, _partial_: true, num_classes: 10}",
     "model",
@@ -179,6 +184,18 @@ fn known_targets_map_onto_the_schema(
 #[case::torchvision_pretrained(
     "model: {_target_: torchvision.models.resnet50, pretrained: true}\n",
     "does not do"
+)]
+#[case::torchvision_vit_other_patch(
+    "model: {_target_: torchvision.models.vit_b_16, patch_size: 8}\n",
+    "Error in config key 'model.patch_size' = 8: torchvision.models.vit_b_16 is ViT-B/16"
+)]
+#[case::torchvision_vit_other_variant(
+    "model: {_target_: torchvision.models.vit_b_32, variant: tiny}\n",
+    "model.variant"
+)]
+#[case::torchvision_vit_pretrained(
+    "model: {_target_: torchvision.models.vit_b_32, pretrained: true}\n",
+    "vit_base_patch32.safetensors"
 )]
 #[case::partial_not_a_flag(
     "model: {_target_: torchvision.models.resnet18, _partial_: 'yes'}\n",

@@ -49,24 +49,7 @@ pub(super) fn torchvision(node: &mut Node, target: &Node) -> Result<bool, Config
             zoo.name
         ),
     )?;
-    if let Some(p) = map.shift_remove("pretrained") {
-        match &p.value {
-            Value::Bool(false) | Value::Null => {}
-            Value::Str(_) => {
-                map.insert("pretrained".into(), p);
-            }
-            other => {
-                return Err(ConfigError::Schema(format!(
-                "Error in config key 'model.pretrained' = {}: {name}(pretrained=True) downloads \
-                     torchvision's weights, which trainyard does not do{}\n    Convert them to a \
-                     safetensors file and give its path: model.pretrained=/path/to/{}.safetensors",
-                other.display_python(),
-                at(&p.source),
-                zoo.name
-            )))
-            }
-        }
-    }
+    legacy_pretrained(map, name, zoo.name)?;
     if let Some(w) = map.shift_remove("weights") {
         if !matches!(w.value, Value::Null) {
             return Err(ConfigError::Schema(format!(
@@ -85,6 +68,28 @@ pub(super) fn torchvision(node: &mut Node, target: &Node) -> Result<bool, Config
         Node::new(Value::Str(zoo.name.into()), target.source.clone()),
     );
     Ok(true)
+}
+
+/// torchvision's older `pretrained` argument: `false` or null builds from scratch (dropped), a string is
+/// trainyard's safetensors path (kept), `true` would download and is refused.
+fn legacy_pretrained(map: &mut Map, call: &str, file_stem: &str) -> Result<(), ConfigError> {
+    let Some(p) = map.shift_remove("pretrained") else {
+        return Ok(());
+    };
+    match &p.value {
+        Value::Bool(false) | Value::Null => Ok(()),
+        Value::Str(_) => {
+            map.insert("pretrained".into(), p);
+            Ok(())
+        }
+        other => Err(ConfigError::Schema(format!(
+            "Error in config key 'model.pretrained' = {}: {call}(pretrained=True) downloads torchvision's \
+             weights, which trainyard does not do{}\n    Convert them to a safetensors file and give its \
+             path: model.pretrained=/path/to/{file_stem}.safetensors",
+            other.display_python(),
+            at(&p.source),
+        ))),
+    }
 }
 
 /// torchvision's ViT arguments the zoo builds only at their defaults (key, the default as Python writes
@@ -137,7 +142,28 @@ fn torchvision_vit(node: &mut Node, target: &Node, model: &str) -> Result<bool, 
             )));
         }
     }
+    legacy_pretrained(
+        map,
+        &format!("torchvision.models.vit_{model}"),
+        &format!("vit_base_patch{patch}"),
+    )?;
     at_defaults_only(map, VIT_AT_DEFAULTS, "the zoo's ViT is built")?;
+    // trainyard's keys the target fixes (torchvision's `patch_size` too: "multiple values" in Python).
+    for (key, fixed) in [
+        ("variant", Value::Str("base".into())),
+        ("patch_size", Value::Int(patch)),
+    ] {
+        if let Some(v) = map.get(key).filter(|v| v.value != fixed) {
+            return Err(ConfigError::Schema(format!(
+                "Error in config key 'model.{key}' = {}: torchvision.models.vit_{model} is ViT-B/{patch}, \
+                 so {key} is {}{}\n    Remove it, or use model=vit_b32 with model.variant and \
+                 model.patch_size of your choice",
+                v.value.display_python(),
+                fixed.display_python(),
+                at(&v.source)
+            )));
+        }
+    }
     let source = target.source.clone();
     map.insert(
         "name".into(),
