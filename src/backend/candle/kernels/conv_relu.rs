@@ -138,11 +138,7 @@ mod tests {
         super::super::cpu::seeded(shape, seed, -1.0, 1.0)
     }
 
-    fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
-        let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
-        let s = b.abs().unwrap().max_all().unwrap();
-        d.to_scalar::<f32>().unwrap() / s.to_scalar::<f32>().unwrap().max(1e-6)
-    }
+    use crate::backend::candle::kernels::cpu::max_rel;
 
     /// Forward and all three gradients agree with Candle's conv, broadcast add and ReLU.
     #[rstest::rstest]

@@ -33,3 +33,17 @@ pub fn seeded(shape: &[usize], seed: u64, lo: f32, hi: f32) -> Tensor {
         .collect();
     Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
 }
+
+/// The largest |a - b| over two test tensors of one shape.
+#[cfg(test)]
+pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let d = (a - b).unwrap().abs().unwrap().max_all().unwrap();
+    d.to_scalar::<f32>().unwrap()
+}
+
+/// `max_abs_diff` relative to the largest |b| (the reference).
+#[cfg(test)]
+pub fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
+    let s = b.abs().unwrap().max_all().unwrap();
+    max_abs_diff(a, b) / s.to_scalar::<f32>().unwrap().max(1e-6)
+}

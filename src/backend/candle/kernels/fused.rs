@@ -487,16 +487,7 @@ mod tests {
         crate::backend::candle::kernels::cpu::seeded(shape, seed, -1.0, 1.0)
     }
 
-    fn diff(a: &Tensor, b: &Tensor) -> f32 {
-        (a - b)
-            .unwrap()
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap()
-    }
+    use crate::backend::candle::kernels::cpu::max_abs_diff as diff;
 
     fn grads_agree(ours: Tensor, theirs: Tensor, vars: &[&Var], probe: &Tensor) {
         assert!(diff(&ours, &theirs) < 1e-6, "forward differs");

@@ -1,27 +1,9 @@
 use super::*;
+use crate::backend::candle::kernels::cpu::max_rel;
 use candle_core::Var;
 
 fn seeded(shape: &[usize], seed: u64) -> Tensor {
     crate::backend::candle::kernels::cpu::seeded(shape, seed, -1.0, 1.0)
-}
-
-fn max_rel(a: &Tensor, b: &Tensor) -> f32 {
-    let d = (a - b)
-        .unwrap()
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    let s = b
-        .abs()
-        .unwrap()
-        .max_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap();
-    d / s.max(1e-6)
 }
 
 /// Forward and both gradients agree with Candle's reference kernels for every geometry the zoo uses.
