@@ -8,6 +8,8 @@ use crate::model::dropout::dropout_mask;
 use crate::model::mlp::Mlp;
 use crate::model::Architecture;
 use crate::platform::rng::Rng;
+use super::kernels::tape::{self, Tape};
+use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var, D};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -76,6 +78,65 @@ pub fn forward(
     Ok(h)
 }
 
+/// A training forward pass cut in two: the body (every stage before the head) recorded on trainyard's
+/// tape (`kernels::tape`), the head run on Candle's graph from `leaf`, a copy of the body's output. Candle's
+/// backward then covers the head alone, and `backward_into` carries the leaf's gradient through the body.
+pub struct Cut {
+    body: Tensor,
+    leaf: Var,
+    tape: Tape,
+}
+
+impl Cut {
+    /// Adds the body's parameter gradients to `grads` (Candle's, from the loss over the head).
+    pub fn backward_into(self, grads: &mut GradStore) -> Result<()> {
+        let Some(seed) = grads.remove(self.leaf.as_tensor()) else {
+            return Ok(());
+        };
+        let body = self.tape.backward(&self.body, seed)?;
+        for id in body.get_ids().copied().collect::<Vec<_>>() {
+            let g = body.get_id(id).expect("listed id").clone();
+            let sum = match grads.get_id(id) {
+                Some(prev) => (prev + g)?,
+                None => g,
+            };
+            grads.insert_id(id, sum);
+        }
+        Ok(())
+    }
+}
+
+/// `forward` for training, with the body cut from the head where the tape can carry the body's backward
+/// alone (every op of the body one of the kernels'); otherwise the whole pass on Candle's graph and `None`.
+pub fn forward_cut(
+    arch: &Architecture,
+    p: &Params,
+    buffers: &mut Buffers,
+    x: &Tensor,
+    pass: &mut Pass,
+) -> Result<(Tensor, Option<Cut>)> {
+    let head = arch.stages().len().saturating_sub(1);
+    if head == 0 {
+        return Ok((forward(arch, p, buffers, x, pass)?, None));
+    }
+    let (body, tape) = tape::record(|| {
+        let mut h = x.clone();
+        for k in 0..head {
+            h = arch.forward_stage(k, p, buffers, &h, pass)?;
+        }
+        Ok(h)
+    })?;
+    if !tape.usable(&body) {
+        if let Some(op) = tape.foreign_op() {
+            tracing::trace!("backward on Candle's graph: {op} took a tensor from an op off the tape");
+        }
+        return Ok((arch.forward_stage(head, p, buffers, &body, pass)?, None));
+    }
+    let leaf = Var::from_tensor(&body)?;
+    let logits = arch.forward_stage(head, p, buffers, leaf.as_tensor(), pass)?;
+    Ok((logits, Some(Cut { body, leaf, tape })))
+}
+
 fn get<'a>(p: &'a Params, name: &str) -> Result<&'a Var> {
     p.get(name)
         .ok_or_else(|| candle_core::Error::Msg(format!("missing parameter {name}")))
@@ -105,7 +166,7 @@ pub fn dropout(x: &Tensor, prob: f64, pass: &mut Pass) -> Result<Tensor> {
         return Ok(x.clone());
     }
     let mask = dropout_mask(x.elem_count(), prob, pass.rng);
-    x.mul(&Tensor::from_vec(mask, x.shape(), x.device())?)
+    tape::ops::mul_by_constant(x, &Tensor::from_vec(mask, x.shape(), x.device())?)
 }
 
 impl CandleForward for Mlp {

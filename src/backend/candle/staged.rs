@@ -3,6 +3,7 @@
 //! input.
 
 use super::models::{Buffers, CandleForward, Pass};
+use super::kernels::tape;
 use super::CandleEngine;
 use crate::backend::units::StagedCompute;
 use crate::platform::rng::Rng;
@@ -163,12 +164,17 @@ impl StagedCompute for LossStage<'_> {
             sync_batchnorm: e.sync_batchnorm.as_ref(),
             autocast: e.autocast,
         };
-        let y = e
-            .model
-            .forward_stage(k, &e.params, &mut scratch, &input, &mut pass)?;
-        // d(sum(y * g))/dy = g exactly: backpropagates `grad_out` through the stage.
+        let (y, tape) = tape::record(|| {
+            e.model
+                .forward_stage(k, &e.params, &mut scratch, &input, &mut pass)
+        })?;
         let g = grad_out.to_dtype(y.dtype())?;
-        let grads = (y * g)?.sum_all()?.backward()?;
+        let grads = if tape.usable(&y) {
+            tape.backward(&y, g)?
+        } else {
+            // d(sum(y * g))/dy = g exactly: backpropagates `grad_out` through the stage.
+            (y * g)?.sum_all()?.backward()?
+        };
         Ok((
             Self::input_gradient(&var, &grads)?,
             self.flat_gradient(layout, &grads)?,

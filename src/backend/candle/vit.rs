@@ -4,6 +4,7 @@
 //! `layer_norm` have no backward pass, so gradients would silently stop before them.
 
 use super::autocast::Autocast;
+use super::kernels::tape::ops;
 use super::models::{param, Buffers, CandleForward, Params, Pass};
 use crate::model::vit::Vit;
 use candle_core::{Result, Tensor, D};
@@ -101,14 +102,14 @@ impl CandleForward for Vit {
         if k == 0 {
             let batch = x.dim(0)?;
             let w = param(p, "patch_embed.proj.weight")?;
-            let patches = pass
-                .autocast
-                .conv2d(x, w, self.patch, 0)?
-                .broadcast_add(&param(p, "patch_embed.proj.bias")?.reshape((1, self.dim, 1, 1))?)?;
+            // Candle's ops through `ops`, so the body stays on the backward tape.
+            let bias = ops::reshape(param(p, "patch_embed.proj.bias")?, (1, self.dim, 1, 1))?;
+            let patches = ops::broadcast_add(&pass.autocast.conv2d(x, w, self.patch, 0)?, &bias)?;
             // (B, D, g, g) -> (B, g*g, D)
-            let tokens = patches.flatten_from(2)?.transpose(1, 2)?;
-            let cls = param(p, "cls_token")?.broadcast_as((batch, 1, self.dim))?;
-            let h = Tensor::cat(&[&cls, &tokens], 1)?.broadcast_add(param(p, "pos_embed")?)?;
+            let cells = patches.dim(2)? * patches.dim(3)?;
+            let tokens = ops::transpose(&ops::reshape(&patches, (batch, self.dim, cells))?, 1, 2)?;
+            let cls = ops::broadcast_as(param(p, "cls_token")?, (batch, 1, self.dim))?;
+            let h = ops::broadcast_add(&ops::cat(&[&cls, &tokens], 1)?, param(p, "pos_embed")?)?;
             return super::models::dropout(&h, self.dropout, pass);
         }
         if k > self.depth {
@@ -125,7 +126,7 @@ impl CandleForward for Vit {
             &layer_norm(p, &format!("{blk}.norm1"), x)?,
             pass.autocast,
         )?;
-        let h = (x + super::models::dropout(&a, self.dropout, pass)?)?;
+        let h = ops::broadcast_add(x, &super::models::dropout(&a, self.dropout, pass)?)?;
         let m = linear(
             p,
             &format!("{blk}.mlp.fc1"),
@@ -139,7 +140,7 @@ impl CandleForward for Vit {
             &super::models::dropout(&m, self.dropout, pass)?,
             pass.autocast,
         )?;
-        h + super::models::dropout(&m, self.dropout, pass)?
+        ops::broadcast_add(&h, &super::models::dropout(&m, self.dropout, pass)?)
     }
 }
 

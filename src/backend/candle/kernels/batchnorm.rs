@@ -5,6 +5,7 @@
 //! Per-channel sums run in a fixed order (one task per channel, f64 accumulators), so results are
 //! bit-identical across runs and thread counts.
 
+use crate::backend::candle::kernels::tape;
 use crate::comm::collective::Collective;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -61,7 +62,7 @@ pub fn train(
         sync: sync.map(|group| (group.clone(), stats.count)),
         relu: then == Then::Relu,
     };
-    Ok(Some((x.apply_op3(gamma, beta, op)?, stats)))
+    Ok(Some((tape::op3(&x, gamma, beta, op)?, stats)))
 }
 
 /// Eval-mode BatchNorm with fixed (running) statistics.
@@ -90,7 +91,7 @@ pub fn eval(
         sync: None,
         relu: then == Then::Relu,
     };
-    Ok(Some(x.contiguous()?.apply_op3(gamma, beta, op)?))
+    Ok(Some(tape::op3(&x.contiguous()?, gamma, beta, op)?))
 }
 
 fn fast(x: &Tensor) -> bool {

@@ -7,6 +7,7 @@
 //! depend on scheduling; the weight gradient sums fixed per-task partials in a fixed order, which keeps
 //! runs bit-identical for a given thread count.
 
+use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -60,8 +61,7 @@ pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<T
     if !handles(x, w)? {
         return x.conv2d(w, padding, stride, 1, 1);
     }
-    x.contiguous()?
-        .apply_op2(&w.contiguous()?, Conv2d { stride, padding })
+    tape::op2(&x.contiguous()?, &w.contiguous()?, Conv2d { stride, padding })
 }
 
 /// Whether `conv2d(x, w)` runs on the kernels here (CPU, f32, square kernel) rather than Candle's.

@@ -3,6 +3,7 @@
 //! costs Candle a zeroed buffer and an add to accumulate the gradient; fused, bias and ReLU run on each
 //! task's output while it is in cache, and the backward pass is one masking pass before the conv's own.
 
+use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use trainyard_conv::buffer::{assume_init, uninit};
@@ -23,7 +24,8 @@ pub fn conv2d_bias_relu(
         let y = conv::conv2d(x, w, stride, padding)?;
         return super::fused::relu(&super::fused::add_channel_bias(&y, bias)?);
     }
-    x.contiguous()?.apply_op3(
+    tape::op3(
+        &x.contiguous()?,
         &w.contiguous()?,
         &bias.contiguous()?,
         ConvBiasRelu { stride, padding },

@@ -3,6 +3,7 @@
 //! per-channel bias add (its backward is a slow strided reduction over N, H, W) and max-pooling (Candle's
 //! backward only works when kernel == stride). Off the CPU or for other dtypes the Candle ops are used.
 
+use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use trainyard_conv::buffer::{assume_init, uninit};
@@ -15,7 +16,7 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
     if !fast(x) {
         return x.relu();
     }
-    x.contiguous()?.apply_op1(Relu)
+    tape::op1(&x.contiguous()?, Relu)
 }
 
 struct Relu;
@@ -68,7 +69,7 @@ pub fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if !fast(a) || !fast(b) || a.shape() != b.shape() {
         return (a + b)?.relu();
     }
-    a.contiguous()?.apply_op2(&b.contiguous()?, AddRelu)
+    tape::op2(&a.contiguous()?, &b.contiguous()?, AddRelu)
 }
 
 struct AddRelu;
@@ -128,7 +129,7 @@ pub fn add_channel_bias(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
         let c = bias.dim(0)?;
         return x.broadcast_add(&bias.reshape((1, c, 1, 1))?);
     }
-    x.contiguous()?.apply_op2(&bias.contiguous()?, ChannelBias)
+    tape::op2(&x.contiguous()?, &bias.contiguous()?, ChannelBias)
 }
 
 struct ChannelBias;
@@ -197,11 +198,14 @@ impl CustomOp2 for ChannelBias {
 /// `nn.MaxPool2d(kernel, stride, padding)` (padding counts as -inf), with a backward that routes each
 /// gradient to the first maximum of its window, as PyTorch does.
 pub fn max_pool2d(x: &Tensor, kernel: usize, stride: usize, padding: usize) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(MaxPool {
-        kernel,
-        stride,
-        padding,
-    })
+    tape::op1(
+        &x.contiguous()?,
+        MaxPool {
+            kernel,
+            stride,
+            padding,
+        },
+    )
 }
 
 #[derive(Clone, Copy)]

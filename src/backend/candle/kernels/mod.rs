@@ -9,3 +9,4 @@ pub mod conv_relu;
 pub mod cpu;
 pub mod direct;
 pub mod fused;
+pub mod tape;

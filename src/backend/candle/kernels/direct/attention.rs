@@ -1,6 +1,7 @@
 //! Multi-head self-attention as one Candle op over the qkv linear layer's output (kernels:
 //! `trainyard_conv::attention`), with its backward: no permutes, copies or padded slice gradients.
 
+use crate::backend::candle::kernels::tape;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use crate::tensor::candle_cpu::is_cpu_f32;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
@@ -65,5 +66,5 @@ pub fn self_attention(isa: Isa, qkv: &Tensor, heads: usize, scale: f64) -> Resul
         heads,
         scale: scale as f32,
     };
-    Ok(Some(qkv.contiguous()?.apply_op1(op)?))
+    Ok(Some(tape::op1(&qkv.contiguous()?, op)?))
 }

@@ -4,6 +4,7 @@
 //! the indexing differs: a channel is a lane of every pixel of its block, so the sums run over pixels with
 //! one accumulator per lane (vectorised over the block), image by image in a fixed order.
 
+use crate::backend::candle::kernels::tape;
 use crate::backend::candle::kernels::batchnorm::{global_grad_sums, ChannelStats, Then};
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use crate::comm::collective::{Collective, ReduceOp};
@@ -104,7 +105,7 @@ pub fn train(
         sync: sync.map(|group| (group.clone(), st.count)),
         relu: then == Then::Relu,
     };
-    Ok((x.apply_op3(gamma, beta, op)?, st))
+    Ok((tape::op3(&x, gamma, beta, op)?, st))
 }
 
 /// Eval-mode BatchNorm with the running statistics.
@@ -126,7 +127,7 @@ pub fn eval(
         sync: None,
         relu: then == Then::Relu,
     };
-    x.apply_op3(gamma, beta, op)
+    tape::op3(&x, gamma, beta, op)
 }
 
 fn invstd(var: &[f32], eps: f64) -> Vec<f32> {

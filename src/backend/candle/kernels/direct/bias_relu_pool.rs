@@ -7,6 +7,7 @@
 //! kernel is compiled for AVX-512 and AVX2 as well and picked at run time: the crate is built for the
 //! target's baseline (SSE2), where the 16-lane selects ran four lanes at a time or one (5x slower).
 
+use crate::backend::candle::kernels::tape;
 use super::elementwise::{bias_lanes, input_and_bias_grads, window_max_of};
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
@@ -17,8 +18,7 @@ use trainyard_conv::buffer::{assume_init, uninit};
 /// `max_pool2(relu(x + bias[channel]))` (2x2 windows, stride 2, floor mode) over a blocked `x` of at least
 /// 2x2 pixels; `bias` has the real channel count (lanes past it stay 0).
 pub fn bias_relu_pool2(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
-    x.contiguous()?
-        .apply_op2(&bias.contiguous()?, BiasReluPool2)
+    tape::op2(&x.contiguous()?, &bias.contiguous()?, BiasReluPool2)
 }
 
 struct BiasReluPool2;

@@ -1,6 +1,7 @@
 //! The Candle op over `trainyard_conv`'s direct convolution: blocked input, (O, I, K, K) kernel, with its
 //! own backward (input gradient only when something upstream needs it).
 
+use crate::backend::candle::kernels::tape;
 use super::layout::with_blocked;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
@@ -95,7 +96,8 @@ pub fn conv2d(isa: Isa, x: &Tensor, w: &Tensor, stride: usize, padding: usize) -
     if !isa.supported() {
         candle_core::bail!("direct conv: this CPU has no {} path", isa.name());
     }
-    x.contiguous()?.apply_op2(
+    tape::op2(
+        &x.contiguous()?,
         &w.contiguous()?,
         DirectConv {
             isa,

@@ -1,6 +1,7 @@
 //! The small CNN's other ops over blocked activations `(N, CB, H, W, L)`, each one Candle op with its own
 //! backward: `relu(x + bias)` per channel, and 2x2 max-pooling (stride 2, floor, as `nn.MaxPool2d(2)`).
 
+use crate::backend::candle::kernels::tape;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use crate::backend::candle::kernels::fused::{is_max, pick};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
@@ -9,12 +10,12 @@ use trainyard_conv::buffer::{assume_init, uninit};
 
 /// `relu(x + bias[channel])` over a blocked `x`; `bias` has the real channel count (lanes past it stay 0).
 pub fn bias_relu(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
-    x.contiguous()?.apply_op2(&bias.contiguous()?, BiasRelu)
+    tape::op2(&x.contiguous()?, &bias.contiguous()?, BiasRelu)
 }
 
 /// 2x2 max-pooling with stride 2 over a blocked `x`.
 pub fn max_pool2(x: &Tensor) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(MaxPool2)
+    tape::op1(&x.contiguous()?, MaxPool2)
 }
 
 struct BiasRelu;

@@ -2,6 +2,7 @@
 //! is the other conversion). Channels past C in the last block are zeros, and stay zeros through the
 //! blocked ops, so a model only converts at its edges.
 
+use crate::backend::candle::kernels::tape;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use trainyard_conv::layout::{block, unblock};
@@ -9,12 +10,12 @@ use trainyard_conv::layout::{block, unblock};
 /// `x` (N, C, H, W) in blocks of `lanes` channels.
 pub fn to_blocked(x: &Tensor, lanes: usize) -> Result<Tensor> {
     let c = x.dim(1)?;
-    x.contiguous()?.apply_op1(ToBlocked { lanes, c })
+    tape::op1(&x.contiguous()?, ToBlocked { lanes, c })
 }
 
 /// A blocked `x` back to (N, `channels`, H, W).
 pub fn from_blocked(x: &Tensor, channels: usize) -> Result<Tensor> {
-    x.contiguous()?.apply_op1(FromBlocked { c: channels })
+    tape::op1(&x.contiguous()?, FromBlocked { c: channels })
 }
 
 struct ToBlocked {

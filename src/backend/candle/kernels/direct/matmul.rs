@@ -2,6 +2,7 @@
 //! backward, and `linear` (`x @ wᵀ + b`). Operands are read through their strides, so the transposes of
 //! `linear` and of the backward pass (`dA = dC·Bᵀ`, `dB = Aᵀ·dC`) are never copied.
 
+use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use trainyard_conv::gemm::{matmul as gemm, matmul_bias as gemm_bias, Dims, Strides};
 use trainyard_conv::Isa;
@@ -139,7 +140,7 @@ pub fn matmul(isa: Isa, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if !takes(a, b) || a.dims()[..a.rank() - 2] != b.dims()[..b.rank() - 2] {
         return a.broadcast_matmul(b);
     }
-    readable(a)?.apply_op2(&readable(b)?, Matmul { isa })
+    tape::op2(&readable(a)?, &readable(b)?, Matmul { isa })
 }
 
 /// `x @ wᵀ + bias` for a (rows × in) `x`, (out × in) `w` and (out) `bias`: the bias is where the sums
@@ -257,12 +258,13 @@ pub fn linear(isa: Isa, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor>
     let dims = x.dims().to_vec();
     let features = dims[dims.len() - 1];
     let rows = x.elem_count() / features.max(1);
-    let y = readable(&x.reshape((rows, features))?)?.apply_op3(
+    let y = tape::op3(
+        &readable(&tape::ops::reshape(x, (rows, features))?)?,
         &readable(w)?,
         &bias.contiguous()?,
         Linear { isa },
     )?;
     let mut out = dims;
     *out.last_mut().expect("rank >= 2") = w.dim(0)?;
-    y.reshape(out)
+    tape::ops::reshape(&y, out)
 }

@@ -2,6 +2,7 @@
 //! with its own one-pass backward (candle-nn's fused `layer_norm` and `softmax_last_dim` have none, and
 //! the basic-op versions take many passes).
 
+use crate::backend::candle::kernels::tape;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use crate::tensor::candle_cpu::is_cpu_f32;
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor, D};
@@ -125,7 +126,7 @@ pub fn layer_norm(
         isa,
         eps: eps as f32,
     };
-    Ok(Some(x.contiguous()?.apply_op3(w, b, op)?))
+    Ok(Some(tape::op3(&x.contiguous()?, w, b, op)?))
 }
 
 /// Softmax over the last dimension (`None` unless f32 on the CPU).
@@ -133,7 +134,7 @@ pub fn softmax_last_dim(isa: Isa, x: &Tensor) -> Result<Option<Tensor>> {
     if !is_cpu_f32(x) {
         return Ok(None);
     }
-    Ok(Some(x.contiguous()?.apply_op1(Softmax { isa })?))
+    Ok(Some(tape::op1(&x.contiguous()?, Softmax { isa })?))
 }
 
 /// GELU, erf form (`None` unless f32 on the CPU).
@@ -141,5 +142,5 @@ pub fn gelu_erf(isa: Isa, x: &Tensor) -> Result<Option<Tensor>> {
     if !is_cpu_f32(x) {
         return Ok(None);
     }
-    Ok(Some(x.contiguous()?.apply_op1(Gelu { isa })?))
+    Ok(Some(tape::op1(&x.contiguous()?, Gelu { isa })?))
 }
