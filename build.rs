@@ -1,4 +1,5 @@
-//! Always: W&B's record types from `proto/wandb_internal.proto` (prost, compiled with protox: no `protoc`),
+//! Always: the shipped config groups (`conf/`, `experiments/` as the `experiment` group) embedded as a
+//! table of `include_str!`s (`src/project/shipped.rs`), W&B's record types from `proto/wandb_internal.proto` (prost, compiled with protox: no `protoc`),
 //! and the small C shim through which the JPEG entropy decoder reaches libjpeg's scan.
 //! With the `torch` feature: compile the small C++ shims (`src/backend/torch/shim.cpp`: autocast;
 //! `src/comm/c10d_shim.cpp`: TCPStore and Gloo collectives) against libtorch's headers, and give every
@@ -21,6 +22,7 @@ fn main() {
     println!("cargo::rustc-check-cfg=cfg(trainyard_nccl)");
     wandb_records();
     jpeg_scan_shim();
+    shipped_configs();
     if std::env::var_os("CARGO_FEATURE_TORCH").is_none() {
         return;
     }
@@ -222,4 +224,58 @@ fn jpeg_scan_shim() {
         build.include(dir);
     }
     build.compile("trainyard_jpeg_scan");
+}
+
+/// `$OUT_DIR/shipped_configs.rs`: every YAML file of `conf/` (config path = its path there, without
+/// `.yaml`) and of `experiments/` (as `experiment/<name>`), sorted, each a `BuiltinConfig` whose text is an
+/// `include_str!` of the file, so the binary carries the shipped groups and needs none of these files.
+fn shipped_configs() {
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets it"));
+    let mut entries = Vec::new();
+    for (dir, mount) in [("conf", ""), ("experiments", "experiment")] {
+        println!("cargo:rerun-if-changed={dir}");
+        collect_yaml(&root.join(dir), &root.join(dir), mount, &mut entries);
+    }
+    entries.sort();
+    let mut out = String::from("&[\n");
+    for (config_path, file) in entries {
+        out.push_str(&format!(
+            "    BuiltinConfig {{ config_path: {config_path:?}, source: &TRAINYARD_CONF, text: include_str!({:?}) }},\n",
+            file.display().to_string()
+        ));
+    }
+    out.push_str("]\n");
+    let dest = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"))
+        .join("shipped_configs.rs");
+    std::fs::write(dest, out).expect("writing shipped_configs.rs");
+}
+
+fn collect_yaml(
+    base: &std::path::Path,
+    dir: &std::path::Path,
+    mount: &str,
+    out: &mut Vec<(String, PathBuf)>,
+) {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in read.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            collect_yaml(base, &path, mount, out);
+        } else if path.extension().is_some_and(|e| e == "yaml") {
+            let rel = path
+                .strip_prefix(base)
+                .expect("below base")
+                .with_extension("")
+                .to_string_lossy()
+                .replace('\\', "/");
+            let config_path = if mount.is_empty() {
+                rel
+            } else {
+                format!("{mount}/{rel}")
+            };
+            out.push((config_path, path));
+        }
+    }
 }

@@ -93,10 +93,16 @@ pub fn main_entry(args: impl IntoIterator<Item = OsString>) -> ExitCode {
 /// Command-line syntax errors and `--help` are clap's, printed as usual.
 pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, String> {
     let mut args = crate::cli::normalize_args(args);
+    let wants_help = args.iter().skip(1).any(|a| a == "--help" || a == "-h");
+    let mut eval = false;
     if args.get(1).is_some_and(|a| a == "eval") {
         // lightning-hydra-template's `src/eval.py`: test the model of `ckpt_path`, train nothing.
         args.remove(1);
         args.extend(["++train=false".into(), "++test=true".into()]);
+        eval = true;
+    }
+    if args.get(1).is_some_and(|a| a == "init") {
+        return crate::project::init::run(&args[2..]).map_err(|e| format!("{e:#}"));
     }
     if args.get(1).is_some_and(|a| a == "logbook") {
         return Ok(logbook_entry(&args[2..]));
@@ -107,16 +113,26 @@ pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, St
     if args.get(1).is_some_and(|a| a == "pack") {
         return crate::pack::run(&args[2..]).map_err(|e| format!("{e:#}"));
     }
-    let wants_help = args.iter().skip(1).any(|a| a == "--help" || a == "-h");
     let mut command = Cli::command();
     if wants_help {
-        if let Ok(setup) = Setup::discover(&ConfigLocation::default()) {
-            let plugins = [
-                ("Sweepers", "hydra/sweeper", crate::sweep::names()),
-                ("Launchers", "hydra/launcher", crate::launch::names()),
-            ];
-            command = command.after_help(groups_help(&setup.repo, &plugins));
-        }
+        let groups = match Setup::discover(&ConfigLocation::default()) {
+            Ok(setup) => {
+                let plugins = [
+                    ("Sweepers", "hydra/sweeper", crate::sweep::names()),
+                    ("Launchers", "hydra/launcher", crate::launch::names()),
+                ];
+                groups_help(&setup.repo, &plugins)
+            }
+            Err(e) => format!("(config groups not listed: {e})"),
+        };
+        command = if eval {
+            command
+                .name("train eval")
+                .about(crate::cli::EVAL_ABOUT)
+                .after_help(groups)
+        } else {
+            command.after_help(format!("{}\n\n{groups}", crate::cli::COMMANDS))
+        };
     }
     let matches = match command.try_get_matches_from(&args) {
         Ok(m) => m,
@@ -155,7 +171,7 @@ fn logbook_entry(args: &[OsString]) -> ExitCode {
     let logs = || -> PathBuf {
         std::env::current_dir()
             .ok()
-            .and_then(|cwd| find_project(&cwd).ok())
+            .and_then(|cwd| find_project(&cwd).ok().flatten())
             .map(|root| root.join("logs"))
             .unwrap_or_else(|| PathBuf::from("logs"))
     };
@@ -272,6 +288,12 @@ fn run(cli: &Cli) -> Result<ExitCode, ConfigError> {
             println!("{c}");
         }
         return Ok(ExitCode::SUCCESS);
+    }
+    // Said once per command: not again by the jobs and workers it starts.
+    let started_by_train =
+        cli.sweep_job.is_some() || std::env::var_os(crate::comm::NOW_ENV).is_some();
+    if let (Some(notice), false) = (setup.shipped_notice(), started_by_train) {
+        eprintln!("{notice}");
     }
     let overrides = parse_overrides(&cli.overrides)?;
     let mut ctx = ResolveContext::from_process();

@@ -109,6 +109,20 @@ pub struct Cli {
     pub overrides: Vec<String>,
 }
 
+/// `train --help`'s list of the commands besides running (each answers `--help` itself).
+pub const COMMANDS: &str = "Commands (`train COMMAND --help` for each):
+  train [OVERRIDES]              compose the config and run it (a sweep with -m)
+  train eval ckpt_path=FILE ...  test a checkpoint's model on the test split; trains nothing
+  train init [DIR] [--crate]     write a new project on top of the built-in config groups
+  train logbook [PATHS]          write logs/logbook.md: runs compared, plots, sweep sections
+  train pack out=DIR ...         write a dataset as WebDataset shards
+  train export ckpt=FILE out=FILE  write a TorchScript run's trained network back into its module";
+
+/// What `train eval --help` says before the flags `train` itself takes.
+pub const EVAL_ABOUT: &str = "Test the model of a checkpoint on the test split, training nothing \
+(lightning-hydra-template's eval.py): `train eval ckpt_path=logs/.../checkpoints/last.safetensors \
+[OVERRIDES]`, with the same flags, groups and overrides as `train` (-cn eval for the template's eval.yaml).";
+
 /// Hydra spells some flags with two-letter single dashes (`-cp`, `-cn`, `-cd`, `-sc`); clap cannot, so map them.
 pub fn normalize_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     args.into_iter()

@@ -13,6 +13,16 @@ const KEYS: [&str; 3] = ["ckpt", "out", "module"];
 
 /// Parse `key=value` arguments and export.
 pub fn run(args: &[OsString]) -> anyhow::Result<ExitCode> {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "Write a TorchScript run's trained network back into its module, for PyTorch \
+             (torch.jit.load).\n\nUsage: {}\n\n  ckpt=FILE    the run's checkpoint (its config names \
+             the source module)\n  out=FILE     the TorchScript file to write\n  module=FILE  the \
+             module to write the weights into (default: the run's model.path)",
+            usage()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let (mut ckpt, mut out, mut module) = (None, None, None);
     for arg in args {
         let arg = arg.to_string_lossy();

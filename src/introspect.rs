@@ -8,7 +8,7 @@ use crate::config::errors::ConfigError;
 use crate::config::grammar::Override;
 use crate::config::hydra::{compose_with_hydra, split_hydra};
 use crate::config::interpolate::{resolve_leaving_missing, ResolveContext};
-use crate::config::repository::Repository;
+use crate::config::repository::{OptionOrigin, Repository};
 use crate::config::tree::Node;
 use crate::config::{defaults, yaml};
 use crate::project::Setup;
@@ -86,13 +86,19 @@ pub fn print_info(
     }
     if all || kind == InfoKind::Defaults {
         println!("Defaults List\n-------------");
+        // Hydra's three columns, and the file each config was read from: a project's own file, or a
+        // built-in one (`pkg://...`) where the project has none of that name.
         println!(
-            "| {:<40} | {:<24} | {:<24} |",
+            "| {:<40} | {:<24} | {:<24} | Source",
             "Config path", "Package", "Parent"
         );
         for d in &composed.defaults.defaults {
+            let source = match setup.repo.load(&d.config_path) {
+                Ok(Some(loaded)) => crate::config::repository::display_path(&loaded.file),
+                _ => String::new(),
+            };
             println!(
-                "| {:<40} | {:<24} | {:<24} |",
+                "| {:<40} | {:<24} | {:<24} | {source}",
                 d.config_path,
                 d.package,
                 d.parent.clone().unwrap_or_default()
@@ -107,11 +113,37 @@ pub fn print_info(
     Ok(())
 }
 
+/// One line per group, `  group: a, b*, c**` (`*` the user's own option, `**` the user's in place of a
+/// built-in); whether any option was marked.
+fn list_options(repo: &Repository, groups: &[String], out: &mut String) -> bool {
+    let mut marked = false;
+    for g in groups {
+        let options: Vec<String> = repo
+            .group_option_origins(g)
+            .into_iter()
+            .filter(|(o, _)| !(g == "hydra" && o == "config"))
+            .map(|(o, origin)| {
+                let mark = match origin {
+                    OptionOrigin::Builtin => "",
+                    OptionOrigin::User => "*",
+                    OptionOrigin::UserShadowing => "**",
+                };
+                marked |= !mark.is_empty();
+                format!("{o}{mark}")
+            })
+            .collect();
+        if !options.is_empty() {
+            out.push_str(&format!("  {g}: {}\n", options.join(", ")));
+        }
+    }
+    marked
+}
+
 /// The `--help` footer: every config group and its options.
 /// `plugins`: what runs a sweep here (the sweepers' and launchers' names, from their registries; the app
 /// passes them, as nothing that runs is named here).
 pub fn groups_help(repo: &Repository, plugins: &[(&str, &str, Vec<&str>)]) -> String {
-    let mut out = String::from("Config groups (override with GROUP=OPTION):\n");
+    let mut out = String::new();
     let mut stack: Vec<String> = repo.list_groups("");
     stack.sort();
     let mut groups = Vec::new();
@@ -127,21 +159,18 @@ pub fn groups_help(repo: &Repository, plugins: &[(&str, &str, Vec<&str>)]) -> St
     let (hydra, app): (Vec<String>, Vec<String>) = groups
         .into_iter()
         .partition(|g| g == "hydra" || g.starts_with("hydra/"));
-    let list = |groups: &[String], out: &mut String| {
-        for g in groups {
-            let options: Vec<String> = repo
-                .group_options(g)
-                .into_iter()
-                .filter(|o| !(g == "hydra" && o == "config"))
-                .collect();
-            if !options.is_empty() {
-                out.push_str(&format!("  {g}: {}\n", options.join(", ")));
-            }
-        }
-    };
-    list(&app, &mut out);
+    let mut apps = String::new();
+    let marked = list_options(repo, &app, &mut apps);
+    out.push_str("Config groups (override with GROUP=OPTION");
+    out.push_str(if marked {
+        "; * this project's own, ** this project's in place of the built-in of that name, \
+         the others built into trainyard):\n"
+    } else {
+        "):\n"
+    });
+    out.push_str(&apps);
     out.push_str("\nHydra's own groups (override with hydra/GROUP=OPTION, or `override hydra/GROUP: OPTION`):\n");
-    list(&hydra, &mut out);
+    list_options(repo, &hydra, &mut out);
     let registered = [
         ("Models", "model", crate::registry::model_targets()),
         ("Datasets", "data", crate::registry::dataset_targets()),

@@ -24,6 +24,18 @@ fn usage() -> &'static str {
 
 /// Parse the pack arguments, compose the dataset from the rest, write its shards.
 pub fn run(args: &[OsString]) -> anyhow::Result<ExitCode> {
+    if args.iter().any(|a| a == "--help" || a == "-h") {
+        println!(
+            "Write a split of any dataset a run reads as WebDataset shards (tar files of maxcount \
+             samples each),\nfor `data=webdataset`.\n\nUsage: {}\n\n  out=DIR        where the shards go \
+             (DIR/<prefix>-000000.tar, ...)\n  split=SPLIT    train (default), val or test\n  \
+             maxcount=N     samples per shard (default 10000)\n  prefix=NAME    the shards' name \
+             (default: the split)\n  -cp/-cn/-cd    where the configs come from, as for `train`\n  \
+             OVERRIDES      compose the dataset as a run would (data=cifar10 data.root=...)",
+            usage()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
     let (mut out, mut split, mut maxcount, mut prefix) = (None, Split::Train, 10_000usize, None);
     let mut overrides = Vec::new();
     let mut location = ConfigLocation::default();

@@ -140,8 +140,15 @@ fn help_lists_groups_and_options() {
     let out = train(p.path(), &["--help"]);
     assert!(out.status.success());
     let text = stdout(&out);
-    assert!(text.contains("model: large, small"), "{text}");
-    assert!(text.contains("experiment: big"), "{text}");
+    // The project's options beside the shipped ones, marked as its own.
+    let models = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("model: "))
+        .expect(&text);
+    for option in ["large*", "small*", "cnn", "resnet18"] {
+        assert!(models.contains(option), "{models}");
+    }
+    assert!(text.contains("big*"), "{text}");
     assert!(text.contains("--config-name"), "{text}");
 }
 
@@ -149,10 +156,11 @@ fn help_lists_groups_and_options() {
 fn completion_offers_groups_options_and_keys() {
     let p = project();
     let out = train(p.path(), &["--complete", "model="]);
-    assert_eq!(
-        stdout(&out).lines().collect::<Vec<_>>(),
-        vec!["model=large", "model=small"]
-    );
+    let text = stdout(&out);
+    let offered: Vec<&str> = text.lines().collect();
+    for option in ["model=large", "model=small", "model=resnet18"] {
+        assert!(offered.contains(&option), "{offered:?}");
+    }
     let out = train(p.path(), &["--complete", "trainer.max"]);
     assert!(
         stdout(&out).contains("trainer.max_epochs="),
@@ -493,16 +501,19 @@ fn train_config_path_names_the_project() {
     assert_eq!(stdout(&out), "lr: 0.1\n");
 }
 
+/// With no project above the current directory, the shipped configs stand in, and `train` says so once.
 #[test]
-fn no_project_is_a_clear_error() {
+fn no_project_uses_the_built_in_configs() {
     let empty = tempfile::tempdir().unwrap();
-    let out = train(empty.path(), &["--cfg", "job"]);
-    assert!(!out.status.success());
+    let out = train(empty.path(), &["--cfg", "job", "experiment=cifar"]);
+    assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("No project found"),
+        stdout(&out).contains("task_name: cifar"),
         "{}",
-        stderr(&out)
+        stdout(&out)
     );
+    let notice = "No project here (no conf/train.yaml in";
+    assert_eq!(stderr(&out).matches(notice).count(), 1, "{}", stderr(&out));
 }
 
 /// Bad YAML fails fast and names the file and line (an alias bomb must not hang `train`; a syntax error names

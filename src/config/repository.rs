@@ -37,15 +37,69 @@ pub struct LoadedConfig {
 #[derive(Debug, Default)]
 pub struct Repository {
     pub roots: Vec<SearchRoot>,
+    /// Configs a package puts on the search path after the user's directories, as a Hydra plugin's
+    /// search-path entry does (trainyard's shipped groups, `pkg://trainyard.conf`).
+    packages: Vec<&'static [BuiltinConfig]>,
     cache: RefCell<HashMap<String, Option<Rc<LoadedConfig>>>>,
 }
 
+/// Who provides a group's option (`--help` marks the user's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptionOrigin {
+    /// A file in one of the user's directories, with no built-in of the same name.
+    User,
+    /// A file in the user's directories in place of a built-in of the same name whose text differs.
+    UserShadowing,
+    /// Built in (Hydra's own, a plugin's or a package's); a user's file with the same text counts as it.
+    Builtin,
+}
+
 impl Repository {
+    /// The user's directories with Hydra's own configs around them (no package).
     pub fn new(roots: Vec<SearchRoot>) -> Self {
         Repository {
             roots,
+            packages: Vec::new(),
             cache: RefCell::default(),
         }
+    }
+
+    /// This search path with a package's configs after the user's directories.
+    pub fn with_package(mut self, configs: &'static [BuiltinConfig]) -> Self {
+        self.packages.push(configs);
+        self
+    }
+
+    /// The same search path (packages included) with more user directories after these.
+    pub fn extended(&self, more: Vec<SearchRoot>) -> Repository {
+        let mut roots = self.roots.clone();
+        roots.extend(more);
+        Repository {
+            roots,
+            packages: self.packages.clone(),
+            cache: RefCell::default(),
+        }
+    }
+
+    /// Built-in configs in search order: Hydra's own (before the user's), then the packages', then
+    /// the plugins' and structured configs (after the user's).
+    fn builtins(&self) -> impl Iterator<Item = &'static BuiltinConfig> + '_ {
+        let hydra = BUILTIN.iter().filter(|b| b.source.before_user);
+        let packages = self.packages.iter().flat_map(|p| p.iter());
+        let plugins = BUILTIN.iter().filter(|b| !b.source.before_user);
+        hydra.chain(packages).chain(plugins)
+    }
+
+    /// Built-in configs below `group` (at any depth).
+    fn builtin_in_group<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> impl Iterator<Item = &'static BuiltinConfig> + 'a {
+        self.builtins().filter(move |b| {
+            b.config_path
+                .strip_prefix(group)
+                .is_some_and(|rest| rest.starts_with('/'))
+        })
     }
 
     /// Directories that could hold `group` (a group path like `model` or `experiment`), in search order.
@@ -77,8 +131,7 @@ impl Repository {
             .or_else(|| config_path.strip_suffix(".yml"))
             .unwrap_or(config_path);
         let builtin = |before_user: bool| {
-            BUILTIN
-                .iter()
+            self.builtins()
                 .find(|b| b.source.before_user == before_user && b.config_path == path)
                 .map(Located::Builtin)
         };
@@ -110,14 +163,14 @@ impl Repository {
 
     pub fn group_exists(&self, group: &str) -> bool {
         !group.is_empty()
-            && (builtin_in_group(group).next().is_some()
+            && (self.builtin_in_group(group).next().is_some()
                 || self.dirs_for(group).iter().any(|d| d.is_dir()))
     }
 
     /// Config names in a group, sorted and unique across the search path.
     pub fn group_options(&self, group: &str) -> Vec<String> {
         let mut names = BTreeSet::new();
-        for b in builtin_in_group(group) {
+        for b in self.builtin_in_group(group) {
             let name = &b.config_path[group.len() + 1..];
             if !name.contains('/') {
                 names.insert(name.to_string());
@@ -144,10 +197,37 @@ impl Repository {
         names.into_iter().collect()
     }
 
+    /// `group_options` with who provides each: the user's file (shadowing a built-in or not) or a
+    /// built-in.
+    pub fn group_option_origins(&self, group: &str) -> Vec<(String, OptionOrigin)> {
+        self.group_options(group)
+            .into_iter()
+            .map(|name| {
+                let path = format!("{group}/{name}");
+                let builtin = self
+                    .builtins()
+                    .find(|b| b.config_path == path && !b.source.before_user);
+                let origin = match (self.find_file(&path), builtin) {
+                    (None, _) => OptionOrigin::Builtin,
+                    (Some(_), None) => OptionOrigin::User,
+                    (Some(file), Some(b)) => {
+                        let same = std::fs::read_to_string(&file).is_ok_and(|t| t == b.text);
+                        if same {
+                            OptionOrigin::Builtin
+                        } else {
+                            OptionOrigin::UserShadowing
+                        }
+                    }
+                };
+                (name, origin)
+            })
+            .collect()
+    }
+
     /// Sub-groups of `parent` (`""` for top-level groups), sorted and unique.
     pub fn list_groups(&self, parent: &str) -> Vec<String> {
         let mut names = BTreeSet::new();
-        for b in BUILTIN {
+        for b in self.builtins() {
             let rest = match parent {
                 "" => Some(b.config_path),
                 p => b
@@ -192,7 +272,12 @@ impl Repository {
             None => None,
             Some(Located::File(file)) => Some(Rc::new(load_file(config_path, &file)?)),
             Some(Located::Builtin(b)) => {
-                let shown = format!("{}/{}.yaml", b.source.path, b.config_path);
+                let sep = if b.source.path.ends_with("://") {
+                    ""
+                } else {
+                    "/"
+                };
+                let shown = format!("{}{sep}{}.yaml", b.source.path, b.config_path);
                 Some(Rc::new(load_text(config_path, b.text, &shown, &shown)?))
             }
         };
@@ -207,8 +292,8 @@ impl Repository {
     pub fn sources(&self) -> Vec<ConfigSource> {
         let builtin = |before_user: bool| {
             let mut seen: Vec<ConfigSource> = Vec::new();
-            for b in BUILTIN
-                .iter()
+            for b in self
+                .builtins()
                 .filter(|b| b.source.before_user == before_user)
             {
                 let (schema, path) = b.source.path.split_once("://").unwrap_or(("file", ""));
@@ -273,7 +358,6 @@ enum Located {
     Builtin(&'static BuiltinConfig),
 }
 
-/// Built-in configs below `group` (at any depth).
 /// `a/b/../c` as `a/c`; `None` when the path climbs above its root (`../x`).
 fn without_dot_dot(path: &str) -> Option<String> {
     let mut parts: Vec<&str> = Vec::new();
@@ -287,14 +371,6 @@ fn without_dot_dot(path: &str) -> Option<String> {
         }
     }
     Some(parts.join("/"))
-}
-
-fn builtin_in_group(group: &str) -> impl Iterator<Item = &'static BuiltinConfig> + '_ {
-    BUILTIN.iter().filter(move |b| {
-        b.config_path
-            .strip_prefix(group)
-            .is_some_and(|rest| rest.starts_with('/'))
-    })
 }
 
 fn load_file(config_path: &str, file: &Path) -> Result<LoadedConfig, ConfigError> {

@@ -609,7 +609,10 @@ mod tests {
             ("{name: cnn, num_classes: 4, channels: [4, 8]}", true),
             ("{name: resnet18, num_classes: 4, cifar_stem: true}", true),
             ("{name: resnet50, num_classes: 4}", true),
-            ("{name: vit, num_classes: 4, variant: tiny, patch_size: 4, image_size: 8}", true),
+            (
+                "{name: vit, num_classes: 4, variant: tiny, patch_size: 4, image_size: 8}",
+                true,
+            ),
             ("{name: mlp, num_classes: 4, hidden: [16, 8]}", true),
         ] {
             let e = CandleEngine::new(&experiment(model, "{name: sgd, lr: 0.1}")).unwrap();

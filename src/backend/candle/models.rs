@@ -2,13 +2,13 @@
 //! over named variables, with PyTorch's `state_dict()` names.
 
 use super::autocast::Autocast;
+use super::kernels::tape::{self, Tape};
 use crate::comm::collective::Collective;
 use crate::model::cnn::Cnn;
 use crate::model::dropout::dropout_mask;
 use crate::model::mlp::Mlp;
 use crate::model::Architecture;
 use crate::platform::rng::Rng;
-use super::kernels::tape::{self, Tape};
 use candle_core::backprop::GradStore;
 use candle_core::{Result, Tensor, Var, D};
 use std::collections::BTreeMap;
@@ -128,7 +128,9 @@ pub fn forward_cut(
     })?;
     if !tape.usable(&body) {
         if let Some(op) = tape.foreign_op() {
-            tracing::trace!("backward on Candle's graph: {op} took a tensor from an op off the tape");
+            tracing::trace!(
+                "backward on Candle's graph: {op} took a tensor from an op off the tape"
+            );
         }
         return Ok((arch.forward_stage(head, p, buffers, &body, pass)?, None));
     }

@@ -2,8 +2,8 @@
 //! time, forward without keeping the stage's graph, backward by running the stage again from its saved
 //! input.
 
-use super::models::{Buffers, CandleForward, Pass};
 use super::kernels::tape;
+use super::models::{Buffers, CandleForward, Pass};
 use super::CandleEngine;
 use crate::backend::units::StagedCompute;
 use crate::platform::rng::Rng;

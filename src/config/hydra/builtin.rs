@@ -9,6 +9,7 @@
 
 /// One built-in config: its config path (`hydra/launcher/basic`), the provider and source it is listed
 /// under in the search path, whether it is searched before the user's configs, and its YAML.
+#[derive(Debug)]
 pub struct BuiltinConfig {
     pub config_path: &'static str,
     pub source: &'static BuiltinSource,
@@ -16,6 +17,7 @@ pub struct BuiltinConfig {
 }
 
 /// A search-path entry for built-in configs, as Hydra lists it (`--info searchpath`).
+#[derive(Debug)]
 pub struct BuiltinSource {
     pub provider: &'static str,
     pub path: &'static str,

@@ -40,9 +40,7 @@ pub fn compose_with_hydra(
     let extended;
     let repo = match searchpath_roots(repo, config_name, overrides)? {
         Some(roots) => {
-            let mut all = repo.roots.clone();
-            all.extend(roots);
-            extended = Repository::new(all);
+            extended = repo.extended(roots);
             &extended
         }
         None => repo,
@@ -145,6 +143,8 @@ fn searchpath_roots(
             text.clone()
         };
         let dir = match text.split_once("://") {
+            // trainyard's own groups are on every search path already.
+            Some(("pkg", "trainyard.conf")) => continue,
             Some(("file", path)) => cwd.join(path),
             None => cwd.join(&text),
             Some((scheme, _)) => {

@@ -61,7 +61,11 @@ pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<T
     if !handles(x, w)? {
         return x.conv2d(w, padding, stride, 1, 1);
     }
-    tape::op2(&x.contiguous()?, &w.contiguous()?, Conv2d { stride, padding })
+    tape::op2(
+        &x.contiguous()?,
+        &w.contiguous()?,
+        Conv2d { stride, padding },
+    )
 }
 
 /// Whether `conv2d(x, w)` runs on the kernels here (CPU, f32, square kernel) rather than Candle's.

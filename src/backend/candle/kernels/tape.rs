@@ -99,9 +99,9 @@ fn push(entry: Entry, args: &[&Tensor]) {
     ACTIVE.with(|a| {
         if let Some(tape) = a.borrow_mut().as_mut() {
             if tape.foreign.is_none() {
-                let outside = args.iter().any(|t| {
-                    t.track_op() && !t.is_variable() && !tape.outputs.contains(&t.id())
-                });
+                let outside = args
+                    .iter()
+                    .any(|t| t.track_op() && !t.is_variable() && !tape.outputs.contains(&t.id()));
                 if outside {
                     tape.foreign = Some(entry.name());
                 }
@@ -241,7 +241,12 @@ mod tests {
         };
         let seed = Tensor::new(&[[1.0f32, -2.0, 3.0], [0.5, 4.0, -1.0]], &dev).unwrap();
         let out = body(&w).unwrap();
-        let reference = (out * &seed).unwrap().sum_all().unwrap().backward().unwrap();
+        let reference = (out * &seed)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
         let (out, tape) = record(|| body(&w)).unwrap();
         assert!(tape.usable(&out));
         let grads = tape.backward(&out, seed).unwrap();

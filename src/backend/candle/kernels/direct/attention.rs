@@ -1,8 +1,8 @@
 //! Multi-head self-attention as one Candle op over the qkv linear layer's output (kernels:
 //! `trainyard_conv::attention`), with its backward: no permutes, copies or padded slice gradients.
 
-use crate::backend::candle::kernels::tape;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
+use crate::backend::candle::kernels::tape;
 use crate::tensor::candle_cpu::is_cpu_f32;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use trainyard_conv::attention::{backward, forward, Heads};

@@ -4,9 +4,9 @@
 //! the indexing differs: a channel is a lane of every pixel of its block, so the sums run over pixels with
 //! one accumulator per lane (vectorised over the block), image by image in a fixed order.
 
-use crate::backend::candle::kernels::tape;
 use crate::backend::candle::kernels::batchnorm::{global_grad_sums, ChannelStats, Then};
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
+use crate::backend::candle::kernels::tape;
 use crate::comm::collective::{Collective, ReduceOp};
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;

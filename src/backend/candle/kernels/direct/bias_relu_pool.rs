@@ -7,9 +7,9 @@
 //! kernel is compiled for AVX-512 and AVX2 as well and picked at run time: the crate is built for the
 //! target's baseline (SSE2), where the 16-lane selects ran four lanes at a time or one (5x slower).
 
-use crate::backend::candle::kernels::tape;
 use super::elementwise::{bias_lanes, input_and_bias_grads, window_max_of};
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
+use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;

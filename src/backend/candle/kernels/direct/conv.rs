@@ -1,9 +1,9 @@
 //! The Candle op over `trainyard_conv`'s direct convolution: blocked input, (O, I, K, K) kernel, with its
 //! own backward (input gradient only when something upstream needs it).
 
-use crate::backend::candle::kernels::tape;
 use super::layout::with_blocked;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
+use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
 use trainyard_conv::Isa;

@@ -1,9 +1,9 @@
 //! The small CNN's other ops over blocked activations `(N, CB, H, W, L)`, each one Candle op with its own
 //! backward: `relu(x + bias)` per channel, and 2x2 max-pooling (stride 2, floor, as `nn.MaxPool2d(2)`).
 
-use crate::backend::candle::kernels::tape;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use crate::backend::candle::kernels::fused::{is_max, pick};
+use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use trainyard_conv::buffer::{assume_init, uninit};

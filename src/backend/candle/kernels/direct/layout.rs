@@ -2,8 +2,8 @@
 //! is the other conversion). Channels past C in the last block are zeros, and stay zeros through the
 //! blocked ops, so a model only converts at its edges.
 
-use crate::backend::candle::kernels::tape;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
+use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use trainyard_conv::layout::{block, unblock};
 

@@ -2,8 +2,8 @@
 //! with its own one-pass backward (candle-nn's fused `layer_norm` and `softmax_last_dim` have none, and
 //! the basic-op versions take many passes).
 
-use crate::backend::candle::kernels::tape;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
+use crate::backend::candle::kernels::tape;
 use crate::tensor::candle_cpu::is_cpu_f32;
 use candle_core::{CpuStorage, CustomOp1, CustomOp3, Layout, Result, Shape, Tensor, D};
 use trainyard_conv::rowwise;

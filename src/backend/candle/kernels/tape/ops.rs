@@ -113,20 +113,24 @@ mod tests {
     #[test]
     fn recorded_backwards_equal_candles() {
         let dev = Device::Cpu;
-        let a = Var::from_vec((0..24).map(|i| i as f32 * 0.1 - 1.0).collect(), (2, 3, 4), &dev)
-            .unwrap();
+        let a = Var::from_vec(
+            (0..24).map(|i| i as f32 * 0.1 - 1.0).collect(),
+            (2, 3, 4),
+            &dev,
+        )
+        .unwrap();
         let bias = Var::from_vec(vec![0.5f32, -1.0, 2.0, 0.25], 4, &dev).unwrap();
         let row = Var::from_vec(vec![1.0f32, 2.0, 3.0, 4.0], (1, 1, 4), &dev).unwrap();
-        let mask = Tensor::from_vec((0..32).map(|i| (i % 3) as f32).collect(), (2, 16), &dev)
-            .unwrap();
+        let mask =
+            Tensor::from_vec((0..32).map(|i| (i % 3) as f32).collect(), (2, 16), &dev).unwrap();
         let body = || -> Result<Tensor> {
             let h = broadcast_add(a.as_tensor(), bias.as_tensor())?;
             let r = broadcast_as(row.as_tensor(), (2, 1, 4))?;
             let h = reshape(&transpose(&cat(&[&r, &h], 1)?, 1, 2)?, (2, 16))?;
             mul_by_constant(&h, &mask)
         };
-        let seed = Tensor::from_vec((0..32).map(|i| (i as f32).sin()).collect(), (2, 16), &dev)
-            .unwrap();
+        let seed =
+            Tensor::from_vec((0..32).map(|i| (i as f32).sin()).collect(), (2, 16), &dev).unwrap();
         let reference = (body().unwrap() * &seed)
             .unwrap()
             .sum_all()

@@ -1,5 +1,9 @@
 //! Where a run's configs come from and where its outputs go: the project root (found by walking up to
-//! `conf/train.yaml`, or `TRAIN_CONFIG_PATH`) and the config search path (`--config-path`, `--config-dir`).
+//! `conf/train.yaml`, or `TRAIN_CONFIG_PATH`), the config search path (`--config-path`, `--config-dir`,
+//! then trainyard's shipped groups: `shipped`), and `train init`, which writes a project (`init`).
+
+pub mod init;
+pub mod shipped;
 
 use crate::config::errors::ConfigError;
 use crate::config::repository::{Repository, SearchRoot};
@@ -43,6 +47,8 @@ pub struct Setup {
     pub project_root: PathBuf,
     /// How the command line named them.
     pub source: ConfigLocation,
+    /// No project was found and no `--config-path` given: the primary config is the shipped one.
+    pub shipped_primary: bool,
 }
 
 impl Setup {
@@ -55,11 +61,13 @@ impl Setup {
             .unwrap_or_else(|| DEFAULT_CONFIG_NAME.to_string());
         let mut roots = Vec::new();
         let project_root;
+        let mut shipped_primary = false;
         if let Some(dir) = &cli.config_path {
             let dir = cwd.join(dir);
             if !dir.is_dir() {
                 return Err(ConfigError::MissingConfig(format!(
-                    "Primary config directory not found: {}\n    (from --config-path/-cp)",
+                    "Primary config directory not found: {}\n    (from --config-path/-cp; \
+                     without it, the project found from here or else trainyard's built-in configs are used)",
                     dir.display()
                 )));
             }
@@ -70,18 +78,25 @@ impl Setup {
             });
             project_root = cwd.clone();
         } else {
-            let root = find_project(&cwd)?;
-            roots.push(SearchRoot {
-                dir: root.join("conf"),
-                mount: String::new(),
-                provider: "main".into(),
-            });
-            roots.push(SearchRoot {
-                dir: root.join("experiments"),
-                mount: "experiment".into(),
-                provider: "project".into(),
-            });
-            project_root = root;
+            match find_project(&cwd)? {
+                Some(root) => {
+                    roots.push(SearchRoot {
+                        dir: root.join("conf"),
+                        mount: String::new(),
+                        provider: "main".into(),
+                    });
+                    roots.push(SearchRoot {
+                        dir: root.join("experiments"),
+                        mount: "experiment".into(),
+                        provider: "project".into(),
+                    });
+                    project_root = root;
+                }
+                None => {
+                    shipped_primary = true;
+                    project_root = cwd.clone();
+                }
+            }
         }
         for dir in &cli.config_dir {
             let dir = cwd.join(dir);
@@ -97,35 +112,54 @@ impl Setup {
                 provider: "command-line".into(),
             });
         }
+        let repo = Repository::new(roots).with_package(shipped::SHIPPED);
+        if cli.config_path.is_some() && repo.find_file(&config_name).is_none() {
+            // `-cp DIR` names the primary config's directory: the shipped `train` does not stand in.
+            return Err(ConfigError::MissingConfig(format!(
+                "Cannot find primary config '{config_name}'. Check that it's in your config search path.\n\
+                 (no {config_name}.yaml in --config-path/-cp {})",
+                cwd.join(cli.config_path.as_deref().unwrap_or(Path::new(""))).display()
+            )));
+        }
         Ok(Setup {
-            repo: Repository::new(roots),
+            repo,
             config_name,
             project_root,
             source: cli.clone(),
+            shipped_primary,
+        })
+    }
+
+    /// The line saying the shipped configs stand in for a project, when they do (printed once per
+    /// command by the app, not by the processes it starts).
+    pub fn shipped_notice(&self) -> Option<String> {
+        self.shipped_primary.then(|| {
+            format!(
+                "No project here (no {PROJECT_MARKER} in {} or its parents): using trainyard's built-in \
+                 configs ({}); outputs go to ./logs. `train init` writes a project.",
+                self.project_root.display(),
+                shipped::TRAINYARD_CONF.path
+            )
         })
     }
 }
 
-/// The project root: `TRAIN_CONFIG_PATH`, else the nearest directory upward holding `conf/train.yaml`.
-pub fn find_project(cwd: &Path) -> Result<PathBuf, ConfigError> {
+/// The project root: `TRAIN_CONFIG_PATH`, else the nearest directory upward holding `conf/train.yaml`;
+/// `None` when there is none (trainyard's built-in configs are used then).
+pub fn find_project(cwd: &Path) -> Result<Option<PathBuf>, ConfigError> {
     if let Ok(dir) = std::env::var("TRAIN_CONFIG_PATH") {
         let dir = cwd.join(dir);
         if dir.join(PROJECT_MARKER).is_file() {
-            return Ok(dir);
+            return Ok(Some(dir));
         }
         return Err(ConfigError::MissingConfig(format!(
-            "TRAIN_CONFIG_PATH={} has no {PROJECT_MARKER}",
+            "TRAIN_CONFIG_PATH={} has no {PROJECT_MARKER} (unset it to use the project found from the \
+             current directory, or trainyard's built-in configs)",
             dir.display()
         )));
     }
-    for dir in cwd.ancestors() {
-        if dir.join(PROJECT_MARKER).is_file() {
-            return Ok(dir.to_path_buf());
-        }
-    }
-    Err(ConfigError::MissingConfig(format!(
-        "No project found: looked for {PROJECT_MARKER} in {} and its parents.\n\
-         Run train inside a project, pass --config-path/-cp DIR, or set TRAIN_CONFIG_PATH=<project dir>.",
-        cwd.display()
-    )))
+    Ok(cwd
+        .ancestors()
+        .find(|dir| dir.join(PROJECT_MARKER).is_file())
+        .map(Path::to_path_buf))
 }
