@@ -259,7 +259,7 @@ fn readme(name: &str, with_crate: bool) -> String {
         "train experiment=example"
     };
     format!(
-        "# {name}\n\nExperiments declared in YAML and run by [trainyard](https://crates.io/crates/trainyard)'s \
+        "# {name}\n\nExperiments declared in YAML and run by trainyard's \
          `train`.\n\n```sh\n{run}          # train the example experiment\n\
          just sweep lr                          # a sweep over learning rates\n\
          just logbook                           # logs/logbook.md: every run compared\n```\n\n\
