@@ -116,7 +116,7 @@ pub const COMMANDS: &str = "Commands (`train COMMAND --help` for each):
   train init [DIR] [--crate]     write a new project on top of the built-in config groups
   train logbook [PATHS]          write logs/logbook.md: runs compared, plots, sweep sections
   train pack out=DIR ...         write a dataset as WebDataset shards
-  train export ckpt=FILE out=FILE  write a TorchScript run's trained network back into its module";
+  train export ckpt=FILE out=FILE  a checkpoint's weights for PyTorch (.safetensors), or a TorchScript run's module (.pt)";
 
 /// What `train eval --help` says before the flags `train` itself takes.
 pub const EVAL_ABOUT: &str = "Test the model of a checkpoint on the test split, training nothing \

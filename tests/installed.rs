@@ -267,7 +267,7 @@ fn every_command_answers_help() {
         ("init", "Write a new project"),
         ("logbook", "markdown logbook"),
         ("pack", "WebDataset shards"),
-        ("export", "TorchScript"),
+        ("export", "load_state_dict(strict=True)"),
     ] {
         for flag in ["--help", "-h"] {
             let out = ok(&run(Path::new(TRAIN), tmp.path(), &[command, flag]));

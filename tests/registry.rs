@@ -131,7 +131,11 @@ fn a_registered_model_is_built_with_its_typed_arguments_and_seeded_variables() {
 )]
 #[case::not_registered(
     "{_target_: tests.models.Gatde, hidden: 6}",
-    &["tests.models.Gatde is Python code of your project", "register_candle_model!", "Did you mean 'tests.models.Gated'?"]
+    &["_target_ tests.models.Gatde is not registered by this program. Did you mean 'tests.models.Gated'?", "register_candle_model!"]
+)]
+#[case::python_code(
+    "{_target_: my_project.models.LitNet, hidden: 6}",
+    &["my_project.models.LitNet is Python code of your project", "register_candle_model!"]
 )]
 #[cfg_attr(
     not(feature = "torch"),
@@ -147,6 +151,10 @@ fn bad_registered_models_fail_with_the_key_and_the_place(
     let err = architecture(model).err().expect("an error");
     for w in wanted {
         assert!(err.contains(w), "missing {w:?} in:\n{err}");
+    }
+    // "Did you mean" leads when there is a near miss (not the last of several lines).
+    if let Some(pos) = err.find("Did you mean") {
+        assert!(!err[..pos].contains('\n'), "not on the first line:\n{err}");
     }
 }
 

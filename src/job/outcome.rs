@@ -69,6 +69,35 @@ pub fn report(summary: &Summary, output_dir: &Path, processes: Option<(usize, f6
             )
         })
         .unwrap_or_default();
+    if let Some(eval) = &summary.eval_only {
+        // `train eval`: what was measured and on which weights; nothing about epochs trained.
+        let metrics: Vec<String> = summary
+            .final_metrics
+            .iter()
+            .filter(|(k, _)| k.starts_with(&format!("{}/", eval.split)))
+            .map(|(k, v)| format!("{k} {v:.4}"))
+            .collect();
+        return format!(
+            "{}: evaluated {} on the {} split ({} samples){on} in {seconds:.1}s; {}\nRun directory: {}",
+            summary.task_name,
+            eval.checkpoint.as_deref().unwrap_or("the model's initial weights (no ckpt_path)"),
+            eval.split,
+            eval.samples,
+            if metrics.is_empty() { "no metrics".into() } else { metrics.join(", ") },
+            records::display(output_dir)
+        );
+    }
+    if summary.resumed_at_step == Some(summary.global_step) && summary.eval_only.is_none() {
+        return format!(
+            "{}: nothing to train: {} is at epoch {} (step {}), where this run's trainer.max_epochs / \
+             max_steps end; raise them to train on\nRun directory: {}",
+            summary.task_name,
+            summary.resumed_from.as_deref().unwrap_or("the checkpoint"),
+            summary.epochs_completed,
+            summary.global_step,
+            records::display(output_dir)
+        );
+    }
     format!(
         "{}: {} after {} epochs ({} steps){on} in {seconds:.1}s; {}{input}{skipped}\nRun directory: {}",
         summary.task_name,

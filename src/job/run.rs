@@ -330,9 +330,10 @@ fn train_and_record(
     };
     let preempted =
         matches!(&summary, Ok(s) if matches!(s.status, crate::trainer::RunStatus::Preempted(_)));
-    let ended = match preempted {
-        true => run_state.preempted(),
-        false => run_state.ended(summary.as_ref().err().map(|e| format!("{e:#}"))),
+    let ended = match (&summary, preempted) {
+        (Ok(s), true) => run_state.preempted(s.stopped_because()),
+        (Ok(s), false) => run_state.ended(Ok(s.stopped_because())),
+        (Err(e), _) => run_state.ended(Err(format!("{e:#}"))),
     };
     record_state(&ended)?;
     if preempted {

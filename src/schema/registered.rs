@@ -445,17 +445,23 @@ pub(super) fn unregistered(
     register: &str,
     registered: &[&str],
 ) -> ConfigError {
+    let text = super::target_names::target_text(target);
+    // A near miss of a registered name is a typo: said first, before anything about Python code.
+    if let Some(s) = did_you_mean(text, registered.iter().copied()) {
+        return ConfigError::Schema(format!(
+            "{section}: _target_ {text} is not registered by this program. Did you mean '{s}'?{}\n    \
+             Registered {what}s: {}\n    (a {what} written in Rust is registered under its _target_ with \
+             trainyard::{register})",
+            crate::config::errors::at(&target.source),
+            registered.join(", ")
+        ));
+    }
     let mut e = super::target_names::user_code(section, target).to_string();
     e.push_str(&format!(
         "\n    A {what} written in Rust is registered under its _target_ with trainyard::{register} in your \
          crate (see examples/own-model)"
     ));
-    if let Some(s) = did_you_mean(
-        super::target_names::target_text(target),
-        registered.iter().copied(),
-    ) {
-        e.push_str(&format!("\n    Did you mean '{s}'?"));
-    } else if !registered.is_empty() {
+    if !registered.is_empty() {
         e.push_str(&format!(
             "\n    Registered {what}s: {}",
             registered.join(", ")

@@ -133,6 +133,10 @@ pub struct RunState {
     pub ended_at: Option<String>,
     #[serde(default)]
     pub error: Option<String>,
+    /// Why training stopped where it did (`max_epochs` reached, early stopping on its metric, the
+    /// timer, a stop signal, the pruner), once it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_because: Option<String>,
     /// Each time the launcher restarted the run's processes (`trainer.max_restarts`), oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restarts: Vec<Restart>,
@@ -181,28 +185,32 @@ impl RunState {
             started_at: chrono::Local::now().to_rfc3339(),
             ended_at: None,
             error: None,
+            stopped_because: None,
             restarts: Restart::read_all(run_dir),
         }
     }
 
-    /// The same record, ended: `completed`, or `failed` with the error.
-    pub fn ended(&self, error: Option<String>) -> Self {
+    /// The same record, ended: `completed` (and why training stopped there), or `failed` with the error.
+    pub fn ended(&self, outcome: Result<String, String>) -> Self {
+        let (state, error, stopped_because) = match outcome {
+            Ok(why) => (JobState::Completed, None, Some(why)),
+            Err(e) => (JobState::Failed, Some(e), None),
+        };
         RunState {
-            state: match error {
-                Some(_) => JobState::Failed,
-                None => JobState::Completed,
-            },
+            state,
             ended_at: Some(chrono::Local::now().to_rfc3339()),
             error,
+            stopped_because,
             ..self.clone()
         }
     }
 
-    /// The same record, stopped at a checkpoint by the cluster's warning signal and requeued.
-    pub fn preempted(&self) -> Self {
+    /// The same record, stopped at a checkpoint by the cluster's warning signal (`why`) and requeued.
+    pub fn preempted(&self, why: String) -> Self {
         RunState {
             state: JobState::Preempted,
             ended_at: Some(chrono::Local::now().to_rfc3339()),
+            stopped_because: Some(why),
             ..self.clone()
         }
     }

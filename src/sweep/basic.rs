@@ -56,6 +56,11 @@ impl Sweeper for BasicSweeper {
             .collect();
         let total = self.jobs.len();
         match resumed {
+            true if todo.is_empty() => eprintln!(
+                "The sweep in {} has nothing to do: all {total} of its jobs completed earlier (its \
+                 results and logbook section stand; choose another hydra.sweep.dir for a new sweep)",
+                records::display(sweep_dir)
+            ),
             true => eprintln!(
                 "Resuming the sweep in {}: {} of {total} jobs completed earlier; running {}",
                 records::display(sweep_dir),

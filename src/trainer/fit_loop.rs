@@ -73,6 +73,10 @@ pub struct FitLoop<'a> {
     actions: StrategyActions,
     /// `gradient_clip_val` with its algorithm.
     clip: Option<GradClip>,
+    /// The step of the checkpoint the run resumed from.
+    resumed_at: Option<u64>,
+    /// Samples the test split measured (over every rank), once it ran.
+    tested_samples: u64,
 }
 
 /// The profiler's names for the loop's own actions (Lightning's where it has one).
@@ -229,6 +233,8 @@ impl<'a> FitLoop<'a> {
                 exp.trainer.gradient_clip_algorithm,
             ),
             lr_now: exp.optimizer.lr,
+            resumed_at,
+            tested_samples: 0,
             output_dir: job.output_dir,
             metrics: RunMetrics::of(exp),
             exp,
@@ -754,6 +760,7 @@ impl<'a> FitLoop<'a> {
         let stats =
             super::test_loop::evaluate(self.strategy.as_mut(), &self.ranks, set, batches, rounds)?;
         self.profiler.record(TEST, started);
+        self.tested_samples = stats.count;
         let row = self.metrics.test_row(
             stats.loss(),
             |i| stats.metric(i),

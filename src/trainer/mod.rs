@@ -278,10 +278,18 @@ impl DataSets {
             data::download::ensure(&exp.data)?;
         }
         let overfit = crate::plan::overfit_limit(exp).is_some();
-        let train = data::open(&exp.data, Split::Train, exp.seed)?;
-        let val = match overfit {
-            true => train.clone(),
-            false => data::open(&exp.data, Split::Val, exp.seed)?,
+        let (train, val) = if exp.train {
+            let train = data::open(&exp.data, Split::Train, exp.seed)?;
+            let val = match overfit {
+                true => train.clone(),
+                false => data::open(&exp.data, Split::Val, exp.seed)?,
+            };
+            (train, val)
+        } else {
+            // `train eval`: nothing is trained or validated, so no training data is needed (a
+            // WebDataset's `train_urls` may be absent); the test split stands in for both.
+            let test = data::open(&exp.data, Split::Test, exp.seed)?;
+            (test.clone(), test)
         };
         let skipped = exp
             .data
@@ -301,7 +309,10 @@ impl DataSets {
         };
         let test = match exp.test {
             true => {
-                let set = data::open(&exp.data, Split::Test, exp.seed)?;
+                let set = match exp.train {
+                    true => data::open(&exp.data, Split::Test, exp.seed)?,
+                    false => train.clone(),
+                };
                 Some(EvalSet {
                     sampler: sampler_of(exp, ranks, set.as_ref(), false, false)?,
                     spec: spec(set, &exp.data.val_transforms, false),
@@ -370,23 +381,46 @@ pub(crate) fn sampler_of(
 /// description: no engine, so no rank waits for a sharded model to be gathered.
 fn print_model_summary(exp: &Experiment, max_depth: u64) -> anyhow::Result<()> {
     let arch = crate::model::Architecture::of(exp)?;
-    let mut groups = std::collections::BTreeMap::<String, usize>::new();
-    let sized = arch
-        .specs()
-        .into_iter()
-        .map(|s| (s.name, s.shape))
-        .chain(arch.buffers().into_iter().map(|(n, s, _)| (n, s)));
-    for (name, shape) in sized {
-        let key: Vec<&str> = name.split('.').take(max_depth.max(1) as usize).collect();
-        *groups.entry(key.join(".")).or_default() += shape.iter().product::<usize>();
+    for line in model_summary(&arch, max_depth) {
+        tracing::info!("{line}");
     }
-    let total: usize = groups.values().sum();
-    tracing::info!("{:<32} {:>12}", "module", "params");
-    for (name, n) in &groups {
-        tracing::info!("{name:<32} {n:>12}");
-    }
-    tracing::info!("{:<32} {total:>12}", "total trainable");
     Ok(())
+}
+
+/// Lightning's ModelSummary: the modules down to `max_depth` in the order the model defines them (not
+/// sorted as text: `layers.2` before `layers.10`), each with its parameters; then the trainable count as
+/// PyTorch gives it (`sum(p.numel() for p in model.parameters())`), and the buffers (BatchNorm's running
+/// statistics) apart, as they are state, not parameters.
+fn model_summary(arch: &crate::model::Architecture, max_depth: u64) -> Vec<String> {
+    let mut groups = indexmap::IndexMap::<String, usize>::new();
+    let group = |name: &str| -> String {
+        let key: Vec<&str> = name.split('.').take(max_depth.max(1) as usize).collect();
+        key.join(".")
+    };
+    let mut trainable = 0;
+    for spec in arch.specs() {
+        let n: usize = spec.shape.iter().product();
+        *groups.entry(group(&spec.name)).or_default() += n;
+        trainable += n;
+    }
+    let mut buffers = 0;
+    for (name, shape, _) in arch.buffers() {
+        // A module holding only buffers still has its row (with 0 parameters).
+        groups.entry(group(&name)).or_default();
+        buffers += shape.iter().product::<usize>();
+    }
+    let mut lines = vec![format!("{:<32} {:>12}", "module", "params")];
+    lines.extend(groups.iter().map(|(name, n)| format!("{name:<32} {n:>12}")));
+    lines.push(format!("{:<32} {trainable:>12}", "total trainable params"));
+    if buffers > 0 {
+        lines.push(format!("{:<32} {buffers:>12}", "buffers (not parameters)"));
+    }
+    lines.push(format!(
+        "{:<32} {:>12.3}",
+        "estimated size (MB)",
+        (trainable + buffers) as f64 * 4.0 / 1e6
+    ));
+    lines
 }
 
 #[cfg(test)]
@@ -402,5 +436,48 @@ mod tests {
         assert_eq!(a, again);
         assert_ne!(a, b);
         assert!(a <= u64::from(u32::MAX));
+    }
+
+    /// The summary lists modules in the model's own order and counts what PyTorch counts as
+    /// parameters: torchvision's CIFAR-stem ResNet-18 has 11,173,962, its BatchNorm statistics apart.
+    #[test]
+    fn the_model_summary_keeps_module_order_and_pytorchs_count() {
+        let exp = crate::testing::experiment(
+            "{name: resnet18, num_classes: 10, cifar_stem: true}",
+            "{name: sgd, lr: 0.1}",
+            "{strategy: single, devices: 1}",
+            10,
+        );
+        let arch = crate::model::Architecture::of(&exp).unwrap();
+        let lines = super::model_summary(&arch, 1);
+        let names: Vec<&str> = lines[1..8]
+            .iter()
+            .map(|l| l.split_whitespace().next().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            ["conv1", "bn1", "layer1", "layer2", "layer3", "layer4", "fc"]
+        );
+        let total = lines
+            .iter()
+            .find(|l| l.starts_with("total trainable"))
+            .unwrap();
+        assert!(total.ends_with(" 11173962"), "{total}");
+        let mlp = crate::testing::experiment(
+            "{name: mlp, num_classes: 4, hidden: [8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8]}",
+            "{name: sgd, lr: 0.1}",
+            "{strategy: single, devices: 1}",
+            4,
+        );
+        let arch = crate::model::Architecture::of(&mlp).unwrap();
+        let lines = super::model_summary(&arch, 2);
+        let names: Vec<&str> = lines
+            .iter()
+            .skip(1)
+            .map(|l| l.split_whitespace().next().unwrap())
+            .collect();
+        let ten = names.iter().position(|n| *n == "layers.10").unwrap();
+        let two = names.iter().position(|n| *n == "layers.2").unwrap();
+        assert!(two < ten, "{names:?}");
     }
 }

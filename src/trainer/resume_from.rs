@@ -112,19 +112,20 @@ pub fn candidates(
             let remote = remote_last()?;
             let found_remote = remote.is_some();
             out.extend(remote);
-            let mut lasts = earlier_runs(output_dir)
-                .into_iter()
-                .map(|run| run.join("checkpoints").join("last.safetensors"))
-                .filter(|p| p.is_file())
-                .collect::<Vec<_>>();
-            lasts.sort();
+            let lasts = newest_run_first(
+                earlier_runs(output_dir)
+                    .into_iter()
+                    .map(|run| (run.join("checkpoints").join("last.safetensors"), run))
+                    .filter(|(p, _)| p.is_file())
+                    .collect(),
+            );
             anyhow::ensure!(
                 found_remote || !lasts.is_empty(),
                 "ckpt_path=last: no checkpoints/last.safetensors in any earlier run of '{}' under {}",
                 exp.task_name,
                 runs_dir(output_dir)?.display()
             );
-            out.extend(lasts.into_iter().rev().map(mine).map(Candidate::local));
+            out.extend(lasts.into_iter().map(mine).map(Candidate::local));
         }
         AUTO => {
             out.extend(
@@ -184,6 +185,24 @@ pub fn newest_first(files: Vec<PathBuf>) -> Vec<PathBuf> {
     }
     found.sort_by_key(|(modified, _)| std::cmp::Reverse(*modified));
     found.into_iter().map(|(_, f)| f).collect()
+}
+
+/// Checkpoints of earlier runs (each with its run directory), the newest run first: by the start time
+/// its `run.json` records (the last start, after a resume), else by the checkpoint's own time. Never by
+/// the directory's name: `hydra.run.dir` may name runs in any order.
+fn newest_run_first(files: Vec<(PathBuf, PathBuf)>) -> Vec<PathBuf> {
+    let mut keyed: Vec<_> = files
+        .into_iter()
+        .map(|(file, run)| {
+            let started = crate::storage::records::RunState::read(&run)
+                .and_then(|r| chrono::DateTime::parse_from_rfc3339(&r.started_at).ok())
+                .map(|t| t.timestamp_micros());
+            let modified = std::fs::metadata(&file).and_then(|m| m.modified()).ok();
+            (started, modified, file)
+        })
+        .collect();
+    keyed.sort_by(|a, b| (&b.0, &b.1).cmp(&(&a.0, &a.1)));
+    keyed.into_iter().map(|(_, _, f)| f).collect()
 }
 
 /// A config's text without its top-level `ckpt_path` (a run started without `auto` is the same run).
@@ -293,12 +312,21 @@ pub fn restore(
             .with_context(|| format!("loading {}", path.display()))?;
         let training = loaded.training;
         if let Some(t) = &training {
-            tracing::info!(
-                "Resumed from {} (epoch {}, step {})",
-                candidate.origin,
-                t.epoch,
-                t.global_step
-            );
+            match exp.train {
+                true => tracing::info!(
+                    "Resumed from {} (epoch {}, step {})",
+                    candidate.origin,
+                    t.epoch,
+                    t.global_step
+                ),
+                // `train eval`: the checkpoint's weights are measured, nothing resumes.
+                false => tracing::info!(
+                    "Evaluating the weights of {} (trained for {} epochs, {} steps)",
+                    candidate.origin,
+                    t.epoch,
+                    t.global_step
+                ),
+            }
         }
         return Ok((training, Some(candidate.origin)));
     }

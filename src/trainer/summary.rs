@@ -44,6 +44,10 @@ pub struct Summary {
     pub best_checkpoint: Option<String>,
     pub last_checkpoint: Option<String>,
     pub resumed_from: Option<String>,
+    /// The step of the checkpoint the run resumed from (equal to `global_step`: nothing was trained).
+    pub resumed_at_step: Option<u64>,
+    /// `train=false` (`train eval`): what was measured, and on which weights.
+    pub eval_only: Option<EvalOnly>,
     /// What the batch-size finder tried and chose, when it ran.
     pub batch_size_finder: Option<Finding>,
     /// DeviceStatsMonitor's figures for the whole run, when it ran.
@@ -55,6 +59,16 @@ pub struct Summary {
     pub state_bytes_per_rank: Vec<StateBytes>,
     /// `trainer.profiler: simple`: this rank's time per action of the loop, the longest first.
     pub profile: Option<Vec<super::profiler::ActionTime>>,
+}
+
+/// What a run that trained nothing (`train eval`) measured: the split, its samples over every rank, and
+/// the checkpoint whose weights it measured (none: the model's initial weights).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct EvalOnly {
+    pub split: String,
+    pub samples: u64,
+    pub checkpoint: Option<String>,
 }
 
 /// The training steps' time waiting for the loader's next batch and computing (forward, backward,
@@ -165,6 +179,27 @@ pub enum RunStatus {
     Preempted(String),
     /// A search's pruner stopped the trial after a validation: why, in its words.
     Pruned(String),
+}
+
+impl Summary {
+    /// Why training stopped where it did, for `run.json`: the limit it reached, or the callback or
+    /// signal that stopped it, in its words.
+    pub fn stopped_because(&self) -> String {
+        match &self.status {
+            _ if self.eval_only.is_some() => "evaluated only (train=false)".into(),
+            RunStatus::Completed if self.resumed_at_step == Some(self.global_step) => format!(
+                "nothing to train: the checkpoint it resumed from was already at its end (epoch {}, \
+                 step {})",
+                self.epochs_completed, self.global_step
+            ),
+            RunStatus::Completed => format!(
+                "max_epochs reached ({} epochs, {} steps)",
+                self.epochs_completed, self.global_step
+            ),
+            RunStatus::MaxStepsReached => format!("max_steps reached (step {})", self.global_step),
+            other => other.to_string(),
+        }
+    }
 }
 
 impl RunStatus {

@@ -2,6 +2,7 @@
 //! metrics, throughput, memory per rank, the best checkpoint).
 
 use super::*;
+use crate::trainer::summary::EvalOnly;
 
 impl FitLoop<'_> {
     /// What the run measured, with every rank's contribution (a collective: every rank calls it).
@@ -83,7 +84,13 @@ impl FitLoop<'_> {
             peak_rss_bytes: peak_rss_bytes(),
             best_checkpoint,
             last_checkpoint,
+            eval_only: (!exp.train).then(|| EvalOnly {
+                split: "test".into(),
+                samples: self.tested_samples,
+                checkpoint: resumed_from.clone(),
+            }),
             resumed_from,
+            resumed_at_step: self.resumed_at,
             batch_size_finder: finding,
             timer,
             device_stats: self
