@@ -23,6 +23,7 @@ pub mod json_nan;
 pub mod launch;
 pub mod logbook;
 pub mod loggers;
+pub mod metrics;
 pub mod model;
 pub mod optim;
 pub mod pack;

@@ -69,6 +69,14 @@ const RULES: &[(&str, &[&str], &str)] = &[
         "the loop never names the launcher that starts it",
     ),
     (
+        "src/metrics",
+        &[
+            "comm", "model", "optim", "backend", "strategy", "plan", "trainer", "job", "launch",
+            "sweep", "data", "schema", "config", "app",
+        ],
+        "metrics are pure: host arrays in, values out; the trainer combines their states over the ranks",
+    ),
+    (
         "src/registry",
         &[
             "tensor", "comm", "model", "optim", "backend", "strategy", "plan", "trainer",

@@ -518,3 +518,82 @@ fn segmentation_with_per_pixel_cross_entropy_learns_the_masks() {
         assert!(err.contains(want), "missing {want:?} in:\n{err}");
     }
 }
+
+/// A metric of this crate's own: the largest absolute error seen, its state reduced by `max` over ranks.
+struct MaxError {
+    worst: trainyard::metrics::State,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
+fn max_error(_: NoArgs) -> anyhow::Result<MaxError> {
+    Ok(MaxError {
+        worst: trainyard::metrics::State::new("worst", trainyard::metrics::Reduce::Max, vec![0.0]),
+    })
+}
+
+impl trainyard::metrics::Metric for MaxError {
+    fn update(
+        &mut self,
+        preds: &trainyard::tensor::HostTensor,
+        target: &trainyard::tensor::HostTensor,
+    ) -> trainyard::metrics::Result<()> {
+        for (p, t) in preds.data.iter().zip(&target.data) {
+            self.worst.values[0] = self.worst.values[0].max(f64::from((p - t).abs()));
+        }
+        Ok(())
+    }
+    fn compute(&self) -> trainyard::metrics::Result<trainyard::metrics::Value> {
+        Ok(trainyard::metrics::Value::Scalar(self.worst.values[0]))
+    }
+    fn states(&self) -> Vec<&trainyard::metrics::State> {
+        vec![&self.worst]
+    }
+    fn states_mut(&mut self) -> Vec<&mut trainyard::metrics::State> {
+        vec![&mut self.worst]
+    }
+    fn higher_is_better(&self) -> bool {
+        false
+    }
+}
+
+trainyard::register_metric!("tests.metrics.MaxError", max_error);
+
+/// R² and a crate's own metric on the regression, with no global: computed over each whole epoch
+/// (not averaged batch by batch), logged, and monitored (R² by ModelCheckpoint, the crate's by
+/// EarlyStopping, each in its own direction).
+#[test]
+fn a_regression_declares_r2_and_its_own_metric() {
+    let project = project();
+    let dir = run(
+        project.path(),
+        "r2",
+        &[
+            "+metrics.r2={_target_: torchmetrics.R2Score}",
+            "+metrics.worst={_target_: tests.metrics.MaxError}",
+            "callbacks.model_checkpoint.monitor=val/r2",
+            "callbacks.model_checkpoint.mode=max",
+            "callbacks.early_stopping.monitor=val/worst",
+            "callbacks.early_stopping.mode=min",
+        ],
+    );
+    let s = common::summary(&dir);
+    let m = &s["final_metrics"];
+    let (r2, worst, mae) = (
+        m["val/r2"].as_f64().unwrap(),
+        m["val/worst"].as_f64().unwrap(),
+        m["val/mae"].as_f64().unwrap(),
+    );
+    // The regression learns (mae < 0.12 above): most of the targets' variance is explained.
+    assert!(r2 > 0.8 && r2 <= 1.0, "val/r2 {r2}: {s}");
+    assert!(
+        worst >= mae && worst < 2.0,
+        "val/worst {worst}, val/mae {mae}"
+    );
+    assert!(m["train/r2"].as_f64().is_some(), "{s}");
+    assert_eq!(s["best"]["monitor"], "val/r2");
+    let csv = std::fs::read_to_string(dir.join("metrics.csv")).unwrap();
+    assert!(csv.lines().next().unwrap().contains("val/r2"), "{csv}");
+}

@@ -127,6 +127,11 @@ pub trait Engine: Send {
     /// The eval-mode logits `evaluate` scores, on the host (batch x classes): predictions, and the
     /// comparison with PyTorch's own forward of the same weights.
     fn predict(&mut self, batch: &Batch) -> anyhow::Result<HostTensor>;
+    /// The model's outputs (logits) of the last forward pass, training or evaluation, moved to the host
+    /// once: what stateful metrics (`metrics`) are updated with. `None`: none kept since.
+    fn take_outputs(&mut self) -> anyhow::Result<Option<HostTensor>> {
+        Ok(None)
+    }
     /// Move the accumulated gradients out (the engine then holds none), in the order its backward pass
     /// produces them. A device engine may hand out views of its own gradient storage: writing into them
     /// and putting them back costs no copy.

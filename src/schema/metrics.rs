@@ -28,14 +28,34 @@ pub struct RunMetrics {
     accuracy: AccuracyNames,
     /// `test: true`: the test row's names are columns too.
     tests: bool,
+    /// The configured stateful metrics that compute one number (`metrics:`), with their direction:
+    /// `train/<name>`, `val/<name>` and `test/<name>` besides the loss's.
+    stateful: Vec<(String, bool)>,
+    /// Those also logged each training step (`on_step`): `train/<name>_step`.
+    stepwise: Vec<String>,
 }
 
 impl RunMetrics {
     pub fn of(exp: &Experiment) -> RunMetrics {
         RunMetrics {
             tests: exp.test,
-            ..Self::named(exp.loss.as_deref(), exp.accuracy_names)
+            ..Self::named(exp.loss.as_deref(), exp.accuracy_names).with_stateful(&exp.metrics)
         }
+    }
+
+    /// These metrics and the configured stateful ones that compute one number.
+    pub fn with_stateful(mut self, specs: &[super::MetricSpec]) -> RunMetrics {
+        self.stateful = specs
+            .iter()
+            .filter(|m| m.scalar)
+            .map(|m| (m.name.clone(), m.higher_is_better))
+            .collect();
+        self.stepwise = specs
+            .iter()
+            .filter(|m| m.scalar && m.on_step)
+            .map(|m| m.name.clone())
+            .collect();
+        self
     }
 
     /// What a run with this loss records (`None`: classification, its accuracies named `accuracy`).
@@ -49,6 +69,8 @@ impl RunMetrics {
             }),
             accuracy,
             tests: false,
+            stateful: Vec::new(),
+            stepwise: Vec::new(),
         }
     }
 
@@ -90,6 +112,11 @@ impl RunMetrics {
             ),
             None => row.push((format!("train/{}", self.top1()), acc1)),
         }
+        row.extend(
+            self.stateful
+                .iter()
+                .map(|(n, _)| (format!("train/{n}"), f64::NAN)),
+        );
         row
     }
 
@@ -134,6 +161,11 @@ impl RunMetrics {
                     (format!("{phase}/{name}"), value)
                 }),
         );
+        row.extend(
+            self.stateful
+                .iter()
+                .map(|(n, _)| (format!("{phase}/{n}"), f64::NAN)),
+        );
         row
     }
 
@@ -143,9 +175,15 @@ impl RunMetrics {
             .chain(
                 self.val_metrics()
                     .into_iter()
+                    .chain(self.stateful.iter().cloned())
                     .map(|(n, h)| (format!("val/{n}"), h)),
             )
             .collect()
+    }
+
+    /// The stateful metrics' names and directions (`metrics:`), scalar ones.
+    pub fn stateful(&self) -> &[(String, bool)] {
+        &self.stateful
     }
 
     /// The names of a training row, a validation row and, with `test: true`, the test row (a CSV
@@ -157,8 +195,13 @@ impl RunMetrics {
             true => self.test_row(0.0, |_| 0.0, (0.0, 0.0)),
             false => Vec::new(),
         };
+        let steps = self
+            .stepwise
+            .iter()
+            .map(|n| (format!("train/{n}_step"), 0.0));
         train
             .into_iter()
+            .chain(steps)
             .chain(val)
             .chain(test)
             .map(|(n, _)| n)
@@ -197,6 +240,8 @@ mod tests {
             custom: Some(vec![("mae".into(), false), ("iou".into(), true)]),
             accuracy: AccuracyNames::Acc1Acc5,
             tests: false,
+            stateful: Vec::new(),
+            stepwise: Vec::new(),
         };
         assert_eq!(
             m.names(),

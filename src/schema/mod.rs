@@ -7,6 +7,7 @@ mod data;
 pub mod declared;
 mod hparams;
 mod logger;
+mod metric_specs;
 mod metrics;
 mod model;
 mod optim;
@@ -22,6 +23,7 @@ mod validate;
 pub use callbacks::*;
 pub use data::*;
 pub use logger::*;
+pub use metric_specs::MetricSpec;
 pub use metrics::{AccuracyNames, RunMetrics};
 pub use model::*;
 pub use optim::*;
@@ -96,6 +98,10 @@ pub struct Experiment {
     /// (`registry`); none: classification (cross-entropy, top-1/top-5). `schema::extract` fills it.
     #[serde(skip)]
     pub loss: Option<std::sync::Arc<LossSpec>>,
+    /// `metrics: {name: {_target_: ...}}`: stateful metrics computed per epoch for train, val and test
+    /// (`metric_specs`). `schema::extract` fills it.
+    #[serde(skip)]
+    pub metrics: Vec<MetricSpec>,
 }
 
 /// lightning-hydra-template's `extras:`, done before the run by rank 0 (`launcher`).

@@ -25,6 +25,11 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     let registered = super::registered::registered_model(&job);
     let data = super::registered::registered_data(&job)?;
     let loss = super::registered::registered_loss(&job)?;
+    let data_classes = job.get("data.num_classes").and_then(|n| match n.value {
+        crate::config::tree::Value::Int(i) => u64::try_from(i).ok(),
+        _ => None,
+    });
+    let metrics = super::metric_specs::read(&job, data_classes)?;
     let optimizer = super::registered::registered_optimizer(&job)?;
     let schedule = super::registered::registered_schedule(&job)?;
     let (loggers, callbacks) = super::registered::registered_plugins(&job)?;
@@ -42,6 +47,7 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     }
     if let Some(root) = json.as_object_mut() {
         root.remove("loss");
+        root.remove("metrics");
     }
     for (section, own, set) in [
         (
@@ -79,6 +85,7 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     experiment.model.registered = registered.map(std::sync::Arc::new);
     experiment.data.registered = data.map(std::sync::Arc::new);
     experiment.loss = loss.map(std::sync::Arc::new);
+    experiment.metrics = metrics;
     experiment.optimizer.registered = optimizer.map(std::sync::Arc::new);
     experiment.scheduler.registered = schedule.map(std::sync::Arc::new);
     check_registered_names(&job, &experiment)?;

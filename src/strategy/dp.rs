@@ -227,6 +227,30 @@ impl Strategy for DataParallel {
         Ok(norms[0])
     }
 
+    /// The replicas' outputs in the order their chunks were cut: the batch's, whole.
+    fn take_outputs(&mut self) -> anyhow::Result<Option<crate::tensor::HostTensor>> {
+        let mut whole: Option<crate::tensor::HostTensor> = None;
+        for replica in &mut self.replicas {
+            let Some(part) = replica.take_outputs()? else {
+                continue;
+            };
+            match whole.as_mut() {
+                None => whole = Some(part),
+                Some(w) => {
+                    anyhow::ensure!(
+                        w.shape[1..] == part.shape[1..],
+                        "replicas' outputs differ in shape: {:?} and {:?}",
+                        w.shape,
+                        part.shape
+                    );
+                    w.shape[0] += part.shape[0];
+                    w.data.extend(part.data);
+                }
+            }
+        }
+        Ok(whole)
+    }
+
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         if self.buffers_stale {
             let state = self.replicas[0].state_dict()?;

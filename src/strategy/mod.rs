@@ -25,7 +25,7 @@ use crate::optim::GradClip;
 use crate::plan::RunPlan;
 use crate::schema::Experiment;
 use crate::storage::checkpoint::TrainingState;
-use crate::tensor::StateDict;
+use crate::tensor::{HostTensor, StateDict};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -86,6 +86,11 @@ pub trait Strategy {
     /// `engine`, to change.
     fn engine_mut(&mut self) -> &mut dyn Engine;
     /// Forward only, in eval mode, on this process's batch.
+    /// The model's outputs of the last forward pass on the host (`Engine::take_outputs`), this rank's
+    /// batch whole: stateful metrics' input.
+    fn take_outputs(&mut self) -> anyhow::Result<Option<HostTensor>> {
+        self.engine_mut().take_outputs()
+    }
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         self.engine_mut().evaluate(batch)
     }

@@ -6,6 +6,7 @@
 use super::checkpointing::{Keeper, Storage};
 use super::profiler::Profiler;
 use super::running_sums;
+use super::stateful::{complete, Phase};
 use super::summary::{median, peak_rss_bytes, BestMetric, InputWait, RunStatus, Summary};
 use super::{DataSets, Job};
 use crate::backend::{StateBytes, StepStats};
@@ -77,6 +78,12 @@ pub struct FitLoop<'a> {
     resumed_at: Option<u64>,
     /// Samples the test split measured (over every rank), once it ran.
     tested_samples: u64,
+    /// The configured stateful metrics (`metrics:`), per phase.
+    stateful: Option<super::stateful::StatefulMetrics>,
+    /// The `on_step` metrics' values over the last training batch, for the next step row.
+    step_metrics: Vec<(String, f64)>,
+    /// The stateful metrics' values of the last validation, for its rows.
+    val_metrics: Vec<(String, f64)>,
 }
 
 /// The profiler's names for the loop's own actions (Lightning's where it has one).
@@ -235,6 +242,9 @@ impl<'a> FitLoop<'a> {
             lr_now: exp.optimizer.lr,
             resumed_at,
             tested_samples: 0,
+            stateful: super::stateful::StatefulMetrics::of(exp)?,
+            step_metrics: Vec::new(),
+            val_metrics: Vec::new(),
             output_dir: job.output_dir,
             metrics: RunMetrics::of(exp),
             exp,
@@ -359,6 +369,9 @@ impl<'a> FitLoop<'a> {
             let stats = pending.resolve()?;
             step_compute += read_start.elapsed().as_secs_f64();
             self.profiler.record(READ_STATS, read_start);
+            if let Some(m) = self.stateful.as_mut() {
+                self.step_metrics = m.after_batch(Phase::Train, self.strategy.as_mut(), &batch)?;
+            }
             // Per batch, so a window cut short at the epoch's end counts too.
             self.input_wait.computing += step_compute - computed_before;
             anyhow::ensure!(
@@ -519,6 +532,8 @@ impl<'a> FitLoop<'a> {
         let mut values = self
             .metrics
             .train_row(all.loss(), |i| all.metric(i), all.acc1());
+        complete(&mut values, &[], self.metrics.stateful());
+        values.append(&mut self.step_metrics);
         if self.lr_each_step {
             values.push(("lr".into(), lr));
         }
@@ -591,9 +606,10 @@ impl<'a> FitLoop<'a> {
         batches_done: usize,
     ) -> anyhow::Result<Option<RunStatus>> {
         let v = self.validate()?;
-        let owned = self
+        let mut owned = self
             .metrics
             .val_row(v.loss(), |i| v.metric(i), (v.acc1(), v.acc5()));
+        complete(&mut owned, &self.val_metrics, self.metrics.stateful());
         let values: Vec<(&str, f64)> = owned.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         self.log(RowKind::MidEpochValidation { batches_done }, epoch, &values)?;
         for (name, value) in owned {
@@ -633,11 +649,17 @@ impl<'a> FitLoop<'a> {
         let mut measured = self
             .metrics
             .train_row(stats.loss(), |i| stats.metric(i), stats.acc1());
+        let train_values = match self.stateful.as_mut() {
+            Some(m) => m.end_phase(Phase::Train, &self.ranks, epoch, self.output_dir)?,
+            None => Vec::new(),
+        };
+        complete(&mut measured, &train_values, self.metrics.stateful());
         if let Some(v) = val {
-            measured.extend(
-                self.metrics
-                    .val_row(v.loss(), |i| v.metric(i), (v.acc1(), v.acc5())),
-            );
+            let mut row = self
+                .metrics
+                .val_row(v.loss(), |i| v.metric(i), (v.acc1(), v.acc5()));
+            complete(&mut row, &self.val_metrics, self.metrics.stateful());
+            measured.extend(row);
         }
         for (key, value) in &measured {
             self.state.metrics.insert(key.clone(), *value);
@@ -727,7 +749,11 @@ impl<'a> FitLoop<'a> {
             };
             self.profiler.record(VAL_NEXT, fetch_start);
             let step_start = Instant::now();
-            v.add(&self.strategy.evaluate(&batch?)?);
+            let batch = batch?;
+            v.add(&self.strategy.evaluate(&batch)?);
+            if let Some(m) = self.stateful.as_mut() {
+                m.after_batch(Phase::Val, self.strategy.as_mut(), &batch)?;
+            }
             done += 1;
             self.profiler
                 .record(&self.actions.validation_step, step_start);
@@ -738,6 +764,10 @@ impl<'a> FitLoop<'a> {
             self.strategy.evaluate_idle()?;
         }
         let v = self.ranks.sum_stats(v)?;
+        if let Some(m) = self.stateful.as_mut() {
+            self.val_metrics =
+                m.end_phase(Phase::Val, &self.ranks, self.state.epoch, self.output_dir)?;
+        }
         self.last_val = Some(v);
         self.profiler.record(VALIDATION, started);
         Ok(v)
@@ -757,15 +787,29 @@ impl<'a> FitLoop<'a> {
         let (batches, rounds) =
             LoopPlan::test_batches(self.exp, set.sampler.share(), set.sampler.largest_share());
         let started = Instant::now();
-        let stats =
-            super::test_loop::evaluate(self.strategy.as_mut(), &self.ranks, set, batches, rounds)?;
+        let mut stateful = self.stateful.as_mut();
+        let stats = super::test_loop::evaluate(
+            self.strategy.as_mut(),
+            &self.ranks,
+            set,
+            (batches, rounds),
+            |strategy, batch| match stateful.as_mut() {
+                Some(m) => m.after_batch(Phase::Test, strategy, batch).map(|_| ()),
+                None => Ok(()),
+            },
+        )?;
+        let test_values = match self.stateful.as_mut() {
+            Some(m) => m.end_phase(Phase::Test, &self.ranks, self.state.epoch, self.output_dir)?,
+            None => Vec::new(),
+        };
         self.profiler.record(TEST, started);
         self.tested_samples = stats.count;
-        let row = self.metrics.test_row(
+        let mut row = self.metrics.test_row(
             stats.loss(),
             |i| stats.metric(i),
             (stats.acc1(), stats.acc5()),
         );
+        complete(&mut row, &test_values, self.metrics.stateful());
         for (key, value) in &row {
             self.state.metrics.insert(key.clone(), *value);
         }

@@ -17,6 +17,7 @@ mod fit_loop;
 pub mod profiler;
 mod resume_from;
 mod running_sums;
+mod stateful;
 pub use resume_from::{newest_first, own_checkpoints};
 mod sinks;
 pub mod summary;

@@ -38,20 +38,23 @@ pub fn load_best(strategy: &mut dyn Strategy, best: Option<&Path>) -> anyhow::Re
 }
 
 /// One pass over this rank's `batches` test batches, then its part in the other ranks' collectives up to
-/// `rounds`; the statistics summed over ranks.
+/// `rounds`; the statistics summed over ranks. `after` sees each batch once it is evaluated (the
+/// stateful metrics take the model's outputs for it).
 pub fn evaluate(
     strategy: &mut dyn Strategy,
     ranks: &Ranks,
     set: &EvalSet,
-    batches: usize,
-    rounds: usize,
+    (batches, rounds): (usize, usize),
+    mut after: impl FnMut(&mut dyn Strategy, &crate::data::loader::Batch) -> anyhow::Result<()>,
 ) -> anyhow::Result<StepStats> {
     strategy.before_validation()?;
     let order = set.sampler.order(0);
     let mut stats = StepStats::default();
     let mut done = 0;
     for batch in EpochLoader::new(&set.spec, 0, &order).take(batches) {
-        stats.add(&strategy.evaluate(&batch?)?);
+        let batch = batch?;
+        stats.add(&strategy.evaluate(&batch)?);
+        after(strategy, &batch)?;
         done += 1;
     }
     for _ in done..rounds {

@@ -249,6 +249,7 @@ impl CandleEngine {
     /// `evaluate` on the calling thread (a worker of the compute pool).
     fn evaluate_here(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (logits, y) = self.eval_logits(batch)?;
+        self.last_logits = Some(logits.clone());
         if let Some(loss) = &self.loss {
             let value = loss.compute(&logits, &y)?;
             return self.loss_stats(&value, batch.len());
@@ -382,6 +383,10 @@ impl Engine for CandleEngine {
 
     fn predict(&mut self, batch: &Batch) -> anyhow::Result<HostTensor> {
         cpu::on_compute_pool(|| to_host(&self.eval_logits(batch)?.0))
+    }
+
+    fn take_outputs(&mut self) -> anyhow::Result<Option<HostTensor>> {
+        self.last_logits.take().map(|t| to_host(&t)).transpose()
     }
 
     fn state_dict(&self) -> anyhow::Result<StateDict> {
@@ -547,6 +552,7 @@ impl Sharding for CandleEngine {
             };
             super::units::evaluate_by_unit(&mut staged, x, exchange)?
         };
+        self.last_logits = Some(logits.detach());
         if let Some(loss) = &self.loss {
             let value = loss.compute(&logits, &labels)?;
             return self.loss_stats(&value, batch.len());

@@ -473,7 +473,8 @@ impl Engine for TchEngine {
     fn evaluate(&mut self, batch: &Batch) -> anyhow::Result<StepStats> {
         let (x, y) = self.inputs(batch)?;
         let _autocast = amp::autocast(self.mode, self.device)?;
-        let (_, computed) = self.pass(&x, &y, false)?;
+        let (logits, computed) = self.pass(&x, &y, false)?;
+        self.last_logits = Some(logits.detach());
         computed.stats.read(batch.len())
     }
 
@@ -481,6 +482,10 @@ impl Engine for TchEngine {
         let (x, _) = self.inputs(batch)?;
         let _autocast = amp::autocast(self.mode, self.device)?;
         to_host(&self.eval_forward(&x)?)
+    }
+
+    fn take_outputs(&mut self) -> anyhow::Result<Option<HostTensor>> {
+        self.last_logits.take().map(|t| to_host(&t)).transpose()
     }
 
     fn state_dict(&self) -> anyhow::Result<StateDict> {
@@ -664,6 +669,7 @@ impl Sharding for TchEngine {
             };
             super::units::evaluate_by_unit(&mut staged, x, exchange)?
         };
+        self.last_logits = Some(logits.shallow_clone());
         let computed = {
             let _autocast = amp::autocast(self.mode, self.device)?; // as `evaluate` computes it
             self.objective.compute(&logits, None, &labels, false)?
