@@ -218,3 +218,60 @@ fn a_bad_metric_is_refused_with_its_key_and_the_list() {
         "{err}"
     );
 }
+
+/// A sweep judged by a stateful metric leads with it everywhere: the console's last line, the sweep's
+/// table (its name and direction as the column), the logbook's sweep section (best job by it, its
+/// column, no column empty for every job) and experiment table; the confusion matrix is a picture; no
+/// "speed-up vs single" where every run is single-device.
+#[test]
+fn a_sweep_leads_with_its_monitored_metric() {
+    let p = tempfile::tempdir().unwrap();
+    let args: Vec<&str> = ["-m"]
+        .iter()
+        .chain(SMALL)
+        .chain(&[
+            "+metrics.f1={_target_: torchmetrics.F1Score, task: multiclass, average: macro}",
+            "callbacks.model_checkpoint.monitor=val/f1",
+            "callbacks.model_checkpoint.mode=max",
+            "optimizer.lr=0.001,0.003",
+            "hydra.sweep.dir=logs/sweep",
+            "trainer.max_epochs=1",
+        ])
+        .copied()
+        .collect();
+    let stdout = ok(&train(p.path(), &args));
+    assert!(
+        stdout.contains("| job | overrides | status | val/f1 ↑ |"),
+        "{stdout}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("| 0 |") && l.contains("| ok | 0.")),
+        "{stdout}"
+    );
+    ok(&train(p.path(), &["logbook"]));
+    let logbook = std::fs::read_to_string(p.path().join("logs/logbook.md")).unwrap();
+    assert!(
+        logbook.contains("- Best val/f1 (higher is better): **"),
+        "{logbook}"
+    );
+    assert!(logbook.contains("| val/f1 ↑ |"), "{logbook}");
+    assert!(logbook.contains("best val/f1 ↑"), "{logbook}");
+    assert!(!logbook.contains("baseline"), "{logbook}");
+    // No column every job leaves empty (the sweep has no top-5 column, for one).
+    for line in logbook
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| job"))
+    {
+        assert!(
+            !line.contains("| – | – |") || line.contains("no run directory"),
+            "{line}"
+        );
+    }
+    let picture = std::fs::read_dir(p.path().join("logs"))
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().contains("confusion"));
+    assert!(picture && logbook.contains("confusion matrix"), "{logbook}");
+}

@@ -22,7 +22,7 @@ pub struct JobResult {
     #[serde(default)]
     pub output_dir: Option<PathBuf>,
     #[serde(default)]
-    pub main_metric: Option<f64>,
+    pub main_metric: Option<crate::storage::records::LeadMetric>,
     #[serde(default)]
     pub error: Option<String>,
 }
@@ -104,7 +104,7 @@ pub fn run_sweep_job(
             num,
             state: JobState::Completed,
             output_dir: Some(o.output_dir.clone()),
-            main_metric: o.main_metric,
+            main_metric: o.main_metric.clone(),
             error: None,
         },
         Err(e) => JobResult::failed(num, e.to_string()),

@@ -11,7 +11,7 @@ pub struct JobOutcome {
     pub output_dir: PathBuf,
     pub message: String,
     /// Final `val/acc1`, shown in the sweep table.
-    pub main_metric: Option<f64>,
+    pub main_metric: Option<crate::storage::records::LeadMetric>,
     /// This process's rank in the run (0 for a run of one process): rank 0 reports the job.
     pub rank: usize,
     /// The cluster's warning signal stopped the job at a checkpoint; it was requeued to resume.

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 /// An experiment table's columns, in the order of `Page::experiment`'s cells, and how each is kept
 /// (`table`: shared settings above the table, paths under it).
-const EXPERIMENT_COLUMNS: [(&str, table::Keep); 31] = {
+const EXPERIMENT_COLUMNS: [(&str, table::Keep); 32] = {
     use table::Keep::{Extra, File, Key, Setting};
     [
         ("run", Key),
@@ -31,6 +31,9 @@ const EXPERIMENT_COLUMNS: [(&str, table::Keep); 31] = {
         ("precision", Setting),
         ("global batch", Setting),
         ("epochs", Setting),
+        // The metric the runs are judged by (its name and direction fill the header: `lead_header`),
+        // when it is not top-1, which the next column already leads with.
+        (LEAD, Key),
         ("best val top-1", Key),
         ("best val top-5", Key),
         ("val top-1", Extra),
@@ -53,6 +56,58 @@ const EXPERIMENT_COLUMNS: [(&str, table::Keep); 31] = {
         ("TensorBoard", File),
     ]
 };
+
+/// A run's last validation confusion matrix (`metrics/val_*.json` holding a `matrix`), with its metric's
+/// name.
+fn confusion_matrix_of(dir: &Path) -> Option<(String, Vec<Vec<f64>>)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("metrics"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("val_"))
+        })
+        .collect();
+    files.sort();
+    files.into_iter().find_map(|p| {
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).ok()?).ok()?;
+        let rows: Vec<Vec<f64>> = json["matrix"]
+            .as_array()?
+            .iter()
+            .map(|r| {
+                r.as_array()
+                    .map(|c| c.iter().filter_map(|v| v.as_f64()).collect())
+            })
+            .collect::<Option<_>>()?;
+        Some((
+            json["name"]
+                .as_str()
+                .unwrap_or("confusion matrix")
+                .to_string(),
+            rows,
+        ))
+    })
+}
+
+/// The experiment table's placeholder for its lead metric's column.
+const LEAD: &str = "lead";
+
+/// The metric a group of runs is judged by: the one most of them lead with (`Run::lead`).
+fn group_lead(group: &[&Run]) -> Option<crate::storage::records::LeadMetric> {
+    let leads: Vec<_> = group.iter().filter_map(|r| r.lead()).collect();
+    let count = |name: &str| leads.iter().filter(|l| l.name == name).count();
+    leads.iter().max_by_key(|l| count(&l.name)).cloned()
+}
+
+/// Whether `name` is top-1, which the tables show in their own columns.
+fn is_top1(name: &str) -> bool {
+    matches!(
+        name,
+        "val/acc1" | "val/acc" | "val/acc1_best" | "val/acc_best"
+    )
+}
 
 /// What a logbook write produced.
 #[derive(Debug)]
@@ -159,6 +214,38 @@ impl Page {
         Ok(())
     }
 
+    /// The best run's confusion matrix on the validation set (its last validation's), as a picture:
+    /// what a classification run's metrics keep under `metrics/` (`val_confusion_matrix.json`, or a
+    /// configured ConfusionMatrix's).
+    fn confusion(&mut self, task: &str, group: &[&Run]) -> anyhow::Result<()> {
+        let lead = group_lead(group);
+        let best = group
+            .iter()
+            .filter(|r| r.status.is_finished())
+            .max_by(|a, b| {
+                let key = |r: &Run| {
+                    let l = lead.as_ref()?;
+                    let v = r.final_metric(&l.name)?;
+                    Some(if l.higher_is_better { v } else { -v })
+                };
+                key(a)
+                    .unwrap_or(f64::NEG_INFINITY)
+                    .total_cmp(&key(b).unwrap_or(f64::NEG_INFINITY))
+            });
+        let Some(r) = best else {
+            return Ok(());
+        };
+        let Some((name, counts)) = confusion_matrix_of(&r.dir) else {
+            return Ok(());
+        };
+        let title = format!("{task}: confusion matrix ({name}), {}", r.label());
+        self.figure(
+            &format!("{task}-confusion"),
+            &title,
+            svg::heatmap(&title, &counts),
+        )
+    }
+
     fn link(&self, target: &Path) -> String {
         relative(&self.out_dir, target).display().to_string()
     }
@@ -174,16 +261,14 @@ impl Page {
 
     fn experiment(&mut self, task: &str, group: &[&Run]) -> anyhow::Result<()> {
         let _ = writeln!(self.md, "## Experiment `{task}`\n");
+        let lead = group_lead(group).filter(|l| !is_top1(&l.name));
         let mut rows = Vec::new();
         for r in group {
-            let speedup = baseline(group, r).and_then(|b| {
-                let x = throughput(r)? / throughput(b)?;
-                Some(if b.dir == r.dir {
-                    "1.00x (baseline)".to_string()
-                } else {
-                    format!("{x:.2}x")
-                })
-            });
+            let speedup = speedup_cell(group, r);
+            let lead_cell = lead
+                .as_ref()
+                .filter(|l| r.lead().is_some_and(|own| own.name == l.name))
+                .and_then(|l| r.best_of(&l.name));
             let cells = [
                 self.run_cell(r, &r.label()),
                 match r.restarts.len() {
@@ -212,6 +297,7 @@ impl Page {
                     (None, true) => "–".into(),
                     (None, false) => format!("{} so far", r.epochs_logged),
                 },
+                num(lead_cell, 4),
                 num(best_top1(r), 4),
                 num(best_top5(r), 4),
                 num(r.final_metric("val/acc1"), 4),
@@ -261,7 +347,18 @@ impl Page {
             ];
             rows.push(cells.to_vec());
         }
-        let _ = write!(self.md, "{}", table::render(&EXPERIMENT_COLUMNS, &rows));
+        let lead_header = lead
+            .as_ref()
+            .map(|l| format!("best {} {}", l.name.trim_end_matches("_best"), l.arrow()))
+            .unwrap_or_default();
+        let columns: Vec<(&str, table::Keep)> = EXPERIMENT_COLUMNS
+            .iter()
+            .map(|(name, keep)| match *name == LEAD {
+                true => (lead_header.as_str(), *keep),
+                false => (*name, *keep),
+            })
+            .collect();
+        let _ = write!(self.md, "{}", table::render(&columns, &rows));
         self.restarts(group);
         let _ = writeln!(self.md, "\nReproduce:\n\n```sh");
         for r in group {
@@ -269,6 +366,7 @@ impl Page {
         }
         let _ = writeln!(self.md, "```\n");
         self.curves(task, group)?;
+        self.confusion(task, group)?;
         // Each bar is its run; the placement (`ddp 2×4`) joins the label only where runs differ in it.
         let placement = |r: &Run| {
             format!(
@@ -414,9 +512,26 @@ impl Page {
                 .filter_map(|r| Some((**r, f(r)?)))
                 .max_by(|a, b| a.1.total_cmp(&b.1))
         };
-        // The answer first: the best job, then the table that shows how the others compare.
-        if let Some((r, v)) = best_by(&|r| r.final_metric("val/acc1")) {
-            let _ = writeln!(self.md, "- Best val top-1: **{v:.4}**, {}", describe(r));
+        // The answer first: the best job by the metric the sweep is judged by (its direction), then the
+        // table that shows how the others compare.
+        let refs: Vec<&Run> = jobs.to_vec();
+        let lead = group_lead(&refs);
+        if let Some(l) = &lead {
+            let sign = if l.higher_is_better { 1.0 } else { -1.0 };
+            if let Some((r, v)) = best_by(&|r| r.final_metric(&l.name).map(|v| sign * v)) {
+                let _ = writeln!(
+                    self.md,
+                    "- Best {} ({}): **{:.4}**, {}",
+                    l.name,
+                    if l.higher_is_better {
+                        "higher is better"
+                    } else {
+                        "lower is better"
+                    },
+                    sign * v,
+                    describe(r)
+                );
+            }
         }
         if let Some((r, v)) = best_by(&throughput) {
             let _ = writeln!(
@@ -427,20 +542,24 @@ impl Page {
         }
         let mut header = vec!["job".to_string()];
         header.extend(swept.iter().cloned());
+        let lead_column = lead
+            .as_ref()
+            .filter(|l| !is_top1(&l.name) && l.name != "val/loss")
+            .map(|l| format!("{} {}", l.name, l.arrow()));
+        header.extend(["status".to_string()]);
+        header.extend(lead_column.clone());
         header.extend(
             [
-                "status",
-                "throughput",
-                "peak memory",
                 "val top-1",
                 "val loss",
+                "throughput",
+                "peak memory",
                 "wall time",
             ]
             .map(String::from),
         );
-        let _ = writeln!(self.md, "\n| {} |", header.join(" | "));
-        let _ = writeln!(self.md, "|{}", "---|".repeat(header.len()));
-        for r in sorted_by_outcome(jobs) {
+        let mut rows = Vec::new();
+        for r in sorted_by_outcome(jobs, lead.as_ref()) {
             let values = override_values(r);
             let mut cells =
                 vec![self.run_cell(r, &r.sweep.as_ref().map(|s| s.1).unwrap_or(0).to_string())];
@@ -449,21 +568,35 @@ impl Page {
                     .iter()
                     .map(|k| values.get(k).cloned().unwrap_or_else(|| "–".into())),
             );
+            cells.push(r.status.label());
+            if let (Some(_), Some(l)) = (&lead_column, &lead) {
+                cells.push(num(r.final_metric(&l.name), 4));
+            }
             cells.extend([
-                r.status.label(),
+                num(r.final_metric("val/acc1"), 4),
+                num(r.final_metric("val/loss"), 4),
                 throughput(r)
                     .map(|t| format!("{t:.1} img/s"))
                     .unwrap_or_else(|| "–".into()),
                 peak_memory(r),
-                num(r.final_metric("val/acc1"), 4),
-                num(r.final_metric("val/loss"), 4),
                 r.summary
                     .as_ref()
                     .map(|s| s.wall_time_s)
                     .map(duration)
                     .unwrap_or_else(|| "–".into()),
             ]);
-            let _ = writeln!(self.md, "| {} |", cells.join(" | "));
+            rows.push(cells);
+        }
+        // A column no job has a value in says nothing.
+        let fixed = 1 + swept.len() + 1;
+        let kept: Vec<usize> = (0..header.len())
+            .filter(|&i| i < fixed || rows.iter().any(|row| row[i] != "–"))
+            .collect();
+        let pick = |cells: &[String]| kept.iter().map(|&i| cells[i].clone()).collect::<Vec<_>>();
+        let _ = writeln!(self.md, "\n| {} |", pick(&header).join(" | "));
+        let _ = writeln!(self.md, "|{}", "---|".repeat(kept.len()));
+        for cells in &rows {
+            let _ = writeln!(self.md, "| {} |", pick(cells).join(" | "));
         }
         let unfinished = jobs.len() - finished.len();
         if unfinished > 0 {
@@ -473,7 +606,7 @@ impl Page {
             );
         }
         let _ = writeln!(self.md);
-        self.metric_by_value(&name, &swept, &finished)?;
+        self.metric_by_value(&name, &swept, &finished, lead.as_ref())?;
         self.search(dir, &name)?;
         let bars: Vec<(String, f64)> = jobs
             .iter()
@@ -509,13 +642,18 @@ impl Page {
         name: &str,
         swept: &[String],
         jobs: &[&&Run],
+        lead: Option<&crate::storage::records::LeadMetric>,
     ) -> anyhow::Result<()> {
         let [key] = swept else {
             return Ok(());
         };
-        let metric = match jobs.iter().any(|r| r.final_metric("val/acc1").is_some()) {
-            true => "val/acc1",
-            false => "val/loss",
+        let metric = match (
+            lead,
+            jobs.iter().any(|r| r.final_metric("val/acc1").is_some()),
+        ) {
+            (Some(l), _) => l.name.as_str(),
+            (None, true) => "val/acc1",
+            (None, false) => "val/loss",
         };
         let mut points: Vec<(f64, f64)> = jobs
             .iter()
@@ -545,12 +683,19 @@ impl Page {
     }
 }
 
-/// A sweep's jobs, best first: by final val top-1 (highest first), else val loss (lowest first); jobs
-/// without either (failed, not started) last, in their order.
-fn sorted_by_outcome<'a>(jobs: &[&'a Run]) -> Vec<&'a Run> {
+/// A sweep's jobs, best first: by the lead metric in its direction, else final val top-1 (highest
+/// first), else val loss (lowest first); jobs without either (failed, not started) last, in their order.
+fn sorted_by_outcome<'a>(
+    jobs: &[&'a Run],
+    lead: Option<&crate::storage::records::LeadMetric>,
+) -> Vec<&'a Run> {
     let key = |r: &Run| {
-        r.final_metric("val/acc1")
-            .map(|a| -a)
+        let by_lead = lead.and_then(|l| {
+            let v = r.final_metric(&l.name)?;
+            Some(if l.higher_is_better { -v } else { v })
+        });
+        by_lead
+            .or_else(|| r.final_metric("val/acc1").map(|a| -a))
             .or_else(|| r.final_metric("val/loss"))
             .filter(|v| !v.is_nan())
     };
@@ -562,6 +707,28 @@ fn sorted_by_outcome<'a>(jobs: &[&'a Run]) -> Vec<&'a Run> {
         (None, None) => std::cmp::Ordering::Equal,
     });
     sorted
+}
+
+/// The devices a run trained on (nodes × devices), when its summary says.
+fn device_count(r: &Run) -> Option<usize> {
+    r.summary
+        .as_ref()
+        .map(|s| s.num_nodes.max(1) * s.devices.max(1))
+}
+
+/// "speed-up vs single": a run on several devices against its single-device baseline, and that baseline
+/// marked as such, but only where the experiment has both (a sweep of single-device runs has no
+/// speed-up to show).
+fn speedup_cell(group: &[&Run], r: &Run) -> Option<String> {
+    if device_count(r)? > 1 {
+        let b = baseline(group, r)?;
+        return Some(format!("{:.2}x", throughput(r)? / throughput(b)?));
+    }
+    let compared = group.iter().any(|other| {
+        device_count(other).is_some_and(|d| d > 1)
+            && baseline(group, other).is_some_and(|b| b.dir == r.dir)
+    });
+    compared.then(|| "1.00x (baseline)".to_string())
 }
 
 /// The single-device run this run's speed is compared with: the latest finished one in the experiment with

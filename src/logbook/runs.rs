@@ -87,6 +87,33 @@ impl Run {
             .copied()
     }
 
+    /// The metric the run is judged by (its summary's `lead`: the optimized or monitored one), else its
+    /// top-1, else its validation loss.
+    pub fn lead(&self) -> Option<crate::storage::records::LeadMetric> {
+        if let Some(lead) = self.summary.as_ref().and_then(|s| s.lead.clone()) {
+            return Some(lead);
+        }
+        let of = |name: &str, higher_is_better| {
+            Some(crate::storage::records::LeadMetric {
+                name: name.into(),
+                higher_is_better,
+                value: self.final_metric(name)?,
+            })
+        };
+        of("val/acc1", true).or_else(|| of("val/loss", false))
+    }
+
+    /// The best value of metric `name` the run reached: its `_best` where it keeps one (a validation
+    /// metric), else its final value.
+    pub fn best_of(&self, name: &str) -> Option<f64> {
+        match name.ends_with("_best") {
+            true => self.final_metric(name),
+            false => self
+                .final_metric(&format!("{name}_best"))
+                .or_else(|| self.final_metric(name)),
+        }
+    }
+
     /// A value from the resolved config by dotted path.
     pub fn config_at(&self, path: &str) -> Option<&Value> {
         at(&self.config, path)

@@ -270,6 +270,68 @@ pub fn bar_chart(title: &str, y_label: &str, bars: &[(String, f64)]) -> String {
     svg + "</svg>\n"
 }
 
+/// A confusion matrix as a picture: rows the target class, columns the predicted one, each cell shaded by
+/// its share of its row (so every class reads alike whatever its size) and labelled with its count when
+/// the cells are large enough to hold it.
+pub fn heatmap(title: &str, counts: &[Vec<f64>]) -> String {
+    let n = counts.len().max(1);
+    let (left, top) = (70.0, 50.0);
+    let side = (HEIGHT + 200.0 - top - 40.0).min(WIDTH - left - 40.0);
+    let cell = side / n as f64;
+    let (w, h) = (left + side + 40.0, top + side + 45.0);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w:.0}\" height=\"{h:.0}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{:.1}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">{}</text>\n\
+         <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">predicted class</text>\n\
+         <text x=\"16\" y=\"{:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1})\">target class</text>\n",
+        w / 2.0,
+        escape(title),
+        left + side / 2.0,
+        top + side + 38.0,
+        top + side / 2.0,
+        top + side / 2.0,
+    );
+    for (r, row) in counts.iter().enumerate() {
+        let total: f64 = row.iter().sum();
+        for (c, v) in row.iter().enumerate() {
+            let share = if total > 0.0 { v / total } else { 0.0 };
+            // White to dark blue.
+            let shade = |full: f64| 255.0 - (255.0 - full) * share;
+            let (x, y) = (left + c as f64 * cell, top + r as f64 * cell);
+            svg += &format!(
+                "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{cell:.1}\" height=\"{cell:.1}\" \
+                 fill=\"rgb({:.0},{:.0},{:.0})\" stroke=\"#ddd\"/>\n",
+                shade(8.0),
+                shade(48.0),
+                shade(107.0)
+            );
+            if cell >= 22.0 {
+                let ink = if share > 0.5 { "white" } else { "black" };
+                svg += &format!(
+                    "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"10\" fill=\"{ink}\">{}</text>\n",
+                    x + cell / 2.0,
+                    y + cell / 2.0 + 4.0,
+                    fmt_tick(*v)
+                );
+            }
+        }
+    }
+    if cell >= 14.0 {
+        for i in 0..n {
+            let mid = left + (i as f64 + 0.5) * cell;
+            svg += &format!(
+                "<text x=\"{mid:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"10\">{i}</text>\n\
+                 <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" font-size=\"10\">{i}</text>\n",
+                top + side + 14.0,
+                left - 6.0,
+                top + (i as f64 + 0.5) * cell + 4.0
+            );
+        }
+    }
+    svg + "</svg>\n"
+}
+
 /// A search's trials: one dot per trial's value (hollow for a pruned trial's last report) and the best so
 /// far as a step line.
 pub fn trials_chart(

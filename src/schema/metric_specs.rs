@@ -42,6 +42,16 @@ impl MetricSpec {
     }
 }
 
+/// The `metrics:` section of a job's config as composed (before typing): the data's classes (an integer
+/// `data.num_classes`) fill a multiclass metric's missing `num_classes`.
+pub fn read_metrics(job: &Node) -> Result<Vec<MetricSpec>, ConfigError> {
+    let classes = job.get("data.num_classes").and_then(|n| match n.value {
+        Value::Int(i) => u64::try_from(i).ok(),
+        _ => None,
+    });
+    read(job, classes)
+}
+
 /// The `metrics:` section, read and each metric built once; `data_classes` fills a multiclass metric's
 /// missing `num_classes`.
 pub fn read(job: &Node, data_classes: Option<u64>) -> Result<Vec<MetricSpec>, ConfigError> {

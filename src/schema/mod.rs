@@ -23,7 +23,7 @@ mod validate;
 pub use callbacks::*;
 pub use data::*;
 pub use logger::*;
-pub use metric_specs::MetricSpec;
+pub use metric_specs::{read_metrics, MetricSpec};
 pub use metrics::{AccuracyNames, RunMetrics};
 pub use model::*;
 pub use optim::*;

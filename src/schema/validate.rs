@@ -25,11 +25,7 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     let registered = super::registered::registered_model(&job);
     let data = super::registered::registered_data(&job)?;
     let loss = super::registered::registered_loss(&job)?;
-    let data_classes = job.get("data.num_classes").and_then(|n| match n.value {
-        crate::config::tree::Value::Int(i) => u64::try_from(i).ok(),
-        _ => None,
-    });
-    let metrics = super::metric_specs::read(&job, data_classes)?;
+    let metrics = super::metric_specs::read_metrics(&job)?;
     let optimizer = super::registered::registered_optimizer(&job)?;
     let schedule = super::registered::registered_schedule(&job)?;
     let (loggers, callbacks) = super::registered::registered_plugins(&job)?;

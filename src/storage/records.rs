@@ -3,6 +3,7 @@
 
 use crate::config::tree::{Map, Node, Source, Value};
 use crate::config::yaml;
+use serde::Deserialize as _;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -262,12 +263,56 @@ pub struct PlannedJob {
     /// Where the job wrote (known once it ran).
     #[serde(default)]
     pub output_dir: Option<PathBuf>,
-    /// Its final `val/acc1`, for the sweep's table when a resumed sweep skips it.
-    #[serde(default)]
-    pub main_metric: Option<f64>,
+    /// The metric it is judged by and its final value, for the sweep's table when a resumed sweep
+    /// skips it (an older record's bare number is its `val/acc1`).
+    #[serde(default, deserialize_with = "lead_or_number")]
+    pub main_metric: Option<LeadMetric>,
     /// The launcher's name for it (a SLURM job id such as `123_4`), so a resumed sweep can find it.
     #[serde(default)]
     pub launch_id: Option<String>,
+}
+
+/// The metric a run is judged by (a search's `optimized_metric`, else the monitored one, else top-1,
+/// else the validation loss), with its direction and the run's final value: what the console, the sweep
+/// table, the logbook and a search lead with.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LeadMetric {
+    pub name: String,
+    pub higher_is_better: bool,
+    #[serde(deserialize_with = "crate::json_nan::value")]
+    pub value: f64,
+}
+
+impl LeadMetric {
+    /// `val/f1 0.8123 (higher is better)` as a table cell says it: the value, and an arrow for the
+    /// direction.
+    pub fn arrow(&self) -> &'static str {
+        if self.higher_is_better {
+            "↑"
+        } else {
+            "↓"
+        }
+    }
+}
+
+/// A `main_metric` as a record holds it: a `LeadMetric`, or the bare number older records kept (their
+/// `val/acc1`).
+fn lead_or_number<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<LeadMetric>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        Lead(LeadMetric),
+        Number(f64),
+    }
+    Ok(match Option::<Either>::deserialize(d)? {
+        Some(Either::Lead(l)) => Some(l),
+        Some(Either::Number(v)) => Some(LeadMetric {
+            name: "val/acc1".into(),
+            higher_is_better: true,
+            value: v,
+        }),
+        None => None,
+    })
 }
 
 impl SweepRecord {

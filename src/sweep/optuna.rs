@@ -48,12 +48,25 @@ pub fn optimized_metric(job_cfg: &Node, ctx: &ResolveContext) -> Result<String, 
     // A registered loss names its own metrics (and classification's accuracies are then not recorded).
     // So does lightning-hydra-template's module (`accuracy_names: acc`: `val/acc`, no top-5).
     let loss = crate::schema::registered_loss(job_cfg)?;
+    // The run's stateful metrics (`metrics:`) too: a search may optimise `val/f1`.
+    let stateful = crate::schema::read_metrics(job_cfg)?;
     let metrics =
-        crate::schema::RunMetrics::named(loss.as_ref(), crate::schema::accuracy_names_of(job_cfg));
+        crate::schema::RunMetrics::named(loss.as_ref(), crate::schema::accuracy_names_of(job_cfg))
+            .with_stateful(&stateful);
     let topk = metrics.is_topk_classification();
     let recorded: Vec<String> = match topk {
         false => metrics.names(),
-        true => METRICS.iter().map(|m| m.to_string()).collect(),
+        true => METRICS
+            .iter()
+            .map(|m| m.to_string())
+            .chain(metrics.stateful().iter().flat_map(|(n, _)| {
+                [
+                    format!("val/{n}_best"),
+                    format!("val/{n}"),
+                    format!("train/{n}"),
+                ]
+            }))
+            .collect(),
     };
     let known = recorded.join(", ");
     let Some(node) = job_cfg.get("optimized_metric") else {

@@ -51,7 +51,19 @@ impl Tally {
         }
         self.record.end(self.stopped_because.take());
         self.save()?;
-        println!("| job | overrides | status | main metric |");
+        // The column is the metric the jobs are judged by (the optimized or monitored one), with its
+        // direction; a job judged by another names its own.
+        let lead = self
+            .record
+            .jobs
+            .iter()
+            .find_map(|j| j.main_metric.as_ref())
+            .map(|l| (l.name.clone(), l.arrow()));
+        let header = match &lead {
+            Some((name, arrow)) => format!("{name} {arrow}"),
+            None => "main metric".into(),
+        };
+        println!("| job | overrides | status | {header} |");
         println!("|---|---|---|---|");
         let mut failed = 0;
         for j in &self.record.jobs {
@@ -66,10 +78,11 @@ impl Tally {
             if !j.state.is_done() {
                 failed += 1;
             }
-            let metric = j
-                .main_metric
-                .map(|m| format!("val/acc1 {m:.4}"))
-                .unwrap_or_else(|| "-".into());
+            let metric = match (&j.main_metric, &lead) {
+                (Some(m), Some((name, _))) if &m.name == name => format!("{:.4}", m.value),
+                (Some(m), _) => format!("{} {:.4}", m.name, m.value),
+                (None, _) => "-".into(),
+            };
             println!(
                 "| {} | {} | {status} | {metric} |",
                 j.num,

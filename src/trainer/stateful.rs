@@ -46,14 +46,18 @@ fn set_of(specs: &[MetricSpec]) -> anyhow::Result<MetricSet> {
 }
 
 impl StatefulMetrics {
-    /// `None` when the run configures no metric.
+    /// `None` when the run configures no metric and keeps no confusion matrix.
     pub fn of(exp: &Experiment) -> anyhow::Result<Option<StatefulMetrics>> {
-        if exp.metrics.is_empty() {
+        let mut val = set_of(&exp.metrics)?;
+        if let Some(confusion) = implicit_confusion(exp)? {
+            val.metrics.push((IMPLICIT_CONFUSION.into(), confusion));
+        }
+        if val.is_empty() {
             return Ok(None);
         }
         Ok(Some(StatefulMetrics {
             train: set_of(&exp.metrics)?,
-            val: set_of(&exp.metrics)?,
+            val,
             test: set_of(&exp.metrics)?,
             specs: exp.metrics.clone(),
         }))
@@ -76,12 +80,16 @@ impl StatefulMetrics {
         strategy: &mut dyn Strategy,
         batch: &Batch,
     ) -> anyhow::Result<Vec<(String, f64)>> {
-        let outputs = strategy.take_outputs()?.ok_or_else(|| {
-            anyhow::anyhow!(
+        let Some(outputs) = strategy.take_outputs()? else {
+            // The implicit confusion matrix is a convenience: without outputs it is left out.
+            if self.specs.is_empty() {
+                return Ok(Vec::new());
+            }
+            anyhow::bail!(
                 "metrics: this strategy's engine kept no outputs to measure (a metric needs the model's \
                  outputs of each batch)"
-            )
-        })?;
+            );
+        };
         let target = targets(batch);
         self.set(phase).update(&outputs, &target)?;
         let mut step = Vec::new();
@@ -121,6 +129,35 @@ impl StatefulMetrics {
         }
         Ok(row)
     }
+}
+
+/// The validation confusion matrix every classification run keeps for the logbook (a file, not a
+/// column), unless it configures one itself.
+const IMPLICIT_CONFUSION: &str = "confusion_matrix";
+
+/// Classes up to which a classification run keeps its confusion matrix without being asked (a larger
+/// matrix is no picture).
+const IMPLICIT_CONFUSION_CLASSES: usize = 100;
+
+/// Classification (cross-entropy over class labels) with a readable number of classes, and no confusion
+/// matrix configured: the implicit one.
+fn implicit_confusion(exp: &Experiment) -> anyhow::Result<Option<Box<dyn crate::metrics::Metric>>> {
+    let classes = exp.data.num_classes;
+    let classification = exp.loss.is_none()
+        && exp
+            .data
+            .registered
+            .as_ref()
+            .is_none_or(|d| d.target_shape.is_none());
+    let configured = exp
+        .metrics
+        .iter()
+        .any(|m| m.target.ends_with("ConfusionMatrix"));
+    if !classification || configured || !(2..=IMPLICIT_CONFUSION_CLASSES).contains(&classes) {
+        return Ok(None);
+    }
+    let build = crate::registry::metric("torchmetrics.ConfusionMatrix").expect("a built-in metric");
+    build(&serde_json::json!({"task": "multiclass", "num_classes": classes})).map(Some)
 }
 
 /// The batch's targets: class labels, or a registered dataset's value targets with their shape.

@@ -29,6 +29,8 @@ pub struct Summary {
     pub epochs_completed: u64,
     pub global_step: u64,
     pub best: Option<BestMetric>,
+    /// The metric the run is judged by, its direction and final value (`LeadMetric`).
+    pub lead: Option<crate::storage::records::LeadMetric>,
     #[serde(deserialize_with = "crate::json_nan::map")]
     pub final_metrics: BTreeMap<String, f64>,
     pub wall_time_s: f64,
@@ -140,18 +142,17 @@ impl Summary {
         Ok(())
     }
 
-    /// The final `val/acc1`, the sweep table's main metric.
-    pub fn main_metric(&self) -> Option<f64> {
-        let metrics = &self.final_metrics;
-        metrics
-            .get("val/acc1")
-            .or_else(|| metrics.get("val/acc"))
-            .copied()
+    /// The metric the run is judged by, with its final value: the sweep table's main metric.
+    pub fn main_metric(&self) -> Option<crate::storage::records::LeadMetric> {
+        self.lead.clone()
     }
 
-    /// What the console's last line reports: the monitored metric when there is one, else `val/acc1`,
-    /// else `val/loss` (a registered loss's run has no accuracy).
+    /// What the console's last line reports: the lead metric (the optimized or monitored one), else
+    /// the monitored metric, else `val/acc1`, else `val/loss` (a summary written before `lead` was).
     pub fn headline(&self) -> Option<(&str, f64)> {
+        if let Some(l) = &self.lead {
+            return Some((l.name.as_str(), l.value));
+        }
         let monitored = self.best.as_ref().map(|b| b.monitor.as_str());
         monitored
             .into_iter()

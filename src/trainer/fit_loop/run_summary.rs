@@ -74,6 +74,7 @@ impl FitLoop<'_> {
                 }),
                 _ => None,
             },
+            lead: lead_metric(exp, &self.metrics, &final_metrics, self.keeper.ckpt_cfg),
             final_metrics,
             wall_time_s: started.elapsed().as_secs_f64(),
             train_time_s: self.train_time,
@@ -100,6 +101,58 @@ impl FitLoop<'_> {
             profile: self.profiler.actions(),
         })
     }
+}
+
+/// The metric the run is judged by: a search's `optimized_metric`, else ModelCheckpoint's monitor, else
+/// EarlyStopping's, else top-1, else the validation loss (the first the run has a final value of), with
+/// its direction (the callback's `mode` where it names one, else the metric's own).
+fn lead_metric(
+    exp: &Experiment,
+    metrics: &RunMetrics,
+    finals: &BTreeMap<String, f64>,
+    ckpt: Option<&crate::schema::ModelCheckpoint>,
+) -> Option<crate::storage::records::LeadMetric> {
+    let stop = exp.callbacks.early_stopping.as_ref();
+    let candidates = exp
+        .optimized_metric
+        .iter()
+        .cloned()
+        .chain(ckpt.and_then(|c| c.monitor.clone()))
+        .chain(stop.map(|s| s.monitor.clone()))
+        .chain(["val/acc1", "val/acc", "val/loss"].map(String::from));
+    let directions = metrics.val_directions();
+    for name in candidates {
+        let Some(value) = finals.get(&name) else {
+            continue;
+        };
+        let base = name.strip_suffix("_best").unwrap_or(&name);
+        let as_val = base
+            .split_once('/')
+            .map(|(_, n)| format!("val/{n}"))
+            .unwrap_or_else(|| base.to_string());
+        let mode = match (
+            ckpt.and_then(|c| c.monitor.as_deref()),
+            stop.map(|s| s.monitor.as_str()),
+        ) {
+            (Some(m), _) if m == name => ckpt.map(|c| c.mode == crate::schema::Mode::Max),
+            (_, Some(m)) if m == name => stop.map(|s| s.mode == crate::schema::Mode::Max),
+            _ => None,
+        };
+        let higher_is_better = mode
+            .or_else(|| {
+                directions
+                    .iter()
+                    .find(|(n, _)| *n == as_val)
+                    .map(|(_, h)| *h)
+            })
+            .unwrap_or(!base.contains("loss"));
+        return Some(crate::storage::records::LeadMetric {
+            name,
+            higher_is_better,
+            value: *value,
+        });
+    }
+    None
 }
 
 /// Each rank's training memory, every rank's row filled by its owner (the sum leaves each in place).
