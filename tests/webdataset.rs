@@ -353,10 +353,13 @@ fn a_damaged_image_and_bad_urls_are_named() {
         !out.status.success() && text.contains("data.train_urls") && text.contains("without '}'"),
         "{text}"
     );
-    let out = train(p.path(), ON_SHARDS);
+    // No training shards named: training needs them (evaluating alone would not, `train eval`).
+    let mut args: Vec<&str> = ON_SHARDS.to_vec();
+    args.push("data.val_urls=x.tar");
+    let out = train(p.path(), &args);
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && text.contains("data.train_urls"),
+        !out.status.success() && text.contains("data.train_urls") && text.contains("training split"),
         "{text}"
     );
 }
