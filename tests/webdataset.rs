@@ -359,7 +359,9 @@ fn a_damaged_image_and_bad_urls_are_named() {
     let out = train(p.path(), &args);
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && text.contains("data.train_urls") && text.contains("training split"),
+        !out.status.success()
+            && text.contains("data.train_urls")
+            && text.contains("training split"),
         "{text}"
     );
 }
