@@ -101,6 +101,17 @@ pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, St
         args.extend(["++train=false".into(), "++test=true".into()]);
         eval = true;
     }
+    let mut predict = false;
+    if args.get(1).is_some_and(|a| a == "predict") {
+        // Lightning's `trainer.predict`: the `predict` node first, so that `predict.output=...` given on
+        // the command line overrides its defaults; training and testing off, last, so nothing re-enables
+        // them.
+        args.remove(1);
+        args.insert(1, "++predict.split=test".into());
+        args.insert(2, "++predict.output=predictions.csv".into());
+        args.extend(["++train=false".into(), "++test=false".into()]);
+        predict = true;
+    }
     if args.get(1).is_some_and(|a| a == "init") {
         return crate::project::init::run(&args[2..]).map_err(|e| format!("{e:#}"));
     }
@@ -129,6 +140,11 @@ pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, St
             command
                 .name("train eval")
                 .about(crate::cli::EVAL_ABOUT)
+                .after_help(groups)
+        } else if predict {
+            command
+                .name("train predict")
+                .about(crate::cli::PREDICT_ABOUT)
                 .after_help(groups)
         } else {
             command.after_help(format!("{}\n\n{groups}", crate::cli::COMMANDS))

@@ -113,6 +113,7 @@ pub struct Cli {
 pub const COMMANDS: &str = "Commands (`train COMMAND --help` for each):
   train [OVERRIDES]              compose the config and run it (a sweep with -m)
   train eval ckpt_path=FILE ...  test a checkpoint's model on the test split; trains nothing
+  train predict ckpt_path=FILE ...  one row per input (class and probability, or values) to CSV/parquet
   train init [DIR] [--crate]     write a new project on top of the built-in config groups
   train logbook [PATHS]          write logs/logbook.md: runs compared, plots, sweep sections
   train pack out=DIR ...         write a dataset as WebDataset shards
@@ -122,6 +123,14 @@ pub const COMMANDS: &str = "Commands (`train COMMAND --help` for each):
 pub const EVAL_ABOUT: &str = "Test the model of a checkpoint on the test split, training nothing \
 (lightning-hydra-template's eval.py): `train eval ckpt_path=logs/.../checkpoints/last.safetensors \
 [OVERRIDES]`, with the same flags, groups and overrides as `train` (-cn eval for the template's eval.yaml).";
+
+/// What `train predict --help` says before the flags `train` itself takes.
+pub const PREDICT_ABOUT: &str = "Predict every input of a split with the model of a checkpoint \
+(Lightning's trainer.predict), training nothing: `train predict ckpt_path=logs/.../checkpoints/last.safetensors \
+[predict.split=test|val|train] [predict.output=predictions.csv|FILE.parquet] [OVERRIDES]`. One row per input: \
+its index and id (file path or WebDataset key, where the data set has one), its target, and the predicted \
+class with its probability (classification) or the predicted values; on every strategy, each input once. \
+A relative predict.output is inside the run directory.";
 
 /// Hydra spells some flags with two-letter single dashes (`-cp`, `-cn`, `-cd`, `-sc`); clap cannot, so map them.
 pub fn normalize_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {

@@ -556,13 +556,27 @@ impl LoopPlan {
     /// `test: true` over this rank's `mine` test samples (the largest rank's `largest`): its batches and
     /// the rounds every rank takes part in (shares unpadded, as validation's), within `limit_test_batches` or `fast_dev_run`.
     pub fn test_batches(exp: &Experiment, mine: usize, largest: usize) -> (usize, usize) {
+        Self::measured_batches(exp, exp.trainer.limit_test_batches, mine, largest)
+    }
+
+    /// `train predict`'s batches, as `test_batches` with `limit_predict_batches`.
+    pub fn predict_batches(exp: &Experiment, mine: usize, largest: usize) -> (usize, usize) {
+        Self::measured_batches(exp, exp.trainer.limit_predict_batches, mine, largest)
+    }
+
+    fn measured_batches(
+        exp: &Experiment,
+        limit: Limit,
+        mine: usize,
+        largest: usize,
+    ) -> (usize, usize) {
         let batch = exp.data.batch_size.max(1);
         let batches_of = |samples: usize| {
             let available = samples.div_ceil(batch);
             match exp.trainer.fast_dev_run {
                 FastDevRun::Flag(true) => available.min(1),
                 FastDevRun::Batches(n) if n > 0 => available.min(n as usize),
-                _ => limited(available, exp.trainer.limit_test_batches),
+                _ => limited(available, limit),
             }
         };
         (batches_of(mine), batches_of(largest))

@@ -66,6 +66,10 @@ impl Dataset for ImageFolder {
         self.files.len()
     }
 
+    fn sample_id(&self, index: usize) -> Option<String> {
+        Some(self.files[index].0.display().to_string())
+    }
+
     fn num_classes(&self) -> usize {
         self.classes.len()
     }

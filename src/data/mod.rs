@@ -58,6 +58,12 @@ pub trait Dataset: Send + Sync {
         let _ = index;
         None
     }
+    /// What names sample `index` to a user (`train predict`'s `id` column): its file's path, its
+    /// WebDataset key. `None`: its index is all there is.
+    fn sample_id(&self, index: usize) -> Option<String> {
+        let _ = index;
+        None
+    }
     /// Sample `index`'s class without decoding its image, where the dataset knows it (`train pack`).
     fn label(&self, index: usize) -> Option<Result<u32, DataError>> {
         let _ = index;

@@ -154,6 +154,9 @@ impl Dataset for Subset {
     fn len(&self) -> usize {
         self.indices.len()
     }
+    fn sample_id(&self, index: usize) -> Option<String> {
+        self.inner.sample_id(self.indices[index])
+    }
     fn get(&self, index: usize) -> Result<Image, DataError> {
         self.inner.get(self.indices[index])
     }

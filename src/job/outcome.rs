@@ -69,6 +69,22 @@ pub fn report(summary: &Summary, output_dir: &Path, processes: Option<(usize, f6
             )
         })
         .unwrap_or_default();
+    if let Some(eval) = summary
+        .eval_only
+        .as_ref()
+        .filter(|e| e.predictions.is_some())
+    {
+        return format!(
+            "{}: predicted the {} inputs of the {} split with {}{on} in {seconds:.1}s\nPredictions: {}\nRun \
+             directory: {}",
+            summary.task_name,
+            eval.samples,
+            eval.split,
+            eval.checkpoint.as_deref().unwrap_or("the model's initial weights (no ckpt_path)"),
+            eval.predictions.as_deref().unwrap_or_default(),
+            records::display(output_dir)
+        );
+    }
     if let Some(eval) = &summary.eval_only {
         // `train eval`: what was measured and on which weights; nothing about epochs trained.
         let metrics: Vec<String> = summary

@@ -102,6 +102,48 @@ pub struct Experiment {
     /// (`metric_specs`). `schema::extract` fills it.
     #[serde(skip)]
     pub metrics: Vec<MetricSpec>,
+    /// `train predict` (Lightning's `trainer.predict`): one row per input of a split, written to a file.
+    #[serde(default)]
+    pub predict: Option<PredictConfig>,
+}
+
+/// `predict:` (what `train predict` sets): which split's inputs to predict and where the rows go.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PredictConfig {
+    /// The split whose inputs are predicted: `test` (default), `val` or `train`.
+    #[serde(default = "test_split")]
+    pub split: PredictSplit,
+    /// The file the rows go to: `.csv` or `.parquet`; a relative path is inside the run directory.
+    #[serde(default = "predictions_csv")]
+    pub output: String,
+}
+
+/// The split `train predict` reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PredictSplit {
+    Train,
+    Val,
+    Test,
+}
+
+impl PredictSplit {
+    pub fn name(self) -> &'static str {
+        match self {
+            PredictSplit::Train => "train",
+            PredictSplit::Val => "val",
+            PredictSplit::Test => "test",
+        }
+    }
+}
+
+fn test_split() -> PredictSplit {
+    PredictSplit::Test
+}
+
+fn predictions_csv() -> String {
+    "predictions.csv".into()
 }
 
 /// lightning-hydra-template's `extras:`, done before the run by rank 0 (`launcher`).

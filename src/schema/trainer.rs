@@ -277,6 +277,9 @@ pub struct TrainerConfig {
     /// The test's batches (`test: true`), as Lightning's `limit_test_batches`.
     #[serde(default)]
     pub limit_test_batches: Limit,
+    /// `train predict`'s batches, as Lightning's `limit_predict_batches`.
+    #[serde(default)]
+    pub limit_predict_batches: Limit,
     /// Validate within an epoch: after this many batches, or this share of the epoch (Lightning's
     /// `val_check_interval`).
     #[serde(default)]

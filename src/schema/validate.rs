@@ -121,7 +121,10 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
              extras.enforce_tags=false)"
         )));
     }
-    if !experiment.train && !experiment.test {
+    if let Some(predict) = &experiment.predict {
+        check_predict(&job, &experiment, predict)?;
+    }
+    if !experiment.train && !experiment.test && experiment.predict.is_none() {
         let place = job.get("train").map(|n| at(&n.source)).unwrap_or_default();
         return Err(ConfigError::Schema(format!(
             "Error in config key 'train': train=false with test=false leaves nothing to do{place}\n    \
@@ -130,6 +133,34 @@ pub fn extract(config: &Node) -> Result<Experiment, ConfigError> {
     }
     validate(&job, &experiment)?;
     Ok(experiment)
+}
+
+/// `train predict`: trains nothing, and writes a format it knows.
+fn check_predict(
+    job: &Node,
+    e: &Experiment,
+    predict: &crate::schema::PredictConfig,
+) -> Result<(), ConfigError> {
+    if e.train {
+        let place = job.get("train").map(|n| at(&n.source)).unwrap_or_default();
+        return Err(ConfigError::Schema(format!(
+            "Error in config key 'predict': predicting trains nothing, but train=true{place}\n    \
+             Run `train predict ckpt_path=<checkpoint> ...` (it sets train=false)"
+        )));
+    }
+    let lower = predict.output.to_ascii_lowercase();
+    if !lower.ends_with(".csv") && !lower.ends_with(".parquet") {
+        let place = job
+            .get("predict.output")
+            .map(|n| at(&n.source))
+            .unwrap_or_default();
+        return Err(ConfigError::Schema(format!(
+            "Error in config key 'predict.output': '{}' is neither .csv nor .parquet{place}\n    \
+             Name the file with one of them: predict.output=predictions.parquet",
+            predict.output
+        )));
+    }
+    Ok(())
 }
 
 /// `name: registered` is what `extract` writes for a registered `_target_`; written by hand, without one,

@@ -3,5 +3,6 @@
 //! are uploaded to and resumed from.
 
 pub mod checkpoint;
+pub mod predictions;
 pub mod records;
 pub mod s3;

@@ -78,6 +78,8 @@ pub struct FitLoop<'a> {
     resumed_at: Option<u64>,
     /// Samples the test split measured (over every rank), once it ran.
     tested_samples: u64,
+    /// `train predict`: the file written and its rows (rank 0's count).
+    predicted: Option<(String, u64)>,
     /// The configured stateful metrics (`metrics:`), per phase.
     stateful: Option<super::stateful::StatefulMetrics>,
     /// The `on_step` metrics' values over the last training batch, for the next step row.
@@ -242,6 +244,7 @@ impl<'a> FitLoop<'a> {
             lr_now: exp.optimizer.lr,
             resumed_at,
             tested_samples: 0,
+            predicted: None,
             stateful: super::stateful::StatefulMetrics::of(exp)?,
             step_metrics: Vec::new(),
             val_metrics: Vec::new(),
@@ -815,6 +818,31 @@ impl<'a> FitLoop<'a> {
         }
         let values: Vec<(&str, f64)> = row.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         self.log(RowKind::Test, self.state.epoch.saturating_sub(1), &values)
+    }
+
+    /// `train predict`: the split's rows, written by rank 0 (`predict.output`, inside the run directory
+    /// unless absolute).
+    pub fn predict(&mut self, cfg: &crate::schema::PredictConfig) -> anyhow::Result<()> {
+        let Some(set) = &self.data.predict else {
+            return Ok(());
+        };
+        let plan =
+            LoopPlan::predict_batches(self.exp, set.sampler.share(), set.sampler.largest_share());
+        let reducer = super::stateful::RanksReducer(&self.ranks);
+        let table = super::predict_loop::predict(
+            self.strategy.as_mut(),
+            &reducer,
+            set,
+            plan,
+            self.data.train.as_ref(),
+        )?;
+        let path = self.output_dir.join(&cfg.output);
+        let rows = table.as_ref().map_or(0, |t| t.rows());
+        if let Some(table) = table {
+            table.write(&path)?;
+        }
+        self.predicted = Some((crate::storage::records::display(&path), rows as u64));
+        Ok(())
     }
 
     fn log(&mut self, kind: RowKind, epoch: u64, values: &[(&str, f64)]) -> anyhow::Result<()> {

@@ -14,6 +14,7 @@
 pub mod checkpointing;
 pub mod finder;
 mod fit_loop;
+mod predict_loop;
 pub mod profiler;
 mod resume_from;
 mod running_sums;
@@ -189,8 +190,8 @@ fn fit_with(
     // A GPU engine's batches are copied to page-locked memory by the loader, off the step's path.
     data.train_spec.stager = strategy.batch_stager();
     data.val_spec.stager = data.train_spec.stager.clone();
-    if let Some(test) = data.test.as_mut() {
-        test.spec.stager = data.train_spec.stager.clone();
+    for set in data.test.iter_mut().chain(data.predict.iter_mut()) {
+        set.spec.stager = data.train_spec.stager.clone();
     }
     if let Some(ms) = exp
         .callbacks
@@ -222,6 +223,9 @@ fn fit_with(
     }
     if exp.test && status.tests_after() {
         outcome.test(exp.train)?;
+    }
+    if let Some(predict) = &exp.predict {
+        outcome.predict(predict)?;
     }
     let summary = outcome.summary(exp, &ranks, status, started, resumed_from, finding)?;
     if ranks.is_global_zero() {
@@ -258,6 +262,8 @@ pub struct DataSets {
     pub val_sampler: Sampler,
     /// `test: true`: the test split, sampled as validation is.
     pub test: Option<EvalSet>,
+    /// `train predict`: the split it predicts, sampled as validation is.
+    pub predict: Option<EvalSet>,
 }
 
 /// A split measured without training on it (the test split): its loader's settings and this rank's share.
@@ -287,10 +293,15 @@ impl DataSets {
             };
             (train, val)
         } else {
-            // `train eval`: nothing is trained or validated, so no training data is needed (a
-            // WebDataset's `train_urls` may be absent); the test split stands in for both.
-            let test = data::open(&exp.data, Split::Test, exp.seed)?;
-            (test.clone(), test)
+            // `train eval`, `train predict`: nothing is trained or validated, so no training data is
+            // needed (a WebDataset's `train_urls` may be absent); the measured split stands in for both.
+            let split = match exp.predict.as_ref().map(|p| p.split) {
+                Some(crate::schema::PredictSplit::Train) => Split::Train,
+                Some(crate::schema::PredictSplit::Val) => Split::Val,
+                _ => Split::Test,
+            };
+            let measured = data::open(&exp.data, split, exp.seed)?;
+            (measured.clone(), measured)
         };
         let skipped = exp
             .data
@@ -321,8 +332,17 @@ impl DataSets {
             }
             false => None,
         };
+        // `train predict`: the split opened above, every input once over the ranks.
+        let predict = match exp.predict.is_some() && !exp.train {
+            true => Some(EvalSet {
+                sampler: sampler_of(exp, ranks, train.as_ref(), false, false)?,
+                spec: spec(train.clone(), &exp.data.val_transforms, false),
+            }),
+            false => None,
+        };
         Ok(DataSets {
             test,
+            predict,
             train_spec: spec(
                 train.clone(),
                 &exp.data.train_transforms,

@@ -205,7 +205,7 @@ fn write_value(
 }
 
 /// The trainer's ranks as the metrics' reducer.
-struct RanksReducer<'a>(&'a Ranks);
+pub(super) struct RanksReducer<'a>(pub(super) &'a Ranks);
 
 impl Reducer for RanksReducer<'_> {
     fn world_size(&self) -> usize {

@@ -63,7 +63,7 @@ pub struct Summary {
     pub profile: Option<Vec<super::profiler::ActionTime>>,
 }
 
-/// What a run that trained nothing (`train eval`) measured: the split, its samples over every rank, and
+/// What a run that trained nothing (`train eval`, `train predict`) measured: the split, its samples over every rank, and
 /// the checkpoint whose weights it measured (none: the model's initial weights).
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(default)]
@@ -71,6 +71,9 @@ pub struct EvalOnly {
     pub split: String,
     pub samples: u64,
     pub checkpoint: Option<String>,
+    /// `train predict`: the file its rows went to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub predictions: Option<String>,
 }
 
 /// The training steps' time waiting for the loader's next batch and computing (forward, backward,

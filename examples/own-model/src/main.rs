@@ -6,6 +6,8 @@
 //!   Candle; `se_net_tch`: the same network on libtorch (`--features torch`, `backend=tch`).
 //! - `houses`: a regression on a CSV table: its dataset, a network for table rows, and a loss with its own
 //!   metrics (`experiment=houses`).
+//! - `shapes`: segmentation: generated images with their masks and a U-Net that labels every pixel,
+//!   measured by mean IoU and Dice (`experiment=shapes`).
 //! - `lion`, `warmup_cosine`: an optimizer and a learning-rate schedule of its own (`optimizer=lion`,
 //!   `scheduler=warmup_cosine`), on every backend and strategy.
 
@@ -14,6 +16,7 @@ mod lion;
 mod se_net;
 #[cfg(feature = "torch")]
 mod se_net_tch;
+mod shapes;
 mod warmup_cosine;
 
 trainyard::main!();

@@ -114,6 +114,10 @@ impl Dataset for WebDataset {
         self.samples.len()
     }
 
+    fn sample_id(&self, index: usize) -> Option<String> {
+        Some(self.key(index).to_string())
+    }
+
     fn num_classes(&self) -> usize {
         self.classes
     }

@@ -85,10 +85,19 @@ impl FitLoop<'_> {
             peak_rss_bytes: peak_rss_bytes(),
             best_checkpoint,
             last_checkpoint,
-            eval_only: (!exp.train).then(|| EvalOnly {
-                split: "test".into(),
-                samples: self.tested_samples,
-                checkpoint: resumed_from.clone(),
+            eval_only: (!exp.train).then(|| match (&exp.predict, &self.predicted) {
+                (Some(p), Some((path, rows))) => EvalOnly {
+                    split: p.split.name().into(),
+                    samples: *rows,
+                    checkpoint: resumed_from.clone(),
+                    predictions: Some(path.clone()),
+                },
+                _ => EvalOnly {
+                    split: "test".into(),
+                    samples: self.tested_samples,
+                    checkpoint: resumed_from.clone(),
+                    predictions: None,
+                },
             }),
             resumed_from,
             resumed_at_step: self.resumed_at,
