@@ -380,6 +380,30 @@ fn the_templates_train_yaml_trains_and_tests_unchanged() {
             "{key}: eval {e}\ntrain {s}"
         );
     }
+
+    // `train predict` with the same eval.yaml: a row per test image, whose top-1 is the test's.
+    let configs = p.path().join("configs");
+    let args = [
+        "predict",
+        "-cp",
+        configs.to_str().unwrap(),
+        "-cn",
+        "eval",
+        SMALL_SPLIT,
+        &ckpt,
+    ];
+    let out = train(p.path(), &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rows = template_runs(p.path(), "eval")
+        .into_iter()
+        .find(|r| r.join("predictions.csv").is_file())
+        .map(|r| std::fs::read_to_string(r.join("predictions.csv")).unwrap())
+        .expect("a predict run");
+    let rows: Vec<Vec<&str>> = rows.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 20);
+    let hits = rows.iter().filter(|r| r[1] == r[2]).count() as f64;
+    let acc = m["test/acc"].as_f64().unwrap();
+    assert!((hits / 20.0 - acc).abs() < 1e-6, "{hits}/20 against {acc}");
 }
 
 /// `test: true` tests the best checkpoint, not the weights training ended with: ModelCheckpoint here keeps
