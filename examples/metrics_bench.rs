@@ -55,10 +55,19 @@ fn arg(name: &str, default: usize) -> usize {
 }
 
 fn main() -> anyhow::Result<()> {
-    let (steps, batch, classes) = (arg("--steps", 200), arg("--batch", 256), arg("--classes", 10));
+    let (steps, batch, classes) = (
+        arg("--steps", 200),
+        arg("--batch", 256),
+        arg("--classes", 10),
+    );
     let data = inputs(steps, batch, classes);
     let cases = [
-        ("accuracy", "torchmetrics.Accuracy", json!({"task": "multiclass", "num_classes": classes}), true),
+        (
+            "accuracy",
+            "torchmetrics.Accuracy",
+            json!({"task": "multiclass", "num_classes": classes}),
+            true,
+        ),
         (
             "f1_macro",
             "torchmetrics.F1Score",
@@ -71,7 +80,12 @@ fn main() -> anyhow::Result<()> {
             json!({"task": "multiclass", "num_classes": classes}),
             true,
         ),
-        ("auroc", "torchmetrics.AUROC", json!({"task": "multiclass", "num_classes": classes}), false),
+        (
+            "auroc",
+            "torchmetrics.AUROC",
+            json!({"task": "multiclass", "num_classes": classes}),
+            false,
+        ),
     ];
     for (name, target, args, per_step) in cases {
         let build = trainyard::registry::metric(target).expect("a built-in metric");

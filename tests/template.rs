@@ -399,7 +399,11 @@ fn the_templates_train_yaml_trains_and_tests_unchanged() {
         .find(|r| r.join("predictions.csv").is_file())
         .map(|r| std::fs::read_to_string(r.join("predictions.csv")).unwrap())
         .expect("a predict run");
-    let rows: Vec<Vec<&str>> = rows.lines().skip(1).map(|l| l.split(',').collect()).collect();
+    let rows: Vec<Vec<&str>> = rows
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
     assert_eq!(rows.len(), 20);
     let hits = rows.iter().filter(|r| r[1] == r[2]).count() as f64;
     let acc = m["test/acc"].as_f64().unwrap();

@@ -16,12 +16,39 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
         .and_then(|n| n.to_str())
         .unwrap_or("record");
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
-    {
+    let written = (|| {
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(contents)?;
         f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        // A full disk (or a failing one) must not leave the half-written copy behind.
+        let _ = std::fs::remove_file(&tmp);
     }
-    std::fs::rename(&tmp, path)
+    written
+}
+
+/// Bytes of spaces after `run.json`'s text: room for its final state to be written over it in place when
+/// the disk is too full for a new copy (`RunState::write`).
+const RUN_RECORD_RESERVE: usize = 4096;
+
+/// `text` written over the file at `path` from its start, padded with spaces to the file's length, where
+/// it fits: a full disk has no room for a temporary copy, but the file's own blocks are there.
+fn overwrite_in_place(path: &Path, text: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::OpenOptions::new().write(true).open(path)?;
+    let len = f.metadata()?.len() as usize;
+    if text.len() > len {
+        return Err(std::io::Error::other(format!(
+            "{}: the final record ({} bytes) is longer than the file ({len})",
+            path.display(),
+            text.len()
+        )));
+    }
+    let mut padded = text.to_vec();
+    padded.resize(len, b' ');
+    f.write_all(&padded)?;
+    f.sync_all()
 }
 
 /// What `.hydra/` records about a job besides its config.
@@ -216,9 +243,35 @@ impl RunState {
         }
     }
 
+    /// Atomically, with `RUN_RECORD_RESERVE` spaces after the JSON; when the disk has no room for the
+    /// new copy, an ended record is written over the old one in place, its error shortened to fit, so a
+    /// run that failed for a full disk still says `failed` and why.
     pub fn write(&self, run_dir: &Path) -> std::io::Result<()> {
+        let path = run_dir.join("run.json");
         let text = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
-        write_atomic(&run_dir.join("run.json"), text.as_bytes())
+        let mut padded = text.clone().into_bytes();
+        padded.extend(std::iter::repeat_n(b' ', RUN_RECORD_RESERVE));
+        padded.push(b'\n');
+        let atomic = write_atomic(&path, &padded);
+        let Err(e) = atomic else {
+            return Ok(());
+        };
+        if self.state == JobState::Running || !path.is_file() {
+            return Err(e);
+        }
+        let mut shortened = self.clone();
+        if let Some(error) = &mut shortened.error {
+            if error.len() > RUN_RECORD_RESERVE / 2 {
+                let mut cut = RUN_RECORD_RESERVE / 2;
+                while !error.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                error.truncate(cut);
+                error.push_str(" ...");
+            }
+        }
+        let text = serde_json::to_string_pretty(&shortened).map_err(std::io::Error::other)?;
+        overwrite_in_place(&path, text.as_bytes()).map_err(|_| e)
     }
 
     pub fn read(run_dir: &Path) -> Option<RunState> {

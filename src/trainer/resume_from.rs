@@ -321,7 +321,11 @@ pub fn restore(
                 ),
                 // `train eval`: the checkpoint's weights are measured, nothing resumes.
                 false => tracing::info!(
-                    "Evaluating the weights of {} (trained for {} epochs, {} steps)",
+                    "{} the weights of {} (trained for {} epochs, {} steps)",
+                    match exp.predict {
+                        Some(_) => "Predicting with",
+                        None => "Evaluating",
+                    },
                     candidate.origin,
                     t.epoch,
                     t.global_step
