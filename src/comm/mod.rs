@@ -59,14 +59,35 @@ pub struct Distributed {
     /// Some rank of this group was restarted (`trainer.max_restarts`): every rank resumes from the run's
     /// newest checkpoint, a node started afresh to rejoin it included.
     pub restarting: bool,
-    /// Keeps the rendezvous open (rank 0 hosts it) for as long as the group lives.
+    /// Keeps the rendezvous open (rank 0 hosts it) for as long as the group lives (none: the ranks are
+    /// threads of one process, `in_process`).
     #[cfg(feature = "torch")]
-    _store: c10d::Store,
+    _store: Option<c10d::Store>,
 }
 
 impl Distributed {
     pub fn is_leader(&self) -> bool {
         self.rank == 0
+    }
+
+    /// Rank `rank` of `comm`'s ranks, all threads of this process on one node (the in-process collective
+    /// of `local`: a strategy's distributed path, exercised in any build).
+    pub fn in_process(
+        comm: std::sync::Arc<dyn Collective>,
+        rank: usize,
+        world_size: usize,
+    ) -> Self {
+        Distributed {
+            rank,
+            local_rank: rank,
+            world_size,
+            node_rank: 0,
+            num_nodes: 1,
+            comm,
+            restarting: false,
+            #[cfg(feature = "torch")]
+            _store: None,
+        }
     }
 }
 
@@ -157,7 +178,7 @@ pub fn join(
             num_nodes: cluster.num_nodes,
             comm: std::sync::Arc::new(group),
             restarting,
-            _store: store,
+            _store: Some(store),
         },
         agreed,
     ))

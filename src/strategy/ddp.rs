@@ -308,6 +308,71 @@ mod tests {
             .any(|k| k.starts_with(&format!("optimizer.{everywhere}."))));
     }
 
+    /// DDP's step on two in-process ranks (threads over the local collective, so in every build): each
+    /// rank's own half-batch, gradients averaged in `optimizer_step`, equals one process stepping on the
+    /// whole batch, step after step; and the ranks' weights stay identical.
+    #[test]
+    fn two_ranks_on_half_batches_step_as_one_process_on_the_whole() {
+        let exp = experiment(Backend::Candle);
+        let halves = |step: u64| {
+            [
+                crate::testing::batch(2 * step),
+                crate::testing::batch(2 * step + 1),
+            ]
+        };
+        let comms = crate::comm::local::group(2);
+        let ranks: Vec<Vec<Vec<f32>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .enumerate()
+                .map(|(rank, comm)| {
+                    let exp = &exp;
+                    s.spawn(move || {
+                        let group = Distributed::in_process(Arc::new(comm), rank, 2);
+                        let mut ddp = Ddp::new(exp, group).unwrap();
+                        ddp.start().unwrap();
+                        for step in 0..3 {
+                            ddp.forward_backward(&halves(step)[rank], 1.0, true)
+                                .unwrap();
+                            ddp.optimizer_step(0.1, Some(0.9), None).unwrap();
+                        }
+                        weights(ddp.engine())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(ranks[0] == ranks[1], "the ranks' weights drifted apart");
+        let mut one = backend::build(&exp, &Placement::single()).unwrap();
+        for step in 0..3 {
+            let [a, b] = halves(step);
+            let mut whole = crate::testing::batch(0);
+            whole.images = [a.images.clone(), b.images.clone()].concat();
+            whole.labels = [a.labels.clone(), b.labels.clone()].concat();
+            one.forward_backward(&whole, 1.0).unwrap();
+            one.optimizer_step(0.1, Some(0.9), None).unwrap();
+        }
+        let single = weights(one.as_ref());
+        let worst = single
+            .iter()
+            .flatten()
+            .zip(ranks[0].iter().flatten())
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst < 1e-5,
+            "DDP's weights differ from one process's by {worst}"
+        );
+    }
+
+    fn weights(e: &dyn Engine) -> Vec<Vec<f32>> {
+        let s = e.state_dict().unwrap();
+        e.parameter_shapes()
+            .iter()
+            .map(|(n, _)| s[n].data.clone())
+            .collect()
+    }
+
     #[test]
     fn a_missing_gradient_without_find_unused_is_an_error_that_names_it() {
         let exp = experiment(Backend::Candle);
