@@ -521,3 +521,27 @@ fn a_missing_member_of_an_optional_list_is_left_out_with_a_warning() {
     );
     assert!(stderr.contains("file1, file2"), "{stderr}");
 }
+
+/// An optional group overridden on the command line with an option that does not exist composes as
+/// Hydra composes it, the group left out (`lht_local_other_missing_optional`), and the run says so with
+/// the group's options.
+#[test]
+fn a_missing_option_of_an_optional_group_is_left_out_with_a_warning() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_train"))
+        .args(["-cp", "tests/conformance/trees/hydra_dl", "-cn", "optional"])
+        .args(["--cfg", "job", "group1=nope"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "warning: 'group1/nope' does not exist; it is left out of the optional group 'group1'"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("group1"),
+        "left out of the config"
+    );
+}

@@ -250,8 +250,10 @@ impl Resolver<'_> {
                         ConfigError::Interpolation(m)
                             if m.starts_with(&format!("Interpolation key '{target}'")) =>
                         {
+                            // OmegaConf names a relative key without its dots (`${..y}`: 'y').
                             ConfigError::Interpolation(format!(
-                                "Interpolation key '{key}' not found\n    full_key: {path}{}",
+                                "Interpolation key '{}' not found\n    full_key: {path}{}",
+                                key.trim_start_matches('.'),
                                 at(source)
                             ))
                         }

@@ -4,6 +4,7 @@ pub mod compose;
 pub mod default_entry;
 pub mod defaults;
 pub mod errors;
+pub mod fuzz_targets;
 pub mod grammar;
 pub mod hydra;
 pub mod interpolate;

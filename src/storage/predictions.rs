@@ -186,7 +186,7 @@ mod tests {
             rows,
             [
                 "{index: 3, id: \"a,1.png\", pred: 1, prob: 0.5}",
-                "{index: 7, id: \"b\\\"2.png\", pred: 0, prob: 0.25}"
+                "{index: 7, id: \"b\"2.png\", pred: 0, prob: 0.25}"
             ]
         );
     }

@@ -162,3 +162,59 @@ fn the_regression_predicts_the_same_rows_with_ddp() {
         );
     }
 }
+
+/// The crate's R² is what an Optuna search optimises: the sweep's table and its logbook section lead with
+/// it, and the study's results name its best value.
+#[test]
+fn an_optuna_search_optimises_the_regressions_r2() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sweep = tmp.path().join("sweep");
+    let out = train(&[
+        "-m",
+        "experiment=houses",
+        "hparams_search=quickstart_optuna",
+        "optimized_metric=val/r2",
+        "hydra.sweeper.n_trials=2",
+        "hydra.sweeper.pruner=null",
+        "trainer.max_epochs=2",
+        &format!("hydra.sweep.dir={}", sweep.display()),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("val/r2 ↑"), "{stdout}");
+    let results = std::fs::read_to_string(sweep.join("optimization_results.yaml")).unwrap();
+    assert!(results.contains("best_value: 0."), "{results}");
+    let logbook = tmp.path().join("logbook.md");
+    let out = train(&[
+        "logbook",
+        &sweep.display().to_string(),
+        "-o",
+        &logbook.display().to_string(),
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(&logbook).unwrap();
+    assert!(text.contains("Best val/r2 (higher is better)"), "{text}");
+}
+
+/// F1 on the crate's own classifier, declared on the command line as a Lightning user adds a metric.
+#[test]
+fn the_classifier_reports_f1() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = tmp.path().join("f1");
+    let stdout = ok(
+        &run,
+        &[
+            "data.train_size=256",
+            "data.val_size=64",
+            "trainer.max_epochs=1",
+            "+metrics.f1={_target_: torchmetrics.F1Score, task: multiclass, average: macro}",
+        ],
+    );
+    assert!(stdout.contains("val/f1"), "{stdout}");
+    let f1 = summary(&run)["final_metrics"]["val/f1"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&f1), "{f1}");
+}

@@ -53,13 +53,13 @@ pub struct DefaultsList {
     pub defaults: Vec<ResultDefault>,
     pub tree: TreeNode,
     pub known_choices: IndexMap<String, Option<String>>,
-    /// Members of an optional multi-select (`optional group1: [a, b]`) the command line named that do
-    /// not exist: dropped as Hydra drops them, and worth a warning.
+    /// Options of an optional entry (`optional local: default`, `optional group1: [a, b]`) the command
+    /// line named that do not exist: dropped as Hydra drops them, and worth a warning.
     pub dropped_options: Vec<String>,
 }
 
 impl DefaultsList {
-    /// One warning per dropped member of an optional multi-select, with the group's options.
+    /// One warning per dropped option of an optional entry, with the group's options.
     pub fn dropped_warnings(&self, repo: &Repository) -> Vec<String> {
         self.dropped_options
             .iter()

@@ -53,9 +53,12 @@ impl Walker<'_> {
         let loaded = match self.repo.load(&path)? {
             Some(l) => l,
             None => {
-                // Hydra drops a missing optional config silently; we do too, unless the user asked for that
-                // option by name: a typo on the command line must not vanish.
-                if root.node.optional && !root.node.overridden {
+                // Hydra drops a missing optional config, also one the command line named; so do we, and
+                // a named one gets a warning with the group's options (a typo must not vanish unseen).
+                if root.node.optional {
+                    if root.node.overridden {
+                        self.dropped_options.push(path.clone());
+                    }
                     root.node.deleted = true;
                     return Ok(root);
                 }

@@ -429,7 +429,7 @@ mod tests {
     }
 
     #[rstest]
-    #[case("{'a': 1, a: 2}", 1, "found duplicate key a, first written at f:1:2")]
+    #[case("{'a': 1, a: 2}", 1, "while constructing a mapping: found duplicate key a, first written at f:1:2")]
     #[case("{1: a, '1': b}", 1, "found the int key 1 and the string key '1'")]
     #[case("{? [1] : a}", 1, "found unhashable key")]
     fn bad_keys(#[case] text: &str, #[case] line: usize, #[case] message: &str) {

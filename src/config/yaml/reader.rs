@@ -444,7 +444,8 @@ impl<'a> Builder<'a> {
                 let (line, col) = written_at.get(&key).copied().unwrap_or((0, 0));
                 let first = self.location(line, col);
                 let message = if existing.key_kind == KeyKind::Str && kind == KeyKind::Str {
-                    format!("found duplicate key {key}, first written at {first}")
+                    // PyYAML's (and so Hydra's) first line, then where.
+                    format!("while constructing a mapping: found duplicate key {key}, first written at {first}")
                 } else {
                     let show = |kind: KeyKind| match kind {
                         KeyKind::Str => format!("'{key}'"),
