@@ -2,17 +2,60 @@
 //! (`fuzz/corpus/<target>/`: the seeds, and each crash or hang they found, fixed since) goes through the
 //! same target functions (`trainyard::config::fuzz_targets`), and then a few thousand inputs made from
 //! them by byte flips, grammar tokens and splices. A panic, or one input taking over two seconds, fails
-//! with the input shown. This is CI's short run; the long, coverage-guided runs are `fuzz/README.md`'s.
+//! with the input shown (one that overflows the stack aborts the run: the input is then in
+//! `$TMPDIR/trainyard-fuzz-<target>.last`). This is CI's short run; the long, coverage-guided runs are `fuzz/README.md`'s.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use trainyard::config::fuzz_targets;
 
 const TOKENS: &[&str] = &[
-    "${", "}", "${oc.env:", "${oc.select:", "${oc.decode:", "${now:", "${..", "${.", ":", "- ", "\n  ",
-    "defaults:\n  - ", "_self_", "override ", "optional ", "@", "/", "# @package _global_\n", "???",
-    "[", "]", "{", "}", ",", "'", "\"", "\\", "=", "+", "++", "~", "choice(", "range(", "glob(",
-    "int(", "tag(", "&a ", "*a", "!!str ", "---\n", "|\n  ", ">-\n  ", "\t", "\0", "null", "1e9",
+    "${",
+    "}",
+    "${oc.env:",
+    "${oc.select:",
+    "${oc.decode:",
+    "${now:",
+    "${..",
+    "${.",
+    ":",
+    "- ",
+    "\n  ",
+    "defaults:\n  - ",
+    "_self_",
+    "override ",
+    "optional ",
+    "@",
+    "/",
+    "# @package _global_\n",
+    "???",
+    "[",
+    "]",
+    "{",
+    "}",
+    ",",
+    "'",
+    "\"",
+    "\\",
+    "=",
+    "+",
+    "++",
+    "~",
+    "choice(",
+    "range(",
+    "glob(",
+    "int(",
+    "tag(",
+    "&a ",
+    "*a",
+    "!!str ",
+    "---\n",
+    "|\n  ",
+    ">-\n  ",
+    "\t",
+    "\0",
+    "null",
+    "1e9",
 ];
 
 /// xorshift64*: a fixed stream of choices, so a failure repeats.
@@ -75,7 +118,11 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
 fn exercise(target: &str, budget: Duration, run: impl Fn(&[u8])) {
     let seeds = corpus(target);
     assert!(!seeds.is_empty(), "fuzz/corpus/{target} is empty");
+    // A stack overflow aborts the process, past any catch: the input about to run is kept in a file,
+    // which the abort leaves behind to show.
+    let last = std::env::temp_dir().join(format!("trainyard-fuzz-{target}.last"));
     let check = |data: &[u8]| {
+        std::fs::write(&last, data).unwrap();
         let started = Instant::now();
         let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(data)));
         let shown = String::from_utf8_lossy(data);
@@ -96,30 +143,38 @@ fn exercise(target: &str, budget: Duration, run: impl Fn(&[u8])) {
         check(&mutate(&mut rng, &seeds));
         runs += 1;
     }
+    let _ = std::fs::remove_file(&last);
     eprintln!("{target}: {} corpus inputs, {runs} mutants", seeds.len());
 }
 
-const BUDGET: Duration = Duration::from_secs(3);
+/// Mutants per target for this long: 3 s, or `TRAINYARD_FUZZ_SECONDS` (a longer local run).
+fn budget() -> Duration {
+    let seconds = std::env::var("TRAINYARD_FUZZ_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    Duration::from_secs(seconds)
+}
 
 #[test]
 fn yaml_reader() {
-    exercise("yaml", BUDGET, fuzz_targets::yaml);
+    exercise("yaml", budget(), fuzz_targets::yaml);
 }
 
 #[test]
 fn override_grammar() {
-    exercise("overrides", BUDGET, fuzz_targets::overrides);
+    exercise("overrides", budget(), fuzz_targets::overrides);
 }
 
 #[test]
 fn interpolation() {
-    exercise("interpolation", BUDGET, fuzz_targets::interpolation);
+    exercise("interpolation", budget(), fuzz_targets::interpolation);
 }
 
 #[test]
 fn defaults_list_composition() {
     let scratch = tempfile::tempdir().unwrap();
-    exercise("defaults", BUDGET, |data| {
+    exercise("defaults", budget(), |data| {
         fuzz_targets::defaults(data, scratch.path())
     });
 }

@@ -202,19 +202,39 @@ fn sweep_then_logbook() {
             "{sweep_row}"
         );
     }
-    assert!(book.contains("- Best val top-1:") && book.contains("- Highest throughput:"));
+    const BEST: &str = "- Best val/acc1 (higher is better):";
+    assert!(
+        book.contains(BEST) && book.contains("- Highest throughput:"),
+        "{book}"
+    );
     // The sweep leads with its answer; its rows run best first; its metric is plotted by batch size.
     let sweep_part = &book[book.find("## Sweep `").unwrap()..];
     assert!(
-        sweep_part.find("- Best val top-1:").unwrap() < sweep_part.find("| job |").unwrap(),
+        sweep_part.find(BEST).unwrap() < sweep_part.find("| job |").unwrap(),
         "{sweep_part}"
     );
+    let header = sweep_part
+        .lines()
+        .find(|l| l.starts_with("| job |"))
+        .unwrap();
+    let column = header
+        .split('|')
+        .map(str::trim)
+        .position(|h| h == "val top-1")
+        .unwrap_or_else(|| panic!("no val top-1 column: {header}"));
     let top1: Vec<f64> = sweep_part
         .lines()
         .skip_while(|l| !l.starts_with("| job |"))
         .skip(2)
         .take_while(|l| l.starts_with("| ["))
-        .map(|l| l.split('|').map(str::trim).nth(6).unwrap().parse().unwrap())
+        .map(|l| {
+            l.split('|')
+                .map(str::trim)
+                .nth(column)
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
         .collect();
     assert!(
         top1.len() >= 2 && top1.windows(2).all(|w| w[0] >= w[1]),

@@ -71,6 +71,7 @@ fn with_resolver<T>(root: &Node, ctx: &ResolveContext, f: impl FnOnce(&mut Resol
         stack: Vec::new(),
         hydra_from_ctx,
         leave_missing: false,
+        unaddressable: 0,
     };
     f(&mut r)
 }
@@ -105,6 +106,8 @@ struct Resolver<'a> {
     hydra_from_ctx: bool,
     /// OmegaConf's `resolve`: an interpolation to a missing value becomes `???` (`resolve_leaving_missing`).
     leave_missing: bool,
+    /// How many keys no path can name (`.`, `a.b`) enclose the node being resolved.
+    unaddressable: usize,
 }
 
 /// A parsed piece of a string: literal text or a `${...}` expression.
@@ -134,6 +137,17 @@ struct Arg {
 impl Resolver<'_> {
     fn resolve_node(&mut self, path: &str, node: &Node) -> Result<Node, ConfigError> {
         match &node.value {
+            // Under a key no path can name (`.`, `a.b`, `[0]` as a key) the path would find another node
+            // (the root, for `.`), so the value is evaluated where it is (found by fuzzing: the root
+            // resolved inside itself until the stack overflowed).
+            Value::Str(s) if s.contains("${") && self.unaddressable > 0 => {
+                match self.eval_string(s, path, &node.source) {
+                    Err(e) if self.leave_missing && is_to_missing(&e) => {
+                        Ok(Node::new(Value::Missing, node.source.clone()))
+                    }
+                    other => other,
+                }
+            }
             Value::Str(s) if s.contains("${") => match self.resolve_at(path, &node.source, path) {
                 Err(e) if self.leave_missing && is_to_missing(&e) => {
                     Ok(Node::new(Value::Missing, node.source.clone()))
@@ -144,7 +158,11 @@ impl Resolver<'_> {
                 let mut out = Map::new();
                 for (k, v) in m {
                     let child = join(path, k);
-                    out.insert(k.clone(), self.resolve_node(&child, v)?);
+                    let named = split_key(k) == [k.as_str()];
+                    self.unaddressable += usize::from(!named);
+                    let resolved = self.resolve_node(&child, v);
+                    self.unaddressable -= usize::from(!named);
+                    out.insert(k.clone(), resolved?);
                 }
                 Ok(Node::new(Value::Map(out), node.source.clone()))
             }
@@ -688,6 +706,17 @@ mod tests {
     #[case("l: [10, 20]\nv: ${l.1}", "v", serde_json::json!(20))]
     fn resolves(#[case] text: &str, #[case] key: &str, #[case] expected: serde_json::Value) {
         assert_eq!(resolve(text, key).unwrap(), expected);
+    }
+
+    /// A key no path can name resolves where it is (found by fuzzing: `.` resolved the root inside
+    /// itself until the stack overflowed).
+    #[test]
+    fn a_key_no_path_names_resolves_in_place() {
+        let root = yaml::parse("m: 1\n.: ${m}\n'a.b': x_${m}\n", "t.yaml")
+            .unwrap()
+            .unwrap();
+        let json = resolve_all(&root, &ctx()).unwrap().to_json();
+        assert_eq!(json, serde_json::json!({"m": 1, ".": 1, "a.b": "x_1"}));
     }
 
     #[rstest]

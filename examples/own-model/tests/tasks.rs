@@ -172,7 +172,7 @@ fn an_optuna_search_optimises_the_regressions_r2() {
     let out = train(&[
         "-m",
         "experiment=houses",
-        "hparams_search=quickstart_optuna",
+        "+hparams_search=quickstart_optuna",
         "optimized_metric=val/r2",
         "hydra.sweeper.n_trials=2",
         "hydra.sweeper.pruner=null",

@@ -8,6 +8,12 @@
 /// How many re-indents one file may need before its error is reported as it stands.
 const MAX_REINDENTS: usize = 10_000;
 
+/// How far past the widest line of the file a line may be pushed: no re-indent PyYAML would accept needs
+/// more (a line moves past a bracket or quote on some line of the file). Without this bound a line the
+/// scanner keeps refusing was pushed one space further per try, each try a parse of the whole file
+/// (found by fuzzing: minutes on a 60-byte file).
+const PAST_WIDEST: usize = 4;
+
 /// What the scanner refused that PyYAML accepts (lines and columns 1-based, in the text scanned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Reindent {
@@ -49,6 +55,9 @@ pub(super) fn reindent(text: &str, pads: &mut Vec<usize>, reindent: Reindent) ->
                 if pads.len() <= index {
                     pads.resize(index + 1, 0);
                 }
+                if pads[index] + pad > widest(text, pads) + PAST_WIDEST {
+                    return None;
+                }
                 pads[index] += pad;
                 out.extend(std::iter::repeat_n(' ', pad));
                 changed = true;
@@ -57,6 +66,15 @@ pub(super) fn reindent(text: &str, pads: &mut Vec<usize>, reindent: Reindent) ->
         out.push_str(piece);
     }
     changed.then_some(out)
+}
+
+/// The longest line's length in the file as written (`text` less the `pads` added), in bytes.
+fn widest(text: &str, pads: &[usize]) -> usize {
+    text.split('\n')
+        .enumerate()
+        .map(|(i, line)| line.len() - pads.get(i).copied().unwrap_or(0).min(line.len()))
+        .max()
+        .unwrap_or(0)
 }
 
 /// The number of spaces and tabs in front of 1-based `line`.

@@ -98,6 +98,15 @@ mod tests {
     use super::*;
     use rstest::rstest;
 
+    /// A line the scanner keeps refusing is pushed no further than the file's widest line (found by
+    /// fuzzing: this file took minutes, a parse per space added).
+    #[test]
+    fn a_hopeless_reindent_gives_up_at_once() {
+        let started = std::time::Instant::now();
+        let _ = parse("a:\n  \r {>-\n  x: # c\n1,\n  y: 2}\n", "f");
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
     #[rstest]
     #[case("1", Value::Int(1))]
     #[case("1_000", Value::Int(1000))]
@@ -429,7 +438,11 @@ mod tests {
     }
 
     #[rstest]
-    #[case("{'a': 1, a: 2}", 1, "while constructing a mapping: found duplicate key a, first written at f:1:2")]
+    #[case(
+        "{'a': 1, a: 2}",
+        1,
+        "while constructing a mapping: found duplicate key a, first written at f:1:2"
+    )]
     #[case("{1: a, '1': b}", 1, "found the int key 1 and the string key '1'")]
     #[case("{? [1] : a}", 1, "found unhashable key")]
     fn bad_keys(#[case] text: &str, #[case] line: usize, #[case] message: &str) {
