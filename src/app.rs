@@ -169,6 +169,10 @@ pub fn try_main(args: impl IntoIterator<Item = OsString>) -> Result<ExitCode, St
             eprintln!("Error: {message}");
             Ok(ExitCode::from(crate::comm::EXIT_NODE_MISSING))
         }
+        Err(ConfigError::CollectiveTimeout(message)) => {
+            eprintln!("Error: {message}");
+            Ok(ExitCode::from(crate::comm::EXIT_COLLECTIVE_TIMEOUT))
+        }
         other => other.map_err(|e| e.to_string()),
     }
 }

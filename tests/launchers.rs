@@ -317,11 +317,15 @@ fn a_missing_sbatch_is_named() {
     );
 }
 
-/// A SLURM cluster on this host for one test, stopped (by pid) when dropped.
+/// A SLURM cluster on this host for one test, stopped (by pid) when dropped. One at a time: two clusters
+/// would share this machine's two cores, and their jobs' timings with them.
 struct Cluster {
     dir: tempfile::TempDir,
     conf: PathBuf,
+    _one_at_a_time: std::sync::MutexGuard<'static, ()>,
 }
+
+static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Cluster {
     fn start() -> Option<Cluster> {
@@ -341,6 +345,7 @@ impl Cluster {
             );
             return None;
         }
+        let one_at_a_time = ONE_CLUSTER.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let out = Command::new(&script)
             .args(["start", &dir.path().to_string_lossy()])
@@ -354,6 +359,7 @@ impl Cluster {
         Some(Cluster {
             conf: dir.path().join("slurm.conf"),
             dir,
+            _one_at_a_time: one_at_a_time,
         })
     }
 
@@ -462,8 +468,6 @@ fn submitit_slurm_on_a_real_cluster() {
     a_killed_controller_resumes_without_submitting_twice(&c, root);
     a_search_runs_its_trials_as_slurm_arrays(&c, root);
     requeue_ends_with_the_uninterrupted_weights(&c, root);
-    #[cfg(feature = "torch")]
-    two_node_ddp_through_srun(&c, root);
 }
 
 /// Kill the launching `train` once its array is submitted, then run the same command again: the jobs SLURM
@@ -638,9 +642,15 @@ fn requeue_ends_with_the_uninterrupted_weights(c: &Cluster, root: &Path) {
 }
 
 /// `trainer.num_nodes=2`: one 2-node allocation, srun starts one `train` per node, SLURM's environment
-/// forms the process group; one run directory, the same metrics as two local processes.
+/// forms the process group; one run directory, the same metrics as two local processes. A test of its own
+/// (its own cluster), so CI's feature pass runs it without the default scenarios above.
 #[cfg(feature = "torch")]
-fn two_node_ddp_through_srun(c: &Cluster, root: &Path) {
+#[test]
+fn two_node_ddp_through_srun() {
+    let Some(c) = Cluster::start() else { return };
+    let p = real_project();
+    let root = p.path();
+    let c = &c;
     let ddp = ["trainer=ddp", "trainer.devices=1", "backend=candle"];
     let dir = root.join("two-nodes");
     ok(slurm_sweep(

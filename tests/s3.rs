@@ -6,7 +6,7 @@
 
 mod common;
 use common::real_project;
-use common::s3_server::{start_server, CuttingProxy, Server, KEY, SECRET};
+use common::s3_server::{start_server, CuttingProxy, Fault, FaultyProxy, Server, KEY, SECRET};
 use common::shards::{pack, write_cifar, ON_SHARDS};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -138,6 +138,170 @@ fn checkpoints_go_to_s3_and_resume_from_there() {
             f.display()
         );
     }
+}
+
+/// The checkpoints' folder on the server: each object's name and bytes.
+fn stored(server: &Server) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<_> = std::fs::read_dir(server.root.path().join("ckpts/exp1"))
+        .unwrap()
+        .flatten()
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            (name, std::fs::read(e.path()).unwrap())
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// A server answering 503, one dying in the middle of a part's body and a slow one: each request is
+/// retried with backoff (`AWS_MAX_ATTEMPTS` tries), the run ends well, and what the server keeps is
+/// byte for byte the local checkpoint.
+#[test]
+fn checkpoint_uploads_ride_out_a_failing_server() {
+    let server = start_server();
+    let proxy = FaultyProxy::start(server.port);
+    let p = real_project();
+    let run_through = |fault: Fault, times: usize, extra: &[&str]| {
+        proxy.arm(fault, &["PUT", "POST"], times);
+        let before = proxy.faults();
+        let mut args = ARGS.to_vec();
+        args.extend_from_slice(extra);
+        let out = train_command(p.path(), &server, &args)
+            .env("AWS_ENDPOINT_URL", &proxy.endpoint)
+            .env("AWS_MAX_ATTEMPTS", "4")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{fault:?}: {err}");
+        let spoiled = proxy.faults() - before;
+        match times {
+            usize::MAX => assert!(spoiled > 0, "{fault:?}"),
+            _ => assert_eq!(spoiled, times, "{fault:?}"),
+        }
+        // Each object on the server is byte for byte the newest run's local copy of that name (a best
+        // not bettered since is an earlier run's).
+        let all = runs(p.path());
+        for (name, remote) in stored(&server) {
+            let local = all
+                .iter()
+                .rev()
+                .find_map(|run| std::fs::read(run.join("checkpoints").join(&name)).ok())
+                .unwrap_or_else(|| panic!("{name}: no local copy"));
+            assert!(remote == local, "{fault:?}: {name} differs on the server");
+        }
+        let run = all.last().unwrap().clone();
+        summary(&run)["global_step"].as_u64().unwrap()
+    };
+    // Three tries of four fail (per request, the upload's start, parts and completion alike).
+    let one_epoch = run_through(Fault::Status(503), 3, &["trainer.max_epochs=1"]);
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    run_through(
+        Fault::CutBody(1 << 20),
+        3,
+        &["trainer.max_epochs=2", "ckpt_path=last"],
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let three_epochs = run_through(
+        Fault::Delay(std::time::Duration::from_millis(300)),
+        usize::MAX,
+        &["trainer.max_epochs=3", "ckpt_path=last"],
+    );
+    assert_eq!(three_epochs, 3 * one_epoch);
+}
+
+/// A server that keeps failing an upload past its tries (cut off mid-body; then too slow for
+/// `AWS_TIMEOUT`): the run stops soon with one error naming the dirpath and the local copy, run.json
+/// says failed, the server still holds the earlier checkpoint whole (a partial upload is never an
+/// object), and `ckpt_path=last` resumes from that one.
+#[test]
+fn an_upload_that_keeps_failing_stops_the_run_and_keeps_the_last_good_checkpoint() {
+    let server = start_server();
+    let proxy = FaultyProxy::start(server.port);
+    let p = real_project();
+    let train_via_proxy = |extra: &[&str], env: &[(&str, &str)]| {
+        let mut args = ARGS.to_vec();
+        args.extend_from_slice(extra);
+        let mut command = train_command(p.path(), &server, &args);
+        command.env("AWS_ENDPOINT_URL", &proxy.endpoint);
+        command.envs(env.iter().copied());
+        let started = std::time::Instant::now();
+        let out = command.output().unwrap();
+        (out, started.elapsed())
+    };
+    let (out, _) = train_via_proxy(&["trainer.max_epochs=1"], &[]);
+    assert!(out.status.success());
+    let first = runs(p.path()).pop().unwrap();
+    let good = stored(&server);
+    assert_eq!(good.len(), 2, "best and last");
+
+    // The fault, the environment bounding the tries, what the error says of the cause.
+    type Failing<'a> = (Fault, &'a [(&'a str, &'a str)], &'a str);
+    let failing: [Failing; 2] = [
+        (
+            Fault::CutBody(1 << 20),
+            &[("AWS_MAX_ATTEMPTS", "3")],
+            "after 2 retries",
+        ),
+        (
+            Fault::Delay(std::time::Duration::from_secs(4)),
+            &[("AWS_MAX_ATTEMPTS", "2"), ("AWS_TIMEOUT", "1s")],
+            "timed out",
+        ),
+    ];
+    for (fault, env, cause) in failing {
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        proxy.arm(fault, &["PUT"], usize::MAX);
+        let (out, took) = train_via_proxy(&["trainer.max_epochs=2", "ckpt_path=last"], env);
+        proxy.heal();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{fault:?}: {err}");
+        let run = runs(p.path()).pop().unwrap();
+        let kept = run.join("checkpoints");
+        assert!(
+            err.contains(
+                "callbacks.model_checkpoint.dirpath=s3://ckpts/exp1: the checkpoint could not be uploaded"
+            ) && err.contains(&format!("kept at {}", kept.display()))
+                && err.contains(cause),
+            "{fault:?}: {err}"
+        );
+        assert!(
+            took < std::time::Duration::from_secs(60),
+            "{fault:?}: {took:?}"
+        );
+        let record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+        assert_eq!(record["state"], "failed", "{record}");
+        assert!(
+            record["error"]
+                .as_str()
+                .unwrap()
+                .contains("could not be uploaded"),
+            "{record}"
+        );
+        let now = stored(&server);
+        assert!(
+            now == good,
+            "{fault:?}: the server's checkpoints changed: {:?} before, {:?} now",
+            good.iter().map(|(n, b)| (n, b.len())).collect::<Vec<_>>(),
+            now.iter().map(|(n, b)| (n, b.len())).collect::<Vec<_>>()
+        );
+    }
+
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let (out, _) = train_via_proxy(&["trainer.max_epochs=2", "ckpt_path=last"], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resumed = runs(p.path()).pop().unwrap();
+    let s = summary(&resumed);
+    assert_eq!(s["resumed_from"], "s3://ckpts/exp1/last.safetensors");
+    assert!(
+        common::first_logged_step(&resumed) > summary(&first)["global_step"].as_u64().unwrap(),
+        "resumed from the first run's checkpoint"
+    );
 }
 
 #[test]

@@ -743,9 +743,9 @@ fn the_templates_ddp_trains_on_two_processes() {
 
 /// The template's `trainer=gpu` (`accelerator: gpu`, its configs naming no backend) runs on libtorch,
 /// trainyard's GPU backend, not on the default Candle: on a GPU it trains; on this CPU machine the refusal is
-/// the missing GPU's (a `torch` build) or the missing libtorch's (the default build), never Candle's.
-#[test]
-fn the_templates_gpu_trainer_runs_on_libtorch() {
+/// the missing GPU's (a `torch` build) or the missing libtorch's (the default build), never Candle's. One
+/// test per build, by name (CI's feature pass runs the names the default build lacks).
+fn templates_gpu_trainer_runs_on_libtorch(expected_refusal: &str) {
     let p = template_project(100, 20);
     let out = template(p.path(), "train", &[SMALL_SPLIT, "trainer=gpu"]);
     if out.status.success() {
@@ -755,12 +755,22 @@ fn the_templates_gpu_trainer_runs_on_libtorch() {
     }
     let err = stderr(&out);
     assert!(!err.contains("on backend=candle"), "{err}");
-    let expected = if cfg!(feature = "torch") {
-        "trainer.accelerator=gpu: libtorch's CUDA library"
-    } else {
-        "backend=tch: this build has no libtorch"
-    };
-    assert!(err.contains(expected), "expected '{expected}' in:\n{err}");
+    assert!(
+        err.contains(expected_refusal),
+        "expected '{expected_refusal}' in:\n{err}"
+    );
+}
+
+#[cfg(not(feature = "torch"))]
+#[test]
+fn the_templates_gpu_trainer_asks_for_libtorch_in_the_default_build() {
+    templates_gpu_trainer_runs_on_libtorch("backend=tch: this build has no libtorch");
+}
+
+#[cfg(feature = "torch")]
+#[test]
+fn the_templates_gpu_trainer_runs_on_libtorch_in_a_torch_build() {
+    templates_gpu_trainer_runs_on_libtorch("trainer.accelerator=gpu: libtorch's CUDA library");
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {

@@ -24,6 +24,18 @@ pub mod rendezvous;
 /// its launcher reports the worker's message and does not restart it.
 pub const EXIT_NODE_MISSING: u8 = 69;
 
+/// A worker's exit code when a collective timed out (sysexits' EX_PROTOCOL): a peer took no part in it for
+/// `trainer.collective_timeout_s`. Its node launcher names the rank still running (stopped, or stuck
+/// outside the collective) as the one that stalled.
+pub const EXIT_COLLECTIVE_TIMEOUT: u8 = 76;
+
+/// Does this error say a collective timed out (Gloo's "Timed out waiting …ms for recv", NCCL's
+/// watchdog), rather than failed because a peer's connection closed?
+pub fn is_collective_timeout(message: &str) -> bool {
+    message.contains("Timed out waiting")
+        || message.contains("Watchdog caught collective operation timeout")
+}
+
 /// Nodes that did not reach the rendezvous in time (`rendezvous::arrive`), or, said by a node launcher,
 /// a worker that ended with [`EXIT_NODE_MISSING`].
 #[derive(Debug)]

@@ -33,6 +33,10 @@ pub enum ConfigError {
     /// ends with `comm::EXIT_NODE_MISSING`, which its launcher does not restart.
     #[error("{0}")]
     NodeMissing(String),
+    /// A collective of a distributed run timed out (`trainer.collective_timeout_s`): the worker ends
+    /// with `comm::EXIT_COLLECTIVE_TIMEOUT`, and its launcher names the rank that stalled.
+    #[error("{0}")]
+    CollectiveTimeout(String),
 }
 
 impl ConfigError {
@@ -51,6 +55,7 @@ impl ConfigError {
             ConfigError::Io(_) => "IoError",
             ConfigError::Run(_) => "RunError",
             ConfigError::NodeMissing(_) => "RendezvousTimeoutException",
+            ConfigError::CollectiveTimeout(_) => "DistBackendError",
         }
     }
 }

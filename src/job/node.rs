@@ -46,6 +46,38 @@ pub(super) struct Failure {
     pub rank: usize,
     pub pid: u32,
     pub status: ExitStatus,
+    /// This worker had not ended: it stalled, and a peer's collective timed out waiting for it (`status`
+    /// is that peer's). What its process was doing (`/proc`'s state), when known.
+    pub stalled: Option<String>,
+}
+
+impl Failure {
+    fn cause(&self) -> String {
+        match &self.stalled {
+            Some(state) => format!(
+                "stalled ({state}): it took no part in a collective the other ranks waited \
+                 trainer.collective_timeout_s for"
+            ),
+            None => describe(self.status),
+        }
+    }
+}
+
+/// A live process's state as `/proc/<pid>/stat` says it: "stopped by a signal" for SIGSTOP.
+fn process_state(pid: u32) -> String {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name's closing parenthesis.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim().chars().next());
+    match state {
+        Some('T') | Some('t') => "its process is stopped by a signal".into(),
+        Some('D') => "its process waits on the disk or a device".into(),
+        Some('R') => "its process is running".into(),
+        Some('S') => "its process is sleeping".into(),
+        Some('Z') => "its process has ended".into(),
+        _ => "its process state is unknown".into(),
+    }
 }
 
 /// How this node's workers ended, when none failed.
@@ -131,7 +163,7 @@ fn run_node(launch: &NodeLaunch) -> anyhow::Result<NodeEnd> {
         };
         let others = children.len() - 1;
         stop_all(&mut children);
-        let cause = describe(failure.status);
+        let cause = failure.cause();
         let log = rank_log(&launch.run_dir, failure.rank);
         if failure.status.code() == Some(crate::comm::EXIT_NODE_MISSING.into()) {
             // Waiting again would not bring the node back: the worker said which one is gone.
@@ -303,11 +335,23 @@ fn watch(
                     }
                 }
             }
-            let (i, status) = cause;
+            let (mut i, status) = cause;
+            // A collective that timed out: the peer it waited for is the one still running.
+            let mut stalled = None;
+            if status.code() == Some(crate::comm::EXIT_COLLECTIVE_TIMEOUT.into()) {
+                if let Some(j) = children
+                    .iter_mut()
+                    .position(|(_, c)| matches!(c.try_wait(), Ok(None)))
+                {
+                    i = j;
+                    stalled = Some(process_state(children[j].1.id()));
+                }
+            }
             return Ok(Err(Failure {
                 rank: children[i].0,
                 pid: children[i].1.id(),
                 status,
+                stalled,
             }));
         }
         if running == 0 {

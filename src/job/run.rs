@@ -172,7 +172,7 @@ pub fn run_job(
         let summary = with_rank_log(&output_dir, rank, &logging, || {
             crate::trainer::fit(&job, group)
         })?
-        .map_err(|e| ConfigError::Run(format!("rank {rank}: {e:#}")))?;
+        .map_err(|e| training_error(format!("rank {rank}: {e:#}")))?;
         return Ok(JobOutcome {
             output_dir,
             message: String::new(),
@@ -297,6 +297,18 @@ fn run_error(e: anyhow::Error) -> ConfigError {
     ConfigError::Run(format!("{e:#}"))
 }
 
+/// Training failed: a timed-out collective is said as such (its own exit code, which the node launcher
+/// reads to name the rank that stalled).
+fn training_error(message: String) -> ConfigError {
+    match crate::comm::is_collective_timeout(&message) {
+        true => ConfigError::CollectiveTimeout(format!(
+            "{message}\n    (a collective waited trainer.collective_timeout_s for another rank, which took \
+             no part: it stalled, or is stuck outside the collective; the node launcher names it)"
+        )),
+        false => ConfigError::Run(message),
+    }
+}
+
 /// Joining the group failed: a node that did not come is said as such (its own exit code).
 fn join_error(e: anyhow::Error) -> ConfigError {
     if let Some(missing) = e.downcast_ref::<crate::comm::NodeMissing>() {
@@ -354,7 +366,7 @@ fn train_and_record(
         });
     }
     let summary = summary.map_err(|e| {
-        ConfigError::Run(format!(
+        training_error(format!(
             "{e:#}\n    (run directory: {})",
             records::display(output_dir)
         ))

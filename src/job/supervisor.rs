@@ -78,6 +78,7 @@ pub fn supervise(
             rank: 0,
             pid: children[0].1.id(),
             status,
+            stalled: None,
         };
         let cause = describe(status);
         if restarts >= watch.max_restarts {

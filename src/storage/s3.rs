@@ -93,9 +93,29 @@ mod client {
     /// Part size of multipart uploads (S3's minimum is 5 MiB).
     const PART: usize = 8 << 20;
 
+    /// Tries per request (the first and its retries), as the AWS CLI and SDKs read `AWS_MAX_ATTEMPTS`;
+    /// unset, object_store's own 11 (10 retries). Retries back off exponentially (0.1 s doubling, to
+    /// 15 s apart) within 3 minutes a request, on 5xx, 429, timeouts and broken connections
+    /// (`AWS_TIMEOUT`, e.g. `30s`, bounds one try).
+    fn retry_config() -> anyhow::Result<object_store::RetryConfig> {
+        let mut retry = object_store::RetryConfig::default();
+        if let Some(raw) = std::env::var_os("AWS_MAX_ATTEMPTS") {
+            let raw = raw.to_string_lossy();
+            let attempts: usize = raw.trim().parse().ok().filter(|&n| n >= 1).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "AWS_MAX_ATTEMPTS={raw}: expected a whole number of tries per S3 request, at least 1 \
+                     (1: no retries)"
+                )
+            })?;
+            retry.max_retries = attempts - 1;
+        }
+        Ok(retry)
+    }
+
     fn store(url: &S3Url) -> anyhow::Result<object_store::aws::AmazonS3> {
         object_store::aws::AmazonS3Builder::from_env()
             .with_bucket_name(&url.bucket)
+            .with_retry(retry_config()?)
             .build()
             .with_context(|| {
                 format!("{url}: cannot set up the S3 client (check AWS_REGION / AWS_ENDPOINT_URL)")
@@ -124,15 +144,28 @@ mod client {
                 .with_context(|| format!("{url}: cannot start the upload{}", hint()))?;
             let mut writer = WriteMultipart::new_with_chunk_size(upload, PART);
             let mut buf = vec![0u8; PART];
-            loop {
-                let n = file
-                    .read(&mut buf)
-                    .with_context(|| format!("reading {}", local.display()))?;
-                if n == 0 {
-                    break;
+            let failed = loop {
+                let n = match file.read(&mut buf) {
+                    Ok(0) => break None,
+                    Ok(n) => n,
+                    Err(e) => {
+                        break Some(
+                            anyhow::Error::new(e).context(format!("reading {}", local.display())),
+                        )
+                    }
+                };
+                if let Err(e) = writer.wait_for_capacity(4).await {
+                    break Some(anyhow::Error::new(e).context(format!("{url}: upload failed")));
                 }
-                writer.wait_for_capacity(4).await?;
                 writer.write(&buf[..n]);
+            };
+            if let Some(e) = failed {
+                // The parts sent so far are the server's to drop (S3 keeps, and bills, an upload never
+                // completed or aborted). `finish` aborts on its own failures.
+                if let Err(abort) = writer.abort().await {
+                    tracing::warn!("{url}: could not abort the failed upload: {abort}");
+                }
+                return Err(e);
             }
             writer
                 .finish()

@@ -53,7 +53,15 @@ impl Storage {
             .unwrap_or_default();
         let url = prefix.join(&name);
         let started = Instant::now();
-        crate::storage::s3::upload(path, &url)?;
+        // A failed upload stops the run (docs/src/checkpoints.md): training on without the checkpoint a
+        // spot instance would resume from is the loss this storage is for. The file stays here.
+        crate::storage::s3::upload(path, &url).with_context(|| {
+            format!(
+                "callbacks.model_checkpoint.dirpath={prefix}: the checkpoint could not be uploaded; it is \
+                 kept at {} (resume from it with ckpt_path={0})",
+                path.display()
+            )
+        })?;
         tracing::info!(
             "uploaded {url} ({} bytes) in {:.1}s",
             std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
