@@ -7,6 +7,7 @@
 #   scripts/build-wheels.sh candle               # the Candle wheel only
 #   eval "$(scripts/install-libtorch.sh)" && scripts/build-wheels.sh torch
 #   PROFILE=dev OUT=/tmp/wheels scripts/build-wheels.sh   # CI: from the test build's artifacts
+#   TRAIN_BINARY=target/debug/train scripts/build-wheels.sh torch   # wrap a torch build of train already made
 #
 # The torch wheel: trainyard built with `--features s3,torch` (LIBTORCH set, as for any torch build), that
 # binary copied into python/trainyard-torch/trainyard_torch/libexec/ with its RUNPATH set to
@@ -52,10 +53,15 @@ build_torch() {
         echo "build-wheels.sh torch: set LIBTORCH first: eval \"\$(scripts/install-libtorch.sh)\"" >&2
         exit 2
     fi
-    cargo build --locked --profile "$PROFILE" --features s3,torch --bin train
     local libexec="python/trainyard-torch/trainyard_torch/libexec"
     mkdir -p "$libexec"
-    cp "target/$PROFILE_DIR/train" "$libexec/train"
+    if [ -n "${TRAIN_BINARY:-}" ]; then
+        # A `--features s3,torch` train already built (CI's: the one its feature tests ran), not built again.
+        cp "$TRAIN_BINARY" "$libexec/train"
+    else
+        cargo build --locked --profile "$PROFILE" --features s3,torch --bin train
+        cp "target/$PROFILE_DIR/train" "$libexec/train"
+    fi
     # maturin strips the launcher it builds; this one is stripped here.
     strip --strip-unneeded "$libexec/train"
     # Only the torch package beside this one: no path of the build machine stays in the binary.

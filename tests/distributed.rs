@@ -622,62 +622,14 @@ fn a_killed_worker_stops_the_run_and_the_run_resumes_from_its_checkpoint() {
 /// 0/1 and MASTER_ADDR = node 0's veth address; both finish, into one run directory, and agree.
 #[test]
 fn two_nodes_in_two_network_namespaces() {
-    let tag = format!("ty{}", std::process::id() % 100000);
-    let (ns0, ns1) = (format!("{tag}a"), format!("{tag}b"));
-    let ip = |args: &[&str]| {
-        Command::new("ip")
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .output()
-    };
-    let created = ip(&["netns", "add", &ns0]);
-    if !matches!(&created, Ok(o) if o.status.success()) {
-        common::skip(
-            "netns",
-            &format!(
-                "two_nodes_in_two_network_namespaces: `ip netns add` is not permitted here (needs root \
-                 and CAP_SYS_ADMIN): {:?}",
-                created.map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
-            ),
-        );
+    let Some(nodes) = common::netns::TwoNodes::create("two_nodes_in_two_network_namespaces", 7)
+    else {
         return;
-    }
-    struct Cleanup(Vec<String>);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            for ns in &self.0 {
-                let _ = Command::new("ip").args(["netns", "del", ns]).output();
-            }
-        }
-    }
-    let _cleanup = Cleanup(vec![ns0.clone(), ns1.clone()]);
-    let (v0, v1) = (format!("{tag}v0"), format!("{tag}v1"));
-    for cmd in [
-        vec!["netns", "add", &ns1],
-        vec!["link", "add", &v0, "type", "veth", "peer", "name", &v1],
-        vec!["link", "set", &v0, "netns", &ns0],
-        vec!["link", "set", &v1, "netns", &ns1],
-        vec!["-n", &ns0, "addr", "add", "10.231.7.1/24", "dev", &v0],
-        vec!["-n", &ns1, "addr", "add", "10.231.7.2/24", "dev", &v1],
-        vec!["-n", &ns0, "link", "set", &v0, "up"],
-        vec!["-n", &ns1, "link", "set", &v1, "up"],
-        vec!["-n", &ns0, "link", "set", "lo", "up"],
-        vec!["-n", &ns1, "link", "set", "lo", "up"],
-    ] {
-        let out = ip(&cmd).unwrap();
-        assert!(
-            out.status.success(),
-            "ip {}: {}",
-            cmd.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    };
     let p = real_project();
-    let node = |ns: &str, rank: &str| {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", ns, TRAIN])
-            .args(SMALL_CNN)
+    let node = |n: usize| {
+        let mut cmd = nodes.command(n, TRAIN);
+        cmd.args(SMALL_CNN)
             .args(shared_overrides("backend=tch", "data.val_size=63"))
             .args([
                 "trainer=ddp",
@@ -692,15 +644,15 @@ fn two_nodes_in_two_network_namespaces() {
             ])
             .current_dir(p.path())
             .env_remove("TRAIN_CONFIG_PATH")
-            .env("MASTER_ADDR", "10.231.7.1")
+            .env("MASTER_ADDR", &nodes.addr[0])
             .env("MASTER_PORT", "29531")
-            .env("NODE_RANK", rank)
+            .env("NODE_RANK", n.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         cmd.spawn().unwrap()
     };
-    let n0 = node(&ns0, "0");
-    let n1 = node(&ns1, "1");
+    let n0 = node(0);
+    let n1 = node(1);
     let (o0, o1) = (
         n0.wait_with_output().unwrap(),
         n1.wait_with_output().unwrap(),

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{shards, summary, TRAIN};
+use common::{shards, summary, train};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -17,15 +17,6 @@ const SMALL: &[&str] = &[
     "data.batch_size=64",
     "task_name=t",
 ];
-
-fn train(cwd: &Path, args: &[&str]) -> Output {
-    Command::new(TRAIN)
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("TRAIN_CONFIG_PATH")
-        .output()
-        .unwrap()
-}
 
 fn ok(out: &Output) -> (String, String) {
     let (o, e) = (

@@ -3,10 +3,12 @@
 //! with code 76; the node launcher names the rank still running as the one that stalled, stops it
 //! (SIGTERM, then SIGKILL: a stopped process does not handle SIGTERM), and exits 1 — or, with
 //! `trainer.max_restarts`, starts every worker again from the newest checkpoint, and the run ends with
-//! the weights of a run never interrupted. Two processes on this machine over Gloo.
+//! the weights of a run never interrupted. Two processes on this machine over Gloo; and two "nodes" (network
+//! namespaces) whose link starts dropping every packet.
 #![cfg(feature = "torch")]
 
 mod common;
+use common::netns::TwoNodes;
 use common::{real_project, worst_relative_difference, SMALL_CNN, TRAIN};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -14,12 +16,25 @@ use std::time::{Duration, Instant};
 
 const TIMEOUT_S: u64 = 8;
 
-/// Momentum SGD at a constant rate (state a wrong resume would show), a checkpoint every epoch, 32 steps
-/// an epoch per rank, deterministic kernels.
-fn args(dir: &str, extra: &[&str]) -> Vec<String> {
+/// DDP over two processes of this node.
+const ONE_NODE: &[&str] = &["trainer=ddp_sim"];
+
+/// One process on each of two nodes.
+const TWO_NODES: &[&str] = &[
+    "trainer=ddp",
+    "trainer.accelerator=cpu",
+    "trainer.num_nodes=2",
+    "trainer.devices=1",
+    "trainer.sync_batchnorm=false",
+    "trainer.process_group_backend=gloo",
+    "trainer.rendezvous_timeout_s=60",
+];
+
+/// `strategy` with momentum SGD at a constant rate (state a wrong resume would show), a checkpoint every
+/// epoch, 32 steps an epoch per rank, deterministic kernels.
+fn args(dir: &str, strategy: &[&str], extra: &[&str]) -> Vec<String> {
     let run: &[&str] = &[
         "backend=tch",
-        "trainer=ddp_sim",
         "optimizer=sgd",
         "optimizer.momentum=0.9",
         "scheduler=constant",
@@ -34,6 +49,7 @@ fn args(dir: &str, extra: &[&str]) -> Vec<String> {
     let dir = format!("hydra.run.dir={dir}");
     SMALL_CNN
         .iter()
+        .chain(strategy)
         .chain(run)
         .chain(extra)
         .map(|s| s.to_string())
@@ -77,9 +93,8 @@ fn workers_of(pid: u32) -> Vec<(u32, String)> {
     out
 }
 
-/// Wait for the first epoch's checkpoint and a few steps of the second, then stop rank 1 (SIGSTOP);
-/// returns its pid and when it was stopped.
-fn stall_rank_1_in_epoch_2(launcher: &mut Child, run: &Path) -> (u32, Instant) {
+/// Wait for the first epoch's checkpoint and a few steps of the second.
+fn into_epoch_2(launcher: &mut Child, run: &Path) {
     let start = Instant::now();
     while !run.join("checkpoints/last.safetensors").exists() {
         assert!(start.elapsed() < Duration::from_secs(240), "no checkpoint");
@@ -90,6 +105,11 @@ fn stall_rank_1_in_epoch_2(launcher: &mut Child, run: &Path) -> (u32, Instant) {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(500));
+}
+
+/// In epoch 2, stop rank 1 (SIGSTOP); returns its pid and when it was stopped.
+fn stall_rank_1_in_epoch_2(launcher: &mut Child, run: &Path) -> (u32, Instant) {
+    into_epoch_2(launcher, run);
     let workers = workers_of(launcher.id());
     let (victim, _) = workers
         .iter()
@@ -115,7 +135,7 @@ fn gone(pid: u32) -> bool {
 #[test]
 fn a_stalled_rank_is_named_and_every_process_ends_within_the_collective_timeout() {
     let p = real_project();
-    let mut launcher = launch(p.path(), &args("runs/stalled", &[]));
+    let mut launcher = launch(p.path(), &args("runs/stalled", ONE_NODE, &[]));
     let run = p.path().join("runs/stalled");
     let (victim, stopped_at) = stall_rank_1_in_epoch_2(&mut launcher, &run);
     let (status, err) = finish(launcher);
@@ -148,9 +168,12 @@ fn a_stalled_rank_is_named_and_every_process_ends_within_the_collective_timeout(
 fn with_max_restarts_a_stalled_rank_is_replaced_and_the_run_ends_as_if_never_interrupted() {
     let p = real_project();
     let root = p.path();
-    let (status, err) = finish(launch(root, &args("runs/clean", &[])));
+    let (status, err) = finish(launch(root, &args("runs/clean", ONE_NODE, &[])));
     assert!(status.success(), "{err}");
-    let mut launcher = launch(root, &args("runs/two", &["trainer.max_restarts=1"]));
+    let mut launcher = launch(
+        root,
+        &args("runs/two", ONE_NODE, &["trainer.max_restarts=1"]),
+    );
     let run = root.join("runs/two");
     let (victim, _) = stall_rank_1_in_epoch_2(&mut launcher, &run);
     let (status, err) = finish(launcher);
@@ -164,6 +187,97 @@ fn with_max_restarts_a_stalled_rank_is_replaced_and_the_run_ends_as_if_never_int
             && restarts[0]["cause"].as_str().unwrap().contains("stalled"),
         "{restarts:?}"
     );
+    assert_eq!(
+        common::logged_steps(&run),
+        common::logged_steps(&root.join("runs/clean")),
+        "metrics.csv repeats or loses steps"
+    );
+    let full = |dir: &str| {
+        trainyard::storage::checkpoint::load(&root.join(dir).join("checkpoints/last.safetensors"))
+            .unwrap()
+            .state
+    };
+    let diff = worst_relative_difference(&full("runs/two"), &full("runs/clean"));
+    assert!(
+        diff <= 1e-6,
+        "weights and optimizer state differ by {diff:e}"
+    );
+}
+
+/// A link between two nodes that drops every packet (nothing arrives, nothing errs): both ranks'
+/// collectives time out after `trainer.collective_timeout_s`, and each node's launcher says a rank of the
+/// other node stalled or the network drops packets; with `trainer.max_restarts`, once the link heals, the
+/// group forms again and the run ends with the uninterrupted weights.
+#[test]
+fn a_link_that_drops_every_packet_times_out_and_the_run_resumes_once_it_heals() {
+    let test = "a_link_that_drops_every_packet_times_out_and_the_run_resumes_once_it_heals";
+    let Some(nodes) = TwoNodes::create(test, 8) else {
+        return;
+    };
+    let p = real_project();
+    let root = p.path();
+    let node = |n: usize, dir: &str, port: u16, extra: &[&str]| -> Child {
+        nodes
+            .command(n, TRAIN)
+            .args(args(dir, TWO_NODES, extra))
+            .current_dir(root)
+            .env_remove("TRAIN_CONFIG_PATH")
+            .env("OMP_NUM_THREADS", "1")
+            .env("MASTER_ADDR", &nodes.addr[0])
+            .env("MASTER_PORT", port.to_string())
+            .env("NODE_RANK", n.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let both = |dir: &str, port: u16, extra: &[&str]| {
+        [node(0, dir, port, extra), node(1, dir, port, extra)]
+    };
+
+    let [n0, n1] = both("runs/clean", 29541, &[]);
+    for (status, err) in [finish(n0), finish(n1)] {
+        assert!(status.success(), "{err}");
+    }
+
+    // Without restarts: both nodes stop soon, each naming the other's rank.
+    let [mut n0, n1] = both("runs/cut", 29542, &[]);
+    into_epoch_2(&mut n0, &root.join("runs/cut"));
+    nodes.drop_packets(true);
+    let cut_at = Instant::now();
+    let ends = [finish(n0), finish(n1)];
+    let took = cut_at.elapsed();
+    nodes.drop_packets(false);
+    assert!(
+        took < Duration::from_secs(TIMEOUT_S + 5 + 20),
+        "the nodes took {took:?} to stop"
+    );
+    for (n, (status, err)) in ends.iter().enumerate() {
+        assert_eq!(status.code(), Some(1), "node {n}: {err}");
+        let said = format!(
+            "a collective waited trainer.collective_timeout_s for a rank of another node (ranks {})",
+            1 - n
+        );
+        assert!(err.contains(&said), "node {n}: {err}");
+    }
+
+    // With a restart: the link heals once node 0 restarted its worker, and the group forms again.
+    let [mut n0, n1] = both("runs/two", 29543, &["trainer.max_restarts=1"]);
+    let run = root.join("runs/two");
+    into_epoch_2(&mut n0, &run);
+    nodes.drop_packets(true);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !run.join("restarts.json").is_file() {
+        assert!(
+            Instant::now() < deadline,
+            "node 0 did not restart its worker"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    nodes.drop_packets(false);
+    for (n, (status, err)) in [finish(n0), finish(n1)].iter().enumerate() {
+        assert!(status.success(), "node {n}: {err}");
+    }
     assert_eq!(
         common::logged_steps(&run),
         common::logged_steps(&root.join("runs/clean")),

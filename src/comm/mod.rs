@@ -29,10 +29,13 @@ pub const EXIT_NODE_MISSING: u8 = 69;
 /// outside the collective) as the one that stalled.
 pub const EXIT_COLLECTIVE_TIMEOUT: u8 = 76;
 
-/// Does this error say a collective timed out (Gloo's "Timed out waiting …ms for recv", NCCL's
-/// watchdog), rather than failed because a peer's connection closed?
+/// Does this error say a collective timed out, rather than failed because a peer's connection closed?
+/// Gloo says "Timed out waiting …ms for recv" when the peer is silent, "Read error [peer]: Connection
+/// timed out" when the network stopped carrying its packets (the socket's own timeout is the
+/// collective's; an S3 or store connection timing out is not this); NCCL's watchdog has its own words.
 pub fn is_collective_timeout(message: &str) -> bool {
     message.contains("Timed out waiting")
+        || (message.contains("gloo") && message.contains("Connection timed out"))
         || message.contains("Watchdog caught collective operation timeout")
 }
 
@@ -280,4 +283,19 @@ pub fn join(
         "a process group runs its collectives on libtorch's c10d (Gloo), which this build does not have: \
          rebuild with --features torch (scripts/install-libtorch.sh installs libtorch), or use trainer=single"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use rstest::rstest;
+
+    /// Gloo's own words (from runs of tests/stalled_rank.rs) and errors that are not a timeout.
+    #[rstest]
+    #[case::silent_peer("Internal torch error: [/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 8000ms for recv operation to complete", true)]
+    #[case::dropped_packets("Internal torch error: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:538] Read error [10.231.8.2]:19073: Connection timed out", true)]
+    #[case::dead_peer("Internal torch error: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:538] Read error [127.0.0.1]:41234: Connection reset by peer", false)]
+    #[case::s3("callbacks.model_checkpoint.dirpath=s3://b/p: the checkpoint could not be uploaded: Connection timed out", false)]
+    fn a_collective_timeout_is_told_from_other_failures(#[case] message: &str, #[case] is: bool) {
+        assert_eq!(super::is_collective_timeout(message), is);
+    }
 }

@@ -52,12 +52,27 @@ pub(super) struct Failure {
 }
 
 impl Failure {
-    fn cause(&self) -> String {
+    /// How it failed; a timed-out collective with no worker of this node stalled points at the others.
+    fn cause(&self, cluster: &Cluster) -> String {
         match &self.stalled {
             Some(state) => format!(
                 "stalled ({state}): it took no part in a collective the other ranks waited \
                  trainer.collective_timeout_s for"
             ),
+            None if self.status.code() == Some(crate::comm::EXIT_COLLECTIVE_TIMEOUT.into()) => {
+                let mine = cluster.node_rank * cluster.local_world_size
+                    ..(cluster.node_rank + 1) * cluster.local_world_size;
+                let others: Vec<String> = (0..cluster.world_size)
+                    .filter(|r| !mine.contains(r))
+                    .map(|r| r.to_string())
+                    .collect();
+                format!(
+                    "{}: a collective waited trainer.collective_timeout_s for a rank of another node \
+                     (ranks {}), which stalled, or the network between the nodes drops its packets",
+                    describe(self.status),
+                    others.join(", ")
+                )
+            }
             None => describe(self.status),
         }
     }
@@ -163,7 +178,7 @@ fn run_node(launch: &NodeLaunch) -> anyhow::Result<NodeEnd> {
         };
         let others = children.len() - 1;
         stop_all(&mut children);
-        let cause = failure.cause();
+        let cause = failure.cause(&launch.cluster);
         let log = rank_log(&launch.run_dir, failure.rank);
         if failure.status.code() == Some(crate::comm::EXIT_NODE_MISSING.into()) {
             // Waiting again would not bring the node back: the worker said which one is gone.

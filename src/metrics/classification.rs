@@ -5,7 +5,7 @@
 //! `weighted`, `none`; `binary`) and its rules for classes that never occur.
 
 use super::inputs;
-use super::{bad, Metric, Reduce, Result, State, Value};
+use super::{bad, states_of, Metric, Reduce, Result, State, Value};
 use crate::tensor::HostTensor;
 
 /// Binary (one score per item, a threshold) or multiclass (`num_classes` scores per item, or labels).
@@ -230,13 +230,7 @@ impl Metric for StatScore {
         }
     }
 
-    fn states(&self) -> Vec<&State> {
-        vec![&self.confusion.counts]
-    }
-
-    fn states_mut(&mut self) -> Vec<&mut State> {
-        vec![&mut self.confusion.counts]
-    }
+    states_of!(confusion.counts);
 
     fn higher_is_better(&self) -> bool {
         true
@@ -292,13 +286,7 @@ impl Metric for ConfusionMatrix {
         })
     }
 
-    fn states(&self) -> Vec<&State> {
-        vec![&self.confusion.counts]
-    }
-
-    fn states_mut(&mut self) -> Vec<&mut State> {
-        vec![&mut self.confusion.counts]
-    }
+    states_of!(confusion.counts);
 
     fn higher_is_better(&self) -> bool {
         true
@@ -370,13 +358,7 @@ impl Metric for JaccardIndex {
         ))
     }
 
-    fn states(&self) -> Vec<&State> {
-        vec![&self.confusion.counts]
-    }
-
-    fn states_mut(&mut self) -> Vec<&mut State> {
-        vec![&mut self.confusion.counts]
-    }
+    states_of!(confusion.counts);
 
     fn higher_is_better(&self) -> bool {
         true
@@ -391,12 +373,7 @@ impl Metric for JaccardIndex {
 mod tests {
     use super::*;
 
-    fn t(shape: &[usize], data: &[f32]) -> HostTensor {
-        HostTensor {
-            shape: shape.to_vec(),
-            data: data.to_vec(),
-        }
-    }
+    use crate::metrics::tensor as t;
 
     fn multiclass(statistic: Statistic, average: Average, k: usize) -> StatScore {
         StatScore {

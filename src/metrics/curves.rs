@@ -6,7 +6,7 @@
 
 use super::classification::Average;
 use super::inputs;
-use super::{bad, Metric, Result, State, Value};
+use super::{bad, states_of, Metric, Result, State, Value};
 use crate::tensor::HostTensor;
 
 pub struct Auroc {
@@ -149,13 +149,7 @@ impl Metric for Auroc {
         })
     }
 
-    fn states(&self) -> Vec<&State> {
-        vec![&self.scores, &self.target]
-    }
-
-    fn states_mut(&mut self) -> Vec<&mut State> {
-        vec![&mut self.scores, &mut self.target]
-    }
+    states_of!(scores, target);
 
     fn higher_is_better(&self) -> bool {
         true

@@ -103,6 +103,30 @@ pub fn bad(message: impl Into<String>) -> MetricError {
     MetricError(message.into())
 }
 
+/// `Metric::states` and `states_mut` of a metric whose states are the named fields (paths into
+/// `self`), in the order its ranks' copies are combined.
+macro_rules! states_of {
+    ($($($field:ident).+),+ $(,)?) => {
+        fn states(&self) -> Vec<&$crate::metrics::State> {
+            vec![$(&self.$($field).+),+]
+        }
+
+        fn states_mut(&mut self) -> Vec<&mut $crate::metrics::State> {
+            vec![$(&mut self.$($field).+),+]
+        }
+    };
+}
+pub(crate) use states_of;
+
+/// A tensor for the metrics' unit tests.
+#[cfg(test)]
+pub(crate) fn tensor(shape: &[usize], data: &[f32]) -> HostTensor {
+    HostTensor {
+        shape: shape.to_vec(),
+        data: data.to_vec(),
+    }
+}
+
 /// A stateful metric (torchmetrics' `Metric`).
 pub trait Metric: Send {
     /// Accumulates one batch into the states.

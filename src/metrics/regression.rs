@@ -4,7 +4,7 @@
 //! model's `(N, 1)` beside `(N,)` targets is taken as that); with one output, everything is flattened.
 
 use super::inputs;
-use super::{bad, Metric, Reduce, Result, State, Value};
+use super::{bad, states_of, Metric, Reduce, Result, State, Value};
 use crate::tensor::HostTensor;
 
 /// Mean squared (or absolute) error over every element seen.
@@ -60,13 +60,7 @@ impl Metric for MeanError {
         }))
     }
 
-    fn states(&self) -> Vec<&State> {
-        vec![&self.sum, &self.total]
-    }
-
-    fn states_mut(&mut self) -> Vec<&mut State> {
-        vec![&mut self.sum, &mut self.total]
-    }
+    states_of!(sum, total);
 
     fn higher_is_better(&self) -> bool {
         false
@@ -196,18 +190,7 @@ impl Metric for R2Score {
         }))
     }
 
-    fn states(&self) -> Vec<&State> {
-        vec![&self.sum_squared_obs, &self.sum_obs, &self.rss, &self.total]
-    }
-
-    fn states_mut(&mut self) -> Vec<&mut State> {
-        vec![
-            &mut self.sum_squared_obs,
-            &mut self.sum_obs,
-            &mut self.rss,
-            &mut self.total,
-        ]
-    }
+    states_of!(sum_squared_obs, sum_obs, rss, total);
 
     fn higher_is_better(&self) -> bool {
         true
@@ -222,12 +205,7 @@ impl Metric for R2Score {
 mod tests {
     use super::*;
 
-    fn t(shape: &[usize], data: &[f32]) -> HostTensor {
-        HostTensor {
-            shape: shape.to_vec(),
-            data: data.to_vec(),
-        }
-    }
+    use crate::metrics::tensor as t;
 
     /// torchmetrics' docstring examples.
     #[test]

@@ -6,7 +6,7 @@
 
 use super::classification::Average;
 use super::inputs;
-use super::{bad, Metric, Result, State, Value};
+use super::{bad, states_of, Metric, Result, State, Value};
 use crate::tensor::HostTensor;
 
 /// torchmetrics' `aggregation_level`.
@@ -185,17 +185,7 @@ impl Metric for DiceScore {
         })
     }
 
-    fn states(&self) -> Vec<&State> {
-        vec![&self.numerator, &self.denominator, &self.support]
-    }
-
-    fn states_mut(&mut self) -> Vec<&mut State> {
-        vec![
-            &mut self.numerator,
-            &mut self.denominator,
-            &mut self.support,
-        ]
-    }
+    states_of!(numerator, denominator, support);
 
     fn higher_is_better(&self) -> bool {
         true

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod kernels;
+pub mod netns;
 pub mod s3_server;
 pub mod shards;
 

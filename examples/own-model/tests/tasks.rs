@@ -3,17 +3,9 @@
 //! shapes (mean IoU and Dice lead the run: console, metrics.csv, ModelCheckpoint, logbook), and the house
 //! price regression reports R², whose value `train predict`'s rows reproduce.
 
+mod common;
+use common::{summary, train};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_train"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("TRAIN_CONFIG_PATH")
-        .output()
-        .unwrap()
-}
 
 /// `train <args> hydra.run.dir=<dir>`: its stdout; panics with both streams when it fails.
 fn ok(dir: &Path, args: &[&str]) -> String {
@@ -28,10 +20,6 @@ fn ok(dir: &Path, args: &[&str]) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
-}
-
-fn summary(run: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
 }
 
 #[test]

@@ -2,17 +2,9 @@
 //! as a user runs it: it trains and learns, its checkpoint resumes (only the remaining epoch runs), a bad
 //! argument is refused with this project's file and line, and under `--features torch` it trains with DDP.
 
+mod common;
+use common::{summary, train};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn train(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_train"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env_remove("TRAIN_CONFIG_PATH")
-        .output()
-        .unwrap()
-}
 
 /// A run into a fresh temp dir; panics with the output when it fails.
 fn run(dir: &Path, extra: &[&str]) -> PathBuf {
@@ -37,10 +29,6 @@ fn run(dir: &Path, extra: &[&str]) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     dir.to_path_buf()
-}
-
-fn summary(run: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
 }
 
 fn weights(run: &Path) -> Vec<(String, Vec<f32>)> {
