@@ -101,6 +101,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--record", action="store_true")
     args = ap.parse_args()
+    args.train = os.path.abspath(args.train)
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     work = tempfile.mkdtemp(prefix="trainyard-stall-")
     script = os.path.join(work, "worker.py")
