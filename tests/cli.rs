@@ -486,6 +486,41 @@ fn config_path_replaces_the_search_path() {
     assert_eq!(stdout(&out), "x: 1\n");
 }
 
+/// A config that includes itself through its defaults list (found by fuzzing: a stack overflow) is one
+/// clear error naming the chain.
+#[test]
+fn a_defaults_list_cycle_is_named() {
+    let p = project();
+    let conf = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(conf.path().join("data")).unwrap();
+    std::fs::create_dir_all(conf.path().join("model")).unwrap();
+    let files = [
+        ("main.yaml", "defaults:\n  - model: a\n  - _self_\n"),
+        ("model/a.yaml", "defaults:\n  - /data: x\nname: a\n"),
+        ("data/x.yaml", "defaults:\n  - /model: a\nsize: 1\n"),
+    ];
+    for (name, text) in files {
+        std::fs::write(conf.path().join(name), text).unwrap();
+    }
+    let args = [
+        "-cp",
+        conf.path().to_str().unwrap(),
+        "-cn",
+        "main",
+        "--cfg",
+        "job",
+    ];
+    let out = train(p.path(), &args);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "Defaults List cycle: 'model/a' includes itself (main -> model/a -> data/x -> model/a)"
+        ),
+        "{err}"
+    );
+}
+
 #[test]
 fn train_config_path_names_the_project() {
     let p = project();

@@ -51,6 +51,7 @@ macro_rules! by_tile_shape {
 }
 
 pub mod attention;
+pub mod bf16;
 pub mod buffer;
 pub mod cache;
 pub mod conv;

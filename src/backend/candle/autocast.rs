@@ -5,28 +5,53 @@
 //! gradients to bf16 too, as autocast's bf16 ops do. CPUs without bf16 arithmetic gain no speed from this;
 //! it reproduces the accuracy a user will see with bf16 autocast.
 //!
+//! On a CPU with bf16 instructions (AMX-BF16 or AVX512-BF16: `trainyard_conv::bf16::Tier`) the
+//! convolutions run on them, forward and backward, as oneDNN runs autocast's; elsewhere the products are
+//! f32 products of rounded operands (emulated, slower than 32-true), which `train` says once.
+//!
 //! Where `torch.autocast` is a thread-local switch, here the mode is a value each forward pass carries
 //! (`models::Pass`), so nothing outside the call decides how it computes.
 
-use candle_core::{DType, Result, Tensor};
+use super::kernels::cpu::{f32_slice, is_cpu_f32, with_f32};
+use super::kernels::tape;
+use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+use trainyard_conv::bf16::pack::{from_bf16, to_bf16};
+use trainyard_conv::bf16::Tier;
+use trainyard_conv::buffer::{assume_init, uninit};
 
 /// The autocast mode of one forward pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Autocast {
     /// bf16 rounding of matrix products' and convolutions' operands and results.
     pub bf16: bool,
+    /// The bf16 instructions products run on; `None`: emulated.
+    pub tier: Option<Tier>,
 }
 
 impl Autocast {
     /// No autocast: every op in f32.
-    pub const OFF: Autocast = Autocast { bf16: false };
+    pub const OFF: Autocast = Autocast {
+        bf16: false,
+        tier: None,
+    };
+
+    /// bf16 autocast on this CPU's bf16 instructions (`bf16_tier`).
+    pub fn bf16() -> Autocast {
+        Autocast {
+            bf16: true,
+            tier: bf16_tier(),
+        }
+    }
 
     /// `t` rounded to bf16 and back when autocast is on (differentiable); `t` itself otherwise.
     pub fn round(self, t: &Tensor) -> Result<Tensor> {
-        if self.bf16 && t.dtype() == DType::F32 {
-            t.to_dtype(DType::BF16)?.to_dtype(DType::F32)
-        } else {
+        if !self.bf16 || t.dtype() != DType::F32 {
             Ok(t.clone())
+        } else if is_cpu_f32(t) {
+            tape::op1(&t.contiguous()?, RoundBf16)
+        } else {
+            t.to_dtype(DType::BF16)?.to_dtype(DType::F32)
         }
     }
 
@@ -63,7 +88,12 @@ impl Autocast {
         if !self.bf16 {
             return super::kernels::conv::conv2d(x, w, stride, padding);
         }
-        let y = super::kernels::conv::conv2d(&self.round(x)?, &self.round(w)?, stride, padding)?;
+        use super::kernels::conv;
+        if let (Some(tier), true) = (self.tier, conv::handles(x, w)?) {
+            // The roundings inside the op (`conv2d_on`).
+            return conv::conv2d_on(x, w, stride, padding, Some(tier));
+        }
+        let y = conv::conv2d(&self.round(x)?, &self.round(w)?, stride, padding)?;
         self.round(&y)
     }
 
@@ -83,6 +113,71 @@ impl Autocast {
         let y = self.conv2d(x, w, stride, padding)?;
         super::kernels::fused::relu(&super::kernels::fused::add_channel_bias(&y, bias)?)
     }
+}
+
+/// A cast to bf16 and back as one f32 op, forward and backward (the gradient rounded as the cast's
+/// backward rounds it). Through Candle's own casts the backward summed gradients as bf16 tensors, on an
+/// element-at-a-time path that took ~40% of a ResNet-18 step, and the body left trainyard's tape.
+struct RoundBf16;
+
+impl CustomOp1 for RoundBf16 {
+    fn name(&self) -> &'static str {
+        "trainyard-round-bf16"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        Ok((
+            CpuStorage::F32(rounded(f32_slice(s, l)?)),
+            l.shape().clone(),
+        ))
+    }
+
+    fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
+        let g = with_f32(grad, |g| Ok(rounded(g)))?;
+        Ok(Some(Tensor::from_vec(g, grad.shape(), grad.device())?))
+    }
+}
+
+/// Each value rounded to the nearest bf16 (ties to even), kept as f32.
+fn rounded(x: &[f32]) -> Vec<f32> {
+    let mut y = uninit(x.len());
+    y.par_chunks_mut(1 << 14)
+        .zip(x.par_chunks(1 << 14))
+        .for_each(|(o, i)| {
+            for (o, v) in o.iter_mut().zip(i) {
+                o.write(from_bf16(to_bf16(*v)));
+            }
+        });
+    // SAFETY: every element was written.
+    unsafe { assume_init(y) }
+}
+
+/// The bf16 tier of this process: the fastest this CPU has, or `TRAINYARD_BF16=amx|avx512-bf16|emulated`
+/// (benchmarks, and the tests that compare tiers); `None` (emulated) where the CPU has neither, said once.
+pub fn bf16_tier() -> Option<Tier> {
+    static CHOICE: std::sync::OnceLock<Option<Tier>> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        let choice = match std::env::var("TRAINYARD_BF16").as_deref() {
+            Ok("emulated") => None,
+            Ok(name) => match Tier::parse(name).filter(|t| t.supported()) {
+                Some(tier) => Some(tier),
+                None => {
+                    tracing::warn!(
+                        "TRAINYARD_BF16={name} is not a tier this CPU runs (amx, avx512-bf16, portable, emulated); using the fastest it has"
+                    );
+                    Tier::detected()
+                }
+            },
+            Err(_) => Tier::detected(),
+        };
+        if choice.is_none() {
+            tracing::warn!(
+                "trainer.precision=bf16-mixed: this CPU has neither AMX-BF16 nor AVX512-BF16, so bf16 is \
+                 emulated (f32 products of bf16-rounded operands: autocast's accuracy, slower than 32-true)"
+            );
+        }
+        choice
+    })
 }
 
 #[cfg(test)]
@@ -106,11 +201,14 @@ mod tests {
             .to_vec2::<f32>()
             .unwrap()[0][0];
         assert_eq!(full, (1.0f32 + 1.0 / 512.0) + 3.0 * (1.0 / 3.0));
-        let mixed = Autocast { bf16: true }
-            .matmul(&a, &b)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap()[0][0];
+        let mixed = Autocast {
+            bf16: true,
+            tier: None,
+        }
+        .matmul(&a, &b)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap()[0][0];
         let expected = bf16_round(bf16_round(1.0 + 1.0 / 512.0) + 3.0 * bf16_round(1.0 / 3.0));
         assert_eq!(mixed, expected);
         assert_ne!(mixed, full);
@@ -120,11 +218,14 @@ mod tests {
     fn gradients_flow_through_the_rounding() {
         let w = Var::new(&[[0.1f32, 0.2], [0.3, 0.4]], &Device::Cpu).unwrap();
         let x = Tensor::new(&[[1.0f32, 2.0]], &Device::Cpu).unwrap();
-        let loss = Autocast { bf16: true }
-            .matmul(&x, w.as_tensor())
-            .unwrap()
-            .sum_all()
-            .unwrap();
+        let loss = Autocast {
+            bf16: true,
+            tier: None,
+        }
+        .matmul(&x, w.as_tensor())
+        .unwrap()
+        .sum_all()
+        .unwrap();
         let g = loss.backward().unwrap();
         let gw = g.get(w.as_tensor()).unwrap().to_vec2::<f32>().unwrap();
         assert_eq!(gw, vec![vec![1.0, 1.0], vec![2.0, 2.0]]);

@@ -96,8 +96,10 @@ impl CandleEngine {
             buffers.insert(name, to_candle(&init::constant(&shape, value), &device)?);
         }
         Ok(CandleEngine {
-            autocast: Autocast {
-                bf16: exp.trainer.precision == crate::schema::Precision::MixedBf16,
+            autocast: if bf16 {
+                Autocast::bf16()
+            } else {
+                Autocast::OFF
             },
             device,
             model,

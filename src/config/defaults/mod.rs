@@ -96,6 +96,7 @@ pub fn create_defaults_list(
         overrides: &mut overrides,
         skip_missing,
         dropped_options: Vec::new(),
+        expanding: Vec::new(),
     };
     let primary_tree = walker.create_tree(root, true, false, None)?;
     let tree = if prepend_hydra {

@@ -13,6 +13,10 @@ pub(super) struct Walker<'a> {
     pub(super) skip_missing: bool,
     /// Options of an optional multi-select the command line named and that do not exist (Hydra drops them).
     pub(super) dropped_options: Vec<String>,
+    /// The configs whose defaults lists are being expanded, outermost first: a config that includes
+    /// itself, directly or through others, is refused by name (Hydra recurses until Python's recursion
+    /// limit; here it overflowed the stack, found by fuzzing).
+    pub(super) expanding: Vec<String>,
 }
 
 impl Walker<'_> {
@@ -65,6 +69,15 @@ impl Walker<'_> {
                 return Err(self.not_found(&root.node, parent_path));
             }
         };
+        if self.expanding.contains(&path) {
+            let chain: Vec<&str> = self.expanding.iter().map(String::as_str).collect();
+            return Err(ConfigError::composition(format!(
+                "Defaults List cycle: '{path}' includes itself ({} -> {path}); remove the entry that \
+                 names it again from its defaults list",
+                chain.join(" -> ")
+            )));
+        }
+        self.expanding.push(path.clone());
         let mut defaults_list = loaded.defaults.clone();
         let mut self_added = false;
         if !defaults_list.is_empty() || (is_root_config && !self.overrides.appends.is_empty()) {
@@ -162,6 +175,7 @@ impl Walker<'_> {
             children.reverse();
             root.children = Some(children);
         }
+        self.expanding.pop();
         Ok(root)
     }
 

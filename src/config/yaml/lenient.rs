@@ -8,6 +8,12 @@
 /// How many re-indents one file may need before its error is reported as it stands.
 const MAX_REINDENTS: usize = 10_000;
 
+/// How many bytes the retries of one file may parse in all. A line inside a flow collection whose
+/// bracket the scanner does not name moved one space per retry, each a parse of the whole file: on a
+/// file with a line thousands of characters wide that was thousands of parses (found by fuzzing: 4-30 KB
+/// files, over 10 s each). 2 MiB is some 1,000 retries of a 2 KB config.
+pub(super) const MAX_REINDENT_BYTES: usize = 2 << 20;
+
 /// How far past the widest line of the file a line may be pushed: no re-indent PyYAML would accept needs
 /// more (a line moves past a bracket or quote on some line of the file). Without this bound a line the
 /// scanner keeps refusing was pushed one space further per try, each try a parse of the whole file
@@ -17,8 +23,8 @@ const PAST_WIDEST: usize = 4;
 /// What the scanner refused that PyYAML accepts (lines and columns 1-based, in the text scanned).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Reindent {
-    /// A line inside a flow collection: its first character must reach `col` (one space further each
-    /// try when the opening bracket is not known).
+    /// A line inside a flow collection: its first character must reach `col` (further each try when
+    /// the opening bracket is not known).
     FlowLine { line: usize, col: Option<usize> },
     /// A quoted scalar opening at (`line`, `col`) with a continuation line at or left of its parent's
     /// indentation: every continuation line is moved past the quote.
@@ -34,7 +40,13 @@ pub(super) fn reindent(text: &str, pads: &mut Vec<usize>, reindent: Reindent) ->
     }
     let (lines, col) = match reindent {
         Reindent::FlowLine { line, col } => {
-            (line..=line, col.unwrap_or(indent_of(text, line)? + 2))
+            // Without the bracket's column: twice the spaces already added (1, 2, 4, ...), so a line
+            // reaches the column it needs in a few parses, not one per space.
+            let step = pads.get(line - 1).copied().unwrap_or(0).max(1);
+            (
+                line..=line,
+                col.unwrap_or(indent_of(text, line)? + 1 + step),
+            )
         }
         Reindent::QuotedScalar { line, col } => {
             (line + 1..=closing_quote_line(text, line, col)?, col + 1)

@@ -47,10 +47,12 @@ pub use writer::{key_text, quote_if_needed, to_yaml};
 pub fn parse(text: &str, path: &str) -> Result<Option<Node>, YamlError> {
     let mut pads = Vec::new();
     let mut reindented: Option<String> = None;
+    let mut parsed = 0;
     loop {
         let current = reindented.as_deref().unwrap_or(text);
         let (result, reindent) = parse_once(current, path, &pads);
-        if result.is_ok() {
+        parsed += current.len();
+        if result.is_ok() || parsed > lenient::MAX_REINDENT_BYTES {
             return result;
         }
         // An error after a re-indent is the file's next problem (or the same one, when indenting did not

@@ -11,6 +11,7 @@ use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Result, Shape, Tensor};
 use gemm::Parallelism;
 use rayon::prelude::*;
+use trainyard_conv::bf16::{self, Operand, Tier, Write};
 
 /// Square kernel, no dilation, one group: what the zoo uses.
 #[derive(Debug, Clone, Copy)]
@@ -23,6 +24,9 @@ pub(super) struct Geometry {
     k: usize,
     stride: usize,
     padding: usize,
+    /// Products with bf16 operands on this tier (`bf16-mixed` on a CPU with bf16 instructions); f32 when
+    /// `None`.
+    bf16: Option<Tier>,
 }
 
 impl Geometry {
@@ -58,18 +62,36 @@ impl Geometry {
 /// `x` (N, C, H, W) convolved with `w` (O, C, K, K); falls back to Candle's own kernels off the CPU or
 /// for other dtypes. (Under bf16 autocast: `autocast::Autocast::conv2d`.)
 pub fn conv2d(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+    conv2d_on(x, w, stride, padding, None)
+}
+
+/// `conv2d`, or with `bf16` bf16 autocast's convolution on that tier: `x` and `w` rounded to bf16, f32
+/// sums, the result rounded to bf16 (kept as f32); backward, the output gradient rounded, and both
+/// gradients rounded as the casts around autocast's convolution round them. The roundings happen where
+/// the products pack their operands and write their sums: no pass of their own.
+pub fn conv2d_on(
+    x: &Tensor,
+    w: &Tensor,
+    stride: usize,
+    padding: usize,
+    bf16: Option<Tier>,
+) -> Result<Tensor> {
     if !handles(x, w)? {
         return x.conv2d(w, padding, stride, 1, 1);
     }
     tape::op2(
         &x.contiguous()?,
         &w.contiguous()?,
-        Conv2d { stride, padding },
+        Conv2d {
+            stride,
+            padding,
+            bf16,
+        },
     )
 }
 
 /// Whether `conv2d(x, w)` runs on the kernels here (CPU, f32, square kernel) rather than Candle's.
-pub(super) fn handles(x: &Tensor, w: &Tensor) -> Result<bool> {
+pub(crate) fn handles(x: &Tensor, w: &Tensor) -> Result<bool> {
     let (_, _, kh, kw) = w.dims4()?;
     Ok(matches!(x.device(), Device::Cpu)
         && x.dtype() == DType::F32
@@ -78,7 +100,12 @@ pub(super) fn handles(x: &Tensor, w: &Tensor) -> Result<bool> {
 }
 
 /// The geometry of `x` (N, C, H, W) convolved with `w` (O, C, K, K), checked.
-pub(super) fn geometry(x: &Layout, w: &Layout, stride: usize, padding: usize) -> Result<Geometry> {
+pub(super) fn geometry(
+    x: &Layout,
+    w: &Layout,
+    (stride, padding): (usize, usize),
+    bf16: Option<Tier>,
+) -> Result<Geometry> {
     let (batch, c_in, h, wd) = x.shape().dims4()?;
     let (c_out, wc, k, _) = w.shape().dims4()?;
     if wc != c_in {
@@ -98,6 +125,7 @@ pub(super) fn geometry(x: &Layout, w: &Layout, stride: usize, padding: usize) ->
         k,
         stride,
         padding,
+        bf16,
     })
 }
 
@@ -109,41 +137,53 @@ fn threads() -> usize {
 
 /// Fill the columns `offset..offset + out_hw` of `col` (ckk rows of `row_len`) from one image (c_in x h x w).
 fn im2col(g: &Geometry, img: &[f32], col: &mut [f32], row_len: usize, offset: usize) {
+    let ohw = g.out_hw();
+    for row in 0..g.ckk() {
+        im2col_row(g, img, row, &mut col[row * row_len + offset..][..ohw]);
+    }
+}
+
+/// Row `row` (input channel, kernel row, kernel column) of one image's im2col matrix: `out_hw` values.
+fn im2col_row(g: &Geometry, img: &[f32], row: usize, out: &mut [f32]) {
     let (oh, ow) = (g.out_h(), g.out_w());
     let (s, p) = (g.stride as isize, g.padding as isize);
-    for c in 0..g.c_in {
-        let plane = &img[c * g.h * g.w..(c + 1) * g.h * g.w];
-        for ki in 0..g.k {
-            for kj in 0..g.k {
-                let row = (c * g.k + ki) * g.k + kj;
-                let out = &mut col[row * row_len + offset..][..oh * ow];
-                if g.keeps_width() {
-                    shifted_copy(g, plane, out, ki, kj);
-                    continue;
-                }
-                for y in 0..oh {
-                    let iy = y as isize * s - p + ki as isize;
-                    let dst = &mut out[y * ow..(y + 1) * ow];
-                    if iy < 0 || iy >= g.h as isize {
-                        dst.fill(0.0);
-                        continue;
-                    }
-                    let src = &plane[iy as usize * g.w..(iy as usize + 1) * g.w];
-                    let (lo, hi) = valid_range(ow, g.w, s, p, kj as isize);
-                    dst[..lo].fill(0.0);
-                    dst[hi.max(lo)..].fill(0.0);
-                    if hi > lo {
-                        let x0 = (lo as isize * s - p + kj as isize) as usize;
-                        if s == 1 {
-                            dst[lo..hi].copy_from_slice(&src[x0..x0 + (hi - lo)]);
-                        } else {
-                            for (i, d) in dst[lo..hi].iter_mut().enumerate() {
-                                *d = src[x0 + i * g.stride];
-                            }
-                        }
-                    }
+    let (c, ki, kj) = (row / (g.k * g.k), (row / g.k) % g.k, row % g.k);
+    let plane = &img[c * g.h * g.w..(c + 1) * g.h * g.w];
+    if g.keeps_width() {
+        shifted_copy(g, plane, out, ki, kj);
+        return;
+    }
+    for y in 0..oh {
+        let iy = y as isize * s - p + ki as isize;
+        let dst = &mut out[y * ow..(y + 1) * ow];
+        if iy < 0 || iy >= g.h as isize {
+            dst.fill(0.0);
+            continue;
+        }
+        let src = &plane[iy as usize * g.w..(iy as usize + 1) * g.w];
+        let (lo, hi) = valid_range(ow, g.w, s, p, kj as isize);
+        dst[..lo].fill(0.0);
+        dst[hi.max(lo)..].fill(0.0);
+        if hi > lo {
+            let x0 = (lo as isize * s - p + kj as isize) as usize;
+            if s == 1 {
+                dst[lo..hi].copy_from_slice(&src[x0..x0 + (hi - lo)]);
+            } else {
+                for (i, d) in dst[lo..hi].iter_mut().enumerate() {
+                    *d = src[x0 + i * g.stride];
                 }
             }
+        }
+    }
+}
+
+/// Row `row` of the im2col matrix of `images` consecutive images (each `out_hw` columns), made on demand
+/// for a bf16 product, which packs it without an f32 copy of the whole matrix.
+fn im2col_rows<'a>(g: &'a Geometry, images: &'a [f32]) -> impl Fn(usize, &mut [f32]) + Sync + 'a {
+    let (ohw, img_len) = (g.out_hw(), g.c_in * g.h * g.w);
+    move |row, buf| {
+        for (img, out) in images.chunks_exact(img_len).zip(buf.chunks_exact_mut(ohw)) {
+            im2col_row(g, img, row, out);
         }
     }
 }
@@ -316,7 +356,7 @@ fn matmul(
     lhs_strides: (usize, usize),
     rhs: &[f32],
     rhs_strides: (usize, usize),
-    par: Parallelism,
+    tk: Tasks,
 ) {
     let dst_strides = (n, 1);
     strided_matmul(
@@ -325,19 +365,33 @@ fn matmul(
         accumulate,
         (lhs, lhs_strides),
         (rhs, rhs_strides),
-        par,
+        tk,
     )
 }
 
-/// A GEMM over three strided matrices, each given with its (row, column) strides.
+/// A GEMM over three strided matrices, each given with its (row, column) strides: in f32 on the `gemm`
+/// crate, or with bf16 operands on the task's tier.
 fn strided_matmul(
     (m, n, k): (usize, usize, usize),
     (dst, (dst_rs, dst_cs)): (&mut [f32], (usize, usize)),
     accumulate: bool,
     (lhs, (lhs_rs, lhs_cs)): (&[f32], (usize, usize)),
     (rhs, (rhs_rs, rhs_cs)): (&[f32], (usize, usize)),
-    par: Parallelism,
+    tk: Tasks,
 ) {
+    if let Some(tier) = tk.bf16 {
+        let parallel = !matches!(tk.par, Parallelism::None);
+        return bf16::matmul(
+            tier,
+            (m, n, k),
+            (dst, (dst_rs, dst_cs)),
+            accumulate,
+            (lhs, (lhs_rs, lhs_cs)),
+            (rhs, (rhs_rs, rhs_cs)),
+            parallel,
+        );
+    }
+    let par = tk.par;
     let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
     assert!(
         m > 0
@@ -381,6 +435,7 @@ fn strided_matmul(
 struct Tasks {
     images: usize,
     par: Parallelism,
+    bf16: Option<Tier>,
 }
 
 fn tasks(g: &Geometry) -> Tasks {
@@ -390,12 +445,14 @@ fn tasks(g: &Geometry) -> Tasks {
         return Tasks {
             images: 1,
             par: Parallelism::Rayon(t),
+            bf16: g.bf16,
         };
     }
     let wide = 512usize.div_ceil(g.out_hw()).max(1);
     Tasks {
         images: wide.min(g.batch.div_ceil(t)).max(1),
         par: Parallelism::None,
+        bf16: g.bf16,
     }
 }
 
@@ -466,6 +523,7 @@ fn scatter_channels(src: &[f32], c: usize, hw: usize, images: usize, dst: &mut [
 struct Conv2d {
     stride: usize,
     padding: usize,
+    bf16: Option<Tier>,
 }
 
 impl CustomOp2 for Conv2d {
@@ -480,7 +538,7 @@ impl CustomOp2 for Conv2d {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let g = geometry(l1, l2, self.stride, self.padding)?;
+        let g = geometry(l1, l2, (self.stride, self.padding), self.bf16)?;
         let y = forward(&g, slice(s1, l1)?, slice(s2, l2)?, &|_, _| {});
         Ok((CpuStorage::F32(y), g.out_shape()))
     }
@@ -492,7 +550,7 @@ impl CustomOp2 for Conv2d {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        backward(x, w, grad, self.stride, self.padding)
+        backward(x, w, grad, (self.stride, self.padding), self.bf16)
     }
 }
 
@@ -511,6 +569,10 @@ pub(super) fn forward(
     let cols_max = tk.images * ohw;
     let direct = tk.images == 1;
     let scratch = ckk * cols_max + if direct { 0 } else { g.c_out * cols_max };
+    // Under bf16, W packed once for every task.
+    let packed = g
+        .bf16
+        .map(|_| bf16::Packed::lhs(w, (ckk, 1), (g.c_out, ckk)));
     run_tasks(
         tk,
         g.batch,
@@ -520,6 +582,30 @@ pub(super) fn forward(
         |first, images, y_out, buf| {
             let cols = images * ohw;
             let (col, tmp) = buf.split_at_mut(ckk * cols_max);
+            if let (Some(tier), Some(packed)) = (tk.bf16, &packed) {
+                let rows = im2col_rows(g, &x[first * img_len..(first + images) * img_len]);
+                let dst = if direct {
+                    &mut *y_out
+                } else {
+                    &mut tmp[..g.c_out * cols]
+                };
+                let operands = (Operand::Packed(packed), Operand::Rows(&rows));
+                let parallel = !matches!(tk.par, Parallelism::None);
+                let dims = (g.c_out, cols, ckk);
+                bf16::product(
+                    tier,
+                    dims,
+                    (dst, (cols, 1)),
+                    Write::StoreBf16,
+                    operands,
+                    parallel,
+                );
+                if !direct {
+                    scatter_channels(&tmp[..g.c_out * cols], g.c_out, ohw, images, y_out);
+                }
+                epilogue(first, y_out);
+                return;
+            }
             let col: &[f32] = if direct && g.is_pointwise() {
                 &x[first * img_len..(first + 1) * img_len]
             } else {
@@ -545,7 +631,7 @@ pub(super) fn forward(
                     (ckk, 1),
                     col,
                     (cols, 1),
-                    tk.par,
+                    tk,
                 );
             } else {
                 matmul(
@@ -558,7 +644,7 @@ pub(super) fn forward(
                     (ckk, 1),
                     col,
                     (cols, 1),
-                    tk.par,
+                    tk,
                 );
                 scatter_channels(&tmp[..g.c_out * cols], g.c_out, ohw, images, y_out);
             }
@@ -568,254 +654,10 @@ pub(super) fn forward(
     y
 }
 
-/// Gradients of the input (only when it is tracked: never for the images) and of the kernel, given the
-/// gradient of the conv's output.
-pub(super) fn backward(
-    x: &Tensor,
-    w: &Tensor,
-    grad: &Tensor,
-    stride: usize,
-    padding: usize,
-) -> Result<(Option<Tensor>, Option<Tensor>)> {
-    let grad = grad.contiguous()?;
-    let gx = if x.track_op() {
-        let (_, _, h, wd) = x.dims4()?;
-        Some(grad.apply_op2_no_bwd(
-            w,
-            &InputGrad {
-                stride,
-                padding,
-                h,
-                w: wd,
-            },
-        )?)
-    } else {
-        None
-    };
-    let gw = if w.track_op() {
-        let (_, _, k, _) = w.dims4()?;
-        Some(x.apply_op2_no_bwd(&grad, &WeightGrad { stride, padding, k })?)
-    } else {
-        None
-    };
-    Ok((gx, gw))
-}
-
-/// d(loss)/d(input) from (grad_out, weight).
-struct InputGrad {
-    stride: usize,
-    padding: usize,
-    h: usize,
-    w: usize,
-}
-
-impl CustomOp2 for InputGrad {
-    fn name(&self) -> &'static str {
-        "trainyard-conv2d-input-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (batch, c_out, _, _) = l1.shape().dims4()?;
-        let (wc_out, c_in, k, _) = l2.shape().dims4()?;
-        if wc_out != c_out {
-            candle_core::bail!(
-                "conv2d backward: gradient has {c_out} channels, the kernel {wc_out}"
-            );
-        }
-        let g = Geometry {
-            batch,
-            c_in,
-            h: self.h,
-            w: self.w,
-            c_out,
-            k,
-            stride: self.stride,
-            padding: self.padding,
-        };
-        let (gy, w) = (slice(s1, l1)?, slice(s2, l2)?);
-        let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), g.c_in * g.h * g.w);
-        let tk = tasks(&g);
-        let cols_max = tk.images * ohw;
-        let direct = tk.images == 1;
-        let mut gx = vec![0f32; batch * img_len];
-        let scratch = ckk * cols_max + if direct { 0 } else { c_out * cols_max };
-        run_tasks(
-            tk,
-            batch,
-            &mut gx,
-            img_len,
-            scratch,
-            |first, images, gx_out, buf| {
-                let cols = images * ohw;
-                let (col, gathered) = buf.split_at_mut(ckk * cols_max);
-                let gy_task = &gy[first * c_out * ohw..(first + images) * c_out * ohw];
-                let rhs: &[f32] = if direct {
-                    gy_task
-                } else {
-                    gather_channels(gy_task, c_out, ohw, images, gathered);
-                    &gathered[..c_out * cols]
-                };
-                // col = W^T (ckk x c_out) * gy (c_out x cols)
-                if direct && g.is_pointwise() {
-                    matmul(
-                        ckk,
-                        cols,
-                        c_out,
-                        gx_out,
-                        false,
-                        w,
-                        (1, ckk),
-                        rhs,
-                        (cols, 1),
-                        tk.par,
-                    );
-                    return;
-                }
-                matmul(
-                    ckk,
-                    cols,
-                    c_out,
-                    col,
-                    false,
-                    w,
-                    (1, ckk),
-                    rhs,
-                    (cols, 1),
-                    tk.par,
-                );
-                for i in 0..images {
-                    col2im(
-                        &g,
-                        col,
-                        cols,
-                        i * ohw,
-                        &mut gx_out[i * img_len..(i + 1) * img_len],
-                    );
-                }
-            },
-        );
-        Ok((
-            CpuStorage::F32(gx),
-            Shape::from((batch, c_in, self.h, self.w)),
-        ))
-    }
-}
-
-/// d(loss)/d(weight) from (input, grad_out).
-struct WeightGrad {
-    stride: usize,
-    padding: usize,
-    k: usize,
-}
-
-impl CustomOp2 for WeightGrad {
-    fn name(&self) -> &'static str {
-        "trainyard-conv2d-weight-grad"
-    }
-
-    fn cpu_fwd(
-        &self,
-        s1: &CpuStorage,
-        l1: &Layout,
-        s2: &CpuStorage,
-        l2: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        let (batch, c_in, h, w) = l1.shape().dims4()?;
-        let (_, c_out, _, _) = l2.shape().dims4()?;
-        let g = Geometry {
-            batch,
-            c_in,
-            h,
-            w,
-            c_out,
-            k: self.k,
-            stride: self.stride,
-            padding: self.padding,
-        };
-        let (x, gy) = (slice(s1, l1)?, slice(s2, l2)?);
-        let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), c_in * h * w);
-        let tk = tasks(&g);
-        let cols_max = tk.images * ohw;
-        // Fixed, contiguous image ranges per partial sum; partials added in order → deterministic.
-        let parts = threads().min(batch.div_ceil(tk.images)).max(1);
-        let per_part = batch.div_ceil(parts);
-        // With few output channels the GEMM reads col in place as its right operand when the destination
-        // is column-major; row-major, it transposes the product and repacks col, a copy as large as
-        // im2col itself. With many, col is reread once per 16 output channels, and packing it pays.
-        let col_in_place = c_out <= 128;
-        let acc_strides = if col_in_place { (1, c_out) } else { (ckk, 1) };
-        let partials: Vec<Vec<f32>> = (0..parts)
-            .into_par_iter()
-            .map(|part| {
-                let mut acc = vec![0f32; c_out * ckk];
-                with_scratch((ckk + c_out) * cols_max, |buf| {
-                    let (col, gathered) = buf.split_at_mut(ckk * cols_max);
-                    let end = ((part + 1) * per_part).min(batch);
-                    let mut first = part * per_part;
-                    while first < end {
-                        let images = tk.images.min(end - first);
-                        let cols = images * ohw;
-                        for i in 0..images {
-                            im2col(
-                                &g,
-                                &x[(first + i) * img_len..][..img_len],
-                                col,
-                                cols,
-                                i * ohw,
-                            );
-                        }
-                        let gy_task = &gy[first * c_out * ohw..(first + images) * c_out * ohw];
-                        let lhs: &[f32] = if images == 1 {
-                            gy_task
-                        } else {
-                            gather_channels(gy_task, c_out, ohw, images, gathered);
-                            &gathered[..c_out * cols]
-                        };
-                        // acc (c_out x ckk) += gy (c_out x cols) * col^T (see `col_in_place`).
-                        strided_matmul(
-                            (c_out, ckk, cols),
-                            (&mut acc, acc_strides),
-                            true,
-                            (lhs, (cols, 1)),
-                            (col, (1, cols)),
-                            tk.par,
-                        );
-                        first += images;
-                    }
-                });
-                acc
-            })
-            .collect();
-        // Partials in order, then the (ckk x c_out) sum transposed to the kernel's (c_out x ckk) layout.
-        let mut sum = partials[0].clone();
-        for p in &partials[1..] {
-            for (a, b) in sum.iter_mut().zip(p) {
-                *a += b;
-            }
-        }
-        let gw = if col_in_place {
-            let mut gw = vec![0f32; c_out * ckk];
-            for (r, row) in sum.chunks_exact(c_out).enumerate() {
-                for (o, v) in row.iter().enumerate() {
-                    gw[o * ckk + r] = *v;
-                }
-            }
-            gw
-        } else {
-            sum
-        };
-        Ok((
-            CpuStorage::F32(gw),
-            Shape::from((c_out, c_in, self.k, self.k)),
-        ))
-    }
-}
+mod backward;
+pub(super) use backward::backward;
+#[cfg(test)]
+use backward::{InputGrad, WeightGrad};
 
 #[cfg(test)]
 #[allow(clippy::too_many_arguments)] // rstest cases: one argument per geometry field

@@ -51,7 +51,7 @@ impl CustomOp3 for ConvBiasRelu {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let g = conv::geometry(l1, l2, self.stride, self.padding)?;
+        let g = conv::geometry(l1, l2, (self.stride, self.padding), None)?;
         let b = slice(s3, l3)?;
         let (c, hw) = (g.c_out(), g.out_hw());
         if b.len() != c {
@@ -79,7 +79,7 @@ impl CustomOp3 for ConvBiasRelu {
         let (n, c, h, wd) = res.dims4()?;
         let (pre, db) = relu_grad_and_channel_sums(res, grad, n, c, h * wd)?;
         let pre = Tensor::from_vec(pre, res.shape(), res.device())?;
-        let (gx, gw) = conv::backward(x, w, &pre, self.stride, self.padding)?;
+        let (gx, gw) = conv::backward(x, w, &pre, (self.stride, self.padding), None)?;
         Ok((gx, gw, Some(Tensor::from_vec(db, c, res.device())?)))
     }
 }

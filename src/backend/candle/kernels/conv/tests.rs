@@ -88,3 +88,80 @@ fn skips_the_input_gradient_of_plain_tensors() {
     assert!(grads.get(&x).is_none());
     assert!(grads.get(&wt).is_some());
 }
+
+/// Under bf16 autocast, the op on each tier (its roundings where products pack and write) equals the
+/// emulated composition `round(conv(round(x), round(w)))`, forward and backward, to within one bf16
+/// rounding (f32 sums in another order can land on the other side of one).
+#[rstest::rstest]
+#[case::same_3x3_flipped_input_gradient(4, 8, 8, 8, 16, 3, 1, 1)]
+#[case::strided_3x3_col2im(4, 16, 8, 8, 32, 3, 2, 1)]
+#[case::pointwise(2, 16, 8, 8, 8, 1, 1, 0)]
+#[case::strided_1x1(4, 16, 8, 8, 32, 1, 2, 0)]
+#[case::stem(3, 3, 16, 16, 8, 3, 1, 1)]
+#[case::one_image_parallel_products(1, 8, 6, 6, 4, 3, 1, 1)]
+#[case::many_images_per_task(16, 32, 4, 4, 40, 3, 1, 1)]
+fn bf16_tiers_match_emulated_autocast(
+    #[case] n: usize,
+    #[case] c: usize,
+    #[case] h: usize,
+    #[case] w: usize,
+    #[case] o: usize,
+    #[case] k: usize,
+    #[case] stride: usize,
+    #[case] pad: usize,
+    #[values("amx", "avx512-bf16", "portable")] tier: &str,
+) {
+    use crate::backend::candle::autocast::Autocast;
+    let Some(tier) = Tier::parse(tier).filter(|t| t.supported()) else {
+        return;
+    };
+    let x = Var::from_tensor(&seeded(&[n, c, h, w], 1)).unwrap();
+    let wt = Var::from_tensor(&seeded(&[o, c, k, k], 2)).unwrap();
+    let (oh, ow) = (
+        (h + 2 * pad - k) / stride + 1,
+        (w + 2 * pad - k) / stride + 1,
+    );
+    let probe = seeded(&[n, o, oh, ow], 3);
+    let ours = conv2d_on(&x, &wt, stride, pad, Some(tier)).unwrap();
+    let emulated = Autocast {
+        bf16: true,
+        tier: None,
+    }
+    .conv2d(&x, &wt, stride, pad)
+    .unwrap();
+    let tol = 1.0 / 128.0;
+    assert!(
+        max_rel(&ours, &emulated) < tol,
+        "forward: {}",
+        max_rel(&ours, &emulated)
+    );
+    let rounded = |t: &Tensor| {
+        t.to_dtype(DType::BF16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap()
+    };
+    let flat = ours.flatten_all().unwrap();
+    assert_eq!(
+        rounded(&flat).to_vec1::<f32>().unwrap(),
+        flat.to_vec1::<f32>().unwrap(),
+        "output rounded"
+    );
+    let grads = |y: Tensor| (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+    let (g_ours, g_emulated) = (grads(ours), grads(emulated));
+    for (name, v) in [("input", &x), ("weight", &wt)] {
+        let (a, b) = (g_ours.get(v).unwrap(), g_emulated.get(v).unwrap());
+        assert!(
+            max_rel(a, b) < tol,
+            "{name} gradient on {}: {}",
+            tier.name(),
+            max_rel(a, b)
+        );
+        let a_flat = a.flatten_all().unwrap();
+        assert_eq!(
+            rounded(&a_flat).to_vec1::<f32>().unwrap(),
+            a_flat.to_vec1::<f32>().unwrap(),
+            "{name} gradient rounded"
+        );
+    }
+}

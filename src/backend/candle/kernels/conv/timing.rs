@@ -36,6 +36,7 @@ fn resnet18_cifar_shapes() {
                     padding: 1,
                     h: hw,
                     w: hw,
+                    bf16: None,
                 },
             )
             .unwrap();
@@ -47,6 +48,7 @@ fn resnet18_cifar_shapes() {
                     stride,
                     padding: 1,
                     k: 3,
+                    bf16: None,
                 },
             )
             .unwrap();
