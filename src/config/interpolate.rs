@@ -409,10 +409,17 @@ impl Resolver<'_> {
             }
             "now" => {
                 let fmt = args.first().map(text).unwrap_or_default();
-                Ok(Node::new(
-                    Value::Str(self.ctx.now.format(&fmt).to_string()),
-                    source.clone(),
-                ))
+                // chrono reports a directive it does not know by failing the write (`to_string` would
+                // panic on it: found by fuzzing).
+                let mut stamp = String::new();
+                if std::fmt::Write::write_fmt(&mut stamp, format_args!("{}", self.ctx.now.format(&fmt)))
+                    .is_err()
+                {
+                    return Err(err(format!(
+                        "now: '{fmt}' is not a strftime format (%Y, %m, %d, %H, %M, %S, ...; a literal % is %%)"
+                    )));
+                }
+                Ok(Node::new(Value::Str(stamp), source.clone()))
             }
             "oc.dict.keys" | "oc.dict.values" => {
                 let key = args.first().map(text).unwrap_or_default();
@@ -729,6 +736,7 @@ mod tests {
     )]
     #[case("a: ${foo:1}", "Unsupported interpolation type foo")]
     #[case("a: ${b", "missing '}'")]
+    #[case(r"a: ${now:%H-%\\file}", r"now: '%H-%\file' is not a strftime format")]
     fn errors_name_the_problem(#[case] text: &str, #[case] expected: &str) {
         let err = resolve(text, "a").unwrap_err().to_string();
         assert!(err.contains(expected), "{err}");
