@@ -412,8 +412,11 @@ impl Resolver<'_> {
                 // chrono reports a directive it does not know by failing the write (`to_string` would
                 // panic on it: found by fuzzing).
                 let mut stamp = String::new();
-                if std::fmt::Write::write_fmt(&mut stamp, format_args!("{}", self.ctx.now.format(&fmt)))
-                    .is_err()
+                if std::fmt::Write::write_fmt(
+                    &mut stamp,
+                    format_args!("{}", self.ctx.now.format(&fmt)),
+                )
+                .is_err()
                 {
                     return Err(err(format!(
                         "now: '{fmt}' is not a strftime format (%Y, %m, %d, %H, %M, %S, ...; a literal % is %%)"
