@@ -14,20 +14,7 @@ use trainyard_conv::bf16::{matmul, Tier};
 use trainyard_conv::gemm::{self, Dims, Strides};
 use trainyard_conv::Isa;
 
-/// (in, out, image size, kernel, stride, count in the model), as in `backward_shapes`.
-const RESNET18: [(usize, usize, usize, usize, usize, usize); 11] = [
-    (3, 64, 32, 3, 1, 1),
-    (64, 64, 32, 3, 1, 4),
-    (64, 128, 32, 3, 2, 1),
-    (64, 128, 32, 1, 2, 1),
-    (128, 128, 16, 3, 1, 3),
-    (128, 256, 16, 3, 2, 1),
-    (128, 256, 16, 1, 2, 1),
-    (256, 256, 8, 3, 1, 3),
-    (256, 512, 8, 3, 2, 1),
-    (256, 512, 8, 1, 2, 1),
-    (512, 512, 4, 3, 1, 3),
-];
+use common::RESNET18;
 
 fn main() {
     let tiers: Vec<Tier> = [Tier::Amx, Tier::Avx512Bf16]

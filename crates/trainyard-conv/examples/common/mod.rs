@@ -50,3 +50,23 @@ pub fn block_for_env_l1() {
         trainyard_conv::cache::l1d_bytes() / 1024
     );
 }
+
+/// (in, out, image size, kernel, stride, count in the model); padding k / 2. The stem's input gradient is
+/// never asked for (the images need none), so its row times the weight gradient only.
+pub type Shape = (usize, usize, usize, usize, usize, usize);
+
+/// ResNet-18 with the CIFAR stem at 32 px.
+#[allow(dead_code)] // not every example times these shapes
+pub const RESNET18: [Shape; 11] = [
+    (3, 64, 32, 3, 1, 1),
+    (64, 64, 32, 3, 1, 4),
+    (64, 128, 32, 3, 2, 1),
+    (64, 128, 32, 1, 2, 1),
+    (128, 128, 16, 3, 1, 3),
+    (128, 256, 16, 3, 2, 1),
+    (128, 256, 16, 1, 2, 1),
+    (256, 256, 8, 3, 1, 3),
+    (256, 512, 8, 3, 2, 1),
+    (256, 512, 8, 1, 2, 1),
+    (512, 512, 4, 3, 1, 3),
+];
