@@ -491,30 +491,6 @@ fn a_rendezvous_nobody_joins_times_out_with_advice() {
     );
 }
 
-fn children_of(pid: u32) -> Vec<(u32, String)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        // Field 4 (after the parenthesised command) is the parent pid.
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
-        if ppid == pid {
-            let environ = std::fs::read(format!("/proc/{child}/environ")).unwrap_or_default();
-            let rank = String::from_utf8_lossy(&environ)
-                .split('\0')
-                .find_map(|kv| kv.strip_prefix("RANK=").map(str::to_string))
-                .unwrap_or_default();
-            out.push((child, rank));
-        }
-    }
-    out
-}
-
 /// kill -9 on rank 1 in the middle of an epoch: the run stops at once with a message naming rank 1 and the
 /// signal, no process is left behind, and `ckpt_path=last` resumes the run to its end.
 #[test]
@@ -556,7 +532,7 @@ fn a_killed_worker_stops_the_run_and_the_run_resumes_from_its_checkpoint() {
         std::thread::sleep(Duration::from_millis(100));
     }
     std::thread::sleep(Duration::from_millis(500));
-    let workers = children_of(launcher.id());
+    let workers = common::workers_of(launcher.id());
     assert_eq!(workers.len(), 2, "{workers:?}");
     let (victim, _) = workers.iter().find(|(_, r)| r == "1").unwrap().clone();
     let killed_at = Instant::now();

@@ -173,8 +173,5 @@ fn interpolation() {
 
 #[test]
 fn defaults_list_composition() {
-    let scratch = tempfile::tempdir().unwrap();
-    exercise("defaults", budget(), |data| {
-        fuzz_targets::defaults(data, scratch.path())
-    });
+    exercise("defaults", budget(), fuzz_targets::defaults);
 }

@@ -7,7 +7,6 @@
 mod common;
 
 use common::{shards, summary, train};
-use std::path::Path;
 use std::process::{Command, Output};
 
 const SMALL: &[&str] = &[
@@ -29,10 +28,6 @@ fn ok(out: &Output) -> (String, String) {
 
 fn with(extra: &[&str]) -> Vec<String> {
     SMALL.iter().chain(extra).map(|s| s.to_string()).collect()
-}
-
-fn run_json(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap()
 }
 
 #[test]
@@ -63,7 +58,7 @@ fn ckpt_path_last_takes_the_newest_run_and_says_when_nothing_is_left_to_train() 
     let from = s["resumed_from"].as_str().unwrap();
     assert!(from.contains("aaa-newer"), "resumed from {from}");
     assert_eq!(s["epochs_completed"], 3, "{stdout}");
-    let record = run_json(&p.path().join("logs/t/resumed"));
+    let record = common::run_json(&p.path().join("logs/t/resumed"));
     assert_eq!(
         record["stopped_because"],
         "max_epochs reached (3 epochs, 6 steps)"
@@ -79,7 +74,7 @@ fn ckpt_path_last_takes_the_newest_run_and_says_when_nothing_is_left_to_train() 
         "{stdout}"
     );
     assert!(!stdout.contains("completed after"), "{stdout}");
-    let record = run_json(&p.path().join("logs/t/again"));
+    let record = common::run_json(&p.path().join("logs/t/again"));
     let why = record["stopped_because"].as_str().unwrap();
     assert!(why.starts_with("nothing to train"), "{why}");
 }
@@ -96,7 +91,7 @@ fn run_json_records_an_early_stop_with_its_metric() {
         p.path(),
         &a.iter().map(String::as_str).collect::<Vec<_>>(),
     ));
-    let record = run_json(&p.path().join("logs/t/early"));
+    let record = common::run_json(&p.path().join("logs/t/early"));
     let why = record["stopped_because"].as_str().unwrap();
     assert!(
         why.starts_with("early stopped") && why.contains("val/loss"),
@@ -157,7 +152,7 @@ fn train_eval_needs_no_training_data_and_reports_what_it_measured() {
     let s = summary(&p.path().join("logs/eval"));
     assert_eq!(s["eval_only"]["samples"], 30);
     assert_eq!(
-        run_json(&p.path().join("logs/eval"))["stopped_because"],
+        common::run_json(&p.path().join("logs/eval"))["stopped_because"],
         "evaluated only (train=false)"
     );
 }

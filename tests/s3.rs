@@ -269,8 +269,7 @@ fn an_upload_that_keeps_failing_stops_the_run_and_keeps_the_last_good_checkpoint
             took < std::time::Duration::from_secs(60),
             "{fault:?}: {took:?}"
         );
-        let record: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+        let record = common::run_json(&run);
         assert_eq!(record["state"], "failed", "{record}");
         assert!(
             record["error"]

@@ -9,7 +9,7 @@
 
 mod common;
 use common::netns::TwoNodes;
-use common::{real_project, worst_relative_difference, SMALL_CNN, TRAIN};
+use common::{real_project, SMALL_CNN, TRAIN};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -69,30 +69,6 @@ fn launch(root: &Path, args: &[String]) -> Child {
         .unwrap()
 }
 
-/// The launcher's workers: (pid, RANK).
-fn workers_of(pid: u32) -> Vec<(u32, String)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-            continue;
-        };
-        let after = &stat[stat.rfind(')').unwrap() + 2..];
-        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
-        if ppid == pid {
-            let environ = std::fs::read(format!("/proc/{child}/environ")).unwrap_or_default();
-            let rank = String::from_utf8_lossy(&environ)
-                .split('\0')
-                .find_map(|kv| kv.strip_prefix("RANK=").map(str::to_string))
-                .unwrap_or_default();
-            out.push((child, rank));
-        }
-    }
-    out
-}
-
 /// Wait for the first epoch's checkpoint and a few steps of the second.
 fn into_epoch_2(launcher: &mut Child, run: &Path) {
     let start = Instant::now();
@@ -110,7 +86,7 @@ fn into_epoch_2(launcher: &mut Child, run: &Path) {
 /// In epoch 2, stop rank 1 (SIGSTOP); returns its pid and when it was stopped.
 fn stall_rank_1_in_epoch_2(launcher: &mut Child, run: &Path) -> (u32, Instant) {
     into_epoch_2(launcher, run);
-    let workers = workers_of(launcher.id());
+    let workers = common::workers_of(launcher.id());
     let (victim, _) = workers
         .iter()
         .find(|(_, r)| r == "1")
@@ -187,21 +163,7 @@ fn with_max_restarts_a_stalled_rank_is_replaced_and_the_run_ends_as_if_never_int
             && restarts[0]["cause"].as_str().unwrap().contains("stalled"),
         "{restarts:?}"
     );
-    assert_eq!(
-        common::logged_steps(&run),
-        common::logged_steps(&root.join("runs/clean")),
-        "metrics.csv repeats or loses steps"
-    );
-    let full = |dir: &str| {
-        trainyard::storage::checkpoint::load(&root.join(dir).join("checkpoints/last.safetensors"))
-            .unwrap()
-            .state
-    };
-    let diff = worst_relative_difference(&full("runs/two"), &full("runs/clean"));
-    assert!(
-        diff <= 1e-6,
-        "weights and optimizer state differ by {diff:e}"
-    );
+    common::assert_same_end(&run, &root.join("runs/clean"));
 }
 
 /// A link between two nodes that drops every packet (nothing arrives, nothing errs): both ranks'
@@ -278,19 +240,5 @@ fn a_link_that_drops_every_packet_times_out_and_the_run_resumes_once_it_heals() 
     for (n, (status, err)) in [finish(n0), finish(n1)].iter().enumerate() {
         assert!(status.success(), "node {n}: {err}");
     }
-    assert_eq!(
-        common::logged_steps(&run),
-        common::logged_steps(&root.join("runs/clean")),
-        "metrics.csv repeats or loses steps"
-    );
-    let full = |dir: &str| {
-        trainyard::storage::checkpoint::load(&root.join(dir).join("checkpoints/last.safetensors"))
-            .unwrap()
-            .state
-    };
-    let diff = worst_relative_difference(&full("runs/two"), &full("runs/clean"));
-    assert!(
-        diff <= 1e-6,
-        "weights and optimizer state differ by {diff:e}"
-    );
+    common::assert_same_end(&run, &root.join("runs/clean"));
 }

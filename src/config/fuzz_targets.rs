@@ -4,6 +4,7 @@
 //! any bytes and must return, with a value or an error, never panic or hang.
 
 use super::compose::RunMode;
+use super::conf_files::ConfFiles;
 use super::hydra::{compose_with_hydra, parse_overrides};
 use super::interpolate::{resolve_all, ResolveContext};
 use super::repository::{Repository, SearchRoot};
@@ -52,23 +53,23 @@ pub fn interpolation(data: &[u8]) {
 
 /// The conf tree a defaults-list input describes: its parts, split at NUL bytes, are `train.yaml`,
 /// `model/a.yaml`, `model/b.yaml`, `data/x.yaml`, then the overrides (a line each); composed as `train`
-/// in `scratch` (emptied and written afresh), with Hydra's own configs under it, and resolved.
-pub fn defaults(data: &[u8], scratch: &Path) {
+/// from memory (`ConfFiles::Memory`: the repository reads it as it reads a directory), with Hydra's own
+/// configs around it, and resolved.
+pub fn defaults(data: &[u8]) {
     let Some(text) = text(data) else {
         return;
     };
+    let root = Path::new("/fuzz/conf");
     let mut parts = text.split('\0');
-    let files = ["train.yaml", "model/a.yaml", "model/b.yaml", "data/x.yaml"];
-    let _ = std::fs::remove_dir_all(scratch);
-    for file in files {
-        let path = scratch.join(file);
-        let body = parts.next().unwrap_or_default();
-        if std::fs::create_dir_all(path.parent().unwrap_or(scratch)).is_err()
-            || std::fs::write(&path, body).is_err()
-        {
-            return;
-        }
-    }
+    let files = ["train.yaml", "model/a.yaml", "model/b.yaml", "data/x.yaml"]
+        .into_iter()
+        .map(|file| {
+            (
+                root.join(file),
+                parts.next().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
     let lines: Vec<String> = parts
         .next()
         .unwrap_or_default()
@@ -78,11 +79,14 @@ pub fn defaults(data: &[u8], scratch: &Path) {
     let Ok(overrides) = parse_overrides(&lines) else {
         return;
     };
-    let repo = Repository::new(vec![SearchRoot {
-        dir: scratch.to_path_buf(),
-        mount: String::new(),
-        provider: "main".into(),
-    }]);
+    let repo = Repository::in_memory(
+        vec![SearchRoot {
+            dir: root.to_path_buf(),
+            mount: String::new(),
+            provider: "main".into(),
+        }],
+        ConfFiles::Memory(files),
+    );
     if let Ok(composed) = compose_with_hydra(&repo, "train", &overrides, RunMode::Run) {
         let _ = resolve_all(&composed.config, &context());
     }

@@ -2,6 +2,7 @@
 //! (`conf/` at the root, `experiments/` as the `experiment` group), with Hydra's own groups (`hydra/...`,
 //! built in) before and after them as Hydra orders its search path. Loads each config once.
 
+use super::conf_files::ConfFiles;
 use super::default_entry::{parse_defaults_list, InputDefault};
 use super::errors::ConfigError;
 use super::hydra::builtin::{BuiltinConfig, BUILTIN};
@@ -40,6 +41,8 @@ pub struct Repository {
     /// Configs a package puts on the search path after the user's directories, as a Hydra plugin's
     /// search-path entry does (trainyard's shipped groups, `pkg://trainyard.conf`).
     packages: Vec<&'static [BuiltinConfig]>,
+    /// Where the roots' directories are read from: the disk, or memory (the defaults-list fuzzer).
+    files: Rc<ConfFiles>,
     cache: RefCell<HashMap<String, Option<Rc<LoadedConfig>>>>,
 }
 
@@ -60,7 +63,16 @@ impl Repository {
         Repository {
             roots,
             packages: Vec::new(),
+            files: Rc::default(),
             cache: RefCell::default(),
+        }
+    }
+
+    /// The user's directories read from `files` (paths under the roots' `dir`s) instead of the disk.
+    pub fn in_memory(roots: Vec<SearchRoot>, files: ConfFiles) -> Self {
+        Repository {
+            files: Rc::new(files),
+            ..Repository::new(roots)
         }
     }
 
@@ -77,6 +89,7 @@ impl Repository {
         Repository {
             roots,
             packages: self.packages.clone(),
+            files: self.files.clone(),
             cache: RefCell::default(),
         }
     }
@@ -154,7 +167,7 @@ impl Repository {
         self.dirs_for(group)
             .into_iter()
             .map(|d| d.join(&file_name))
-            .find(|p| p.is_file())
+            .find(|p| self.files.is_file(p))
     }
 
     pub fn config_exists(&self, config_path: &str) -> bool {
@@ -164,7 +177,7 @@ impl Repository {
     pub fn group_exists(&self, group: &str) -> bool {
         !group.is_empty()
             && (self.builtin_in_group(group).next().is_some()
-                || self.dirs_for(group).iter().any(|d| d.is_dir()))
+                || self.dirs_for(group).iter().any(|d| self.files.is_dir(d)))
     }
 
     /// Config names in a group, sorted and unique across the search path.
@@ -177,15 +190,11 @@ impl Repository {
             }
         }
         for dir in self.dirs_for(group) {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                let path = entry.path();
-                if !path.is_file() {
+            for entry in self.files.entries(&dir) {
+                if !entry.is_file {
                     continue;
                 }
-                let file = entry.file_name().to_string_lossy().to_string();
+                let file = entry.name;
                 if let Some(stem) = file
                     .strip_suffix(".yaml")
                     .or_else(|| file.strip_suffix(".yml"))
@@ -211,7 +220,7 @@ impl Repository {
                     (None, _) => OptionOrigin::Builtin,
                     (Some(_), None) => OptionOrigin::User,
                     (Some(file), Some(b)) => {
-                        let same = std::fs::read_to_string(&file).is_ok_and(|t| t == b.text);
+                        let same = self.files.read(&file).is_ok_and(|t| t == b.text);
                         if same {
                             OptionOrigin::Builtin
                         } else {
@@ -241,22 +250,17 @@ impl Repository {
         }
         for root in &self.roots {
             if parent.is_empty() && !root.mount.is_empty() {
-                if root.dir.is_dir() {
+                if self.files.is_dir(&root.dir) {
                     names.insert(root.mount.clone());
                 }
                 continue;
             }
         }
         for dir in self.dirs_for(parent) {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                if entry.path().is_dir() {
-                    let name = entry.file_name().to_string_lossy().to_string();
-                    if !name.starts_with('.') && !name.starts_with("__") {
-                        names.insert(name);
-                    }
+            for entry in self.files.entries(&dir) {
+                let name = entry.name;
+                if entry.is_dir && !name.starts_with('.') && !name.starts_with("__") {
+                    names.insert(name);
                 }
             }
         }
@@ -270,16 +274,8 @@ impl Repository {
         }
         let loaded = match self.locate(config_path) {
             None => None,
-            Some(Located::File(file)) => Some(Rc::new(load_file(config_path, &file)?)),
-            Some(Located::Builtin(b)) => {
-                let sep = if b.source.path.ends_with("://") {
-                    ""
-                } else {
-                    "/"
-                };
-                let shown = format!("{}{sep}{}.yaml", b.source.path, b.config_path);
-                Some(Rc::new(load_text(config_path, b.text, &shown, &shown)?))
-            }
+            Some(Located::File(file)) => Some(Rc::new(load_file(config_path, &file, &self.files)?)),
+            Some(Located::Builtin(b)) => Some(load_builtin(config_path, b)?),
         };
         self.cache
             .borrow_mut()
@@ -373,8 +369,39 @@ fn without_dot_dot(path: &str) -> Option<String> {
     Some(parts.join("/"))
 }
 
-fn load_file(config_path: &str, file: &Path) -> Result<LoadedConfig, ConfigError> {
-    let text = std::fs::read_to_string(file)
+thread_local! {
+    /// Built-in configs as loaded, by (config path asked for, the built-in's address): their text is
+    /// static, so each is parsed once per thread however many repositories ask (a sweep composes once
+    /// per job; the defaults-list fuzzer millions of times).
+    static BUILTINS_LOADED: RefCell<HashMap<(String, usize), Rc<LoadedConfig>>> = RefCell::default();
+}
+
+fn load_builtin(
+    config_path: &str,
+    b: &'static BuiltinConfig,
+) -> Result<Rc<LoadedConfig>, ConfigError> {
+    let key = (config_path.to_string(), b as *const BuiltinConfig as usize);
+    if let Some(hit) = BUILTINS_LOADED.with(|cache| cache.borrow().get(&key).cloned()) {
+        return Ok(hit);
+    }
+    let sep = if b.source.path.ends_with("://") {
+        ""
+    } else {
+        "/"
+    };
+    let shown = format!("{}{sep}{}.yaml", b.source.path, b.config_path);
+    let loaded = Rc::new(load_text(config_path, b.text, &shown, &shown)?);
+    BUILTINS_LOADED.with(|cache| cache.borrow_mut().insert(key, loaded.clone()));
+    Ok(loaded)
+}
+
+fn load_file(
+    config_path: &str,
+    file: &Path,
+    files: &ConfFiles,
+) -> Result<LoadedConfig, ConfigError> {
+    let text = files
+        .read(file)
         .map_err(|e| ConfigError::Io(format!("Could not read '{}': {e}", file.display())))?;
     load_text(
         config_path,

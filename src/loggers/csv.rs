@@ -4,9 +4,10 @@
 //! and when the logger is dropped.
 
 use crate::schema::RunMetrics;
+use anyhow::Context;
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The columns of a classification run (`RunMetrics::classification`); a registered loss's metrics take
 /// the place of the accuracies.
@@ -36,6 +37,8 @@ pub fn columns(metrics: &RunMetrics, extra: &[&str]) -> Vec<String> {
 
 pub struct CsvLogger {
     file: std::io::BufWriter<std::fs::File>,
+    /// Named by every error, as a full disk's or a failing one's.
+    path: PathBuf,
     columns: Vec<String>,
     flush_every_n_steps: u64,
     /// The step of the last row flushed (0 before any).
@@ -66,6 +69,7 @@ impl CsvLogger {
             .open(&path)?;
         let mut logger = CsvLogger {
             file: std::io::BufWriter::new(file),
+            path,
             columns,
             flush_every_n_steps,
             flushed_at: 0.0,
@@ -141,7 +145,8 @@ impl super::MetricSink for CsvLogger {
         let mut values: BTreeMap<&str, f64> = row.values.iter().copied().collect();
         values.insert("epoch", row.epoch as f64);
         values.insert("step", row.step as f64);
-        Ok(self.write_row(&values)?)
+        self.write_row(&values)
+            .with_context(|| format!("could not write {}", self.path.display()))
     }
 }
 

@@ -2,6 +2,7 @@
 //! length, the `Event` protobuf, masked CRC-32C of the data) around `Event`/`Summary` messages encoded with
 //! prost. TensorBoard's own reader loads them (tested in CI against the `tensorboard` Python package).
 
+use anyhow::Context;
 use prost::Message;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -124,7 +125,9 @@ impl super::MetricSink for TensorBoardSink {
             })
             .copied()
             .collect();
-        Ok(self.writer.scalars(row.step, &values)?)
+        self.writer
+            .scalars(row.step, &values)
+            .with_context(|| format!("could not write {}", self.writer.path.display()))
     }
 }
 

@@ -4,6 +4,7 @@ use super::Job;
 use crate::loggers::MetricSink;
 use crate::plan::LoopPlan;
 use crate::schema::{Experiment, Precision, RunMetrics};
+use anyhow::Context;
 
 /// The run's metric sinks: `metrics.csv`, W&B, MLflow, the loggers a crate registered and TensorBoard on rank 0 (not under `fast_dev_run`), and the
 /// console's lines on every rank (each into its own log).
@@ -31,12 +32,20 @@ pub(super) fn sinks(
         if exp.callbacks.device_stats.is_some() {
             extra.extend(crate::callbacks::device_stats::COLUMNS);
         }
-        sinks.push(Box::new(crate::loggers::csv::CsvLogger::open(
-            job.output_dir,
-            resumed_at,
-            crate::loggers::csv::columns(&RunMetrics::of(exp), &extra),
-            csv.flush_every_n_steps,
-        )?));
+        sinks.push(Box::new(
+            crate::loggers::csv::CsvLogger::open(
+                job.output_dir,
+                resumed_at,
+                crate::loggers::csv::columns(&RunMetrics::of(exp), &extra),
+                csv.flush_every_n_steps,
+            )
+            .with_context(|| {
+                format!(
+                    "could not write {}",
+                    job.output_dir.join("metrics.csv").display()
+                )
+            })?,
+        ));
     }
     if let Some(settings) = &exp.logger.wandb {
         sinks.push(Box::new(crate::loggers::wandb::WandbSink::create(
@@ -95,9 +104,10 @@ pub(super) fn sinks(
         }
     }
     if let Some(tb) = &exp.logger.tensorboard {
+        let tb_dir = job.output_dir.join(&tb.dir);
         sinks.push(Box::new(crate::loggers::tensorboard::TensorBoardSink {
-            writer: crate::loggers::tensorboard::TensorBoardWriter::create(
-                &job.output_dir.join(&tb.dir),
+            writer: crate::loggers::tensorboard::TensorBoardWriter::create(&tb_dir).with_context(
+                || format!("could not write TensorBoard events in {}", tb_dir.display()),
             )?,
             lr_each_step,
         }));

@@ -301,3 +301,54 @@ pub fn logged_step(run: &Path) -> u64 {
         })
         .unwrap_or(0)
 }
+
+/// The child processes of `pid` with their `RANK` (a launcher's workers): (pid, RANK).
+pub fn workers_of(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // Field 4 (after the parenthesised command) is the parent pid.
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
+        if ppid == pid {
+            let environ = std::fs::read(format!("/proc/{child}/environ")).unwrap_or_default();
+            let rank = String::from_utf8_lossy(&environ)
+                .split('\0')
+                .find_map(|kv| kv.strip_prefix("RANK=").map(str::to_string))
+                .unwrap_or_default();
+            out.push((child, rank));
+        }
+    }
+    out
+}
+
+/// A run directory's `run.json`, parsed.
+pub fn run_json(run: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(run.join("run.json")).unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("run.json: {e}: {text}"))
+}
+
+/// A run that was interrupted and resumed ended as the uninterrupted `clean` one did: each step logged
+/// once in metrics.csv, and the last checkpoint's weights and optimizer state equal within 1e-6.
+pub fn assert_same_end(run: &Path, clean: &Path) {
+    assert_eq!(
+        logged_steps(run),
+        logged_steps(clean),
+        "metrics.csv repeats or loses steps"
+    );
+    let full = |dir: &Path| {
+        trainyard::storage::checkpoint::load(&dir.join("checkpoints/last.safetensors"))
+            .unwrap()
+            .state
+    };
+    let diff = worst_relative_difference(&full(run), &full(clean));
+    assert!(
+        diff <= 1e-6,
+        "weights and optimizer state differ by {diff:e}"
+    );
+}

@@ -63,6 +63,13 @@ impl Autocast {
                 None => a.broadcast_matmul(b),
             };
         }
+        use super::kernels::direct;
+        if let (Some(tier), Some(isa)) = (self.tier, direct::active()) {
+            // The roundings inside the op.
+            if let Some(c) = direct::matmul::matmul_bf16(isa, tier, a, b)? {
+                return Ok(c);
+            }
+        }
         self.round(&self.round(a)?.broadcast_matmul(&self.round(b)?)?)
     }
 
@@ -74,6 +81,12 @@ impl Autocast {
                 Some(isa) => super::kernels::direct::matmul::linear(isa, x, w, b),
                 None => x.broadcast_matmul(&w.t()?)?.broadcast_add(b),
             };
+        }
+        use super::kernels::direct;
+        if let (Some(tier), Some(isa)) = (self.tier, direct::active()) {
+            if let Some(y) = direct::matmul::linear_bf16(isa, tier, x, w, b)? {
+                return Ok(y);
+            }
         }
         self.round(
             &self

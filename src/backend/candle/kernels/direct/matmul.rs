@@ -1,15 +1,63 @@
 //! Matrix products on `trainyard_conv::gemm` (AVX-512 where the CPU has it): the Candle op, with its
 //! backward, and `linear` (`x @ wᵀ + b`). Operands are read through their strides, so the transposes of
 //! `linear` and of the backward pass (`dA = dC·Bᵀ`, `dB = Aᵀ·dC`) are never copied.
+//!
+//! Under bf16 autocast on a CPU with bf16 instructions (`bf16: Some(tier)`), the same ops run on
+//! `trainyard_conv::bf16`: operands rounded to bf16 as they are packed, f32 sums, each result rounded as
+//! it is stored. That is the emulated composition's numbers (`Autocast`'s roundings around an f32
+//! product, and their backward: the incoming gradient rounded, each product's result rounded).
 
 use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+use trainyard_conv::bf16::{self, Operand, Tier, Write};
 use trainyard_conv::gemm::{matmul as gemm, matmul_bias as gemm_bias, Dims, Strides};
 use trainyard_conv::Isa;
 
 /// The Candle op: `a (…, m, k) @ b (…, k, n)` with equal leading dimensions.
 struct Matmul {
     isa: Isa,
+    /// bf16 autocast's product on this tier.
+    bf16: Option<Tier>,
+}
+
+/// `a @ b` for each of `d.batch` pairs on a bf16 tier: C = bf16(bf16(A)·bf16(B)) with f32 sums. A
+/// batch of small products (attention's heads) runs one product per thread; one large one spreads
+/// over all.
+fn bf16_gemm(
+    tier: Tier,
+    d: Dims,
+    (a, sa): (&[f32], Strides),
+    (b, sb): (&[f32], Strides),
+) -> Vec<f32> {
+    let mut c = vec![0f32; d.batch * d.m * d.n];
+    if c.is_empty() || d.k == 0 {
+        return c;
+    }
+    let one = |i: usize, out: &mut [f32], parallel: bool| {
+        let a = Operand::Strided(&a[i * sa.batch..], (sa.row, sa.col));
+        let b = Operand::Strided(&b[i * sb.batch..], (sb.row, sb.col));
+        let dst = (out, (d.n, 1));
+        bf16::product(
+            tier,
+            (d.m, d.n, d.k),
+            dst,
+            Write::StoreBf16,
+            (a, b),
+            parallel,
+        );
+    };
+    if d.batch < rayon::current_num_threads() {
+        // Fewer products than threads: each on all of them.
+        for (i, out) in c.chunks_mut(d.m * d.n).enumerate() {
+            one(i, out, true);
+        }
+    } else {
+        c.par_chunks_mut(d.m * d.n)
+            .enumerate()
+            .for_each(|(i, out)| one(i, out, false));
+    }
+    c
 }
 
 /// The leading dimensions of a layout as one batch stride, when they collapse to one (a contiguous run of
@@ -78,12 +126,11 @@ impl CustomOp2 for Matmul {
             );
         }
         let d = Dims { batch, m, k, n };
-        let c = gemm(
-            self.isa,
-            d,
-            (cpu_values(s1, l1)?, sa),
-            (cpu_values(s2, l2)?, sb),
-        );
+        let (a, b) = ((cpu_values(s1, l1)?, sa), (cpu_values(s2, l2)?, sb));
+        let c = match self.bf16 {
+            Some(tier) => bf16_gemm(tier, d, a, b),
+            None => gemm(self.isa, d, a, b),
+        };
         let mut shape = l1.dims().to_vec();
         *shape.last_mut().expect("rank >= 2") = n;
         Ok((CpuStorage::F32(c), Shape::from(shape)))
@@ -98,12 +145,12 @@ impl CustomOp2 for Matmul {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let r = a.rank();
         let da = if a.track_op() {
-            Some(product(self.isa, grad, &b.transpose(r - 2, r - 1)?)?)
+            Some(product(self, grad, &b.transpose(r - 2, r - 1)?)?)
         } else {
             None
         };
         let db = if b.track_op() {
-            Some(product(self.isa, &a.transpose(r - 2, r - 1)?, grad)?)
+            Some(product(self, &a.transpose(r - 2, r - 1)?, grad)?)
         } else {
             None
         };
@@ -121,9 +168,10 @@ fn readable(t: &Tensor) -> Result<Tensor> {
     }
 }
 
-/// `a @ b` untracked (the backward pass's products).
-fn product(isa: Isa, a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    readable(a)?.apply_op2_no_bwd(&readable(b)?, &Matmul { isa })
+/// `a @ b` untracked (the backward pass's products; under bf16 autocast the gradient is rounded as it
+/// is packed, and the result as it is stored, as the emulated composition's backward rounds them).
+fn product(op: &Matmul, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    readable(a)?.apply_op2_no_bwd(&readable(b)?, op)
 }
 
 /// Whether the op takes these operands: f32 on the CPU, rank ≥ 2, same rank.
@@ -140,13 +188,28 @@ pub fn matmul(isa: Isa, a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if !takes(a, b) || a.dims()[..a.rank() - 2] != b.dims()[..b.rank() - 2] {
         return a.broadcast_matmul(b);
     }
-    tape::op2(&readable(a)?, &readable(b)?, Matmul { isa })
+    tape::op2(&readable(a)?, &readable(b)?, Matmul { isa, bf16: None })
+}
+
+/// bf16 autocast's `a @ b` on `tier` (`bf16(bf16(a) @ bf16(b))`, differentiable), for the operands the
+/// op takes; `None` for others (the caller composes the roundings).
+pub fn matmul_bf16(isa: Isa, tier: Tier, a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
+    if !takes(a, b) || a.dims()[..a.rank() - 2] != b.dims()[..b.rank() - 2] {
+        return Ok(None);
+    }
+    let op = Matmul {
+        isa,
+        bf16: Some(tier),
+    };
+    tape::op2(&readable(a)?, &readable(b)?, op).map(Some)
 }
 
 /// `x @ wᵀ + bias` for a (rows × in) `x`, (out × in) `w` and (out) `bias`: the bias is where the sums
 /// start, and the backward pass computes `dw = dyᵀ·x` in `w`'s own layout and `db` as column sums.
 struct Linear {
     isa: Isa,
+    /// bf16 autocast's `addmm` on this tier: `bf16(bf16(x)·bf16(w)ᵀ + bf16(bias))`.
+    bf16: Option<Tier>,
 }
 
 /// A rank-2 operand's values from its first element, and its strides.
@@ -197,7 +260,10 @@ impl candle_core::CustomOp3 for Linear {
             k,
             n: out,
         };
-        let y = gemm_bias(self.isa, d, (x, sx), (w, sw.t()), bias);
+        let y = match self.bf16 {
+            Some(tier) => addmm_bf16(tier, d, (x, sx), (w, sw.t()), bias),
+            None => gemm_bias(self.isa, d, (x, sx), (w, sw.t()), bias),
+        };
         Ok((CpuStorage::F32(y), Shape::from((rows, out))))
     }
 
@@ -211,6 +277,10 @@ impl candle_core::CustomOp3 for Linear {
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let ((rows, k), out) = (x.dims2()?, w.dim(0)?);
         let dev = x.device();
+        let mm = |d: Dims, a: (&[f32], Strides), b: (&[f32], Strides)| match self.bf16 {
+            Some(tier) => bf16_gemm(tier, d, a, b),
+            None => gemm(self.isa, d, a, b),
+        };
         crate::backend::candle::kernels::cpu::with_f32(grad, |dy| {
             let sdy = Strides::contiguous(rows, out);
             let dx = if x.track_op() {
@@ -220,7 +290,7 @@ impl candle_core::CustomOp3 for Linear {
                     k: out,
                     n: k,
                 };
-                let v = with_matrix(w, |w| Ok(gemm(self.isa, d, (dy, sdy), w)))?;
+                let v = with_matrix(w, |w| Ok(mm(d, (dy, sdy), w)))?;
                 Some(Tensor::from_vec(v, (rows, k), dev)?)
             } else {
                 None
@@ -232,13 +302,21 @@ impl candle_core::CustomOp3 for Linear {
                     k: rows,
                     n: k,
                 };
-                let v = with_matrix(x, |x| Ok(gemm(self.isa, d, (dy, sdy.t()), x)))?;
+                let v = with_matrix(x, |x| Ok(mm(d, (dy, sdy.t()), x)))?;
                 Some(Tensor::from_vec(v, (out, k), dev)?)
             } else {
                 None
             };
             let db = if b.track_op() {
-                let v = trainyard_conv::rowwise::column_sums(self.isa, dy, out);
+                let v = match self.bf16 {
+                    // The sums of the rounded gradient, rounded (the emulated composition's).
+                    Some(_) => {
+                        let rounded: Vec<f32> = dy.iter().map(|&v| bf16::round(v)).collect();
+                        let sums = trainyard_conv::rowwise::column_sums(self.isa, &rounded, out);
+                        sums.into_iter().map(bf16::round).collect()
+                    }
+                    None => trainyard_conv::rowwise::column_sums(self.isa, dy, out),
+                };
                 Some(Tensor::from_vec(v, out, dev)?)
             } else {
                 None
@@ -248,9 +326,70 @@ impl candle_core::CustomOp3 for Linear {
     }
 }
 
+/// `bf16(bf16(x)·bf16(w) + bf16(bias))` for `d.m` rows: the product's sums in f32, the rounded bias
+/// added to each, then one rounding (a bf16 `addmm`).
+fn addmm_bf16(
+    tier: Tier,
+    d: Dims,
+    x: (&[f32], Strides),
+    w: (&[f32], Strides),
+    bias: &[f32],
+) -> Vec<f32> {
+    let mut y = vec![0f32; d.m * d.n];
+    if y.is_empty() {
+        return y;
+    }
+    let (x, w) = (
+        Operand::Strided(x.0, (x.1.row, x.1.col)),
+        Operand::Strided(w.0, (w.1.row, w.1.col)),
+    );
+    if d.k > 0 {
+        bf16::product(
+            tier,
+            (d.m, d.n, d.k),
+            (&mut y, (d.n, 1)),
+            Write::Store,
+            (x, w),
+            true,
+        );
+    }
+    let bias: Vec<f32> = bias.iter().map(|&b| bf16::round(b)).collect();
+    y.par_chunks_mut(d.n).for_each(|row| {
+        for (v, b) in row.iter_mut().zip(&bias) {
+            *v = bf16::round(*v + b);
+        }
+    });
+    y
+}
+
 /// `x @ wᵀ + bias` over the last dimension of `x` (PyTorch's `nn.Linear`): the leading dimensions are
 /// folded into the rows of one product.
 pub fn linear(isa: Isa, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    linear_on(isa, None, x, w, bias)
+}
+
+/// bf16 autocast's `linear` on `tier` (`bf16(bf16(x) @ bf16(w)ᵀ + bf16(bias))`, differentiable).
+pub fn linear_bf16(
+    isa: Isa,
+    tier: Tier,
+    x: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+) -> Result<Option<Tensor>> {
+    let cpu = crate::tensor::candle_cpu::is_cpu_f32;
+    if !(cpu(x) && cpu(w) && cpu(bias)) || x.rank() < 2 || w.rank() != 2 || bias.rank() != 1 {
+        return Ok(None);
+    }
+    linear_on(isa, Some(tier), x, w, bias).map(Some)
+}
+
+fn linear_on(
+    isa: Isa,
+    bf16: Option<Tier>,
+    x: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+) -> Result<Tensor> {
     let cpu = crate::tensor::candle_cpu::is_cpu_f32;
     if !(cpu(x) && cpu(w) && cpu(bias)) || x.rank() < 2 || w.rank() != 2 || bias.rank() != 1 {
         return x.broadcast_matmul(&w.t()?)?.broadcast_add(bias);
@@ -262,9 +401,100 @@ pub fn linear(isa: Isa, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor>
         &readable(&tape::ops::reshape(x, (rows, features))?)?,
         &readable(w)?,
         &bias.contiguous()?,
-        Linear { isa },
+        Linear { isa, bf16 },
     )?;
     let mut out = dims;
     *out.last_mut().expect("rank >= 2") = w.dim(0)?;
     tape::ops::reshape(&y, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::candle::autocast::Autocast;
+    use crate::backend::candle::kernels::cpu::{max_rel, seeded};
+    use candle_core::{DType, Var};
+
+    const EMULATED: Autocast = Autocast {
+        bf16: true,
+        tier: None,
+    };
+
+    /// Every value of `t` is a bf16 value.
+    fn assert_rounded(t: &Tensor, what: &str) {
+        let flat = t.flatten_all().unwrap();
+        let rounded = flat
+            .to_dtype(DType::BF16)
+            .unwrap()
+            .to_dtype(DType::F32)
+            .unwrap();
+        assert_eq!(
+            rounded.to_vec1::<f32>().unwrap(),
+            flat.to_vec1::<f32>().unwrap(),
+            "{what} is not rounded to bf16"
+        );
+    }
+
+    /// `ours` and the emulated composition's `theirs` (forward, then the gradients of `vars` for a probe
+    /// loss) agree to one bf16 rounding, and every result is a bf16 value.
+    fn assert_as_emulated(ours: Tensor, theirs: Tensor, vars: &[(&str, &Var)], tier: Tier) {
+        let tol = 1.0 / 128.0;
+        assert!(
+            max_rel(&ours, &theirs) < tol,
+            "forward on {}: {}",
+            tier.name(),
+            max_rel(&ours, &theirs)
+        );
+        assert_rounded(&ours, "the result");
+        let probe = seeded(ours.dims(), 9, -1.0, 1.0);
+        let grads = |y: Tensor| (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let (g_ours, g_theirs) = (grads(ours), grads(theirs));
+        for (name, v) in vars {
+            let (a, b) = (g_ours.get(v).unwrap(), g_theirs.get(v).unwrap());
+            assert!(
+                max_rel(a, b) < tol,
+                "{name} gradient on {}: {}",
+                tier.name(),
+                max_rel(a, b)
+            );
+            assert_rounded(a, name);
+        }
+    }
+
+    /// bf16 autocast's `linear` and batched `matmul` on each bf16 tier equal the emulated roundings
+    /// around f32 products, forward and backward (ViT's projections, MLP and attention products).
+    #[rstest::rstest]
+    #[case::one_row(1, 8, 4)]
+    #[case::vit_tiny_mlp(130, 192, 768)]
+    #[case::odd(33, 45, 17)]
+    fn bf16_tiers_match_emulated_autocast(
+        #[case] rows: usize,
+        #[case] features: usize,
+        #[case] out: usize,
+        #[values("amx", "avx512-bf16", "portable")] tier: &str,
+    ) {
+        let Some(tier) = Tier::parse(tier).filter(|t| t.supported()) else {
+            return;
+        };
+        let isa = Isa::detected();
+        let x = Var::from_tensor(&seeded(&[2, rows, features], 1, -1.0, 1.0)).unwrap();
+        let w = Var::from_tensor(&seeded(&[out, features], 2, -1.0, 1.0)).unwrap();
+        let b = Var::from_tensor(&seeded(&[out], 3, -1.0, 1.0)).unwrap();
+        let ours = linear_bf16(isa, tier, &x, &w, &b)
+            .unwrap()
+            .expect("f32 CPU operands");
+        let theirs = EMULATED.linear(&x, &w, &b).unwrap();
+        assert_as_emulated(ours, theirs, &[("x", &x), ("w", &w), ("bias", &b)], tier);
+
+        // Attention's products: (batch·heads, rows, features) @ (…, features, rows), and a transposed
+        // operand read through its strides.
+        let q = Var::from_tensor(&seeded(&[3, rows, features], 4, -1.0, 1.0)).unwrap();
+        let k = Var::from_tensor(&seeded(&[3, rows, features], 5, -1.0, 1.0)).unwrap();
+        let kt = k.t().unwrap();
+        let ours = matmul_bf16(isa, tier, &q, &kt)
+            .unwrap()
+            .expect("f32 CPU operands");
+        let theirs = EMULATED.matmul(&q, &kt).unwrap();
+        assert_as_emulated(ours, theirs, &[("q", &q), ("k", &k)], tier);
+    }
 }
