@@ -372,12 +372,17 @@ fn status_of(dir: &Path, summary: Option<&Summary>) -> Status {
 /// `metrics.csv` as curve points at fractional epochs (step / steps per epoch, the latter from the first
 /// epoch-end row), plus the number of epoch-end rows.
 fn read_curve(path: &Path) -> anyhow::Result<(Vec<CurvePoint>, u64)> {
-    let Ok(text) = std::fs::read_to_string(path) else {
+    let Ok(text) = std::fs::read(path) else {
         return Ok((Vec::new(), 0));
     };
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
-    let col = |name: &str| header.iter().position(|h| *h == name);
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(true)
+        .from_reader(text.as_slice());
+    let header = reader
+        .headers()
+        .with_context(|| format!("{}: unreadable header", path.display()))?
+        .clone();
+    let col = |name: &str| header.iter().position(|h| h == name);
     let (step_c, epoch_c, time_c) = (col("step"), col("epoch"), col("epoch_time_s"));
     let (tl, vl, va, va5) = (
         col("train/loss"),
@@ -386,15 +391,16 @@ fn read_curve(path: &Path) -> anyhow::Result<(Vec<CurvePoint>, u64)> {
         col("val/acc5"),
     );
     let mut rows: Vec<(u64, bool, CurvePoint)> = Vec::new();
-    for (n, line) in lines.enumerate() {
-        let cells: Vec<&str> = line.split(',').collect();
+    for record in reader.records() {
+        let cells = record.with_context(|| format!("{}: not CSV", path.display()))?;
+        let line = cells.position().map_or(0, |p| p.line());
         let num = |c: Option<usize>| -> Option<f64> {
             c.and_then(|i| cells.get(i))
                 .filter(|s| !s.is_empty())
                 .and_then(|s| s.parse().ok())
         };
         let step = num(step_c)
-            .with_context(|| format!("{}:{}: no step number in this row", path.display(), n + 2))?
+            .with_context(|| format!("{}:{line}: no step number in this row", path.display()))?
             as u64;
         let epoch_end = num(time_c).is_some();
         let point = CurvePoint {

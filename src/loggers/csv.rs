@@ -6,7 +6,6 @@
 use crate::schema::RunMetrics;
 use anyhow::Context;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The columns of a classification run (`RunMetrics::classification`); a registered loss's metrics take
@@ -36,7 +35,8 @@ pub fn columns(metrics: &RunMetrics, extra: &[&str]) -> Vec<String> {
 }
 
 pub struct CsvLogger {
-    file: std::io::BufWriter<std::fs::File>,
+    /// Buffered: rows reach the file at `flush()`.
+    file: csv::Writer<std::fs::File>,
     /// Named by every error, as a full disk's or a failing one's.
     path: PathBuf,
     columns: Vec<String>,
@@ -68,14 +68,17 @@ impl CsvLogger {
             .truncate(!exists)
             .open(&path)?;
         let mut logger = CsvLogger {
-            file: std::io::BufWriter::new(file),
+            file: csv::Writer::from_writer(file),
             path,
             columns,
             flush_every_n_steps,
             flushed_at: 0.0,
         };
         if !exists {
-            writeln!(logger.file, "{}", logger.columns.join(","))?;
+            logger
+                .file
+                .write_record(&logger.columns)
+                .map_err(io_error)?;
             logger.file.flush()?;
         }
         Ok(logger)
@@ -83,23 +86,19 @@ impl CsvLogger {
 
     /// Write one row: `values` by column (`epoch` and `step` among them).
     pub fn write_row(&mut self, values: &BTreeMap<&str, f64>) -> std::io::Result<()> {
-        let row: Vec<String> = self
-            .columns
-            .iter()
-            .map(|c| {
-                values
-                    .get(c.as_str())
-                    .map(|v| {
-                        if v.fract() == 0.0 && v.abs() < 1e15 {
-                            format!("{v:.0}")
-                        } else {
-                            format!("{v}")
-                        }
-                    })
-                    .unwrap_or_default()
-            })
-            .collect();
-        writeln!(self.file, "{}", row.join(","))?;
+        let row = self.columns.iter().map(|c| {
+            values
+                .get(c.as_str())
+                .map(|v| {
+                    if v.fract() == 0.0 && v.abs() < 1e15 {
+                        format!("{v:.0}")
+                    } else {
+                        format!("{v}")
+                    }
+                })
+                .unwrap_or_default()
+        });
+        self.file.write_record(row).map_err(io_error)?;
         let step = values.get("step").copied().unwrap_or(0.0);
         let due = step - self.flushed_at >= self.flush_every_n_steps as f64;
         if due || values.contains_key("epoch_time_s") {
@@ -110,31 +109,41 @@ impl CsvLogger {
     }
 }
 
+/// The I/O error inside a CSV one (a full or failing disk), so callers see its kind and message.
+fn io_error(error: csv::Error) -> std::io::Error {
+    match error.into_kind() {
+        csv::ErrorKind::Io(e) => e,
+        other => std::io::Error::other(format!("{other:?}")),
+    }
+}
+
 /// Rewrite `metrics.csv` (atomically) without the rows whose `step` is past `step`.
 fn drop_rows_after(path: &Path, step: u64) -> std::io::Result<()> {
-    let text = std::fs::read_to_string(path)?;
-    let mut lines = text.lines();
-    let Some(header) = lines.next() else {
+    let text = std::fs::read(path)?;
+    let mut reader = csv::ReaderBuilder::new()
+        .flexible(true)
+        .from_reader(text.as_slice());
+    let header = reader.byte_headers().map_err(io_error)?.clone();
+    let Some(column) = header.iter().position(|c| c == b"step") else {
         return Ok(());
     };
-    let Some(column) = header.split(',').position(|c| c == "step") else {
-        return Ok(());
-    };
-    let kept: Vec<&str> = lines
-        .filter(|line| {
-            line.split(',')
-                .nth(column)
-                .and_then(|v| v.parse::<f64>().ok())
-                .is_none_or(|v| v <= step as f64)
-        })
-        .collect();
-    let mut out = String::with_capacity(text.len());
-    for line in std::iter::once(header).chain(kept) {
-        out.push_str(line);
-        out.push('\n');
+    let mut out = csv::WriterBuilder::new()
+        .flexible(true)
+        .from_writer(Vec::with_capacity(text.len()));
+    out.write_byte_record(&header).map_err(io_error)?;
+    for record in reader.byte_records() {
+        let record = record.map_err(io_error)?;
+        let past = std::str::from_utf8(record.get(column).unwrap_or_default())
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .is_some_and(|v| v > step as f64);
+        if !past {
+            out.write_byte_record(&record).map_err(io_error)?;
+        }
     }
+    let out = out.into_inner().map_err(|e| e.into_error())?;
     if out != text {
-        crate::storage::records::write_atomic(path, out.as_bytes())?;
+        crate::storage::records::write_atomic(path, &out)?;
     }
     Ok(())
 }
@@ -219,5 +228,29 @@ mod tests {
         }
         let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
         assert_eq!(text, "epoch,step,train/loss\n0,1,1\n0,2,1\n0,3,0.5\n");
+    }
+
+    /// A metric whose name holds a comma (a user's `"f1,macro"`) is quoted as CSV quotes it, and survives
+    /// a resume's rewrite: without quoting, its column would split in two and every later cell shift.
+    #[test]
+    fn names_with_commas_are_quoted_and_survive_a_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        let columns = vec![
+            "epoch".to_string(),
+            "step".to_string(),
+            "f1,macro".to_string(),
+        ];
+        let row = |step: f64| -> BTreeMap<&'static str, f64> {
+            [("epoch", 0.0), ("step", step), ("f1,macro", 0.5)].into()
+        };
+        {
+            let mut csv = CsvLogger::open(dir.path(), None, columns.clone(), 0).unwrap();
+            for step in 1..=3 {
+                csv.write_row(&row(step as f64)).unwrap();
+            }
+        }
+        CsvLogger::open(dir.path(), Some(2), columns, 0).unwrap();
+        let text = std::fs::read_to_string(dir.path().join("metrics.csv")).unwrap();
+        assert_eq!(text, "epoch,step,\"f1,macro\"\n0,1,0.5\n0,2,0.5\n");
     }
 }

@@ -11,8 +11,10 @@ const MAX_REINDENTS: usize = 10_000;
 /// How many bytes the retries of one file may parse in all. A line inside a flow collection whose
 /// bracket the scanner does not name moved one space per retry, each a parse of the whole file: on a
 /// file with a line thousands of characters wide that was thousands of parses (found by fuzzing: 4-30 KB
-/// files, over 10 s each). 2 MiB is some 1,000 retries of a 2 KB config.
-pub(super) const MAX_REINDENT_BYTES: usize = 2 << 20;
+/// files, over 10 s each). At 2 MiB a 1 KB file of such lines still took 7 ms and slowed the fuzzer
+/// ninefold; 256 KiB bounds any file to well under a millisecond of retries and is some 125 retries of a
+/// 2 KB config (one per line closing a flow collection at the margin, or per quoted scalar broken there).
+pub(super) const MAX_REINDENT_BYTES: usize = 256 << 10;
 
 /// How far past the widest line of the file a line may be pushed: no re-indent PyYAML would accept needs
 /// more (a line moves past a bracket or quote on some line of the file). Without this bound a line the

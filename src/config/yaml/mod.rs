@@ -109,6 +109,24 @@ mod tests {
         assert!(started.elapsed() < std::time::Duration::from_secs(1));
     }
 
+    /// A list written at the margin, one item a line, as PyYAML reads it: each line is a retry, and forty
+    /// of them in a 1.5 KB file stay inside the retry budget (`MAX_REINDENT_BYTES`).
+    #[test]
+    fn a_long_list_at_the_margin_is_read_within_the_retry_budget() {
+        let items: Vec<String> = (0..40).map(|i| format!("{i:03},")).collect();
+        let text = format!(
+            "# {}\nmodel:\n  layers: [\n{}\n999]\n",
+            "x".repeat(1200),
+            items.join("\n")
+        );
+        let node = parse(&text, "f.yaml").unwrap().unwrap();
+        let Value::List(read) = &node.get("model.layers").unwrap().value else {
+            panic!("not a list")
+        };
+        assert_eq!(read.len(), 41);
+        assert_eq!(read[40].value, Value::Int(999));
+    }
+
     #[rstest]
     #[case("1", Value::Int(1))]
     #[case("1_000", Value::Int(1000))]
