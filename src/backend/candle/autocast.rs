@@ -152,7 +152,7 @@ impl CustomOp1 for RoundBf16 {
 }
 
 /// Each value rounded to the nearest bf16 (ties to even), kept as f32.
-fn rounded(x: &[f32]) -> Vec<f32> {
+pub(super) fn rounded(x: &[f32]) -> Vec<f32> {
     let mut y = uninit(x.len());
     y.par_chunks_mut(1 << 14)
         .zip(x.par_chunks(1 << 14))

@@ -36,9 +36,13 @@ pub(super) fn conv(
     padding: usize,
 ) -> Result<Tensor> {
     let w = param(p, &format!("{name}.weight"))?;
-    match blocked_path(x) {
-        Some(isa) => direct::conv::conv2d(isa, x, w, stride, padding),
-        None => autocast.conv2d(x, w, stride, padding),
+    match (blocked_path(x), autocast.bf16, autocast.tier) {
+        (Some(isa), false, _) => direct::conv::conv2d(isa, x, w, stride, padding),
+        (Some(isa), true, Some(tier)) => {
+            direct::conv::conv2d_bf16(isa, tier, x, w, stride, padding)
+        }
+        (Some(_), true, None) => candle_core::bail!("blocked activations under emulated bf16"),
+        (None, ..) => autocast.conv2d(x, w, stride, padding),
     }
 }
 
@@ -52,9 +56,15 @@ fn blocked_path(x: &Tensor) -> Option<direct::Isa> {
 }
 
 /// Whether this pass keeps activations blocked between the stem and the head: on the CPU in f32 with a
-/// direct-convolution path (bf16 autocast keeps the im2col path, which rounds operands as autocast does).
+/// direct-convolution path, and under bf16 autocast where that path's convolutions run on AMX
+/// (`conv2d_bf16`); emulated bf16 keeps the im2col path, which rounds operands as autocast does.
 pub(super) fn blocks_activations(x: &Tensor, autocast: Autocast) -> Option<direct::Isa> {
-    direct::active().filter(|_| !autocast.bf16 && super::kernels::cpu::is_cpu_f32(x))
+    let bf16_ok = |isa: direct::Isa| match (autocast.bf16, autocast.tier) {
+        (false, _) => true,
+        (true, Some(tier)) => direct::conv::bf16_blocks(isa, tier),
+        (true, None) => false,
+    };
+    direct::active().filter(|isa| bf16_ok(*isa) && super::kernels::cpu::is_cpu_f32(x))
 }
 
 /// BatchNorm2d: batch statistics in train mode (running stats updated with the unbiased variance, as

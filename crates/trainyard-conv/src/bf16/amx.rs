@@ -7,7 +7,7 @@
 //! (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); without it the first tile instruction is a
 //! SIGILL. A refusal (an older kernel, a seccomp filter) leaves AMX unused.
 
-use super::pack::{Tile, TILE_K, TILE_ROWS};
+use super::pack::{Tile, Windows, TILE_K, TILE_ROWS};
 use std::arch::asm;
 
 /// Whether this CPU has AMX-BF16 and the kernel lets this process use it (asked once).
@@ -87,9 +87,8 @@ impl Session {
         out: &mut [f32; 32 * 32],
     ) {
         const STRIDE: usize = TILE_K * 2;
-        const OUT_STRIDE: usize = 32 * 4;
         // SAFETY: the tiles read are inside the packed operands (the caller's promise); tile registers
-        // are configured (`start`); the stores write inside `out` (32 rows of 128 bytes).
+        // are configured (`start`); `store` writes inside `out`.
         unsafe {
             asm!(
                 "tilezero tmm0",
@@ -117,7 +116,71 @@ impl Session {
                     }
                 }
             }
-            let o = out.as_mut_ptr() as *mut u8;
+            self.store(out, mt, nt);
+        }
+    }
+
+    /// `out` (32 × 32 f32, row stride 32) = (or, with `accumulate`, +=) two A tiles times `nt` B tiles,
+    /// summed over reduction steps. Each operand is a set of windows (`Windows`): tiles read in place
+    /// from wherever they lie, at any row stride (a convolution's input, its output gradient).
+    ///
+    /// # Safety
+    /// Every tile the windows name lies in one allocation (16 rows of 64 bytes at their stride), for
+    /// both A tiles and the `nt` B tiles of each step; tile state is configured (`start`).
+    pub unsafe fn windows_block(
+        &self,
+        a: &Windows,
+        (b, nt): (&Windows, usize),
+        accumulate: bool,
+        out: &mut [f32; 32 * 32],
+    ) {
+        const OUT_STRIDE: usize = 32 * 4;
+        debug_assert_eq!(a.steps.len(), b.steps.len());
+        // SAFETY: the tiles read are where the caller promises; `out` holds 32 rows of 128 bytes.
+        unsafe {
+            if accumulate {
+                let o = out.as_ptr() as *const u8;
+                asm!("tileloadd tmm0, [{p} + {s}*1]", p = in(reg) o, s = in(reg) OUT_STRIDE, options(nostack, readonly));
+                asm!("tileloadd tmm1, [{p} + {s}*1]", p = in(reg) o.add(64), s = in(reg) OUT_STRIDE, options(nostack, readonly));
+                asm!("tileloadd tmm2, [{p} + {s}*1]", p = in(reg) o.add(16 * OUT_STRIDE), s = in(reg) OUT_STRIDE, options(nostack, readonly));
+                asm!("tileloadd tmm3, [{p} + {s}*1]", p = in(reg) o.add(16 * OUT_STRIDE + 64), s = in(reg) OUT_STRIDE, options(nostack, readonly));
+            } else {
+                asm!(
+                    "tilezero tmm0",
+                    "tilezero tmm1",
+                    "tilezero tmm2",
+                    "tilezero tmm3",
+                    options(nostack, nomem)
+                );
+            }
+            for (&a_at, &b_at) in a.steps.iter().zip(b.steps) {
+                let (a0, b0) = (a.base.add(a_at), b.base.add(b_at));
+                asm!("tileloadd tmm4, [{p} + {s}*1]", p = in(reg) a0, s = in(reg) a.row, options(nostack, readonly));
+                asm!("tileloadd tmm6, [{p} + {s}*1]", p = in(reg) b0, s = in(reg) b.row, options(nostack, readonly));
+                asm!("tdpbf16ps tmm0, tmm4, tmm6", options(nostack, nomem));
+                if nt == 2 {
+                    asm!("tileloadd tmm7, [{p} + {s}*1]", p = in(reg) b0.add(b.next), s = in(reg) b.row, options(nostack, readonly));
+                    asm!("tdpbf16ps tmm1, tmm4, tmm7", options(nostack, nomem));
+                }
+                asm!("tileloadd tmm5, [{p} + {s}*1]", p = in(reg) a0.add(a.next), s = in(reg) a.row, options(nostack, readonly));
+                asm!("tdpbf16ps tmm2, tmm5, tmm6", options(nostack, nomem));
+                if nt == 2 {
+                    asm!("tdpbf16ps tmm3, tmm5, tmm7", options(nostack, nomem));
+                }
+            }
+            self.store(out, 2, nt);
+        }
+    }
+
+    /// The four accumulators (those `mt` × `nt` uses) into `out` (row stride 32 f32).
+    ///
+    /// # Safety
+    /// Tile state is configured (`start`).
+    unsafe fn store(&self, out: &mut [f32; 32 * 32], mt: usize, nt: usize) {
+        const OUT_STRIDE: usize = 32 * 4;
+        let o = out.as_mut_ptr() as *mut u8;
+        // SAFETY: the stores write inside `out` (32 rows of 128 bytes).
+        unsafe {
             asm!("tilestored [{p} + {s}*1], tmm0", p = in(reg) o, s = in(reg) OUT_STRIDE, options(nostack));
             if nt == 2 {
                 asm!("tilestored [{p} + {s}*1], tmm1", p = in(reg) o.add(64), s = in(reg) OUT_STRIDE, options(nostack));

@@ -10,11 +10,13 @@
 //!
 //! - `pack`: rounding and the tile layouts.
 //! - `amx`, `avx512`: one 32 × 32 block of C per call, on each tier.
+//! - `direct`: the convolution over channel-blocked activations on AMX, with no im2col matrix.
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod direct;
 pub mod pack;
 
 use pack::{from_bf16, tiles, Strided, Tile, TILE_K, TILE_ROWS};

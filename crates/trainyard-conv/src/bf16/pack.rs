@@ -38,6 +38,15 @@ pub fn from_bf16(v: u16) -> f32 {
     f32::from_bits((v as u32) << 16)
 }
 
+/// Tiles read in place: step t's first tile at `base + steps[t]` (bytes), its rows `row` bytes apart, its
+/// second tile `next` bytes after the first.
+pub struct Windows<'a> {
+    pub base: *const u8,
+    pub steps: &'a [usize],
+    pub row: usize,
+    pub next: usize,
+}
+
 /// A strided f32 matrix: element (i, j) at `data[i·row + j·col]`.
 #[derive(Clone, Copy)]
 pub struct Strided<'a> {
@@ -69,6 +78,20 @@ fn rounded(bits: u32) -> u32 {
     } else {
         r
     }
+}
+
+/// `dst[i]` = `src[i]` rounded to bf16 (as `to_bf16`), without branches, so the loop vectorises.
+#[inline]
+pub fn round_into(src: &[f32], dst: &mut [u16]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = (rounded(s.to_bits()) >> 16) as u16;
+    }
+}
+
+/// `v` rounded to the nearest bf16 and back (as `from_bf16(to_bf16(v))`), without branches.
+#[inline(always)]
+pub fn round_f32(v: f32) -> f32 {
+    f32::from_bits(rounded(v.to_bits()) & 0xffff_0000)
 }
 
 /// One VNNI pair: `lo` and `hi` as bf16 in the low and high halves of a 32-bit word.

@@ -1,10 +1,17 @@
 //! The Candle op over `trainyard_conv`'s direct convolution: blocked input, (O, I, K, K) kernel, with its
 //! own backward (input gradient only when something upstream needs it).
+//!
+//! Under bf16 autocast on AMX (`conv2d_bf16`) the forward and, at stride 1, both gradients run on
+//! `trainyard_conv::bf16::direct` (bf16 operands, f32 sums, a rounded result); other strides' gradients
+//! are the f32 kernels over the rounded gradient, input and weight, each result rounded once: autocast's
+//! numbers, as the emulated path computes them.
 
 use super::layout::with_blocked;
+use crate::backend::candle::autocast::rounded;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use trainyard_conv::bf16::{direct as bf16_direct, Tier};
 use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
 use trainyard_conv::Isa;
 
@@ -13,6 +20,8 @@ struct DirectConv {
     isa: Isa,
     stride: usize,
     padding: usize,
+    /// bf16 autocast on this tier: operands and results rounded (`conv2d_bf16`).
+    bf16: Option<Tier>,
 }
 
 impl DirectConv {
@@ -58,7 +67,11 @@ impl CustomOp2 for DirectConv {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let g = self.geometry(l1.shape(), l2.shape())?;
-        let y = forward(self.isa, slice(s1, l1)?, slice(s2, l2)?, &g);
+        let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
+        let y = match self.bf16 {
+            Some(tier) => bf16_direct::forward(tier, x, w, &bf16_geometry(&g)),
+            None => forward(self.isa, x, w, &g),
+        };
         let shape = Shape::from((g.n, g.ob(), g.oh(), g.ow(), g.lanes));
         Ok((CpuStorage::F32(y), shape))
     }
@@ -72,15 +85,42 @@ impl CustomOp2 for DirectConv {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let g = self.geometry(x.shape(), w.shape())?;
         let dev = x.device();
+        // Under autocast each operand is the bf16 one (rounded) and each gradient a bf16 result.
+        let bf16 = self.bf16.is_some();
+        let round = |v: &[f32]| if bf16 { rounded(v) } else { v.to_vec() };
+        let result = |v: Vec<f32>| if bf16 { rounded(&v) } else { v };
         let (dx, dw) = with_f32(grad, |dy| {
+            let dy_r;
+            let dy = if bf16 {
+                dy_r = rounded(dy);
+                &dy_r[..]
+            } else {
+                dy
+            };
             let dx = if x.track_op() {
-                let d = with_f32(w, |wd| Ok(input_grad(self.isa, dy, wd, &g)))?;
+                let d = with_f32(w, |wd| {
+                    let on_tiles = self
+                        .bf16
+                        .and_then(|tier| bf16_direct::input_grad(tier, dy, wd, &bf16_geometry(&g)));
+                    Ok(match on_tiles {
+                        Some(d) => d,
+                        None => result(input_grad(self.isa, dy, &round(wd), &g)),
+                    })
+                })?;
                 Some(Tensor::from_vec(d, x.shape(), dev)?)
             } else {
                 None
             };
             let dw = if w.track_op() {
-                let d = with_blocked(x, |xd, _| Ok(weight_grad(self.isa, xd, dy, &g)))?;
+                let d = with_blocked(x, |xd, _| {
+                    let on_tiles = self.bf16.and_then(|tier| {
+                        bf16_direct::weight_grad(tier, xd, dy, &bf16_geometry(&g))
+                    });
+                    Ok(match on_tiles {
+                        Some(d) => d,
+                        None => result(weight_grad(self.isa, &round(xd), dy, &g)),
+                    })
+                })?;
                 Some(Tensor::from_vec(d, w.shape(), dev)?)
             } else {
                 None
@@ -93,6 +133,44 @@ impl CustomOp2 for DirectConv {
 
 /// Blocked `x` (N, ⌈C/L⌉, H, W, L) convolved with `w` (O, C, K, K) on `isa`: blocked (N, ⌈O/L⌉, OH, OW, L).
 pub fn conv2d(isa: Isa, x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+    conv2d_on(isa, None, x, w, (stride, padding))
+}
+
+/// `conv2d` under bf16 autocast on `tier`: bf16 operands, f32 sums, rounded results, forward and backward.
+/// The blocked layout must be 16 lanes (`bf16_blocks`).
+pub fn conv2d_bf16(
+    isa: Isa,
+    tier: Tier,
+    x: &Tensor,
+    w: &Tensor,
+    stride: usize,
+    padding: usize,
+) -> Result<Tensor> {
+    if !bf16_blocks(isa, tier) {
+        candle_core::bail!(
+            "direct conv: bf16 on {} needs {}'s 16-lane blocks",
+            tier.name(),
+            isa.name()
+        );
+    }
+    conv2d_on(isa, Some(tier), x, w, (stride, padding))
+}
+
+/// Whether the blocked path runs bf16 autocast's convolutions on `tier`: AMX (or its portable reference)
+/// over 16-lane blocks, the layout whose pixel is half an A-tile row.
+pub fn bf16_blocks(isa: Isa, tier: Tier) -> bool {
+    isa.lanes() == bf16_direct::LANES
+        && matches!(tier, Tier::Amx | Tier::Portable)
+        && tier.supported()
+}
+
+fn conv2d_on(
+    isa: Isa,
+    bf16: Option<Tier>,
+    x: &Tensor,
+    w: &Tensor,
+    (stride, padding): (usize, usize),
+) -> Result<Tensor> {
     if !isa.supported() {
         candle_core::bail!("direct conv: this CPU has no {} path", isa.name());
     }
@@ -103,6 +181,65 @@ pub fn conv2d(isa: Isa, x: &Tensor, w: &Tensor, stride: usize, padding: usize) -
             isa,
             stride,
             padding,
+            bf16,
         },
     )
+}
+
+/// The bf16 kernel's geometry for the f32 one's (same shape; 16 lanes).
+fn bf16_geometry(g: &Geometry) -> bf16_direct::Geometry {
+    bf16_direct::Geometry {
+        n: g.n,
+        c_in: g.c_in,
+        c_out: g.c_out,
+        h: g.h,
+        w: g.w,
+        k: g.k,
+        stride: g.stride,
+        padding: g.padding,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::too_many_arguments)] // rstest cases: one argument per geometry field
+mod tests {
+    use super::super::matmul::tests::{assert_as_emulated, EMULATED};
+    use super::*;
+    use crate::backend::candle::kernels::cpu::seeded;
+    use crate::backend::candle::kernels::direct::layout::{from_blocked, to_blocked};
+    use candle_core::Var;
+
+    /// bf16 autocast's blocked convolution on each tier that runs here (AMX, and its portable reference)
+    /// equals the emulated roundings around the f32 convolution, forward and both gradients: ResNet's
+    /// 3x3 and downsampling convolutions, its 1x1 shortcut and the CIFAR stem's 3 channels.
+    #[rstest::rstest]
+    #[case::resnet_3x3(2, 32, 8, 8, 32, 3, (1, 1))]
+    #[case::downsampling(2, 16, 9, 9, 32, 3, (2, 1))]
+    #[case::shortcut(2, 32, 8, 8, 48, 1, (2, 0))]
+    #[case::cifar_stem(2, 3, 8, 8, 16, 3, (1, 1))]
+    fn bf16_blocked_matches_emulated_autocast(
+        #[case] n: usize,
+        #[case] c: usize,
+        #[case] h: usize,
+        #[case] w: usize,
+        #[case] o: usize,
+        #[case] k: usize,
+        #[case] (stride, pad): (usize, usize),
+        #[values("amx", "portable")] tier: &str,
+    ) {
+        let Some(tier) = Tier::parse(tier).filter(|t| t.supported()) else {
+            return;
+        };
+        let isa = [Isa::detected(), Isa::Portable16]
+            .into_iter()
+            .find(|isa| bf16_blocks(*isa, tier))
+            .expect("Portable16 has 16 lanes");
+        let x = Var::from_tensor(&seeded(&[n, c, h, w], 1, -1.0, 1.0)).unwrap();
+        let wt = Var::from_tensor(&seeded(&[o, c, k, k], 2, -1.0, 1.0)).unwrap();
+        let blocked = to_blocked(&x, isa.lanes()).unwrap();
+        let y = conv2d_bf16(isa, tier, &blocked, &wt, stride, pad).unwrap();
+        let ours = from_blocked(&y, o).unwrap();
+        let theirs = EMULATED.conv2d(&x, &wt, stride, pad).unwrap();
+        assert_as_emulated(ours, theirs, &[("x", &x), ("w", &wt)], tier);
+    }
 }

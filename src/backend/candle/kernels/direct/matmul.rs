@@ -409,13 +409,13 @@ fn linear_on(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::backend::candle::autocast::Autocast;
     use crate::backend::candle::kernels::cpu::{max_rel, seeded};
     use candle_core::{DType, Var};
 
-    const EMULATED: Autocast = Autocast {
+    pub(in crate::backend::candle::kernels::direct) const EMULATED: Autocast = Autocast {
         bf16: true,
         tier: None,
     };
@@ -437,7 +437,12 @@ mod tests {
 
     /// `ours` and the emulated composition's `theirs` (forward, then the gradients of `vars` for a probe
     /// loss) agree to one bf16 rounding, and every result is a bf16 value.
-    fn assert_as_emulated(ours: Tensor, theirs: Tensor, vars: &[(&str, &Var)], tier: Tier) {
+    pub(in crate::backend::candle::kernels::direct) fn assert_as_emulated(
+        ours: Tensor,
+        theirs: Tensor,
+        vars: &[(&str, &Var)],
+        tier: Tier,
+    ) {
         let tol = 1.0 / 128.0;
         assert!(
             max_rel(&ours, &theirs) < tol,

@@ -1,0 +1,199 @@
+use super::*;
+use rstest::rstest;
+
+/// The convolution in f64 over bf16-rounded operands, NCHW in and out.
+fn reference(x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    let (oh, ow) = g.out();
+    let r = |v: f32| from_bf16(to_bf16(v)) as f64;
+    let mut y = vec![0f32; g.n * g.c_out * oh * ow];
+    for n in 0..g.n {
+        for o in 0..g.c_out {
+            for (py, px) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
+                let mut s = 0f64;
+                for i in 0..g.c_in {
+                    for (kh, kw) in (0..g.k).flat_map(|a| (0..g.k).map(move |b| (a, b))) {
+                        let ih = (py * g.stride + kh) as isize - g.padding as isize;
+                        let iw = (px * g.stride + kw) as isize - g.padding as isize;
+                        if ih < 0 || iw < 0 || ih >= g.h as isize || iw >= g.w as isize {
+                            continue;
+                        }
+                        let xv = x[((n * g.c_in + i) * g.h + ih as usize) * g.w + iw as usize];
+                        s += r(xv) * r(w[((o * g.c_in + i) * g.k + kh) * g.k + kw]);
+                    }
+                }
+                y[((n * g.c_out + o) * oh + py) * ow + px] = s as f32;
+            }
+        }
+    }
+    y
+}
+
+/// `reference`'s input gradient for the output gradient `dy` (NCHW), in f64 over bf16 operands.
+fn reference_input_grad(dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    let (oh, ow) = g.out();
+    let r = |v: f32| from_bf16(to_bf16(v)) as f64;
+    let mut dx = vec![0f64; g.n * g.c_in * g.h * g.w];
+    for n in 0..g.n {
+        for o in 0..g.c_out {
+            for (py, px) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
+                let d = r(dy[((n * g.c_out + o) * oh + py) * ow + px]);
+                for i in 0..g.c_in {
+                    for (kh, kw) in (0..g.k).flat_map(|a| (0..g.k).map(move |b| (a, b))) {
+                        let ih = (py * g.stride + kh) as isize - g.padding as isize;
+                        let iw = (px * g.stride + kw) as isize - g.padding as isize;
+                        if ih < 0 || iw < 0 || ih >= g.h as isize || iw >= g.w as isize {
+                            continue;
+                        }
+                        let at = ((n * g.c_in + i) * g.h + ih as usize) * g.w + iw as usize;
+                        dx[at] += d * r(w[((o * g.c_in + i) * g.k + kh) * g.k + kw]);
+                    }
+                }
+            }
+        }
+    }
+    dx.into_iter().map(|v| v as f32).collect()
+}
+
+/// The stride-1 input gradient on every tier here against the f64 reference; other strides say `None`.
+#[rstest]
+#[case::resnet_3x3(Geometry { n: 2, c_in: 32, c_out: 48, h: 6, w: 7, k: 3, stride: 1, padding: 1 })]
+#[case::pointwise(Geometry { n: 1, c_in: 64, c_out: 16, h: 5, w: 5, k: 1, stride: 1, padding: 0 })]
+#[case::no_padding(Geometry { n: 2, c_in: 16, c_out: 32, h: 6, w: 5, k: 3, stride: 1, padding: 0 })]
+fn input_gradient_matches_the_reference(
+    #[case] g: Geometry,
+    #[values(Tier::Amx, Tier::Portable)] tier: Tier,
+) {
+    if !tier.supported() {
+        return;
+    }
+    let (oh, ow) = g.out();
+    let dy_nchw = values(g.n * g.c_out * oh * ow, 5);
+    let w = values(g.c_out * g.c_in * g.k * g.k, 11);
+    let dy = crate::layout::block(&dy_nchw, (g.n, g.c_out, oh * ow), LANES);
+    let dx = input_grad(tier, &dy, &w, &g).expect("stride 1");
+    let got = crate::layout::unblock(&dx, (g.n, g.c_in, g.h * g.w), LANES);
+    let expected = reference_input_grad(&dy_nchw, &w, &g);
+    for (i, (a, e)) in got.iter().zip(&expected).enumerate() {
+        assert!(
+            (a - e).abs() <= e.abs() / 128.0 + 1e-4,
+            "{g:?}: element {i}: {a} vs {e}"
+        );
+    }
+    let strided = Geometry { stride: 2, ..g };
+    let dy2 = vec![0f32; strided.output_len()];
+    assert!(input_grad(tier, &dy2, &w, &strided).is_none());
+}
+
+/// `reference`'s weight gradient for the output gradient `dy` (NCHW), in f64 over bf16 operands.
+fn reference_weight_grad(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
+    let (oh, ow) = g.out();
+    let r = |v: f32| from_bf16(to_bf16(v)) as f64;
+    let mut dw = vec![0f64; g.c_out * g.c_in * g.k * g.k];
+    for n in 0..g.n {
+        for o in 0..g.c_out {
+            for (py, px) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
+                let d = r(dy[((n * g.c_out + o) * oh + py) * ow + px]);
+                for i in 0..g.c_in {
+                    for (kh, kw) in (0..g.k).flat_map(|a| (0..g.k).map(move |b| (a, b))) {
+                        let ih = (py * g.stride + kh) as isize - g.padding as isize;
+                        let iw = (px * g.stride + kw) as isize - g.padding as isize;
+                        if ih < 0 || iw < 0 || ih >= g.h as isize || iw >= g.w as isize {
+                            continue;
+                        }
+                        let xv = x[((n * g.c_in + i) * g.h + ih as usize) * g.w + iw as usize];
+                        dw[((o * g.c_in + i) * g.k + kh) * g.k + kw] += d * r(xv);
+                    }
+                }
+            }
+        }
+    }
+    dw.into_iter().map(|v| v as f32).collect()
+}
+
+/// The stride-1 weight gradient on every tier here against the f64 reference (odd block counts, so the
+/// slack past the last block is read); other strides say `None`.
+#[rstest]
+#[case::resnet_3x3(Geometry { n: 2, c_in: 32, c_out: 32, h: 6, w: 7, k: 3, stride: 1, padding: 1 })]
+#[case::odd_blocks(Geometry { n: 3, c_in: 48, c_out: 16, h: 5, w: 5, k: 3, stride: 1, padding: 1 })]
+#[case::cifar_stem(Geometry { n: 2, c_in: 3, c_out: 48, h: 8, w: 8, k: 3, stride: 1, padding: 1 })]
+#[case::pointwise(Geometry { n: 2, c_in: 16, c_out: 32, h: 9, w: 4, k: 1, stride: 1, padding: 0 })]
+fn weight_gradient_matches_the_reference(
+    #[case] g: Geometry,
+    #[values(Tier::Amx, Tier::Portable)] tier: Tier,
+) {
+    if !tier.supported() {
+        return;
+    }
+    let (oh, ow) = g.out();
+    let x_nchw = values(g.n * g.c_in * g.h * g.w, 3);
+    let dy_nchw = values(g.n * g.c_out * oh * ow, 5);
+    let x = crate::layout::block(&x_nchw, (g.n, g.c_in, g.h * g.w), LANES);
+    let dy = crate::layout::block(&dy_nchw, (g.n, g.c_out, oh * ow), LANES);
+    let dw = weight_grad(tier, &x, &dy, &g).expect("stride 1");
+    let expected = reference_weight_grad(&x_nchw, &dy_nchw, &g);
+    let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (i, (a, e)) in dw.iter().zip(&expected).enumerate() {
+        assert!(
+            (a - e).abs() <= e.abs() / 128.0 + scale * 1e-5,
+            "{g:?}: element {i}: {a} vs {e}"
+        );
+        assert_eq!(*a, from_bf16(to_bf16(*a)), "element {i} is not a bf16");
+    }
+    let strided = Geometry { stride: 2, ..g };
+    let dy2 = vec![0f32; strided.output_len()];
+    assert!(weight_grad(tier, &x, &dy2, &strided).is_none());
+}
+
+fn values(len: usize, seed: u32) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(2_654_435_761).max(1);
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            (state % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+/// Every tier that runs here against the f64 reference of the same bf16 operands: a result within one
+/// bf16 rounding (plus the f32 sums' order) of the reference, bf16-representable, zero past `c_out`.
+#[rstest]
+#[case::resnet_3x3(Geometry { n: 2, c_in: 64, c_out: 64, h: 8, w: 8, k: 3, stride: 1, padding: 1 })]
+#[case::downsampling(Geometry { n: 2, c_in: 32, c_out: 48, h: 9, w: 7, k: 3, stride: 2, padding: 1 })]
+#[case::shortcut_1x1(Geometry { n: 1, c_in: 64, c_out: 32, h: 8, w: 8, k: 1, stride: 2, padding: 0 })]
+#[case::odd_channels(Geometry { n: 1, c_in: 16, c_out: 24, h: 5, w: 6, k: 3, stride: 1, padding: 1 })]
+#[case::no_padding(Geometry { n: 3, c_in: 48, c_out: 16, h: 6, w: 5, k: 3, stride: 1, padding: 0 })]
+#[case::wide_row(Geometry { n: 1, c_in: 32, c_out: 32, h: 3, w: 37, k: 3, stride: 1, padding: 1 })]
+fn every_tier_matches_the_reference(
+    #[case] g: Geometry,
+    #[values(Tier::Amx, Tier::Portable)] tier: Tier,
+) {
+    if !tier.supported() {
+        eprintln!("SKIPPED: {} is not supported here", tier.name());
+        return;
+    }
+    let x_nchw = values(g.n * g.c_in * g.h * g.w, 7);
+    let w = values(g.c_out * g.c_in * g.k * g.k, 11);
+    let x = crate::layout::block(&x_nchw, (g.n, g.c_in, g.h * g.w), LANES);
+    let y = forward(tier, &x, &w, &g);
+    let (oh, ow) = g.out();
+    let got = crate::layout::unblock(&y, (g.n, g.c_out, oh * ow), LANES);
+    let expected = reference(&x_nchw, &w, &g);
+    for (i, (a, e)) in got.iter().zip(&expected).enumerate() {
+        let tolerance = e.abs() / 128.0 + 1e-4;
+        assert!(
+            (a - e).abs() <= tolerance,
+            "{g:?} on {}: element {i}: {a} vs {e}",
+            tier.name()
+        );
+        assert_eq!(*a, from_bf16(to_bf16(*a)), "element {i} is not a bf16");
+    }
+    let ob = g.c_out.div_ceil(LANES);
+    for (i, v) in y.iter().enumerate() {
+        let channel = ((i / (oh * ow * LANES)) % ob) * LANES + i % LANES;
+        if channel >= g.c_out {
+            assert_eq!(*v, 0.0, "lane past c_out at {i}");
+        }
+    }
+}
