@@ -28,54 +28,56 @@ const PAIR: usize = TILE_K;
 /// Output pixels per task: two A tiles.
 const CHUNK: usize = 2 * TILE_ROWS;
 
-/// A convolution's shape. Square kernels; the same stride and padding along both axes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Geometry {
-    pub n: usize,
-    pub c_in: usize,
-    pub c_out: usize,
-    pub h: usize,
-    pub w: usize,
-    pub k: usize,
-    pub stride: usize,
-    pub padding: usize,
+/// The f32 kernels' geometry, with 16 lanes (nChw16c).
+pub use crate::conv::Geometry;
+
+/// What the bf16 kernels derive from a `Geometry`.
+trait Shape {
+    /// The output's height and width.
+    fn out(&self) -> (usize, usize);
+    /// The zero-padded input's height and width.
+    fn padded(&self) -> (usize, usize);
+    /// Blocks of 32 input channels: the reduction tiles per tap.
+    fn in_pairs(&self) -> usize;
+    fn tap_count(&self) -> usize;
+    /// Blocked element counts of the input and the output.
+    fn input_len(&self) -> usize;
+    fn output_len(&self) -> usize;
 }
 
-impl Geometry {
-    /// The output's height and width.
-    pub fn out(&self) -> (usize, usize) {
-        let span = |len: usize| (len + 2 * self.padding - self.k) / self.stride + 1;
-        (span(self.h), span(self.w))
+impl Shape for Geometry {
+    fn out(&self) -> (usize, usize) {
+        (self.oh(), self.ow())
     }
 
     fn padded(&self) -> (usize, usize) {
         (self.h + 2 * self.padding, self.w + 2 * self.padding)
     }
 
-    /// Blocks of 32 input channels: the reduction tiles per tap.
     fn in_pairs(&self) -> usize {
         self.c_in.div_ceil(PAIR)
     }
 
-    fn taps(&self) -> usize {
+    fn tap_count(&self) -> usize {
         self.k * self.k
     }
 
-    /// Blocked element counts of the input and the output.
-    pub fn input_len(&self) -> usize {
-        self.n * self.c_in.div_ceil(LANES) * self.h * self.w * LANES
+    fn input_len(&self) -> usize {
+        self.n * self.ib() * self.h * self.w * LANES
     }
 
-    pub fn output_len(&self) -> usize {
-        let (oh, ow) = self.out();
-        self.n * self.c_out.div_ceil(LANES) * oh * ow * LANES
+    fn output_len(&self) -> usize {
+        self.n * self.ob() * self.oh() * self.ow() * LANES
     }
 }
 
 /// Whether `direct::forward` takes this shape on `tier` (AMX, or the portable reference of its arithmetic).
 pub fn handles(tier: Tier, g: &Geometry) -> bool {
-    let fits =
-        g.k >= 1 && g.stride >= 1 && g.h + 2 * g.padding >= g.k && g.w + 2 * g.padding >= g.k;
+    let fits = g.lanes == LANES
+        && g.k >= 1
+        && g.stride >= 1
+        && g.h + 2 * g.padding >= g.k
+        && g.w + 2 * g.padding >= g.k;
     fits && matches!(tier, Tier::Amx | Tier::Portable) && tier.supported()
 }
 
@@ -163,11 +165,11 @@ pub fn input_grad(tier: Tier, dy: &[f32], w: &[f32], g: &Geometry) -> Option<Vec
     }
     assert_eq!(
         w.len(),
-        g.c_out * g.c_in * g.taps(),
+        g.c_out * g.c_in * g.tap_count(),
         "direct bf16 conv: weight length"
     );
     let (oh, ow) = g.out();
-    let taps = g.taps();
+    let taps = g.tap_count();
     let mut flipped = vec![0f32; w.len()];
     for o in 0..g.c_out {
         for i in 0..g.c_in {
@@ -196,7 +198,7 @@ struct Weights {
 }
 
 fn pack_weights(w: &[f32], g: &Geometry) -> Weights {
-    let (taps, kb) = (g.taps(), g.in_pairs());
+    let (taps, kb) = (g.tap_count(), g.in_pairs());
     let per_block = taps * kb;
     let mut tiles = vec![Tile::ZERO; g.c_out.div_ceil(LANES) * per_block];
     tiles
@@ -210,7 +212,7 @@ fn pack_weights(w: &[f32], g: &Geometry) -> Weights {
                         for e in 0..2 {
                             let (o, i) = (ob * LANES + j, pair * PAIR + 2 * p + e);
                             if o < g.c_out && i < g.c_in {
-                                let v = w[(o * g.c_in + i) * g.taps() + tap];
+                                let v = w[(o * g.c_in + i) * g.tap_count() + tap];
                                 tile.0[p * TILE_K + 2 * j + e] = to_bf16(v);
                             }
                         }
@@ -318,7 +320,7 @@ impl Worker {
         let gather = if g.stride == 1 {
             0
         } else {
-            2 * g.taps() * g.in_pairs()
+            2 * g.tap_count() * g.in_pairs()
         };
         Worker {
             tier,
@@ -333,7 +335,7 @@ impl Worker {
     /// The A tiles of output pixels `first..first + 32` of image `img`: in place at stride 1, else
     /// gathered into the scratch tiles.
     fn a_operand(&mut self, input: &Padded, g: &Geometry, img: usize, first: usize) -> Steps {
-        let (taps, kb) = (g.taps(), input.pairs);
+        let (taps, kb) = (g.tap_count(), input.pairs);
         let plane = |pair: usize| (img * kb + pair) * input.plane;
         if g.stride == 1 {
             let steps = (0..taps * kb)

@@ -1,64 +1,59 @@
 use super::*;
 use rstest::rstest;
 
-/// The convolution in f64 over bf16-rounded operands, NCHW in and out.
-fn reference(x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+/// Every product of the convolution, as NCHW indices (output, input, weight): each output pixel with each
+/// input channel and kernel tap that lands inside the input.
+fn each_product(g: &Geometry, mut visit: impl FnMut(usize, usize, usize)) {
     let (oh, ow) = g.out();
-    let r = |v: f32| from_bf16(to_bf16(v)) as f64;
-    let mut y = vec![0f32; g.n * g.c_out * oh * ow];
-    for n in 0..g.n {
-        for o in 0..g.c_out {
-            for (py, px) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
-                let mut s = 0f64;
-                for i in 0..g.c_in {
-                    for (kh, kw) in (0..g.k).flat_map(|a| (0..g.k).map(move |b| (a, b))) {
-                        let ih = (py * g.stride + kh) as isize - g.padding as isize;
-                        let iw = (px * g.stride + kw) as isize - g.padding as isize;
-                        if ih < 0 || iw < 0 || ih >= g.h as isize || iw >= g.w as isize {
-                            continue;
-                        }
-                        let xv = x[((n * g.c_in + i) * g.h + ih as usize) * g.w + iw as usize];
-                        s += r(xv) * r(w[((o * g.c_in + i) * g.k + kh) * g.k + kw]);
+    for (n, o) in (0..g.n).flat_map(|n| (0..g.c_out).map(move |o| (n, o))) {
+        for (py, px) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
+            let out = ((n * g.c_out + o) * oh + py) * ow + px;
+            for i in 0..g.c_in {
+                for (kh, kw) in (0..g.k).flat_map(|a| (0..g.k).map(move |b| (a, b))) {
+                    let ih = (py * g.stride + kh) as isize - g.padding as isize;
+                    let iw = (px * g.stride + kw) as isize - g.padding as isize;
+                    if ih < 0 || iw < 0 || ih >= g.h as isize || iw >= g.w as isize {
+                        continue;
                     }
+                    let input = ((n * g.c_in + i) * g.h + ih as usize) * g.w + iw as usize;
+                    visit(out, input, ((o * g.c_in + i) * g.k + kh) * g.k + kw);
                 }
-                y[((n * g.c_out + o) * oh + py) * ow + px] = s as f32;
             }
         }
     }
-    y
+}
+
+/// `v` rounded to bf16, in f64.
+fn r(v: f32) -> f64 {
+    from_bf16(to_bf16(v)) as f64
+}
+
+fn to_f32(v: Vec<f64>) -> Vec<f32> {
+    v.into_iter().map(|v| v as f32).collect()
+}
+
+/// The convolution in f64 over bf16-rounded operands, NCHW in and out.
+fn reference(x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    let (oh, ow) = g.out();
+    let mut y = vec![0f64; g.n * g.c_out * oh * ow];
+    each_product(g, |out, input, weight| y[out] += r(x[input]) * r(w[weight]));
+    to_f32(y)
 }
 
 /// `reference`'s input gradient for the output gradient `dy` (NCHW), in f64 over bf16 operands.
 fn reference_input_grad(dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
-    let (oh, ow) = g.out();
-    let r = |v: f32| from_bf16(to_bf16(v)) as f64;
     let mut dx = vec![0f64; g.n * g.c_in * g.h * g.w];
-    for n in 0..g.n {
-        for o in 0..g.c_out {
-            for (py, px) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
-                let d = r(dy[((n * g.c_out + o) * oh + py) * ow + px]);
-                for i in 0..g.c_in {
-                    for (kh, kw) in (0..g.k).flat_map(|a| (0..g.k).map(move |b| (a, b))) {
-                        let ih = (py * g.stride + kh) as isize - g.padding as isize;
-                        let iw = (px * g.stride + kw) as isize - g.padding as isize;
-                        if ih < 0 || iw < 0 || ih >= g.h as isize || iw >= g.w as isize {
-                            continue;
-                        }
-                        let at = ((n * g.c_in + i) * g.h + ih as usize) * g.w + iw as usize;
-                        dx[at] += d * r(w[((o * g.c_in + i) * g.k + kh) * g.k + kw]);
-                    }
-                }
-            }
-        }
-    }
-    dx.into_iter().map(|v| v as f32).collect()
+    each_product(g, |out, input, weight| {
+        dx[input] += r(dy[out]) * r(w[weight])
+    });
+    to_f32(dx)
 }
 
 /// The stride-1 input gradient on every tier here against the f64 reference; other strides say `None`.
 #[rstest]
-#[case::resnet_3x3(Geometry { n: 2, c_in: 32, c_out: 48, h: 6, w: 7, k: 3, stride: 1, padding: 1 })]
-#[case::pointwise(Geometry { n: 1, c_in: 64, c_out: 16, h: 5, w: 5, k: 1, stride: 1, padding: 0 })]
-#[case::no_padding(Geometry { n: 2, c_in: 16, c_out: 32, h: 6, w: 5, k: 3, stride: 1, padding: 0 })]
+#[case::resnet_3x3(Geometry { n: 2, c_in: 32, c_out: 48, h: 6, w: 7, k: 3, stride: 1, padding: 1, lanes: LANES })]
+#[case::pointwise(Geometry { n: 1, c_in: 64, c_out: 16, h: 5, w: 5, k: 1, stride: 1, padding: 0, lanes: LANES })]
+#[case::no_padding(Geometry { n: 2, c_in: 16, c_out: 32, h: 6, w: 5, k: 3, stride: 1, padding: 0, lanes: LANES })]
 fn input_gradient_matches_the_reference(
     #[case] g: Geometry,
     #[values(Tier::Amx, Tier::Portable)] tier: Tier,
@@ -86,37 +81,20 @@ fn input_gradient_matches_the_reference(
 
 /// `reference`'s weight gradient for the output gradient `dy` (NCHW), in f64 over bf16 operands.
 fn reference_weight_grad(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
-    let (oh, ow) = g.out();
-    let r = |v: f32| from_bf16(to_bf16(v)) as f64;
     let mut dw = vec![0f64; g.c_out * g.c_in * g.k * g.k];
-    for n in 0..g.n {
-        for o in 0..g.c_out {
-            for (py, px) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
-                let d = r(dy[((n * g.c_out + o) * oh + py) * ow + px]);
-                for i in 0..g.c_in {
-                    for (kh, kw) in (0..g.k).flat_map(|a| (0..g.k).map(move |b| (a, b))) {
-                        let ih = (py * g.stride + kh) as isize - g.padding as isize;
-                        let iw = (px * g.stride + kw) as isize - g.padding as isize;
-                        if ih < 0 || iw < 0 || ih >= g.h as isize || iw >= g.w as isize {
-                            continue;
-                        }
-                        let xv = x[((n * g.c_in + i) * g.h + ih as usize) * g.w + iw as usize];
-                        dw[((o * g.c_in + i) * g.k + kh) * g.k + kw] += d * r(xv);
-                    }
-                }
-            }
-        }
-    }
-    dw.into_iter().map(|v| v as f32).collect()
+    each_product(g, |out, input, weight| {
+        dw[weight] += r(dy[out]) * r(x[input])
+    });
+    to_f32(dw)
 }
 
 /// The stride-1 weight gradient on every tier here against the f64 reference (odd block counts, so the
 /// slack past the last block is read); other strides say `None`.
 #[rstest]
-#[case::resnet_3x3(Geometry { n: 2, c_in: 32, c_out: 32, h: 6, w: 7, k: 3, stride: 1, padding: 1 })]
-#[case::odd_blocks(Geometry { n: 3, c_in: 48, c_out: 16, h: 5, w: 5, k: 3, stride: 1, padding: 1 })]
-#[case::cifar_stem(Geometry { n: 2, c_in: 3, c_out: 48, h: 8, w: 8, k: 3, stride: 1, padding: 1 })]
-#[case::pointwise(Geometry { n: 2, c_in: 16, c_out: 32, h: 9, w: 4, k: 1, stride: 1, padding: 0 })]
+#[case::resnet_3x3(Geometry { n: 2, c_in: 32, c_out: 32, h: 6, w: 7, k: 3, stride: 1, padding: 1, lanes: LANES })]
+#[case::odd_blocks(Geometry { n: 3, c_in: 48, c_out: 16, h: 5, w: 5, k: 3, stride: 1, padding: 1, lanes: LANES })]
+#[case::cifar_stem(Geometry { n: 2, c_in: 3, c_out: 48, h: 8, w: 8, k: 3, stride: 1, padding: 1, lanes: LANES })]
+#[case::pointwise(Geometry { n: 2, c_in: 16, c_out: 32, h: 9, w: 4, k: 1, stride: 1, padding: 0, lanes: LANES })]
 fn weight_gradient_matches_the_reference(
     #[case] g: Geometry,
     #[values(Tier::Amx, Tier::Portable)] tier: Tier,
@@ -159,12 +137,12 @@ fn values(len: usize, seed: u32) -> Vec<f32> {
 /// Every tier that runs here against the f64 reference of the same bf16 operands: a result within one
 /// bf16 rounding (plus the f32 sums' order) of the reference, bf16-representable, zero past `c_out`.
 #[rstest]
-#[case::resnet_3x3(Geometry { n: 2, c_in: 64, c_out: 64, h: 8, w: 8, k: 3, stride: 1, padding: 1 })]
-#[case::downsampling(Geometry { n: 2, c_in: 32, c_out: 48, h: 9, w: 7, k: 3, stride: 2, padding: 1 })]
-#[case::shortcut_1x1(Geometry { n: 1, c_in: 64, c_out: 32, h: 8, w: 8, k: 1, stride: 2, padding: 0 })]
-#[case::odd_channels(Geometry { n: 1, c_in: 16, c_out: 24, h: 5, w: 6, k: 3, stride: 1, padding: 1 })]
-#[case::no_padding(Geometry { n: 3, c_in: 48, c_out: 16, h: 6, w: 5, k: 3, stride: 1, padding: 0 })]
-#[case::wide_row(Geometry { n: 1, c_in: 32, c_out: 32, h: 3, w: 37, k: 3, stride: 1, padding: 1 })]
+#[case::resnet_3x3(Geometry { n: 2, c_in: 64, c_out: 64, h: 8, w: 8, k: 3, stride: 1, padding: 1, lanes: LANES })]
+#[case::downsampling(Geometry { n: 2, c_in: 32, c_out: 48, h: 9, w: 7, k: 3, stride: 2, padding: 1, lanes: LANES })]
+#[case::shortcut_1x1(Geometry { n: 1, c_in: 64, c_out: 32, h: 8, w: 8, k: 1, stride: 2, padding: 0, lanes: LANES })]
+#[case::odd_channels(Geometry { n: 1, c_in: 16, c_out: 24, h: 5, w: 6, k: 3, stride: 1, padding: 1, lanes: LANES })]
+#[case::no_padding(Geometry { n: 3, c_in: 48, c_out: 16, h: 6, w: 5, k: 3, stride: 1, padding: 0, lanes: LANES })]
+#[case::wide_row(Geometry { n: 1, c_in: 32, c_out: 32, h: 3, w: 37, k: 3, stride: 1, padding: 1, lanes: LANES })]
 fn every_tier_matches_the_reference(
     #[case] g: Geometry,
     #[values(Tier::Amx, Tier::Portable)] tier: Tier,

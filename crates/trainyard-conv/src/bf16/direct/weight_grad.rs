@@ -11,7 +11,7 @@
 //! gradient and input windows staying in L2 across the taps, and keeps each tap's sums in f32 between
 //! images.
 
-use super::{Geometry, Steps, Worker, CHUNK, LANES};
+use super::{Geometry, Shape, Steps, Worker, CHUNK, LANES};
 use crate::bf16::pack::{round_f32, round_into, Tile, TILE_K, TILE_ROWS};
 use crate::bf16::Tier;
 use rayon::prelude::*;
@@ -41,7 +41,11 @@ pub fn weight_grad(tier: Tier, x: &[f32], dy: &[f32], g: &Geometry) -> Option<Ve
     let chunks = (oh * wp).div_ceil(CHUNK);
     let gradient = Transposed::new(dy, g, chunks);
     let input = Paired::new(x, g, chunks);
-    let (ob, ib, taps) = (g.c_out.div_ceil(LANES), g.c_in.div_ceil(LANES), g.taps());
+    let (ob, ib, taps) = (
+        g.c_out.div_ceil(LANES),
+        g.c_in.div_ceil(LANES),
+        g.tap_count(),
+    );
     let tile = std::mem::size_of::<Tile>();
     let tasks: Vec<(usize, usize)> = (0..ob.div_ceil(2))
         .flat_map(|o| (0..ib.div_ceil(2)).map(move |i| (o, i)))

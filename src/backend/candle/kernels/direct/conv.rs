@@ -69,7 +69,7 @@ impl CustomOp2 for DirectConv {
         let g = self.geometry(l1.shape(), l2.shape())?;
         let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
         let y = match self.bf16 {
-            Some(tier) => bf16_direct::forward(tier, x, w, &bf16_geometry(&g)),
+            Some(tier) => bf16_direct::forward(tier, x, w, &g),
             None => forward(self.isa, x, w, &g),
         };
         let shape = Shape::from((g.n, g.ob(), g.oh(), g.ow(), g.lanes));
@@ -101,7 +101,7 @@ impl CustomOp2 for DirectConv {
                 let d = with_f32(w, |wd| {
                     let on_tiles = self
                         .bf16
-                        .and_then(|tier| bf16_direct::input_grad(tier, dy, wd, &bf16_geometry(&g)));
+                        .and_then(|tier| bf16_direct::input_grad(tier, dy, wd, &g));
                     Ok(match on_tiles {
                         Some(d) => d,
                         None => result(input_grad(self.isa, dy, &round(wd), &g)),
@@ -113,9 +113,9 @@ impl CustomOp2 for DirectConv {
             };
             let dw = if w.track_op() {
                 let d = with_blocked(x, |xd, _| {
-                    let on_tiles = self.bf16.and_then(|tier| {
-                        bf16_direct::weight_grad(tier, xd, dy, &bf16_geometry(&g))
-                    });
+                    let on_tiles = self
+                        .bf16
+                        .and_then(|tier| bf16_direct::weight_grad(tier, xd, dy, &g));
                     Ok(match on_tiles {
                         Some(d) => d,
                         None => result(weight_grad(self.isa, &round(xd), dy, &g)),
@@ -184,20 +184,6 @@ fn conv2d_on(
             bf16,
         },
     )
-}
-
-/// The bf16 kernel's geometry for the f32 one's (same shape; 16 lanes).
-fn bf16_geometry(g: &Geometry) -> bf16_direct::Geometry {
-    bf16_direct::Geometry {
-        n: g.n,
-        c_in: g.c_in,
-        c_out: g.c_out,
-        h: g.h,
-        w: g.w,
-        k: g.k,
-        stride: g.stride,
-        padding: g.padding,
-    }
 }
 
 #[cfg(test)]
