@@ -11,6 +11,8 @@ use crate::backend::candle::autocast::rounded;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use std::borrow::Cow;
+use std::cell::OnceCell;
 use trainyard_conv::bf16::{direct as bf16_direct, Tier};
 use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
 use trainyard_conv::Isa;
@@ -85,18 +87,14 @@ impl CustomOp2 for DirectConv {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let g = self.geometry(x.shape(), w.shape())?;
         let dev = x.device();
-        // Under autocast each operand is the bf16 one (rounded) and each gradient a bf16 result.
+        // Under autocast each operand is the bf16 one (rounded) and each gradient a bf16 result. The tile
+        // kernels round as they pack; the f32 ones (the fallback) get rounded copies. At 32-true nothing
+        // is copied.
         let bf16 = self.bf16.is_some();
-        let round = |v: &[f32]| if bf16 { rounded(v) } else { v.to_vec() };
         let result = |v: Vec<f32>| if bf16 { rounded(&v) } else { v };
         let (dx, dw) = with_f32(grad, |dy| {
-            let dy_r;
-            let dy = if bf16 {
-                dy_r = rounded(dy);
-                &dy_r[..]
-            } else {
-                dy
-            };
+            let dy_rounded = OnceCell::new();
+            let dy_f32 = || -> &[f32] { dy_rounded.get_or_init(|| rounded_if(bf16, dy)) };
             let dx = if x.track_op() {
                 let d = with_f32(w, |wd| {
                     let on_tiles = self
@@ -104,7 +102,7 @@ impl CustomOp2 for DirectConv {
                         .and_then(|tier| bf16_direct::input_grad(tier, dy, wd, &g));
                     Ok(match on_tiles {
                         Some(d) => d,
-                        None => result(input_grad(self.isa, dy, &round(wd), &g)),
+                        None => result(input_grad(self.isa, dy_f32(), &rounded_if(bf16, wd), &g)),
                     })
                 })?;
                 Some(Tensor::from_vec(d, x.shape(), dev)?)
@@ -118,7 +116,7 @@ impl CustomOp2 for DirectConv {
                         .and_then(|tier| bf16_direct::weight_grad(tier, xd, dy, &g));
                     Ok(match on_tiles {
                         Some(d) => d,
-                        None => result(weight_grad(self.isa, &round(xd), dy, &g)),
+                        None => result(weight_grad(self.isa, &rounded_if(bf16, xd), dy_f32(), &g)),
                     })
                 })?;
                 Some(Tensor::from_vec(d, w.shape(), dev)?)
@@ -184,6 +182,15 @@ fn conv2d_on(
             bf16,
         },
     )
+}
+
+/// `v` rounded to bf16 (a copy) under autocast, else `v` itself.
+fn rounded_if(bf16: bool, v: &[f32]) -> Cow<'_, [f32]> {
+    if bf16 {
+        Cow::Owned(rounded(v))
+    } else {
+        Cow::Borrowed(v)
+    }
 }
 
 #[cfg(test)]
