@@ -102,7 +102,7 @@ fn pair(lo: f32, hi: f32) -> u32 {
 
 /// `out[j] = pair(lo[j], hi[j])`: two rows of B into one row of a VNNI tile.
 #[inline(always)]
-fn pairs(lo: &[f32], hi: &[f32], out: &mut [u32]) {
+pub(crate) fn pairs(lo: &[f32], hi: &[f32], out: &mut [u32]) {
     for ((o, l), h) in out.iter_mut().zip(lo).zip(hi) {
         *o = pair(*l, *h);
     }

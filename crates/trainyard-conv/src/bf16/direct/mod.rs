@@ -115,10 +115,16 @@ pub fn forward(tier: Tier, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
         pixels: oh * ow,
     };
     let tile = std::mem::size_of::<Tile>();
+    // Tiles each thread gathers per chunk at strides other than 1 (two per reduction step).
+    let gather = if g.stride == 1 {
+        0
+    } else {
+        2 * g.tap_count() * g.in_pairs()
+    };
     let b_steps: Vec<usize> = (0..weights.per_block).map(|t| t * tile).collect();
     (0..g.n * chunks).into_par_iter().for_each_init(
-        || Worker::new(tier, g),
-        |worker, task| {
+        || (Worker::new(tier, gather), [0f32; 32 * 32]),
+        |(worker, sums), task| {
             let (img, chunk) = (task / chunks, task % chunks);
             let first = chunk * CHUNK;
             let a = worker.a_operand(&input, g, img, first);
@@ -132,7 +138,7 @@ pub fn forward(tier: Tier, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
                 };
                 // SAFETY: `a_operand`'s windows lie in the padded input (its slack covers the stride-1
                 // tiles that run past the last pixel) or the scratch; `nt` B blocks exist from `pair`.
-                unsafe { worker.block(&a.view(), (&b, nt), false) };
+                unsafe { worker.block(&a.view(), (&b, nt), false, sums) };
                 for r in 0..CHUNK {
                     let q = first + r;
                     let (y_row, y_col) = (q / row, q % row);
@@ -140,7 +146,7 @@ pub fn forward(tier: Tier, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
                         continue;
                     }
                     for j in 0..nt {
-                        let src = &worker.sums[r * 32 + j * LANES..][..LANES];
+                        let src = &sums[r * 32 + j * LANES..][..LANES];
                         out.store(img, 2 * pair + j, y_row * ow + y_col, src);
                     }
                 }
@@ -306,29 +312,23 @@ impl Steps {
     }
 }
 
-/// One thread's state: its AMX session, gather scratch and block sums.
+/// One thread's state: its AMX session and gather scratch.
 struct Worker {
     tier: Tier,
     #[cfg(target_arch = "x86_64")]
     session: Option<super::amx::Session>,
     scratch: Vec<Tile>,
-    sums: [f32; 32 * 32],
 }
 
 impl Worker {
-    fn new(tier: Tier, g: &Geometry) -> Worker {
-        let gather = if g.stride == 1 {
-            0
-        } else {
-            2 * g.tap_count() * g.in_pairs()
-        };
+    /// A worker with `gather` scratch tiles.
+    fn new(tier: Tier, gather: usize) -> Worker {
         Worker {
             tier,
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `handles` checked the tier is supported.
             session: (tier == Tier::Amx).then(|| unsafe { super::amx::Session::start() }),
             scratch: vec![Tile::ZERO; gather],
-            sums: [0f32; 32 * 32],
         }
     }
 
@@ -379,25 +379,29 @@ impl Worker {
         }
     }
 
-    /// `self.sums` (32 rows × 32 columns, row stride 32) =, or with `accumulate` +=, the two A tiles
-    /// times `nt` B tiles of every step.
+    /// `sums` (32 rows × 32 columns, row stride 32) =, or with `accumulate` +=, the two A tiles times
+    /// `nt` B tiles of every step.
     ///
     /// # Safety
     /// As `amx::Session::windows_block`: every tile the windows name lies in one allocation.
-    unsafe fn block(&mut self, a: &Windows, (b, nt): (&Windows, usize), accumulate: bool) {
+    unsafe fn block(
+        &self,
+        a: &Windows,
+        (b, nt): (&Windows, usize),
+        accumulate: bool,
+        sums: &mut [f32; 32 * 32],
+    ) {
         match self.tier {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the caller's promise; the session was started for this thread.
             Tier::Amx => unsafe {
-                self.session.as_ref().expect("started").windows_block(
-                    a,
-                    (b, nt),
-                    accumulate,
-                    &mut self.sums,
-                )
+                self.session
+                    .as_ref()
+                    .expect("started")
+                    .windows_block(a, (b, nt), accumulate, sums)
             },
             // SAFETY: the caller's promise.
-            _ => unsafe { portable_block(a, (b, nt), accumulate, &mut self.sums) },
+            _ => unsafe { portable_block(a, (b, nt), accumulate, sums) },
         }
     }
 }

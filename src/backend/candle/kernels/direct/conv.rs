@@ -113,7 +113,7 @@ impl CustomOp2 for DirectConv {
                 let d = with_blocked(x, |xd, _| {
                     let on_tiles = self
                         .bf16
-                        .and_then(|tier| bf16_direct::weight_grad(tier, xd, dy, &g));
+                        .map(|tier| bf16_direct::weight_grad(tier, xd, dy, &g));
                     Ok(match on_tiles {
                         Some(d) => d,
                         None => result(weight_grad(self.isa, &rounded_if(bf16, xd), dy_f32(), &g)),
