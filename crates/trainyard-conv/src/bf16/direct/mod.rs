@@ -10,6 +10,9 @@
 //! - Other strides: each tap's 16 rows are gathered into a scratch tile, once per 32 output pixels for all
 //!   output channel blocks.
 //!
+//! - The input gradient is a stride-1 convolution of the output gradient per phase of the input pixels
+//!   (`input_grad`), read in place the same way; the weight gradient has its own layout (`weight_grad`).
+//!
 //! Weights become VNNI B tiles, one per (16 output channels, tap, 32 input channels). Each 16 × 16 f32 C
 //! tile is 16 output pixels × one output block: 16 rows of 64 bytes, each a pixel of the blocked output.
 //! Sums are f32 and the result is rounded to bf16 (kept as f32), autocast's bf16 convolution output.
@@ -98,102 +101,194 @@ pub fn forward(tier: Tier, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
         g.c_out * g.c_in * g.k * g.k,
         "direct bf16 conv: weight length"
     );
-    let weights = pack_weights(w, g);
-    // Stride 1 reads tiles in place and may run up to a chunk and a kernel row past the last pixel.
-    let slack = if g.stride == 1 { CHUNK + g.k } else { 0 };
-    let input = Padded::new(x, g, slack);
+    let taps = g.tap_count();
+    let weights = pack_weights(g.c_out, g.c_in, taps, |o, i, tap| {
+        w[(o * g.c_in + i) * taps + tap]
+    });
     // Every element is written by exactly one task (each output pixel of each block), so no zeroing.
     let mut y: Vec<f32> = Vec::with_capacity(g.output_len());
     let (oh, ow) = g.out();
-    let ob = g.c_out.div_ceil(LANES);
-    // Output pixels as numbered per image: along the padded width at stride 1, else as they are.
-    let row = if g.stride == 1 { input.wp } else { ow };
-    let chunks = (oh * row).div_ceil(CHUNK);
     let out = Out {
         ptr: y.as_mut_ptr(),
-        blocks: ob,
+        blocks: g.c_out.div_ceil(LANES),
         pixels: oh * ow,
     };
-    let tile = std::mem::size_of::<Tile>();
-    // Tiles each thread gathers per chunk at strides other than 1 (two per reduction step).
-    let gather = if g.stride == 1 {
-        0
+    let (hp, wp) = g.padded();
+    let source = Source::input(g);
+    if g.stride == 1 {
+        let offsets: Vec<usize> = (0..taps).map(|t| (t / g.k) * wp + t % g.k).collect();
+        let reach = (oh * wp).div_ceil(CHUNK) * CHUNK + offsets[taps - 1];
+        let input = Padded::new(x, &source, (g.padding, g.padding), (hp, wp), reach);
+        let plan = InPlace {
+            input: &input,
+            offsets: &offsets,
+            weights: &weights,
+            grid: (oh, ow),
+        };
+        plan.run(tier, |img, block, (r, c), sums| {
+            out.store(img, block, r * ow + c, sums)
+        });
     } else {
-        2 * g.tap_count() * g.in_pairs()
-    };
-    let b_steps: Vec<usize> = (0..weights.per_block).map(|t| t * tile).collect();
-    (0..g.n * chunks).into_par_iter().for_each_init(
-        || (Worker::new(tier, gather), [0f32; 32 * 32]),
-        |(worker, sums), task| {
-            let (img, chunk) = (task / chunks, task % chunks);
-            let first = chunk * CHUNK;
-            let a = worker.a_operand(&input, g, img, first);
-            for pair in 0..ob.div_ceil(2) {
-                let nt = (ob - 2 * pair).min(2);
-                let b = Windows {
-                    base: weights.tiles[2 * pair * weights.per_block..].as_ptr() as *const u8,
-                    steps: &b_steps,
-                    row: 2 * TILE_K,
-                    next: weights.per_block * tile,
-                };
-                // SAFETY: `a_operand`'s windows lie in the padded input (its slack covers the stride-1
-                // tiles that run past the last pixel) or the scratch; `nt` B blocks exist from `pair`.
-                unsafe { worker.block(&a.view(), (&b, nt), false, sums) };
-                for r in 0..CHUNK {
-                    let q = first + r;
-                    let (y_row, y_col) = (q / row, q % row);
-                    if y_row >= oh || y_col >= ow {
-                        continue;
-                    }
-                    for j in 0..nt {
-                        let src = &sums[r * 32 + j * LANES..][..LANES];
-                        out.store(img, 2 * pair + j, y_row * ow + y_col, src);
-                    }
-                }
-            }
-        },
-    );
+        let input = Padded::new(x, &source, (g.padding, g.padding), (hp, wp), hp * wp);
+        gathered(tier, &input, &weights, g, &out);
+    }
     // SAFETY: the tasks wrote every pixel of every block of every image, all `output_len()` values.
     unsafe { y.set_len(g.output_len()) };
     y
 }
 
-/// `forward`'s input gradient at stride 1, bf16 as autocast computes it (the rounded gradient and weight,
-/// a rounded result): the same convolution of `dy` with each kernel flipped and its input and output
-/// channels swapped, padded by K − 1 − p. `None` at other strides (and when p ≥ K), which the caller
-/// computes otherwise.
+/// `forward` at strides other than 1: each tap's input rows gathered into scratch tiles once per 32
+/// output pixels, for all output blocks.
+fn gathered(tier: Tier, input: &Padded, weights: &Weights, g: &Geometry, out: &Out) {
+    let (oh, ow) = g.out();
+    let ob = g.c_out.div_ceil(LANES);
+    let chunks = (oh * ow).div_ceil(CHUNK);
+    let gather = 2 * g.tap_count() * g.in_pairs();
+    (0..g.n * chunks).into_par_iter().for_each_init(
+        || (Worker::new(tier, gather), [0f32; 32 * 32]),
+        |(worker, sums), task| {
+            let (img, chunk) = (task / chunks, task % chunks);
+            let first = chunk * CHUNK;
+            let a = worker.gather(input, g, img, first);
+            worker.all_blocks(&a.view(), weights, ob, sums, |block, r, sums| {
+                let q = first + r;
+                if q < oh * ow {
+                    out.store(img, block, q, sums);
+                }
+            });
+        },
+    );
+}
+
+/// `forward`'s input gradient, bf16 as autocast computes it (the rounded gradient and weight, a rounded
+/// result), at every stride. The input pixels of each phase (iy + p ≡ φy, ix + p ≡ φx mod s) take the
+/// taps kh = φy + s·t, kw = φx + s·u only, from output pixel (a − t, b − u), where iy = s·a + φy − p: a
+/// stride-1 convolution of `dy` (zero-padded by ⌈K/s⌉ − 1) with that phase's kernel taps, flipped and
+/// with input and output channels swapped. At stride 1 there is one phase, the whole kernel.
 ///
 /// # Panics
 /// As `forward`, for `dy` of `g.output_len()` values.
-pub fn input_grad(tier: Tier, dy: &[f32], w: &[f32], g: &Geometry) -> Option<Vec<f32>> {
-    if g.stride != 1 || g.padding >= g.k {
-        return None;
-    }
+pub fn input_grad(tier: Tier, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    assert!(
+        handles(tier, g),
+        "direct bf16 conv: {g:?} on {}",
+        tier.name()
+    );
+    assert_eq!(
+        dy.len(),
+        g.output_len(),
+        "direct bf16 conv: gradient length"
+    );
     assert_eq!(
         w.len(),
         g.c_out * g.c_in * g.tap_count(),
         "direct bf16 conv: weight length"
     );
     let (oh, ow) = g.out();
-    let taps = g.tap_count();
-    let mut flipped = vec![0f32; w.len()];
-    for o in 0..g.c_out {
-        for i in 0..g.c_in {
-            for tap in 0..taps {
-                flipped[(i * g.c_out + o) * taps + taps - 1 - tap] =
-                    w[(o * g.c_in + i) * taps + tap];
-            }
-        }
-    }
-    let transposed = Geometry {
-        c_in: g.c_out,
-        c_out: g.c_in,
+    let (s, k) = (g.stride, g.k);
+    let pad = k.div_ceil(s) - 1;
+    let phases: Vec<Phase> = (0..s)
+        .flat_map(|y| (0..s).map(move |x| (y, x)))
+        .map(|(y, x)| Phase::new(g, y, x))
+        .collect();
+    let hp = pad + phases.iter().map(|f| f.rows.end).max().unwrap_or(0).max(oh);
+    let wp = pad + phases.iter().map(|f| f.cols.end).max().unwrap_or(0).max(ow);
+    let offsets: Vec<Vec<usize>> = phases.iter().map(|f| f.offsets(pad, wp)).collect();
+    let reach = phases
+        .iter()
+        .zip(&offsets)
+        .map(|(f, o)| (f.rows.len() * wp).div_ceil(CHUNK) * CHUNK + o.iter().max().unwrap_or(&0))
+        .max()
+        .unwrap_or(0);
+    let source = Source {
+        n: g.n,
+        c: g.c_out,
         h: oh,
         w: ow,
-        padding: g.k - 1 - g.padding,
-        ..*g
     };
-    Some(forward(tier, dy, &flipped, &transposed))
+    let input = Padded::new(dy, &source, (pad, pad), (hp, wp), reach);
+    let mut dx: Vec<f32> = Vec::with_capacity(g.input_len());
+    let out = Out {
+        ptr: dx.as_mut_ptr(),
+        blocks: g.c_in.div_ceil(LANES),
+        pixels: g.h * g.w,
+    };
+    for (phase, offsets) in phases.iter().zip(&offsets) {
+        let pixel = |(a, b): (usize, usize)| {
+            let iy = s * (phase.rows.start + a) + phase.y - g.padding;
+            let ix = s * (phase.cols.start + b) + phase.x - g.padding;
+            iy * g.w + ix
+        };
+        let grid = (phase.rows.len(), phase.cols.len());
+        if offsets.is_empty() {
+            // No tap reaches these pixels: their gradient is zero.
+            out.zero(g.n, grid, pixel);
+            continue;
+        }
+        let taps = (phase.taps.0.len(), phase.taps.1.len());
+        let weights = pack_weights(g.c_in, g.c_out, offsets.len(), |i, o, tap| {
+            let (kh, kw) = (phase.taps.0[tap / taps.1], phase.taps.1[tap % taps.1]);
+            w[((o * g.c_in + i) * k + kh) * k + kw]
+        });
+        let plan = InPlace {
+            input: &input,
+            offsets,
+            weights: &weights,
+            grid,
+        };
+        plan.run(tier, |img, block, at, sums| {
+            out.store(img, block, pixel(at), sums)
+        });
+    }
+    // SAFETY: every input pixel lies in exactly one phase's grid, written above (all blocks, images).
+    unsafe { dx.set_len(g.input_len()) };
+    dx
+}
+
+/// One phase of `input_grad`: the input pixels it covers and the kernel taps that reach them.
+struct Phase {
+    y: usize,
+    x: usize,
+    /// The output-grid rows a (iy = s·a + y − p) and columns b whose pixels lie in the input.
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    /// Kernel rows and columns of this phase: y, y + s, … below K (and x, x + s, …).
+    taps: (Vec<usize>, Vec<usize>),
+}
+
+impl Phase {
+    fn new(g: &Geometry, y: usize, x: usize) -> Phase {
+        let (s, p) = (g.stride, g.padding);
+        // a with 0 ≤ s·a + y − p < h.
+        let range = |phase: usize, len: usize| {
+            let first = p.saturating_sub(phase).div_ceil(s);
+            let end = (len + p).saturating_sub(phase).div_ceil(s);
+            first..end.max(first)
+        };
+        let taps = |phase: usize| (phase..g.k).step_by(s).collect::<Vec<_>>();
+        Phase {
+            y,
+            x,
+            rows: range(y, g.h),
+            cols: range(x, g.w),
+            taps: (taps(y), taps(x)),
+        }
+    }
+
+    /// Each tap's pixel offset in `dy` padded by `pad` (width `wp`) from grid pixel (0, 0): tap (t, u)
+    /// reads output pixel (a − t, b − u). Empty when no tap reaches this phase or its grid is empty.
+    fn offsets(&self, pad: usize, wp: usize) -> Vec<usize> {
+        if self.rows.is_empty() || self.cols.is_empty() {
+            return Vec::new();
+        }
+        let (ty, tx) = (self.taps.0.len(), self.taps.1.len());
+        (0..ty * tx)
+            .map(|tap| {
+                let (t, u) = (tap / tx, tap % tx);
+                (self.rows.start + pad - t) * wp + self.cols.start + pad - u
+            })
+            .collect()
+    }
 }
 
 /// The weights as B tiles: `[output block][tap][32 input channels]`, each in VNNI pairs.
@@ -203,25 +298,27 @@ struct Weights {
     per_block: usize,
 }
 
-fn pack_weights(w: &[f32], g: &Geometry) -> Weights {
-    let (taps, kb) = (g.tap_count(), g.in_pairs());
+/// B tiles of `value(output channel, input channel, tap)` for `c_out` × `c_in` channels and `taps` taps.
+fn pack_weights(
+    c_out: usize,
+    c_in: usize,
+    taps: usize,
+    value: impl Fn(usize, usize, usize) -> f32 + Sync,
+) -> Weights {
+    let kb = c_in.div_ceil(PAIR);
     let per_block = taps * kb;
-    let mut tiles = vec![Tile::ZERO; g.c_out.div_ceil(LANES) * per_block];
+    let mut tiles = vec![Tile::ZERO; c_out.div_ceil(LANES) * per_block];
     tiles
         .par_chunks_mut(per_block)
         .enumerate()
         .for_each(|(ob, block)| {
-            for (step, tile) in block.iter_mut().enumerate() {
-                let (tap, pair) = (step / kb, step % kb);
-                for p in 0..TILE_K / 2 {
-                    for j in 0..TILE_ROWS {
-                        for e in 0..2 {
-                            let (o, i) = (ob * LANES + j, pair * PAIR + 2 * p + e);
-                            if o < g.c_out && i < g.c_in {
-                                let v = w[(o * g.c_in + i) * g.tap_count() + tap];
-                                tile.0[p * TILE_K + 2 * j + e] = to_bf16(v);
-                            }
-                        }
+            for j in 0..LANES.min(c_out - ob * LANES) {
+                let o = ob * LANES + j;
+                for i in 0..c_in {
+                    let (pair, p, e) = (i / PAIR, (i % PAIR) / 2, i % 2);
+                    for tap in 0..taps {
+                        block[tap * kb + pair].0[p * TILE_K + 2 * j + e] =
+                            to_bf16(value(o, i, tap));
                     }
                 }
             }
@@ -229,48 +326,74 @@ fn pack_weights(w: &[f32], g: &Geometry) -> Weights {
     Weights { tiles, per_block }
 }
 
-/// The input rounded to bf16 and zero-padded: `(N, ⌈C/32⌉, H + 2p, W + 2p, 32)`, each (image, channel
-/// pair) plane followed by `slack` zero pixels.
+/// The channels, images and size of what `Padded` copies.
+struct Source {
+    n: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+}
+
+impl Source {
+    fn input(g: &Geometry) -> Source {
+        Source {
+            n: g.n,
+            c: g.c_in,
+            h: g.h,
+            w: g.w,
+        }
+    }
+}
+
+/// A blocked tensor rounded to bf16 and zero-padded: `(N, ⌈C/32⌉, plane)` where each (image, channel
+/// pair) plane is `hp × wp` pixels of 32 channels (the source at `top`, `left`) and zeros up to `reach`
+/// pixels.
 struct Padded {
     data: Vec<u16>,
     wp: usize,
-    /// u16s per (image, channel pair) plane, slack included.
+    /// u16s per (image, channel pair) plane.
     plane: usize,
     pairs: usize,
 }
 
 impl Padded {
-    fn new(x: &[f32], g: &Geometry, slack: usize) -> Padded {
-        let (hp, wp) = g.padded();
-        let (cb, pairs, p) = (g.c_in.div_ceil(LANES), g.in_pairs(), g.padding);
-        let plane = (hp * wp + slack) * PAIR;
-        let mut data: Vec<u16> = Vec::with_capacity(g.n * pairs * plane);
+    fn new(
+        x: &[f32],
+        src: &Source,
+        (top, left): (usize, usize),
+        (hp, wp): (usize, usize),
+        reach: usize,
+    ) -> Padded {
+        let (cb, pairs) = (src.c.div_ceil(LANES), src.c.div_ceil(PAIR));
+        let plane = hp.max(reach.div_ceil(wp)) * wp * PAIR;
+        let mut data: Vec<u16> = Vec::with_capacity(src.n * pairs * plane);
         // Every element is written below: the padding, the slack and a missing second block as zeros.
-        let spare = &mut data.spare_capacity_mut()[..g.n * pairs * plane];
+        let spare = &mut data.spare_capacity_mut()[..src.n * pairs * plane];
         spare
             .par_chunks_mut(plane)
             .enumerate()
             .for_each(|(idx, dst)| {
                 let (img, pair) = (idx / pairs, idx % pairs);
                 let zero = std::mem::MaybeUninit::new(0u16);
-                for (r, line) in dst[..hp * wp * PAIR].chunks_mut(wp * PAIR).enumerate() {
-                    if r < p || r >= p + g.h {
+                for (r, line) in dst.chunks_mut(wp * PAIR).enumerate() {
+                    if r < top || r >= top + src.h {
                         line.fill(zero);
                         continue;
                     }
-                    line[..p * PAIR].fill(zero);
-                    line[(p + g.w) * PAIR..].fill(zero);
-                    let pixels = &mut line[p * PAIR..(p + g.w) * PAIR];
+                    line[..left * PAIR].fill(zero);
+                    line[(left + src.w) * PAIR..].fill(zero);
+                    let pixels = &mut line[left * PAIR..(left + src.w) * PAIR];
                     for half in 0..2 {
                         let block = 2 * pair + half;
-                        let ih = r - p;
+                        let ih = r - top;
                         for (iw, d) in pixels.chunks_mut(PAIR).enumerate() {
                             let d = &mut d[half * LANES..][..LANES];
                             if block >= cb {
                                 d.fill(zero);
                                 continue;
                             }
-                            let s = &x[((img * cb + block) * g.h * g.w + ih * g.w + iw) * LANES..]
+                            let s = &x
+                                [((img * cb + block) * src.h * src.w + ih * src.w + iw) * LANES..]
                                 [..LANES];
                             let mut rounded = [0u16; LANES];
                             round_into(s, &mut rounded);
@@ -280,16 +403,67 @@ impl Padded {
                         }
                     }
                 }
-                dst[hp * wp * PAIR..].fill(zero);
             });
         // SAFETY: every element up to this length was written above.
-        unsafe { data.set_len(g.n * pairs * plane) };
+        unsafe { data.set_len(src.n * pairs * plane) };
         Padded {
             data,
             wp,
             plane,
             pairs,
         }
+    }
+}
+
+/// A stride-1 convolution whose A tiles are read in place from a `Padded` copy: output pixels numbered
+/// along the padded width (so a tile runs on from one row into the next, the columns past `grid.1`
+/// computed and dropped), each tap at a fixed pixel offset from its output pixel.
+struct InPlace<'a> {
+    input: &'a Padded,
+    /// Each tap's pixel offset in the padded plane from its output pixel.
+    offsets: &'a [usize],
+    weights: &'a Weights,
+    /// Output rows and columns.
+    grid: (usize, usize),
+}
+
+impl InPlace<'_> {
+    /// Every output pixel of every block of every image, as f32 sums handed to `store(image, block,
+    /// (row, column), 16 sums)`.
+    fn run(&self, tier: Tier, store: impl Fn(usize, usize, (usize, usize), &[f32]) + Sync) {
+        let input = self.input;
+        let (rows, cols) = self.grid;
+        let chunks = (rows * input.wp).div_ceil(CHUNK);
+        let images = input.data.len() / (input.pairs * input.plane);
+        let ob = self.weights.tiles.len() / self.weights.per_block;
+        let kb = input.pairs;
+        (0..images * chunks).into_par_iter().for_each_init(
+            || (Worker::new(tier, 0), [0f32; 32 * 32]),
+            |(worker, sums), task| {
+                let (img, chunk) = (task / chunks, task % chunks);
+                let first = chunk * CHUNK;
+                let plane = |pair: usize| (img * kb + pair) * input.plane;
+                let steps = (0..self.offsets.len() * kb)
+                    .map(|step| {
+                        let (tap, pair) = (step / kb, step % kb);
+                        2 * (plane(pair) + (first + self.offsets[tap]) * PAIR)
+                    })
+                    .collect();
+                let a = Steps {
+                    base: input.data.as_ptr() as *const u8,
+                    steps,
+                    row: 2 * PAIR,
+                    next: 2 * TILE_ROWS * PAIR,
+                };
+                worker.all_blocks(&a.view(), self.weights, ob, sums, |block, r, sums| {
+                    let q = first + r;
+                    let (y, x) = (q / input.wp, q % input.wp);
+                    if y < rows && x < cols {
+                        store(img, block, (y, x), sums);
+                    }
+                });
+            },
+        );
     }
 }
 
@@ -332,26 +506,11 @@ impl Worker {
         }
     }
 
-    /// The A tiles of output pixels `first..first + 32` of image `img`: in place at stride 1, else
-    /// gathered into the scratch tiles.
-    fn a_operand(&mut self, input: &Padded, g: &Geometry, img: usize, first: usize) -> Steps {
+    /// The A tiles of output pixels `first..first + 32` of image `img` (strides other than 1), gathered
+    /// into the scratch tiles.
+    fn gather(&mut self, input: &Padded, g: &Geometry, img: usize, first: usize) -> Steps {
         let (taps, kb) = (g.tap_count(), input.pairs);
         let plane = |pair: usize| (img * kb + pair) * input.plane;
-        if g.stride == 1 {
-            let steps = (0..taps * kb)
-                .map(|step| {
-                    let (tap, pair) = (step / kb, step % kb);
-                    let (kh, kw) = (tap / g.k, tap % g.k);
-                    2 * (plane(pair) + (first + kh * input.wp + kw) * PAIR)
-                })
-                .collect();
-            return Steps {
-                base: input.data.as_ptr() as *const u8,
-                steps,
-                row: 2 * PAIR,
-                next: 2 * TILE_ROWS * PAIR,
-            };
-        }
         let (oh, ow) = g.out();
         for step in 0..taps * kb {
             let (tap, pair) = (step / kb, step % kb);
@@ -376,6 +535,37 @@ impl Worker {
             steps: (0..taps * kb).map(|step| 2 * step * tile).collect(),
             row: 2 * PAIR,
             next: tile,
+        }
+    }
+
+    /// The two A tiles `a` times every output block's weights: `store(block, row, 16 sums)` for each of
+    /// the 32 rows (output pixels) of each block.
+    fn all_blocks(
+        &self,
+        a: &Windows,
+        weights: &Weights,
+        ob: usize,
+        sums: &mut [f32; 32 * 32],
+        mut store: impl FnMut(usize, usize, &[f32]),
+    ) {
+        let tile = std::mem::size_of::<Tile>();
+        let b_steps: Vec<usize> = (0..weights.per_block).map(|t| t * tile).collect();
+        for pair in 0..ob.div_ceil(2) {
+            let nt = (ob - 2 * pair).min(2);
+            let b = Windows {
+                base: weights.tiles[2 * pair * weights.per_block..].as_ptr() as *const u8,
+                steps: &b_steps,
+                row: 2 * TILE_K,
+                next: weights.per_block * tile,
+            };
+            // SAFETY: the A windows lie in the caller's padded input (its reach covers tiles that run
+            // past the last pixel) or scratch; `nt` B blocks exist from `pair`.
+            unsafe { self.block(a, (&b, nt), false, sums) };
+            for r in 0..CHUNK {
+                for j in 0..nt {
+                    store(2 * pair + j, r, &sums[r * 32 + j * LANES..][..LANES]);
+                }
+            }
         }
     }
 
@@ -452,8 +642,21 @@ struct Out {
 unsafe impl Sync for Out {}
 
 impl Out {
+    /// Zeros at the pixels `pixel((row, column))` of a `grid`, in every block of `images` images.
+    fn zero(&self, images: usize, grid: (usize, usize), pixel: impl Fn((usize, usize)) -> usize) {
+        for (img, block) in (0..images).flat_map(|i| (0..self.blocks).map(move |b| (i, b))) {
+            for at in (0..grid.0).flat_map(|a| (0..grid.1).map(move |b| (a, b))) {
+                self.store(img, block, pixel(at), &[0.0; LANES]);
+            }
+        }
+    }
+
     /// Pixel `pixel` of output block `block` of image `img`: `src` rounded to bf16.
     fn store(&self, img: usize, block: usize, pixel: usize, src: &[f32]) {
+        debug_assert!(
+            block < self.blocks && pixel < self.pixels,
+            "store at {block}, {pixel}"
+        );
         let at = ((img * self.blocks + block) * self.pixels + pixel) * LANES;
         // SAFETY: img < n, block < blocks and pixel < pixels (the caller's loop bounds), so the 16 values
         // are inside the output, and no other task writes this pixel.

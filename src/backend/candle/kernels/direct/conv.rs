@@ -1,18 +1,14 @@
 //! The Candle op over `trainyard_conv`'s direct convolution: blocked input, (O, I, K, K) kernel, with its
 //! own backward (input gradient only when something upstream needs it).
 //!
-//! Under bf16 autocast on AMX (`conv2d_bf16`) the forward and, at stride 1, both gradients run on
-//! `trainyard_conv::bf16::direct` (bf16 operands, f32 sums, a rounded result); other strides' gradients
-//! are the f32 kernels over the rounded gradient, input and weight, each result rounded once: autocast's
-//! numbers, as the emulated path computes them.
+//! Under bf16 autocast on AMX (`conv2d_bf16`) the forward and both gradients, at every stride, run on
+//! `trainyard_conv::bf16::direct` (bf16 operands, f32 sums, a rounded result): autocast's numbers, as the
+//! emulated path computes them.
 
 use super::layout::with_blocked;
-use crate::backend::candle::autocast::rounded;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
-use std::borrow::Cow;
-use std::cell::OnceCell;
 use trainyard_conv::bf16::{direct as bf16_direct, Tier};
 use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
 use trainyard_conv::Isa;
@@ -87,22 +83,14 @@ impl CustomOp2 for DirectConv {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let g = self.geometry(x.shape(), w.shape())?;
         let dev = x.device();
-        // Under autocast each operand is the bf16 one (rounded) and each gradient a bf16 result. The tile
-        // kernels round as they pack; the f32 ones (the fallback) get rounded copies. At 32-true nothing
-        // is copied.
-        let bf16 = self.bf16.is_some();
-        let result = |v: Vec<f32>| if bf16 { rounded(&v) } else { v };
+        // Under autocast both gradients run on the tiles, which round the operands as they pack them and
+        // round each result: autocast's numbers. At 32-true the f32 kernels read the tensors in place.
         let (dx, dw) = with_f32(grad, |dy| {
-            let dy_rounded = OnceCell::new();
-            let dy_f32 = || -> &[f32] { dy_rounded.get_or_init(|| rounded_if(bf16, dy)) };
             let dx = if x.track_op() {
                 let d = with_f32(w, |wd| {
-                    let on_tiles = self
-                        .bf16
-                        .and_then(|tier| bf16_direct::input_grad(tier, dy, wd, &g));
-                    Ok(match on_tiles {
-                        Some(d) => d,
-                        None => result(input_grad(self.isa, dy_f32(), &rounded_if(bf16, wd), &g)),
+                    Ok(match self.bf16 {
+                        Some(tier) => bf16_direct::input_grad(tier, dy, wd, &g),
+                        None => input_grad(self.isa, dy, wd, &g),
                     })
                 })?;
                 Some(Tensor::from_vec(d, x.shape(), dev)?)
@@ -111,12 +99,9 @@ impl CustomOp2 for DirectConv {
             };
             let dw = if w.track_op() {
                 let d = with_blocked(x, |xd, _| {
-                    let on_tiles = self
-                        .bf16
-                        .map(|tier| bf16_direct::weight_grad(tier, xd, dy, &g));
-                    Ok(match on_tiles {
-                        Some(d) => d,
-                        None => result(weight_grad(self.isa, &rounded_if(bf16, xd), dy_f32(), &g)),
+                    Ok(match self.bf16 {
+                        Some(tier) => bf16_direct::weight_grad(tier, xd, dy, &g),
+                        None => weight_grad(self.isa, xd, dy, &g),
                     })
                 })?;
                 Some(Tensor::from_vec(d, w.shape(), dev)?)
@@ -182,15 +167,6 @@ fn conv2d_on(
             bf16,
         },
     )
-}
-
-/// `v` rounded to bf16 (a copy) under autocast, else `v` itself.
-fn rounded_if(bf16: bool, v: &[f32]) -> Cow<'_, [f32]> {
-    if bf16 {
-        Cow::Owned(rounded(v))
-    } else {
-        Cow::Borrowed(v)
-    }
 }
 
 #[cfg(test)]
