@@ -118,7 +118,7 @@ fn adjacent_pairs(src: &[f32], out: &mut [u32]) {
 
 impl Tile {
     /// The tile as 16 rows of 16 32-bit pairs.
-    fn words(&mut self) -> &mut [u32; TILE_ROWS * TILE_K / 2] {
+    pub(crate) fn words(&mut self) -> &mut [u32; TILE_ROWS * TILE_K / 2] {
         // SAFETY: same size; the tile's 64-byte alignment is more than u32's; any bits are a valid u32.
         unsafe { &mut *(self.0.as_mut_ptr() as *mut [u32; TILE_ROWS * TILE_K / 2]) }
     }

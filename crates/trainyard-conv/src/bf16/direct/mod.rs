@@ -17,7 +17,9 @@
 //! tile is 16 output pixels × one output block: 16 rows of 64 bytes, each a pixel of the blocked output.
 //! Sums are f32 and the result is rounded to bf16 (kept as f32), autocast's bf16 convolution output.
 
-use super::pack::{from_bf16, round_f32, round_into, to_bf16, Tile, Windows, TILE_K, TILE_ROWS};
+use super::pack::{
+    from_bf16, pairs as vnni_pairs, round_f32, round_into, Tile, Windows, TILE_K, TILE_ROWS,
+};
 use super::Tier;
 use rayon::prelude::*;
 
@@ -102,8 +104,19 @@ pub fn forward(tier: Tier, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
         "direct bf16 conv: weight length"
     );
     let taps = g.tap_count();
-    let weights = pack_weights(g.c_out, g.c_in, taps, |o, i, tap| {
-        w[(o * g.c_in + i) * taps + tap]
+    let all: Vec<usize> = (0..taps).collect();
+    let weights = pack_weights((g.c_out, g.c_in, taps), &all, |ob, slab| {
+        // Output channel o's (I·K²) weights are lane o − 16·ob of the slab's rows.
+        for (j, src) in w
+            .chunks_exact(g.c_in * taps)
+            .skip(ob * LANES)
+            .take(LANES)
+            .enumerate()
+        {
+            for (r, v) in src.iter().enumerate() {
+                slab[r * LANES + j] = *v;
+            }
+        }
     });
     // Every element is written by exactly one task (each output pixel of each block), so no zeroing.
     let mut y: Vec<f32> = Vec::with_capacity(g.output_len());
@@ -207,6 +220,7 @@ pub fn input_grad(tier: Tier, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
         w: ow,
     };
     let input = Padded::new(dy, &source, (pad, pad), (hp, wp), reach);
+    let taps = g.tap_count();
     let mut dx: Vec<f32> = Vec::with_capacity(g.input_len());
     let out = Out {
         ptr: dx.as_mut_ptr(),
@@ -225,10 +239,24 @@ pub fn input_grad(tier: Tier, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
             out.zero(g.n, grid, pixel);
             continue;
         }
-        let taps = (phase.taps.0.len(), phase.taps.1.len());
-        let weights = pack_weights(g.c_in, g.c_out, offsets.len(), |i, o, tap| {
-            let (kh, kw) = (phase.taps.0[tap / taps.1], phase.taps.1[tap % taps.1]);
-            w[((o * g.c_in + i) * k + kh) * k + kw]
+        let kernel_taps: Vec<usize> = phase
+            .taps
+            .0
+            .iter()
+            .flat_map(|kh| phase.taps.1.iter().map(move |kw| kh * k + kw))
+            .collect();
+        // The transposed convolution: output block ib is input channels 16·ib.., reducing over the
+        // output channels o, whose weights (I, K²) hold the block's 16 channels × K² in a row.
+        let weights = pack_weights((g.c_in, g.c_out, taps), &kernel_taps, |ib, slab| {
+            let lanes = LANES.min(g.c_in - ib * LANES);
+            for (o, src) in w.chunks_exact(g.c_in * taps).enumerate() {
+                let block = &src[ib * LANES * taps..][..lanes * taps];
+                for (j, kernel) in block.chunks_exact(taps).enumerate() {
+                    for (kk, v) in kernel.iter().enumerate() {
+                        slab[(o * taps + kk) * LANES + j] = *v;
+                    }
+                }
+            }
         });
         let plan = InPlace {
             input: &input,
@@ -298,33 +326,49 @@ struct Weights {
     per_block: usize,
 }
 
-/// B tiles of `value(output channel, input channel, tap)` for `c_out` × `c_in` channels and `taps` taps.
+/// B tiles for `c_out` output channels reducing over `c_red` channels at the kernel taps `taps` (indices
+/// into the K² of the kernel). `slab(block, out)` writes one output block's weights as
+/// `[reduction channel][K²][16 output channels]` (zeros past `c_out`); each task packs its block's tiles
+/// from that slab, which stays in cache, two of its 16-lane rows paired per tile row.
 fn pack_weights(
-    c_out: usize,
-    c_in: usize,
-    taps: usize,
-    value: impl Fn(usize, usize, usize) -> f32 + Sync,
+    (c_out, c_red, k2): (usize, usize, usize),
+    taps: &[usize],
+    slab: impl Fn(usize, &mut [f32]) + Sync,
 ) -> Weights {
-    let kb = c_in.div_ceil(PAIR);
-    let per_block = taps * kb;
+    let kb = c_red.div_ceil(PAIR);
+    let per_block = taps.len() * kb;
     let mut tiles = vec![Tile::ZERO; c_out.div_ceil(LANES) * per_block];
-    tiles
-        .par_chunks_mut(per_block)
-        .enumerate()
-        .for_each(|(ob, block)| {
-            for j in 0..LANES.min(c_out - ob * LANES) {
-                let o = ob * LANES + j;
-                for i in 0..c_in {
-                    let (pair, p, e) = (i / PAIR, (i % PAIR) / 2, i % 2);
-                    for tap in 0..taps {
-                        block[tap * kb + pair].0[p * TILE_K + 2 * j + e] =
-                            to_bf16(value(o, i, tap));
+    tiles.par_chunks_mut(per_block).enumerate().for_each_init(
+        || vec![0f32; c_red * k2 * LANES],
+        |weights, (ob, block)| {
+            if c_out - ob * LANES < LANES {
+                // The lanes past `c_out` stay zero (the slab is reused between blocks).
+                weights.fill(0.0);
+            }
+            slab(ob, weights);
+            let row = |i: usize, kk: usize| &weights[(i * k2 + kk) * LANES..][..LANES];
+            for (step, tile) in block.iter_mut().enumerate() {
+                let (kk, pair) = (taps[step / kb], step % kb);
+                for (p, line) in tile.words().chunks_exact_mut(LANES).enumerate() {
+                    let i = pair * PAIR + 2 * p;
+                    if i >= c_red {
+                        break;
                     }
+                    let hi = if i + 1 < c_red {
+                        row(i + 1, kk)
+                    } else {
+                        &ZEROS
+                    };
+                    vnni_pairs(row(i, kk), hi, line);
                 }
             }
-        });
+        },
+    );
     Weights { tiles, per_block }
 }
+
+/// 16 f32 zeros: a missing channel or a padding pixel.
+const ZEROS: [f32; LANES] = [0.0; LANES];
 
 /// The channels, images and size of what `Padded` copies.
 struct Source {

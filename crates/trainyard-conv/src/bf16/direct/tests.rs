@@ -1,4 +1,5 @@
 use super::*;
+use crate::bf16::pack::to_bf16;
 use rstest::rstest;
 
 /// Every product of the convolution, as NCHW indices (output, input, weight): each output pixel with each
@@ -185,6 +186,47 @@ fn every_tier_matches_the_reference(
         let channel = ((i / (oh * ow * LANES)) % ob) * LANES + i % LANES;
         if channel >= g.c_out {
             assert_eq!(*v, 0.0, "lane past c_out at {i}");
+        }
+    }
+}
+
+/// A partial last output block packs zeros past `c_out`, even when its thread packed a full block just
+/// before from the same (reused) slab.
+#[test]
+fn a_partial_block_packs_zeros_past_c_out() {
+    // Three blocks: one split of a one-thread pool leaves the last two to one slab.
+    let (c_out, c_red) = (40, 32);
+    let w = values(c_out * c_red, 13);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let weights = pool.install(|| {
+        pack_weights((c_out, c_red, 1), &[0], |ob, slab| {
+            for (j, src) in w
+                .chunks_exact(c_red)
+                .skip(ob * LANES)
+                .take(LANES)
+                .enumerate()
+            {
+                for (r, v) in src.iter().enumerate() {
+                    slab[r * LANES + j] = *v;
+                }
+            }
+        })
+    });
+    let last = &weights.tiles[2 * weights.per_block].0;
+    for p in 0..TILE_K / 2 {
+        for j in 0..TILE_ROWS {
+            for e in 0..2 {
+                let v = last[p * TILE_K + 2 * j + e];
+                let expected = if j < c_out - 2 * LANES {
+                    to_bf16(w[(2 * LANES + j) * c_red + 2 * p + e])
+                } else {
+                    0
+                };
+                assert_eq!(v, expected, "row {p}, column {j}, element {e}");
+            }
         }
     }
 }

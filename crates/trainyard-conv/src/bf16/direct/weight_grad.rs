@@ -14,7 +14,7 @@
 //! gradient and input windows staying in L2 across the taps, and keeps each tap's sums in f32 between
 //! images.
 
-use super::{Geometry, Shape, Steps, Worker, CHUNK, LANES};
+use super::{Geometry, Shape, Steps, Worker, CHUNK, LANES, ZEROS};
 use crate::bf16::pack::{pairs as vnni_pairs, round_f32, round_into, Tile, TILE_K, TILE_ROWS};
 use crate::bf16::Tier;
 use rayon::prelude::*;
@@ -136,9 +136,6 @@ impl Numbering {
     }
 }
 
-/// 16 f32 zeros: the value of a padding pixel.
-const ZEROS: [f32; LANES] = [0.0; LANES];
-
 /// The output gradient as A tiles `[image][output block][chunk]`: row j is channel j of the block, its
 /// 32 values the chunk's numbered pixels (zero past each row's end and past the last row), rounded to
 /// bf16. One zero block of slack at the end.
@@ -218,24 +215,35 @@ impl Paired {
             .enumerate()
             .for_each(|(index, out)| {
                 let src = &x[index * g.h * g.w * LANES..][..g.h * g.w * LANES];
-                // Pixel q of phase φ: its 16 channels, or zeros in the padding and past the image.
-                let pixel = |phase: usize, q: usize| -> &[f32] {
-                    let (r, c) = (phase + s * (q / wp), q % wp);
+                // Pixel (row, column) of phase φ's rows: its 16 channels, or zeros in the padding and
+                // past the image.
+                let pixel = |phase: usize, (r, c): (usize, usize)| -> &[f32] {
+                    let r = phase + s * r;
                     if r < p || r >= p + g.h || c < p || c >= p + g.w {
                         &ZEROS
                     } else {
                         &src[((r - p) * g.w + c - p) * LANES..][..LANES]
                     }
                 };
+                // (row, column) of the pixel `by` further along the rows of `wp` pixels.
+                let step = |(mut r, mut c): (usize, usize), by: usize| {
+                    c += by;
+                    while c >= wp {
+                        (r, c) = (r + 1, c - wp);
+                    }
+                    (r, c)
+                };
                 for (index, plane) in out.chunks_exact_mut(plane).enumerate() {
                     let (phase, residue) = (index / (2 * s), index % (2 * s));
-                    for (u, line) in plane.chunks_exact_mut(LANES).enumerate() {
-                        let first = 2 * s * u + residue;
+                    let mut first = step((0, 0), residue);
+                    for line in plane.chunks_exact_mut(LANES) {
+                        let second = step(first, s);
                         let mut words = [0u32; LANES];
-                        vnni_pairs(pixel(phase, first), pixel(phase, first + s), &mut words);
+                        vnni_pairs(pixel(phase, first), pixel(phase, second), &mut words);
                         for (d, w) in line.iter_mut().zip(words) {
                             d.write(w);
                         }
+                        first = step(first, 2 * s);
                     }
                 }
             });
