@@ -60,6 +60,9 @@ fn channel_sums(data: &[f32], d: Dims, f: impl Fn(f32, usize) -> f32 + Sync) -> 
 
 /// Batch statistics of the first `c` channels; with `sync`, over every rank's batch (SyncBatchNorm).
 fn stats(data: &[f32], d: Dims, c: usize, sync: Option<&dyn Collective>) -> Result<ChannelStats> {
+    if sync.is_none() {
+        return local_stats(data, d, c);
+    }
     let reduce = |v: &mut [f64]| match sync {
         Some(group) => group
             .all_reduce_f64(v, ReduceOp::Sum)
@@ -82,6 +85,65 @@ fn stats(data: &[f32], d: Dims, c: usize, sync: Option<&dyn Collective>) -> Resu
         var: squares.iter().map(|s| (s / count) as f32).collect(),
         count: count as usize,
     })
+}
+
+/// One rank's batch statistics in one pass over memory: each (image, block) plane's mean and squared
+/// deviations (the second pass over a plane reads it from cache), merged across images in f64 as Chan et
+/// al. merge partial variances.
+fn local_stats(data: &[f32], (n, cb, hw, l): Dims, c: usize) -> Result<ChannelStats> {
+    let per_block = |b: usize| -> Result<(Vec<f64>, Vec<f64>)> {
+        Ok(match l {
+            16 => plane_moments::<16>(data, (n, cb, hw, l), b),
+            8 => plane_moments::<8>(data, (n, cb, hw, l), b),
+            l => candle_core::bail!("blocked batch norm: blocks of {l} lanes (8 or 16 expected)"),
+        })
+    };
+    let blocks: Result<Vec<(Vec<f64>, Vec<f64>)>> =
+        (0..cb).into_par_iter().map(per_block).collect();
+    let (means, squares): (Vec<Vec<f64>>, Vec<Vec<f64>>) = blocks?.into_iter().unzip();
+    let count = n * hw;
+    Ok(ChannelStats {
+        mean: means.concat()[..c].iter().map(|m| *m as f32).collect(),
+        var: squares.concat()[..c]
+            .iter()
+            .map(|s| (s / count as f64) as f32)
+            .collect(),
+        count,
+    })
+}
+
+/// Per lane of block `b`: the mean over images and pixels, and the sum of squared deviations from it.
+fn plane_moments<const L: usize>(
+    data: &[f32],
+    (n, cb, hw, _): Dims,
+    b: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let (mut mean, mut m2, mut count) = ([0f64; L], [0f64; L], 0f64);
+    for img in 0..n {
+        let plane = &data[(img * cb + b) * hw * L..][..hw * L];
+        let mut sum = [0f32; L];
+        for px in plane.chunks_exact(L) {
+            for (a, v) in sum.iter_mut().zip(px) {
+                *a += v;
+            }
+        }
+        let mu: [f32; L] = std::array::from_fn(|lane| sum[lane] / hw as f32);
+        let mut sq = [0f32; L];
+        for px in plane.chunks_exact(L) {
+            for lane in 0..L {
+                let dev = px[lane] - mu[lane];
+                sq[lane] += dev * dev;
+            }
+        }
+        let merged = count + hw as f64;
+        for lane in 0..L {
+            let delta = f64::from(mu[lane]) - mean[lane];
+            mean[lane] += delta * hw as f64 / merged;
+            m2[lane] += f64::from(sq[lane]) + delta * delta * count * hw as f64 / merged;
+        }
+        count = merged;
+    }
+    (mean.to_vec(), m2.to_vec())
 }
 
 /// Training-mode BatchNorm over a blocked batch: the output and the batch statistics (for the running
@@ -159,11 +221,24 @@ impl BlockedBatchNorm {
         out.resize(self.mean.len(), 0.0);
         out
     }
+
+    /// The forward's per-lane `scale` and `shift` (y = x·scale + shift, then the ReLU's floor).
+    fn affine(&self, gamma: &[f32], beta: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let (gamma, beta) = (self.lanes(gamma), self.lanes(beta));
+        let scale: Vec<f32> = gamma.iter().zip(&self.invstd).map(|(g, i)| g * i).collect();
+        let shift = (0..scale.len())
+            .map(|ch| beta[ch] - self.mean[ch] * scale[ch])
+            .collect();
+        (scale, shift)
+    }
 }
 
+/// The output gradient `dy` where a fused ReLU (`RELU`) passed the value on, else 0: the forward's
+/// output is recomputed from `x` with its own arithmetic (`scale`, `shift` of this lane), bit for bit,
+/// instead of being read back, so both passes of the backward read one stream less.
 #[inline(always)]
-fn masked(dy: f32, y: f32, relu: bool) -> f32 {
-    if relu && y <= 0.0 {
+fn masked<const RELU: bool>(dy: f32, x: f32, scale: f32, shift: f32) -> f32 {
+    if RELU && (x * scale + shift).max(0.0) <= 0.0 {
         0.0
     } else {
         dy
@@ -192,11 +267,7 @@ impl CustomOp3 for BlockedBatchNorm {
                 gamma.len()
             );
         }
-        let (gamma, beta) = (self.lanes(gamma), self.lanes(beta));
-        let scale: Vec<f32> = gamma.iter().zip(&self.invstd).map(|(g, i)| g * i).collect();
-        let shift: Vec<f32> = (0..scale.len())
-            .map(|ch| beta[ch] - self.mean[ch] * scale[ch])
-            .collect();
+        let (scale, shift) = self.affine(gamma, beta);
         let floor = if self.relu { 0.0 } else { f32::NEG_INFINITY };
         let y = match l {
             16 => normalise::<16>(x, (cb, h * w), (&scale, &shift), floor),
@@ -210,62 +281,68 @@ impl CustomOp3 for BlockedBatchNorm {
         &self,
         x: &Tensor,
         gamma: &Tensor,
-        _beta: &Tensor,
-        res: &Tensor,
+        beta: &Tensor,
+        _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let d = dims(x)?;
         let (n, cb, hw, l) = d;
         let c = gamma.dim(0)?;
-        let gamma = self.lanes(&gamma.flatten_all()?.to_vec1::<f32>()?);
-        let relu = self.relu;
-        // With the ReLU the output's zeros mask the incoming gradient; without it nothing is read.
-        let out = if relu { Some(res.contiguous()?) } else { None };
+        let gamma = gamma.flatten_all()?.to_vec1::<f32>()?;
+        // With the ReLU the output's zeros mask the incoming gradient, recomputed from x.
+        let affine = self.relu.then(|| -> Result<_> {
+            Ok(self.affine(&gamma, &beta.flatten_all()?.to_vec1::<f32>()?))
+        });
+        let affine = affine.transpose()?;
+        let relu = affine.as_ref().map(|(a, b)| (&a[..], &b[..]));
+        let gamma = self.lanes(&gamma);
         let (mean, invstd) = (&self.mean, &self.invstd);
         let (dx, dgamma, dbeta) = with_f32(x, |xs| {
             with_f32(grad, |dy| {
-                with_f32(out.as_ref().unwrap_or(grad), |ys| {
-                    let (sg, sgx) = match l {
-                        16 => grad_sums::<16>(xs, dy, ys, d, mean, relu),
-                        8 => grad_sums::<8>(xs, dy, ys, d, mean, relu),
-                        _ => candle_core::bail!("blocked batch norm: blocks of {l} lanes"),
-                    };
-                    let dbeta: Vec<f32> = sg[..c].iter().map(|&v| v as f32).collect();
-                    let dgamma: Vec<f32> = (0..c)
-                        .map(|ch| (sgx[ch] * f64::from(invstd[ch])) as f32)
+                let (sg, sgx) = match (l, relu.is_some()) {
+                    (16, true) => grad_sums::<16, true>(xs, dy, d, mean, relu),
+                    (16, false) => grad_sums::<16, false>(xs, dy, d, mean, relu),
+                    (8, true) => grad_sums::<8, true>(xs, dy, d, mean, relu),
+                    (8, false) => grad_sums::<8, false>(xs, dy, d, mean, relu),
+                    _ => candle_core::bail!("blocked batch norm: blocks of {l} lanes"),
+                };
+                let dbeta: Vec<f32> = sg[..c].iter().map(|&v| v as f32).collect();
+                let dgamma: Vec<f32> = (0..c)
+                    .map(|ch| (sgx[ch] * f64::from(invstd[ch])) as f32)
+                    .collect();
+                let (mut sum_g, mut sum_gxhat, mut m) =
+                    (dbeta.clone(), dgamma.clone(), (n * hw) as f32);
+                if let Some((group, count)) = self.sync.as_ref().filter(|_| x.track_op()) {
+                    (sum_g, sum_gxhat) = global_grad_sums(group.as_ref(), &dbeta, &dgamma)?;
+                    m = *count as f32;
+                }
+                let dx = x.track_op().then(|| {
+                    let k: Vec<f32> = gamma
+                        .iter()
+                        .zip(invstd.iter())
+                        .map(|(g, i)| g * i)
                         .collect();
-                    let (mut sum_g, mut sum_gxhat, mut m) =
-                        (dbeta.clone(), dgamma.clone(), (n * hw) as f32);
-                    if let Some((group, count)) = self.sync.as_ref().filter(|_| x.track_op()) {
-                        (sum_g, sum_gxhat) = global_grad_sums(group.as_ref(), &dbeta, &dgamma)?;
-                        m = *count as f32;
+                    let (a, b) = (self.lanes(&sum_g), self.lanes(&sum_gxhat));
+                    // dx = k * (g - a/m - xhat * b/m), xhat = (x - mean) * invstd, as one affine map of
+                    // g and x per channel: dx = k*g + (-k*b/m*invstd)*x + k*(b/m*invstd*mean - a/m).
+                    let coef: Vec<[f32; 3]> = (0..k.len())
+                        .map(|ch| {
+                            if self.batch_stats {
+                                let bx = b[ch] / m * invstd[ch];
+                                [k[ch], -k[ch] * bx, k[ch] * (bx * mean[ch] - a[ch] / m)]
+                            } else {
+                                [k[ch], 0.0, 0.0]
+                            }
+                        })
+                        .collect();
+                    match (l, relu.is_some()) {
+                        (16, true) => input_grad::<16, true>((xs, dy), (cb, hw), &coef, relu),
+                        (16, false) => input_grad::<16, false>((xs, dy), (cb, hw), &coef, relu),
+                        (_, true) => input_grad::<8, true>((xs, dy), (cb, hw), &coef, relu),
+                        (_, false) => input_grad::<8, false>((xs, dy), (cb, hw), &coef, relu),
                     }
-                    let dx = x.track_op().then(|| {
-                        let k: Vec<f32> = gamma
-                            .iter()
-                            .zip(invstd.iter())
-                            .map(|(g, i)| g * i)
-                            .collect();
-                        let (a, b) = (self.lanes(&sum_g), self.lanes(&sum_gxhat));
-                        // dx = k * (g - a/m - xhat * b/m), xhat = (x - mean) * invstd, as one affine map of
-                        // g and x per channel: dx = k*g + (-k*b/m*invstd)*x + k*(b/m*invstd*mean - a/m).
-                        let coef: Vec<[f32; 3]> = (0..k.len())
-                            .map(|ch| {
-                                if self.batch_stats {
-                                    let bx = b[ch] / m * invstd[ch];
-                                    [k[ch], -k[ch] * bx, k[ch] * (bx * mean[ch] - a[ch] / m)]
-                                } else {
-                                    [k[ch], 0.0, 0.0]
-                                }
-                            })
-                            .collect();
-                        match l {
-                            16 => input_grad::<16>((xs, dy, ys), (cb, hw), &coef, relu),
-                            _ => input_grad::<8>((xs, dy, ys), (cb, hw), &coef, relu),
-                        }
-                    });
-                    Ok((dx, dgamma, dbeta))
-                })
+                });
+                Ok((dx, dgamma, dbeta))
             })
         })?;
         let dev = x.device();
@@ -305,12 +382,23 @@ fn normalise<const L: usize>(
     unsafe { assume_init(y) }
 }
 
+/// The ReLU mask's per-lane scale and shift of block `b` (zeros without a ReLU).
+fn lane_affine<const L: usize>(relu: Option<(&[f32], &[f32])>, b: usize) -> ([f32; L], [f32; L]) {
+    match relu {
+        Some((sc, sh)) => (
+            sc[b * L..][..L].try_into().expect("L lanes"),
+            sh[b * L..][..L].try_into().expect("L lanes"),
+        ),
+        None => ([0.0; L], [0.0; L]),
+    }
+}
+
 /// The input gradient `c0·g + c1·x + c2` per channel, g the (masked) output gradient.
-fn input_grad<const L: usize>(
-    (xs, dy, ys): (&[f32], &[f32], &[f32]),
+fn input_grad<const L: usize, const RELU: bool>(
+    (xs, dy): (&[f32], &[f32]),
     (cb, hw): (usize, usize),
     coef: &[[f32; 3]],
-    relu: bool,
+    relu: Option<(&[f32], &[f32])>,
 ) -> Vec<f32> {
     let plane = hw * L;
     let mut dx = uninit(xs.len());
@@ -322,15 +410,15 @@ fn input_grad<const L: usize>(
                 cj[lane] = coef[b * L + lane][j];
             }
         }
+        let mask = lane_affine::<L>(relu, b);
         let r = p * plane..(p + 1) * plane;
-        for (((o, d), y), x) in o
+        for ((o, d), x) in o
             .chunks_exact_mut(L)
             .zip(dy[r.clone()].chunks_exact(L))
-            .zip(ys[r.clone()].chunks_exact(L))
             .zip(xs[r].chunks_exact(L))
         {
             for lane in 0..L {
-                let g = masked(d[lane], y[lane], relu);
+                let g = masked::<RELU>(d[lane], x[lane], mask.0[lane], mask.1[lane]);
                 o[lane] = MaybeUninit::new(c[0][lane] * g + c[1][lane] * x[lane] + c[2][lane]);
             }
         }
@@ -340,29 +428,25 @@ fn input_grad<const L: usize>(
 }
 
 /// Σ g and Σ g·(x − mean) per channel (every lane), g the gradient masked by a fused ReLU's zeros.
-fn grad_sums<const L: usize>(
+fn grad_sums<const L: usize, const RELU: bool>(
     xs: &[f32],
     dy: &[f32],
-    ys: &[f32],
     (n, cb, hw, _): Dims,
     mean: &[f32],
-    relu: bool,
+    relu: Option<(&[f32], &[f32])>,
 ) -> (Vec<f64>, Vec<f64>) {
     let per_block: Vec<([f64; L], [f64; L])> = (0..cb)
         .into_par_iter()
         .map(|b| {
             let (mut sg, mut sgx) = ([0f64; L], [0f64; L]);
             let mu: [f32; L] = mean[b * L..][..L].try_into().expect("L lanes");
+            let mask = lane_affine::<L>(relu, b);
             for img in 0..n {
                 let r = (img * cb + b) * hw * L..(img * cb + b + 1) * hw * L;
                 let (mut ag, mut agx) = ([0f32; L], [0f32; L]);
-                for ((d, y), x) in dy[r.clone()]
-                    .chunks_exact(L)
-                    .zip(ys[r.clone()].chunks_exact(L))
-                    .zip(xs[r].chunks_exact(L))
-                {
+                for (d, x) in dy[r.clone()].chunks_exact(L).zip(xs[r].chunks_exact(L)) {
                     for lane in 0..L {
-                        let g = masked(d[lane], y[lane], relu);
+                        let g = masked::<RELU>(d[lane], x[lane], mask.0[lane], mask.1[lane]);
                         ag[lane] += g;
                         agx[lane] += g * (x[lane] - mu[lane]);
                     }
