@@ -582,14 +582,18 @@ mod tests {
         crate::testing::batch(1)
     }
 
-    /// Under bf16 autocast on a tier with the blocked direct convolutions (AMX, or its portable reference),
-    /// ResNet keeps its activations blocked and convolves on tiles; its loss and every gradient agree with
-    /// the emulated path's (NCHW, rounded operands around f32 products) as far as bf16's rounding lets two
-    /// summation orders agree. (On a CPU whose blocked layout is not 16 lanes both runs are emulated.)
-    #[test]
-    fn resnet_bf16_on_tiles_equals_the_emulated_path() {
+    /// Under bf16 autocast on each tier with the blocked direct convolutions that runs here (AMX,
+    /// AVX512-BF16; their portable reference where neither does), ResNet keeps its activations blocked and
+    /// convolves on tiles; its loss and every gradient agree with the emulated path's (NCHW, rounded
+    /// operands around f32 products) as far as bf16's rounding lets two summation orders agree. (On a CPU
+    /// whose blocked layout is not 16 lanes both runs are emulated.)
+    #[rstest::rstest]
+    fn resnet_bf16_on_tiles_equals_the_emulated_path(
+        #[values(trainyard_conv::bf16::Tier::Amx, trainyard_conv::bf16::Tier::Avx512Bf16)]
+        tier: trainyard_conv::bf16::Tier,
+    ) {
         use trainyard_conv::bf16::Tier;
-        let tier = [Tier::Amx, Tier::Portable]
+        let tier = [tier, Tier::Portable]
             .into_iter()
             .find(|t| t.supported())
             .expect("portable runs everywhere");

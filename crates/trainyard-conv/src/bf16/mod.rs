@@ -15,7 +15,7 @@
 #[cfg(target_arch = "x86_64")]
 mod amx;
 #[cfg(target_arch = "x86_64")]
-mod avx512;
+pub(crate) mod avx512;
 pub mod direct;
 pub mod pack;
 

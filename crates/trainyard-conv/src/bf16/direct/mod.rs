@@ -83,7 +83,7 @@ pub fn handles(tier: Tier, g: &Geometry) -> bool {
         && g.stride >= 1
         && g.h + 2 * g.padding >= g.k
         && g.w + 2 * g.padding >= g.k;
-    fits && matches!(tier, Tier::Amx | Tier::Portable) && tier.supported()
+    fits && tier.supported()
 }
 
 /// `conv2d(x, w)` with bf16 operands, f32 sums and a bf16-rounded result: `x` blocked (`g.input_len()`),
@@ -163,7 +163,8 @@ fn gathered(tier: Tier, input: &Padded, weights: &Weights, g: &Geometry, out: &O
             let (img, chunk) = (task / chunks, task % chunks);
             let first = chunk * CHUNK;
             let a = worker.gather(input, g, img, first);
-            worker.all_blocks(&a.view(), weights, ob, sums, |block, r, sums| {
+            let every = 0..ob.div_ceil(2);
+            worker.blocks(&a.view(), weights, (every, ob), sums, |block, r, sums| {
                 let q = first + r;
                 if q < oh * ow {
                     out.store(img, block, q, sums);
@@ -481,35 +482,68 @@ impl InPlace<'_> {
         let images = input.data.len() / (input.pairs * input.plane);
         let ob = self.weights.tiles.len() / self.weights.per_block;
         let kb = input.pairs;
-        (0..images * chunks).into_par_iter().for_each_init(
-            || (Worker::new(tier, 0), [0f32; 32 * 32]),
-            |(worker, sums), task| {
-                let (img, chunk) = (task / chunks, task % chunks);
-                let first = chunk * CHUNK;
-                let plane = |pair: usize| (img * kb + pair) * input.plane;
-                let steps = (0..self.offsets.len() * kb)
-                    .map(|step| {
-                        let (tap, pair) = (step / kb, step % kb);
-                        2 * (plane(pair) + (first + self.offsets[tap]) * PAIR)
-                    })
-                    .collect();
-                let a = Steps {
-                    base: input.data.as_ptr() as *const u8,
-                    steps,
-                    row: 2 * PAIR,
-                    next: 2 * TILE_ROWS * PAIR,
-                };
-                worker.all_blocks(&a.view(), self.weights, ob, sums, |block, r, sums| {
+        // The A windows of output pixels `first..first + 32` of image `img`.
+        let windows = |img: usize, first: usize| {
+            let plane = |pair: usize| (img * kb + pair) * input.plane;
+            let steps = (0..self.offsets.len() * kb)
+                .map(|step| {
+                    let (tap, pair) = (step / kb, step % kb);
+                    2 * (plane(pair) + (first + self.offsets[tap]) * PAIR)
+                })
+                .collect();
+            Steps {
+                base: input.data.as_ptr() as *const u8,
+                steps,
+                row: 2 * PAIR,
+                next: 2 * TILE_ROWS * PAIR,
+            }
+        };
+        let chunk = |worker: &Worker, sums: &mut _, (img, chunk), blocks| {
+            let first = chunk * CHUNK;
+            let a = windows(img, first);
+            worker.blocks(
+                &a.view(),
+                self.weights,
+                (blocks, ob),
+                sums,
+                |block, r, sums| {
                     let q = first + r;
                     let (y, x) = (q / input.wp, q % input.wp);
                     if y < rows && x < cols {
                         store(img, block, (y, x), sums);
                     }
+                },
+            );
+        };
+        let init = || (Worker::new(tier, 0), [0f32; 32 * 32]);
+        let pairs = ob.div_ceil(2);
+        if self.weights.tiles.len() * std::mem::size_of::<Tile>() <= WEIGHTS_PER_CHUNK {
+            // Every output block per chunk of pixels: the weights stay in cache across chunks.
+            (0..images * chunks)
+                .into_par_iter()
+                .for_each_init(init, |(worker, sums), task| {
+                    chunk(worker, sums, (task / chunks, task % chunks), 0..pairs)
                 });
-            },
-        );
+        } else {
+            // Weights larger than a core's cache: each task keeps one pair of output blocks' weights
+            // (cached) and walks one image's pixels, instead of streaming every weight per chunk.
+            (0..pairs * images)
+                .into_par_iter()
+                .for_each_init(init, |(worker, sums), task| {
+                    let (pair, img) = (task / images, task % images);
+                    for c in 0..chunks {
+                        chunk(worker, sums, (img, c), pair..pair + 1);
+                    }
+                });
+        }
     }
 }
+
+/// Bytes of packed weights up to which `InPlace::run` multiplies every output block per chunk of
+/// pixels (the weights then stay in a core's L2 from one chunk to the next); past it, each task keeps
+/// one pair of output blocks and walks the pixels. ResNet-18's stages at 256 and 512 channels (1.2 and
+/// 4.7 MB of weights) take the second order: 3% of a CIFAR step on AMX.
+const WEIGHTS_PER_CHUNK: usize = 1 << 20;
 
 /// `Windows` that own their steps.
 struct Steps {
@@ -582,19 +616,19 @@ impl Worker {
         }
     }
 
-    /// The two A tiles `a` times every output block's weights: `store(block, row, 16 sums)` for each of
-    /// the 32 rows (output pixels) of each block.
-    fn all_blocks(
+    /// The two A tiles `a` times the weights of the output block pairs `pairs` (of `ob` blocks):
+    /// `store(block, row, 16 sums)` for each of the 32 rows (output pixels) of each block.
+    fn blocks(
         &self,
         a: &Windows,
         weights: &Weights,
-        ob: usize,
+        (pairs, ob): (std::ops::Range<usize>, usize),
         sums: &mut [f32; 32 * 32],
         mut store: impl FnMut(usize, usize, &[f32]),
     ) {
         let tile = std::mem::size_of::<Tile>();
         let b_steps: Vec<usize> = (0..weights.per_block).map(|t| t * tile).collect();
-        for pair in 0..ob.div_ceil(2) {
+        for pair in pairs {
             let nt = (ob - 2 * pair).min(2);
             let b = Windows {
                 base: weights.tiles[2 * pair * weights.per_block..].as_ptr() as *const u8,
@@ -633,6 +667,11 @@ impl Worker {
                     .as_ref()
                     .expect("started")
                     .windows_block(a, (b, nt), accumulate, sums)
+            },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the caller's promise; the tier is supported (`handles`).
+            Tier::Avx512Bf16 => unsafe {
+                super::avx512::windows_block(a, (b, nt), accumulate, sums)
             },
             // SAFETY: the caller's promise.
             _ => unsafe { portable_block(a, (b, nt), accumulate, sums) },

@@ -62,9 +62,10 @@ fn reference_input_grad(dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
 #[case::stem_7x7(Geometry { n: 1, c_in: 3, c_out: 16, h: 13, w: 12, k: 7, stride: 2, padding: 3, lanes: LANES })]
 #[case::stride_3(Geometry { n: 2, c_in: 16, c_out: 16, h: 10, w: 11, k: 3, stride: 3, padding: 1, lanes: LANES })]
 #[case::wide_padding(Geometry { n: 1, c_in: 16, c_out: 16, h: 5, w: 4, k: 3, stride: 1, padding: 3, lanes: LANES })]
+#[case::weights_past_the_cache(Geometry { n: 2, c_in: 272, c_out: 256, h: 4, w: 5, k: 3, stride: 1, padding: 1, lanes: LANES })]
 fn input_gradient_matches_the_reference(
     #[case] g: Geometry,
-    #[values(Tier::Amx, Tier::Portable)] tier: Tier,
+    #[values(Tier::Amx, Tier::Avx512Bf16, Tier::Portable)] tier: Tier,
 ) {
     if !tier.supported() {
         return;
@@ -114,7 +115,7 @@ fn reference_weight_grad(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
 #[case::stride_3(Geometry { n: 2, c_in: 16, c_out: 16, h: 10, w: 11, k: 3, stride: 3, padding: 1, lanes: LANES })]
 fn weight_gradient_matches_the_reference(
     #[case] g: Geometry,
-    #[values(Tier::Amx, Tier::Portable)] tier: Tier,
+    #[values(Tier::Amx, Tier::Avx512Bf16, Tier::Portable)] tier: Tier,
 ) {
     if !tier.supported() {
         return;
@@ -157,9 +158,10 @@ fn values(len: usize, seed: u32) -> Vec<f32> {
 #[case::odd_channels(Geometry { n: 1, c_in: 16, c_out: 24, h: 5, w: 6, k: 3, stride: 1, padding: 1, lanes: LANES })]
 #[case::no_padding(Geometry { n: 3, c_in: 48, c_out: 16, h: 6, w: 5, k: 3, stride: 1, padding: 0, lanes: LANES })]
 #[case::wide_row(Geometry { n: 1, c_in: 32, c_out: 32, h: 3, w: 37, k: 3, stride: 1, padding: 1, lanes: LANES })]
+#[case::weights_past_the_cache(Geometry { n: 2, c_in: 256, c_out: 272, h: 4, w: 5, k: 3, stride: 1, padding: 1, lanes: LANES })]
 fn every_tier_matches_the_reference(
     #[case] g: Geometry,
-    #[values(Tier::Amx, Tier::Portable)] tier: Tier,
+    #[values(Tier::Amx, Tier::Avx512Bf16, Tier::Portable)] tier: Tier,
 ) {
     if !tier.supported() {
         eprintln!("SKIPPED: {} is not supported here", tier.name());

@@ -139,12 +139,10 @@ pub fn conv2d_bf16(
     conv2d_on(isa, Some(tier), x, w, (stride, padding))
 }
 
-/// Whether the blocked path runs bf16 autocast's convolutions on `tier`: AMX (or its portable reference)
-/// over 16-lane blocks, the layout whose pixel is half an A-tile row.
+/// Whether the blocked path runs bf16 autocast's convolutions on `tier` (AMX, AVX512-BF16, or their
+/// portable reference): over 16-lane blocks, the layout whose pixel is half an A-tile row.
 pub fn bf16_blocks(isa: Isa, tier: Tier) -> bool {
-    isa.lanes() == bf16_direct::LANES
-        && matches!(tier, Tier::Amx | Tier::Portable)
-        && tier.supported()
+    isa.lanes() == bf16_direct::LANES && tier.supported()
 }
 
 fn conv2d_on(
@@ -194,7 +192,7 @@ mod tests {
         #[case] o: usize,
         #[case] k: usize,
         #[case] (stride, pad): (usize, usize),
-        #[values("amx", "portable")] tier: &str,
+        #[values("amx", "avx512-bf16", "portable")] tier: &str,
     ) {
         let Some(tier) = Tier::parse(tier).filter(|t| t.supported()) else {
             return;
