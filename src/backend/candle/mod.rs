@@ -69,6 +69,22 @@ impl CandleEngine {
         Self::placed(exp, &Placement::single())
     }
 
+    /// Under `bf16-mixed`, runs autocast's products on `tier` (`None`: emulated) instead of this CPU's
+    /// fastest, as `TRAINYARD_BF16` does for a whole process: for tests and benchmarks that compare the
+    /// tiers in one process. A tier this CPU does not run is refused. No effect at other precisions.
+    pub fn pin_bf16_tier(
+        &mut self,
+        tier: Option<trainyard_conv::bf16::Tier>,
+    ) -> anyhow::Result<()> {
+        if let Some(t) = tier.filter(|t| !t.supported()) {
+            anyhow::bail!("bf16 tier {}: this CPU does not run it", t.name());
+        }
+        if self.autocast.bf16 {
+            self.autocast.tier = tier;
+        }
+        Ok(())
+    }
+
     /// An engine placed as a strategy decided (Candle runs on the CPU: only SyncBatchNorm's group
     /// matters).
     pub fn placed(exp: &Experiment, placement: &Placement) -> anyhow::Result<Self> {
@@ -589,7 +605,10 @@ mod tests {
     /// whose blocked layout is not 16 lanes both runs are emulated.)
     #[rstest::rstest]
     fn resnet_bf16_on_tiles_equals_the_emulated_path(
-        #[values(trainyard_conv::bf16::Tier::Amx, trainyard_conv::bf16::Tier::Avx512Bf16)]
+        #[values(
+            trainyard_conv::bf16::Tier::Amx,
+            trainyard_conv::bf16::Tier::Avx512Bf16
+        )]
         tier: trainyard_conv::bf16::Tier,
     ) {
         use trainyard_conv::bf16::Tier;
