@@ -113,6 +113,7 @@ fn reference_weight_grad(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
 #[case::shortcut_1x1(Geometry { n: 3, c_in: 48, c_out: 32, h: 8, w: 6, k: 1, stride: 2, padding: 0, lanes: LANES })]
 #[case::stem_7x7(Geometry { n: 1, c_in: 3, c_out: 16, h: 13, w: 12, k: 7, stride: 2, padding: 3, lanes: LANES })]
 #[case::stride_3(Geometry { n: 2, c_in: 16, c_out: 16, h: 10, w: 11, k: 3, stride: 3, padding: 1, lanes: LANES })]
+#[case::images_in_groups(Geometry { n: 5, c_in: 16, c_out: 16, h: 14, w: 14, k: 3, stride: 1, padding: 1, lanes: LANES })]
 fn weight_gradient_matches_the_reference(
     #[case] g: Geometry,
     #[values(Tier::Amx, Tier::Avx512Bf16, Tier::Portable)] tier: Tier,

@@ -58,29 +58,38 @@ pub fn weight_grad(tier: Tier, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> 
                 let mut per_tap = vec![[0f32; 32 * 32]; taps];
                 let mut a = Steps {
                     base: gradient.tiles.as_ptr() as *const u8,
-                    steps: Vec::with_capacity(chunks),
+                    steps: Vec::new(),
                     row: 2 * TILE_K,
                     next: chunks * tile,
                 };
                 let mut b = Steps {
                     base: input.data.as_ptr() as *const u8,
-                    steps: Vec::with_capacity(chunks),
+                    steps: Vec::new(),
                     row: 2 * TILE_K,
                     next: input.block_bytes(),
                 };
                 let nt = (ib - 2 * i).min(2);
-                for img in 0..g.n {
+                // Images per product: enough chunks that loading and storing the sums is amortised
+                // (a deep stage's small planes are one chunk an image).
+                let group = MIN_STEPS.div_ceil(chunks).max(1);
+                for first in (0..g.n).step_by(group) {
+                    let images = first..(first + group).min(g.n);
+                    let each = |img: usize| (0..chunks).map(move |c| (img, c));
                     a.steps.clear();
-                    a.steps
-                        .extend((0..chunks).map(|c| ((img * ob + 2 * o) * chunks + c) * tile));
+                    a.steps.extend(
+                        images
+                            .clone()
+                            .flat_map(each)
+                            .map(|(img, c)| ((img * ob + 2 * o) * chunks + c) * tile),
+                    );
                     for (tap, sums) in per_tap.iter_mut().enumerate() {
                         let (kh, kw) = (tap / g.k, tap % g.k);
                         let shift = (kh / s) * s * numbering.row + kw;
-                        let phase = (img, 2 * i, kh % s);
                         b.steps.clear();
-                        b.steps.extend(
-                            (0..chunks).map(|c| input.window(phase, s * c * CHUNK + shift)),
-                        );
+                        b.steps
+                            .extend(images.clone().flat_map(each).map(|(img, c)| {
+                                input.window((img, 2 * i, kh % s), s * c * CHUNK + shift)
+                            }));
                         // SAFETY: the A windows are tiles of `gradient` (a second output block past the
                         // last is its zero slack); the B windows lie in `input` (its slack covers the
                         // last chunk's run past the padded image and a second block past the last).
@@ -115,6 +124,10 @@ pub fn weight_grad(tier: Tier, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> 
     unsafe { dw.set_len(g.c_out * g.c_in * taps) };
     dw
 }
+
+/// Reduction steps (chunks of 32 pixels) per tile product at least, where images are small: each product
+/// loads and stores its 32 × 32 sums once.
+const MIN_STEPS: usize = 16;
 
 /// How output pixels are numbered for the tiles (see the module's comment).
 struct Numbering {
