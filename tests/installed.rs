@@ -23,12 +23,15 @@ fn ok(out: &Output) -> String {
     o
 }
 
-/// `train` copied into `dir/bin/`, as an install puts it.
+/// `train` copied into `dir/bin/`, as an install puts it. `cp` writes the copy in its own process: had
+/// this one written it, a process another test thread forks meanwhile would inherit the open file until its
+/// exec, and running the copy then fails with "Text file busy" (ETXTBSY).
 fn installed_copy(dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     let copy = bin.join("train");
-    std::fs::copy(TRAIN, &copy).unwrap();
+    let status = Command::new("cp").arg(TRAIN).arg(&copy).status().unwrap();
+    assert!(status.success(), "cp {TRAIN} {}", copy.display());
     copy
 }
 

@@ -639,9 +639,11 @@ mod tests {
             (stats.loss_sum, e.gradients().clone())
         };
         let (tiles, emulated) = (run(Some(tier)), run(None));
+        // The losses agree within one bf16 rounding unit (2^-8): each tier's summation order moves it by
+        // ~1e-3 here (AVX512-BF16 +0.9e-3, the portable order -1.4e-3); a transposed kernel moves it 4.5%.
         let rel = (tiles.0 - emulated.0).abs() / emulated.0.abs();
         assert!(
-            rel < 1e-3,
+            rel < 1.0 / 256.0,
             "loss {} vs {} on {}",
             tiles.0,
             emulated.0,
