@@ -165,8 +165,9 @@ pub(super) fn rounded(x: &[f32]) -> Vec<f32> {
     unsafe { assume_init(y) }
 }
 
-/// The bf16 tier of this process: the fastest this CPU has, or `TRAINYARD_BF16=amx|avx512-bf16|emulated`
-/// (benchmarks, and the tests that compare tiers); `None` (emulated) where the CPU has neither, said once.
+/// The bf16 tier of this process: the fastest this CPU has (`Tier::detected`), or
+/// `TRAINYARD_BF16=amx|avx512-bf16|fma|emulated` (benchmarks, and the tests that compare tiers); `None`
+/// (emulated) on a CPU without AVX-512, said once, as is a choice of f32 FMAs.
 pub fn bf16_tier() -> Option<Tier> {
     static CHOICE: std::sync::OnceLock<Option<Tier>> = std::sync::OnceLock::new();
     *CHOICE.get_or_init(|| {
@@ -176,18 +177,24 @@ pub fn bf16_tier() -> Option<Tier> {
                 Some(tier) => Some(tier),
                 None => {
                     tracing::warn!(
-                        "TRAINYARD_BF16={name} is not a tier this CPU runs (amx, avx512-bf16, portable, emulated); using the fastest it has"
+                        "TRAINYARD_BF16={name} is not a tier this CPU runs (amx, avx512-bf16, fma, portable, emulated); using the fastest it has"
                     );
                     Tier::detected()
                 }
             },
             Err(_) => Tier::detected(),
         };
-        if choice.is_none() {
-            tracing::warn!(
-                "trainer.precision=bf16-mixed: this CPU has neither AMX-BF16 nor AVX512-BF16, so bf16 is \
+        match choice {
+            None => tracing::warn!(
+                "trainer.precision=bf16-mixed: this CPU has neither AMX-BF16 nor AVX-512, so bf16 is \
                  emulated (f32 products of bf16-rounded operands: autocast's accuracy, slower than 32-true)"
-            );
+            ),
+            Some(Tier::Fma) => tracing::info!(
+                "trainer.precision=bf16-mixed: this CPU has no AMX and no bf16 instruction faster than its \
+                 FMAs, so autocast's products run as f32 FMAs over bf16-rounded operands (the same numbers; \
+                 about 32-true's speed, not faster)"
+            ),
+            Some(_) => {}
         }
         choice
     })

@@ -599,7 +599,7 @@ mod tests {
     }
 
     /// Under bf16 autocast on each tier with the blocked direct convolutions that runs here (AMX,
-    /// AVX512-BF16; their portable reference where neither does), ResNet keeps its activations blocked and
+    /// AVX512-BF16, f32 FMAs; their portable reference where none does), ResNet keeps its activations blocked and
     /// convolves on tiles; its loss and every gradient agree with the emulated path's (NCHW, rounded
     /// operands around f32 products) as far as bf16's rounding lets two summation orders agree. (On a CPU
     /// whose blocked layout is not 16 lanes both runs are emulated.)
@@ -607,7 +607,8 @@ mod tests {
     fn resnet_bf16_on_tiles_equals_the_emulated_path(
         #[values(
             trainyard_conv::bf16::Tier::Amx,
-            trainyard_conv::bf16::Tier::Avx512Bf16
+            trainyard_conv::bf16::Tier::Avx512Bf16,
+            trainyard_conv::bf16::Tier::Fma
         )]
         tier: trainyard_conv::bf16::Tier,
     ) {

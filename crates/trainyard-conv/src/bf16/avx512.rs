@@ -146,3 +146,60 @@ unsafe fn window_rows<const NT: usize>(
         }
     }
 }
+
+/// Whether `vdpbf16ps` does more multiply-adds a second than 512-bit FMAs on this core (each does 32 to an
+/// FMA's 16): Zen 4 and 5 issue it as often as an FMA; Sapphire and Emerald Rapids at a quarter of the
+/// FMA's rate, so there f32 FMAs over rounded operands (`Tier::Fma`) are the faster bf16. Timed once per
+/// process, a few hundred microseconds: both loops with 16 independent accumulators, from registers.
+pub fn dot_beats_fma() -> bool {
+    static FASTER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *FASTER.get_or_init(|| {
+        if !available() {
+            return false;
+        }
+        let best = |f: unsafe fn(usize) -> f32| {
+            (0..3)
+                .map(|_| {
+                    let t = std::time::Instant::now();
+                    // SAFETY: `available()`: the CPU has AVX512-BF16 and AVX-512F.
+                    std::hint::black_box(unsafe { f(ROUNDS) });
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let (dot, fma) = (best(dot_loop), best(fma_loop));
+        // Multiply-adds a second: 32 per `vdpbf16ps`, 16 per FMA, the same count of each.
+        32.0 / dot > 16.0 / fma
+    })
+}
+
+/// Iterations of 16 instructions each loop times.
+const ROUNDS: usize = 4096;
+
+/// `rounds` × 16 independent `vdpbf16ps`.
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn dot_loop(rounds: usize) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 16];
+    let a: __m512bh = std::mem::transmute(_mm512_set1_epi32(0x3f80_3f80));
+    let b: __m512bh = std::mem::transmute(std::hint::black_box(_mm512_set1_epi32(0x3c00_3c00)));
+    for _ in 0..rounds {
+        for v in acc.iter_mut() {
+            *v = _mm512_dpbf16_ps(*v, a, b);
+        }
+    }
+    acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
+}
+
+/// `rounds` × 16 independent 512-bit FMAs.
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_loop(rounds: usize) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 16];
+    let a = _mm512_set1_ps(1.0);
+    let b = std::hint::black_box(_mm512_set1_ps(1e-3));
+    for _ in 0..rounds {
+        for v in acc.iter_mut() {
+            *v = _mm512_fmadd_ps(a, b, *v);
+        }
+    }
+    acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
+}

@@ -1,8 +1,9 @@
 //! Matrix products with bf16 operands and f32 accumulation, `C [+]= bf16(A) · bf16(B)`: what PyTorch's CPU
 //! autocast runs convolutions and linear layers as, on the CPU's own bf16 instructions. Two tiers, chosen
 //! at run time: AMX (`tdpbf16ps` on tile registers: Sapphire, Emerald and Granite Rapids) and AVX512-BF16
-//! (`vdpbf16ps`: Cooper Lake, Zen 4 and 5); `Tier::Portable` is the same arithmetic in plain Rust, the
-//! reference the other two are tested against.
+//! (`vdpbf16ps`: Cooper Lake, Zen 4 and 5); `Tier::Fma` is the same arithmetic as f32 FMAs over rounded
+//! operands, for AVX-512 CPUs with no bf16 instruction faster than an FMA; `Tier::Portable` is it in plain
+//! Rust, the reference the others are tested against.
 //!
 //! The operands are f32 matrices with any strides; packing rounds them to bf16 (round-to-nearest-even,
 //! as autocast's casts do) into the tiles the instructions read (`pack`), once per call. Products of two
@@ -17,6 +18,7 @@ mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 pub mod direct;
+mod fma;
 pub mod pack;
 
 use pack::{from_bf16, tiles, Strided, Tile, TILE_K, TILE_ROWS};
@@ -29,6 +31,9 @@ pub enum Tier {
     Amx,
     /// AVX512-BF16's `vdpbf16ps`.
     Avx512Bf16,
+    /// AVX-512F's f32 FMAs over operands rounded to bf16 (`fma`): the same numbers where no bf16
+    /// instruction outruns an FMA.
+    Fma,
     /// Plain Rust (the reference; no speed).
     Portable,
 }
@@ -41,17 +46,24 @@ impl Tier {
             Tier::Amx => amx::available(),
             #[cfg(target_arch = "x86_64")]
             Tier::Avx512Bf16 => avx512::available(),
+            Tier::Fma => fma::available(),
             Tier::Portable => true,
             #[allow(unreachable_patterns)]
             _ => false,
         }
     }
 
-    /// The fastest tier this machine has; `None` when it has neither bf16 extension.
+    /// The fastest tier this machine has: AMX; else `vdpbf16ps` where it multiplies and adds faster than
+    /// FMAs do (Zen 4 and 5; not Sapphire/Emerald Rapids, whose AMX a VM may withhold); else f32 FMAs over
+    /// rounded operands on AVX-512F. `None` (emulated) on a CPU without AVX-512F.
     pub fn detected() -> Option<Tier> {
-        [Tier::Amx, Tier::Avx512Bf16]
+        #[cfg(target_arch = "x86_64")]
+        let fast_dot = || avx512::available() && avx512::dot_beats_fma();
+        #[cfg(not(target_arch = "x86_64"))]
+        let fast_dot = || false;
+        [Tier::Amx, Tier::Avx512Bf16, Tier::Fma]
             .into_iter()
-            .find(|t| t.supported())
+            .find(|t| t.supported() && (*t != Tier::Avx512Bf16 || fast_dot()))
     }
 
     /// The name the bench tables print and `parse` reads.
@@ -59,12 +71,13 @@ impl Tier {
         match self {
             Tier::Amx => "amx",
             Tier::Avx512Bf16 => "avx512-bf16",
+            Tier::Fma => "fma",
             Tier::Portable => "portable",
         }
     }
 
     pub fn parse(name: &str) -> Option<Tier> {
-        [Tier::Amx, Tier::Avx512Bf16, Tier::Portable]
+        [Tier::Amx, Tier::Avx512Bf16, Tier::Fma, Tier::Portable]
             .into_iter()
             .find(|t| t.name() == name)
     }
@@ -112,6 +125,20 @@ impl Packed {
         let mut tiles = vec![Tile::ZERO; tiles(m, TILE_ROWS) * tiles(k, TILE_K)];
         pack::pack_a(a, m, k, &mut tiles);
         Packed { tiles, m, k }
+    }
+
+    /// The rounded values back as a contiguous m × k f32 matrix (`out`).
+    fn unpack(&self, out: &mut [f32]) {
+        let kt = tiles(self.k, TILE_K);
+        for (t, tile) in self.tiles.iter().enumerate() {
+            let (i0, k0) = ((t / kt) * TILE_ROWS, (t % kt) * TILE_K);
+            let (rows, depth) = ((self.m - i0).min(TILE_ROWS), (self.k - k0).min(TILE_K));
+            for r in 0..rows {
+                for c in 0..depth {
+                    out[(i0 + r) * self.k + k0 + c] = from_bf16(tile.0[r * TILE_K + c]);
+                }
+            }
+        }
     }
 }
 
@@ -179,6 +206,9 @@ pub fn product(
     );
     if m == 0 || n == 0 {
         return;
+    }
+    if tier == Tier::Fma {
+        return fma::product((m, n, k), (dst, (dst_rs, dst_cs)), write, (lhs, rhs));
     }
     let (mt, nt, kt) = (tiles(m, TILE_ROWS), tiles(n, TILE_ROWS), tiles(k, TILE_K));
     let a_tiles = if matches!(lhs, Operand::Packed(_)) {

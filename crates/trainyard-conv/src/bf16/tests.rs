@@ -29,7 +29,7 @@ fn reference(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f64> {
 }
 
 fn tiers() -> Vec<Tier> {
-    [Tier::Amx, Tier::Avx512Bf16, Tier::Portable]
+    [Tier::Amx, Tier::Avx512Bf16, Tier::Fma, Tier::Portable]
         .into_iter()
         .filter(|t| t.supported())
         .collect()
@@ -139,7 +139,7 @@ fn avx512_bf16_sums_as_the_portable_reference_does() {
 
 #[test]
 fn names_round_trip() {
-    for tier in [Tier::Amx, Tier::Avx512Bf16, Tier::Portable] {
+    for tier in [Tier::Amx, Tier::Avx512Bf16, Tier::Fma, Tier::Portable] {
         assert_eq!(Tier::parse(tier.name()), Some(tier));
     }
     assert_eq!(Tier::parse("avx2"), None);

@@ -103,6 +103,9 @@ pub fn forward(tier: Tier, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
         g.c_out * g.c_in * g.k * g.k,
         "direct bf16 conv: weight length"
     );
+    if tier == Tier::Fma {
+        return super::fma::conv_forward(x, w, g);
+    }
     let taps = g.tap_count();
     let all: Vec<usize> = (0..taps).collect();
     let weights = pack_weights((g.c_out, g.c_in, taps), &all, |ob, slab| {
@@ -198,6 +201,9 @@ pub fn input_grad(tier: Tier, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
         g.c_out * g.c_in * g.tap_count(),
         "direct bf16 conv: weight length"
     );
+    if tier == Tier::Fma {
+        return super::fma::conv_input_grad(dy, w, g);
+    }
     let (oh, ow) = g.out();
     let (s, k) = (g.stride, g.k);
     let pad = k.div_ceil(s) - 1;

@@ -37,6 +37,9 @@ pub fn weight_grad(tier: Tier, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> 
         g.output_len(),
         "direct bf16 conv: gradient length"
     );
+    if tier == Tier::Fma {
+        return crate::bf16::fma::conv_weight_grad(x, dy, g);
+    }
     let numbering = Numbering::new(g);
     let gradient = Transposed::new(dy, g, &numbering);
     let input = Paired::new(x, g, &numbering);

@@ -109,7 +109,7 @@ fn bf16_tiers_match_emulated_autocast(
     #[case] k: usize,
     #[case] stride: usize,
     #[case] pad: usize,
-    #[values("amx", "avx512-bf16", "portable")] tier: &str,
+    #[values("amx", "avx512-bf16", "fma", "portable")] tier: &str,
 ) {
     use crate::backend::candle::autocast::Autocast;
     let Some(tier) = Tier::parse(tier).filter(|t| t.supported()) else {

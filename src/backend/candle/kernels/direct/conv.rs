@@ -192,7 +192,7 @@ mod tests {
         #[case] o: usize,
         #[case] k: usize,
         #[case] (stride, pad): (usize, usize),
-        #[values("amx", "avx512-bf16", "portable")] tier: &str,
+        #[values("amx", "avx512-bf16", "fma", "portable")] tier: &str,
     ) {
         let Some(tier) = Tier::parse(tier).filter(|t| t.supported()) else {
             return;

@@ -476,7 +476,7 @@ pub(super) mod tests {
         #[case] rows: usize,
         #[case] features: usize,
         #[case] out: usize,
-        #[values("amx", "avx512-bf16", "portable")] tier: &str,
+        #[values("amx", "avx512-bf16", "fma", "portable")] tier: &str,
     ) {
         let Some(tier) = Tier::parse(tier).filter(|t| t.supported()) else {
             return;

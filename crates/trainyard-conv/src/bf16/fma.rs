@@ -1,0 +1,185 @@
+//! The `Fma` tier: autocast's bf16 products as f32 FMAs over bf16-rounded operands, on the f32 kernels
+//! (`crate::conv`, `crate::gemm`). A product of two bf16s is exact in f32, so this is the same arithmetic as
+//! the bf16 instructions up to the order of the f32 sums. It is the fastest way to autocast's numbers
+//! where the CPU has AVX-512F but no bf16 instruction that multiplies faster than an FMA: Skylake and Ice
+//! Lake Xeons (no bf16 at all), and Sapphire/Emerald Rapids with AMX withheld (a VM), where `vdpbf16ps`
+//! does half an FMA's multiply-adds a cycle (`avx512::dot_beats_fma`).
+//!
+//! Each operand is rounded into an f32 copy (one pass), and each result rounded in place (one pass).
+
+use super::pack::round_f32;
+use super::{Operand, Write};
+use crate::buffer::{assume_init, uninit};
+use crate::conv::Geometry;
+use crate::gemm::{self, Dims, Strides};
+use crate::Isa;
+use rayon::prelude::*;
+use std::mem::MaybeUninit;
+
+/// The f32 kernels' instruction set: the tier needs the 16-lane blocks of AVX-512F.
+const ISA: Isa = Isa::Avx512;
+
+/// Whether this CPU runs the tier.
+pub fn available() -> bool {
+    ISA.supported()
+}
+
+/// `v` with each value rounded to the nearest bf16 (kept as f32), in parallel, written once (no zeroing).
+fn rounded(v: &[f32]) -> Vec<f32> {
+    let mut out = uninit(v.len());
+    out.par_chunks_mut(1 << 14)
+        .zip(v.par_chunks(1 << 14))
+        .for_each(|(d, s)| {
+            d.iter_mut()
+                .zip(s)
+                .for_each(|(d, s)| *d = MaybeUninit::new(round_f32(*s)))
+        });
+    // SAFETY: every element was written above.
+    unsafe { assume_init(out) }
+}
+
+/// `v` rounded to bf16 in place: autocast's bf16 result.
+fn round_in_place(mut v: Vec<f32>) -> Vec<f32> {
+    v.par_chunks_mut(1 << 14)
+        .for_each(|c| c.iter_mut().for_each(|x| *x = round_f32(*x)));
+    v
+}
+
+/// `direct::forward` on this tier.
+pub fn conv_forward(x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    round_in_place(crate::conv::forward(ISA, &rounded(x), &rounded(w), g))
+}
+
+/// `direct::input_grad` on this tier.
+pub fn conv_input_grad(dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    round_in_place(crate::conv::input_grad(ISA, &rounded(dy), &rounded(w), g))
+}
+
+/// `direct::weight_grad` on this tier.
+pub fn conv_weight_grad(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
+    round_in_place(crate::conv::weight_grad(ISA, &rounded(x), &rounded(dy), g))
+}
+
+/// An operand as a rounded, contiguous `rows × cols` f32 matrix.
+fn materialised(op: &Operand, (rows, cols): (usize, usize)) -> Vec<f32> {
+    let mut out = vec![0f32; rows * cols];
+    if rows == 0 || cols == 0 {
+        return out;
+    }
+    match op {
+        Operand::Strided(data, (rs, cs)) => {
+            out.par_chunks_mut(cols).enumerate().for_each(|(i, row)| {
+                for (j, d) in row.iter_mut().enumerate() {
+                    *d = round_f32(data[i * rs + j * cs]);
+                }
+            });
+        }
+        Operand::Rows(f) => {
+            out.par_chunks_mut(cols).enumerate().for_each(|(i, row)| {
+                f(i, row);
+                row.iter_mut().for_each(|v| *v = round_f32(*v));
+            });
+        }
+        Operand::Packed(p) => p.unpack(&mut out),
+    }
+    out
+}
+
+/// `bf16::product` on this tier: both operands rounded into f32 copies, one f32 GEMM, its sums written
+/// as `write` says.
+pub fn product(
+    (m, n, k): super::Dims,
+    (dst, (dst_rs, dst_cs)): (&mut [f32], (usize, usize)),
+    write: Write,
+    (lhs, rhs): (Operand, Operand),
+) {
+    let a = materialised(&lhs, (m, k));
+    let b = materialised(&rhs, (k, n));
+    let dims = Dims { batch: 1, m, k, n };
+    let c = gemm::matmul(
+        ISA,
+        dims,
+        (&a, Strides::contiguous(m, k)),
+        (&b, Strides::contiguous(k, n)),
+    );
+    for (i, row) in c.chunks_exact(n.max(1)).enumerate().take(m) {
+        for (j, v) in row.iter().enumerate() {
+            let d = &mut dst[i * dst_rs + j * dst_cs];
+            *d = match write {
+                Write::Store => *v,
+                Write::Accumulate => *d + v,
+                Write::StoreBf16 => round_f32(*v),
+            };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bf16::{direct, Tier};
+
+    /// The tier's convolution against the portable reference of the bf16 instructions' arithmetic: the
+    /// same rounded operands and f32 sums, so equal up to the order of the sums (and the rounding of the
+    /// result that order may tip).
+    #[test]
+    fn convolutions_match_the_portable_tier() {
+        if !available() {
+            return;
+        }
+        let g = Geometry {
+            n: 2,
+            c_in: 40,
+            c_out: 24,
+            h: 7,
+            w: 6,
+            k: 3,
+            stride: 2,
+            padding: 1,
+            lanes: 16,
+        };
+        let seeded = |len: usize, seed: u32| -> Vec<f32> {
+            (0..len)
+                .map(|i| {
+                    ((i as u32).wrapping_mul(2654435761) ^ seed) as f32 / u32::MAX as f32 - 0.5
+                })
+                .collect()
+        };
+        // A blocked tensor of `c` channels: its lanes past `c` are zero.
+        let blocked = |c: usize, plane: usize, seed: u32| -> Vec<f32> {
+            let cb = c.div_ceil(16);
+            let mut v = seeded(g.n * cb * plane * 16, seed);
+            for (i, v) in v.iter_mut().enumerate() {
+                if ((i / (plane * 16)) % cb) * 16 + i % 16 >= c {
+                    *v = 0.0;
+                }
+            }
+            v
+        };
+        let x = blocked(g.c_in, g.h * g.w, 7);
+        let w = seeded(g.c_out * g.c_in * 9, 3);
+        let close = |a: &[f32], b: &[f32], what: &str| {
+            assert_eq!(a.len(), b.len(), "{what}: length");
+            for (i, (p, q)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    (p - q).abs() <= q.abs() / 64.0 + 1e-4,
+                    "{what}: element {i}: {p} vs {q}"
+                );
+            }
+        };
+        let y = conv_forward(&x, &w, &g);
+        close(&y, &direct::forward(Tier::Portable, &x, &w, &g), "forward");
+        assert!(y.iter().all(|v| *v == round_f32(*v)), "a rounded result");
+        let dy = blocked(g.c_out, g.oh() * g.ow(), 11);
+        close(
+            &conv_input_grad(&dy, &w, &g),
+            &direct::input_grad(Tier::Portable, &dy, &w, &g),
+            "input gradient",
+        );
+        close(
+            &conv_weight_grad(&x, &dy, &g),
+            &direct::weight_grad(Tier::Portable, &x, &dy, &g),
+            "weight gradient",
+        );
+    }
+}
