@@ -62,27 +62,41 @@ pub fn conv_weight_grad(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
 
 /// An operand as a rounded, contiguous `rows × cols` f32 matrix.
 fn materialised(op: &Operand, (rows, cols): (usize, usize)) -> Vec<f32> {
-    let mut out = vec![0f32; rows * cols];
     if rows == 0 || cols == 0 {
-        return out;
+        return Vec::new();
     }
     match op {
         Operand::Strided(data, (rs, cs)) => {
+            let mut out = uninit(rows * cols);
             out.par_chunks_mut(cols).enumerate().for_each(|(i, row)| {
-                for (j, d) in row.iter_mut().enumerate() {
-                    *d = round_f32(data[i * rs + j * cs]);
+                if *cs == 1 {
+                    let src = &data[i * rs..][..cols];
+                    for (d, s) in row.iter_mut().zip(src) {
+                        *d = MaybeUninit::new(round_f32(*s));
+                    }
+                } else {
+                    for (j, d) in row.iter_mut().enumerate() {
+                        *d = MaybeUninit::new(round_f32(data[i * rs + j * cs]));
+                    }
                 }
             });
+            // SAFETY: every row was written above.
+            unsafe { assume_init(out) }
         }
         Operand::Rows(f) => {
+            let mut out = vec![0f32; rows * cols];
             out.par_chunks_mut(cols).enumerate().for_each(|(i, row)| {
                 f(i, row);
                 row.iter_mut().for_each(|v| *v = round_f32(*v));
             });
+            out
         }
-        Operand::Packed(p) => p.unpack(&mut out),
+        Operand::Packed(p) => {
+            let mut out = vec![0f32; rows * cols];
+            p.unpack(&mut out);
+            out
+        }
     }
-    out
 }
 
 /// `bf16::product` on this tier: both operands rounded into f32 copies, one f32 GEMM, its sums written
@@ -102,14 +116,22 @@ pub fn product(
         (&a, Strides::contiguous(m, k)),
         (&b, Strides::contiguous(k, n)),
     );
-    for (i, row) in c.chunks_exact(n.max(1)).enumerate().take(m) {
-        for (j, v) in row.iter().enumerate() {
-            let d = &mut dst[i * dst_rs + j * dst_cs];
-            *d = match write {
-                Write::Store => *v,
-                Write::Accumulate => *d + v,
-                Write::StoreBf16 => round_f32(*v),
-            };
+    let put = |d: &mut f32, v: f32| {
+        *d = match write {
+            Write::Store => v,
+            Write::Accumulate => *d + v,
+            Write::StoreBf16 => round_f32(v),
+        }
+    };
+    for (i, row) in c.chunks_exact(n).enumerate() {
+        if dst_cs == 1 {
+            // Contiguous rows of C: a loop that vectorises.
+            let out = &mut dst[i * dst_rs..][..n];
+            out.iter_mut().zip(row).for_each(|(d, v)| put(d, *v));
+        } else {
+            for (j, v) in row.iter().enumerate() {
+                put(&mut dst[i * dst_rs + j * dst_cs], *v);
+            }
         }
     }
 }
