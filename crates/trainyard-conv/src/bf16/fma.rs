@@ -110,12 +110,17 @@ pub fn product(
     let a = materialised(&lhs, (m, k));
     let b = materialised(&rhs, (k, n));
     let dims = Dims { batch: 1, m, k, n };
-    let c = gemm::matmul(
-        ISA,
-        dims,
-        (&a, Strides::contiguous(m, k)),
-        (&b, Strides::contiguous(k, n)),
-    );
+    let c = if k == 0 {
+        // An empty reduction: sums of nothing.
+        vec![0f32; m * n]
+    } else {
+        gemm::matmul(
+            ISA,
+            dims,
+            (&a, Strides::contiguous(m, k)),
+            (&b, Strides::contiguous(k, n)),
+        )
+    };
     let put = |d: &mut f32, v: f32| {
         *d = match write {
             Write::Store => v,
