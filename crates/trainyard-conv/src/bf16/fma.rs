@@ -60,6 +60,27 @@ pub fn conv_weight_grad(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     round_in_place(crate::conv::weight_grad(ISA, &rounded(x), &rounded(dy), g))
 }
 
+/// An operand rounded, with the strides to read it by. A dense strided one (row- or column-major, the
+/// span it reaches at most twice its size) is rounded over its span in place order, a pass that
+/// vectorises, and keeps its strides (the f32 GEMM packs any); others become contiguous copies.
+fn rounded_operand(op: &Operand, (rows, cols): (usize, usize)) -> (Vec<f32>, Strides) {
+    if let (Operand::Strided(data, (rs, cs)), true) = (op, rows > 0 && cols > 0) {
+        let span = (rows - 1) * rs + (cols - 1) * cs + 1;
+        if span <= 2 * rows * cols {
+            let strides = Strides {
+                batch: span,
+                row: *rs,
+                col: *cs,
+            };
+            return (rounded(&data[..span]), strides);
+        }
+    }
+    (
+        materialised(op, (rows, cols)),
+        Strides::contiguous(rows, cols),
+    )
+}
+
 /// An operand as a rounded, contiguous `rows × cols` f32 matrix.
 fn materialised(op: &Operand, (rows, cols): (usize, usize)) -> Vec<f32> {
     if rows == 0 || cols == 0 {
@@ -107,19 +128,13 @@ pub fn product(
     write: Write,
     (lhs, rhs): (Operand, Operand),
 ) {
-    let a = materialised(&lhs, (m, k));
-    let b = materialised(&rhs, (k, n));
     let dims = Dims { batch: 1, m, k, n };
     let c = if k == 0 {
         // An empty reduction: sums of nothing.
         vec![0f32; m * n]
     } else {
-        gemm::matmul(
-            ISA,
-            dims,
-            (&a, Strides::contiguous(m, k)),
-            (&b, Strides::contiguous(k, n)),
-        )
+        let (a, b) = (rounded_operand(&lhs, (m, k)), rounded_operand(&rhs, (k, n)));
+        gemm::matmul(ISA, dims, (&a.0, a.1), (&b.0, b.1))
     };
     let put = |d: &mut f32, v: f32| {
         *d = match write {
