@@ -6,8 +6,10 @@
 //! it reproduces the accuracy a user will see with bf16 autocast.
 //!
 //! On a CPU with bf16 instructions (AMX-BF16 or AVX512-BF16: `trainyard_conv::bf16::Tier`) the
-//! convolutions run on them, forward and backward, as oneDNN runs autocast's; elsewhere the products are
-//! f32 products of rounded operands (emulated, slower than 32-true), which `train` says once.
+//! convolutions run on them, forward and backward, as oneDNN runs autocast's; on AVX-512 without a bf16
+//! instruction faster than an FMA, on the blocked f32 kernels over rounded operands (`Tier::Fma`);
+//! elsewhere the products are f32 products of rounded operands (emulated, slower than 32-true). `train`
+//! says once when it is one of the last two.
 //!
 //! Where `torch.autocast` is a thread-local switch, here the mode is a value each forward pass carries
 //! (`models::Pass`), so nothing outside the call decides how it computes.
@@ -15,10 +17,7 @@
 use super::kernels::cpu::{f32_slice, is_cpu_f32, with_f32};
 use super::kernels::tape;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
-use rayon::prelude::*;
-use trainyard_conv::bf16::pack::{from_bf16, to_bf16};
 use trainyard_conv::bf16::Tier;
-use trainyard_conv::buffer::{assume_init, uninit};
 
 /// The autocast mode of one forward pass.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -153,16 +152,7 @@ impl CustomOp1 for RoundBf16 {
 
 /// Each value rounded to the nearest bf16 (ties to even), kept as f32.
 pub(super) fn rounded(x: &[f32]) -> Vec<f32> {
-    let mut y = uninit(x.len());
-    y.par_chunks_mut(1 << 14)
-        .zip(x.par_chunks(1 << 14))
-        .for_each(|(o, i)| {
-            for (o, v) in o.iter_mut().zip(i) {
-                o.write(from_bf16(to_bf16(*v)));
-            }
-        });
-    // SAFETY: every element was written.
-    unsafe { assume_init(y) }
+    trainyard_conv::bf16::rounded(x)
 }
 
 /// The bf16 tier of this process: the fastest this CPU has (`Tier::detected`), or

@@ -24,8 +24,9 @@ pub fn available() -> bool {
     ISA.supported()
 }
 
-/// `v` with each value rounded to the nearest bf16 (kept as f32), in parallel, written once (no zeroing).
-fn rounded(v: &[f32]) -> Vec<f32> {
+/// `v` with each value rounded to the nearest bf16 (kept as f32; a NaN stays a quiet NaN), in parallel,
+/// written once (no zeroing): autocast's cast of a tensor.
+pub fn rounded(v: &[f32]) -> Vec<f32> {
     let mut out = uninit(v.len());
     out.par_chunks_mut(1 << 14)
         .zip(v.par_chunks(1 << 14))

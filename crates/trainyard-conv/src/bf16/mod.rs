@@ -1,6 +1,6 @@
 //! Matrix products with bf16 operands and f32 accumulation, `C [+]= bf16(A) · bf16(B)`: what PyTorch's CPU
-//! autocast runs convolutions and linear layers as, on the CPU's own bf16 instructions. Two tiers, chosen
-//! at run time: AMX (`tdpbf16ps` on tile registers: Sapphire, Emerald and Granite Rapids) and AVX512-BF16
+//! autocast runs convolutions and linear layers as, on the CPU's own bf16 instructions. Tiers chosen at run
+//! time (`Tier::detected`): AMX (`tdpbf16ps` on tile registers: Sapphire, Emerald and Granite Rapids) and AVX512-BF16
 //! (`vdpbf16ps`: Cooper Lake, Zen 4 and 5); `Tier::Fma` is the same arithmetic as f32 FMAs over rounded
 //! operands, for AVX-512 CPUs with no bf16 instruction faster than an FMA; `Tier::Portable` is it in plain
 //! Rust, the reference the others are tested against.
@@ -19,6 +19,7 @@ mod amx;
 pub(crate) mod avx512;
 pub mod direct;
 mod fma;
+pub use fma::rounded;
 pub mod pack;
 
 use pack::{from_bf16, tiles, Strided, Tile, TILE_K, TILE_ROWS};
@@ -58,7 +59,7 @@ impl Tier {
     /// rounded operands on AVX-512F. `None` (emulated) on a CPU without AVX-512F.
     pub fn detected() -> Option<Tier> {
         #[cfg(target_arch = "x86_64")]
-        let fast_dot = || avx512::available() && avx512::dot_beats_fma();
+        let fast_dot = avx512::dot_beats_fma;
         #[cfg(not(target_arch = "x86_64"))]
         let fast_dot = || false;
         [Tier::Amx, Tier::Avx512Bf16, Tier::Fma]
