@@ -95,7 +95,20 @@ enum Packing {
     Transposed,
 }
 
-fn pack(w: &[f32], g: &Geometry, how: Packing) -> Vec<f32> {
+/// What a convolution's numbers are: f32 throughout, or bf16 autocast's on f32 FMAs (`bf16::fma`): the
+/// weights rounded to bf16 as they are packed and each sum rounded as it is stored, so neither costs a
+/// pass of its own. The other operand (input or output gradient) must hold bf16 values already.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Precision {
+    F32,
+    Bf16,
+}
+
+fn pack(w: &[f32], g: &Geometry, how: Packing, precision: Precision) -> Vec<f32> {
+    let cast = |v: f32| match precision {
+        Precision::F32 => v,
+        Precision::Bf16 => crate::bf16::pack::round_f32(v),
+    };
     let (l, t) = (g.lanes, g.taps());
     let (outer, inner) = match how {
         Packing::Forward => (g.ob(), g.ib()),
@@ -126,7 +139,7 @@ fn pack(w: &[f32], g: &Geometry, how: Packing) -> Vec<f32> {
                     if o < g.c_out && i < g.c_in {
                         let src = &w[(o * g.c_in + i) * t..][..t];
                         for (d, v) in taps.zip(src) {
-                            *d = std::mem::MaybeUninit::new(*v);
+                            *d = std::mem::MaybeUninit::new(cast(*v));
                         }
                     } else {
                         taps.for_each(|d| *d = std::mem::MaybeUninit::new(0.0));
@@ -159,6 +172,7 @@ fn gather_groups(
     (out_blocks, oh, ow): (usize, usize, usize),
     (rows, cols): (&[AxisGroup], &[AxisGroup]),
     k: usize,
+    precision: Precision,
 ) -> Vec<f32> {
     let l = isa.lanes();
     let groups = pixel_groups((rows, cols), (src.w, ow), (k, l));
@@ -207,6 +221,7 @@ fn gather_groups(
                 b_k: k * k * l * l,
                 b_n: src.kblocks * k * k * l * l,
                 c_n: oh * ow * l,
+                round: precision == Precision::Bf16,
             };
             let d = GatherData {
                 a: src.data.as_ptr(),
@@ -225,6 +240,11 @@ fn gather_groups(
 
 /// Forward: blocked `x` (N, IB, H, W, L) and kernel (O, I, K, K) → blocked (N, OB, OH, OW, L).
 pub fn forward(isa: Isa, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    forward_at(isa, Precision::F32, x, w, g)
+}
+
+/// `forward` at `precision`.
+pub fn forward_at(isa: Isa, precision: Precision, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
     let (rows, cols) = (
         forward_axis(g.oh(), (g.h, g.k, g.stride, g.padding)),
         forward_axis(g.ow(), (g.w, g.k, g.stride, g.padding)),
@@ -237,7 +257,7 @@ pub fn forward(isa: Isa, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
         h: g.h,
         w: g.w,
     };
-    let packed = pack(w, g, Packing::Forward);
+    let packed = pack(w, g, Packing::Forward, precision);
     gather_groups(
         isa,
         &src,
@@ -245,6 +265,7 @@ pub fn forward(isa: Isa, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
         (g.ob(), g.oh(), g.ow()),
         (&rows, &cols),
         g.k,
+        precision,
     )
 }
 
@@ -253,6 +274,17 @@ pub fn forward(isa: Isa, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
 /// phase: a 3 × 3 stride-2 kernel's input pixels read 1, 2 or 4 taps), so every input pixel is written
 /// once, with no padded or dilated copy of the gradient.
 pub fn input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    input_grad_at(isa, Precision::F32, dy, w, g)
+}
+
+/// `input_grad` at `precision`.
+pub fn input_grad_at(
+    isa: Isa,
+    precision: Precision,
+    dy: &[f32],
+    w: &[f32],
+    g: &Geometry,
+) -> Vec<f32> {
     let (rows, cols) = (
         input_grad_axis(g.h, (g.oh(), g.k, g.stride, g.padding)),
         input_grad_axis(g.w, (g.ow(), g.k, g.stride, g.padding)),
@@ -265,8 +297,9 @@ pub fn input_grad(isa: Isa, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
         h: g.oh(),
         w: g.ow(),
     };
-    let packed = pack(w, g, Packing::Transposed);
-    gather_groups(isa, &src, &packed, (g.ib(), g.h, g.w), (&rows, &cols), g.k)
+    let packed = pack(w, g, Packing::Transposed, precision);
+    let out = (g.ib(), g.h, g.w);
+    gather_groups(isa, &src, &packed, out, (&rows, &cols), g.k, precision)
 }
 
 /// The pixels of a weight gradient grouped by the taps that land inside the input (as the forward pass

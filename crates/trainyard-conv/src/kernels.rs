@@ -120,6 +120,8 @@ pub(super) struct Gather<'a> {
     pub b_k: usize,
     pub b_n: usize,
     pub c_n: usize,
+    /// Round each sum to bf16 as the reduction's last slice stores it (`conv::Precision::Bf16`).
+    pub round: bool,
 }
 
 /// Pointers into one gather's buffers.
@@ -162,6 +164,7 @@ unsafe fn gather_tile<V: Vector, const RW: usize, const NB: usize>(
         }
     }
     let b = d.b.add(ob * g.b_n);
+    let round = g.round && ks.end == g.kblocks;
     for k in ks {
         for &(ta, tb) in g.taps {
             let ak = d.a.add(k * g.a_k + ta);
@@ -183,7 +186,12 @@ unsafe fn gather_tile<V: Vector, const RW: usize, const NB: usize>(
     }
     for r in 0..RW {
         for j in 0..NB {
-            acc[r][j].store(d.c.add(c_off[r] + j * g.c_n));
+            let sums = if round {
+                acc[r][j].round_bf16()
+            } else {
+                acc[r][j]
+            };
+            sums.store(d.c.add(c_off[r] + j * g.c_n));
         }
     }
 }

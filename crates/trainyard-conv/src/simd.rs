@@ -25,6 +25,17 @@ pub(super) trait Vector: Copy {
     unsafe fn fma(self, a: Self, b: Self) -> Self;
     /// `self + a`.
     unsafe fn add(self, a: Self) -> Self;
+    /// Each lane rounded to the nearest bf16 (kept as f32), as `bf16::pack::round_f32`: a branch-free
+    /// loop over the lanes, which the compiler vectorises in the ISA entry points.
+    #[inline(always)]
+    unsafe fn round_bf16(self) -> Self {
+        let mut lanes = [0f32; 16];
+        self.store(lanes.as_mut_ptr());
+        for v in &mut lanes[..Self::LANES] {
+            *v = crate::bf16::pack::round_f32(*v);
+        }
+        Self::load(lanes.as_ptr())
+    }
 }
 
 /// AVX-512F: a zmm register.

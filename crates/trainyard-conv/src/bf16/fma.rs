@@ -5,12 +5,14 @@
 //! Lake Xeons (no bf16 at all), and Sapphire/Emerald Rapids with AMX withheld (a VM), where `vdpbf16ps`
 //! does half an FMA's multiply-adds a cycle (`avx512::dot_beats_fma`).
 //!
-//! Each operand is rounded into an f32 copy (one pass), and each result rounded in place (one pass).
+//! A convolution's input (or output gradient) is rounded into an f32 copy in one pass, the gradient once
+//! for both of its products (`direct::Gradient`); its weights are rounded as the f32 kernel packs them and
+//! its sums as the kernel stores them. A GEMM's operands are rounded into copies, its result as written.
 
 use super::pack::round_f32;
 use super::{Operand, Write};
 use crate::buffer::{assume_init, uninit};
-use crate::conv::Geometry;
+use crate::conv::{self, Geometry, Precision};
 use crate::gemm::{self, Dims, Strides};
 use crate::Isa;
 use rayon::prelude::*;
@@ -46,19 +48,21 @@ fn round_in_place(mut v: Vec<f32>) -> Vec<f32> {
     v
 }
 
-/// `direct::forward` on this tier.
+/// `direct::forward` on this tier: `x` rounded in one pass; the weights rounded as the f32 kernel packs
+/// them and the sums as it stores them (`conv::Precision::Bf16`).
 pub fn conv_forward(x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
-    round_in_place(crate::conv::forward(ISA, &rounded(x), &rounded(w), g))
+    conv::forward_at(ISA, Precision::Bf16, &rounded(x), w, g)
 }
 
-/// `direct::input_grad` on this tier.
+/// `direct::input_grad` on this tier, of a gradient `dy` already rounded (`direct::Gradient`).
 pub fn conv_input_grad(dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
-    round_in_place(crate::conv::input_grad(ISA, &rounded(dy), &rounded(w), g))
+    conv::input_grad_at(ISA, Precision::Bf16, dy, w, g)
 }
 
-/// `direct::weight_grad` on this tier.
+/// `direct::weight_grad` on this tier, of a gradient `dy` already rounded (`direct::Gradient`); the
+/// result, the size of the weights, is rounded in a pass of its own.
 pub fn conv_weight_grad(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
-    round_in_place(crate::conv::weight_grad(ISA, &rounded(x), &rounded(dy), g))
+    round_in_place(conv::weight_grad(ISA, &rounded(x), dy, g))
 }
 
 /// An operand rounded, with the strides to read it by. A dense strided one (row- or column-major, the
@@ -210,17 +214,34 @@ mod tests {
                 );
             }
         };
+        // The fused rounding (weights as packed, sums as stored) is bit for bit a pass over the f32
+        // kernel's result on rounded operands: the same sums in the same order.
+        let (xr, wr) = (rounded(&x), rounded(&w));
+        let fused = conv_forward(&x, &w, &g);
+        let passes = rounded(&conv::forward(ISA, &xr, &wr, &g));
+        assert!(fused
+            .iter()
+            .zip(&passes)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        let dyr = rounded(&blocked(g.c_out, g.oh() * g.ow(), 5));
+        let fused = conv_input_grad(&dyr, &w, &g);
+        let passes = rounded(&conv::input_grad(ISA, &dyr, &wr, &g));
+        assert!(fused
+            .iter()
+            .zip(&passes)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
         let y = conv_forward(&x, &w, &g);
         close(&y, &direct::forward(Tier::Portable, &x, &w, &g), "forward");
         assert!(y.iter().all(|v| *v == round_f32(*v)), "a rounded result");
         let dy = blocked(g.c_out, g.oh() * g.ow(), 11);
+        let dy_rounded = rounded(&dy);
         close(
-            &conv_input_grad(&dy, &w, &g),
+            &conv_input_grad(&dy_rounded, &w, &g),
             &direct::input_grad(Tier::Portable, &dy, &w, &g),
             "input gradient",
         );
         close(
-            &conv_weight_grad(&x, &dy, &g),
+            &conv_weight_grad(&x, &dy_rounded, &g),
             &direct::weight_grad(Tier::Portable, &x, &dy, &g),
             "weight gradient",
         );

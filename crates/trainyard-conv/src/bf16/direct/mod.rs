@@ -186,24 +186,57 @@ fn gathered(tier: Tier, input: &Padded, weights: &Weights, g: &Geometry, out: &O
 /// # Panics
 /// As `forward`, for `dy` of `g.output_len()` values.
 pub fn input_grad(tier: Tier, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
-    assert!(
-        handles(tier, g),
-        "direct bf16 conv: {g:?} on {}",
-        tier.name()
-    );
-    assert_eq!(
-        dy.len(),
-        g.output_len(),
-        "direct bf16 conv: gradient length"
-    );
-    assert_eq!(
-        w.len(),
-        g.c_out * g.c_in * g.tap_count(),
-        "direct bf16 conv: weight length"
-    );
-    if tier == Tier::Fma {
-        return super::fma::conv_input_grad(dy, w, g);
+    Gradient::new(tier, dy).input_grad(w, g)
+}
+
+/// The output gradient of `forward` as `tier`'s gradient kernels read it. On the fma tier it is rounded
+/// to bf16 here, once for both gradients; the bf16-instruction tiers round it as they pack it.
+pub struct Gradient<'a> {
+    tier: Tier,
+    values: std::borrow::Cow<'a, [f32]>,
+}
+
+impl<'a> Gradient<'a> {
+    pub fn new(tier: Tier, dy: &'a [f32]) -> Self {
+        let values = match tier {
+            Tier::Fma => std::borrow::Cow::Owned(super::fma::rounded(dy)),
+            _ => std::borrow::Cow::Borrowed(dy),
+        };
+        Gradient { tier, values }
     }
+
+    /// `input_grad` of this gradient.
+    pub fn input_grad(&self, w: &[f32], g: &Geometry) -> Vec<f32> {
+        let (tier, dy) = (self.tier, &self.values[..]);
+        assert!(
+            handles(tier, g),
+            "direct bf16 conv: {g:?} on {}",
+            tier.name()
+        );
+        assert_eq!(
+            dy.len(),
+            g.output_len(),
+            "direct bf16 conv: gradient length"
+        );
+        assert_eq!(
+            w.len(),
+            g.c_out * g.c_in * g.tap_count(),
+            "direct bf16 conv: weight length"
+        );
+        match tier {
+            Tier::Fma => super::fma::conv_input_grad(dy, w, g),
+            _ => input_grad_on_tiles(tier, dy, w, g),
+        }
+    }
+
+    /// `weight_grad` of this gradient.
+    pub fn weight_grad(&self, x: &[f32], g: &Geometry) -> Vec<f32> {
+        weight_grad::weight_grad_of(self.tier, x, &self.values, g)
+    }
+}
+
+/// `input_grad` on the bf16 instructions' tiers (asserted by the caller).
+fn input_grad_on_tiles(tier: Tier, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
     let (oh, ow) = g.out();
     let (s, k) = (g.stride, g.k);
     let pad = k.div_ceil(s) - 1;

@@ -26,6 +26,11 @@ use std::mem::MaybeUninit;
 /// # Panics
 /// As `forward`, for `dy` of `g.output_len()` values.
 pub fn weight_grad(tier: Tier, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
+    super::Gradient::new(tier, dy).weight_grad(x, g)
+}
+
+/// `weight_grad` with `dy` as `Gradient` holds it (rounded already on the fma tier).
+pub(super) fn weight_grad_of(tier: Tier, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
     assert!(
         super::handles(tier, g),
         "direct bf16 conv: {g:?} on {}",

@@ -83,13 +83,15 @@ impl CustomOp2 for DirectConv {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let g = self.geometry(x.shape(), w.shape())?;
         let dev = x.device();
-        // Under autocast both gradients run on the tiles, which round the operands as they pack them and
-        // round each result: autocast's numbers. At 32-true the f32 kernels read the tensors in place.
+        // Under autocast both gradients run on the bf16 tier, which rounds the operands and each result:
+        // autocast's numbers (the fma tier rounds `dy` once for both, in `Gradient`). At 32-true the f32
+        // kernels read the tensors in place.
         let (dx, dw) = with_f32(grad, |dy| {
+            let bf16 = self.bf16.map(|tier| bf16_direct::Gradient::new(tier, dy));
             let dx = if x.track_op() {
                 let d = with_f32(w, |wd| {
-                    Ok(match self.bf16 {
-                        Some(tier) => bf16_direct::input_grad(tier, dy, wd, &g),
+                    Ok(match &bf16 {
+                        Some(dy) => dy.input_grad(wd, &g),
                         None => input_grad(self.isa, dy, wd, &g),
                     })
                 })?;
@@ -99,8 +101,8 @@ impl CustomOp2 for DirectConv {
             };
             let dw = if w.track_op() {
                 let d = with_blocked(x, |xd, _| {
-                    Ok(match self.bf16 {
-                        Some(tier) => bf16_direct::weight_grad(tier, xd, dy, &g),
+                    Ok(match &bf16 {
+                        Some(dy) => dy.weight_grad(xd, &g),
                         None => weight_grad(self.isa, xd, dy, &g),
                     })
                 })?;
