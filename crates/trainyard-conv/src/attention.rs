@@ -6,7 +6,15 @@
 //! zero-padded gradients of the q/k/v slices; here each (batch, head) is one task over a few KiB.
 //!
 //! The score matrix is recomputed in the backward pass (N² per head, cheaper than keeping it).
+//!
+//! At `Precision::Bf16` it computes what bf16 autocast's composed attention does (two bf16 batched
+//! products, the softmax between them in f32): the scores, the probabilities as the second product reads
+//! them and the output rounded to bf16, and backward each product's gradients (and the incoming one)
+//! rounded as a bf16 matmul's backward rounds them; sums stay f32. `qkv` must hold bf16 values already
+//! (the output of autocast's qkv linear layer).
 
+use crate::bf16::pack::round_f32;
+pub use crate::conv::Precision;
 use crate::rowwise::{exp, sum};
 #[cfg(target_arch = "x86_64")]
 use crate::simd::{Avx2, Avx512};
@@ -193,13 +201,24 @@ fn product<'w, V: Vector>(
 
 /// `P = softmax(q·kᵀ·scale)` of head `h` into `w.p` (rows of np, zero past n).
 #[inline(always)]
-fn probabilities<V: Vector>(qkv: &[f32], s: Heads, h: usize, scale: f32, w: &mut Scratch) {
+fn probabilities<V: Vector>(
+    qkv: &[f32],
+    s: Heads,
+    h: usize,
+    scale: f32,
+    w: &mut Scratch,
+    bf16: bool,
+) {
     let (n, np, hd) = (s.n, w.np, s.head_dim);
     transpose_part(qkv, s, (1, h), &mut w.t, np);
     let q = |i: usize| &qkv[at(s, i, 0, h)..][..hd];
     product::<V>(n, q, (|c| c * np, &w.t), (&mut w.p, |i| i * np), np, false);
     for i in 0..n {
         let pi = &mut w.p[i * np..(i + 1) * np];
+        if bf16 {
+            // q·kᵀ is a bf16 product: its result rounded before the scale.
+            round_all(&mut pi[..n]);
+        }
         let mut max = [f32::NEG_INFINITY; 16];
         for (j, &v) in pi[..n].iter().enumerate() {
             max[j % 16] = max[j % 16].max(v);
@@ -215,17 +234,30 @@ fn probabilities<V: Vector>(qkv: &[f32], s: Heads, h: usize, scale: f32, w: &mut
     }
 }
 
+/// Each value rounded to bf16 (kept as f32).
+#[inline(always)]
+fn round_all(v: &mut [f32]) {
+    v.iter_mut().for_each(|x| *x = round_f32(*x));
+}
+
 /// One batch element, forward: `out` is its (N, D) rows.
 #[inline(always)]
-fn forward_one<V: Vector>(qkv: &[f32], s: Heads, scale: f32, out: &mut [f32]) {
+fn forward_one<V: Vector>(qkv: &[f32], s: Heads, scale: f32, out: &mut [f32], bf16: bool) {
     let (n, hd, d) = (s.n, s.head_dim, s.d());
     let mut w = Scratch::new(s);
     let np = w.np;
     for h in 0..s.heads {
-        probabilities::<V>(qkv, s, h, scale, &mut w);
+        probabilities::<V>(qkv, s, h, scale, &mut w, bf16);
+        if bf16 {
+            // P is the second bf16 product's operand.
+            w.p.chunks_mut(np).for_each(|pi| round_all(&mut pi[..n]));
+        }
         let p = |i: usize| &w.p[i * np..][..n];
         let v = |j| at(s, j, 2, h);
         product::<V>(n, p, (v, qkv), (&mut *out, |i| i * d + h * hd), hd, false);
+    }
+    if bf16 {
+        round_all(out);
     }
 }
 
@@ -242,27 +274,54 @@ fn transpose_square(m: &[f32], n: usize, np: usize, t: &mut [f32]) {
 /// One batch element, backward: `dqkv` is its (N, 3·D) rows (zero on entry), from the output gradient
 /// `dout` (N, D).
 #[inline(always)]
-fn backward_one<V: Vector>(qkv: &[f32], dout: &[f32], s: Heads, scale: f32, dqkv: &mut [f32]) {
+fn backward_one<V: Vector>(
+    qkv: &[f32],
+    dout: &[f32],
+    s: Heads,
+    scale: f32,
+    dqkv: &mut [f32],
+    bf16: bool,
+) {
     let (n, hd, d) = (s.n, s.head_dim, s.d());
     let mut w = Scratch::new(s);
     let np = w.np;
     let mut cols = vec![0f32; n * np];
+    // The output's gradient as the second product's backward reads it: rounded under bf16.
+    let rounded_dout: Vec<f32>;
+    let dout = if bf16 {
+        rounded_dout = dout.iter().map(|v| round_f32(*v)).collect();
+        &rounded_dout[..]
+    } else {
+        dout
+    };
     for h in 0..s.heads {
-        probabilities::<V>(qkv, s, h, scale, &mut w);
+        probabilities::<V>(qkv, s, h, scale, &mut w, bf16);
         transpose_part(qkv, s, (2, h), &mut w.t, np);
         // dP = dO·vᵀ; dS = P ⊙ (dP − Σ_j dP·P), scaled.
         let g = |i: usize| &dout[i * d + h * hd..][..hd];
         product::<V>(n, g, (|c| c * np, &w.t), (&mut w.ds, |i| i * np), np, false);
         for i in 0..n {
             let (dsi, pi) = (&mut w.ds[i * np..][..n], &w.p[i * np..][..n]);
+            if bf16 {
+                // dP is a bf16 product's operand gradient.
+                round_all(dsi);
+            }
             let weighted = sum(n, |j| dsi[j] * pi[j]);
             for j in 0..n {
                 dsi[j] = pi[j] * (dsi[j] - weighted) * scale;
             }
+            if bf16 {
+                // The gradient of q·kᵀ's rounded result, rounded as that product's backward takes it.
+                round_all(dsi);
+            }
         }
         let (qs, ks, vs) = (|j| at(s, j, 0, h), |j| at(s, j, 1, h), |j| at(s, j, 2, h));
-        // dV_j = Σ_i P[i][j]·dO_i (the columns of P, as rows of its transpose).
+        // dV_j = Σ_i P[i][j]·dO_i (the columns of P, as rows of its transpose; rounded P under bf16,
+        // as the forward's second product read it).
         transpose_square(&w.p, n, np, &mut cols);
+        if bf16 {
+            cols.chunks_mut(np).for_each(|c| round_all(&mut c[..n]));
+        }
         let pt = |j: usize| &cols[j * np..][..n];
         product::<V>(
             n,
@@ -279,6 +338,10 @@ fn backward_one<V: Vector>(qkv: &[f32], dout: &[f32], s: Heads, scale: f32, dqkv
         let dst = |j: usize| &cols[j * np..][..n];
         product::<V>(n, dst, (qs, qkv), (&mut *dqkv, ks), hd, true);
     }
+    if bf16 {
+        // dq, dk and dv are bf16 products' gradients.
+        round_all(dqkv);
+    }
 }
 
 enum Job<'a> {
@@ -293,36 +356,45 @@ enum Job<'a> {
     },
 }
 
+/// One problem's settings: its sizes, the score scale and whether it runs as bf16 autocast.
+#[derive(Clone, Copy)]
+struct Setting {
+    s: Heads,
+    scale: f32,
+    bf16: bool,
+}
+
 #[inline(always)]
-fn run_job<V: Vector>(job: Job, s: Heads, scale: f32) {
+fn run_job<V: Vector>(job: Job, at: Setting) {
+    let Setting { s, scale, bf16 } = at;
     match job {
-        Job::Forward { qkv, out } => forward_one::<V>(qkv, s, scale, out),
-        Job::Backward { qkv, dout, dqkv } => backward_one::<V>(qkv, dout, s, scale, dqkv),
+        Job::Forward { qkv, out } => forward_one::<V>(qkv, s, scale, out, bf16),
+        Job::Backward { qkv, dout, dqkv } => backward_one::<V>(qkv, dout, s, scale, dqkv, bf16),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn run_avx512(job: Job, s: Heads, scale: f32) {
-    run_job::<Avx512>(job, s, scale)
+unsafe fn run_avx512(job: Job, at: Setting) {
+    run_job::<Avx512>(job, at)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn run_avx2(job: Job, s: Heads, scale: f32) {
-    run_job::<Avx2>(job, s, scale)
+unsafe fn run_avx2(job: Job, at: Setting) {
+    run_job::<Avx2>(job, at)
 }
 
-fn run(isa: Isa, job: Job, s: Heads, scale: f32) {
+fn run(isa: Isa, job: Job, at: Setting) {
     assert!(isa.supported(), "{isa:?} is not supported by this CPU");
     match isa {
         // SAFETY: the CPU has the features (checked above).
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { run_avx512(job, s, scale) },
+        Isa::Avx512 => unsafe { run_avx512(job, at) },
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => unsafe { run_avx2(job, s, scale) },
-        Isa::Portable16 => run_job::<Portable<16>>(job, s, scale),
-        _ => run_job::<Portable<8>>(job, s, scale),
+        Isa::Avx2 => unsafe { run_avx2(job, at) },
+        Isa::Portable16 => run_job::<Portable<16>>(job, at),
+        _ => run_job::<Portable<8>>(job, at),
     }
 }
 
@@ -331,12 +403,22 @@ fn run(isa: Isa, job: Job, s: Heads, scale: f32) {
 /// # Panics
 /// If `qkv` does not hold B × N × 3·D values.
 pub fn forward(isa: Isa, qkv: &[f32], s: Heads, scale: f32) -> Vec<f32> {
+    forward_at(isa, Precision::F32, qkv, s, scale)
+}
+
+/// `forward` at `precision` (module docs).
+pub fn forward_at(isa: Isa, precision: Precision, qkv: &[f32], s: Heads, scale: f32) -> Vec<f32> {
+    let at = Setting {
+        s,
+        scale,
+        bf16: precision == Precision::Bf16,
+    };
     let (rows_in, rows_out) = (s.n * 3 * s.d(), s.n * s.d());
     assert_eq!(qkv.len(), s.batch * rows_in, "qkv holds (B, N, 3·D) values");
     let mut out = vec![0f32; s.batch * rows_out];
     out.par_chunks_mut(rows_out.max(1))
         .zip(qkv.par_chunks(rows_in.max(1)))
-        .for_each(|(o, q)| run(isa, Job::Forward { qkv: q, out: o }, s, scale));
+        .for_each(|(o, q)| run(isa, Job::Forward { qkv: q, out: o }, at));
     out
 }
 
@@ -345,6 +427,23 @@ pub fn forward(isa: Isa, qkv: &[f32], s: Heads, scale: f32) -> Vec<f32> {
 /// # Panics
 /// If the buffers do not hold the sizes `s` names.
 pub fn backward(isa: Isa, qkv: &[f32], dout: &[f32], s: Heads, scale: f32) -> Vec<f32> {
+    backward_at(isa, Precision::F32, qkv, dout, s, scale)
+}
+
+/// `backward` at `precision` (module docs).
+pub fn backward_at(
+    isa: Isa,
+    precision: Precision,
+    qkv: &[f32],
+    dout: &[f32],
+    s: Heads,
+    scale: f32,
+) -> Vec<f32> {
+    let at = Setting {
+        s,
+        scale,
+        bf16: precision == Precision::Bf16,
+    };
     let (rows_in, rows_out) = (s.n * 3 * s.d(), s.n * s.d());
     assert_eq!(qkv.len(), s.batch * rows_in, "qkv holds (B, N, 3·D) values");
     assert_eq!(
@@ -366,8 +465,7 @@ pub fn backward(isa: Isa, qkv: &[f32], dout: &[f32], s: Heads, scale: f32) -> Ve
                     dout: g,
                     dqkv: dq,
                 },
-                s,
-                scale,
+                at,
             )
         });
     dqkv

@@ -71,10 +71,16 @@ fn attention(vit: &Vit, p: &Params, name: &str, x: &Tensor, ac: Autocast) -> Res
     let hd = d / vit.heads;
     let qkv = linear(p, &format!("{name}.qkv"), x, ac)?;
     let scale = 1.0 / (hd as f64).sqrt();
-    if let (Some(isa), false) = (super::kernels::direct::active(), ac.bf16) {
-        if let Some(out) =
-            super::kernels::direct::attention::self_attention(isa, &qkv, vit.heads, scale)?
-        {
+    if let Some(isa) = super::kernels::direct::active() {
+        // Under autocast the fused op rounds where the composed one below would (`qkv` is rounded: the
+        // linear layer's bf16 result).
+        use super::kernels::direct::attention::{self_attention_at, Precision};
+        let precision = if ac.bf16 {
+            Precision::Bf16
+        } else {
+            Precision::F32
+        };
+        if let Some(out) = self_attention_at(isa, precision, &qkv, vit.heads, scale)? {
             return linear(p, &format!("{name}.proj"), &out, ac);
         }
     }

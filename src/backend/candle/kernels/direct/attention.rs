@@ -1,17 +1,20 @@
 //! Multi-head self-attention as one Candle op over the qkv linear layer's output (kernels:
-//! `trainyard_conv::attention`), with its backward: no permutes, copies or padded slice gradients.
+//! `trainyard_conv::attention`), with its backward: no permutes, copies or padded slice gradients. Under
+//! bf16 autocast the kernel rounds where autocast's two bf16 products would (`Precision::Bf16`).
 
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use crate::backend::candle::kernels::tape;
 use crate::tensor::candle_cpu::is_cpu_f32;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
-use trainyard_conv::attention::{backward, forward, Heads};
+pub use trainyard_conv::attention::Precision;
+use trainyard_conv::attention::{backward_at, forward_at, Heads};
 use trainyard_conv::Isa;
 
 struct Attention {
     isa: Isa,
     heads: usize,
     scale: f32,
+    precision: Precision,
 }
 
 impl Attention {
@@ -39,7 +42,7 @@ impl CustomOp1 for Attention {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         let h = self.sizes(l.shape())?;
-        let out = forward(self.isa, slice(s, l)?, h, self.scale);
+        let out = forward_at(self.isa, self.precision, slice(s, l)?, h, self.scale);
         Ok((
             CpuStorage::F32(out),
             Shape::from((h.batch, h.n, h.heads * h.head_dim)),
@@ -49,7 +52,9 @@ impl CustomOp1 for Attention {
     fn bwd(&self, qkv: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let h = self.sizes(qkv.shape())?;
         let d = with_f32(qkv, |q| {
-            with_f32(grad, |g| Ok(backward(self.isa, q, g, h, self.scale)))
+            with_f32(grad, |g| {
+                Ok(backward_at(self.isa, self.precision, q, g, h, self.scale))
+            })
         })?;
         Ok(Some(Tensor::from_vec(d, qkv.shape(), qkv.device())?))
     }
@@ -58,6 +63,18 @@ impl CustomOp1 for Attention {
 /// `softmax(q·kᵀ·scale)·v` per head of `qkv` (B, N, 3·D: q, k, v side by side), as (B, N, D); `None`
 /// unless f32 on the CPU.
 pub fn self_attention(isa: Isa, qkv: &Tensor, heads: usize, scale: f64) -> Result<Option<Tensor>> {
+    self_attention_at(isa, Precision::F32, qkv, heads, scale)
+}
+
+/// `self_attention` at `precision`: under `Bf16`, bf16 autocast's attention of a `qkv` that holds bf16
+/// values (autocast's qkv linear layer rounds its output).
+pub fn self_attention_at(
+    isa: Isa,
+    precision: Precision,
+    qkv: &Tensor,
+    heads: usize,
+    scale: f64,
+) -> Result<Option<Tensor>> {
     if !is_cpu_f32(qkv) || qkv.rank() != 3 {
         return Ok(None);
     }
@@ -65,6 +82,7 @@ pub fn self_attention(isa: Isa, qkv: &Tensor, heads: usize, scale: f64) -> Resul
         isa,
         heads,
         scale: scale as f32,
+        precision,
     };
     Ok(Some(tape::op1(&qkv.contiguous()?, op)?))
 }
