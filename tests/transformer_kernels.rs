@@ -278,6 +278,16 @@ fn tensor(shape: &[usize], seed: u64, scale: f32) -> Tensor {
 
 /// The multi-head attention the ViT composed from Candle's ops before the fused op.
 fn composed_attention(qkv: &Tensor, heads: usize) -> Tensor {
+    composed_attention_by(qkv, heads, |a, b| a.matmul(b).unwrap())
+}
+
+/// `composed_attention` with its two batched products (scores, then probabilities times values) made by
+/// `product`.
+fn composed_attention_by(
+    qkv: &Tensor,
+    heads: usize,
+    product: impl Fn(&Tensor, &Tensor) -> Tensor,
+) -> Tensor {
     let (b, n, three_d) = qkv.dims3().unwrap();
     let (d, hd) = (three_d / 3, three_d / 3 / heads);
     let t = qkv
@@ -287,12 +297,11 @@ fn composed_attention(qkv: &Tensor, heads: usize) -> Tensor {
         .unwrap();
     let part = |i: usize| t.get(i).unwrap().contiguous().unwrap();
     let (q, k, v) = (part(0), part(1), part(2));
-    let s = (q.matmul(&k.t().unwrap()).unwrap() * (1.0 / (hd as f64).sqrt())).unwrap();
+    let s = (product(&q, &k.t().unwrap()) * (1.0 / (hd as f64).sqrt())).unwrap();
     let m = s.max_keepdim(D::Minus1).unwrap().detach();
     let e = s.broadcast_sub(&m).unwrap().exp().unwrap();
     let p = e.broadcast_div(&e.sum_keepdim(D::Minus1).unwrap()).unwrap();
-    p.matmul(&v)
-        .unwrap()
+    product(&p, &v)
         .transpose(1, 2)
         .unwrap()
         .reshape((b, n, d))
@@ -358,26 +367,7 @@ fn composed_bf16_attention(qkv: &Tensor, heads: usize) -> Tensor {
         bf16: true,
         tier: None,
     };
-    let (b, n, three_d) = qkv.dims3().unwrap();
-    let (d, hd) = (three_d / 3, three_d / 3 / heads);
-    let t = qkv
-        .reshape((b, n, 3, heads, hd))
-        .unwrap()
-        .permute((2, 0, 3, 1, 4))
-        .unwrap();
-    let part = |i: usize| t.get(i).unwrap().contiguous().unwrap();
-    let (q, k, v) = (part(0), part(1), part(2));
-    let kt = k.t().unwrap().contiguous().unwrap();
-    let s = (ac.matmul(&q, &kt).unwrap() * (1.0 / (hd as f64).sqrt())).unwrap();
-    let m = s.max_keepdim(D::Minus1).unwrap().detach();
-    let e = s.broadcast_sub(&m).unwrap().exp().unwrap();
-    let p = e.broadcast_div(&e.sum_keepdim(D::Minus1).unwrap()).unwrap();
-    ac.matmul(&p, &v)
-        .unwrap()
-        .transpose(1, 2)
-        .unwrap()
-        .reshape((b, n, d))
-        .unwrap()
+    composed_attention_by(qkv, heads, |a, b| ac.matmul(a, b).unwrap())
 }
 
 /// The share of elements where `a` and `b` differ by more than 1e-6 of `b`'s largest magnitude.

@@ -216,20 +216,14 @@ mod tests {
         };
         // The fused rounding (weights as packed, sums as stored) is bit for bit a pass over the f32
         // kernel's result on rounded operands: the same sums in the same order.
+        let same_bits =
+            |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
         let (xr, wr) = (rounded(&x), rounded(&w));
-        let fused = conv_forward(&x, &w, &g);
         let passes = rounded(&conv::forward(ISA, &xr, &wr, &g));
-        assert!(fused
-            .iter()
-            .zip(&passes)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(same_bits(&conv_forward(&x, &w, &g), &passes));
         let dyr = rounded(&blocked(g.c_out, g.oh() * g.ow(), 5));
-        let fused = conv_input_grad(&dyr, &w, &g);
         let passes = rounded(&conv::input_grad(ISA, &dyr, &wr, &g));
-        assert!(fused
-            .iter()
-            .zip(&passes)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(same_bits(&conv_input_grad(&dyr, &w, &g), &passes));
         let y = conv_forward(&x, &w, &g);
         close(&y, &direct::forward(Tier::Portable, &x, &w, &g), "forward");
         assert!(y.iter().all(|v| *v == round_f32(*v)), "a rounded result");
