@@ -191,7 +191,9 @@ def main() -> None:
                                    args.precision))
             theirs.append(torch_steps(name, args.batch, args.steps, args.threads, args.device, args.precision))
             if args.compile:
-                compiled.append(torch_steps(name, args.batch, args.steps, args.threads, compile_times=compile_s))
+                # At the run's precision: under bf16-mixed, torch.compile of the autocast step.
+                compiled.append(torch_steps(name, args.batch, args.steps, args.threads, args.device, args.precision,
+                                            compile_times=compile_s))
             if args.device == "cuda":
                 fed.append(torch_steps(name, args.batch, args.steps, args.threads, args.device, args.precision,
                                        host_input=True))

@@ -357,7 +357,7 @@ fn resnet_ops(n: usize) -> anyhow::Result<()> {
         let idb = direct::layout::to_blocked(id.as_tensor(), isa.lanes())?;
         for then in [batchnorm::Then::Nothing, batchnorm::Then::Relu] {
             op(&format!("blocked bn ({then:?}) 64x64x32x32"), n, &xb, |x| {
-                Ok(direct::batchnorm::train(x, &g, &b, 1e-5, then, None)?.0)
+                Ok(direct::batchnorm::train(x, &g, &b, 1e-5, (then, false), None)?.0)
             })?;
         }
         op("blocked add+relu 64x64x32x32", n, &xb, |x| {

@@ -188,7 +188,8 @@ fn blocked_batch_norm_matches_the_planar_one(#[case] then: Then) {
         .unwrap()
         .unwrap();
     let xb = direct::layout::to_blocked(&x, lanes).unwrap();
-    let (blocked, bst) = direct::batchnorm::train(&xb, &gamma, &beta, 1e-5, then, None).unwrap();
+    let (blocked, bst) =
+        direct::batchnorm::train(&xb, &gamma, &beta, 1e-5, (then, false), None).unwrap();
     let padding_lanes = blocked
         .narrow(1, 0, 1)
         .unwrap()
@@ -223,9 +224,58 @@ fn blocked_batch_norm_matches_the_planar_one(#[case] then: Then) {
     let planar = batchnorm::eval(&x, &gamma, &beta, (&mean, &var), 1e-5, then)
         .unwrap()
         .unwrap();
-    let blocked = direct::batchnorm::eval(&xb, &gamma, &beta, (&mean, &var), 1e-5, then).unwrap();
+    let blocked =
+        direct::batchnorm::eval(&xb, &gamma, &beta, (&mean, &var), 1e-5, (then, false)).unwrap();
     let ours = direct::layout::from_blocked(&blocked, 11).unwrap();
     assert!(max_diff(&ours, &planar) < 1e-6);
+}
+
+/// Under bf16 autocast (`round`) the blocked BatchNorm stores its output and its input gradient rounded to
+/// bf16, as PyTorch's BatchNorm of a bf16 tensor returns them: bit for bit the f32 op's values rounded,
+/// train and eval mode; its weights' gradients stay the f32 op's (f32, as PyTorch's for f32 weights).
+#[rstest]
+#[case(Then::Nothing)]
+#[case(Then::Relu)]
+fn blocked_batch_norm_under_bf16_rounds_its_output_and_input_gradient(#[case] then: Then) {
+    use trainyard_conv::bf16::pack::round_f32;
+    let lanes = Isa::detected().lanes();
+    let x = tensor(&[3, 11, 5, 4], 7);
+    let xb = Var::from_tensor(&direct::layout::to_blocked(&x, lanes).unwrap()).unwrap();
+    let gamma = Var::from_tensor(&tensor(&[11], 8)).unwrap();
+    let beta = Var::from_tensor(&tensor(&[11], 9)).unwrap();
+    let probe = tensor(xb.dims(), 10);
+    let bits = |t: &Tensor| -> Vec<u32> {
+        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v.iter().map(|v| v.to_bits()).collect()
+    };
+    let rounded_bits = |t: &Tensor| -> Vec<u32> {
+        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v.iter().map(|v| round_f32(*v).to_bits()).collect()
+    };
+    let run = |round: bool| {
+        let (y, _) =
+            direct::batchnorm::train(&xb, &gamma, &beta, 1e-5, (then, round), None).unwrap();
+        let grads = (&y * &probe)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let grad = |v: &Var| grads.get(v.as_tensor()).unwrap().clone();
+        (y, grad(&xb), grad(&gamma), grad(&beta))
+    };
+    let (f32s, bf16s) = (run(false), run(true));
+    assert_eq!(bits(&bf16s.0), rounded_bits(&f32s.0), "output");
+    assert_eq!(bits(&bf16s.1), rounded_bits(&f32s.1), "input gradient");
+    assert_ne!(bits(&f32s.1), rounded_bits(&f32s.1), "an f32 gradient");
+    assert_eq!(bits(&bf16s.2), bits(&f32s.2), "gamma's gradient");
+    assert_eq!(bits(&bf16s.3), bits(&f32s.3), "beta's gradient");
+    let (mean, var) = (tensor(&[11], 11), tensor(&[11], 12).abs().unwrap());
+    let eval = |round: bool| {
+        let stats = (&mean, &var);
+        direct::batchnorm::eval(&xb, &gamma, &beta, stats, 1e-5, (then, round)).unwrap()
+    };
+    assert_eq!(bits(&eval(true)), rounded_bits(&eval(false)), "eval output");
 }
 
 /// `bias_relu_pool2` (one op) gives the same bits as `bias_relu` then `max_pool2`: the pooled values, the

@@ -1,9 +1,12 @@
 //! `trainer.precision=bf16-mixed` on the Candle CPU path: PyTorch autocast's numerics without its kernels.
 //! Under bf16 autocast the operands and results of convolutions and matrix products are rounded to
 //! bfloat16 (round-to-nearest-even), products accumulate in f32, and everything else (normalisation, softmax,
-//! loss, optimizer, master weights) stays f32 — the split PyTorch's autocast makes. The cast's backward rounds
-//! gradients to bf16 too, as autocast's bf16 ops do. CPUs without bf16 arithmetic gain no speed from this;
-//! it reproduces the accuracy a user will see with bf16 autocast.
+//! loss, optimizer, master weights) computes in f32 — the split PyTorch's autocast makes. The cast's backward
+//! rounds gradients to bf16 too, as autocast's bf16 ops do. An op autocast leaves alone keeps its input's
+//! dtype: a ResNet's BatchNorm of a bf16 convolution's output, and its residual add, return bf16 tensors in
+//! PyTorch, so trainyard's ResNet rounds their outputs and the gradients they pass back (`resnet::BnOf`,
+//! `fused::add_relu_rounded`); its convolutions then read those as bf16 already. CPUs without bf16
+//! arithmetic gain no speed from this; it reproduces the accuracy a user will see with bf16 autocast.
 //!
 //! On a CPU with bf16 instructions (AMX-BF16 or AVX512-BF16: `trainyard_conv::bf16::Tier`) the
 //! convolutions run on them, forward and backward, as oneDNN runs autocast's; on AVX-512 without a bf16

@@ -9,7 +9,7 @@ use super::autocast::Autocast;
 use super::kernels::batchnorm::Then;
 use super::kernels::{direct, fused};
 use super::models::{dropout, param, Buffers, CandleForward, Params, Pass};
-use super::resnet::{batch_norm_with, blocks_activations, conv, BnConst};
+use super::resnet::{batch_norm_with, blocks_activations, conv, BnConst, BnOf};
 use super::vit::{gelu_erf, layer_norm_eps};
 use crate::model::declared::{Declared, Layer, Op};
 use candle_core::{Result, Tensor, D};
@@ -138,9 +138,10 @@ fn step(
                 dims if dims.len() == 2 || dims.len() == 3 => {
                     let (n, c, l) = (dims[0], dims[1], dims.get(2).copied().unwrap_or(1));
                     let view = h.reshape((n, c, l, 1))?;
-                    batch_norm_with(p, b, (name, &view), mode, then, bn)?.reshape(dims)?
+                    batch_norm_with(p, b, (name, &view), mode, (then, BnOf::F32), bn)?
+                        .reshape(dims)?
                 }
-                _ => batch_norm_with(p, b, (name, h), mode, then, bn)?,
+                _ => batch_norm_with(p, b, (name, h), mode, (then, BnOf::F32), bn)?,
             };
             (y, if then_relu { 2 } else { 1 })
         }

@@ -7,6 +7,7 @@
 use super::autocast::Autocast;
 use super::kernels::batchnorm::{self, Then};
 use super::kernels::direct;
+use super::kernels::direct::conv::Rounded;
 use super::models::{param, Buffers, CandleForward, Params, Pass};
 use crate::comm::collective::Collective;
 use crate::model::resnet::ResNet;
@@ -29,20 +30,43 @@ const BN: BnConst = BnConst {
 /// A convolution: the blocked direct kernels when `x` is blocked (rank 5), otherwise im2col (or Candle's
 /// own off the CPU).
 pub(super) fn conv(
-    (p, autocast): (&Params, Autocast),
+    pa: (&Params, Autocast),
     name: &str,
     x: &Tensor,
     stride: usize,
     padding: usize,
 ) -> Result<Tensor> {
+    conv_of(pa, (name, x), (stride, padding), Rounded::NONE)
+}
+
+/// `conv` whose bf16 operands `rounded` names arrive rounded already (see `direct::conv::Rounded`).
+fn conv_of(
+    (p, autocast): (&Params, Autocast),
+    (name, x): (&str, &Tensor),
+    (stride, padding): (usize, usize),
+    rounded: Rounded,
+) -> Result<Tensor> {
     let w = param(p, &format!("{name}.weight"))?;
     match (blocked_path(x), autocast.bf16, autocast.tier) {
         (Some(isa), false, _) => direct::conv::conv2d(isa, x, w, stride, padding),
         (Some(isa), true, Some(tier)) => {
-            direct::conv::conv2d_bf16(isa, tier, x, w, stride, padding)
+            direct::conv::conv2d_bf16((isa, tier), x, w, (stride, padding), rounded)
         }
         (Some(_), true, None) => candle_core::bail!("blocked activations under emulated bf16"),
         (None, ..) => autocast.conv2d(x, w, stride, padding),
+    }
+}
+
+/// A residual block's end, `relu(out + identity)`; under bf16 autocast both are bf16 and so is the sum, as
+/// PyTorch's add of two bf16 tensors returns it (its gradient too: `fused::add_relu_rounded`).
+fn block_end(out: &Tensor, identity: &Tensor, bf16: bool) -> Result<Tensor> {
+    use super::kernels::fused;
+    if !bf16 {
+        return fused::add_relu(out, identity);
+    }
+    match fused::add_relu_rounded(out, identity)? {
+        Some(y) => Ok(y),
+        None => BF16_ROUND.round(&fused::add_relu(out, identity)?),
     }
 }
 
@@ -68,15 +92,28 @@ pub(super) fn blocks_activations(x: &Tensor, autocast: Autocast) -> Option<direc
 }
 
 /// BatchNorm2d: batch statistics in train mode (running stats updated with the unbiased variance, as
-/// PyTorch does), running statistics in eval mode; `then` is fused into the same op on the CPU.
+/// PyTorch does), running statistics in eval mode; `then` is fused into the same op on the CPU. With
+/// `bf16` (autocast, `x` a bf16 convolution's output) the output and its input gradient are bf16, as
+/// PyTorch's BatchNorm returns them for a bf16 input (`BnOf::Bf16`).
 fn batch_norm(
     p: &Params,
     b: &mut Buffers,
     (name, x): (&str, &Tensor),
     mode: (bool, Option<&Arc<dyn Collective>>),
-    then: Then,
+    (then, bf16): (Then, bool),
 ) -> Result<Tensor> {
-    batch_norm_with(p, b, (name, x), mode, then, BN)
+    let of = if bf16 { BnOf::Bf16 } else { BnOf::F32 };
+    batch_norm_with(p, b, (name, x), mode, (then, of), BN)
+}
+
+/// The dtype of a BatchNorm's input under autocast.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum BnOf {
+    /// f32 (autocast off, or an input autocast leaves in f32): an f32 output.
+    F32,
+    /// bf16 (a bf16 convolution's output): its arithmetic in f32, the output and the input gradient
+    /// rounded to bf16, fused into the blocked kernel's stores.
+    Bf16,
 }
 
 /// `batch_norm` with a layer's own `eps` and `momentum`.
@@ -85,7 +122,31 @@ pub(super) fn batch_norm_with(
     b: &mut Buffers,
     (name, x): (&str, &Tensor),
     (train, sync): (bool, Option<&Arc<dyn Collective>>),
-    then: Then,
+    (then, of): (Then, BnOf),
+    bn: BnConst,
+) -> Result<Tensor> {
+    let y = batch_norm_f32(p, b, (name, x), (train, sync), (then, of), bn)?;
+    match of {
+        // The blocked kernel rounded as it stored; elsewhere a rounding op (its backward rounds the
+        // output's gradient; the input gradient is rounded where the convolution's output was).
+        BnOf::Bf16 if x.rank() != 5 => BF16_ROUND.round(&y),
+        _ => Ok(y),
+    }
+}
+
+/// An autocast whose only use is `round`.
+const BF16_ROUND: Autocast = Autocast {
+    bf16: true,
+    tier: None,
+};
+
+/// `batch_norm_with`'s arithmetic; rounded here only on the blocked path.
+fn batch_norm_f32(
+    p: &Params,
+    b: &mut Buffers,
+    (name, x): (&str, &Tensor),
+    (train, sync): (bool, Option<&Arc<dyn Collective>>),
+    (then, of): (Then, BnOf),
     bn: BnConst,
 ) -> Result<Tensor> {
     let gamma = param(p, &format!("{name}.weight"))?;
@@ -95,6 +156,7 @@ pub(super) fn batch_norm_with(
         format!("{name}.running_var"),
     );
     if x.rank() == 5 {
+        let then = (then, of == BnOf::Bf16);
         if !train {
             return direct::batchnorm::eval(x, gamma, beta, (&b[&rm], &b[&rv]), bn.eps, then);
         }
@@ -250,6 +312,7 @@ impl CandleForward for ResNet {
     ) -> Result<Tensor> {
         let mode = (pass.train, pass.sync_batchnorm);
         let pa = (p, pass.autocast);
+        let bf16 = pass.autocast.bf16;
         let layout = self.layout();
         if k == 0 {
             let blocked = blocks_activations(x, pass.autocast);
@@ -257,15 +320,20 @@ impl CandleForward for ResNet {
                 // The CIFAR stem runs blocked too: its 3 channels padded to a block cost a few more
                 // products than im2col but save the planar BatchNorm and a conversion of its output.
                 let h = direct::layout::to_blocked(x, isa.lanes())?;
-                let h = conv(pa, "conv1", &h, 1, 1)?;
-                return batch_norm(p, b, ("bn1", &h), mode, Then::Relu);
+                // The images are f32; the gradient reaches the convolution through bn1, rounded.
+                let rounded = Rounded {
+                    input: false,
+                    grad: bf16,
+                };
+                let h = conv_of(pa, ("conv1", &h), (1, 1), rounded)?;
+                return batch_norm(p, b, ("bn1", &h), mode, (Then::Relu, bf16));
             }
             let h = if self.cifar_stem() {
                 conv(pa, "conv1", x, 1, 1)?
             } else {
                 conv(pa, "conv1", x, 2, 3)?
             };
-            let h = batch_norm(p, b, ("bn1", &h), mode, Then::Relu)?;
+            let h = batch_norm(p, b, ("bn1", &h), mode, (Then::Relu, bf16))?;
             let h = if self.cifar_stem() {
                 h
             } else {
@@ -289,32 +357,36 @@ impl CandleForward for ResNet {
         };
         let (h, stride) = (x, *stride);
         let c_out = width * self.expansion();
+        // Under bf16 autocast every tensor a block's convolutions read is bf16 already: the block's input
+        // (the stem's BatchNorm or the last block's residual add rounded it), the BatchNorms' outputs,
+        // and each convolution's output gradient (its only reader, a BatchNorm, rounds its input gradient).
+        let rounded = Rounded {
+            input: bf16,
+            grad: bf16,
+        };
+        let conv = |name: &str, x: &Tensor, geometry| conv_of(pa, (name, x), geometry, rounded);
+        let mut norm =
+            |name: &str, x: &Tensor, then| batch_norm(p, b, (name, x), mode, (then, bf16));
         let identity = if stride != 1 || *c_in != c_out {
-            let d = conv(pa, &format!("{name}.downsample.0"), h, stride, 0)?;
-            batch_norm(
-                p,
-                b,
-                (&format!("{name}.downsample.1"), &d),
-                mode,
-                Then::Nothing,
-            )?
+            let d = conv(&format!("{name}.downsample.0"), h, (stride, 0))?;
+            norm(&format!("{name}.downsample.1"), &d, Then::Nothing)?
         } else {
             h.clone()
         };
         let out = if self.bottleneck() {
-            let o = conv(pa, &format!("{name}.conv1"), h, 1, 0)?;
-            let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), mode, Then::Relu)?;
-            let o = conv(pa, &format!("{name}.conv2"), &o, stride, 1)?;
-            let o = batch_norm(p, b, (&format!("{name}.bn2"), &o), mode, Then::Relu)?;
-            let o = conv(pa, &format!("{name}.conv3"), &o, 1, 0)?;
-            batch_norm(p, b, (&format!("{name}.bn3"), &o), mode, Then::Nothing)?
+            let o = conv(&format!("{name}.conv1"), h, (1, 0))?;
+            let o = norm(&format!("{name}.bn1"), &o, Then::Relu)?;
+            let o = conv(&format!("{name}.conv2"), &o, (stride, 1))?;
+            let o = norm(&format!("{name}.bn2"), &o, Then::Relu)?;
+            let o = conv(&format!("{name}.conv3"), &o, (1, 0))?;
+            norm(&format!("{name}.bn3"), &o, Then::Nothing)?
         } else {
-            let o = conv(pa, &format!("{name}.conv1"), h, stride, 1)?;
-            let o = batch_norm(p, b, (&format!("{name}.bn1"), &o), mode, Then::Relu)?;
-            let o = conv(pa, &format!("{name}.conv2"), &o, 1, 1)?;
-            batch_norm(p, b, (&format!("{name}.bn2"), &o), mode, Then::Nothing)?
+            let o = conv(&format!("{name}.conv1"), h, (stride, 1))?;
+            let o = norm(&format!("{name}.bn1"), &o, Then::Relu)?;
+            let o = conv(&format!("{name}.conv2"), &o, (1, 1))?;
+            norm(&format!("{name}.bn2"), &o, Then::Nothing)?
         };
-        super::kernels::fused::add_relu(&out, &identity)
+        block_end(&out, &identity, bf16)
     }
 }
 

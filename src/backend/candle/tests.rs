@@ -86,6 +86,58 @@ fn resnet_bf16_on_tiles_equals_the_emulated_path(
     }
 }
 
+/// Under bf16 autocast on the fma tier ResNet's convolutions read their inputs and output gradients in
+/// place (`direct::conv::Rounded`), trusting that the ops which made them (the BatchNorms, the residual
+/// adds, the BatchNorms' backward) stored bf16s: the step must equal, bit for bit, the one whose
+/// convolutions round copies of them. Both stems: the CIFAR stem blocked from the first convolution, the
+/// ImageNet stem planar up to its max-pool.
+#[rstest::rstest]
+#[case::resnet18_cifar("{name: resnet18, num_classes: 4, cifar_stem: true}")]
+#[case::resnet50_imagenet_stem("{name: resnet50, num_classes: 4}")]
+fn resnet_operands_called_rounded_are_bf16s(#[case] model: &str) {
+    use super::kernels::direct::conv::tests::TRUST_ROUNDED;
+    use trainyard_conv::bf16::Tier;
+    let Some(isa) = super::kernels::direct::active().filter(|_| Tier::Fma.supported()) else {
+        eprintln!("SKIPPED: the fma tier does not run on this CPU");
+        return;
+    };
+    assert!(super::kernels::direct::conv::bf16_blocks(isa, Tier::Fma));
+    let exp = experiment(model, "{name: sgd, lr: 0.1}");
+    let mut rng = crate::platform::rng::Rng::new(5);
+    let batch = Batch {
+        images: (0..8 * 3 * 16 * 16).map(|_| rng.normal() as f32).collect(),
+        labels: (0..8).map(|i| i % 4).collect(),
+        channels: 3,
+        height: 16,
+        width: 16,
+        staged: None,
+        tensors: None,
+    };
+    let run = |trust: bool| {
+        TRUST_ROUNDED.set(trust);
+        let mut e = CandleEngine::new(&exp).unwrap();
+        e.autocast = Autocast {
+            bf16: true,
+            tier: Some(Tier::Fma),
+        };
+        let stats = e.forward_backward(&batch, 1.0).unwrap();
+        TRUST_ROUNDED.set(true);
+        let grads: Vec<(String, Vec<f32>)> = e
+            .gradients()
+            .iter()
+            .map(|(n, g)| (n.clone(), g.flatten_all().unwrap().to_vec1().unwrap()))
+            .collect();
+        (stats.loss_sum, grads)
+    };
+    let (in_place, copies) = (run(true), run(false));
+    assert_eq!(in_place.0.to_bits(), copies.0.to_bits(), "loss");
+    assert_eq!(in_place.1.len(), copies.1.len());
+    for ((name, a), (_, b)) in in_place.1.iter().zip(&copies.1) {
+        let moved = a.iter().zip(b).filter(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(moved.count(), 0, "{name}'s gradient");
+    }
+}
+
 /// Every trainable parameter of every zoo model must receive a non-zero gradient.
 #[test]
 fn every_parameter_gets_a_gradient() {

@@ -10,7 +10,7 @@
 //! its sums as the kernel stores them. A GEMM's operands are rounded into copies, its result as written.
 
 use super::pack::round_f32;
-use super::{Operand, Write};
+use super::{Operand, Values, Write};
 use crate::buffer::{assume_init, uninit};
 use crate::conv::{self, Geometry, Precision};
 use crate::gemm::{self, Dims, Strides};
@@ -48,10 +48,10 @@ fn round_in_place(mut v: Vec<f32>) -> Vec<f32> {
     v
 }
 
-/// `direct::forward` on this tier: `x` rounded in one pass; the weights rounded as the f32 kernel packs
-/// them and the sums as it stores them (`conv::Precision::Bf16`).
-pub fn conv_forward(x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
-    conv::forward_at(ISA, Precision::Bf16, &rounded(x), w, g)
+/// `direct::forward` on this tier: `x` rounded in one pass (read in place when `Values::Rounded`); the
+/// weights rounded as the f32 kernel packs them and the sums as it stores them (`conv::Precision::Bf16`).
+pub fn conv_forward(x: Values, w: &[f32], g: &Geometry) -> Vec<f32> {
+    conv::forward_at(ISA, Precision::Bf16, &x.as_rounded(), w, g)
 }
 
 /// `direct::input_grad` on this tier, of a gradient `dy` already rounded (`direct::Gradient`).
@@ -59,10 +59,11 @@ pub fn conv_input_grad(dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
     conv::input_grad_at(ISA, Precision::Bf16, dy, w, g)
 }
 
-/// `direct::weight_grad` on this tier, of a gradient `dy` already rounded (`direct::Gradient`); the
-/// result, the size of the weights, is rounded in a pass of its own.
-pub fn conv_weight_grad(x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
-    round_in_place(conv::weight_grad(ISA, &rounded(x), dy, g))
+/// `direct::weight_grad` on this tier, of a gradient `dy` already rounded (`direct::Gradient`) and the
+/// input `x` (rounded into a copy unless `Values::Rounded`); the result, the size of the weights, is
+/// rounded in a pass of its own.
+pub fn conv_weight_grad(x: Values, dy: &[f32], g: &Geometry) -> Vec<f32> {
+    round_in_place(conv::weight_grad(ISA, &x.as_rounded(), dy, g))
 }
 
 /// An operand rounded, with the strides to read it by. A dense strided one (row- or column-major, the
@@ -219,12 +220,34 @@ mod tests {
         let same_bits =
             |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
         let (xr, wr) = (rounded(&x), rounded(&w));
-        let passes = rounded(&conv::forward(ISA, &xr, &wr, &g));
-        assert!(same_bits(&conv_forward(&x, &w, &g), &passes));
+        let passes_fwd = rounded(&conv::forward(ISA, &xr, &wr, &g));
+        assert!(same_bits(
+            &conv_forward(Values::F32(&x), &w, &g),
+            &passes_fwd
+        ));
         let dyr = rounded(&blocked(g.c_out, g.oh() * g.ow(), 5));
         let passes = rounded(&conv::input_grad(ISA, &dyr, &wr, &g));
         assert!(same_bits(&conv_input_grad(&dyr, &w, &g), &passes));
-        let y = conv_forward(&x, &w, &g);
+        // An input its producer rounded is read in place: the same bits as rounding a copy. (Handed
+        // unrounded values as `Rounded`, the tier uses them as they are, so the result moves.)
+        let dw_passes = conv_weight_grad(Values::F32(&x), &dyr, &g);
+        assert!(same_bits(
+            &conv_forward(Values::Rounded(&xr), &w, &g),
+            &passes_fwd
+        ));
+        assert!(same_bits(
+            &conv_weight_grad(Values::Rounded(&xr), &dyr, &g),
+            &dw_passes
+        ));
+        assert!(!same_bits(
+            &conv_forward(Values::Rounded(&x), &w, &g),
+            &passes_fwd
+        ));
+        assert!(!same_bits(
+            &conv_weight_grad(Values::Rounded(&x), &dyr, &g),
+            &dw_passes
+        ));
+        let y = conv_forward(Values::F32(&x), &w, &g);
         close(&y, &direct::forward(Tier::Portable, &x, &w, &g), "forward");
         assert!(y.iter().all(|v| *v == round_f32(*v)), "a rounded result");
         let dy = blocked(g.c_out, g.oh() * g.ow(), 11);
@@ -235,7 +258,7 @@ mod tests {
             "input gradient",
         );
         close(
-            &conv_weight_grad(&x, &dy_rounded, &g),
+            &conv_weight_grad(Values::F32(&x), &dy_rounded, &g),
             &direct::weight_grad(Tier::Portable, &x, &dy, &g),
             "weight gradient",
         );

@@ -84,6 +84,36 @@ impl Tier {
     }
 }
 
+/// A convolution's input or output gradient as its producer left it. `Rounded`: every value is already a
+/// bf16 (kept as f32), as autocast's bf16 ops store their results (a BatchNorm, a residual add, a
+/// BatchNorm's backward); the `fma` tier then reads it in place where it would round a copy. The bf16
+/// instructions' tiers round as they pack, either way. Rounding is idempotent, so `F32` is always right,
+/// `Rounded` only faster; a `Rounded` whose values are not bf16s computes with unrounded operands.
+#[derive(Debug, Clone, Copy)]
+pub enum Values<'a> {
+    /// Any f32 values: the tier rounds them.
+    F32(&'a [f32]),
+    /// bf16 values, each exactly representable: read as they are.
+    Rounded(&'a [f32]),
+}
+
+impl<'a> Values<'a> {
+    /// The values, rounded or not.
+    pub fn slice(&self) -> &'a [f32] {
+        match *self {
+            Values::F32(v) | Values::Rounded(v) => v,
+        }
+    }
+
+    /// The values as bf16s: borrowed when they are already, else a rounded copy.
+    pub(crate) fn as_rounded(&self) -> std::borrow::Cow<'a, [f32]> {
+        match *self {
+            Values::F32(v) => std::borrow::Cow::Owned(fma::rounded(v)),
+            Values::Rounded(v) => std::borrow::Cow::Borrowed(v),
+        }
+    }
+}
+
 /// `(m, n, k)`: C is m × n, the reduction k long.
 pub type Dims = (usize, usize, usize);
 

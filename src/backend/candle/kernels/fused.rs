@@ -6,6 +6,7 @@
 use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use trainyard_conv::bf16::pack::round_f32;
 use trainyard_conv::buffer::{assume_init, uninit};
 
 use super::cpu::{f32_slice as slice, is_cpu_f32 as fast, with_f32 as with_data};
@@ -63,16 +64,45 @@ pub(crate) fn relu_grad(y: &[f32], g: &[f32]) -> Vec<f32> {
     unsafe { assume_init(dx) }
 }
 
+/// `relu_grad` with the passed values rounded to bf16 (`add_relu_rounded`).
+fn relu_grad_rounded(y: &[f32], g: &[f32]) -> Vec<f32> {
+    let mut dx = uninit(y.len());
+    dx.par_chunks_mut(CHUNK)
+        .zip(y.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
+        .for_each(|(o, (y, g))| {
+            for ((o, y), g) in o.iter_mut().zip(y).zip(g) {
+                o.write(if *y > 0.0 { round_f32(*g) } else { 0.0 });
+            }
+        });
+    // SAFETY: every element was written.
+    unsafe { assume_init(dx) }
+}
+
 /// `relu(a + b)` for two tensors of one shape (a residual block's end) in one pass, with one gradient
 /// for both inputs: the output's zeros mask it, as the separate add and ReLU would.
 pub fn add_relu(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if !fast(a) || !fast(b) || a.shape() != b.shape() {
         return (a + b)?.relu();
     }
-    tape::op2(&a.contiguous()?, &b.contiguous()?, AddRelu)
+    tape::op2(&a.contiguous()?, &b.contiguous()?, AddRelu { round: false })
 }
 
-struct AddRelu;
+/// `add_relu` of two bf16 tensors under autocast (a residual block's BatchNorm output and its input):
+/// the sum rounded to bf16 as it is stored, as PyTorch's add of two bf16 tensors returns it, and the
+/// incoming gradient rounded as it is passed on (autograd sums the gradients of a tensor read twice, the
+/// block's output, in its dtype: bf16). `None` off the CPU fast path (the caller rounds with its own ops).
+pub fn add_relu_rounded(a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
+    if !fast(a) || !fast(b) || a.shape() != b.shape() {
+        return Ok(None);
+    }
+    let op = AddRelu { round: true };
+    tape::op2(&a.contiguous()?, &b.contiguous()?, op).map(Some)
+}
+
+struct AddRelu {
+    /// bf16 autocast: the output and the gradient rounded (`add_relu_rounded`).
+    round: bool,
+}
 
 impl CustomOp2 for AddRelu {
     fn name(&self) -> &'static str {
@@ -94,8 +124,14 @@ impl CustomOp2 for AddRelu {
         y.par_chunks_mut(CHUNK)
             .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
             .for_each(|(o, (a, b))| {
-                for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
-                    o.write((a + b).max(0.0));
+                if self.round {
+                    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
+                        o.write(round_f32((a + b).max(0.0)));
+                    }
+                } else {
+                    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
+                        o.write((a + b).max(0.0));
+                    }
                 }
             });
         // SAFETY: every element was written.
@@ -115,7 +151,12 @@ impl CustomOp2 for AddRelu {
         if !a.track_op() && !b.track_op() {
             return Ok((None, None));
         }
-        let masked = Relu.bwd(a, res, grad)?;
+        let masked = if self.round {
+            let out = with_data(res, |y| with_data(grad, |g| Ok(relu_grad_rounded(y, g))))?;
+            Some(Tensor::from_vec(out, res.shape(), res.device())?)
+        } else {
+            Relu.bwd(a, res, grad)?
+        };
         Ok((
             masked.clone().filter(|_| a.track_op()),
             masked.filter(|_| b.track_op()),
@@ -512,6 +553,31 @@ mod tests {
                 diff(g1.get(v).unwrap(), g2.get(v).unwrap()) < 1e-5,
                 "gradient differs"
             );
+        }
+    }
+
+    /// Under bf16 autocast the residual add returns bf16, and the gradient it passes to both inputs is
+    /// bf16: bit for bit `add_relu`'s values rounded.
+    #[test]
+    fn add_relu_rounded_rounds_the_sum_and_the_gradient() {
+        let a = Var::from_tensor(&seeded(&[2, 3, 4, 5], 21)).unwrap();
+        let b = Var::from_tensor(&seeded(&[2, 3, 4, 5], 22)).unwrap();
+        let probe = seeded(&[2, 3, 4, 5], 23);
+        let bits = |t: &Tensor, round: bool| -> Vec<u32> {
+            let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let r = |v: f32| if round { round_f32(v) } else { v };
+            v.iter().map(|v| r(*v).to_bits()).collect()
+        };
+        let f32s = add_relu(&a, &b).unwrap();
+        let bf16s = add_relu_rounded(&a, &b).unwrap().expect("the CPU op");
+        assert_eq!(bits(&bf16s, false), bits(&f32s, true));
+        assert_ne!(bits(&f32s, false), bits(&f32s, true), "f32 sums");
+        let grads = |y: &Tensor| (y * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+        let (g32, g16) = (grads(&f32s), grads(&bf16s));
+        for v in [&a, &b] {
+            let (g32, g16) = (g32.get(v).unwrap(), g16.get(v).unwrap());
+            assert_eq!(bits(g16, false), bits(g32, true));
+            assert_ne!(bits(g32, false), bits(g32, true), "an f32 gradient");
         }
     }
 

@@ -20,7 +20,7 @@
 use super::pack::{
     from_bf16, pairs as vnni_pairs, round_f32, round_into, Tile, Windows, TILE_K, TILE_ROWS,
 };
-use super::Tier;
+use super::{Tier, Values};
 use rayon::prelude::*;
 
 mod weight_grad;
@@ -92,12 +92,24 @@ pub fn handles(tier: Tier, g: &Geometry) -> bool {
 /// # Panics
 /// If `handles(tier, g)` is false or a slice's length does not fit `g`.
 pub fn forward(tier: Tier, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
+    forward_of(tier, Values::F32(x), w, g)
+}
+
+/// `forward` of an input that may be rounded already (`Values::Rounded`: the fma tier reads it in place).
+///
+/// # Panics
+/// As `forward`.
+pub fn forward_of(tier: Tier, x: Values, w: &[f32], g: &Geometry) -> Vec<f32> {
     assert!(
         handles(tier, g),
         "direct bf16 conv: {g:?} on {}",
         tier.name()
     );
-    assert_eq!(x.len(), g.input_len(), "direct bf16 conv: input length");
+    assert_eq!(
+        x.slice().len(),
+        g.input_len(),
+        "direct bf16 conv: input length"
+    );
     assert_eq!(
         w.len(),
         g.c_out * g.c_in * g.k * g.k,
@@ -106,6 +118,7 @@ pub fn forward(tier: Tier, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
     if tier == Tier::Fma {
         return super::fma::conv_forward(x, w, g);
     }
+    let x = x.slice();
     let taps = g.tap_count();
     let all: Vec<usize> = (0..taps).collect();
     let weights = pack_weights((g.c_out, g.c_in, taps), &all, |ob, slab| {
@@ -198,9 +211,14 @@ pub struct Gradient<'a> {
 
 impl<'a> Gradient<'a> {
     pub fn new(tier: Tier, dy: &'a [f32]) -> Self {
+        Gradient::of(tier, Values::F32(dy))
+    }
+
+    /// The gradient `dy`, which may be rounded already (`Values::Rounded`: then no copy on any tier).
+    pub fn of(tier: Tier, dy: Values<'a>) -> Self {
         let values = match tier {
-            Tier::Fma => std::borrow::Cow::Owned(super::fma::rounded(dy)),
-            _ => std::borrow::Cow::Borrowed(dy),
+            Tier::Fma => dy.as_rounded(),
+            _ => std::borrow::Cow::Borrowed(dy.slice()),
         };
         Gradient { tier, values }
     }
@@ -231,6 +249,11 @@ impl<'a> Gradient<'a> {
 
     /// `weight_grad` of this gradient.
     pub fn weight_grad(&self, x: &[f32], g: &Geometry) -> Vec<f32> {
+        self.weight_grad_of(Values::F32(x), g)
+    }
+
+    /// `weight_grad` of this gradient and an input that may be rounded already.
+    pub fn weight_grad_of(&self, x: Values, g: &Geometry) -> Vec<f32> {
         weight_grad::weight_grad_of(self.tier, x, &self.values, g)
     }
 }

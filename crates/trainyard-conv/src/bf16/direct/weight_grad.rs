@@ -16,7 +16,7 @@
 
 use super::{Geometry, Shape, Steps, Worker, CHUNK, LANES, ZEROS};
 use crate::bf16::pack::{pairs as vnni_pairs, round_f32, round_into, Tile, TILE_K, TILE_ROWS};
-use crate::bf16::Tier;
+use crate::bf16::{Tier, Values};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
@@ -30,13 +30,17 @@ pub fn weight_grad(tier: Tier, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> 
 }
 
 /// `weight_grad` with `dy` as `Gradient` holds it (rounded already on the fma tier).
-pub(super) fn weight_grad_of(tier: Tier, x: &[f32], dy: &[f32], g: &Geometry) -> Vec<f32> {
+pub(super) fn weight_grad_of(tier: Tier, x: Values, dy: &[f32], g: &Geometry) -> Vec<f32> {
     assert!(
         super::handles(tier, g),
         "direct bf16 conv: {g:?} on {}",
         tier.name()
     );
-    assert_eq!(x.len(), g.input_len(), "direct bf16 conv: input length");
+    assert_eq!(
+        x.slice().len(),
+        g.input_len(),
+        "direct bf16 conv: input length"
+    );
     assert_eq!(
         dy.len(),
         g.output_len(),
@@ -45,6 +49,7 @@ pub(super) fn weight_grad_of(tier: Tier, x: &[f32], dy: &[f32], g: &Geometry) ->
     if tier == Tier::Fma {
         return crate::bf16::fma::conv_weight_grad(x, dy, g);
     }
+    let x = x.slice();
     let numbering = Numbering::new(g);
     let gradient = Transposed::new(dy, g, &numbering);
     let input = Paired::new(x, g, &numbering);

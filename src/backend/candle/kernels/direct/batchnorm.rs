@@ -12,7 +12,17 @@ use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
+use trainyard_conv::bf16::pack::round_f32;
 use trainyard_conv::buffer::{assume_init, uninit};
+
+/// `input_grad`'s arguments: (x, dy), (blocks, pixels per plane), per-channel coefficients, the ReLU's
+/// per-lane scale and shift.
+type GradArgs<'a> = (
+    (&'a [f32], &'a [f32]),
+    (usize, usize),
+    &'a [[f32; 3]],
+    Option<(&'a [f32], &'a [f32])>,
+);
 
 /// (images, channel blocks, pixels per plane, lanes).
 type Dims = (usize, usize, usize, usize);
@@ -147,13 +157,16 @@ fn plane_moments<const L: usize>(
 }
 
 /// Training-mode BatchNorm over a blocked batch: the output and the batch statistics (for the running
-/// averages), with the gradient through the statistics in the backward pass.
+/// averages), with the gradient through the statistics in the backward pass. With `round` (bf16
+/// autocast, the input a bf16 convolution's output) the output and the input gradient are rounded to
+/// bf16 as they are stored, as PyTorch's BatchNorm of a bf16 tensor returns both in bf16 (its arithmetic
+/// in f32).
 pub fn train(
     x: &Tensor,
     gamma: &Tensor,
     beta: &Tensor,
     eps: f64,
-    then: Then,
+    (then, round): (Then, bool),
     sync: Option<&Arc<dyn Collective>>,
 ) -> Result<(Tensor, ChannelStats)> {
     let x = x.contiguous()?;
@@ -166,18 +179,19 @@ pub fn train(
         batch_stats: true,
         sync: sync.map(|group| (group.clone(), st.count)),
         relu: then == Then::Relu,
+        round,
     };
     Ok((tape::op3(&x, gamma, beta, op)?, st))
 }
 
-/// Eval-mode BatchNorm with the running statistics.
+/// Eval-mode BatchNorm with the running statistics (`round` as in `train`).
 pub fn eval(
     x: &Tensor,
     gamma: &Tensor,
     beta: &Tensor,
     (mean, var): (&Tensor, &Tensor),
     eps: f64,
-    then: Then,
+    (then, round): (Then, bool),
 ) -> Result<Tensor> {
     let x = x.contiguous()?;
     let d = dims(&x)?;
@@ -188,6 +202,7 @@ pub fn eval(
         batch_stats: false,
         sync: None,
         relu: then == Then::Relu,
+        round,
     };
     tape::op3(&x, gamma, beta, op)
 }
@@ -212,6 +227,8 @@ struct BlockedBatchNorm {
     batch_stats: bool,
     sync: Option<(Arc<dyn Collective>, usize)>,
     relu: bool,
+    /// bf16 autocast: the output and the input gradient rounded to bf16 as they are stored.
+    round: bool,
 }
 
 impl BlockedBatchNorm {
@@ -233,12 +250,22 @@ impl BlockedBatchNorm {
     }
 }
 
+/// The largest output the forward stored as 0 after its ReLU: 0, or with bf16 rounding the positive
+/// subnormals that round to 0 (bits up to 0x8000), so the backward's mask is the stored output's.
+fn zero_below(round: bool) -> f32 {
+    if round {
+        f32::from_bits(0x8000)
+    } else {
+        0.0
+    }
+}
+
 /// The output gradient `dy` where a fused ReLU (`RELU`) passed the value on, else 0: the forward's
 /// output is recomputed from `x` with its own arithmetic (`scale`, `shift` of this lane), bit for bit,
 /// instead of being read back, so both passes of the backward read one stream less.
 #[inline(always)]
-fn masked<const RELU: bool>(dy: f32, x: f32, scale: f32, shift: f32) -> f32 {
-    if RELU && (x * scale + shift).max(0.0) <= 0.0 {
+fn masked<const RELU: bool>(dy: f32, x: f32, (scale, shift): (f32, f32), zero: f32) -> f32 {
+    if RELU && (x * scale + shift).max(0.0) <= zero {
         0.0
     } else {
         dy
@@ -269,9 +296,11 @@ impl CustomOp3 for BlockedBatchNorm {
         }
         let (scale, shift) = self.affine(gamma, beta);
         let floor = if self.relu { 0.0 } else { f32::NEG_INFINITY };
-        let y = match l {
-            16 => normalise::<16>(x, (cb, h * w), (&scale, &shift), floor),
-            8 => normalise::<8>(x, (cb, h * w), (&scale, &shift), floor),
+        let y = match (l, self.round) {
+            (16, false) => normalise::<16, false>(x, (cb, h * w), (&scale, &shift), floor),
+            (16, true) => normalise::<16, true>(x, (cb, h * w), (&scale, &shift), floor),
+            (8, false) => normalise::<8, false>(x, (cb, h * w), (&scale, &shift), floor),
+            (8, true) => normalise::<8, true>(x, (cb, h * w), (&scale, &shift), floor),
             _ => candle_core::bail!("blocked batch norm: blocks of {l} lanes (8 or 16 expected)"),
         };
         Ok((CpuStorage::F32(y), l1.shape().clone()))
@@ -297,13 +326,14 @@ impl CustomOp3 for BlockedBatchNorm {
         let relu = affine.as_ref().map(|(a, b)| (&a[..], &b[..]));
         let gamma = self.lanes(&gamma);
         let (mean, invstd) = (&self.mean, &self.invstd);
+        let zero = zero_below(self.round);
         let (dx, dgamma, dbeta) = with_f32(x, |xs| {
             with_f32(grad, |dy| {
                 let (sg, sgx) = match (l, relu.is_some()) {
-                    (16, true) => grad_sums::<16, true>(xs, dy, d, mean, relu),
-                    (16, false) => grad_sums::<16, false>(xs, dy, d, mean, relu),
-                    (8, true) => grad_sums::<8, true>(xs, dy, d, mean, relu),
-                    (8, false) => grad_sums::<8, false>(xs, dy, d, mean, relu),
+                    (16, true) => grad_sums::<16, true>((xs, dy), d, mean, relu, zero),
+                    (16, false) => grad_sums::<16, false>((xs, dy), d, mean, relu, zero),
+                    (8, true) => grad_sums::<8, true>((xs, dy), d, mean, relu, zero),
+                    (8, false) => grad_sums::<8, false>((xs, dy), d, mean, relu, zero),
                     _ => candle_core::bail!("blocked batch norm: blocks of {l} lanes"),
                 };
                 let dbeta: Vec<f32> = sg[..c].iter().map(|&v| v as f32).collect();
@@ -335,11 +365,16 @@ impl CustomOp3 for BlockedBatchNorm {
                             }
                         })
                         .collect();
-                    match (l, relu.is_some()) {
-                        (16, true) => input_grad::<16, true>((xs, dy), (cb, hw), &coef, relu),
-                        (16, false) => input_grad::<16, false>((xs, dy), (cb, hw), &coef, relu),
-                        (_, true) => input_grad::<8, true>((xs, dy), (cb, hw), &coef, relu),
-                        (_, false) => input_grad::<8, false>((xs, dy), (cb, hw), &coef, relu),
+                    let args = ((xs, dy), (cb, hw), &coef[..], relu);
+                    match (l, relu.is_some(), self.round) {
+                        (16, true, false) => input_grad::<16, true, false>(args),
+                        (16, false, false) => input_grad::<16, false, false>(args),
+                        (16, true, true) => input_grad::<16, true, true>(args),
+                        (16, false, true) => input_grad::<16, false, true>(args),
+                        (_, true, false) => input_grad::<8, true, false>(args),
+                        (_, false, false) => input_grad::<8, false, false>(args),
+                        (_, true, true) => input_grad::<8, true, true>(args),
+                        (_, false, true) => input_grad::<8, false, true>(args),
                     }
                 });
                 Ok((dx, dgamma, dbeta))
@@ -357,8 +392,8 @@ impl CustomOp3 for BlockedBatchNorm {
     }
 }
 
-/// `max(x * scale + shift, floor)` per lane of every block.
-fn normalise<const L: usize>(
+/// `max(x * scale + shift, floor)` per lane of every block, rounded to bf16 with `ROUND`.
+fn normalise<const L: usize, const ROUND: bool>(
     x: &[f32],
     (cb, hw): (usize, usize),
     (scale, shift): (&[f32], &[f32]),
@@ -374,7 +409,8 @@ fn normalise<const L: usize>(
             let sh: [f32; L] = shift[b * L..][..L].try_into().expect("L lanes");
             for (o, v) in out.chunks_exact_mut(L).zip(src.chunks_exact(L)) {
                 for lane in 0..L {
-                    o[lane] = MaybeUninit::new((v[lane] * sc[lane] + sh[lane]).max(floor));
+                    let y = (v[lane] * sc[lane] + sh[lane]).max(floor);
+                    o[lane] = MaybeUninit::new(if ROUND { round_f32(y) } else { y });
                 }
             }
         });
@@ -393,14 +429,13 @@ fn lane_affine<const L: usize>(relu: Option<(&[f32], &[f32])>, b: usize) -> ([f3
     }
 }
 
-/// The input gradient `c0·g + c1·x + c2` per channel, g the (masked) output gradient.
-fn input_grad<const L: usize, const RELU: bool>(
-    (xs, dy): (&[f32], &[f32]),
-    (cb, hw): (usize, usize),
-    coef: &[[f32; 3]],
-    relu: Option<(&[f32], &[f32])>,
+/// The input gradient `c0·g + c1·x + c2` per channel, g the (masked) output gradient; rounded to bf16
+/// with `ROUND`.
+fn input_grad<const L: usize, const RELU: bool, const ROUND: bool>(
+    ((xs, dy), (cb, hw), coef, relu): GradArgs,
 ) -> Vec<f32> {
     let plane = hw * L;
+    let zero = zero_below(ROUND);
     let mut dx = uninit(xs.len());
     dx.par_chunks_mut(plane).enumerate().for_each(|(p, o)| {
         let b = p % cb;
@@ -418,8 +453,9 @@ fn input_grad<const L: usize, const RELU: bool>(
             .zip(xs[r].chunks_exact(L))
         {
             for lane in 0..L {
-                let g = masked::<RELU>(d[lane], x[lane], mask.0[lane], mask.1[lane]);
-                o[lane] = MaybeUninit::new(c[0][lane] * g + c[1][lane] * x[lane] + c[2][lane]);
+                let g = masked::<RELU>(d[lane], x[lane], (mask.0[lane], mask.1[lane]), zero);
+                let v = c[0][lane] * g + c[1][lane] * x[lane] + c[2][lane];
+                o[lane] = MaybeUninit::new(if ROUND { round_f32(v) } else { v });
             }
         }
     });
@@ -429,11 +465,11 @@ fn input_grad<const L: usize, const RELU: bool>(
 
 /// Σ g and Σ g·(x − mean) per channel (every lane), g the gradient masked by a fused ReLU's zeros.
 fn grad_sums<const L: usize, const RELU: bool>(
-    xs: &[f32],
-    dy: &[f32],
+    (xs, dy): (&[f32], &[f32]),
     (n, cb, hw, _): Dims,
     mean: &[f32],
     relu: Option<(&[f32], &[f32])>,
+    zero: f32,
 ) -> (Vec<f64>, Vec<f64>) {
     let per_block: Vec<([f64; L], [f64; L])> = (0..cb)
         .into_par_iter()
@@ -446,7 +482,8 @@ fn grad_sums<const L: usize, const RELU: bool>(
                 let (mut ag, mut agx) = ([0f32; L], [0f32; L]);
                 for (d, x) in dy[r.clone()].chunks_exact(L).zip(xs[r].chunks_exact(L)) {
                     for lane in 0..L {
-                        let g = masked::<RELU>(d[lane], x[lane], mask.0[lane], mask.1[lane]);
+                        let g =
+                            masked::<RELU>(d[lane], x[lane], (mask.0[lane], mask.1[lane]), zero);
                         ag[lane] += g;
                         agx[lane] += g * (x[lane] - mu[lane]);
                     }

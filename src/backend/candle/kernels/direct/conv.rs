@@ -9,7 +9,7 @@ use super::layout::with_blocked;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
 use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
-use trainyard_conv::bf16::{direct as bf16_direct, Tier};
+use trainyard_conv::bf16::{direct as bf16_direct, Tier, Values};
 use trainyard_conv::conv::{forward, input_grad, weight_grad, Geometry};
 use trainyard_conv::Isa;
 
@@ -20,6 +20,35 @@ struct DirectConv {
     padding: usize,
     /// bf16 autocast on this tier: operands and results rounded (`conv2d_bf16`).
     bf16: Option<Tier>,
+    /// Which of its bf16 operands arrive rounded already.
+    rounded: Rounded,
+}
+
+/// What a bf16 convolution may take as bf16 already, so the `fma` tier reads it in place instead of
+/// rounding a copy (`trainyard_conv::bf16::Values`): its input, when an op that rounds as it stores made
+/// it (autocast's BatchNorm and residual add: `batchnorm::train`'s `round`, `fused::add_relu_rounded`),
+/// and its output gradient, when the only op reading its output is such a BatchNorm, whose backward
+/// rounds the gradient it passes on. Only a caller that knows the graph (ResNet's blocks) can say so.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rounded {
+    pub input: bool,
+    pub grad: bool,
+}
+
+impl Rounded {
+    /// Nothing known: the convolution rounds its operands itself.
+    pub const NONE: Rounded = Rounded {
+        input: false,
+        grad: false,
+    };
+
+    fn values(flag: bool, v: &[f32]) -> Values<'_> {
+        if flag {
+            Values::Rounded(v)
+        } else {
+            Values::F32(v)
+        }
+    }
 }
 
 impl DirectConv {
@@ -67,7 +96,9 @@ impl CustomOp2 for DirectConv {
         let g = self.geometry(l1.shape(), l2.shape())?;
         let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
         let y = match self.bf16 {
-            Some(tier) => bf16_direct::forward(tier, x, w, &g),
+            Some(tier) => {
+                bf16_direct::forward_of(tier, Rounded::values(self.rounded.input, x), w, &g)
+            }
             None => forward(self.isa, x, w, &g),
         };
         let shape = Shape::from((g.n, g.ob(), g.oh(), g.ow(), g.lanes));
@@ -87,7 +118,9 @@ impl CustomOp2 for DirectConv {
         // autocast's numbers (the fma tier rounds `dy` once for both, in `Gradient`). At 32-true the f32
         // kernels read the tensors in place.
         let (dx, dw) = with_f32(grad, |dy| {
-            let bf16 = self.bf16.map(|tier| bf16_direct::Gradient::new(tier, dy));
+            let bf16 = self.bf16.map(|tier| {
+                bf16_direct::Gradient::of(tier, Rounded::values(self.rounded.grad, dy))
+            });
             let dx = if x.track_op() {
                 let d = with_f32(w, |wd| {
                     Ok(match &bf16 {
@@ -102,7 +135,7 @@ impl CustomOp2 for DirectConv {
             let dw = if w.track_op() {
                 let d = with_blocked(x, |xd, _| {
                     Ok(match &bf16 {
-                        Some(dy) => dy.weight_grad(xd, &g),
+                        Some(dy) => dy.weight_grad_of(Rounded::values(self.rounded.input, xd), &g),
                         None => weight_grad(self.isa, xd, dy, &g),
                     })
                 })?;
@@ -118,18 +151,17 @@ impl CustomOp2 for DirectConv {
 
 /// Blocked `x` (N, ⌈C/L⌉, H, W, L) convolved with `w` (O, C, K, K) on `isa`: blocked (N, ⌈O/L⌉, OH, OW, L).
 pub fn conv2d(isa: Isa, x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
-    conv2d_on(isa, None, x, w, (stride, padding))
+    conv2d_on(isa, (None, Rounded::NONE), x, w, (stride, padding))
 }
 
-/// `conv2d` under bf16 autocast on `tier`: bf16 operands, f32 sums, rounded results, forward and backward.
-/// The blocked layout must be 16 lanes (`bf16_blocks`).
+/// `conv2d` under bf16 autocast on `tier`: bf16 operands, f32 sums, rounded results, forward and backward;
+/// the operands `rounded` names arrive as bf16s. The blocked layout must be 16 lanes (`bf16_blocks`).
 pub fn conv2d_bf16(
-    isa: Isa,
-    tier: Tier,
+    (isa, tier): (Isa, Tier),
     x: &Tensor,
     w: &Tensor,
-    stride: usize,
-    padding: usize,
+    (stride, padding): (usize, usize),
+    rounded: Rounded,
 ) -> Result<Tensor> {
     if !bf16_blocks(isa, tier) {
         candle_core::bail!(
@@ -138,7 +170,7 @@ pub fn conv2d_bf16(
             isa.name()
         );
     }
-    conv2d_on(isa, Some(tier), x, w, (stride, padding))
+    conv2d_on(isa, (Some(tier), rounded), x, w, (stride, padding))
 }
 
 /// Whether the blocked path runs bf16 autocast's convolutions on `tier` (AMX, AVX512-BF16, or their
@@ -149,7 +181,7 @@ pub fn bf16_blocks(isa: Isa, tier: Tier) -> bool {
 
 fn conv2d_on(
     isa: Isa,
-    bf16: Option<Tier>,
+    (bf16, rounded): (Option<Tier>, Rounded),
     x: &Tensor,
     w: &Tensor,
     (stride, padding): (usize, usize),
@@ -157,6 +189,12 @@ fn conv2d_on(
     if !isa.supported() {
         candle_core::bail!("direct conv: this CPU has no {} path", isa.name());
     }
+    #[cfg(test)]
+    let rounded = if tests::TRUST_ROUNDED.get() {
+        rounded
+    } else {
+        Rounded::NONE
+    };
     tape::op2(
         &x.contiguous()?,
         &w.contiguous()?,
@@ -165,18 +203,26 @@ fn conv2d_on(
             stride,
             padding,
             bf16,
+            rounded,
         },
     )
 }
 
 #[cfg(test)]
 #[allow(clippy::too_many_arguments)] // rstest cases: one argument per geometry field
-mod tests {
+pub(crate) mod tests {
     use super::super::matmul::tests::{assert_as_emulated, EMULATED};
     use super::*;
     use crate::backend::candle::kernels::cpu::seeded;
     use crate::backend::candle::kernels::direct::layout::{from_blocked, to_blocked};
     use candle_core::Var;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Whether this thread's bf16 convolutions read the operands their callers call rounded in place
+        /// (else they round copies, whatever `Rounded` says): `resnet_operands_called_rounded_are_bf16s`.
+        pub(crate) static TRUST_ROUNDED: Cell<bool> = const { Cell::new(true) };
+    }
 
     /// bf16 autocast's blocked convolution on each tier that runs here (AMX, and its portable reference)
     /// equals the emulated roundings around the f32 convolution, forward and both gradients: ResNet's
@@ -206,7 +252,7 @@ mod tests {
         let x = Var::from_tensor(&seeded(&[n, c, h, w], 1, -1.0, 1.0)).unwrap();
         let wt = Var::from_tensor(&seeded(&[o, c, k, k], 2, -1.0, 1.0)).unwrap();
         let blocked = to_blocked(&x, isa.lanes()).unwrap();
-        let y = conv2d_bf16(isa, tier, &blocked, &wt, stride, pad).unwrap();
+        let y = conv2d_bf16((isa, tier), &blocked, &wt, (stride, pad), Rounded::NONE).unwrap();
         let ours = from_blocked(&y, o).unwrap();
         let theirs = EMULATED.conv2d(&x, &wt, stride, pad).unwrap();
         assert_as_emulated(ours, theirs, &[("x", &x), ("w", &wt)], tier);
