@@ -52,26 +52,18 @@ impl CustomOp1 for Relu {
 
 /// A ReLU's input gradient from its output `y` and output gradient `g`: `g` where `y > 0`, else 0.
 pub(crate) fn relu_grad(y: &[f32], g: &[f32]) -> Vec<f32> {
-    let mut dx = uninit(y.len());
-    dx.par_chunks_mut(CHUNK)
-        .zip(y.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
-        .for_each(|(o, (y, g))| {
-            for ((o, y), g) in o.iter_mut().zip(y).zip(g) {
-                o.write(if *y > 0.0 { *g } else { 0.0 });
-            }
-        });
-    // SAFETY: every element was written.
-    unsafe { assume_init(dx) }
+    relu_grad_by::<false>(y, g)
 }
 
-/// `relu_grad` with the passed values rounded to bf16 (`add_relu_rounded`).
-fn relu_grad_rounded(y: &[f32], g: &[f32]) -> Vec<f32> {
+/// `relu_grad`, with the passed values rounded to bf16 when `ROUND` (`add_relu_rounded`).
+fn relu_grad_by<const ROUND: bool>(y: &[f32], g: &[f32]) -> Vec<f32> {
     let mut dx = uninit(y.len());
     dx.par_chunks_mut(CHUNK)
         .zip(y.par_chunks(CHUNK).zip(g.par_chunks(CHUNK)))
         .for_each(|(o, (y, g))| {
             for ((o, y), g) in o.iter_mut().zip(y).zip(g) {
-                o.write(if *y > 0.0 { round_f32(*g) } else { 0.0 });
+                let g = if ROUND { round_f32(*g) } else { *g };
+                o.write(if *y > 0.0 { g } else { 0.0 });
             }
         });
     // SAFETY: every element was written.
@@ -152,7 +144,7 @@ impl CustomOp2 for AddRelu {
             return Ok((None, None));
         }
         let masked = if self.round {
-            let out = with_data(res, |y| with_data(grad, |g| Ok(relu_grad_rounded(y, g))))?;
+            let out = with_data(res, |y| with_data(grad, |g| Ok(relu_grad_by::<true>(y, g))))?;
             Some(Tensor::from_vec(out, res.shape(), res.device())?)
         } else {
             Relu.bwd(a, res, grad)?
