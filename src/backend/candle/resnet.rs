@@ -1,7 +1,8 @@
 //! ResNet-18/34/50/101/152 on Candle (the architecture: `model::resnet`), over torchvision's parameter names
-//! so torchvision weights load and our checkpoints load in PyTorch. BatchNorm is
-//! written from basic ops so it has a backward pass and real train-mode running statistics; the ImageNet
-//! stem's 3x3/2 max-pool is the maximum of nine strided views (Candle's pool backward needs kernel == stride).
+//! so torchvision weights load and our checkpoints load in PyTorch. BatchNorm (train-mode statistics and
+//! PyTorch's running averages) is a fused kernel on the CPU, blocked or planar, and basic ops elsewhere;
+//! the ImageNet stem's 3x3/2 max-pool is a fused kernel on the CPU and the maximum of nine strided views
+//! elsewhere.
 //! `cifar_stem`: a 3x3 stride-1 first conv and no max-pool, for 32x32 images.
 
 use super::autocast::Autocast;
@@ -109,7 +110,9 @@ fn batch_norm(
 /// The dtype of a BatchNorm's input under autocast.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum BnOf {
-    /// f32 (autocast off, or an input autocast leaves in f32): an f32 output.
+    /// f32 (autocast off, or an input autocast leaves in f32): an f32 output. Declared (YAML) models
+    /// keep this under autocast too: their graph is the user's, so what reads a BatchNorm's output, and
+    /// whether its input was bf16, is not known there.
     F32,
     /// bf16 (a bf16 convolution's output): its arithmetic in f32, the output and the input gradient
     /// rounded to bf16, fused into the blocked kernel's stores.
@@ -125,10 +128,12 @@ pub(super) fn batch_norm_with(
     (then, of): (Then, BnOf),
     bn: BnConst,
 ) -> Result<Tensor> {
-    let y = batch_norm_f32(p, b, (name, x), (train, sync), (then, of), bn)?;
+    let y = batch_norm_kernel(p, b, (name, x), (train, sync), (then, of), bn)?;
     match of {
         // The blocked kernel rounded as it stored; elsewhere a rounding op (its backward rounds the
-        // output's gradient; the input gradient is rounded where the convolution's output was).
+        // output's gradient; the input gradient is rounded where the convolution's output was). It
+        // rounds after the fused ReLU, so an output in (0, 2^-134] stored as 0 still passes its gradient
+        // here, where the blocked kernel and PyTorch do not: subnormals only.
         BnOf::Bf16 if x.rank() != 5 => BF16_ROUND.round(&y),
         _ => Ok(y),
     }
@@ -140,8 +145,9 @@ const BF16_ROUND: Autocast = Autocast {
     tier: None,
 };
 
-/// `batch_norm_with`'s arithmetic; rounded here only on the blocked path.
-fn batch_norm_f32(
+/// `batch_norm_with`'s kernel: the blocked one (which rounds as it stores under `BnOf::Bf16`), the
+/// planar one, or basic ops.
+fn batch_norm_kernel(
     p: &Params,
     b: &mut Buffers,
     (name, x): (&str, &Tensor),
@@ -364,26 +370,27 @@ impl CandleForward for ResNet {
             input: bf16,
             grad: bf16,
         };
-        let conv = |name: &str, x: &Tensor, geometry| conv_of(pa, (name, x), geometry, rounded);
+        let block_conv =
+            |name: &str, x: &Tensor, geometry| conv_of(pa, (name, x), geometry, rounded);
         let mut norm =
             |name: &str, x: &Tensor, then| batch_norm(p, b, (name, x), mode, (then, bf16));
         let identity = if stride != 1 || *c_in != c_out {
-            let d = conv(&format!("{name}.downsample.0"), h, (stride, 0))?;
+            let d = block_conv(&format!("{name}.downsample.0"), h, (stride, 0))?;
             norm(&format!("{name}.downsample.1"), &d, Then::Nothing)?
         } else {
             h.clone()
         };
         let out = if self.bottleneck() {
-            let o = conv(&format!("{name}.conv1"), h, (1, 0))?;
+            let o = block_conv(&format!("{name}.conv1"), h, (1, 0))?;
             let o = norm(&format!("{name}.bn1"), &o, Then::Relu)?;
-            let o = conv(&format!("{name}.conv2"), &o, (stride, 1))?;
+            let o = block_conv(&format!("{name}.conv2"), &o, (stride, 1))?;
             let o = norm(&format!("{name}.bn2"), &o, Then::Relu)?;
-            let o = conv(&format!("{name}.conv3"), &o, (1, 0))?;
+            let o = block_conv(&format!("{name}.conv3"), &o, (1, 0))?;
             norm(&format!("{name}.bn3"), &o, Then::Nothing)?
         } else {
-            let o = conv(&format!("{name}.conv1"), h, (stride, 1))?;
+            let o = block_conv(&format!("{name}.conv1"), h, (stride, 1))?;
             let o = norm(&format!("{name}.bn1"), &o, Then::Relu)?;
-            let o = conv(&format!("{name}.conv2"), &o, (1, 1))?;
+            let o = block_conv(&format!("{name}.conv2"), &o, (1, 1))?;
             norm(&format!("{name}.bn2"), &o, Then::Nothing)?
         };
         block_end(&out, &identity, bf16)

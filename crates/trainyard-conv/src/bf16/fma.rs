@@ -5,8 +5,9 @@
 //! Lake Xeons (no bf16 at all), and Sapphire/Emerald Rapids with AMX withheld (a VM), where `vdpbf16ps`
 //! does half an FMA's multiply-adds a cycle (`avx512::dot_beats_fma`).
 //!
-//! A convolution's input (or output gradient) is rounded into an f32 copy in one pass, the gradient once
-//! for both of its products (`direct::Gradient`); its weights are rounded as the f32 kernel packs them and
+//! A convolution's input (or output gradient) is rounded into an f32 copy in one pass, unless its producer
+//! stored bf16s already (`Values::Rounded`: read in place), the gradient once for both of its products
+//! (`direct::Gradient`); its weights are rounded as the f32 kernel packs them and
 //! its sums as the kernel stores them. A GEMM's operands are rounded into copies, its result as written.
 
 use super::pack::round_f32;

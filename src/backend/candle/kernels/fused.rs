@@ -91,6 +91,14 @@ pub fn add_relu_rounded(a: &Tensor, b: &Tensor) -> Result<Option<Tensor>> {
     tape::op2(&a.contiguous()?, &b.contiguous()?, op).map(Some)
 }
 
+/// `o = relu(a + b)`, rounded to bf16 when `ROUND`.
+fn add_relu_into<const ROUND: bool>(o: &mut [std::mem::MaybeUninit<f32>], a: &[f32], b: &[f32]) {
+    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
+        let y = (a + b).max(0.0);
+        o.write(if ROUND { round_f32(y) } else { y });
+    }
+}
+
 struct AddRelu {
     /// bf16 autocast: the output and the gradient rounded (`add_relu_rounded`).
     round: bool,
@@ -117,13 +125,9 @@ impl CustomOp2 for AddRelu {
             .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
             .for_each(|(o, (a, b))| {
                 if self.round {
-                    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
-                        o.write(round_f32((a + b).max(0.0)));
-                    }
+                    add_relu_into::<true>(o, a, b);
                 } else {
-                    for ((o, a), b) in o.iter_mut().zip(a).zip(b) {
-                        o.write((a + b).max(0.0));
-                    }
+                    add_relu_into::<false>(o, a, b);
                 }
             });
         // SAFETY: every element was written.

@@ -203,7 +203,8 @@ pub fn input_grad(tier: Tier, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
 }
 
 /// The output gradient of `forward` as `tier`'s gradient kernels read it. On the fma tier it is rounded
-/// to bf16 here, once for both gradients; the bf16-instruction tiers round it as they pack it.
+/// to bf16 here, once for both gradients (unless it is `Values::Rounded` already); the bf16-instruction
+/// tiers round it as they pack it.
 pub struct Gradient<'a> {
     tier: Tier,
     values: std::borrow::Cow<'a, [f32]>,

@@ -1,9 +1,10 @@
 //! The Candle op over `trainyard_conv`'s direct convolution: blocked input, (O, I, K, K) kernel, with its
 //! own backward (input gradient only when something upstream needs it).
 //!
-//! Under bf16 autocast on AMX (`conv2d_bf16`) the forward and both gradients, at every stride, run on
-//! `trainyard_conv::bf16::direct` (bf16 operands, f32 sums, a rounded result): autocast's numbers, as the
-//! emulated path computes them.
+//! Under bf16 autocast (`conv2d_bf16`) the forward and both gradients, at every stride, run on
+//! `trainyard_conv::bf16::direct` on the CPU's bf16 tier (AMX, AVX512-BF16, or f32 FMAs over rounded
+//! operands): bf16 operands, f32 sums, a rounded result, autocast's numbers as the emulated path computes
+//! them.
 
 use super::layout::with_blocked;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
@@ -29,9 +30,11 @@ struct DirectConv {
 /// it (autocast's BatchNorm and residual add: `batchnorm::train`'s `round`, `fused::add_relu_rounded`),
 /// and its output gradient, when the only op reading its output is such a BatchNorm, whose backward
 /// rounds the gradient it passes on. Only a caller that knows the graph (ResNet's blocks) can say so.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rounded {
+    /// The input `x` holds bf16s.
     pub input: bool,
+    /// The gradient of the output that reaches the backward holds bf16s.
     pub grad: bool,
 }
 
@@ -115,7 +118,8 @@ impl CustomOp2 for DirectConv {
         let g = self.geometry(x.shape(), w.shape())?;
         let dev = x.device();
         // Under autocast both gradients run on the bf16 tier, which rounds the operands and each result:
-        // autocast's numbers (the fma tier rounds `dy` once for both, in `Gradient`). At 32-true the f32
+        // autocast's numbers (the fma tier rounds `dy` once for both, in `Gradient`, unless it arrives
+        // rounded: `Rounded::grad`). At 32-true the f32
         // kernels read the tensors in place.
         let (dx, dw) = with_f32(grad, |dy| {
             let bf16 = self.bf16.map(|tier| {
@@ -190,9 +194,10 @@ fn conv2d_on(
         candle_core::bail!("direct conv: this CPU has no {} path", isa.name());
     }
     #[cfg(test)]
-    let rounded = if tests::TRUST_ROUNDED.get() {
+    let rounded = if tests::TRUST_ROUNDED.get() || rounded == Rounded::NONE {
         rounded
     } else {
+        tests::DISTRUSTED.set(tests::DISTRUSTED.get() + 1);
         Rounded::NONE
     };
     tape::op2(
@@ -222,6 +227,8 @@ pub(crate) mod tests {
         /// Whether this thread's bf16 convolutions read the operands their callers call rounded in place
         /// (else they round copies, whatever `Rounded` says): `resnet_operands_called_rounded_are_bf16s`.
         pub(crate) static TRUST_ROUNDED: Cell<bool> = const { Cell::new(true) };
+        /// How many convolutions this thread built with their `Rounded` claims set aside.
+        pub(crate) static DISTRUSTED: Cell<usize> = const { Cell::new(0) };
     }
 
     /// bf16 autocast's blocked convolution on each tier that runs here (AMX, and its portable reference)
