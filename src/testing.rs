@@ -25,13 +25,20 @@ pub fn experiment(model: &str, optimizer: &str, trainer: &str, classes: usize) -
 
 /// Four random 8x8 RGB images (seeded), labelled 0..4.
 pub fn batch(seed: u64) -> crate::data::loader::Batch {
+    batch_of(4, 8, seed)
+}
+
+/// `images` random `size`x`size` RGB images (seeded, standard normal), image i labelled i mod 4.
+pub fn batch_of(images: usize, size: usize, seed: u64) -> crate::data::loader::Batch {
     let mut rng = crate::platform::rng::Rng::new(seed);
     crate::data::loader::Batch {
-        images: (0..4 * 3 * 8 * 8).map(|_| rng.normal() as f32).collect(),
-        labels: vec![0, 1, 2, 3],
+        images: (0..images * 3 * size * size)
+            .map(|_| rng.normal() as f32)
+            .collect(),
+        labels: (0..images as u32).map(|i| i % 4).collect(),
         channels: 3,
-        height: 8,
-        width: 8,
+        height: size,
+        width: size,
         staged: None,
         tensors: None,
     }

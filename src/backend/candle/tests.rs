@@ -39,16 +39,7 @@ fn resnet_bf16_on_tiles_equals_the_emulated_path(
     );
     // 16 images of 16x16: BatchNorm's batch statistics over enough values that bf16's rounding noise
     // (which differs between any two summation orders) is not amplified past comparison.
-    let mut rng = crate::platform::rng::Rng::new(3);
-    let batch = Batch {
-        images: (0..16 * 3 * 16 * 16).map(|_| rng.normal() as f32).collect(),
-        labels: (0..16).map(|i| i % 4).collect(),
-        channels: 3,
-        height: 16,
-        width: 16,
-        staged: None,
-        tensors: None,
-    };
+    let batch = crate::testing::batch_of(16, 16, 3);
     let run = |tier: Option<Tier>| {
         let mut e = CandleEngine::new(&exp).unwrap();
         e.autocast = Autocast { bf16: true, tier };
@@ -103,16 +94,7 @@ fn resnet_operands_called_rounded_are_bf16s(#[case] model: &str) {
     };
     assert!(super::kernels::direct::conv::bf16_blocks(isa, Tier::Fma));
     let exp = experiment(model, "{name: sgd, lr: 0.1}");
-    let mut rng = crate::platform::rng::Rng::new(5);
-    let batch = Batch {
-        images: (0..8 * 3 * 16 * 16).map(|_| rng.normal() as f32).collect(),
-        labels: (0..8).map(|i| i % 4).collect(),
-        channels: 3,
-        height: 16,
-        width: 16,
-        staged: None,
-        tensors: None,
-    };
+    let batch = crate::testing::batch_of(8, 16, 5);
     let run = |trust: bool| {
         TRUST_ROUNDED.set(trust);
         let mut e = CandleEngine::new(&exp).unwrap();

@@ -119,8 +119,7 @@ impl CustomOp2 for DirectConv {
         let dev = x.device();
         // Under autocast both gradients run on the bf16 tier, which rounds the operands and each result:
         // autocast's numbers (the fma tier rounds `dy` once for both, in `Gradient`, unless it arrives
-        // rounded: `Rounded::grad`). At 32-true the f32
-        // kernels read the tensors in place.
+        // rounded: `Rounded::grad`). At 32-true the f32 kernels read the tensors in place.
         let (dx, dw) = with_f32(grad, |dy| {
             let bf16 = self.bf16.map(|tier| {
                 bf16_direct::Gradient::of(tier, Rounded::values(self.rounded.grad, dy))
