@@ -125,6 +125,13 @@ fn layer_norm_matches_float64_and_paths_agree(#[case] rows: usize, #[case] d: us
             (&reference.1 .1, &reference.1 .2),
             "{isa:?} vs portable"
         );
+        // Stored as bf16s for a bf16 product to read in place: each value rounded, nothing else.
+        let stored = rowwise::layer_norm_bf16(isa, &x, &w, &b, 1e-6);
+        assert_eq!(
+            stored,
+            trainyard_conv::bf16::rounded(&y),
+            "{isa:?}: bf16 store"
+        );
     }
 }
 
@@ -181,6 +188,18 @@ fn gelu_and_column_sums_match_float64_and_paths_agree() {
         assert_close("gelu", &y, &y64, 1e-6);
         assert_close("gelu dx", &dx, &dx64, 1e-6);
         assert_eq!(y, rowwise::gelu(Isa::Portable16, &x), "{isa:?} vs portable");
+        let stored = rowwise::gelu_bf16(isa, &x);
+        assert_eq!(
+            stored,
+            trainyard_conv::bf16::rounded(&y),
+            "{isa:?}: bf16 store"
+        );
+        let passed_back = rowwise::gelu_backward_bf16(isa, &x, &dy);
+        assert_eq!(
+            passed_back,
+            trainyard_conv::bf16::rounded(&dx),
+            "{isa:?}: bf16 gradient"
+        );
         assert_eq!(dx, rowwise::gelu_backward(Isa::Portable16, &x, &dy));
         let sums = rowwise::column_sums(isa, &x, d);
         assert_close("column sums", &sums, &sums64, 1e-5);

@@ -160,13 +160,13 @@ pub fn matmul_bias(
 fn product(
     isa: Isa,
     d: Dims,
-    (a, sa): (&[f32], Strides),
-    (b, sb): (&[f32], Strides),
+    a: (&[f32], Strides),
+    b: (&[f32], Strides),
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
-    assert!(isa.supported(), "{isa:?} is not supported by this CPU");
     let len = d.batch * d.m * d.n;
     if len == 0 {
+        assert!(isa.supported(), "{isa:?} is not supported by this CPU");
         return Vec::new();
     }
     if d.k == 0 {
@@ -175,6 +175,108 @@ fn product(
             None => vec![0.0; len],
         };
     }
+    let mut c = uninit(len);
+    let plan = Plan {
+        bias_first: bias,
+        ..Plan::F32
+    };
+    // SAFETY: `c` holds the batch of contiguous m × n matrices.
+    unsafe { product_at(isa, d, a, b, plan, (c.as_mut_ptr() as *mut f32, d.n)) };
+    // SAFETY: the first reduction slice of every tile stored every element of C (k > 0).
+    unsafe { assume_init(c) }
+}
+
+/// What a product does besides `C = A·B`: where its sums start, and what its last reduction slice does
+/// to them as it stores them.
+#[derive(Clone, Copy)]
+struct Plan<'a> {
+    /// Values (n) every row's sums start from (`matmul_bias`).
+    bias_first: Option<&'a [f32]>,
+    /// The sums start from C's values (`C += A·B`).
+    accumulate: bool,
+    /// B rounded to bf16 as it is packed.
+    round_b: bool,
+    /// Values (n) added to every row's sums once the reduction is done (a bf16 `addmm`'s bias).
+    bias_last: Option<&'a [f32]>,
+    /// Each sum rounded to bf16 as it is stored.
+    round_c: bool,
+}
+
+impl Plan<'_> {
+    const F32: Plan<'static> = Plan {
+        bias_first: None,
+        accumulate: false,
+        round_b: false,
+        bias_last: None,
+        round_c: false,
+    };
+}
+
+/// bf16 autocast's product on f32 FMAs (`bf16::fma`), one matrix: `C = bf16(A·bf16(B) [+ bias])` into
+/// `c` (row stride `c_row`), or with `accumulate`, `C += A·bf16(B)` (the sums start from C). B is
+/// rounded as it is packed (unless `round_b` is false: it holds bf16s already) and, under `round`, each
+/// sum (plus its column's `bias`, added after the reduction) once it is stored; A must hold bf16 values
+/// already (it is read in place, one broadcast per element). Every element of C's m × n is written.
+///
+/// # Panics
+/// As `matmul`, if `d.batch` is not 1, if C's rows reach outside `c`, or if `bias` does not hold n
+/// values.
+pub(crate) fn matmul_bf16_into(
+    isa: Isa,
+    d: Dims,
+    a: (&[f32], Strides),
+    (b, round_b): ((&[f32], Strides), bool),
+    bias: Option<&[f32]>,
+    (c, c_row): (&mut [std::mem::MaybeUninit<f32>], usize),
+    (accumulate, round): (bool, bool),
+) {
+    assert_eq!(d.batch, 1, "one matrix");
+    if d.m == 0 || d.n == 0 {
+        return;
+    }
+    assert!(
+        c_row >= d.n && (d.m - 1) * c_row + d.n <= c.len(),
+        "C's rows reach outside it"
+    );
+    assert!(bias.is_none_or(|v| v.len() == d.n), "one bias per column");
+    let c = c.as_mut_ptr() as *mut f32;
+    if d.k == 0 {
+        for i in 0..d.m {
+            for j in 0..d.n {
+                // SAFETY: checked against `c`'s length above.
+                unsafe {
+                    let p = c.add(i * c_row + j);
+                    let sum = if accumulate { *p } else { 0.0 } + bias.map_or(0.0, |v| v[j]);
+                    *p = if round { crate::bf16::round(sum) } else { sum };
+                }
+            }
+        }
+        return;
+    }
+    let plan = Plan {
+        accumulate,
+        round_b,
+        bias_last: bias,
+        round_c: round,
+        ..Plan::F32
+    };
+    // SAFETY: C's m rows of n lie in `c` (checked above).
+    unsafe { product_at(isa, d, a, b, plan, (c, c_row)) }
+}
+
+/// The product into `c` (row stride `c_row`, matrices `d.m · c_row` apart), k > 0 and C not empty.
+///
+/// # Safety
+/// `c` holds the batch's m rows of n at that stride; with `plan.accumulate`, initialised.
+unsafe fn product_at(
+    isa: Isa,
+    d: Dims,
+    (a, sa): (&[f32], Strides),
+    (b, sb): (&[f32], Strides),
+    plan: Plan,
+    (c, c_row): (*mut f32, usize),
+) {
+    assert!(isa.supported(), "{isa:?} is not supported by this CPU");
     assert!(
         reach(d.batch, (d.m, d.k), sa) < a.len(),
         "A's strides reach outside it"
@@ -189,15 +291,16 @@ fn product(
     // split gives such a product column chunks, so each element is copied about once). A small B (a
     // weight) is packed whole once and shared by the tasks.
     let local = d.n > d.m;
-    let packed = (!local).then(|| pack_b(b, sb, d, l));
+    let packed = (!local).then(|| pack_b(b, sb, d, l, plan.round_b));
     let (mr, nb) = tile_shape(isa);
     let blocks = d.n.div_ceil(l);
     // Padded to whole blocks, so the kernel loads full vectors.
-    let bias: Option<Vec<f32>> = bias.map(|v| {
+    let padded = |v: &[f32]| {
         let mut p = v.to_vec();
         p.resize(blocks * l, 0.0);
         p
-    });
+    };
+    let (bias_first, bias_last) = (plan.bias_first.map(padded), plan.bias_last.map(padded));
     let (row_tiles, groups) = (d.m.div_ceil(mr), blocks.div_ceil(nb));
     let want = TASKS_PER_THREAD * rayon::current_num_threads().max(1);
     let (row_chunks, group_chunks) = split(
@@ -209,8 +312,7 @@ fn product(
         row_tiles.div_ceil(row_chunks),
         groups.div_ceil(group_chunks),
     );
-    let mut c = uninit(len);
-    let out = SharedOut(c.as_mut_ptr() as *mut f32);
+    let out = SharedOut(c);
     (0..d.batch * row_chunks * group_chunks)
         .into_par_iter()
         .for_each(|task| {
@@ -228,15 +330,20 @@ fn product(
                         BSource::Packed(p.as_ptr().wrapping_add(bi * d.n.div_ceil(l) * d.k * l))
                     }
                 },
-                c: out.get().wrapping_add(bi * d.m * d.n),
-                bias: bias.as_ref().map(|v| v.as_ptr()),
+                c: out.get().wrapping_add(bi * d.m * c_row),
+                c_row,
+                bias: bias_first.as_ref().map(|v| v.as_ptr()),
+                accumulate: plan.accumulate,
+                round_b: plan.round_b,
+                end: End {
+                    bias: bias_last.as_ref().map_or(std::ptr::null(), |v| v.as_ptr()),
+                    round: plan.round_c,
+                },
             };
             // SAFETY: the task's rows × column blocks of batch `bi` are its own; `reach` bounded A and
             // a strided B, the packed B holds every block × k × L; `isa` was checked above.
             unsafe { run(isa, &job, rows, cols) };
         });
-    // SAFETY: the first reduction slice of every tile stored every element of C (k > 0).
-    unsafe { assume_init(c) }
 }
 
 /// How one matrix's (row tiles × column groups) is cut into (row chunks, group chunks) for about `want`
@@ -270,8 +377,27 @@ fn tile_shape(isa: Isa) -> (usize, usize) {
     }
 }
 
-/// B as `[batch][column block][k][L]`, zero past column n.
-fn pack_b(b: &[f32], sb: Strides, d: Dims, l: usize) -> Aligned {
+/// B's value as packed: rounded to bf16 under `ROUND`.
+#[inline(always)]
+fn packed_value<const ROUND: bool>(v: f32) -> f32 {
+    if ROUND {
+        crate::bf16::pack::round_f32(v)
+    } else {
+        v
+    }
+}
+
+/// B as `[batch][column block][k][L]`, zero past column n, rounded to bf16 under `round`.
+fn pack_b(b: &[f32], sb: Strides, d: Dims, l: usize, round: bool) -> Aligned {
+    // The choice made once, outside the copy loops.
+    if round {
+        pack_b_as::<true>(b, sb, d, l)
+    } else {
+        pack_b_as::<false>(b, sb, d, l)
+    }
+}
+
+fn pack_b_as<const ROUND: bool>(b: &[f32], sb: Strides, d: Dims, l: usize) -> Aligned {
     let blocks = d.n.div_ceil(l);
     let panel = d.k * l;
     let mut packed = Aligned::uninit(d.batch * blocks * panel);
@@ -292,7 +418,7 @@ fn pack_b(b: &[f32], sb: Strides, d: Dims, l: usize) -> Aligned {
                     if lane < width {
                         let col = &src[lane * sb.col + k0..][..ks];
                         for (kk, &v) in col.iter().enumerate() {
-                            rows[kk * l + lane].write(v);
+                            rows[kk * l + lane].write(packed_value::<ROUND>(v));
                         }
                     } else {
                         for kk in 0..ks {
@@ -307,7 +433,7 @@ fn pack_b(b: &[f32], sb: Strides, d: Dims, l: usize) -> Aligned {
             for (kk, row) in dst.chunks_mut(l).enumerate() {
                 let (valid, pad) = row.split_at_mut(width);
                 for (v, &x) in valid.iter_mut().zip(&src[kk * sb.row..][..width]) {
-                    v.write(x);
+                    v.write(packed_value::<ROUND>(x));
                 }
                 for v in pad {
                     v.write(0.0);
@@ -318,7 +444,7 @@ fn pack_b(b: &[f32], sb: Strides, d: Dims, l: usize) -> Aligned {
         for (kk, row) in dst.chunks_mut(l).enumerate() {
             for (lane, v) in row.iter_mut().enumerate() {
                 v.write(if lane < width {
-                    src[kk * sb.row + lane * sb.col]
+                    packed_value::<ROUND>(src[kk * sb.row + lane * sb.col])
                 } else {
                     0.0
                 });
@@ -358,8 +484,42 @@ struct Job {
     sa: Strides,
     b: BSource,
     c: *mut f32,
-    /// The bias padded to whole blocks, added to every row.
+    /// Between C's rows.
+    c_row: usize,
+    /// The bias padded to whole blocks, where every row's sums start.
     bias: Option<*const f32>,
+    /// The sums start from C's values.
+    accumulate: bool,
+    /// B rounded to bf16 as it is packed (a strided B's panels).
+    round_b: bool,
+    /// What the last reduction slice does as it stores.
+    end: End,
+}
+
+/// What is done to a tile's sums once the last slice of the reduction has stored them (`finish`): the
+/// values at `bias` (padded to whole blocks; null: none) added, then each rounded to bf16 under `round`.
+#[derive(Clone, Copy)]
+struct End {
+    bias: *const f32,
+    round: bool,
+}
+
+impl End {
+    /// Sums stored as they are (every slice but the last, and f32 products).
+    const NONE: End = End {
+        bias: std::ptr::null(),
+        round: false,
+    };
+
+    /// The epilogue of the tile whose first column block is `ob` (L lanes each).
+    fn at_block(self, ob: usize, l: usize) -> End {
+        let bias = if self.bias.is_null() {
+            self.bias
+        } else {
+            self.bias.wrapping_add(ob * l)
+        };
+        End { bias, ..self }
+    }
 }
 
 /// What a tile's accumulators start from.
@@ -432,6 +592,38 @@ unsafe fn tile<V: Vector, const MR: usize, const NB: usize>(t: TileArgs) {
     }
 }
 
+/// A tile's `rows × width` sums just stored at `c` (row stride `c_row`), finished as `end` says: its bias
+/// added, then each rounded. A pass of its own over values still in L1: in the tile's store, the rounding
+/// kept LLVM from holding the accumulators in registers (2.2x slower).
+#[inline(always)]
+unsafe fn finish<V: Vector>(c: *mut f32, c_row: usize, (rows, width): (usize, usize), end: End) {
+    let l = V::LANES;
+    let whole = width / l * l;
+    for r in 0..rows {
+        let row = c.add(r * c_row);
+        for j in (0..whole).step_by(l) {
+            let mut v = V::load(row.add(j));
+            if !end.bias.is_null() {
+                v = v.add(V::load(end.bias.add(j)));
+            }
+            if end.round {
+                v = v.round_bf16();
+            }
+            v.store(row.add(j));
+        }
+        for j in whole..width {
+            let mut v = *row.add(j);
+            if !end.bias.is_null() {
+                v += *end.bias.add(j);
+            }
+            if end.round {
+                v = crate::bf16::pack::round_f32(v);
+            }
+            *row.add(j) = v;
+        }
+    }
+}
+
 /// Rows `rows` × column blocks `cols` of one matrix, in tiles of the path's shape. Tiles that reach past
 /// column n run on a scratch tile and copy their valid part.
 #[inline(always)]
@@ -451,10 +643,12 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
     for k0 in (0..d.k).step_by(slice) {
         let ks = slice.min(d.k - k0);
         let start = |ob: usize| match (k0, job.bias) {
+            (0, _) if job.accumulate => Start::Load,
             (0, Some(p)) => Start::Bias(p.add(ob * l)),
             (0, None) => Start::Zero,
             _ => Start::Load,
         };
+        let last = k0 + ks == d.k;
         let mut ob = cols.start;
         while ob < cols.end {
             let nb = (cols.end - ob).min(V::NB);
@@ -463,7 +657,7 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
                 BSource::Strided(raw, sb) => {
                     pack_panel(
                         raw,
-                        sb,
+                        (sb, job.round_b),
                         (k0, ks),
                         (ob * l, width),
                         nb * l,
@@ -474,9 +668,14 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
                 BSource::Packed(p) => (p.add((ob * d.k + k0) * l), l, d.k * l),
             };
             let start = start(ob);
+            let end = if last {
+                job.end.at_block(ob, l)
+            } else {
+                End::NONE
+            };
             for r0 in rows.clone().step_by(V::MR) {
                 let mr = V::MR.min(rows.end - r0);
-                let c = job.c.add(r0 * d.n + ob * l);
+                let c = job.c.add(r0 * job.c_row + ob * l);
                 let args = TileArgs {
                     a: (
                         job.a.add(r0 * job.sa.row + k0 * job.sa.col),
@@ -485,23 +684,35 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
                     ),
                     b,
                     ks,
-                    c: (c, d.n),
+                    c: (c, job.c_row),
                     start,
                     pf,
                 };
+                let finished = end.bias.is_null() && !end.round;
                 if width == nb * l && mr == V::MR && nb == V::NB {
                     V::full(args);
+                    if !finished {
+                        finish::<V>(c, job.c_row, (mr, width), end);
+                    }
                     continue;
                 }
                 if width == nb * l {
                     by_tile_shape!(tile, V, mr, nb, (args));
+                    if !finished {
+                        finish::<V>(c, job.c_row, (mr, width), end);
+                    }
                     continue;
                 }
                 let pitch = nb * l;
+                let from_c = k0 > 0 || job.accumulate;
                 for r in 0..mr {
                     for j in 0..width {
                         // A first slice starts from zero or the bias, not from the scratch.
-                        scratch[r * pitch + j] = if k0 > 0 { *c.add(r * d.n + j) } else { 0.0 };
+                        scratch[r * pitch + j] = if from_c {
+                            *c.add(r * job.c_row + j)
+                        } else {
+                            0.0
+                        };
                     }
                 }
                 let args = TileArgs {
@@ -511,8 +722,11 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
                 by_tile_shape!(tile, V, mr, nb, (args));
                 for r in 0..mr {
                     for j in 0..width {
-                        *c.add(r * d.n + j) = scratch[r * pitch + j];
+                        *c.add(r * job.c_row + j) = scratch[r * pitch + j];
                     }
+                }
+                if !finished {
+                    finish::<V>(c, job.c_row, (mr, width), end);
                 }
             }
             ob += nb;
@@ -521,11 +735,33 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
 }
 
 /// B's rows `k0..k0 + ks` and columns `j0..j0 + width` copied into `dst` as `[kk][pitch]`, zero past
-/// `width`: one panel of a task's column blocks, read whole vectors at a time by the tiles.
+/// `width`, rounded to bf16 under `round`: one panel of a task's column blocks, read whole vectors at a
+/// time by the tiles.
 ///
 /// # Safety
 /// `b` with strides `sb` holds every element of those rows and columns; `dst` holds `ks × pitch` f32s.
 unsafe fn pack_panel(
+    b: *const f32,
+    (sb, round): (Strides, bool),
+    (k0, ks): (usize, usize),
+    (j0, width): (usize, usize),
+    pitch: usize,
+    dst: *mut f32,
+) {
+    // The choice made once, outside the copy loops.
+    if round {
+        pack_panel_as::<true>(b, sb, (k0, ks), (j0, width), pitch, dst)
+    } else {
+        pack_panel_as::<false>(b, sb, (k0, ks), (j0, width), pitch, dst)
+    }
+}
+
+/// `pack_panel`, rounding under `ROUND`.
+///
+/// # Safety
+/// As `pack_panel`.
+#[inline(always)]
+unsafe fn pack_panel_as<const ROUND: bool>(
     b: *const f32,
     sb: Strides,
     (k0, ks): (usize, usize),
@@ -538,7 +774,7 @@ unsafe fn pack_panel(
         for (kk, row) in dst.chunks_exact_mut(pitch).enumerate() {
             let src = std::slice::from_raw_parts(b.add((k0 + kk) * sb.row + j0), width);
             for (v, &x) in row.iter_mut().zip(src) {
-                v.write(x);
+                v.write(packed_value::<ROUND>(x));
             }
             for v in &mut row[width..] {
                 v.write(0.0);
@@ -550,7 +786,7 @@ unsafe fn pack_panel(
     for lane in 0..width {
         let src = b.add(k0 * sb.row + (j0 + lane) * sb.col);
         for kk in 0..ks {
-            dst[kk * pitch + lane].write(*src.add(kk * sb.row));
+            dst[kk * pitch + lane].write(packed_value::<ROUND>(*src.add(kk * sb.row)));
         }
     }
     for row in dst.chunks_exact_mut(pitch) {

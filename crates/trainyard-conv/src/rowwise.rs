@@ -325,6 +325,16 @@ fn chunk_rows(rows: usize, dim: usize) -> usize {
 
 /// LayerNorm over rows of `w.len()` values: `(x − mean)/√(var + eps)·w + b`.
 pub fn layer_norm(isa: Isa, x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
+    layer_norm_to(isa, x, (w, b), eps, false)
+}
+
+/// `layer_norm` stored rounded to bf16 (kept as f32): under bf16 autocast, a LayerNorm whose only reader
+/// is a bf16 product (which would round it anyway) hands it bf16s to read in place.
+pub fn layer_norm_bf16(isa: Isa, x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f32> {
+    layer_norm_to(isa, x, (w, b), eps, true)
+}
+
+fn layer_norm_to(isa: Isa, x: &[f32], (w, b): (&[f32], &[f32]), eps: f32, round: bool) -> Vec<f32> {
     let d = w.len();
     let mut y = uninit(x.len());
     let rows = chunk_rows(x.len() / d.max(1), d) * d;
@@ -332,9 +342,21 @@ pub fn layer_norm(isa: Isa, x: &[f32], w: &[f32], b: &[f32], eps: f32) -> Vec<f3
         .zip(x.par_chunks(rows.max(1)))
         .for_each(|(y, x)| {
             run(isa, Job::LayerNorm { x, w, b, eps, y });
+            if round {
+                round_written(y);
+            }
         });
     // SAFETY: every row was written.
     unsafe { assume_init(y) }
+}
+
+/// Values just written (a task's chunk, still in cache) rounded to bf16 in place.
+fn round_written(y: &mut [MaybeUninit<f32>]) {
+    for v in y {
+        // SAFETY: the caller wrote every value.
+        let f = unsafe { v.assume_init() };
+        v.write(crate::bf16::pack::round_f32(f));
+    }
 }
 
 /// LayerNorm's gradients (input, weight, bias) from the input and the output gradient.
@@ -407,6 +429,15 @@ pub fn softmax_backward(isa: Isa, y: &[f32], dy: &[f32], dim: usize) -> Vec<f32>
 
 /// GELU, erf form: `x·Φ(x)`.
 pub fn gelu(isa: Isa, x: &[f32]) -> Vec<f32> {
+    gelu_to(isa, x, false)
+}
+
+/// `gelu` stored rounded to bf16 (kept as f32): GELU of a bf16 tensor under autocast, which returns bf16.
+pub fn gelu_bf16(isa: Isa, x: &[f32]) -> Vec<f32> {
+    gelu_to(isa, x, true)
+}
+
+fn gelu_to(isa: Isa, x: &[f32], round: bool) -> Vec<f32> {
     let mut y = uninit(x.len());
     let chunk = x
         .len()
@@ -414,13 +445,28 @@ pub fn gelu(isa: Isa, x: &[f32]) -> Vec<f32> {
         .max(4096);
     y.par_chunks_mut(chunk)
         .zip(x.par_chunks(chunk))
-        .for_each(|(y, x)| run(isa, Job::Gelu { x, y }));
+        .for_each(|(y, x)| {
+            run(isa, Job::Gelu { x, y });
+            if round {
+                round_written(y);
+            }
+        });
     // SAFETY: every element was written.
     unsafe { assume_init(y) }
 }
 
 /// GELU's input gradient: `dy·(Φ(x) + x·φ(x))`.
 pub fn gelu_backward(isa: Isa, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    gelu_backward_to(isa, x, dy, false)
+}
+
+/// `gelu_backward` stored rounded to bf16 (kept as f32): the gradient GELU of a bf16 tensor passes back
+/// under autocast.
+pub fn gelu_backward_bf16(isa: Isa, x: &[f32], dy: &[f32]) -> Vec<f32> {
+    gelu_backward_to(isa, x, dy, true)
+}
+
+fn gelu_backward_to(isa: Isa, x: &[f32], dy: &[f32], round: bool) -> Vec<f32> {
     let mut dx = uninit(x.len());
     let chunk = x
         .len()
@@ -428,7 +474,12 @@ pub fn gelu_backward(isa: Isa, x: &[f32], dy: &[f32]) -> Vec<f32> {
         .max(4096);
     dx.par_chunks_mut(chunk)
         .zip(x.par_chunks(chunk).zip(dy.par_chunks(chunk)))
-        .for_each(|(dx, (x, dy))| run(isa, Job::GeluBackward { x, dy, dx }));
+        .for_each(|(dx, (x, dy))| {
+            run(isa, Job::GeluBackward { x, dy, dx });
+            if round {
+                round_written(dx);
+            }
+        });
     // SAFETY: every element was written.
     unsafe { assume_init(dx) }
 }

@@ -70,6 +70,20 @@ impl Vector for Avx512 {
     unsafe fn add(self, a: Self) -> Self {
         Avx512(_mm512_add_ps(self.0, a.0))
     }
+    /// `round_f32`'s integer arithmetic on the 16 lanes at once (the default's loop over a stack array
+    /// compiled to 256-bit halves with blends).
+    #[inline(always)]
+    unsafe fn round_bf16(self) -> Self {
+        let bits = _mm512_castps_si512(self.0);
+        let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(bits), _mm512_set1_epi32(1));
+        let nearest = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+        let magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fff_ffff));
+        let nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f80_0000));
+        let quiet = _mm512_or_si512(bits, _mm512_set1_epi32(0x0040_0000));
+        let kept = _mm512_mask_blend_epi32(nan, nearest, quiet);
+        let upper = _mm512_and_si512(kept, _mm512_set1_epi32(0xffff_0000_u32 as i32));
+        Avx512(_mm512_castsi512_ps(upper))
+    }
 }
 
 /// AVX2 with FMA: a ymm register.
@@ -143,5 +157,62 @@ impl<const L: usize> Vector for Portable<L> {
             *o += x;
         }
         Portable(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each path's `round_bf16` is `round_f32` lane by lane: ties to even, carries into the exponent,
+    /// infinities, NaNs kept quiet, signed zeros and subnormals.
+    #[test]
+    fn vector_rounding_is_round_f32() {
+        let specials = [
+            1.0f32 + 1.0 / 256.0,
+            1.0 + 3.0 / 256.0,
+            -(1.0 + 1.0 / 256.0),
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+            f32::from_bits(0x7f7f_ffff),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::from_bits(0x7f80_0001),
+            f32::from_bits(0xff80_0001),
+            0.0,
+            -0.0,
+            f32::from_bits(0x0000_8000),
+            f32::from_bits(0x8000_7fff),
+            1.0 / 3.0,
+        ];
+        let mut values: Vec<f32> = specials.to_vec();
+        let mut s = 0x9e37_79b9_u32;
+        values.extend((0..64).map(|_| {
+            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            f32::from_bits(s)
+        }));
+        let want: Vec<u32> = values
+            .iter()
+            .map(|v| crate::bf16::pack::round_f32(*v).to_bits())
+            .collect();
+        fn each<V: Vector>(values: &[f32]) -> Vec<u32> {
+            let mut out = values.to_vec();
+            for c in out.chunks_exact_mut(V::LANES) {
+                // SAFETY: `c` holds LANES values.
+                unsafe { V::load(c.as_ptr()).round_bf16().store(c.as_mut_ptr()) };
+            }
+            out.iter().map(|v| v.to_bits()).collect()
+        }
+        assert_eq!(each::<Portable<16>>(&values), want);
+        #[cfg(target_arch = "x86_64")]
+        if crate::Isa::Avx512.supported() {
+            #[target_feature(enable = "avx512f")]
+            unsafe fn avx512(values: &[f32]) -> Vec<u32> {
+                each::<Avx512>(values)
+            }
+            // SAFETY: the CPU has AVX-512F.
+            assert_eq!(unsafe { avx512(&values) }, want);
+        }
     }
 }

@@ -18,6 +18,7 @@
 //! (`models::Pass`), so nothing outside the call decides how it computes.
 
 use super::kernels::cpu::{f32_slice, is_cpu_f32, with_f32};
+use super::kernels::direct::Rounded;
 use super::kernels::tape;
 use candle_core::{CpuStorage, CustomOp1, DType, Layout, Result, Shape, Tensor};
 use trainyard_conv::bf16::Tier;
@@ -35,6 +36,13 @@ impl Autocast {
     /// No autocast: every op in f32.
     pub const OFF: Autocast = Autocast {
         bf16: false,
+        tier: None,
+    };
+
+    /// bf16 autocast emulated (f32 products of rounded operands): where only its roundings are wanted
+    /// (`round`), which are the same on every tier.
+    pub const EMULATED: Autocast = Autocast {
+        bf16: true,
         tier: None,
     };
 
@@ -78,6 +86,19 @@ impl Autocast {
     /// `x @ wᵀ + b` (PyTorch's `nn.Linear`): under autocast, bf16 operands (bias included), one rounding
     /// of the f32-accumulated result, as a bf16 `addmm` does.
     pub fn linear(self, x: &Tensor, w: &Tensor, b: &Tensor) -> Result<Tensor> {
+        self.linear_of((x, Rounded::NONE), w, b)
+    }
+
+    /// `linear` where, under autocast, `rounded` names what holds bf16 values already: `x` (its producer
+    /// rounded as it stored: a bf16 op's result, or an op whose only reader is this layer) and the
+    /// gradient of the result (its only reader passes back bf16s). The `fma` tier then reads them in place
+    /// instead of rounding copies: the same numbers, if the claims are true.
+    pub fn linear_of(
+        self,
+        (x, rounded): (&Tensor, Rounded),
+        w: &Tensor,
+        b: &Tensor,
+    ) -> Result<Tensor> {
         if !self.bf16 {
             return match super::kernels::direct::active() {
                 Some(isa) => super::kernels::direct::matmul::linear(isa, x, w, b),
@@ -86,7 +107,7 @@ impl Autocast {
         }
         use super::kernels::direct;
         if let (Some(tier), Some(isa)) = (self.tier, direct::active()) {
-            if let Some(y) = direct::matmul::linear_bf16(isa, tier, x, w, b)? {
+            if let Some(y) = direct::matmul::linear_bf16(isa, tier, (x, rounded), w, b)? {
                 return Ok(y);
             }
         }

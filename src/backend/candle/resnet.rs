@@ -67,7 +67,7 @@ fn block_end(out: &Tensor, identity: &Tensor, bf16: bool) -> Result<Tensor> {
     }
     match fused::add_relu_rounded(out, identity)? {
         Some(y) => Ok(y),
-        None => BF16_ROUND.round(&fused::add_relu(out, identity)?),
+        None => Autocast::EMULATED.round(&fused::add_relu(out, identity)?),
     }
 }
 
@@ -134,16 +134,10 @@ pub(super) fn batch_norm_with(
         // output's gradient; the input gradient is rounded where the convolution's output was). It
         // rounds after the fused ReLU, so an output in (0, 2^-134] stored as 0 still passes its gradient
         // here, where the blocked kernel and PyTorch do not: subnormals only.
-        BnOf::Bf16 if x.rank() != 5 => BF16_ROUND.round(&y),
+        BnOf::Bf16 if x.rank() != 5 => Autocast::EMULATED.round(&y),
         _ => Ok(y),
     }
 }
-
-/// An autocast whose only use is `round`.
-const BF16_ROUND: Autocast = Autocast {
-    bf16: true,
-    tier: None,
-};
 
 /// `batch_norm_with`'s kernel: the blocked one (which rounds as it stores under `BnOf::Bf16`), the
 /// planar one, or basic ops.

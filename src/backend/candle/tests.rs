@@ -122,6 +122,58 @@ fn resnet_operands_called_rounded_are_bf16s(#[case] model: &str) {
     }
 }
 
+/// Under bf16 autocast on the fma tier the ViT's linear layers read their inputs, and qkv and fc1 their
+/// output gradients, in place (`Autocast::linear_of`), trusting the ops that made them to have stored
+/// bf16s: the LayerNorms before qkv and fc1 (rounded for their reader), the attention (its second
+/// product's result; its backward) and GELU (both ways). The step must equal, bit for bit, the one whose
+/// linear layers round copies; and with dropout on, fc2's input (scaled by the mask) is not called rounded.
+#[rstest::rstest]
+#[case::no_dropout(0.0, 48)]
+#[case::dropout(0.1, 36)]
+fn vit_operands_called_rounded_are_bf16s(#[case] dropout: f64, #[case] claims: usize) {
+    use super::kernels::direct::conv::tests::{DISTRUSTED, TRUST_ROUNDED};
+    use trainyard_conv::bf16::Tier;
+    if super::kernels::direct::active().is_none() || !Tier::Fma.supported() {
+        eprintln!("SKIPPED: the fma tier does not run on this CPU");
+        return;
+    }
+    let model = format!(
+        "{{name: vit, num_classes: 4, variant: tiny, patch_size: 4, image_size: 8, dropout: {dropout}}}"
+    );
+    let exp = experiment(&model, "{name: sgd, lr: 0.1}");
+    let batch = crate::testing::batch_of(8, 8, 5);
+    let run = |trust: bool| {
+        TRUST_ROUNDED.set(trust);
+        DISTRUSTED.set(0);
+        let mut e = CandleEngine::new(&exp).unwrap();
+        e.autocast = Autocast {
+            bf16: true,
+            tier: Some(Tier::Fma),
+        };
+        let stats = e.forward_backward(&batch, 1.0).unwrap();
+        TRUST_ROUNDED.set(true);
+        let grads: Vec<(String, Vec<f32>)> = e
+            .gradients()
+            .iter()
+            .map(|(n, g)| (n.clone(), g.flatten_all().unwrap().to_vec1().unwrap()))
+            .collect();
+        (stats.loss_sum, grads)
+    };
+    let (in_place, copies) = (run(true), run(false));
+    // qkv, proj and fc1 of each of the 12 blocks, and fc2 unless dropout scaled its input.
+    assert_eq!(
+        DISTRUSTED.get(),
+        claims,
+        "linear layers that set claims aside"
+    );
+    assert_eq!(in_place.0.to_bits(), copies.0.to_bits(), "loss");
+    assert_eq!(in_place.1.len(), copies.1.len());
+    for ((name, a), (_, b)) in in_place.1.iter().zip(&copies.1) {
+        let moved = a.iter().zip(b).filter(|(a, b)| a.to_bits() != b.to_bits());
+        assert_eq!(moved.count(), 0, "{name}'s gradient");
+    }
+}
+
 /// Every trainable parameter of every zoo model must receive a non-zero gradient.
 #[test]
 fn every_parameter_gets_a_gradient() {

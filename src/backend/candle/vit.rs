@@ -4,6 +4,7 @@
 //! `layer_norm` have no backward pass, so gradients would silently stop before them.
 
 use super::autocast::Autocast;
+use super::kernels::direct::Rounded;
 use super::kernels::tape::ops;
 use super::models::{param, Buffers, CandleForward, Params, Pass};
 use crate::model::vit::Vit;
@@ -12,10 +13,15 @@ use candle_core::{Result, Tensor, D};
 /// timm's ViT LayerNorm epsilon.
 const LN_EPS: f64 = 1e-6;
 
-fn linear(p: &Params, name: &str, x: &Tensor, autocast: Autocast) -> Result<Tensor> {
+fn linear(
+    p: &Params,
+    name: &str,
+    (x, rounded): (&Tensor, Rounded),
+    ac: Autocast,
+) -> Result<Tensor> {
     let w = param(p, &format!("{name}.weight"))?;
     let b = param(p, &format!("{name}.bias"))?;
-    autocast.linear(x, w, b)
+    ac.linear_of((x, rounded), w, b)
 }
 
 /// timm's LayerNorm (eps 1e-6) over the last dimension.
@@ -23,15 +29,32 @@ pub fn layer_norm(p: &Params, name: &str, x: &Tensor) -> Result<Tensor> {
     layer_norm_eps(p, name, x, LN_EPS)
 }
 
+/// timm's LayerNorm whose only reader is a linear layer: under bf16 autocast its output is stored rounded
+/// to bf16, which that layer's cast would do anyway, so the layer reads it in place (`Rounded::input`).
+/// Its gradient is unchanged: it comes from the layer's backward, rounded either way.
+fn layer_norm_for_linear(p: &Params, name: &str, x: &Tensor, ac: Autocast) -> Result<Tensor> {
+    layer_norm_at(p, name, x, (LN_EPS, ac.bf16))
+}
+
 /// LayerNorm over the last dimension: the row-wise kernel where it runs, basic ops (differentiable)
 /// elsewhere.
 pub(super) fn layer_norm_eps(p: &Params, name: &str, x: &Tensor, eps: f64) -> Result<Tensor> {
+    layer_norm_at(p, name, x, (eps, false))
+}
+
+fn layer_norm_at(p: &Params, name: &str, x: &Tensor, (eps, round): (f64, bool)) -> Result<Tensor> {
     let (w, b) = (
         param(p, &format!("{name}.weight"))?,
         param(p, &format!("{name}.bias"))?,
     );
     if let Some(isa) = super::kernels::direct::active() {
-        if let Some(y) = super::kernels::direct::rowwise::layer_norm(isa, x, w, b, eps)? {
+        use super::kernels::direct::rowwise;
+        let fused = if round {
+            rowwise::layer_norm_rounded(isa, x, w, b, eps)?
+        } else {
+            rowwise::layer_norm(isa, x, w, b, eps)?
+        };
+        if let Some(y) = fused {
             return Ok(y);
         }
     }
@@ -39,7 +62,17 @@ pub(super) fn layer_norm_eps(p: &Params, name: &str, x: &Tensor, eps: f64) -> Re
     let centered = x.broadcast_sub(&mean)?;
     let var = centered.sqr()?.mean_keepdim(D::Minus1)?;
     let normed = centered.broadcast_div(&(var + eps)?.sqrt()?)?;
-    normed.broadcast_mul(w)?.broadcast_add(b)
+    let y = normed.broadcast_mul(w)?.broadcast_add(b)?;
+    rounded_if(y, round)
+}
+
+/// `y` rounded to bf16 (the rounding op, differentiable) when `round`.
+fn rounded_if(y: Tensor, round: bool) -> Result<Tensor> {
+    if round {
+        Autocast::EMULATED.round(&y)
+    } else {
+        Ok(y)
+    }
 }
 
 /// Softmax over the last dimension from basic ops (differentiable). The max is a constant shift, so
@@ -57,19 +90,44 @@ fn softmax_last_dim(x: &Tensor) -> Result<Tensor> {
 
 /// GELU (erf form): one pass each way on the blocked path's CPUs, Candle's op otherwise.
 pub(super) fn gelu_erf(x: &Tensor) -> Result<Tensor> {
+    gelu_erf_at(x, false)
+}
+
+/// GELU whose output, and the gradient it passes back, are stored rounded to bf16 when `round`: under bf16
+/// autocast, GELU of a bf16 product's result returns bf16 in PyTorch, and its input's gradient is bf16.
+/// (Candle's op, where the row-wise kernel does not run, rounds its output only; no linear layer reads
+/// the gradient in place there, as none runs on the bf16 kernels.)
+fn gelu_erf_at(x: &Tensor, round: bool) -> Result<Tensor> {
     if let Some(isa) = super::kernels::direct::active() {
-        if let Some(y) = super::kernels::direct::rowwise::gelu_erf(isa, x)? {
+        use super::kernels::direct::rowwise;
+        let fused = if round {
+            rowwise::gelu_erf_rounded(isa, x)?
+        } else {
+            rowwise::gelu_erf(isa, x)?
+        };
+        if let Some(y) = fused {
             return Ok(y);
         }
     }
-    x.gelu_erf()
+    rounded_if(x.gelu_erf()?, round)
 }
 
 /// Multi-head self-attention of block `name` (`vit.heads` heads).
 fn attention(vit: &Vit, p: &Params, name: &str, x: &Tensor, ac: Autocast) -> Result<Tensor> {
     let (b, n, d) = x.dims3()?;
     let hd = d / vit.heads;
-    let qkv = linear(p, &format!("{name}.qkv"), x, ac)?;
+    // `x`: the LayerNorm rounded for this layer; the attention, its only reader, passes back bf16s.
+    let both = Rounded {
+        input: true,
+        grad: true,
+    };
+    let qkv = linear(p, &format!("{name}.qkv"), (x, both), ac)?;
+    // Its output, the attention's, is rounded as the second bf16 product's is; its gradient comes from
+    // the residual add.
+    let input = Rounded {
+        input: true,
+        grad: false,
+    };
     let scale = 1.0 / (hd as f64).sqrt();
     if let Some(isa) = super::kernels::direct::active() {
         // Under autocast the fused op rounds where the composed one below would (`qkv` is rounded: the
@@ -81,7 +139,7 @@ fn attention(vit: &Vit, p: &Params, name: &str, x: &Tensor, ac: Autocast) -> Res
             Precision::F32
         };
         if let Some(out) = self_attention_at(isa, precision, &qkv, vit.heads, scale)? {
-            return linear(p, &format!("{name}.proj"), &out, ac);
+            return linear(p, &format!("{name}.proj"), (&out, input), ac);
         }
     }
     let qkv = qkv
@@ -93,7 +151,7 @@ fn attention(vit: &Vit, p: &Params, name: &str, x: &Tensor, ac: Autocast) -> Res
     let scores = (ac.matmul(&q, &k.t()?.contiguous()?)? * scale)?;
     let attn = softmax_last_dim(&scores)?;
     let out = ac.matmul(&attn, &v)?.transpose(1, 2)?.reshape((b, n, d))?;
-    linear(p, &format!("{name}.proj"), &out, ac)
+    linear(p, &format!("{name}.proj"), (&out, input), ac)
 }
 
 impl CandleForward for Vit {
@@ -122,30 +180,33 @@ impl CandleForward for Vit {
             let h = layer_norm(p, "norm", x)?;
             // timm's default global_pool='token': the class token.
             let cls = h.narrow(1, 0, 1)?.squeeze(1)?;
-            return linear(p, "head", &cls, pass.autocast);
+            return linear(p, "head", (&cls, Rounded::NONE), pass.autocast);
         }
         let blk = format!("blocks.{}", k - 1);
+        let ac = pass.autocast;
         let a = attention(
             self,
             p,
             &format!("{blk}.attn"),
-            &layer_norm(p, &format!("{blk}.norm1"), x)?,
-            pass.autocast,
+            &layer_norm_for_linear(p, &format!("{blk}.norm1"), x, ac)?,
+            ac,
         )?;
         let h = ops::broadcast_add(x, &super::models::dropout(&a, self.dropout, pass)?)?;
-        let m = linear(
-            p,
-            &format!("{blk}.mlp.fc1"),
-            &layer_norm(p, &format!("{blk}.norm2"), &h)?,
-            pass.autocast,
-        )?;
-        let m = gelu_erf(&m)?;
-        let m = linear(
-            p,
-            &format!("{blk}.mlp.fc2"),
-            &super::models::dropout(&m, self.dropout, pass)?,
-            pass.autocast,
-        )?;
+        let normed = layer_norm_for_linear(p, &format!("{blk}.norm2"), &h, ac)?;
+        // Its input rounded for it; GELU, its only reader, passes back bf16s.
+        let both = Rounded {
+            input: true,
+            grad: true,
+        };
+        let m = linear(p, &format!("{blk}.mlp.fc1"), (&normed, both), ac)?;
+        let m = gelu_erf_at(&m, ac.bf16)?;
+        // GELU's bf16s, unless dropout scaled what it kept; the gradient comes from the residual add.
+        let fc2 = Rounded {
+            input: !(pass.train && self.dropout > 0.0),
+            grad: false,
+        };
+        let m = super::models::dropout(&m, self.dropout, pass)?;
+        let m = linear(p, &format!("{blk}.mlp.fc2"), (&m, fc2), ac)?;
         ops::broadcast_add(&h, &super::models::dropout(&m, self.dropout, pass)?)
     }
 }

@@ -8,7 +8,9 @@
 //! A convolution's input (or output gradient) is rounded into an f32 copy in one pass, unless its producer
 //! stored bf16s already (`Values::Rounded`: read in place), the gradient once for both of its products
 //! (`direct::Gradient`); its weights are rounded as the f32 kernel packs them and
-//! its sums as the kernel stores them. A GEMM's operands are rounded into copies, its result as written.
+//! its sums as the kernel stores them. A GEMM's right operand is rounded as the f32 GEMM packs it and its
+//! sums as the GEMM stores them (`gemm::matmul_bf16_into`); its left one, which the GEMM reads in place, is
+//! rounded into a copy unless its producer stored bf16s (`Operand::Bf16`).
 
 use super::pack::round_f32;
 use super::{Operand, Values, Write};
@@ -17,6 +19,7 @@ use crate::conv::{self, Geometry, Precision};
 use crate::gemm::{self, Dims, Strides};
 use crate::Isa;
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::mem::MaybeUninit;
 
 /// The f32 kernels' instruction set: the tier needs the 16-lane blocks of AVX-512F.
@@ -67,25 +70,54 @@ pub fn conv_weight_grad(x: Values, dy: &[f32], g: &Geometry) -> Vec<f32> {
     round_in_place(conv::weight_grad(ISA, &x.as_rounded(), dy, g))
 }
 
-/// An operand rounded, with the strides to read it by. A dense strided one (row- or column-major, the
-/// span it reaches at most twice its size) is rounded over its span in place order, a pass that
-/// vectorises, and keeps its strides (the f32 GEMM packs any); others become contiguous copies.
-fn rounded_operand(op: &Operand, (rows, cols): (usize, usize)) -> (Vec<f32>, Strides) {
-    if let (Operand::Strided(data, (rs, cs)), true) = (op, rows > 0 && cols > 0) {
-        let span = (rows - 1) * rs + (cols - 1) * cs + 1;
-        if span <= 2 * rows * cols {
-            let strides = Strides {
-                batch: span,
-                row: *rs,
-                col: *cs,
-            };
-            return (rounded(&data[..span]), strides);
+/// The left operand as the f32 GEMM reads it, every value a bf16: in place when its producer stored
+/// bf16s (`Operand::Bf16`); else rounded into a copy. A dense strided one (row- or column-major, the span
+/// it reaches at most twice its size) is rounded over its span in place order, a pass that vectorises,
+/// and keeps its strides (the GEMM reads any); others become contiguous copies.
+fn lhs_rounded<'a>(op: &Operand<'a>, (rows, cols): (usize, usize)) -> (Cow<'a, [f32]>, Strides) {
+    let strided = |rs: usize, cs: usize| Strides {
+        batch: 0,
+        row: rs,
+        col: cs,
+    };
+    match *op {
+        Operand::Bf16(data, (rs, cs)) => return (Cow::Borrowed(data), strided(rs, cs)),
+        Operand::Strided(data, (rs, cs)) => {
+            let span = (rows - 1) * rs + (cols - 1) * cs + 1;
+            if span <= 2 * rows * cols {
+                return (Cow::Owned(rounded(&data[..span])), strided(rs, cs));
+            }
         }
+        Operand::Rows(_) | Operand::Packed(_) => {}
     }
     (
-        materialised(op, (rows, cols)),
+        Cow::Owned(materialised(op, (rows, cols))),
         Strides::contiguous(rows, cols),
     )
+}
+
+/// The right operand as the f32 GEMM reads it, and whether the GEMM must round it as it packs it: in
+/// place (rounded as packed unless `Operand::Bf16`), or made from its rows (rounded).
+fn rhs_readable<'a>(
+    op: &Operand<'a>,
+    (rows, cols): (usize, usize),
+) -> ((Cow<'a, [f32]>, Strides), bool) {
+    let strided = |rs: usize, cs: usize| Strides {
+        batch: 0,
+        row: rs,
+        col: cs,
+    };
+    match *op {
+        Operand::Strided(data, (rs, cs)) => ((Cow::Borrowed(data), strided(rs, cs)), true),
+        Operand::Bf16(data, (rs, cs)) => ((Cow::Borrowed(data), strided(rs, cs)), false),
+        _ => (
+            (
+                Cow::Owned(materialised(op, (rows, cols))),
+                Strides::contiguous(rows, cols),
+            ),
+            false,
+        ),
+    }
 }
 
 /// An operand as a rounded, contiguous `rows × cols` f32 matrix.
@@ -94,7 +126,7 @@ fn materialised(op: &Operand, (rows, cols): (usize, usize)) -> Vec<f32> {
         return Vec::new();
     }
     match op {
-        Operand::Strided(data, (rs, cs)) => {
+        Operand::Strided(data, (rs, cs)) | Operand::Bf16(data, (rs, cs)) => {
             let mut out = uninit(rows * cols);
             out.par_chunks_mut(cols).enumerate().for_each(|(i, row)| {
                 if *cs == 1 {
@@ -127,40 +159,94 @@ fn materialised(op: &Operand, (rows, cols): (usize, usize)) -> Vec<f32> {
     }
 }
 
-/// `bf16::product` on this tier: both operands rounded into f32 copies, one f32 GEMM, its sums written
-/// as `write` says.
+/// The product into C's rows (`c`, row stride `c_row`): `C = A·B [+ bias]` rounded under `round`, or
+/// `C += A·B`. The f32 GEMM rounds B as it packs it and the sums as it stores them; only an A its producer
+/// did not round is copied.
+fn product_into(
+    (m, n, k): super::Dims,
+    (c, c_row): (&mut [MaybeUninit<f32>], usize),
+    (accumulate, round): (bool, bool),
+    (lhs, rhs): (Operand, Operand),
+    bias: Option<&[f32]>,
+) {
+    let dims = Dims { batch: 1, m, k, n };
+    if m == 0 || n == 0 {
+        return;
+    }
+    let (a, sa) = if k == 0 {
+        (Cow::Borrowed(&[][..]), Strides::contiguous(m, k))
+    } else {
+        lhs_rounded(&lhs, (m, k))
+    };
+    let ((b, sb), round_b) = if k == 0 {
+        ((Cow::Borrowed(&[][..]), Strides::contiguous(k, n)), false)
+    } else {
+        rhs_readable(&rhs, (k, n))
+    };
+    gemm::matmul_bf16_into(
+        ISA,
+        dims,
+        (&a, sa),
+        ((&b, sb), round_b),
+        bias,
+        (c, c_row),
+        (accumulate, round),
+    );
+}
+
+/// `bf16::product` on this tier: one f32 GEMM over rounded operands (B rounded as it is packed, A in
+/// place when `Operand::Bf16`), its sums written as `write` says; straight into `dst` when its rows are
+/// contiguous.
 pub fn product(
     (m, n, k): super::Dims,
     (dst, (dst_rs, dst_cs)): (&mut [f32], (usize, usize)),
     write: Write,
     (lhs, rhs): (Operand, Operand),
 ) {
-    let dims = Dims { batch: 1, m, k, n };
-    let c = if k == 0 {
-        // An empty reduction: sums of nothing.
-        vec![0f32; m * n]
-    } else {
-        let (a, b) = (rounded_operand(&lhs, (m, k)), rounded_operand(&rhs, (k, n)));
-        gemm::matmul(ISA, dims, (&a.0, a.1), (&b.0, b.1))
+    let (accumulate, round) = match write {
+        Write::Store => (false, false),
+        Write::Accumulate => (true, false),
+        Write::StoreBf16 => (false, true),
     };
-    let put = |d: &mut f32, v: f32| {
-        *d = match write {
-            Write::Store => v,
-            Write::Accumulate => *d + v,
-            Write::StoreBf16 => round_f32(v),
-        }
-    };
+    if dst_cs == 1 && dst_rs >= n {
+        // SAFETY: the view only ever has initialised f32s written into it.
+        let c = unsafe { &mut *(dst as *mut [f32] as *mut [MaybeUninit<f32>]) };
+        return product_into(
+            (m, n, k),
+            (c, dst_rs),
+            (accumulate, round),
+            (lhs, rhs),
+            None,
+        );
+    }
+    // C's columns strided (a transposed destination): the sums made contiguous, then put in place.
+    let c = rounded_product((m, n, k), (lhs, rhs), None, round);
     for (i, row) in c.chunks_exact(n).enumerate() {
-        if dst_cs == 1 {
-            // Contiguous rows of C: a loop that vectorises.
-            let out = &mut dst[i * dst_rs..][..n];
-            out.iter_mut().zip(row).for_each(|(d, v)| put(d, *v));
-        } else {
-            for (j, v) in row.iter().enumerate() {
-                put(&mut dst[i * dst_rs + j * dst_cs], *v);
-            }
+        for (j, v) in row.iter().enumerate() {
+            let d = &mut dst[i * dst_rs + j * dst_cs];
+            *d = match write {
+                Write::Store | Write::StoreBf16 => *v,
+                Write::Accumulate => *d + v,
+            };
         }
     }
+}
+
+/// `bf16::rounded_product` on this tier: a new m × n matrix, `bias` (already rounded) added to the sums,
+/// each result rounded under `round`, every element written once (no zeroing).
+pub fn rounded_product(
+    (m, n, k): super::Dims,
+    (lhs, rhs): (Operand, Operand),
+    bias: Option<&[f32]>,
+    round: bool,
+) -> Vec<f32> {
+    if m == 0 || n == 0 {
+        return Vec::new();
+    }
+    let mut c = uninit(m * n);
+    product_into((m, n, k), (&mut c, n), (false, round), (lhs, rhs), bias);
+    // SAFETY: `product_into` wrote every element of the m × n matrix.
+    unsafe { assume_init(c) }
 }
 
 #[cfg(test)]

@@ -122,6 +122,10 @@ pub type Dims = (usize, usize, usize);
 #[derive(Clone, Copy)]
 pub enum Operand<'a> {
     Strided(&'a [f32], (usize, usize)),
+    /// `Strided` whose every value is a bf16 already (kept as f32): its producer rounded as it stored, as
+    /// autocast's bf16 ops do. The `fma` tier reads it in place where it would round a copy; the others
+    /// round as they pack, either way. One whose values are not bf16s is computed with unrounded.
+    Bf16(&'a [f32], (usize, usize)),
     Rows(&'a (dyn Fn(usize, &mut [f32]) + Sync)),
     /// A left operand packed once (`Packed::lhs`) for many products: a weight.
     Packed(&'a Packed),
@@ -211,30 +215,9 @@ pub fn product(
     (lhs, rhs): (Operand, Operand),
     parallel: bool,
 ) {
-    assert!(
-        tier.supported(),
-        "bf16 tier {} is not supported here",
-        tier.name()
-    );
-    let covers = |op: &Operand, rows, cols| match op {
-        Operand::Strided(data, (row, col)) => Strided {
-            data,
-            row: *row,
-            col: *col,
-        }
-        .covers(rows, cols),
-        Operand::Rows(_) => true,
-        Operand::Packed(p) => (p.m, p.k) == (rows, cols),
-    };
-    assert!(
-        !matches!(rhs, Operand::Packed(_)),
-        "a packed operand is a left one"
-    );
+    check(tier, (m, n, k), (&lhs, &rhs));
     let covers_dst = m == 0 || n == 0 || (m - 1) * dst_rs + (n - 1) * dst_cs < dst.len();
-    assert!(
-        covers(&lhs, m, k) && covers(&rhs, k, n) && covers_dst,
-        "bf16 matmul operands out of bounds"
-    );
+    assert!(covers_dst, "bf16 matmul destination out of bounds");
     if m == 0 || n == 0 {
         return;
     }
@@ -249,7 +232,7 @@ pub fn product(
     };
     with_packs(a_tiles, nt * kt, |pa, pb| {
         let pa: &[Tile] = match lhs {
-            Operand::Strided(data, (row, col)) => {
+            Operand::Strided(data, (row, col)) | Operand::Bf16(data, (row, col)) => {
                 pack_a(Strided { data, row, col }, (m, k), pa, parallel);
                 pa
             }
@@ -260,7 +243,7 @@ pub fn product(
             Operand::Packed(p) => &p.tiles,
         };
         match rhs {
-            Operand::Strided(data, (row, col)) => {
+            Operand::Strided(data, (row, col)) | Operand::Bf16(data, (row, col)) => {
                 pack_b(Strided { data, row, col }, (k, n), pb, parallel)
             }
             Operand::Rows(f) => pack::pack_b_rows_of(f, k, n, pb),
@@ -288,6 +271,68 @@ pub fn product(
             run(0..count);
         }
     });
+}
+
+/// bf16 autocast's `mm`, or with a `bias` its `addmm`: `bf16(bf16(lhs) · bf16(rhs) + bf16(bias))` as a
+/// new contiguous m × n matrix, the bias added to the f32 sums, then one rounding. On the `fma` tier the
+/// GEMM adds and rounds as it stores (nothing zeroed, no pass of its own); elsewhere a pass adds the bias.
+///
+/// # Panics
+/// As `product`, and if `bias` does not hold n values.
+pub fn rounded_product(
+    tier: Tier,
+    (m, n, k): Dims,
+    (lhs, rhs): (Operand, Operand),
+    bias: Option<&[f32]>,
+    parallel: bool,
+) -> Vec<f32> {
+    check(tier, (m, n, k), (&lhs, &rhs));
+    assert!(bias.is_none_or(|b| b.len() == n), "one bias per column");
+    let bias: Option<Vec<f32>> = bias.map(|b| b.iter().map(|&v| round(v)).collect());
+    if tier == Tier::Fma {
+        return fma::rounded_product((m, n, k), (lhs, rhs), bias.as_deref(), true);
+    }
+    let mut c = vec![0f32; m * n];
+    let dst = (&mut c[..], (n, 1));
+    match &bias {
+        None => product(tier, (m, n, k), dst, Write::StoreBf16, (lhs, rhs), parallel),
+        Some(bias) => {
+            product(tier, (m, n, k), dst, Write::Store, (lhs, rhs), parallel);
+            c.par_chunks_mut(n.max(1)).for_each(|row| {
+                for (v, b) in row.iter_mut().zip(bias) {
+                    *v = round(*v + b);
+                }
+            });
+        }
+    }
+    c
+}
+
+/// Panics unless `tier` runs here and the operands hold the (m × k) and (k × n) matrices.
+fn check(tier: Tier, (m, n, k): Dims, (lhs, rhs): (&Operand, &Operand)) {
+    assert!(
+        tier.supported(),
+        "bf16 tier {} is not supported here",
+        tier.name()
+    );
+    let covers = |op: &Operand, rows, cols| match op {
+        Operand::Strided(data, (row, col)) | Operand::Bf16(data, (row, col)) => Strided {
+            data,
+            row: *row,
+            col: *col,
+        }
+        .covers(rows, cols),
+        Operand::Rows(_) => true,
+        Operand::Packed(p) => (p.m, p.k) == (rows, cols),
+    };
+    assert!(
+        !matches!(rhs, Operand::Packed(_)),
+        "a packed operand is a left one"
+    );
+    assert!(
+        covers(lhs, m, k) && covers(rhs, k, n),
+        "bf16 matmul operands out of bounds"
+    );
 }
 
 /// A strided A into `pa`: one task per row tile (its kt tiles are a chunk) when `parallel`.

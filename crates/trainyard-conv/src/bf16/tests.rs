@@ -209,3 +209,116 @@ fn operands_made_row_by_row_equal_stored_ones(
         );
     }
 }
+
+/// The `fma` tier rounds B as the f32 GEMM packs it and the sums (plus a bias) as the GEMM stores them,
+/// straight into C's rows: bit for bit what rounding copies of both operands, one f32 GEMM and a pass over
+/// its result gave, for each way of writing C (stored, rounded; contiguous, with a row pitch, transposed)
+/// and B read as a weight is (transposed) or plainly; accumulated, the sums start from C's values. A left operand called `Operand::Bf16`
+/// is read in place: the same bits when it holds bf16s, others when it does not.
+#[rstest]
+#[case::weight_packed_once(37, 24, 70, true)]
+#[case::activation_packed_per_task(9, 45, 33, false)]
+fn the_fma_tier_rounds_as_it_packs_and_stores(
+    #[case] m: usize,
+    #[case] n: usize,
+    #[case] k: usize,
+    #[case] b_transposed: bool,
+) {
+    use crate::gemm::{self, Dims, Strides};
+    if !Tier::Fma.supported() {
+        return;
+    }
+    let (a, b, bias) = (matrix(m * k, 5), matrix(k * n, 6), matrix(n, 7));
+    // B as the (n × k) weight of a linear layer read transposed, or a (k × n) matrix.
+    let (b_data, b_strides): (Vec<f32>, (usize, usize)) = if b_transposed {
+        ((0..k * n).map(|t| b[(t % k) * n + t / k]).collect(), (1, k))
+    } else {
+        (b.clone(), (n, 1))
+    };
+    let sums = gemm::matmul(
+        crate::Isa::Avx512,
+        Dims { batch: 1, m, k, n },
+        (&rounded(&a), Strides::contiguous(m, k)),
+        (&rounded(&b), Strides::contiguous(k, n)),
+    );
+    // Accumulating, the sums start from C's values (here 0.5 everywhere), as from a bias.
+    let from_half = gemm::matmul_bias(
+        crate::Isa::Avx512,
+        Dims { batch: 1, m, k, n },
+        (&rounded(&a), Strides::contiguous(m, k)),
+        (&rounded(&b), Strides::contiguous(k, n)),
+        &vec![0.5; n],
+    );
+    let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits());
+    let a_rounded = rounded(&a);
+    for (lhs, in_place) in [
+        (Operand::Strided(&a, (k, 1)), false),
+        (Operand::Bf16(&a_rounded, (k, 1)), true),
+    ] {
+        let rhs = Operand::Strided(&b_data, b_strides);
+        for (write, (pitch, transposed)) in [Write::Store, Write::Accumulate, Write::StoreBf16]
+            .into_iter()
+            .flat_map(|w| [(n, false), (n + 3, false), (m, true)].map(|d| (w, d)))
+        {
+            let (rs, cs) = if transposed { (1, m) } else { (pitch, 1) };
+            let len = if transposed { m * n } else { m * pitch };
+            let mut c = vec![0.5f32; len];
+            product(
+                Tier::Fma,
+                (m, n, k),
+                (&mut c, (rs, cs)),
+                write,
+                (lhs, rhs),
+                true,
+            );
+            for i in 0..m {
+                for j in 0..n {
+                    let (got, v) = (c[i * rs + j * cs], sums[i * n + j]);
+                    let want = match write {
+                        Write::Store => v,
+                        // A transposed C is accumulated after the product, as a pass.
+                        Write::Accumulate if transposed => 0.5 + v,
+                        Write::Accumulate => from_half[i * n + j],
+                        Write::StoreBf16 => round(v),
+                    };
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "{write:?}, pitch {pitch}, transposed C {transposed}, in place {in_place}: ({i}, {j})"
+                    );
+                }
+            }
+            if !transposed {
+                // The pitch's padding is left alone.
+                assert!((0..m).all(|i| c[i * pitch + n..(i + 1) * pitch].iter().all(|v| *v == 0.5)));
+            }
+        }
+        // An addmm: the rounded bias added to the sums, then one rounding.
+        let addmm = rounded_product(Tier::Fma, (m, n, k), (lhs, rhs), Some(&bias), true);
+        let want: Vec<f32> = (0..m * n)
+            .map(|t| round(sums[t] + round(bias[t % n])))
+            .collect();
+        assert!(same(&addmm, &want), "addmm, in place {in_place}");
+        for tier in tiers() {
+            let theirs = rounded_product(tier, (m, n, k), (lhs, rhs), Some(&bias), true);
+            let close = theirs
+                .iter()
+                .zip(&want)
+                .all(|(x, y)| (x - y).abs() <= y.abs() / 64.0 + 1e-3);
+            assert!(close, "{}'s addmm", tier.name());
+        }
+    }
+    // Unrounded values called bf16s are read as they are: the product moves.
+    let claimed = rounded_product(
+        Tier::Fma,
+        (m, n, k),
+        (
+            Operand::Bf16(&a, (k, 1)),
+            Operand::Strided(&b_data, b_strides),
+        ),
+        None,
+        true,
+    );
+    let honest: Vec<f32> = sums.iter().map(|v| round(*v)).collect();
+    assert!(!same(&claimed, &honest));
+}

@@ -25,32 +25,14 @@ struct DirectConv {
     rounded: Rounded,
 }
 
-/// What a bf16 convolution may take as bf16 already, so the `fma` tier reads it in place instead of
-/// rounding a copy (`trainyard_conv::bf16::Values`): its input, when an op that rounds as it stores made
-/// it (autocast's BatchNorm and residual add: `batchnorm::train`'s `round`, `fused::add_relu_rounded`),
-/// and its output gradient, when the only op reading its output is such a BatchNorm, whose backward
-/// rounds the gradient it passes on. Only a caller that knows the graph (ResNet's blocks) can say so.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rounded {
-    /// The input `x` holds bf16s.
-    pub input: bool,
-    /// The gradient of the output that reaches the backward holds bf16s.
-    pub grad: bool,
-}
+pub use super::Rounded;
 
-impl Rounded {
-    /// Nothing known: the convolution rounds its operands itself.
-    pub const NONE: Rounded = Rounded {
-        input: false,
-        grad: false,
-    };
-
-    fn values(flag: bool, v: &[f32]) -> Values<'_> {
-        if flag {
-            Values::Rounded(v)
-        } else {
-            Values::F32(v)
-        }
+/// `v` as the bf16 kernels take it: `Rounded` when its claim (`flag`) says it holds bf16s.
+fn values(flag: bool, v: &[f32]) -> Values<'_> {
+    if flag {
+        Values::Rounded(v)
+    } else {
+        Values::F32(v)
     }
 }
 
@@ -99,9 +81,7 @@ impl CustomOp2 for DirectConv {
         let g = self.geometry(l1.shape(), l2.shape())?;
         let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
         let y = match self.bf16 {
-            Some(tier) => {
-                bf16_direct::forward_of(tier, Rounded::values(self.rounded.input, x), w, &g)
-            }
+            Some(tier) => bf16_direct::forward_of(tier, values(self.rounded.input, x), w, &g),
             None => forward(self.isa, x, w, &g),
         };
         let shape = Shape::from((g.n, g.ob(), g.oh(), g.ow(), g.lanes));
@@ -121,9 +101,9 @@ impl CustomOp2 for DirectConv {
         // autocast's numbers (the fma tier rounds `dy` once for both, in `Gradient`, unless it arrives
         // rounded: `Rounded::grad`). At 32-true the f32 kernels read the tensors in place.
         let (dx, dw) = with_f32(grad, |dy| {
-            let bf16 = self.bf16.map(|tier| {
-                bf16_direct::Gradient::of(tier, Rounded::values(self.rounded.grad, dy))
-            });
+            let bf16 = self
+                .bf16
+                .map(|tier| bf16_direct::Gradient::of(tier, values(self.rounded.grad, dy)));
             let dx = if x.track_op() {
                 let d = with_f32(w, |wd| {
                     Ok(match &bf16 {
@@ -138,7 +118,7 @@ impl CustomOp2 for DirectConv {
             let dw = if w.track_op() {
                 let d = with_blocked(x, |xd, _| {
                     Ok(match &bf16 {
-                        Some(dy) => dy.weight_grad_of(Rounded::values(self.rounded.input, xd), &g),
+                        Some(dy) => dy.weight_grad_of(values(self.rounded.input, xd), &g),
                         None => weight_grad(self.isa, xd, dy, &g),
                     })
                 })?;
@@ -223,10 +203,11 @@ pub(crate) mod tests {
     use std::cell::Cell;
 
     thread_local! {
-        /// Whether this thread's bf16 convolutions read the operands their callers call rounded in place
-        /// (else they round copies, whatever `Rounded` says): `resnet_operands_called_rounded_are_bf16s`.
+        /// Whether this thread's bf16 convolutions and linear layers read the operands their callers call
+        /// rounded in place (else they round copies, whatever `Rounded` or `x_bf16` says):
+        /// `resnet_operands_called_rounded_are_bf16s`, `vit_operands_called_rounded_are_bf16s`.
         pub(crate) static TRUST_ROUNDED: Cell<bool> = const { Cell::new(true) };
-        /// How many convolutions this thread built with their `Rounded` claims set aside.
+        /// How many convolutions and linear layers this thread built with their claims set aside.
         pub(crate) static DISTRUSTED: Cell<usize> = const { Cell::new(0) };
     }
 

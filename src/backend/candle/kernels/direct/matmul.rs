@@ -5,8 +5,12 @@
 //! Under bf16 autocast on a CPU with bf16 instructions (`bf16: Some(tier)`), the same ops run on
 //! `trainyard_conv::bf16`: operands rounded to bf16 as they are packed, f32 sums, each result rounded as
 //! it is stored. That is the emulated composition's numbers (`Autocast`'s roundings around an f32
-//! product, and their backward: the incoming gradient rounded, each product's result rounded).
+//! product, and their backward: the incoming gradient rounded, each product's result rounded). A linear
+//! layer's caller may say its input, or its result's gradient, holds bf16s already (`Rounded`: a ViT's
+//! LayerNorm, attention and GELU store them), and the `fma` tier then reads them in place rather than
+//! rounding copies; the backward rounds the incoming gradient once for both products and the bias.
 
+use super::Rounded;
 use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
@@ -210,6 +214,19 @@ struct Linear {
     isa: Isa,
     /// bf16 autocast's `addmm` on this tier: `bf16(bf16(x)·bf16(w)ᵀ + bf16(bias))`.
     bf16: Option<Tier>,
+    /// What holds bf16s already (`x`; the gradient of the result), so the `fma` tier reads it in place.
+    rounded: Rounded,
+}
+
+impl Linear {
+    /// `x` (a matrix with strides `sx`) as a bf16 product's operand.
+    fn x_operand<'a>(&self, (x, sx): (&'a [f32], Strides)) -> Operand<'a> {
+        if self.rounded.input {
+            Operand::Bf16(x, (sx.row, sx.col))
+        } else {
+            Operand::Strided(x, (sx.row, sx.col))
+        }
+    }
 }
 
 /// A rank-2 operand's values from its first element, and its strides.
@@ -261,7 +278,17 @@ impl candle_core::CustomOp3 for Linear {
             n: out,
         };
         let y = match self.bf16 {
-            Some(tier) => addmm_bf16(tier, d, (x, sx), (w, sw.t()), bias),
+            // bf16 autocast's `addmm`: the bias added to the f32 sums, then one rounding.
+            Some(tier) => {
+                let w = Operand::Strided(w, (sw.col, sw.row));
+                bf16::rounded_product(
+                    tier,
+                    (rows, out, k),
+                    (self.x_operand((x, sx)), w),
+                    Some(bias),
+                    true,
+                )
+            }
             None => gemm_bias(self.isa, d, (x, sx), (w, sw.t()), bias),
         };
         Ok((CpuStorage::F32(y), Shape::from((rows, out))))
@@ -275,104 +302,130 @@ impl candle_core::CustomOp3 for Linear {
         _res: &Tensor,
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let ((rows, k), out) = (x.dims2()?, w.dim(0)?);
-        let dev = x.device();
-        let mm = |d: Dims, a: (&[f32], Strides), b: (&[f32], Strides)| match self.bf16 {
-            Some(tier) => bf16_gemm(tier, d, a, b),
-            None => gemm(self.isa, d, a, b),
-        };
-        crate::backend::candle::kernels::cpu::with_f32(grad, |dy| {
-            let sdy = Strides::contiguous(rows, out);
-            let dx = if x.track_op() {
-                let d = Dims {
-                    batch: 1,
-                    m: rows,
-                    k: out,
-                    n: k,
-                };
-                let v = with_matrix(w, |w| Ok(mm(d, (dy, sdy), w)))?;
-                Some(Tensor::from_vec(v, (rows, k), dev)?)
-            } else {
-                None
-            };
-            let dw = if w.track_op() {
-                let d = Dims {
-                    batch: 1,
-                    m: out,
-                    k: rows,
-                    n: k,
-                };
-                let v = with_matrix(x, |x| Ok(mm(d, (dy, sdy.t()), x)))?;
-                Some(Tensor::from_vec(v, (out, k), dev)?)
-            } else {
-                None
-            };
-            let db = if b.track_op() {
-                let v = match self.bf16 {
-                    // The sums of the rounded gradient, rounded (the emulated composition's).
-                    Some(_) => {
-                        let rounded: Vec<f32> = dy.iter().map(|&v| bf16::round(v)).collect();
-                        let sums = trainyard_conv::rowwise::column_sums(self.isa, &rounded, out);
-                        sums.into_iter().map(bf16::round).collect()
-                    }
-                    None => trainyard_conv::rowwise::column_sums(self.isa, dy, out),
-                };
-                Some(Tensor::from_vec(v, out, dev)?)
-            } else {
-                None
-            };
-            Ok((dx, dw, db))
+        crate::backend::candle::kernels::cpu::with_f32(grad, |dy| match self.bf16 {
+            Some(tier) => self.backward_bf16(tier, (x, w, b), dy),
+            None => self.backward_f32((x, w, b), dy),
         })
     }
 }
 
-/// `bf16(bf16(x)·bf16(w) + bf16(bias))` for `d.m` rows: the product's sums in f32, the rounded bias
-/// added to each, then one rounding (a bf16 `addmm`).
-fn addmm_bf16(
-    tier: Tier,
-    d: Dims,
-    x: (&[f32], Strides),
-    w: (&[f32], Strides),
-    bias: &[f32],
-) -> Vec<f32> {
-    let mut y = vec![0f32; d.m * d.n];
-    if y.is_empty() {
-        return y;
+/// The gradients of one linear layer.
+type LinearGrads = (Option<Tensor>, Option<Tensor>, Option<Tensor>);
+
+impl Linear {
+    /// The backward pass in f32: `dx = dy·w`, `dw = dyᵀ·x` (in `w`'s own layout), `db` as column sums.
+    fn backward_f32(
+        &self,
+        (x, w, b): (&Tensor, &Tensor, &Tensor),
+        dy: &[f32],
+    ) -> Result<LinearGrads> {
+        let ((rows, k), out) = (x.dims2()?, w.dim(0)?);
+        let dev = x.device();
+        let sdy = Strides::contiguous(rows, out);
+        let dx = if x.track_op() {
+            let d = Dims {
+                batch: 1,
+                m: rows,
+                k: out,
+                n: k,
+            };
+            let v = with_matrix(w, |w| Ok(gemm(self.isa, d, (dy, sdy), w)))?;
+            Some(Tensor::from_vec(v, (rows, k), dev)?)
+        } else {
+            None
+        };
+        let dw = if w.track_op() {
+            let d = Dims {
+                batch: 1,
+                m: out,
+                k: rows,
+                n: k,
+            };
+            let v = with_matrix(x, |x| Ok(gemm(self.isa, d, (dy, sdy.t()), x)))?;
+            Some(Tensor::from_vec(v, (out, k), dev)?)
+        } else {
+            None
+        };
+        let db = if b.track_op() {
+            let v = trainyard_conv::rowwise::column_sums(self.isa, dy, out);
+            Some(Tensor::from_vec(v, out, dev)?)
+        } else {
+            None
+        };
+        Ok((dx, dw, db))
     }
-    let (x, w) = (
-        Operand::Strided(x.0, (x.1.row, x.1.col)),
-        Operand::Strided(w.0, (w.1.row, w.1.col)),
-    );
-    if d.k > 0 {
-        bf16::product(
-            tier,
-            (d.m, d.n, d.k),
-            (&mut y, (d.n, 1)),
-            Write::Store,
-            (x, w),
-            true,
-        );
+
+    /// The backward pass of bf16 autocast's `addmm` on `tier`: the incoming gradient rounded once (as
+    /// the result's cast rounds it going back; unless `rounded.grad` says its reader did) and read in
+    /// place by both products and the bias's sums; each product rounded as it is stored.
+    fn backward_bf16(
+        &self,
+        tier: Tier,
+        (x, w, b): (&Tensor, &Tensor, &Tensor),
+        dy: &[f32],
+    ) -> Result<LinearGrads> {
+        let ((rows, k), out) = (x.dims2()?, w.dim(0)?);
+        let dev = x.device();
+        let dy: std::borrow::Cow<[f32]> = if self.rounded.grad {
+            dy.into()
+        } else {
+            bf16::rounded(dy).into()
+        };
+        let dx = if x.track_op() {
+            let v = with_matrix(w, |(w, sw)| {
+                let (dy, w) = (
+                    Operand::Bf16(&dy, (out, 1)),
+                    Operand::Strided(w, (sw.row, sw.col)),
+                );
+                Ok(bf16::rounded_product(
+                    tier,
+                    (rows, k, out),
+                    (dy, w),
+                    None,
+                    true,
+                ))
+            })?;
+            Some(Tensor::from_vec(v, (rows, k), dev)?)
+        } else {
+            None
+        };
+        let dw = if w.track_op() {
+            let v = with_matrix(x, |x| {
+                let ops = (Operand::Bf16(&dy, (1, out)), self.x_operand(x));
+                Ok(bf16::rounded_product(tier, (out, k, rows), ops, None, true))
+            })?;
+            Some(Tensor::from_vec(v, (out, k), dev)?)
+        } else {
+            None
+        };
+        let db = if b.track_op() {
+            // The sums of the rounded gradient, rounded (the emulated composition's).
+            let sums = trainyard_conv::rowwise::column_sums(self.isa, &dy, out);
+            Some(Tensor::from_vec(
+                sums.into_iter().map(bf16::round).collect(),
+                out,
+                dev,
+            )?)
+        } else {
+            None
+        };
+        Ok((dx, dw, db))
     }
-    let bias: Vec<f32> = bias.iter().map(|&b| bf16::round(b)).collect();
-    y.par_chunks_mut(d.n).for_each(|row| {
-        for (v, b) in row.iter_mut().zip(&bias) {
-            *v = bf16::round(*v + b);
-        }
-    });
-    y
 }
 
 /// `x @ wᵀ + bias` over the last dimension of `x` (PyTorch's `nn.Linear`): the leading dimensions are
 /// folded into the rows of one product.
 pub fn linear(isa: Isa, x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
-    linear_on(isa, None, x, w, bias)
+    linear_on(isa, (None, Rounded::NONE), x, w, bias)
 }
 
 /// bf16 autocast's `linear` on `tier` (`bf16(bf16(x) @ bf16(w)ᵀ + bf16(bias))`, differentiable).
+/// `rounded`: what holds bf16 values already (`x`, as its producer stored it; the gradient of the result,
+/// as its reader passes it back), so the `fma` tier reads it in place; `Rounded::NONE` is always right.
 pub fn linear_bf16(
     isa: Isa,
     tier: Tier,
-    x: &Tensor,
+    (x, rounded): (&Tensor, Rounded),
     w: &Tensor,
     bias: &Tensor,
 ) -> Result<Option<Tensor>> {
@@ -380,12 +433,22 @@ pub fn linear_bf16(
     if !(cpu(x) && cpu(w) && cpu(bias)) || x.rank() < 2 || w.rank() != 2 || bias.rank() != 1 {
         return Ok(None);
     }
-    linear_on(isa, Some(tier), x, w, bias).map(Some)
+    #[cfg(test)]
+    let rounded = {
+        use super::conv::tests::{DISTRUSTED, TRUST_ROUNDED};
+        if rounded != Rounded::NONE && !TRUST_ROUNDED.get() {
+            DISTRUSTED.set(DISTRUSTED.get() + 1);
+            Rounded::NONE
+        } else {
+            rounded
+        }
+    };
+    linear_on(isa, (Some(tier), rounded), x, w, bias).map(Some)
 }
 
 fn linear_on(
     isa: Isa,
-    bf16: Option<Tier>,
+    (bf16, rounded): (Option<Tier>, Rounded),
     x: &Tensor,
     w: &Tensor,
     bias: &Tensor,
@@ -401,7 +464,7 @@ fn linear_on(
         &readable(&tape::ops::reshape(x, (rows, features))?)?,
         &readable(w)?,
         &bias.contiguous()?,
-        Linear { isa, bf16 },
+        Linear { isa, bf16, rounded },
     )?;
     let mut out = dims;
     *out.last_mut().expect("rank >= 2") = w.dim(0)?;
@@ -485,7 +548,7 @@ pub(super) mod tests {
         let x = Var::from_tensor(&seeded(&[2, rows, features], 1, -1.0, 1.0)).unwrap();
         let w = Var::from_tensor(&seeded(&[out, features], 2, -1.0, 1.0)).unwrap();
         let b = Var::from_tensor(&seeded(&[out], 3, -1.0, 1.0)).unwrap();
-        let ours = linear_bf16(isa, tier, &x, &w, &b)
+        let ours = linear_bf16(isa, tier, (&x, Rounded::NONE), &w, &b)
             .unwrap()
             .expect("f32 CPU operands");
         let theirs = EMULATED.linear(&x, &w, &b).unwrap();

@@ -20,6 +20,29 @@
 //! CPUID reports it; `TRAINYARD_CONV_L1D=32K` makes them block for another size (a benchmark modelling a
 //! smaller core).
 
+/// What a bf16 convolution or linear layer may take as bf16 already, so the `fma` tier reads it in place
+/// instead of rounding a copy (`trainyard_conv::bf16::Values`, `Operand::Bf16`): its input, when an op
+/// that rounds as it stores made it (autocast's BatchNorm and residual add: `batchnorm::train`'s `round`,
+/// `fused::add_relu_rounded`; a ViT's attention, GELU, or a LayerNorm rounded for its reader), and its
+/// output gradient, when the only op reading its output passes back a rounded gradient (such a BatchNorm;
+/// the attention; GELU). Only a caller that knows the graph (ResNet's and ViT's blocks) can say so; a
+/// claim that is not true computes with unrounded operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rounded {
+    /// The input `x` holds bf16s.
+    pub input: bool,
+    /// The gradient of the output that reaches the backward holds bf16s.
+    pub grad: bool,
+}
+
+impl Rounded {
+    /// Nothing known: the op rounds its operands itself.
+    pub const NONE: Rounded = Rounded {
+        input: false,
+        grad: false,
+    };
+}
+
 pub mod attention;
 pub mod batchnorm;
 pub mod bias_relu_pool;

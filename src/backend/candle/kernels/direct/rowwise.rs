@@ -12,6 +12,9 @@ use trainyard_conv::Isa;
 struct LayerNorm {
     isa: Isa,
     eps: f32,
+    /// The output stored rounded to bf16 (`layer_norm_rounded`). The backward reads the input, so it is
+    /// the same either way.
+    round: bool,
 }
 
 impl CustomOp3 for LayerNorm {
@@ -29,7 +32,11 @@ impl CustomOp3 for LayerNorm {
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (x, w, b) = (slice(s1, l1)?, slice(s2, l2)?, slice(s3, l3)?);
-        let y = rowwise::layer_norm(self.isa, x, w, b, self.eps);
+        let y = if self.round {
+            rowwise::layer_norm_bf16(self.isa, x, w, b, self.eps)
+        } else {
+            rowwise::layer_norm(self.isa, x, w, b, self.eps)
+        };
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -85,6 +92,8 @@ impl CustomOp1 for Softmax {
 
 struct Gelu {
     isa: Isa,
+    /// The output and the gradient it passes back stored rounded to bf16 (`gelu_erf_rounded`).
+    round: bool,
 }
 
 impl CustomOp1 for Gelu {
@@ -94,14 +103,24 @@ impl CustomOp1 for Gelu {
 
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
         Ok((
-            CpuStorage::F32(rowwise::gelu(self.isa, slice(s, l)?)),
+            CpuStorage::F32(if self.round {
+                rowwise::gelu_bf16(self.isa, slice(s, l)?)
+            } else {
+                rowwise::gelu(self.isa, slice(s, l)?)
+            }),
             l.shape().clone(),
         ))
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, grad: &Tensor) -> Result<Option<Tensor>> {
         let dx = with_f32(x, |xv| {
-            with_f32(grad, |g| Ok(rowwise::gelu_backward(self.isa, xv, g)))
+            with_f32(grad, |g| {
+                Ok(if self.round {
+                    rowwise::gelu_backward_bf16(self.isa, xv, g)
+                } else {
+                    rowwise::gelu_backward(self.isa, xv, g)
+                })
+            })
         })?;
         Ok(Some(Tensor::from_vec(dx, x.shape(), x.device())?))
     }
@@ -116,6 +135,29 @@ pub fn layer_norm(
     b: &Tensor,
     eps: f64,
 ) -> Result<Option<Tensor>> {
+    layer_norm_to(isa, x, (w, b), eps, false)
+}
+
+/// `layer_norm` with its output stored rounded to bf16 (kept as f32): under bf16 autocast, for a
+/// LayerNorm whose only reader is a bf16 product, which would round it anyway and then reads it in place.
+/// Its gradient is the same as `layer_norm`'s.
+pub fn layer_norm_rounded(
+    isa: Isa,
+    x: &Tensor,
+    w: &Tensor,
+    b: &Tensor,
+    eps: f64,
+) -> Result<Option<Tensor>> {
+    layer_norm_to(isa, x, (w, b), eps, true)
+}
+
+fn layer_norm_to(
+    isa: Isa,
+    x: &Tensor,
+    (w, b): (&Tensor, &Tensor),
+    eps: f64,
+    round: bool,
+) -> Result<Option<Tensor>> {
     if !(is_cpu_f32(x) && is_cpu_f32(w) && is_cpu_f32(b))
         || w.rank() != 1
         || x.dim(D::Minus1)? != w.dim(0)?
@@ -125,6 +167,7 @@ pub fn layer_norm(
     let op = LayerNorm {
         isa,
         eps: eps as f32,
+        round,
     };
     Ok(Some(tape::op3(&x.contiguous()?, w, b, op)?))
 }
@@ -139,8 +182,19 @@ pub fn softmax_last_dim(isa: Isa, x: &Tensor) -> Result<Option<Tensor>> {
 
 /// GELU, erf form (`None` unless f32 on the CPU).
 pub fn gelu_erf(isa: Isa, x: &Tensor) -> Result<Option<Tensor>> {
+    gelu_erf_to(isa, x, false)
+}
+
+/// `gelu_erf` with its output, and the gradient it passes back, stored rounded to bf16 (kept as f32):
+/// GELU under bf16 autocast, whose input is a bf16 product's result, so its output and that input's
+/// gradient are bf16 too, as in PyTorch.
+pub fn gelu_erf_rounded(isa: Isa, x: &Tensor) -> Result<Option<Tensor>> {
+    gelu_erf_to(isa, x, true)
+}
+
+fn gelu_erf_to(isa: Isa, x: &Tensor, round: bool) -> Result<Option<Tensor>> {
     if !is_cpu_f32(x) {
         return Ok(None);
     }
-    Ok(Some(tape::op1(&x.contiguous()?, Gelu { isa })?))
+    Ok(Some(tape::op1(&x.contiguous()?, Gelu { isa, round })?))
 }
