@@ -86,7 +86,6 @@ fn resnet_bf16_on_tiles_equals_the_emulated_path(
 #[case::resnet18_cifar("{name: resnet18, num_classes: 4, cifar_stem: true}")]
 #[case::resnet50_imagenet_stem("{name: resnet50, num_classes: 4}")]
 fn resnet_operands_called_rounded_are_bf16s(#[case] model: &str) {
-    use super::kernels::direct::conv::tests::{DISTRUSTED, TRUST_ROUNDED};
     use trainyard_conv::bf16::Tier;
     let Some(isa) = super::kernels::direct::active().filter(|_| Tier::Fma.supported()) else {
         eprintln!("SKIPPED: the fma tier does not run on this CPU");
@@ -95,29 +94,43 @@ fn resnet_operands_called_rounded_are_bf16s(#[case] model: &str) {
     assert!(super::kernels::direct::conv::bf16_blocks(isa, Tier::Fma));
     let exp = experiment(model, "{name: sgd, lr: 0.1}");
     let batch = crate::testing::batch_of(8, 16, 5);
-    let run = |trust: bool| {
-        TRUST_ROUNDED.set(trust);
-        let mut e = CandleEngine::new(&exp).unwrap();
-        e.autocast = Autocast {
-            bf16: true,
-            tier: Some(Tier::Fma),
-        };
-        let stats = e.forward_backward(&batch, 1.0).unwrap();
-        TRUST_ROUNDED.set(true);
-        let grads: Vec<(String, Vec<f32>)> = e
-            .gradients()
-            .iter()
-            .map(|(n, g)| (n.clone(), g.flatten_all().unwrap().to_vec1().unwrap()))
-            .collect();
-        (stats.loss_sum, grads)
-    };
-    let (in_place, copies) = (run(true), run(false));
+    let (in_place, _) = fma_step_with_claims(&exp, &batch, true);
+    let (copies, distrusted) = fma_step_with_claims(&exp, &batch, false);
     // The second run's convolutions (every one: 20 in ResNet-18, 53 in ResNet-50) did round copies.
-    assert!(DISTRUSTED.get() >= 20, "{} convolutions", DISTRUSTED.get());
-    assert_eq!(in_place.0.to_bits(), copies.0.to_bits(), "loss");
-    assert_eq!(in_place.1.len(), copies.1.len());
-    for ((name, a), (_, b)) in in_place.1.iter().zip(&copies.1) {
-        let moved = a.iter().zip(b).filter(|(a, b)| a.to_bits() != b.to_bits());
+    assert!(distrusted >= 20, "{distrusted} convolutions");
+    assert_same_step(&in_place, &copies);
+}
+
+/// A bf16 step's loss and gradients (by parameter name).
+type Step = (f64, Vec<(String, Vec<f32>)>);
+
+/// One bf16-mixed step on the fma tier, its ops trusting what their callers call rounded or (`trust`
+/// false) rounding copies whatever the claims say; with how many ops set their claims aside.
+fn fma_step_with_claims(exp: &Experiment, batch: &Batch, trust: bool) -> (Step, usize) {
+    use super::kernels::direct::conv::tests::{DISTRUSTED, TRUST_ROUNDED};
+    TRUST_ROUNDED.set(trust);
+    DISTRUSTED.set(0);
+    let mut e = CandleEngine::new(exp).unwrap();
+    e.autocast = Autocast {
+        bf16: true,
+        tier: Some(trainyard_conv::bf16::Tier::Fma),
+    };
+    let stats = e.forward_backward(batch, 1.0).unwrap();
+    TRUST_ROUNDED.set(true);
+    let grads = e
+        .gradients()
+        .iter()
+        .map(|(n, g)| (n.clone(), g.flatten_all().unwrap().to_vec1().unwrap()))
+        .collect();
+    ((stats.loss_sum, grads), DISTRUSTED.get())
+}
+
+/// The two steps' loss and every gradient are the same bits.
+fn assert_same_step(a: &Step, b: &Step) {
+    assert_eq!(a.0.to_bits(), b.0.to_bits(), "loss");
+    assert_eq!(a.1.len(), b.1.len());
+    for ((name, x), (_, y)) in a.1.iter().zip(&b.1) {
+        let moved = x.iter().zip(y).filter(|(x, y)| x.to_bits() != y.to_bits());
         assert_eq!(moved.count(), 0, "{name}'s gradient");
     }
 }
@@ -131,7 +144,6 @@ fn resnet_operands_called_rounded_are_bf16s(#[case] model: &str) {
 #[case::no_dropout(0.0, 48)]
 #[case::dropout(0.1, 36)]
 fn vit_operands_called_rounded_are_bf16s(#[case] dropout: f64, #[case] claims: usize) {
-    use super::kernels::direct::conv::tests::{DISTRUSTED, TRUST_ROUNDED};
     use trainyard_conv::bf16::Tier;
     if super::kernels::direct::active().is_none() || !Tier::Fma.supported() {
         eprintln!("SKIPPED: the fma tier does not run on this CPU");
@@ -142,36 +154,11 @@ fn vit_operands_called_rounded_are_bf16s(#[case] dropout: f64, #[case] claims: u
     );
     let exp = experiment(&model, "{name: sgd, lr: 0.1}");
     let batch = crate::testing::batch_of(8, 8, 5);
-    let run = |trust: bool| {
-        TRUST_ROUNDED.set(trust);
-        DISTRUSTED.set(0);
-        let mut e = CandleEngine::new(&exp).unwrap();
-        e.autocast = Autocast {
-            bf16: true,
-            tier: Some(Tier::Fma),
-        };
-        let stats = e.forward_backward(&batch, 1.0).unwrap();
-        TRUST_ROUNDED.set(true);
-        let grads: Vec<(String, Vec<f32>)> = e
-            .gradients()
-            .iter()
-            .map(|(n, g)| (n.clone(), g.flatten_all().unwrap().to_vec1().unwrap()))
-            .collect();
-        (stats.loss_sum, grads)
-    };
-    let (in_place, copies) = (run(true), run(false));
+    let (in_place, _) = fma_step_with_claims(&exp, &batch, true);
+    let (copies, distrusted) = fma_step_with_claims(&exp, &batch, false);
     // qkv, proj and fc1 of each of the 12 blocks, and fc2 unless dropout scaled its input.
-    assert_eq!(
-        DISTRUSTED.get(),
-        claims,
-        "linear layers that set claims aside"
-    );
-    assert_eq!(in_place.0.to_bits(), copies.0.to_bits(), "loss");
-    assert_eq!(in_place.1.len(), copies.1.len());
-    for ((name, a), (_, b)) in in_place.1.iter().zip(&copies.1) {
-        let moved = a.iter().zip(b).filter(|(a, b)| a.to_bits() != b.to_bits());
-        assert_eq!(moved.count(), 0, "{name}'s gradient");
-    }
+    assert_eq!(distrusted, claims, "linear layers that set claims aside");
+    assert_same_step(&in_place, &copies);
 }
 
 /// Every trainable parameter of every zoo model must receive a non-zero gradient.
