@@ -164,9 +164,9 @@ fn product(
     b: (&[f32], Strides),
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
+    assert!(isa.supported(), "{isa:?} is not supported by this CPU");
     let len = d.batch * d.m * d.n;
     if len == 0 {
-        assert!(isa.supported(), "{isa:?} is not supported by this CPU");
         return Vec::new();
     }
     if d.k == 0 {
@@ -192,8 +192,6 @@ fn product(
 struct Plan<'a> {
     /// Values (n) every row's sums start from (`matmul_bias`).
     bias_first: Option<&'a [f32]>,
-    /// The sums start from C's values (`C += A·B`).
-    accumulate: bool,
     /// B rounded to bf16 as it is packed.
     round_b: bool,
     /// Values (n) added to every row's sums once the reduction is done (a bf16 `addmm`'s bias).
@@ -205,18 +203,17 @@ struct Plan<'a> {
 impl Plan<'_> {
     const F32: Plan<'static> = Plan {
         bias_first: None,
-        accumulate: false,
         round_b: false,
         bias_last: None,
         round_c: false,
     };
 }
 
-/// bf16 autocast's product on f32 FMAs (`bf16::fma`), one matrix: `C = bf16(A·bf16(B) [+ bias])` into
-/// `c` (row stride `c_row`), or with `accumulate`, `C += A·bf16(B)` (the sums start from C). B is
-/// rounded as it is packed (unless `round_b` is false: it holds bf16s already) and, under `round`, each
-/// sum (plus its column's `bias`, added after the reduction) once it is stored; A must hold bf16 values
-/// already (it is read in place, one broadcast per element). Every element of C's m × n is written.
+/// bf16 autocast's product on f32 FMAs (`bf16::fma`), one matrix: `C = A·bf16(B) [+ bias]` into `c`
+/// (row stride `c_row`), each element rounded to bf16 under `round`. B is rounded as it is packed (unless
+/// `round_b` is false: it holds bf16s already) and the bias is added to each sum after the reduction,
+/// before the rounding; A must hold bf16 values already (it is read in place, one broadcast per element).
+/// Every element of C's m × n is written, none read.
 ///
 /// # Panics
 /// As `matmul`, if `d.batch` is not 1, if C's rows reach outside `c`, or if `bias` does not hold n
@@ -228,7 +225,7 @@ pub(crate) fn matmul_bf16_into(
     (b, round_b): ((&[f32], Strides), bool),
     bias: Option<&[f32]>,
     (c, c_row): (&mut [std::mem::MaybeUninit<f32>], usize),
-    (accumulate, round): (bool, bool),
+    round: bool,
 ) {
     assert_eq!(d.batch, 1, "one matrix");
     if d.m == 0 || d.n == 0 {
@@ -245,16 +242,14 @@ pub(crate) fn matmul_bf16_into(
             for j in 0..d.n {
                 // SAFETY: checked against `c`'s length above.
                 unsafe {
-                    let p = c.add(i * c_row + j);
-                    let sum = if accumulate { *p } else { 0.0 } + bias.map_or(0.0, |v| v[j]);
-                    *p = if round { crate::bf16::round(sum) } else { sum };
+                    let sum = bias.map_or(0.0, |v| v[j]);
+                    *c.add(i * c_row + j) = if round { crate::bf16::round(sum) } else { sum };
                 }
             }
         }
         return;
     }
     let plan = Plan {
-        accumulate,
         round_b,
         bias_last: bias,
         round_c: round,
@@ -267,7 +262,7 @@ pub(crate) fn matmul_bf16_into(
 /// The product into `c` (row stride `c_row`, matrices `d.m · c_row` apart), k > 0 and C not empty.
 ///
 /// # Safety
-/// `c` holds the batch's m rows of n at that stride; with `plan.accumulate`, initialised.
+/// `c` holds the batch's m rows of n at that stride.
 unsafe fn product_at(
     isa: Isa,
     d: Dims,
@@ -333,7 +328,6 @@ unsafe fn product_at(
                 c: out.get().wrapping_add(bi * d.m * c_row),
                 c_row,
                 bias: bias_first.as_ref().map(|v| v.as_ptr()),
-                accumulate: plan.accumulate,
                 round_b: plan.round_b,
                 end: End {
                     bias: bias_last.as_ref().map_or(std::ptr::null(), |v| v.as_ptr()),
@@ -488,8 +482,6 @@ struct Job {
     c_row: usize,
     /// The bias padded to whole blocks, where every row's sums start.
     bias: Option<*const f32>,
-    /// The sums start from C's values.
-    accumulate: bool,
     /// B rounded to bf16 as it is packed (a strided B's panels).
     round_b: bool,
     /// What the last reduction slice does as it stores.
@@ -643,7 +635,6 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
     for k0 in (0..d.k).step_by(slice) {
         let ks = slice.min(d.k - k0);
         let start = |ob: usize| match (k0, job.bias) {
-            (0, _) if job.accumulate => Start::Load,
             (0, Some(p)) => Start::Bias(p.add(ob * l)),
             (0, None) => Start::Zero,
             _ => Start::Load,
@@ -704,11 +695,10 @@ unsafe fn task<V: Tile>(job: &Job, rows: std::ops::Range<usize>, cols: std::ops:
                     continue;
                 }
                 let pitch = nb * l;
-                let from_c = k0 > 0 || job.accumulate;
                 for r in 0..mr {
                     for j in 0..width {
                         // A first slice starts from zero or the bias, not from the scratch.
-                        scratch[r * pitch + j] = if from_c {
+                        scratch[r * pitch + j] = if k0 > 0 {
                             *c.add(r * job.c_row + j)
                         } else {
                             0.0

@@ -5,8 +5,11 @@
 //! rounds gradients to bf16 too, as autocast's bf16 ops do. An op autocast leaves alone keeps its input's
 //! dtype: a ResNet's BatchNorm of a bf16 convolution's output, and its residual add, return bf16 tensors in
 //! PyTorch, so trainyard's ResNet rounds their outputs and the gradients they pass back (`resnet::BnOf`,
-//! `fused::add_relu_rounded`); its convolutions then read those as bf16 already. CPUs without bf16
-//! arithmetic gain no speed from this; it reproduces the accuracy a user will see with bf16 autocast.
+//! `fused::add_relu_rounded`); its convolutions then read those as bf16 already. Likewise a ViT's GELU and
+//! attention return bf16 both ways, and a LayerNorm whose only reader is a linear layer stores the bf16s
+//! that layer would round it to, so the linear layers read them in place (`direct::Rounded`). CPUs
+//! without bf16 arithmetic gain no speed from this; it reproduces the accuracy a user will see with bf16
+//! autocast.
 //!
 //! On a CPU with bf16 instructions (AMX-BF16 or AVX512-BF16: `trainyard_conv::bf16::Tier`) the
 //! convolutions run on them, forward and backward, as oneDNN runs autocast's; on AVX-512 without a bf16

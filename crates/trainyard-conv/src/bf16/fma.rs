@@ -159,13 +159,13 @@ fn materialised(op: &Operand, (rows, cols): (usize, usize)) -> Vec<f32> {
     }
 }
 
-/// The product into C's rows (`c`, row stride `c_row`): `C = A·B [+ bias]` rounded under `round`, or
-/// `C += A·B`. The f32 GEMM rounds B as it packs it and the sums as it stores them; only an A its producer
-/// did not round is copied.
+/// The product into C's rows (`c`, row stride `c_row`): `C = A·B [+ bias]`, rounded under `round`. The
+/// f32 GEMM rounds B as it packs it and the sums as it stores them; only an A its producer did not round
+/// is copied.
 fn product_into(
     (m, n, k): super::Dims,
     (c, c_row): (&mut [MaybeUninit<f32>], usize),
-    (accumulate, round): (bool, bool),
+    round: bool,
     (lhs, rhs): (Operand, Operand),
     bias: Option<&[f32]>,
 ) {
@@ -190,36 +190,26 @@ fn product_into(
         ((&b, sb), round_b),
         bias,
         (c, c_row),
-        (accumulate, round),
+        round,
     );
 }
 
 /// `bf16::product` on this tier: one f32 GEMM over rounded operands (B rounded as it is packed, A in
-/// place when `Operand::Bf16`), its sums written as `write` says; straight into `dst` when its rows are
-/// contiguous.
+/// place when `Operand::Bf16`), its sums stored straight into `dst` when its rows are contiguous and do not
+/// overlap; else (accumulated, as the other tiers do, after the product; or a transposed `dst`) made
+/// contiguous first and then put in place.
 pub fn product(
     (m, n, k): super::Dims,
     (dst, (dst_rs, dst_cs)): (&mut [f32], (usize, usize)),
     write: Write,
     (lhs, rhs): (Operand, Operand),
 ) {
-    let (accumulate, round) = match write {
-        Write::Store => (false, false),
-        Write::Accumulate => (true, false),
-        Write::StoreBf16 => (false, true),
-    };
-    if dst_cs == 1 && dst_rs >= n {
+    let round = write == Write::StoreBf16;
+    if write != Write::Accumulate && dst_cs == 1 && dst_rs >= n {
         // SAFETY: the view only ever has initialised f32s written into it.
         let c = unsafe { &mut *(dst as *mut [f32] as *mut [MaybeUninit<f32>]) };
-        return product_into(
-            (m, n, k),
-            (c, dst_rs),
-            (accumulate, round),
-            (lhs, rhs),
-            None,
-        );
+        return product_into((m, n, k), (c, dst_rs), round, (lhs, rhs), None);
     }
-    // C's columns strided (a transposed destination): the sums made contiguous, then put in place.
     let c = rounded_product((m, n, k), (lhs, rhs), None, round);
     for (i, row) in c.chunks_exact(n).enumerate() {
         for (j, v) in row.iter().enumerate() {
@@ -244,7 +234,7 @@ pub fn rounded_product(
         return Vec::new();
     }
     let mut c = uninit(m * n);
-    product_into((m, n, k), (&mut c, n), (false, round), (lhs, rhs), bias);
+    product_into((m, n, k), (&mut c, n), round, (lhs, rhs), bias);
     // SAFETY: `product_into` wrote every element of the m × n matrix.
     unsafe { assume_init(c) }
 }

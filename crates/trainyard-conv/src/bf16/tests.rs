@@ -212,9 +212,9 @@ fn operands_made_row_by_row_equal_stored_ones(
 
 /// The `fma` tier rounds B as the f32 GEMM packs it and the sums (plus a bias) as the GEMM stores them,
 /// straight into C's rows: bit for bit what rounding copies of both operands, one f32 GEMM and a pass over
-/// its result gave, for each way of writing C (stored, rounded; contiguous, with a row pitch, transposed)
-/// and B read as a weight is (transposed) or plainly; accumulated, the sums start from C's values. A left operand called `Operand::Bf16`
-/// is read in place: the same bits when it holds bf16s, others when it does not.
+/// its result gave, for each way of writing C (stored, accumulated, rounded; contiguous, with a row pitch,
+/// transposed) and B read as a weight is (transposed) or plainly. An operand called `Operand::Bf16` is
+/// read as it is: the same bits when it holds bf16s, others when it does not.
 #[rstest]
 #[case::weight_packed_once(37, 24, 70, true)]
 #[case::activation_packed_per_task(9, 45, 33, false)]
@@ -240,14 +240,6 @@ fn the_fma_tier_rounds_as_it_packs_and_stores(
         Dims { batch: 1, m, k, n },
         (&rounded(&a), Strides::contiguous(m, k)),
         (&rounded(&b), Strides::contiguous(k, n)),
-    );
-    // Accumulating, the sums start from C's values (here 0.5 everywhere), as from a bias.
-    let from_half = gemm::matmul_bias(
-        crate::Isa::Avx512,
-        Dims { batch: 1, m, k, n },
-        (&rounded(&a), Strides::contiguous(m, k)),
-        (&rounded(&b), Strides::contiguous(k, n)),
-        &vec![0.5; n],
     );
     let same = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(x, y)| x.to_bits() == y.to_bits());
     let a_rounded = rounded(&a);
@@ -276,9 +268,8 @@ fn the_fma_tier_rounds_as_it_packs_and_stores(
                     let (got, v) = (c[i * rs + j * cs], sums[i * n + j]);
                     let want = match write {
                         Write::Store => v,
-                        // A transposed C is accumulated after the product, as a pass.
-                        Write::Accumulate if transposed => 0.5 + v,
-                        Write::Accumulate => from_half[i * n + j],
+                        // Added after the product, as the other tiers add.
+                        Write::Accumulate => 0.5 + v,
                         Write::StoreBf16 => round(v),
                     };
                     assert_eq!(
@@ -308,17 +299,22 @@ fn the_fma_tier_rounds_as_it_packs_and_stores(
             assert!(close, "{}'s addmm", tier.name());
         }
     }
-    // Unrounded values called bf16s are read as they are: the product moves.
-    let claimed = rounded_product(
-        Tier::Fma,
-        (m, n, k),
-        (
-            Operand::Bf16(&a, (k, 1)),
-            Operand::Strided(&b_data, b_strides),
-        ),
-        None,
-        true,
-    );
+    // B called bf16s is not rounded again as it is packed: the same bits when it holds them.
+    let b_rounded = rounded(&b_data);
+    let product_of =
+        |lhs: Operand, rhs: Operand| rounded_product(Tier::Fma, (m, n, k), (lhs, rhs), None, true);
     let honest: Vec<f32> = sums.iter().map(|v| round(*v)).collect();
-    assert!(!same(&claimed, &honest));
+    let both = product_of(
+        Operand::Bf16(&a_rounded, (k, 1)),
+        Operand::Bf16(&b_rounded, b_strides),
+    );
+    assert!(same(&both, &honest));
+    // Unrounded values called bf16s are read as they are: the product moves, whichever side.
+    let rhs = Operand::Strided(&b_data, b_strides);
+    assert!(!same(&product_of(Operand::Bf16(&a, (k, 1)), rhs), &honest));
+    let lhs = Operand::Strided(&a, (k, 1));
+    assert!(!same(
+        &product_of(lhs, Operand::Bf16(&b_data, b_strides)),
+        &honest
+    ));
 }

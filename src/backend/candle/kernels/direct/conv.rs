@@ -204,7 +204,7 @@ pub(crate) mod tests {
 
     thread_local! {
         /// Whether this thread's bf16 convolutions and linear layers read the operands their callers call
-        /// rounded in place (else they round copies, whatever `Rounded` or `x_bf16` says):
+        /// rounded in place (else they round copies, whatever their `Rounded` says):
         /// `resnet_operands_called_rounded_are_bf16s`, `vit_operands_called_rounded_are_bf16s`.
         pub(crate) static TRUST_ROUNDED: Cell<bool> = const { Cell::new(true) };
         /// How many convolutions and linear layers this thread built with their claims set aside.
