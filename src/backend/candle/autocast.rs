@@ -136,6 +136,27 @@ impl Autocast {
         self.round(&y)
     }
 
+    /// `conv2d(x, w) + bias` with `bias` shaped (1, C, 1, 1): PyTorch's `F.conv2d(x, w, b)`, under
+    /// autocast one bf16 op, `bf16(conv(bf16(x), bf16(w)) + bf16(b))`: the bias added to the f32 sums, then
+    /// one rounding (rounding the convolution and adding an f32 bias after it left the result in f32).
+    /// Composed from the f32 convolution over rounded operands: for a small convolution such as a ViT's
+    /// patch embedding, whose rounded copies cost little.
+    pub fn conv2d_bias(
+        self,
+        x: &Tensor,
+        w: &Tensor,
+        bias: &Tensor,
+        stride: usize,
+        padding: usize,
+    ) -> Result<Tensor> {
+        use super::kernels::conv;
+        if !self.bf16 {
+            return tape::ops::broadcast_add(&conv::conv2d(x, w, stride, padding)?, bias);
+        }
+        let sums = conv::conv2d(&self.round(x)?, &self.round(w)?, stride, padding)?;
+        self.round(&tape::ops::broadcast_add(&sums, &self.round(bias)?)?)
+    }
+
     /// `relu(conv2d(x, w) + bias)`: the fused op, or under autocast (which rounds the conv's result) the
     /// composition of the separate ops.
     pub fn conv2d_bias_relu(
@@ -249,6 +270,35 @@ mod tests {
         let expected = bf16_round(bf16_round(1.0 + 1.0 / 512.0) + 3.0 * bf16_round(1.0 / 3.0));
         assert_eq!(mixed, expected);
         assert_ne!(mixed, full);
+    }
+
+    /// A convolution with a bias under autocast is one bf16 op: the bias is added to the f32 sum of the
+    /// rounded operands, then the result is rounded. Here 1 + 2⁻⁹ rounds to 1; rounding the convolution
+    /// first and adding the bias after it returned 1 + 2⁻⁹, an f32 that is no bf16.
+    #[test]
+    fn a_convolution_with_a_bias_rounds_once_after_the_bias() {
+        let x = Tensor::new(&[[[[1.0f32, 1.0 + 1.0 / 128.0]]]], &Device::Cpu).unwrap();
+        let w = Tensor::new(&[[[[1.0f32]]]], &Device::Cpu).unwrap();
+        let b = Tensor::new(&[[[[1.0f32 / 512.0]]]], &Device::Cpu).unwrap();
+        let value = |ac: Autocast| {
+            ac.conv2d_bias(&x, &w, &b, 1, 0)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap()
+        };
+        let mixed = value(Autocast::EMULATED);
+        let want: Vec<f32> = [1.0f32, 1.0 + 1.0 / 128.0]
+            .iter()
+            .map(|v| bf16_round(v + 1.0 / 512.0))
+            .collect();
+        assert_eq!(mixed, want);
+        assert_eq!(mixed, vec![1.0, 1.0 + 1.0 / 128.0]);
+        assert_eq!(
+            value(Autocast::OFF),
+            vec![1.0 + 1.0 / 512.0, 1.0 + 1.0 / 128.0 + 1.0 / 512.0]
+        );
     }
 
     #[test]

@@ -168,7 +168,7 @@ impl CandleForward for Vit {
             let w = param(p, "patch_embed.proj.weight")?;
             // Candle's ops through `ops`, so the body stays on the backward tape.
             let bias = ops::reshape(param(p, "patch_embed.proj.bias")?, (1, self.dim, 1, 1))?;
-            let patches = ops::broadcast_add(&pass.autocast.conv2d(x, w, self.patch, 0)?, &bias)?;
+            let patches = pass.autocast.conv2d_bias(x, w, &bias, self.patch, 0)?;
             // (B, D, g, g) -> (B, g*g, D)
             let cells = patches.dim(2)? * patches.dim(3)?;
             let tokens = ops::transpose(&ops::reshape(&patches, (batch, self.dim, cells))?, 1, 2)?;
