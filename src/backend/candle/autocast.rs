@@ -136,7 +136,7 @@ impl Autocast {
         self.round(&y)
     }
 
-    /// `conv2d(x, w) + bias` with `bias` shaped (1, C, 1, 1): PyTorch's `F.conv2d(x, w, b)`, under
+    /// `conv2d(x, w) + bias`, `bias` per output channel: PyTorch's `F.conv2d(x, w, b)`, under
     /// autocast one bf16 op, `bf16(conv(bf16(x), bf16(w)) + bf16(b))`: the bias added to the f32 sums, then
     /// one rounding (rounding the convolution and adding an f32 bias after it left the result in f32).
     /// Composed from the f32 convolution over rounded operands: for a small convolution such as a ViT's
@@ -150,11 +150,12 @@ impl Autocast {
         padding: usize,
     ) -> Result<Tensor> {
         use super::kernels::conv;
+        let bias = tape::ops::reshape(bias, (1, bias.elem_count(), 1, 1))?;
         if !self.bf16 {
-            return tape::ops::broadcast_add(&conv::conv2d(x, w, stride, padding)?, bias);
+            return tape::ops::broadcast_add(&conv::conv2d(x, w, stride, padding)?, &bias);
         }
         let sums = conv::conv2d(&self.round(x)?, &self.round(w)?, stride, padding)?;
-        self.round(&tape::ops::broadcast_add(&sums, &self.round(bias)?)?)
+        self.round(&tape::ops::broadcast_add(&sums, &self.round(&bias)?)?)
     }
 
     /// `relu(conv2d(x, w) + bias)`: the fused op, or under autocast (which rounds the conv's result) the
@@ -279,7 +280,7 @@ mod tests {
     fn a_convolution_with_a_bias_rounds_once_after_the_bias() {
         let x = Tensor::new(&[[[[1.0f32, 1.0 + 1.0 / 128.0]]]], &Device::Cpu).unwrap();
         let w = Tensor::new(&[[[[1.0f32]]]], &Device::Cpu).unwrap();
-        let b = Tensor::new(&[[[[1.0f32 / 512.0]]]], &Device::Cpu).unwrap();
+        let b = Tensor::new(&[1.0f32 / 512.0], &Device::Cpu).unwrap();
         let value = |ac: Autocast| {
             ac.conv2d_bias(&x, &w, &b, 1, 0)
                 .unwrap()

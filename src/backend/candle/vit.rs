@@ -166,9 +166,9 @@ impl CandleForward for Vit {
         if k == 0 {
             let batch = x.dim(0)?;
             let w = param(p, "patch_embed.proj.weight")?;
+            let bias = param(p, "patch_embed.proj.bias")?;
+            let patches = pass.autocast.conv2d_bias(x, w, bias, self.patch, 0)?;
             // Candle's ops through `ops`, so the body stays on the backward tape.
-            let bias = ops::reshape(param(p, "patch_embed.proj.bias")?, (1, self.dim, 1, 1))?;
-            let patches = pass.autocast.conv2d_bias(x, w, &bias, self.patch, 0)?;
             // (B, D, g, g) -> (B, g*g, D)
             let cells = patches.dim(2)? * patches.dim(3)?;
             let tokens = ops::transpose(&ops::reshape(&patches, (batch, self.dim, cells))?, 1, 2)?;

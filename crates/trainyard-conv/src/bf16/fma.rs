@@ -70,16 +70,20 @@ pub fn conv_weight_grad(x: Values, dy: &[f32], g: &Geometry) -> Vec<f32> {
     round_in_place(conv::weight_grad(ISA, &x.as_rounded(), dy, g))
 }
 
+/// One matrix's (row, column) strides.
+fn strided(rs: usize, cs: usize) -> Strides {
+    Strides {
+        batch: 0,
+        row: rs,
+        col: cs,
+    }
+}
+
 /// The left operand as the f32 GEMM reads it, every value a bf16: in place when its producer stored
 /// bf16s (`Operand::Bf16`); else rounded into a copy. A dense strided one (row- or column-major, the span
 /// it reaches at most twice its size) is rounded over its span in place order, a pass that vectorises,
 /// and keeps its strides (the GEMM reads any); others become contiguous copies.
 fn lhs_rounded<'a>(op: &Operand<'a>, (rows, cols): (usize, usize)) -> (Cow<'a, [f32]>, Strides) {
-    let strided = |rs: usize, cs: usize| Strides {
-        batch: 0,
-        row: rs,
-        col: cs,
-    };
     match *op {
         Operand::Bf16(data, (rs, cs)) => return (Cow::Borrowed(data), strided(rs, cs)),
         Operand::Strided(data, (rs, cs)) => {
@@ -102,11 +106,6 @@ fn rhs_readable<'a>(
     op: &Operand<'a>,
     (rows, cols): (usize, usize),
 ) -> ((Cow<'a, [f32]>, Strides), bool) {
-    let strided = |rs: usize, cs: usize| Strides {
-        batch: 0,
-        row: rs,
-        col: cs,
-    };
     match *op {
         Operand::Strided(data, (rs, cs)) => ((Cow::Borrowed(data), strided(rs, cs)), true),
         Operand::Bf16(data, (rs, cs)) => ((Cow::Borrowed(data), strided(rs, cs)), false),
@@ -210,7 +209,7 @@ pub fn product(
         let c = unsafe { &mut *(dst as *mut [f32] as *mut [MaybeUninit<f32>]) };
         return product_into((m, n, k), (c, dst_rs), round, (lhs, rhs), None);
     }
-    let c = rounded_product((m, n, k), (lhs, rhs), None, round);
+    let c = product_new((m, n, k), (lhs, rhs), None, round);
     for (i, row) in c.chunks_exact(n).enumerate() {
         for (j, v) in row.iter().enumerate() {
             let d = &mut dst[i * dst_rs + j * dst_cs];
@@ -222,9 +221,9 @@ pub fn product(
     }
 }
 
-/// `bf16::rounded_product` on this tier: a new m × n matrix, `bias` (already rounded) added to the sums,
-/// each result rounded under `round`, every element written once (no zeroing).
-pub fn rounded_product(
+/// The product as a new m × n matrix, `bias` (already rounded) added to the sums, each result rounded
+/// under `round` (`bf16::rounded_product` on this tier), every element written once (no zeroing).
+pub fn product_new(
     (m, n, k): super::Dims,
     (lhs, rhs): (Operand, Operand),
     bias: Option<&[f32]>,

@@ -290,7 +290,7 @@ pub fn rounded_product(
     assert!(bias.is_none_or(|b| b.len() == n), "one bias per column");
     let bias: Option<Vec<f32>> = bias.map(|b| b.iter().map(|&v| round(v)).collect());
     if tier == Tier::Fma {
-        return fma::rounded_product((m, n, k), (lhs, rhs), bias.as_deref(), true);
+        return fma::product_new((m, n, k), (lhs, rhs), bias.as_deref(), true);
     }
     let mut c = vec![0f32; m * n];
     let dst = (&mut c[..], (n, 1));
