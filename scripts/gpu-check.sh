@@ -23,6 +23,9 @@
 # benches' rounds (default 3).
 #
 #   TRAIN=target-torch/release/train OUT_DIR=$OUT/gpu CHECKS="core torchscript" scripts/gpu-check.sh
+#   # or from the trainyard-torch wheel (scripts/build-wheels.sh torch) installed into the GPU machine's PyTorch:
+#   python3 -m pip install --no-deps trainyard_torch-*.whl
+#   TRAIN="$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["scripts"])')/train" scripts/gpu-check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
