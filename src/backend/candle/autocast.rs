@@ -158,8 +158,10 @@ impl Autocast {
         self.round(&tape::ops::broadcast_add(&sums, &self.round(&bias)?)?)
     }
 
-    /// `relu(conv2d(x, w) + bias)`: the fused op, or under autocast (which rounds the conv's result) the
-    /// composition of the separate ops.
+    /// `relu(conv2d(x, w) + bias)`: the fused op; under autocast PyTorch's `relu(F.conv2d(x, w, b))`,
+    /// `relu(bf16(conv(bf16 x, bf16 w) + bf16(b)))`: on a bf16 tier the fused op with the bias inside the
+    /// rounding, else the composition (`conv2d_bias`). (It used to round the convolution and add the f32
+    /// bias after it, which left the result in f32.)
     pub fn conv2d_bias_relu(
         self,
         x: &Tensor,
@@ -168,11 +170,14 @@ impl Autocast {
         stride: usize,
         padding: usize,
     ) -> Result<Tensor> {
+        use super::kernels::conv_relu;
         if !self.bf16 {
-            return super::kernels::conv_relu::conv2d_bias_relu(x, w, bias, stride, padding);
+            return conv_relu::conv2d_bias_relu(x, w, bias, stride, padding);
         }
-        let y = self.conv2d(x, w, stride, padding)?;
-        super::kernels::fused::relu(&super::kernels::fused::add_channel_bias(&y, bias)?)
+        if let (Some(tier), true) = (self.tier, conv_relu::handles(x, w, bias)?) {
+            return conv_relu::conv2d_bias_relu_on(x, w, bias, (stride, padding), Some(tier));
+        }
+        super::kernels::fused::relu(&self.conv2d_bias(x, w, bias, stride, padding)?)
     }
 }
 
@@ -300,6 +305,45 @@ mod tests {
             value(Autocast::OFF),
             vec![1.0 + 1.0 / 512.0, 1.0 + 1.0 / 128.0 + 1.0 / 512.0]
         );
+    }
+
+    /// `relu(F.conv2d(x, w, b))` under autocast (the CNN's blocks, a declared conv+ReLU) on every tier
+    /// this CPU runs and emulated: the bias inside the one rounding, as in `conv2d_bias`. Rounding the
+    /// convolution and adding the f32 bias after it (the old placement) returned 1 + 2⁻⁹, an f32 that is
+    /// no bf16; rounding the convolution and then again after the bias returns 1 + 2⁻⁷ for the last one.
+    #[rstest::rstest]
+    fn a_convolution_with_a_bias_and_relu_rounds_once_after_the_bias(
+        #[values("emulated", "amx", "avx512-bf16", "fma", "portable")] tier: &str,
+    ) {
+        let ac = match tier {
+            "emulated" => Autocast::EMULATED,
+            name => match Tier::parse(name).filter(|t| t.supported()) {
+                Some(tier) => Autocast {
+                    bf16: true,
+                    tier: Some(tier),
+                },
+                None => return,
+            },
+        };
+        // Two input channels, a 1x1 kernel of ones: each output is the sum of the two channels.
+        let run = |(first, second): ([f32; 3], [f32; 3]), bias: f32| {
+            let x = Tensor::new(&[[[first], [second]]], &Device::Cpu).unwrap();
+            let w = Var::new(&[[[[1.0f32]], [[1.0]]]], &Device::Cpu).unwrap();
+            let b = Var::new(&[bias], &Device::Cpu).unwrap();
+            let y = ac.conv2d_bias_relu(&x, &w, &b, 1, 0).unwrap();
+            let values = y.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            // The gradients reach the weight and the bias (the ReLU's mask from the rounded output).
+            let grads = y.sum_all().unwrap().backward().unwrap();
+            let db = grads.get(&b).unwrap().to_vec1::<f32>().unwrap()[0];
+            assert!(grads.get(&w).is_some());
+            (values, db)
+        };
+        let (values, db) = run(([1.0, 1.0 + 1.0 / 128.0, -1.0], [0.0; 3]), 1.0 / 512.0);
+        assert_eq!(values, vec![1.0, 1.0 + 1.0 / 128.0, 0.0], "{tier}");
+        assert_eq!(db, 2.0, "{tier}");
+        // 1 + 5·2⁻¹⁰ - 2⁻⁹ = 1 + 3·2⁻¹⁰ rounds to 1; 1 + 5·2⁻¹⁰ alone rounds up to 1 + 2⁻⁷.
+        let (values, _) = run(([1.0; 3], [5.0 / 1024.0, 0.0, 0.0]), -1.0 / 512.0);
+        assert_eq!(values, vec![1.0; 3], "{tier}");
     }
 
     #[test]

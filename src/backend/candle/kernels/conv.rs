@@ -563,6 +563,19 @@ pub(super) fn forward(
     w: &[f32],
     epilogue: &(dyn Fn(usize, &mut [f32]) + Sync),
 ) -> Vec<f32> {
+    forward_rounding(g, x, w, true, epilogue)
+}
+
+/// `forward`, saying whether a bf16 convolution rounds its sums as it stores them (`round_store`): not
+/// when the epilogue adds a bias first and rounds after it, as autocast's convolution with a bias does
+/// (one bf16 op: `bf16(conv + bf16(b))`).
+pub(super) fn forward_rounding(
+    g: &Geometry,
+    x: &[f32],
+    w: &[f32],
+    round_store: bool,
+    epilogue: &(dyn Fn(usize, &mut [f32]) + Sync),
+) -> Vec<f32> {
     let (ohw, ckk, img_len) = (g.out_hw(), g.ckk(), g.c_in * g.h * g.w);
     let tk = tasks(g);
     let mut y = vec![0f32; g.batch * g.c_out * ohw];
@@ -596,7 +609,11 @@ pub(super) fn forward(
                     tier,
                     dims,
                     (dst, (cols, 1)),
-                    Write::StoreBf16,
+                    if round_store {
+                        Write::StoreBf16
+                    } else {
+                        Write::Store
+                    },
                     operands,
                     parallel,
                 );

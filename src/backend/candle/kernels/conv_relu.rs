@@ -6,6 +6,7 @@
 use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use trainyard_conv::bf16::{round as round_bf16, Tier};
 use trainyard_conv::buffer::{assume_init, uninit};
 
 use super::conv;
@@ -20,21 +21,44 @@ pub fn conv2d_bias_relu(
     stride: usize,
     padding: usize,
 ) -> Result<Tensor> {
-    if !conv::handles(x, w)? || !super::cpu::is_cpu_f32(bias) {
+    if !handles(x, w, bias)? {
         let y = conv::conv2d(x, w, stride, padding)?;
         return super::fused::relu(&super::fused::add_channel_bias(&y, bias)?);
     }
+    conv2d_bias_relu_on(x, w, bias, (stride, padding), None)
+}
+
+/// Whether `conv2d_bias_relu_on` takes these operands (CPU, f32, a square kernel).
+pub fn handles(x: &Tensor, w: &Tensor, bias: &Tensor) -> Result<bool> {
+    Ok(conv::handles(x, w)? && super::cpu::is_cpu_f32(bias))
+}
+
+/// The fused op, under bf16 autocast (`bf16`: the tier) as PyTorch's `relu(F.conv2d(x, w, b))` computes
+/// it there: `relu(bf16(conv(bf16 x, bf16 w) + bf16(b)))`, the bias added to the f32 sums before their
+/// one rounding. The operands must be ones `handles` takes.
+pub fn conv2d_bias_relu_on(
+    x: &Tensor,
+    w: &Tensor,
+    bias: &Tensor,
+    (stride, padding): (usize, usize),
+    bf16: Option<Tier>,
+) -> Result<Tensor> {
     tape::op3(
         &x.contiguous()?,
         &w.contiguous()?,
         &bias.contiguous()?,
-        ConvBiasRelu { stride, padding },
+        ConvBiasRelu {
+            stride,
+            padding,
+            bf16,
+        },
     )
 }
 
 struct ConvBiasRelu {
     stride: usize,
     padding: usize,
+    bf16: Option<Tier>,
 }
 
 impl CustomOp3 for ConvBiasRelu {
@@ -51,20 +75,32 @@ impl CustomOp3 for ConvBiasRelu {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let g = conv::geometry(l1, l2, (self.stride, self.padding), None)?;
+        let g = conv::geometry(l1, l2, (self.stride, self.padding), self.bf16)?;
         let b = slice(s3, l3)?;
         let (c, hw) = (g.c_out(), g.out_hw());
         if b.len() != c {
             candle_core::bail!("bias has {} values for {c} channels", b.len());
         }
-        let y = conv::forward(&g, slice(s1, l1)?, slice(s2, l2)?, &|_, out| {
-            for (plane, o) in out.chunks_mut(hw).enumerate() {
-                let v = b[plane % c];
-                for o in o {
-                    *o = (*o + v).max(0.0);
+        let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
+        let y = match self.bf16 {
+            None => conv::forward(&g, x, w, &|_, out| {
+                for (plane, o) in out.chunks_mut(hw).enumerate() {
+                    let v = b[plane % c];
+                    for o in o {
+                        *o = (*o + v).max(0.0);
+                    }
                 }
-            }
-        });
+            }),
+            // The sums stored unrounded, then the bias (a bf16 under autocast) and the one rounding.
+            Some(_) => conv::forward_rounding(&g, x, w, false, &|_, out| {
+                for (plane, o) in out.chunks_mut(hw).enumerate() {
+                    let v = round_bf16(b[plane % c]);
+                    for o in o {
+                        *o = round_bf16(*o + v).max(0.0);
+                    }
+                }
+            }),
+        };
         Ok((CpuStorage::F32(y), g.out_shape()))
     }
 
@@ -79,7 +115,7 @@ impl CustomOp3 for ConvBiasRelu {
         let (n, c, h, wd) = res.dims4()?;
         let (pre, db) = relu_grad_and_channel_sums(res, grad, n, c, h * wd)?;
         let pre = Tensor::from_vec(pre, res.shape(), res.device())?;
-        let (gx, gw) = conv::backward(x, w, &pre, (self.stride, self.padding), None)?;
+        let (gx, gw) = conv::backward(x, w, &pre, (self.stride, self.padding), self.bf16)?;
         Ok((gx, gw, Some(Tensor::from_vec(db, c, res.device())?)))
     }
 }
