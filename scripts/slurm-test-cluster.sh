@@ -56,6 +56,9 @@ start() {
     chmod 400 "$dir/munge/munge.key"
     munged --force --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" \
         --pid-file="$dir/run/munged.pid" --log-file="$dir/log/munged.log" --seed-file="$dir/munge/seed"
+    # cred_expire=20: a requeued job may start again only cred_expire + 1 s after its requeue; SLURM's default
+    # (120 s) was most of tests/launchers.rs's time (the requeue scenario: 132 of its 152 s). Job steps'
+    # credentials live as long, plenty on one host.
     cat >"$dir/slurm.conf" <<EOF
 ClusterName=trainyard
 SlurmctldHost=$host(127.0.0.1)
@@ -63,7 +66,7 @@ SlurmctldPort=$ctld_port
 SlurmUser=$user
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket=$dir/munge/munge.socket
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=20
 CredType=cred/munge
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool/%n
