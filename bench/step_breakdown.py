@@ -73,6 +73,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--precision", default="32-true", choices=["32-true", "16-mixed", "bf16-mixed"])
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("step_breakdown.py times a CUDA step: this machine's torch sees no GPU")
     print(f"{args.model}, {args.precision}, {torch.cuda.get_device_name()}; ms per step (medians)")
     print(f"{'batch':>6} {'who':<28} " + " ".join(f"{p:>17}" for p in PHASES) + f" {'step':>7}")
     for batch in map(int, args.batch.split(",")):
