@@ -73,6 +73,7 @@ fn assert_learned(run: &Path) {
 #[rstest]
 #[case::single(&[])]
 #[case::data_parallel(&["trainer=dp_sim"])]
+#[case::bf16(&["trainer.precision=bf16-mixed"])]
 #[cfg_attr(feature = "torch", case::tch(&["backend=tch"]))]
 #[cfg_attr(feature = "torch", case::ddp(&["trainer=ddp_sim", "data.batch_size=16"]))]
 #[cfg_attr(

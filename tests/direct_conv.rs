@@ -325,6 +325,64 @@ fn fused_bias_relu_pool_gives_the_bits_of_the_two_ops(
     );
 }
 
+/// Under bf16 autocast the CNN's blocked epilogue (`bias_relu_pool2_bf16`, and `bias_relu_bf16` for
+/// planes with no 2x2 window) over a convolution's unrounded sums gives the bits of autocast's
+/// composition, `max_pool2(relu(bf16(x + bf16(b))))`, planar and emulated: the bias inside the one
+/// rounding. Its input gradient (a bf16 probe, which the emulated rounding's backward leaves as it is)
+/// equals the composition's too.
+#[rstest]
+#[case::pooled(&[2, 21, 7, 5], true)]
+#[case::no_window(&[2, 21, 1, 3], false)]
+fn bf16_bias_relu_pool_rounds_once_after_the_bias(#[case] dims: &[usize], #[case] pool: bool) {
+    use trainyard::backend::candle::autocast::Autocast;
+    use trainyard::backend::candle::kernels::fused;
+    let lanes = Isa::detected().lanes();
+    let x = Var::from_tensor(&tensor(dims, 21)).unwrap();
+    let bias = Var::from_tensor(&tensor(&[dims[1]], 22)).unwrap();
+    let xb = direct::layout::to_blocked(&x, lanes).unwrap();
+    let ours = if pool {
+        direct::bias_relu_pool::bias_relu_pool2_bf16(&xb, &bias).unwrap()
+    } else {
+        direct::elementwise::bias_relu_bf16(&xb, &bias).unwrap()
+    };
+    let ours = direct::layout::from_blocked(&ours, dims[1]).unwrap();
+    let round = |t: &Tensor| Autocast::EMULATED.round(t).unwrap();
+    let summed = round(&fused::add_channel_bias(&x, &round(&bias)).unwrap());
+    let theirs = fused::relu(&summed).unwrap();
+    let theirs = if pool {
+        fused::max_pool2d(&theirs, 2, 2, 0).unwrap()
+    } else {
+        theirs
+    };
+    let bits = |t: &Tensor| -> Vec<u32> {
+        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v.iter().map(|v| v.to_bits()).collect()
+    };
+    assert_eq!(ours.dims(), theirs.dims());
+    assert_eq!(bits(&ours), bits(&theirs));
+    // Without the rounding of the sum, other bits.
+    let unrounded = fused::add_channel_bias(&x, &round(&bias)).unwrap();
+    let unrounded = fused::relu(&unrounded).unwrap();
+    let unrounded = if pool {
+        fused::max_pool2d(&unrounded, 2, 2, 0).unwrap()
+    } else {
+        unrounded
+    };
+    assert_ne!(bits(&ours), bits(&unrounded));
+    let probe = round(&tensor(theirs.dims(), 23));
+    assert_same_gradients((&ours, &theirs), &probe, &[&x], 1e-6);
+    // The bias's gradient: the emulated cast's backward rounds it; ours is the f32 sum (within that
+    // rounding of it).
+    let grads = |t: &Tensor| (t * &probe).unwrap().sum_all().unwrap().backward().unwrap();
+    let db = |t: &Tensor| grads(t).get(&bias).unwrap().to_vec1::<f32>().unwrap();
+    for (c, (a, b)) in db(&ours).iter().zip(db(&theirs)).enumerate() {
+        assert!(
+            (a - b).abs() <= b.abs() / 256.0 + 1e-6,
+            "channel {c}: {a} vs {b}"
+        );
+    }
+}
+
 /// The small CNN's blocked ops equal the planar ones: bias + ReLU (with the bias gradient) and 2x2
 /// max-pooling on an odd-sized plane (the last row and column dropped, as PyTorch's floor mode does).
 #[test]

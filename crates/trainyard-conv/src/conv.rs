@@ -102,12 +102,15 @@ enum Packing {
 pub enum Precision {
     F32,
     Bf16,
+    /// `Bf16`'s operands with the f32 sums stored as they are: for an epilogue that adds a bias before
+    /// autocast's one rounding of a convolution with a bias.
+    Bf16Sums,
 }
 
 fn pack(w: &[f32], g: &Geometry, how: Packing, precision: Precision) -> Vec<f32> {
     let cast = |v: f32| match precision {
         Precision::F32 => v,
-        Precision::Bf16 => crate::bf16::pack::round_f32(v),
+        Precision::Bf16 | Precision::Bf16Sums => crate::bf16::pack::round_f32(v),
     };
     let (l, t) = (g.lanes, g.taps());
     let (outer, inner) = match how {

@@ -8,7 +8,9 @@
 use super::autocast::Autocast;
 use super::kernels::batchnorm::Then;
 use super::kernels::{direct, fused};
-use super::models::{dropout, param, Buffers, CandleForward, Params, Pass};
+use super::models::{
+    blocked_bias_relu, blocked_conv_sums, dropout, param, Buffers, CandleForward, Params, Pass,
+};
 use super::resnet::{batch_norm_with, blocks_activations, conv, BnConst, BnOf};
 use super::vit::{gelu_erf, layer_norm_eps};
 use crate::model::declared::{Declared, Layer, Op};
@@ -105,15 +107,20 @@ fn step(
                 return Ok((conv((p, autocast), name, &h, *stride, *padding)?, 1));
             }
             let bias_t = param(p, &format!("{name}.bias"))?;
-            if h.rank() == 5 {
-                let y = conv((p, autocast), name, &h, *stride, *padding)?;
-                if then_pool && y.dim(2)? >= 2 && y.dim(3)? >= 2 {
-                    (direct::bias_relu_pool::bias_relu_pool2(&y, bias_t)?, 3)
-                } else if then_relu {
-                    (direct::elementwise::bias_relu(&y, bias_t)?, 2)
+            if let (5, Some(isa)) = (h.rank(), direct::active()) {
+                // Under bf16 autocast the convolution's sums stay f32 and the bias is added before
+                // the one rounding, as autocast's convolution with a bias does.
+                let w = param(p, &format!("{name}.weight"))?;
+                let geometry = (*stride, *padding);
+                let rounded = direct::Rounded::NONE;
+                let y = blocked_conv_sums((isa, autocast), &h, w, geometry, rounded)?;
+                if then_relu {
+                    let (y, pooled) = blocked_bias_relu(autocast, &y, bias_t, then_pool)?;
+                    (y, if pooled { 3 } else { 2 })
                 } else {
                     let y = direct::layout::from_blocked(&y, *c_out)?;
-                    (fused::add_channel_bias(&y, bias_t)?, 1)
+                    let y = fused::add_channel_bias(&y, &autocast.round(bias_t)?)?;
+                    (autocast.round(&y)?, 1)
                 }
             } else if then_relu {
                 let w = param(p, &format!("{name}.weight"))?;
@@ -121,6 +128,9 @@ fn step(
                     autocast.conv2d_bias_relu(&h, w, bias_t, *stride, *padding)?,
                     2,
                 )
+            } else if autocast.bf16 {
+                let w = param(p, &format!("{name}.weight"))?;
+                (autocast.conv2d_bias(&h, w, bias_t, *stride, *padding)?, 1)
             } else {
                 let y = conv((p, autocast), name, &h, *stride, *padding)?;
                 (fused::add_channel_bias(&y, bias_t)?, 1)

@@ -217,12 +217,15 @@ impl CandleForward for Cnn {
                 let isa = super::kernels::direct::active().ok_or_else(|| {
                     candle_core::Error::Msg("blocked activations without a direct path".into())
                 })?;
-                let h = super::kernels::direct::conv::conv2d(isa, x, w, 1, 1)?;
-                if h.dim(2)? < 2 || h.dim(3)? < 2 {
-                    super::kernels::direct::elementwise::bias_relu(&h, b)
-                } else {
-                    super::kernels::direct::bias_relu_pool::bias_relu_pool2(&h, b)
-                }
+                // Its input holds bf16s under autocast (the first block's rounded output, pooled, or a
+                // block like this one); so does its output gradient, but in the last block (the next
+                // block's input gradient through this one's mask, not the head's mean).
+                let rounded = super::kernels::direct::Rounded {
+                    input: true,
+                    grad: k < self.blocks(),
+                };
+                let h = blocked_conv_sums((isa, pass.autocast), x, w, (1, 1), rounded)?;
+                Ok(blocked_bias_relu(pass.autocast, &h, b, true)?.0)
             }
             k if k <= self.blocks() => {
                 let h = conv3x3_relu(p, &format!("blocks.{}.conv", k - 1), x, pass.autocast)?;
@@ -235,8 +238,10 @@ impl CandleForward for Cnn {
                 };
                 // The first block (3 input channels) runs planar; the blocks after it blocked, where a
                 // direct path runs.
-                match super::kernels::direct::active().filter(|_| {
-                    k < self.blocks() && !pass.autocast.bf16 && super::kernels::cpu::is_cpu_f32(&h)
+                match super::kernels::direct::active().filter(|isa| {
+                    k < self.blocks()
+                        && blocked_under(*isa, pass.autocast)
+                        && super::kernels::cpu::is_cpu_f32(&h)
                 }) {
                     Some(isa) => super::kernels::direct::layout::to_blocked(&h, isa.lanes()),
                     None => Ok(h),
@@ -254,4 +259,53 @@ impl CandleForward for Cnn {
             }
         }
     }
+}
+
+/// Whether the CNN's blocks after the first run blocked under `autocast`: at 32-true wherever the direct
+/// path runs; under bf16 where a bf16 tier convolves over its blocks (emulated autocast stays planar).
+fn blocked_under(isa: super::kernels::direct::Isa, autocast: Autocast) -> bool {
+    match (autocast.bf16, autocast.tier) {
+        (false, _) => true,
+        (true, Some(tier)) => super::kernels::direct::conv::bf16_blocks(isa, tier),
+        (true, None) => false,
+    }
+}
+
+/// A convolution with a bias over blocked activations, without its bias: the f32 convolution, or under
+/// bf16 autocast its unrounded f32 sums (`conv2d_bf16_sums`), for an epilogue that adds the bias and
+/// rounds once, autocast's placement (`Autocast::conv2d_bias`). `rounded`: which bf16 operands arrive
+/// rounded already.
+pub(super) fn blocked_conv_sums(
+    (isa, autocast): (super::kernels::direct::Isa, Autocast),
+    x: &Tensor,
+    w: &Tensor,
+    geometry: (usize, usize),
+    rounded: super::kernels::direct::Rounded,
+) -> Result<Tensor> {
+    use super::kernels::direct::conv;
+    match autocast.tier.filter(|_| autocast.bf16) {
+        Some(tier) => conv::conv2d_bf16_sums((isa, tier), x, w, geometry, rounded),
+        None if autocast.bf16 => candle_core::bail!("blocked activations under emulated bf16"),
+        None => conv::conv2d(isa, x, w, geometry.0, geometry.1),
+    }
+}
+
+/// `relu(sums + b)` over `blocked_conv_sums`'s output, 2x2 max-pooled as well when `pool` and the planes
+/// have a 2x2 window (returns whether it pooled); under bf16 autocast with the bias inside the one
+/// rounding.
+pub(super) fn blocked_bias_relu(
+    autocast: Autocast,
+    sums: &Tensor,
+    b: &Tensor,
+    pool: bool,
+) -> Result<(Tensor, bool)> {
+    use super::kernels::direct::{bias_relu_pool, elementwise};
+    let pool = pool && sums.dim(2)? >= 2 && sums.dim(3)? >= 2;
+    let y = match (pool, autocast.bf16) {
+        (false, false) => elementwise::bias_relu(sums, b)?,
+        (false, true) => elementwise::bias_relu_bf16(sums, b)?,
+        (true, false) => bias_relu_pool::bias_relu_pool2(sums, b)?,
+        (true, true) => bias_relu_pool::bias_relu_pool2_bf16(sums, b)?,
+    };
+    Ok((y, pool))
 }

@@ -14,13 +14,29 @@ fn batch() -> Batch {
     crate::testing::batch(1)
 }
 
+/// A declared network whose convolutions have biases, on the blocked path from its first layer: one
+/// with ReLU and pooling after it, one with ReLU, one with neither.
+const DECLARED_CONV_BIAS: &str = "{name: declared, num_classes: 4, layers: [\
+    {type: Conv2d, out_channels: 16, kernel_size: 3, padding: 1}, {type: ReLU}, \
+    {type: MaxPool2d, kernel_size: 2}, \
+    {type: Conv2d, out_channels: 24, kernel_size: 3, padding: 1}, {type: ReLU}, \
+    {type: Conv2d, out_channels: 8, kernel_size: 1}, \
+    {type: AdaptiveAvgPool2d, output_size: 1}, {type: Flatten}, {type: Linear, out_features: 4}]}";
+
 /// Under bf16 autocast on each tier with the blocked direct convolutions that runs here (AMX,
-/// AVX512-BF16, f32 FMAs; their portable reference where none does), ResNet keeps its activations blocked and
-/// convolves on tiles; its loss and every gradient agree with the emulated path's (NCHW, rounded
-/// operands around f32 products) as far as bf16's rounding lets two summation orders agree. (On a CPU
-/// whose blocked layout is not 16 lanes both runs are emulated.)
+/// AVX512-BF16, f32 FMAs; their portable reference where none does), ResNet, the CNN and a declared
+/// network keep their activations blocked and convolve on tiles (the last two adding their biases to the
+/// unrounded sums); the loss and every gradient agree with the emulated path's (NCHW, rounded operands
+/// around f32 products) as far as bf16's rounding lets two summation orders agree. (On a CPU whose
+/// blocked layout is not 16 lanes both runs are emulated.)
 #[rstest::rstest]
-fn resnet_bf16_on_tiles_equals_the_emulated_path(
+fn bf16_on_tiles_equals_the_emulated_path(
+    #[values(
+        "{name: resnet18, num_classes: 4, cifar_stem: true}",
+        "{name: cnn, num_classes: 4, channels: [16, 24, 32]}",
+        DECLARED_CONV_BIAS
+    )]
+    model: &str,
     #[values(
         trainyard_conv::bf16::Tier::Amx,
         trainyard_conv::bf16::Tier::Avx512Bf16,
@@ -33,10 +49,7 @@ fn resnet_bf16_on_tiles_equals_the_emulated_path(
         .into_iter()
         .find(|t| t.supported())
         .expect("portable runs everywhere");
-    let exp = experiment(
-        "{name: resnet18, num_classes: 4, cifar_stem: true}",
-        "{name: sgd, lr: 0.1}",
-    );
+    let exp = experiment(model, "{name: sgd, lr: 0.1}");
     // 16 images of 16x16: BatchNorm's batch statistics over enough values that bf16's rounding noise
     // (which differs between any two summation orders) is not amplified past comparison.
     let batch = crate::testing::batch_of(16, 16, 3);
@@ -81,11 +94,15 @@ fn resnet_bf16_on_tiles_equals_the_emulated_path(
 /// place (`direct::conv::Rounded`), trusting that the ops which made them (the BatchNorms, the residual
 /// adds, the BatchNorms' backward) stored bf16s: the step must equal, bit for bit, the one whose
 /// convolutions round copies of them. Both stems: the CIFAR stem blocked from the first convolution, the
-/// ImageNet stem planar up to its max-pool.
+/// ImageNet stem planar up to its max-pool. Likewise the CNN's blocked convolutions (their inputs from
+/// the rounding bias-ReLU-pool epilogue, their output gradients through its mask from the next block's
+/// input gradient; not the last block's, which the head's dropout and mean pass back: with dropout on,
+/// calling it rounded moves the step).
 #[rstest::rstest]
-#[case::resnet18_cifar("{name: resnet18, num_classes: 4, cifar_stem: true}")]
-#[case::resnet50_imagenet_stem("{name: resnet50, num_classes: 4}")]
-fn resnet_operands_called_rounded_are_bf16s(#[case] model: &str) {
+#[case::resnet18_cifar("{name: resnet18, num_classes: 4, cifar_stem: true}", 20)]
+#[case::resnet50_imagenet_stem("{name: resnet50, num_classes: 4}", 52)]
+#[case::cnn("{name: cnn, num_classes: 4, channels: [16, 24, 32], dropout: 0.1}", 2)]
+fn operands_called_rounded_are_bf16s(#[case] model: &str, #[case] convolutions: usize) {
     use trainyard_conv::bf16::Tier;
     let Some(isa) = super::kernels::direct::active().filter(|_| Tier::Fma.supported()) else {
         eprintln!("SKIPPED: the fma tier does not run on this CPU");
@@ -96,8 +113,9 @@ fn resnet_operands_called_rounded_are_bf16s(#[case] model: &str) {
     let batch = crate::testing::batch_of(8, 16, 5);
     let (in_place, _) = fma_step_with_claims(&exp, &batch, true);
     let (copies, distrusted) = fma_step_with_claims(&exp, &batch, false);
-    // The second run's convolutions (every one: 20 in ResNet-18, 53 in ResNet-50) did round copies.
-    assert!(distrusted >= 20, "{distrusted} convolutions");
+    // The second run's convolutions (every blocked one: ResNet-18's 20, ResNet-50's 52 after its
+    // planar stem, the CNN's after its first) did round copies.
+    assert!(distrusted >= convolutions, "{distrusted} convolutions");
     assert_same_step(&in_place, &copies);
 }
 

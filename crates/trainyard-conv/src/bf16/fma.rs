@@ -12,7 +12,7 @@
 //! sums as the GEMM stores them (`gemm::matmul_bf16_into`); its left one, which the GEMM reads in place, is
 //! rounded into a copy unless its producer stored bf16s (`Operand::Bf16`).
 
-use super::pack::round_f32;
+use super::pack::{self, round_f32, round_to};
 use super::{Operand, Values, Write};
 use crate::buffer::{assume_init, uninit};
 use crate::conv::{self, Geometry, Precision};
@@ -36,26 +36,27 @@ pub fn rounded(v: &[f32]) -> Vec<f32> {
     let mut out = uninit(v.len());
     out.par_chunks_mut(1 << 14)
         .zip(v.par_chunks(1 << 14))
-        .for_each(|(d, s)| {
-            d.iter_mut()
-                .zip(s)
-                .for_each(|(d, s)| *d = MaybeUninit::new(round_f32(*s)))
-        });
+        .for_each(|(d, s)| round_to(s, d));
     // SAFETY: every element was written above.
     unsafe { assume_init(out) }
 }
 
 /// `v` rounded to bf16 in place: autocast's bf16 result.
 fn round_in_place(mut v: Vec<f32>) -> Vec<f32> {
-    v.par_chunks_mut(1 << 14)
-        .for_each(|c| c.iter_mut().for_each(|x| *x = round_f32(*x)));
+    v.par_chunks_mut(1 << 14).for_each(pack::round_in_place);
     v
 }
 
 /// `direct::forward` on this tier: `x` rounded in one pass (read in place when `Values::Rounded`); the
-/// weights rounded as the f32 kernel packs them and the sums as it stores them (`conv::Precision::Bf16`).
-pub fn conv_forward(x: Values, w: &[f32], g: &Geometry) -> Vec<f32> {
-    conv::forward_at(ISA, Precision::Bf16, &x.as_rounded(), w, g)
+/// weights rounded as the f32 kernel packs them and, under `round`, the sums as it stores them
+/// (`conv::Precision::Bf16`; else `Bf16Sums`).
+pub fn conv_forward(x: Values, w: &[f32], g: &Geometry, round: bool) -> Vec<f32> {
+    let precision = if round {
+        Precision::Bf16
+    } else {
+        Precision::Bf16Sums
+    };
+    conv::forward_at(ISA, precision, &x.as_rounded(), w, g)
 }
 
 /// `direct::input_grad` on this tier, of a gradient `dy` already rounded (`direct::Gradient`).
@@ -129,10 +130,7 @@ fn materialised(op: &Operand, (rows, cols): (usize, usize)) -> Vec<f32> {
             let mut out = uninit(rows * cols);
             out.par_chunks_mut(cols).enumerate().for_each(|(i, row)| {
                 if *cs == 1 {
-                    let src = &data[i * rs..][..cols];
-                    for (d, s) in row.iter_mut().zip(src) {
-                        *d = MaybeUninit::new(round_f32(*s));
-                    }
+                    round_to(&data[i * rs..][..cols], row);
                 } else {
                     for (j, d) in row.iter_mut().enumerate() {
                         *d = MaybeUninit::new(round_f32(data[i * rs + j * cs]));
@@ -146,7 +144,7 @@ fn materialised(op: &Operand, (rows, cols): (usize, usize)) -> Vec<f32> {
             let mut out = vec![0f32; rows * cols];
             out.par_chunks_mut(cols).enumerate().for_each(|(i, row)| {
                 f(i, row);
-                row.iter_mut().for_each(|v| *v = round_f32(*v));
+                pack::round_in_place(row);
             });
             out
         }
@@ -298,7 +296,7 @@ mod tests {
         let (xr, wr) = (rounded(&x), rounded(&w));
         let passes_fwd = rounded(&conv::forward(ISA, &xr, &wr, &g));
         assert!(same_bits(
-            &conv_forward(Values::F32(&x), &w, &g),
+            &conv_forward(Values::F32(&x), &w, &g, true),
             &passes_fwd
         ));
         let dyr = rounded(&blocked(g.c_out, g.oh() * g.ow(), 5));
@@ -308,7 +306,7 @@ mod tests {
         // unrounded values as `Rounded`, the tier uses them as they are, so the result moves.)
         let dw_passes = conv_weight_grad(Values::F32(&x), &dyr, &g);
         assert!(same_bits(
-            &conv_forward(Values::Rounded(&xr), &w, &g),
+            &conv_forward(Values::Rounded(&xr), &w, &g, true),
             &passes_fwd
         ));
         assert!(same_bits(
@@ -316,14 +314,14 @@ mod tests {
             &dw_passes
         ));
         assert!(!same_bits(
-            &conv_forward(Values::Rounded(&x), &w, &g),
+            &conv_forward(Values::Rounded(&x), &w, &g, true),
             &passes_fwd
         ));
         assert!(!same_bits(
             &conv_weight_grad(Values::Rounded(&x), &dyr, &g),
             &dw_passes
         ));
-        let y = conv_forward(Values::F32(&x), &w, &g);
+        let y = conv_forward(Values::F32(&x), &w, &g, true);
         close(&y, &direct::forward(Tier::Portable, &x, &w, &g), "forward");
         assert!(y.iter().all(|v| *v == round_f32(*v)), "a rounded result");
         let dy = blocked(g.c_out, g.oh() * g.ow(), 11);

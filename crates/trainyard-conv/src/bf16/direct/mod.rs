@@ -15,7 +15,8 @@
 //!
 //! Weights become VNNI B tiles, one per (16 output channels, tap, 32 input channels). Each 16 × 16 f32 C
 //! tile is 16 output pixels × one output block: 16 rows of 64 bytes, each a pixel of the blocked output.
-//! Sums are f32 and the result is rounded to bf16 (kept as f32), autocast's bf16 convolution output.
+//! Sums are f32 and the result is rounded to bf16 (kept as f32), autocast's bf16 convolution output; or
+//! left unrounded (`forward_sums_of`) for an epilogue that adds a bias before that one rounding.
 
 use super::pack::{
     from_bf16, pairs as vnni_pairs, round_f32, round_into, Tile, Windows, TILE_K, TILE_ROWS,
@@ -100,6 +101,20 @@ pub fn forward(tier: Tier, x: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
 /// # Panics
 /// As `forward`.
 pub fn forward_of(tier: Tier, x: Values, w: &[f32], g: &Geometry) -> Vec<f32> {
+    forward_stored(tier, x, w, g, true)
+}
+
+/// `forward_of` with the f32 sums stored unrounded: a convolution with a bias, whose epilogue adds the
+/// bias and then rounds once, as autocast's bf16 convolution does (rounding here too would round twice).
+///
+/// # Panics
+/// As `forward`.
+pub fn forward_sums_of(tier: Tier, x: Values, w: &[f32], g: &Geometry) -> Vec<f32> {
+    forward_stored(tier, x, w, g, false)
+}
+
+/// `forward_of`, its sums rounded as stored under `round`.
+fn forward_stored(tier: Tier, x: Values, w: &[f32], g: &Geometry, round: bool) -> Vec<f32> {
     assert!(
         handles(tier, g),
         "direct bf16 conv: {g:?} on {}",
@@ -116,7 +131,7 @@ pub fn forward_of(tier: Tier, x: Values, w: &[f32], g: &Geometry) -> Vec<f32> {
         "direct bf16 conv: weight length"
     );
     if tier == Tier::Fma {
-        return super::fma::conv_forward(x, w, g);
+        return super::fma::conv_forward(x, w, g, round);
     }
     let x = x.slice();
     let taps = g.tap_count();
@@ -141,6 +156,7 @@ pub fn forward_of(tier: Tier, x: Values, w: &[f32], g: &Geometry) -> Vec<f32> {
         ptr: y.as_mut_ptr(),
         blocks: g.c_out.div_ceil(LANES),
         pixels: oh * ow,
+        round,
     };
     let (hp, wp) = g.padded();
     let source = Source::input(g);
@@ -290,6 +306,7 @@ fn input_grad_on_tiles(tier: Tier, dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f
         ptr: dx.as_mut_ptr(),
         blocks: g.c_in.div_ceil(LANES),
         pixels: g.h * g.w,
+        round: true,
     };
     for (phase, offsets) in phases.iter().zip(&offsets) {
         let pixel = |(a, b): (usize, usize)| {
@@ -782,6 +799,8 @@ struct Out {
     ptr: *mut f32,
     blocks: usize,
     pixels: usize,
+    /// Round each sum to bf16 as it is stored (else the f32 sums: `forward_sums_of`).
+    round: bool,
 }
 
 // SAFETY: each task writes only its own output pixels (disjoint between tasks).
@@ -797,7 +816,7 @@ impl Out {
         }
     }
 
-    /// Pixel `pixel` of output block `block` of image `img`: `src` rounded to bf16.
+    /// Pixel `pixel` of output block `block` of image `img`: `src`, rounded to bf16 under `round`.
     fn store(&self, img: usize, block: usize, pixel: usize, src: &[f32]) {
         debug_assert!(
             block < self.blocks && pixel < self.pixels,
@@ -807,8 +826,12 @@ impl Out {
         // SAFETY: img < n, block < blocks and pixel < pixels (the caller's loop bounds), so the 16 values
         // are inside the output, and no other task writes this pixel.
         let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(at), LANES) };
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = round_f32(*s);
+        if self.round {
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = round_f32(*s);
+            }
+        } else {
+            dst.copy_from_slice(&src[..LANES]);
         }
     }
 }

@@ -193,6 +193,43 @@ fn every_tier_matches_the_reference(
     }
 }
 
+/// `forward_sums_of` stores the sums `forward_of` rounds: the same sums, bit for bit once rounded, and
+/// not rounded themselves (a bias epilogue rounds after adding the bias), on every tier here, the fma
+/// tier's f32 kernels included.
+#[rstest]
+#[case::resnet_3x3(Geometry { n: 2, c_in: 32, c_out: 24, h: 6, w: 7, k: 3, stride: 1, padding: 1, lanes: LANES })]
+#[case::downsampling(Geometry { n: 2, c_in: 16, c_out: 32, h: 9, w: 7, k: 3, stride: 2, padding: 1, lanes: LANES })]
+fn unrounded_sums_round_to_the_rounded_result(
+    #[case] g: Geometry,
+    #[values(Tier::Amx, Tier::Avx512Bf16, Tier::Fma, Tier::Portable)] tier: Tier,
+) {
+    if !tier.supported() {
+        eprintln!("SKIPPED: {} is not supported here", tier.name());
+        return;
+    }
+    let x_nchw = values(g.n * g.c_in * g.h * g.w, 3);
+    let w = values(g.c_out * g.c_in * g.k * g.k, 5);
+    let x = crate::layout::block(&x_nchw, (g.n, g.c_in, g.h * g.w), LANES);
+    let rounded = forward_of(tier, Values::F32(&x), &w, &g);
+    let sums = forward_sums_of(tier, Values::F32(&x), &w, &g);
+    assert_eq!(sums.len(), rounded.len());
+    for (i, (s, r)) in sums.iter().zip(&rounded).enumerate() {
+        assert_eq!(
+            round_f32(*s).to_bits(),
+            r.to_bits(),
+            "{} element {i}",
+            tier.name()
+        );
+    }
+    let unrounded = sums.iter().filter(|s| round_f32(**s) != **s).count();
+    assert!(
+        unrounded > sums.len() / 2,
+        "{}: {unrounded} of {} sums are not bf16s",
+        tier.name(),
+        sums.len()
+    );
+}
+
 /// A partial last output block packs zeros past `c_out`, even when its thread packed a full block just
 /// before from the same (reused) slab.
 #[test]

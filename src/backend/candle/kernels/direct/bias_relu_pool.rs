@@ -13,29 +13,58 @@ use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
+use trainyard_conv::bf16::pack::round_f32;
 use trainyard_conv::buffer::{assume_init, uninit};
 
 /// `max_pool2(relu(x + bias[channel]))` (2x2 windows, stride 2, floor mode) over a blocked `x` of at least
 /// 2x2 pixels; `bias` has the real channel count (lanes past it stay 0).
 pub fn bias_relu_pool2(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
-    tape::op2(&x.contiguous()?, &bias.contiguous()?, BiasReluPool2)
+    tape::op2(
+        &x.contiguous()?,
+        &bias.contiguous()?,
+        BiasReluPool2 { bf16: false },
+    )
 }
 
-struct BiasReluPool2;
+/// `bias_relu_pool2` under bf16 autocast, over a convolution's unrounded f32 sums
+/// (`conv::conv2d_bf16_sums`): `max_pool2(relu(bf16(x + bf16(bias))))`, the bias inside autocast's one
+/// rounding of a convolution with a bias, as `Autocast::conv2d_bias_relu` places it. The results are
+/// bf16s; the gradients are `bias_relu_pool2`'s through the rounded activations' mask.
+pub fn bias_relu_pool2_bf16(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    tape::op2(
+        &x.contiguous()?,
+        &bias.contiguous()?,
+        BiasReluPool2 { bf16: true },
+    )
+}
 
-/// `relu(v + b)` per lane, as `elementwise::bias_relu` computes it.
+struct BiasReluPool2 {
+    /// Round the bias and `x + bias` to bf16 (`bias_relu_pool2_bf16`).
+    bf16: bool,
+}
+
+/// `relu(v + b)` per lane, as `elementwise::bias_relu` computes it; `relu(bf16(v + b))` under `R` (`b`
+/// rounded already).
 #[inline(always)]
-fn activated<const L: usize>(v: &[f32], b: &[f32; L]) -> [f32; L] {
-    std::array::from_fn(|lane| (v[lane] + b[lane]).max(0.0))
+fn activated<const L: usize, const R: bool>(v: &[f32], b: &[f32; L]) -> [f32; L] {
+    std::array::from_fn(|lane| {
+        let s = v[lane] + b[lane];
+        if R { round_f32(s) } else { s }.max(0.0)
+    })
 }
 
 /// Per lane, the maximum of `relu(x + b)` over window (oy, ox): the first maximum, as `pick` keeps it.
 #[inline(always)]
-fn window_max<const L: usize>(x: &[f32], w: usize, b: &[f32; L], at: (usize, usize)) -> [f32; L] {
-    window_max_of::<L>(x, w, at, |cell| activated::<L>(cell, b))
+fn window_max<const L: usize, const R: bool>(
+    x: &[f32],
+    w: usize,
+    b: &[f32; L],
+    at: (usize, usize),
+) -> [f32; L] {
+    window_max_of::<L>(x, w, at, |cell| activated::<L, R>(cell, b))
 }
 
-fn forward<const L: usize>(
+fn forward<const L: usize, const R: bool>(
     x: &[f32],
     lanes: &[f32],
     (cb, h, w): (usize, usize, usize),
@@ -50,7 +79,7 @@ fn forward<const L: usize>(
             let b: &[f32; L] = lanes[(p % cb) * L..][..L].try_into().expect("L lanes");
             for oy in 0..oh {
                 for ox in 0..ow {
-                    let best = window_max::<L>(src, w, b, (oy, ox));
+                    let best = window_max::<L, R>(src, w, b, (oy, ox));
                     for (o, v) in out[(oy * ow + ox) * L..][..L].iter_mut().zip(best) {
                         o.write(v);
                     }
@@ -70,7 +99,7 @@ fn mask(c: bool) -> u32 {
 /// One plane's backward pass (see `backward`); `windows` holds a row of windows' maxima and which lanes
 /// an earlier cell already took. Branch-free per lane, so it compiles to whole-vector selects.
 #[inline(always)]
-fn plane_backward<const L: usize>(
+fn plane_backward<const L: usize, const R: bool>(
     (src, gp, b): (&[f32], &[f32], &[f32; L]),
     (h, w): (usize, usize),
     windows: &mut [([f32; L], [u32; L])],
@@ -90,7 +119,7 @@ fn plane_backward<const L: usize>(
         }
         if y % 2 == 0 {
             for (ox, (m, taken)) in windows.iter_mut().enumerate() {
-                *m = window_max::<L>(src, w, b, (oy, ox));
+                *m = window_max::<L, R>(src, w, b, (oy, ox));
                 *taken = [0; L];
             }
         }
@@ -99,7 +128,7 @@ fn plane_backward<const L: usize>(
         let grads = &gp[oy * ow * L..][..ow * L];
         for (ox, ((m, taken), gv)) in windows.iter_mut().zip(grads.chunks_exact(L)).enumerate() {
             for at in [2 * ox * L, (2 * ox + 1) * L] {
-                let v = activated::<L>(&cells[at..], b);
+                let v = activated::<L, R>(&cells[at..], b);
                 let o = &mut pairs[at..at + L];
                 for lane in 0..L {
                     // ReLU's outputs are never NaN, so `==` is `fused::is_max` here.
@@ -128,53 +157,53 @@ type PlaneBackward<const L: usize> = unsafe fn(
 /// `plane_backward` compiled for AVX-512 (16 lanes: one register per pixel).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn plane_backward_avx512(
+unsafe fn plane_backward_avx512<const R: bool>(
     data: (&[f32], &[f32], &[f32; 16]),
     hw: (usize, usize),
     windows: &mut [([f32; 16], [u32; 16])],
     out: &mut [MaybeUninit<f32>],
 ) -> [f32; 16] {
-    plane_backward::<16>(data, hw, windows, out)
+    plane_backward::<16, R>(data, hw, windows, out)
 }
 
 /// `plane_backward` compiled for AVX2 (8 lanes).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn plane_backward_avx2(
+unsafe fn plane_backward_avx2<const R: bool>(
     data: (&[f32], &[f32], &[f32; 8]),
     hw: (usize, usize),
     windows: &mut [([f32; 8], [u32; 8])],
     out: &mut [MaybeUninit<f32>],
 ) -> [f32; 8] {
-    plane_backward::<8>(data, hw, windows, out)
+    plane_backward::<8, R>(data, hw, windows, out)
 }
 
 /// `plane_backward` without an instruction set beyond the build's.
-fn plane_backward_portable<const L: usize>(
+fn plane_backward_portable<const L: usize, const R: bool>(
     data: (&[f32], &[f32], &[f32; L]),
     hw: (usize, usize),
     windows: &mut [([f32; L], [u32; L])],
     out: &mut [MaybeUninit<f32>],
 ) -> [f32; L] {
-    plane_backward::<L>(data, hw, windows, out)
+    plane_backward::<L, R>(data, hw, windows, out)
 }
 
-/// The fastest compilation of `plane_backward::<16>` this CPU runs.
-fn kernel_16() -> PlaneBackward<16> {
+/// The fastest compilation of `plane_backward::<16, R>` this CPU runs.
+fn kernel_16<const R: bool>() -> PlaneBackward<16> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
-        return plane_backward_avx512;
+        return plane_backward_avx512::<R>;
     }
-    plane_backward_portable::<16>
+    plane_backward_portable::<16, R>
 }
 
-/// The fastest compilation of `plane_backward::<8>` this CPU runs.
-fn kernel_8() -> PlaneBackward<8> {
+/// The fastest compilation of `plane_backward::<8, R>` this CPU runs.
+fn kernel_8<const R: bool>() -> PlaneBackward<8> {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        return plane_backward_avx2;
+        return plane_backward_avx2::<R>;
     }
-    plane_backward_portable::<8>
+    plane_backward_portable::<8, R>
 }
 
 /// The gradient at the convolution's output (the pooled gradient at each window's first maximum where
@@ -208,6 +237,16 @@ fn backward<const L: usize>(
     (unsafe { assume_init(dx) }, sums)
 }
 
+impl BiasReluPool2 {
+    /// The bias lanes as this op adds them: rounded to bf16 under autocast.
+    fn lanes(&self, mut lanes: Vec<f32>) -> Vec<f32> {
+        if self.bf16 {
+            lanes.iter_mut().for_each(|b| *b = round_f32(*b));
+        }
+        lanes
+    }
+}
+
 impl CustomOp2 for BiasReluPool2 {
     fn name(&self) -> &'static str {
         "trainyard-blocked-bias-relu-pool2"
@@ -224,10 +263,13 @@ impl CustomOp2 for BiasReluPool2 {
         if h < 2 || w < 2 {
             candle_core::bail!("bias_relu_pool2: a {h}x{w} plane has no 2x2 window");
         }
-        let (x, lanes) = (slice(s1, l1)?, bias_lanes(slice(s2, l2)?, cb, l)?);
-        let y = match l {
-            16 => forward::<16>(x, &lanes, (cb, h, w)),
-            8 => forward::<8>(x, &lanes, (cb, h, w)),
+        let x = slice(s1, l1)?;
+        let lanes = self.lanes(bias_lanes(slice(s2, l2)?, cb, l)?);
+        let y = match (l, self.bf16) {
+            (16, false) => forward::<16, false>(x, &lanes, (cb, h, w)),
+            (16, true) => forward::<16, true>(x, &lanes, (cb, h, w)),
+            (8, false) => forward::<8, false>(x, &lanes, (cb, h, w)),
+            (8, true) => forward::<8, true>(x, &lanes, (cb, h, w)),
             _ => candle_core::bail!("bias_relu_pool2: blocks of {l} lanes (8 or 16 expected)"),
         };
         Ok((CpuStorage::F32(y), Shape::from((n, cb, h / 2, w / 2, l))))
@@ -242,12 +284,17 @@ impl CustomOp2 for BiasReluPool2 {
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
         let (_, cb, h, w, l) = x.dims5()?;
         let c = bias.dim(0)?;
-        let lanes = with_f32(bias, |b| bias_lanes(b, cb, l))?;
+        let lanes = self.lanes(with_f32(bias, |b| bias_lanes(b, cb, l))?);
         let (dx, sums) = with_f32(x, |xs| {
-            with_f32(grad, |g| match l {
-                16 => Ok(backward::<16>((xs, &lanes, g), (cb, h, w), kernel_16())),
-                8 => Ok(backward::<8>((xs, &lanes, g), (cb, h, w), kernel_8())),
-                _ => candle_core::bail!("bias_relu_pool2: blocks of {l} lanes"),
+            with_f32(grad, |g| {
+                let data = (xs, &lanes[..], g);
+                match (l, self.bf16) {
+                    (16, false) => Ok(backward(data, (cb, h, w), kernel_16::<false>())),
+                    (16, true) => Ok(backward(data, (cb, h, w), kernel_16::<true>())),
+                    (8, false) => Ok(backward(data, (cb, h, w), kernel_8::<false>())),
+                    (8, true) => Ok(backward(data, (cb, h, w), kernel_8::<true>())),
+                    _ => candle_core::bail!("bias_relu_pool2: blocks of {l} lanes"),
+                }
             })
         })?;
         input_and_bias_grads(x, dx, &sums, c)

@@ -4,7 +4,8 @@
 //! Under bf16 autocast (`conv2d_bf16`) the forward and both gradients, at every stride, run on
 //! `trainyard_conv::bf16::direct` on the CPU's bf16 tier (AMX, AVX512-BF16, or f32 FMAs over rounded
 //! operands): bf16 operands, f32 sums, a rounded result, autocast's numbers as the emulated path computes
-//! them.
+//! them. A convolution with a bias (`conv2d_bf16_sums`) leaves its sums unrounded for the epilogue that
+//! adds the bias and rounds once (`bias_relu_pool::bias_relu_pool2_bf16`).
 
 use super::layout::with_blocked;
 use crate::backend::candle::kernels::cpu::{f32_slice as slice, with_f32};
@@ -23,6 +24,8 @@ struct DirectConv {
     bf16: Option<Tier>,
     /// Which of its bf16 operands arrive rounded already.
     rounded: Rounded,
+    /// Under bf16, the f32 sums stored unrounded, for a bias epilogue that rounds (`conv2d_bf16_sums`).
+    sums: bool,
 }
 
 pub use super::Rounded;
@@ -81,6 +84,9 @@ impl CustomOp2 for DirectConv {
         let g = self.geometry(l1.shape(), l2.shape())?;
         let (x, w) = (slice(s1, l1)?, slice(s2, l2)?);
         let y = match self.bf16 {
+            Some(tier) if self.sums => {
+                bf16_direct::forward_sums_of(tier, values(self.rounded.input, x), w, &g)
+            }
             Some(tier) => bf16_direct::forward_of(tier, values(self.rounded.input, x), w, &g),
             None => forward(self.isa, x, w, &g),
         };
@@ -134,17 +140,41 @@ impl CustomOp2 for DirectConv {
 
 /// Blocked `x` (N, ⌈C/L⌉, H, W, L) convolved with `w` (O, C, K, K) on `isa`: blocked (N, ⌈O/L⌉, OH, OW, L).
 pub fn conv2d(isa: Isa, x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
-    conv2d_on(isa, (None, Rounded::NONE), x, w, (stride, padding))
+    conv2d_on(isa, (None, Rounded::NONE, false), x, w, (stride, padding))
 }
 
 /// `conv2d` under bf16 autocast on `tier`: bf16 operands, f32 sums, rounded results, forward and backward;
 /// the operands `rounded` names arrive as bf16s. The blocked layout must be 16 lanes (`bf16_blocks`).
 pub fn conv2d_bf16(
+    on: (Isa, Tier),
+    x: &Tensor,
+    w: &Tensor,
+    geometry: (usize, usize),
+    rounded: Rounded,
+) -> Result<Tensor> {
+    conv2d_bf16_stored(on, x, w, geometry, (rounded, false))
+}
+
+/// `conv2d_bf16` with the f32 sums left unrounded: for a convolution with a bias, whose epilogue adds
+/// the bias and rounds once (`bias_relu_pool::bias_relu_pool2_bf16`), as autocast's bf16 convolution
+/// does. The backward is `conv2d_bf16`'s.
+pub fn conv2d_bf16_sums(
+    on: (Isa, Tier),
+    x: &Tensor,
+    w: &Tensor,
+    geometry: (usize, usize),
+    rounded: Rounded,
+) -> Result<Tensor> {
+    conv2d_bf16_stored(on, x, w, geometry, (rounded, true))
+}
+
+/// `conv2d_bf16`, its sums stored unrounded under `sums`.
+fn conv2d_bf16_stored(
     (isa, tier): (Isa, Tier),
     x: &Tensor,
     w: &Tensor,
     (stride, padding): (usize, usize),
-    rounded: Rounded,
+    (rounded, sums): (Rounded, bool),
 ) -> Result<Tensor> {
     if !bf16_blocks(isa, tier) {
         candle_core::bail!(
@@ -153,7 +183,7 @@ pub fn conv2d_bf16(
             isa.name()
         );
     }
-    conv2d_on(isa, (Some(tier), rounded), x, w, (stride, padding))
+    conv2d_on(isa, (Some(tier), rounded, sums), x, w, (stride, padding))
 }
 
 /// Whether the blocked path runs bf16 autocast's convolutions on `tier` (AMX, AVX512-BF16, or their
@@ -164,7 +194,7 @@ pub fn bf16_blocks(isa: Isa, tier: Tier) -> bool {
 
 fn conv2d_on(
     isa: Isa,
-    (bf16, rounded): (Option<Tier>, Rounded),
+    (bf16, rounded, sums): (Option<Tier>, Rounded, bool),
     x: &Tensor,
     w: &Tensor,
     (stride, padding): (usize, usize),
@@ -188,6 +218,7 @@ fn conv2d_on(
             padding,
             bf16,
             rounded,
+            sums,
         },
     )
 }
@@ -205,7 +236,7 @@ pub(crate) mod tests {
     thread_local! {
         /// Whether this thread's bf16 convolutions and linear layers read the operands their callers call
         /// rounded in place (else they round copies, whatever their `Rounded` says):
-        /// `resnet_operands_called_rounded_are_bf16s`, `vit_operands_called_rounded_are_bf16s`.
+        /// `operands_called_rounded_are_bf16s`, `vit_operands_called_rounded_are_bf16s`.
         pub(crate) static TRUST_ROUNDED: Cell<bool> = const { Cell::new(true) };
         /// How many convolutions and linear layers this thread built with their claims set aside.
         pub(crate) static DISTRUSTED: Cell<usize> = const { Cell::new(0) };

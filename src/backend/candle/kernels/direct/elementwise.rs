@@ -6,11 +6,26 @@ use crate::backend::candle::kernels::fused::{is_max, pick};
 use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use trainyard_conv::bf16::pack::round_f32;
 use trainyard_conv::buffer::{assume_init, uninit};
 
 /// `relu(x + bias[channel])` over a blocked `x`; `bias` has the real channel count (lanes past it stay 0).
 pub fn bias_relu(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
-    tape::op2(&x.contiguous()?, &bias.contiguous()?, BiasRelu)
+    tape::op2(
+        &x.contiguous()?,
+        &bias.contiguous()?,
+        BiasRelu { bf16: false },
+    )
+}
+
+/// `bias_relu` under bf16 autocast, over a convolution's unrounded f32 sums (`conv::conv2d_bf16_sums`):
+/// `relu(bf16(x + bf16(bias)))`, autocast's one rounding of a convolution with a bias.
+pub fn bias_relu_bf16(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    tape::op2(
+        &x.contiguous()?,
+        &bias.contiguous()?,
+        BiasRelu { bf16: true },
+    )
 }
 
 /// 2x2 max-pooling with stride 2 over a blocked `x`.
@@ -18,7 +33,10 @@ pub fn max_pool2(x: &Tensor) -> Result<Tensor> {
     tape::op1(&x.contiguous()?, MaxPool2)
 }
 
-struct BiasRelu;
+struct BiasRelu {
+    /// Round the bias and `x + bias` to bf16 (`bias_relu_bf16`).
+    bf16: bool,
+}
 
 impl CustomOp2 for BiasRelu {
     fn name(&self) -> &'static str {
@@ -36,6 +54,8 @@ impl CustomOp2 for BiasRelu {
         let (x, lanes) = (slice(s1, l1)?, bias_lanes(slice(s2, l2)?, cb, l)?);
         let plane = h * w * l;
         let mut y = vec![0f32; x.len()];
+        let round = |v: f32| if self.bf16 { round_f32(v) } else { v };
+        let lanes: Vec<f32> = lanes.into_iter().map(round).collect();
         y.par_chunks_mut(plane)
             .zip(x.par_chunks(plane))
             .enumerate()
@@ -43,7 +63,7 @@ impl CustomOp2 for BiasRelu {
                 let b = &lanes[(p % cb) * l..][..l];
                 for (o, v) in out.chunks_exact_mut(l).zip(src.chunks_exact(l)) {
                     for lane in 0..l {
-                        o[lane] = (v[lane] + b[lane]).max(0.0);
+                        o[lane] = round(v[lane] + b[lane]).max(0.0);
                     }
                 }
             });

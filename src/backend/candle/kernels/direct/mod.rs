@@ -9,7 +9,8 @@
 //! - `layout`: NCHW ↔ blocked conversions as differentiable ops.
 //! - `batchnorm`: training and eval BatchNorm (+ReLU) over blocked activations.
 //! - `elementwise`: the small CNN's bias + ReLU and 2x2 max-pool over blocked activations.
-//! - `bias_relu_pool`: the two as one op, for the CNN's blocks (one pass each way instead of four).
+//! - `bias_relu_pool`: the two as one op, for the CNN's blocks (one pass each way instead of four); under
+//!   bf16 autocast it rounds `sum + bias` once, over the unrounded sums of `conv::conv2d_bf16_sums`.
 //! - `matmul`: matrix products and linear layers on the same path's GEMM kernel (transformers).
 //! - `rowwise`: LayerNorm, softmax and GELU over the last dimension, one pass each way (transformers).
 //! - `attention`: multi-head self-attention as one op over the qkv projection (transformers).
