@@ -329,13 +329,14 @@ fn fused_bias_relu_pool_gives_the_bits_of_the_two_ops(
 /// planes with no 2x2 window) over a convolution's unrounded sums gives the bits of autocast's
 /// composition, `max_pool2(relu(bf16(x + bf16(b))))`, planar and emulated: the bias inside the one
 /// rounding. Its input gradient (a bf16 probe, which the emulated rounding's backward leaves as it is)
-/// equals the composition's too.
+/// equals the composition's too, and the bias's is a bf16 as the composition's is.
 #[rstest]
 #[case::pooled(&[2, 21, 7, 5], true)]
 #[case::no_window(&[2, 21, 1, 3], false)]
 fn bf16_bias_relu_pool_rounds_once_after_the_bias(#[case] dims: &[usize], #[case] pool: bool) {
     use trainyard::backend::candle::autocast::Autocast;
     use trainyard::backend::candle::kernels::fused;
+    use trainyard_conv::bf16::pack::round_f32;
     let lanes = Isa::detected().lanes();
     let x = Var::from_tensor(&tensor(dims, 21)).unwrap();
     let bias = Var::from_tensor(&tensor(&[dims[1]], 22)).unwrap();
@@ -371,11 +372,12 @@ fn bf16_bias_relu_pool_rounds_once_after_the_bias(#[case] dims: &[usize], #[case
     assert_ne!(bits(&ours), bits(&unrounded));
     let probe = round(&tensor(theirs.dims(), 23));
     assert_same_gradients((&ours, &theirs), &probe, &[&x], 1e-6);
-    // The bias's gradient: the emulated cast's backward rounds it; ours is the f32 sum (within that
-    // rounding of it).
+    // The bias's gradient is a bf16, as the cast's backward returns it: the rounding of the same sum
+    // (in another order, so within one rounding of the composition's).
     let grads = |t: &Tensor| (t * &probe).unwrap().sum_all().unwrap().backward().unwrap();
     let db = |t: &Tensor| grads(t).get(&bias).unwrap().to_vec1::<f32>().unwrap();
     for (c, (a, b)) in db(&ours).iter().zip(db(&theirs)).enumerate() {
+        assert_eq!(round_f32(*a), *a, "channel {c}: {a} is no bf16");
         assert!(
             (a - b).abs() <= b.abs() / 256.0 + 1e-6,
             "channel {c}: {a} vs {b}"

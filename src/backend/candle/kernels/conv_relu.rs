@@ -113,7 +113,11 @@ impl CustomOp3 for ConvBiasRelu {
         grad: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let (n, c, h, wd) = res.dims4()?;
-        let (pre, db) = relu_grad_and_channel_sums(res, grad, n, c, h * wd)?;
+        let (pre, mut db) = relu_grad_and_channel_sums(res, grad, n, c, h * wd)?;
+        if self.bf16.is_some() {
+            // Autocast's cast of the bias passes back the bf16 convolution's bias gradient.
+            trainyard_conv::bf16::pack::round_in_place(&mut db);
+        }
         let pre = Tensor::from_vec(pre, res.shape(), res.device())?;
         let (gx, gw) = conv::backward(x, w, &pre, (self.stride, self.padding), self.bf16)?;
         Ok((gx, gw, Some(Tensor::from_vec(db, c, res.device())?)))

@@ -29,7 +29,8 @@ pub fn bias_relu_pool2(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
 /// `bias_relu_pool2` under bf16 autocast, over a convolution's unrounded f32 sums
 /// (`conv::conv2d_bf16_sums`): `max_pool2(relu(bf16(x + bf16(bias))))`, the bias inside autocast's one
 /// rounding of a convolution with a bias, as `Autocast::conv2d_bias_relu` places it. The results are
-/// bf16s; the gradients are `bias_relu_pool2`'s through the rounded activations' mask.
+/// bf16s; the gradients are `bias_relu_pool2`'s through the rounded activations' mask, the bias's rounded
+/// to bf16 as autocast's cast of the bias passes it back.
 pub fn bias_relu_pool2_bf16(x: &Tensor, bias: &Tensor) -> Result<Tensor> {
     tape::op2(
         &x.contiguous()?,
@@ -297,6 +298,6 @@ impl CustomOp2 for BiasReluPool2 {
                 }
             })
         })?;
-        input_and_bias_grads(x, dx, &sums, c)
+        input_and_bias_grads(x, dx, &sums, (c, self.bf16))
     }
 }

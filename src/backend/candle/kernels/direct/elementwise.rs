@@ -6,7 +6,7 @@ use crate::backend::candle::kernels::fused::{is_max, pick};
 use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
-use trainyard_conv::bf16::pack::round_f32;
+use trainyard_conv::bf16::pack::{round_f32, round_in_place};
 use trainyard_conv::buffer::{assume_init, uninit};
 
 /// `relu(x + bias[channel])` over a blocked `x`; `bias` has the real channel count (lanes past it stay 0).
@@ -86,20 +86,25 @@ impl CustomOp2 for BiasRelu {
                 _ => candle_core::bail!("bias_relu: blocks of {l} lanes (8 or 16 expected)"),
             })
         })?;
-        input_and_bias_grads(x, dx, &sums, c)
+        input_and_bias_grads(x, dx, &sums, (c, self.bf16))
     }
 }
 
 /// A blocked bias op's gradients: `dx` for `x` (when it needs one), and the bias's from the per-plane
 /// sums of the gradient (`c` real channels).
+/// Under bf16 autocast (`bf16`) the bias's gradient is rounded to bf16, as the backward of autocast's
+/// cast of the bias returns it (the bf16 convolution's bias gradient, cast back to f32).
 pub(super) fn input_and_bias_grads(
     x: &Tensor,
     dx: Vec<f32>,
     sums: &[f32],
-    c: usize,
+    (c, bf16): (usize, bool),
 ) -> Result<(Option<Tensor>, Option<Tensor>)> {
     let (n, cb, _, _, l) = x.dims5()?;
-    let db = bias_grad(sums, (n, cb, l), c);
+    let mut db = bias_grad(sums, (n, cb, l), c);
+    if bf16 {
+        round_in_place(&mut db);
+    }
     let dev = x.device();
     Ok((
         x.track_op()
