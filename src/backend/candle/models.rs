@@ -238,11 +238,9 @@ impl CandleForward for Cnn {
                 };
                 // The first block (3 input channels) runs planar; the blocks after it blocked, where a
                 // direct path runs.
-                match super::kernels::direct::active().filter(|isa| {
-                    k < self.blocks()
-                        && blocked_under(*isa, pass.autocast)
-                        && super::kernels::cpu::is_cpu_f32(&h)
-                }) {
+                match super::resnet::blocks_activations(&h, pass.autocast)
+                    .filter(|_| k < self.blocks())
+                {
                     Some(isa) => super::kernels::direct::layout::to_blocked(&h, isa.lanes()),
                     None => Ok(h),
                 }
@@ -258,16 +256,6 @@ impl CandleForward for Cnn {
                 linear(p, "head", &pooled, pass.autocast)
             }
         }
-    }
-}
-
-/// Whether the CNN's blocks after the first run blocked under `autocast`: at 32-true wherever the direct
-/// path runs; under bf16 where a bf16 tier convolves over its blocks (emulated autocast stays planar).
-fn blocked_under(isa: super::kernels::direct::Isa, autocast: Autocast) -> bool {
-    match (autocast.bf16, autocast.tier) {
-        (false, _) => true,
-        (true, Some(tier)) => super::kernels::direct::conv::bf16_blocks(isa, tier),
-        (true, None) => false,
     }
 }
 

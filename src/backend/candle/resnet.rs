@@ -80,9 +80,10 @@ fn blocked_path(x: &Tensor) -> Option<direct::Isa> {
     }
 }
 
-/// Whether this pass keeps activations blocked between the stem and the head: on the CPU in f32 with a
-/// direct-convolution path, and under bf16 autocast where that path's convolutions run on AMX
-/// (`conv2d_bf16`); emulated bf16 keeps the im2col path, which rounds operands as autocast does.
+/// Whether this pass keeps activations blocked between the stem and the head (a ResNet's, a declared
+/// model's, the CNN's after its first block): on the CPU in f32 with a direct-convolution path, and under
+/// bf16 autocast where that path's convolutions run on a bf16 tier (`conv2d_bf16`, `conv2d_bf16_sums`);
+/// emulated bf16 keeps the im2col path, which rounds operands as autocast does.
 pub(super) fn blocks_activations(x: &Tensor, autocast: Autocast) -> Option<direct::Isa> {
     let bf16_ok = |isa: direct::Isa| match (autocast.bf16, autocast.tier) {
         (false, _) => true,

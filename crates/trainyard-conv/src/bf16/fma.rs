@@ -42,7 +42,7 @@ pub fn rounded(v: &[f32]) -> Vec<f32> {
 }
 
 /// `v` rounded to bf16 in place: autocast's bf16 result.
-fn round_in_place(mut v: Vec<f32>) -> Vec<f32> {
+fn round_owned(mut v: Vec<f32>) -> Vec<f32> {
     v.par_chunks_mut(1 << 14).for_each(pack::round_in_place);
     v
 }
@@ -68,7 +68,7 @@ pub fn conv_input_grad(dy: &[f32], w: &[f32], g: &Geometry) -> Vec<f32> {
 /// input `x` (rounded into a copy unless `Values::Rounded`); the result, the size of the weights, is
 /// rounded in a pass of its own.
 pub fn conv_weight_grad(x: Values, dy: &[f32], g: &Geometry) -> Vec<f32> {
-    round_in_place(conv::weight_grad(ISA, &x.as_rounded(), dy, g))
+    round_owned(conv::weight_grad(ISA, &x.as_rounded(), dy, g))
 }
 
 /// One matrix's (row, column) strides.

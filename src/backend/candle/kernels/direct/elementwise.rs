@@ -51,22 +51,13 @@ impl CustomOp2 for BiasRelu {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (_, cb, h, w, l) = l1.shape().dims5()?;
-        let (x, lanes) = (slice(s1, l1)?, bias_lanes(slice(s2, l2)?, cb, l)?);
-        let plane = h * w * l;
-        let mut y = vec![0f32; x.len()];
-        let round = |v: f32| if self.bf16 { round_f32(v) } else { v };
-        let lanes: Vec<f32> = lanes.into_iter().map(round).collect();
-        y.par_chunks_mut(plane)
-            .zip(x.par_chunks(plane))
-            .enumerate()
-            .for_each(|(p, (out, src))| {
-                let b = &lanes[(p % cb) * l..][..l];
-                for (o, v) in out.chunks_exact_mut(l).zip(src.chunks_exact(l)) {
-                    for lane in 0..l {
-                        o[lane] = round(v[lane] + b[lane]).max(0.0);
-                    }
-                }
-            });
+        let (x, mut lanes) = (slice(s1, l1)?, bias_lanes(slice(s2, l2)?, cb, l)?);
+        let y = if self.bf16 {
+            round_in_place(&mut lanes);
+            bias_relu_forward::<true>(x, &lanes, (cb, h * w * l, l))
+        } else {
+            bias_relu_forward::<false>(x, &lanes, (cb, h * w * l, l))
+        };
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
@@ -88,6 +79,30 @@ impl CustomOp2 for BiasRelu {
         })?;
         input_and_bias_grads(x, dx, &sums, (c, self.bf16))
     }
+}
+
+/// `relu(x + b)` per lane of each plane (`plane` values of `l` lanes, `cb` blocks an image), with the sum
+/// rounded to bf16 under `R` (`lanes` rounded already): the round is chosen at compile time, so the f32
+/// op's loop is the one it was.
+fn bias_relu_forward<const R: bool>(
+    x: &[f32],
+    lanes: &[f32],
+    (cb, plane, l): (usize, usize, usize),
+) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    y.par_chunks_mut(plane)
+        .zip(x.par_chunks(plane))
+        .enumerate()
+        .for_each(|(p, (out, src))| {
+            let b = &lanes[(p % cb) * l..][..l];
+            for (o, v) in out.chunks_exact_mut(l).zip(src.chunks_exact(l)) {
+                for lane in 0..l {
+                    let s = v[lane] + b[lane];
+                    o[lane] = if R { round_f32(s) } else { s }.max(0.0);
+                }
+            }
+        });
+    y
 }
 
 /// A blocked bias op's gradients: `dx` for `x` (when it needs one), and the bias's from the per-plane
