@@ -57,6 +57,21 @@ impl Autocast {
         }
     }
 
+    /// Whether a pass under this mode keeps `x`'s activations blocked between the stem and the head (a
+    /// ResNet's, a declared model's, the CNN's after its first block): on the CPU in f32 with a
+    /// direct-convolution path, and under bf16 autocast where that path's convolutions run on a bf16 tier
+    /// (`conv2d_bf16`, `conv2d_bf16_sums`); emulated bf16 keeps the im2col path, which rounds operands as
+    /// autocast does.
+    pub(super) fn blocks_activations(self, x: &Tensor) -> Option<super::kernels::direct::Isa> {
+        use super::kernels::direct;
+        let bf16_ok = |isa: direct::Isa| match (self.bf16, self.tier) {
+            (false, _) => true,
+            (true, Some(tier)) => direct::conv::bf16_blocks(isa, tier),
+            (true, None) => false,
+        };
+        direct::active().filter(|isa| bf16_ok(*isa) && is_cpu_f32(x))
+    }
+
     /// `t` rounded to bf16 and back when autocast is on (differentiable); `t` itself otherwise.
     pub fn round(self, t: &Tensor) -> Result<Tensor> {
         if !self.bf16 || t.dtype() != DType::F32 {

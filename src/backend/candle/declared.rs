@@ -11,7 +11,7 @@ use super::kernels::{direct, fused};
 use super::models::{
     blocked_bias_relu, blocked_conv_sums, dropout, param, Buffers, CandleForward, Params, Pass,
 };
-use super::resnet::{batch_norm_with, blocks_activations, conv, BnConst, BnOf};
+use super::resnet::{batch_norm_with, conv, BnConst, BnOf};
 use super::vit::{gelu_erf, layer_norm_eps};
 use crate::model::declared::{Declared, Layer, Op};
 use candle_core::{Result, Tensor, D};
@@ -45,7 +45,9 @@ fn conv_blocked(x: &Tensor, c_in: usize, kernel: usize, autocast: Autocast) -> O
     if x.rank() == 5 {
         return direct::active();
     }
-    blocks_activations(x, autocast).filter(|isa| c_in >= isa.lanes() || kernel <= 3)
+    autocast
+        .blocks_activations(x)
+        .filter(|isa| c_in >= isa.lanes() || kernel <= 3)
 }
 
 /// Run `layers` in order on `x`.

@@ -238,7 +238,9 @@ impl CandleForward for Cnn {
                 };
                 // The first block (3 input channels) runs planar; the blocks after it blocked, where a
                 // direct path runs.
-                match super::resnet::blocks_activations(&h, pass.autocast)
+                match pass
+                    .autocast
+                    .blocks_activations(&h)
                     .filter(|_| k < self.blocks())
                 {
                     Some(isa) => super::kernels::direct::layout::to_blocked(&h, isa.lanes()),

@@ -80,19 +80,6 @@ fn blocked_path(x: &Tensor) -> Option<direct::Isa> {
     }
 }
 
-/// Whether this pass keeps activations blocked between the stem and the head (a ResNet's, a declared
-/// model's, the CNN's after its first block): on the CPU in f32 with a direct-convolution path, and under
-/// bf16 autocast where that path's convolutions run on a bf16 tier (`conv2d_bf16`, `conv2d_bf16_sums`);
-/// emulated bf16 keeps the im2col path, which rounds operands as autocast does.
-pub(super) fn blocks_activations(x: &Tensor, autocast: Autocast) -> Option<direct::Isa> {
-    let bf16_ok = |isa: direct::Isa| match (autocast.bf16, autocast.tier) {
-        (false, _) => true,
-        (true, Some(tier)) => direct::conv::bf16_blocks(isa, tier),
-        (true, None) => false,
-    };
-    direct::active().filter(|isa| bf16_ok(*isa) && super::kernels::cpu::is_cpu_f32(x))
-}
-
 /// BatchNorm2d: batch statistics in train mode (running stats updated with the unbiased variance, as
 /// PyTorch does), running statistics in eval mode; `then` is fused into the same op on the CPU. With
 /// `bf16` (autocast, `x` a bf16 convolution's output) the output and its input gradient are bf16, as
@@ -316,7 +303,7 @@ impl CandleForward for ResNet {
         let bf16 = pass.autocast.bf16;
         let layout = self.layout();
         if k == 0 {
-            let blocked = blocks_activations(x, pass.autocast);
+            let blocked = pass.autocast.blocks_activations(x);
             if let (true, Some(isa)) = (self.cifar_stem(), blocked) {
                 // The CIFAR stem runs blocked too: its 3 channels padded to a block cost a few more
                 // products than im2col but save the planar BatchNorm and a conversion of its output.
