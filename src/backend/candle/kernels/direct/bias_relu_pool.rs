@@ -13,7 +13,7 @@ use crate::backend::candle::kernels::tape;
 use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
-use trainyard_conv::bf16::pack::round_f32;
+use trainyard_conv::bf16::pack::{round_f32, round_in_place};
 use trainyard_conv::buffer::{assume_init, uninit};
 
 /// `max_pool2(relu(x + bias[channel]))` (2x2 windows, stride 2, floor mode) over a blocked `x` of at least
@@ -242,7 +242,7 @@ impl BiasReluPool2 {
     /// The bias lanes as this op adds them: rounded to bf16 under autocast.
     fn lanes(&self, mut lanes: Vec<f32>) -> Vec<f32> {
         if self.bf16 {
-            lanes.iter_mut().for_each(|b| *b = round_f32(*b));
+            round_in_place(&mut lanes);
         }
         lanes
     }
